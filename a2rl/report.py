@@ -1,0 +1,124 @@
+"""The run report: headline numbers computed from the ledger's raw scores, as report.json and report.md."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from a2rl.records import LedgerEntry, RunStatus, RunSummary
+from a2rl.run import RunContext
+
+
+def latest_submissions(entries: list[LedgerEntry]) -> list[LedgerEntry]:
+    latest: dict[int, LedgerEntry] = {}
+    for e in entries:
+        if e.kind == "submission" and e.submission_id is not None:
+            latest[e.submission_id] = e
+    return [latest[k] for k in sorted(latest)]
+
+
+def baseline_scores(entries: list[LedgerEntry]) -> dict[str, float]:
+    return {e.split: e.score for e in entries if e.kind == "baseline" and e.score is not None and e.split}
+
+
+def best_submission(entries: list[LedgerEntry], split: str) -> LedgerEntry | None:
+    scored = [e for e in latest_submissions(entries) if e.status == "scored" and e.split == split and e.score is not None]
+    return max(scored, key=lambda e: (e.score, -e.submission_id)) if scored else None
+
+
+def build_summary(
+    ctx: RunContext,
+    entries: list[LedgerEntry],
+    status: RunStatus,
+    phase_seconds: dict[str, float],
+    agent_seconds: float = 0.0,
+    grading_seconds: float = 0.0,
+    error: str | None = None,
+) -> RunSummary:
+    """Δ is derived here from stored raw scores, never taken from a stored difference."""
+    base = baseline_scores(entries)
+    subs = latest_submissions(entries)
+    feedback_split = "test" if ctx.config.protocol == "paper" else "validation"
+    best = best_submission(entries, feedback_split)
+    final = next((e for e in reversed(entries) if e.kind == "final" and e.score is not None), None)
+    final_test = final.score if final else None
+    base_test = base.get("test")
+    return RunSummary(
+        run_id=ctx.run_id,
+        config=ctx.config,
+        status=status,
+        protocol=ctx.config.protocol,
+        variant_label=ctx.variant_label,
+        baseline_val=base.get("validation"),
+        baseline_test=base_test,
+        best_val=best.score if best and feedback_split == "validation" else None,
+        best_submission_id=best.submission_id if best else None,
+        final_submission_id=final.submission_id if final else None,
+        final_test=final_test,
+        delta_test=round(final_test - base_test, 6) if final_test is not None and base_test is not None else None,
+        n_submissions=len(subs),
+        n_scored=sum(e.status == "scored" for e in subs),
+        agent_seconds=round(agent_seconds, 3),
+        grading_seconds=round(grading_seconds, 3),
+        wall_seconds=round(sum(phase_seconds.values()), 3),
+        phase_seconds={k: round(v, 3) for k, v in phase_seconds.items()},
+        error=error,
+    )
+
+
+def write_report(ctx: RunContext, summary: RunSummary, entries: list[LedgerEntry], notes: list[str]) -> Path:
+    out = ctx.paths.harness_dir
+    subs = latest_submissions(entries)
+    data = {
+        "summary": json.loads(summary.model_dump_json()),
+        "submissions": [json.loads(e.model_dump_json()) for e in subs],
+        "notes": notes,
+    }
+    (out / "report.json").write_text(json.dumps(data, indent=2))
+    md_path = out / "report.md"
+    md_path.write_text(render_markdown(summary, subs, notes))
+    return md_path
+
+
+def _fmt(x: float | None, digits: int = 2) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def render_markdown(s: RunSummary, subs: list[LedgerEntry], notes: list[str]) -> str:
+    c = s.config
+    lines = [
+        f"# a2rl run `{s.run_id}`",
+        "",
+        f"**{c.task}** ({s.variant_label}) · agent **{c.agent}** · driver {c.driver} · mode {c.mode} · "
+        f"base model {c.base_model} · seed {c.seed} · protocol **{s.protocol}** · status **{s.status}**",
+        "",
+        "| | score |",
+        "|---|---|",
+        f"| baseline, validation | {_fmt(s.baseline_val)} |",
+        f"| baseline, hidden test | {_fmt(s.baseline_test)} |",
+        f"| best validation (submission {s.best_submission_id or '-'}) | {_fmt(s.best_val)} |",
+        f"| final, hidden test (submission {s.final_submission_id or 'base model'}) | {_fmt(s.final_test)} |",
+        f"| **Δ test = final − baseline** | **{_fmt(s.delta_test, 2)}** |",
+        "",
+        f"Submissions: {s.n_submissions} ({s.n_scored} scored). Agent time {s.agent_seconds:.0f} s of "
+        f"{c.budget_s:.0f} s budget; grading {s.grading_seconds:.0f} s (not charged to the agent); "
+        f"wall {s.wall_seconds:.0f} s.",
+        "",
+    ]
+    if s.error:
+        lines += [f"**Error:** {s.error}", ""]
+    if subs:
+        lines += ["## Submissions", "", "| # | path | status | split | score | cached | grading s | agent s at submit | error |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for e in subs:
+            err = (e.error or "").replace("|", "/").replace("\n", " ")[:120]
+            lines.append(
+                f"| {e.submission_id} | `{e.model_path}` | {e.status} | {e.split} | {_fmt(e.score)} | "
+                f"{'yes' if e.cached else ''} | {_fmt(e.eval_seconds, 1)} | {_fmt(e.agent_elapsed_s, 0)} | {err} |"
+            )
+        lines.append("")
+    lines += ["## Phases (wall seconds)", "", "| phase | s |", "|---|---|"]
+    lines += [f"| {k} | {v:.1f} |" for k, v in s.phase_seconds.items()]
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,81 @@
+"""Identity and context of one benchmark run, and the manifest written at its start."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import uuid
+from importlib import metadata
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from a2rl.records import RunConfig
+from a2rl.workspace import RunPaths
+
+MANIFEST_PACKAGES = ("a2rl", "prefect", "torch", "transformers", "trl", "peft", "datasets", "duckdb", "fastapi")
+
+
+class RunContext(BaseModel):
+    """Passed between the subflows of a run (serialisable, so Prefect can record it)."""
+
+    run_id: str
+    config: RunConfig
+    paths: RunPaths
+    results_path: Path
+    variant_label: str = ""
+
+
+def make_run_id(config: RunConfig, flow_run_id: str | None) -> str:
+    """Stable for one flow run: a Prefect retry keeps its flow-run id, so it resumes the same run;
+    a new invocation is a new run of the same config (same `config_hash`)."""
+    suffix = (flow_run_id or uuid.uuid4().hex).replace("-", "")[:8]
+    return f"{config.task}-{config.agent}-{config.config_hash()[:6]}-{suffix}"
+
+
+def write_manifest(ctx: RunContext) -> dict:
+    manifest = {
+        "run_id": ctx.run_id,
+        "config": ctx.config.model_dump(mode="json"),
+        "config_hash": ctx.config.config_hash(),
+        "packages": {name: _version(name) for name in MANIFEST_PACKAGES},
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": {"cpu_count": _cpu_count(), "gpus": _gpus()},
+        "harness_git_revision": _git_revision(),
+    }
+    (ctx.paths.harness_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_count() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 0)
+
+
+def _gpus() -> list[str]:
+    try:
+        import torch
+
+        return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # no torch or no driver: no GPUs to report
+        return []
+
+
+def _git_revision() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        return None

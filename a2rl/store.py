@@ -1,0 +1,419 @@
+"""The results store: runs, submissions, evaluations and events in one DuckDB file, safe for many processes.
+
+DuckDB lets only one process open a file read-write, and while it does no other process can open it even
+read-only. So every open (read or write) takes an exclusive `flock` on `<db>.lock`, the connection lives for
+one short transaction, and nothing stays open between calls. Every write is an upsert on a primary key, so a
+retried run replaces its rows instead of duplicating them.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import duckdb
+
+from a2rl.records import EvalResult, LedgerEntry, RunConfig, RunSummary, utcnow
+
+if TYPE_CHECKING:  # pandas is only needed by readers; writers (the grading service) skip its import time
+    import pandas as pd
+
+EvalKind = Literal["baseline", "submission", "final"]
+
+# Ordered migrations: entry i takes the schema from version i to i + 1. Append only; never edit a shipped one.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE runs (
+        run_id VARCHAR PRIMARY KEY,
+        config_hash VARCHAR,
+        task VARCHAR,
+        variant VARCHAR,
+        variant_label VARCHAR,
+        agent VARCHAR,
+        driver VARCHAR,
+        mode VARCHAR,
+        base_model VARCHAR,
+        seed BIGINT,
+        budget_s DOUBLE,
+        protocol VARCHAR,
+        status VARCHAR,
+        started_at TIMESTAMPTZ,
+        finished_at TIMESTAMPTZ,
+        baseline_val DOUBLE,
+        baseline_test DOUBLE,
+        best_val DOUBLE,
+        best_submission_id BIGINT,
+        final_submission_id BIGINT,
+        final_test DOUBLE,
+        delta_test DOUBLE,
+        n_submissions BIGINT,
+        n_scored BIGINT,
+        agent_seconds DOUBLE,
+        grading_seconds DOUBLE,
+        wall_seconds DOUBLE,
+        phase_seconds_json JSON,
+        error VARCHAR,
+        config_json JSON,
+        harness_dir VARCHAR,
+        updated_at TIMESTAMPTZ
+    );
+    CREATE TABLE submissions (
+        run_id VARCHAR,
+        submission_id BIGINT,
+        created_at TIMESTAMPTZ,
+        model_path VARCHAR,
+        weights_hash VARCHAR,
+        size_bytes BIGINT,
+        status VARCHAR,
+        split VARCHAR,
+        score DOUBLE,
+        cached BOOLEAN,
+        eval_seconds DOUBLE,
+        agent_elapsed_s DOUBLE,
+        error VARCHAR,
+        PRIMARY KEY (run_id, submission_id)
+    );
+    CREATE TABLE evaluations (
+        run_id VARCHAR,
+        eval_key VARCHAR,
+        kind VARCHAR CHECK (kind IN ('baseline', 'submission', 'final')),
+        submission_id BIGINT,
+        split VARCHAR,
+        score DOUBLE,
+        n BIGINT,
+        n_correct BIGINT,
+        evaluator_id VARCHAR,
+        weights_hash VARCHAR,
+        generated_tokens BIGINT,
+        duration_s DOUBLE,
+        cached BOOLEAN,
+        created_at TIMESTAMPTZ,
+        PRIMARY KEY (run_id, eval_key)
+    );
+    CREATE TABLE events (
+        run_id VARCHAR,
+        seq BIGINT,
+        created_at TIMESTAMPTZ,  -- not `at`: AT is reserved in DuckDB SQL and would need quoting everywhere
+        kind VARCHAR,
+        detail_json JSON,
+        PRIMARY KEY (run_id, seq)
+    );
+    -- Sums are cast to BIGINT: DuckDB's sum(BIGINT) is HUGEINT, which pandas receives as float64.
+    CREATE VIEW leaderboard AS
+    SELECT task, variant, protocol, agent, driver, mode,
+           count(*)::BIGINT AS n_runs,
+           count(delta_test)::BIGINT AS n_with_delta,
+           avg(delta_test) AS mean_delta_test,
+           stddev_samp(delta_test) AS sd_delta_test,
+           avg(final_test) AS mean_final_test,
+           avg(baseline_test) AS mean_baseline_test,
+           sum(n_submissions)::BIGINT AS total_submissions
+    FROM runs
+    WHERE status = 'completed'
+    GROUP BY task, variant, protocol, agent, driver, mode
+    ORDER BY task, mean_delta_test DESC NULLS LAST;
+    CREATE VIEW latest_runs AS
+    SELECT * FROM runs ORDER BY started_at DESC NULLS LAST, run_id;
+    """,
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class StoreError(RuntimeError):
+    """The results store file cannot be used (not a DuckDB file, written by a newer a2rl, ...)."""
+
+
+class StoreLockTimeout(StoreError, TimeoutError):
+    """Another process kept the results store busy for longer than the timeout."""
+
+
+class ResultsStore:
+    """One DuckDB results file; each method is a short, locked transaction."""
+
+    def __init__(self, path: Path | str, lock_timeout_s: float = 120.0) -> None:
+        self.path = Path(path).expanduser().resolve()
+        self.lock_path = self.path.with_name(self.path.name + ".lock")
+        self.lock_timeout_s = lock_timeout_s
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._transaction() as con:
+            _migrate(con, self.path)
+
+    # ---- writes -------------------------------------------------------------------------------------
+
+    def start_run(
+        self, run_id: str, config: RunConfig, harness_dir: Path | str | None, variant_label: str
+    ) -> None:
+        """Insert or reset a run as 'running'. A retry keeps the first `started_at`."""
+        row = _config_columns(config) | {
+            "run_id": run_id,
+            "variant_label": variant_label,
+            "harness_dir": None if harness_dir is None else str(harness_dir),
+            "status": "running",
+            "started_at": utcnow(),
+            "finished_at": None,
+            "error": None,
+            "updated_at": utcnow(),
+        }
+        with self._transaction() as con:
+            _upsert(con, "runs", ("run_id",), row, keep_existing={"started_at"})
+
+    def finish_run(self, summary: RunSummary) -> None:
+        """Write a run's headline numbers and final status (inserts the run if `start_run` never ran)."""
+        row = _config_columns(summary.config) | {
+            "run_id": summary.run_id,
+            "variant_label": summary.variant_label,
+            "protocol": summary.protocol,
+            "status": summary.status,
+            "finished_at": None if summary.status == "running" else utcnow(),
+            "baseline_val": summary.baseline_val,
+            "baseline_test": summary.baseline_test,
+            "best_val": summary.best_val,
+            "best_submission_id": summary.best_submission_id,
+            "final_submission_id": summary.final_submission_id,
+            "final_test": summary.final_test,
+            "delta_test": summary.delta_test,
+            "n_submissions": summary.n_submissions,
+            "n_scored": summary.n_scored,
+            "agent_seconds": summary.agent_seconds,
+            "grading_seconds": summary.grading_seconds,
+            "wall_seconds": summary.wall_seconds,
+            "phase_seconds_json": json.dumps(summary.phase_seconds),
+            "error": summary.error,
+            "updated_at": utcnow(),
+        }
+        with self._transaction() as con:
+            _upsert(con, "runs", ("run_id",), row)
+
+    def record_submission(self, run_id: str, entry: LedgerEntry) -> None:
+        """Upsert one submission from a ledger line.
+
+        The outcome (status, score, cached, eval_seconds, error) always takes the latest line's values; the
+        description (path, hash, size, split, arrival) keeps an earlier value when a later line leaves it
+        empty, since a "scored" ledger line need not repeat what the "queued" line said.
+        """
+        if entry.submission_id is None:
+            raise ValueError(f"ledger entry seq={entry.seq} ({entry.kind}) has no submission_id")
+        if entry.run_id != run_id:
+            raise ValueError(f"ledger entry belongs to run {entry.run_id!r}, not {run_id!r}")
+        row = {
+            "run_id": run_id,
+            "submission_id": entry.submission_id,
+            "created_at": entry.at,
+            "model_path": entry.model_path,
+            "weights_hash": entry.weights_hash,
+            "size_bytes": entry.size_bytes,
+            "split": entry.split,
+            "agent_elapsed_s": entry.agent_elapsed_s,
+            "status": entry.status,
+            "score": entry.score,
+            "cached": entry.cached,
+            "eval_seconds": entry.eval_seconds,
+            "error": entry.error,
+        }
+        described = {"model_path", "weights_hash", "size_bytes", "split", "agent_elapsed_s"}
+        with self._transaction() as con:
+            _upsert(
+                con, "submissions", ("run_id", "submission_id"), row,
+                keep_existing={"created_at"}, fill_missing=described,
+            )
+
+    def record_evaluation(
+        self,
+        run_id: str,
+        eval_key: str,
+        kind: EvalKind,
+        result: EvalResult,
+        submission_id: int | None = None,
+    ) -> None:
+        """Upsert one evaluation (per-item results are not stored here; they stay in the run directory)."""
+        row = {
+            "run_id": run_id,
+            "eval_key": eval_key,
+            "kind": kind,
+            "submission_id": submission_id,
+            "split": result.split,
+            "score": result.score,
+            "n": result.n,
+            "n_correct": result.n_correct,
+            "evaluator_id": result.evaluator_id,
+            "weights_hash": result.weights_hash,
+            "generated_tokens": result.generated_tokens,
+            "duration_s": result.duration_s,
+            "cached": result.cached,
+            "created_at": utcnow(),
+        }
+        with self._transaction() as con:
+            _upsert(con, "evaluations", ("run_id", "eval_key"), row)
+
+    def record_event(
+        self, run_id: str, seq: int, kind: str, detail: Mapping[str, Any], at: datetime | None = None
+    ) -> None:
+        """Upsert one event; `seq` is the caller's position in its append-only log."""
+        row = {
+            "run_id": run_id,
+            "seq": seq,
+            "created_at": at or utcnow(),
+            "kind": kind,
+            "detail_json": json.dumps(dict(detail), sort_keys=True, default=str),
+        }
+        with self._transaction() as con:
+            _upsert(con, "events", ("run_id", "seq"), row)
+
+    def delete_run_children(self, run_id: str) -> None:
+        """Drop a run's submissions, evaluations and events (the run row stays), before a clean re-ingest."""
+        with self._transaction() as con:
+            for table in ("submissions", "evaluations", "events"):
+                con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+
+    # ---- reads --------------------------------------------------------------------------------------
+
+    def get_run(self, run_id: str) -> dict[str, Any] | None:
+        with self._connect(read_only=True) as con:
+            cur = con.execute("SELECT * FROM runs WHERE run_id = ?", [run_id])
+            row = cur.fetchone()
+            if row is None:
+                return None
+            return dict(zip([d[0] for d in cur.description], row))
+
+    def runs_df(self) -> pd.DataFrame:
+        return self.query("SELECT * FROM latest_runs")
+
+    def query(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pd.DataFrame:
+        """Run SQL on a read-only connection and return a DataFrame."""
+        with self._connect(read_only=True) as con:
+            return con.execute(sql, params).df()
+
+    # ---- connections --------------------------------------------------------------------------------
+
+    @contextmanager
+    def _transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        # Closing without COMMIT (on an exception) rolls the transaction back.
+        with self._connect(read_only=False) as con:
+            con.execute("BEGIN TRANSACTION")
+            yield con
+            con.execute("COMMIT")
+
+    @contextmanager
+    def _connect(self, read_only: bool) -> Iterator[duckdb.DuckDBPyConnection]:
+        deadline = time.monotonic() + self.lock_timeout_s
+        with _exclusive_flock(self.lock_path, deadline, self.path):
+            con = self._open(read_only, deadline)
+            try:
+                yield con
+            finally:
+                con.close()
+
+    def _open(self, read_only: bool, deadline: float) -> duckdb.DuckDBPyConnection:
+        if not read_only and self.path.exists() and self.path.stat().st_size == 0:
+            # An empty file (e.g. from mkstemp or `touch`) holds no data; DuckDB refuses it, so start fresh.
+            self.path.unlink()
+        while True:
+            try:
+                return duckdb.connect(str(self.path), read_only=read_only)
+            except duckdb.IOException as e:
+                # A process that bypasses our lock (a notebook, the CLI) still holds DuckDB's own file lock.
+                if "Could not set lock" not in str(e):
+                    raise StoreError(f"cannot open results store {self.path}: {e}") from None
+                if time.monotonic() >= deadline:
+                    raise StoreLockTimeout(
+                        f"results store {self.path} is held open by another process that does not use "
+                        f"ResultsStore (close it, e.g. a notebook connection): {e}"
+                    ) from None
+                time.sleep(0.05)
+            except duckdb.Error as e:
+                raise StoreError(f"cannot open results store {self.path}: {e}") from None
+
+
+@contextmanager
+def _exclusive_flock(lock_path: Path, deadline: float, db_path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on `lock_path` until the block exits; poll so the timeout is exact."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        delay = 0.005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise StoreLockTimeout(
+                        f"timed out waiting for {lock_path}: another process kept the results store "
+                        f"{db_path} busy"
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
+        yield
+    finally:
+        os.close(fd)  # also releases the flock
+
+
+def _migrate(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    con.execute(
+        "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ)"
+    )
+    (current,) = con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone() or (0,)
+    if current > SCHEMA_VERSION:
+        raise StoreError(
+            f"results store {path} has schema version {current}, newer than this a2rl ({SCHEMA_VERSION}); "
+            "upgrade a2rl"
+        )
+    for version in range(current + 1, SCHEMA_VERSION + 1):
+        con.execute(MIGRATIONS[version - 1])
+        con.execute("INSERT INTO schema_version VALUES (?, ?)", [version, utcnow()])
+
+
+def _config_columns(config: RunConfig) -> dict[str, Any]:
+    """The `runs` columns that come from a RunConfig."""
+    return {
+        "config_hash": config.config_hash(),
+        "task": config.task,
+        "variant": config.variant,
+        "agent": config.agent,
+        "driver": config.driver,
+        "mode": config.mode,
+        "base_model": config.base_model,
+        "seed": config.seed,
+        "budget_s": config.budget_s,
+        "protocol": config.protocol,
+        "config_json": config.model_dump_json(),
+    }
+
+
+def _upsert(
+    con: duckdb.DuckDBPyConnection,
+    table: str,
+    key: tuple[str, ...],
+    row: Mapping[str, Any],
+    keep_existing: set[str] | frozenset[str] = frozenset(),
+    fill_missing: set[str] | frozenset[str] = frozenset(),
+) -> None:
+    """INSERT ... ON CONFLICT DO UPDATE for the columns in `row`; columns not in `row` are left alone.
+
+    `keep_existing`: a stored non-NULL value wins (first-seen facts). `fill_missing`: the new value wins
+    unless it is NULL. Every other column takes the new value. Names come from this module, never users.
+    """
+    cols = list(row)
+
+    def assign(col: str) -> str:
+        if col in keep_existing:
+            return f"{col} = coalesce({table}.{col}, excluded.{col})"
+        if col in fill_missing:
+            return f"{col} = coalesce(excluded.{col}, {table}.{col})"
+        return f"{col} = excluded.{col}"
+
+    updates = ", ".join(assign(c) for c in cols if c not in key)
+    sql = (
+        f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)}) "
+        f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}"
+    )
+    con.execute(sql, list(row.values()))

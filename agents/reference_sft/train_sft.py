@@ -1,0 +1,257 @@
+"""Supervised fine-tuning of a causal LM on GSM8K worked solutions with TRL, saved as a merged checkpoint.
+
+Stand-alone: run by the reference agent as its own process, so it imports nothing from the harness.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+PROMPT_TEMPLATE = "Question: {question}\nLet's think step by step\nAnswer:"
+LORA_AUTO_MIN_PARAMS = 50_000_000
+LORA_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+SUMMARY_PREFIX = "TRAIN_SUMMARY "
+
+_CALCULATOR_ANNOTATION = re.compile(r"<<[^<>]*>>")
+_FINAL_ANSWER = re.compile(r"####\s*(.+?)\s*$")
+
+
+def format_solution(answer: str) -> str:
+    """Turn a GSM8K solution into the evaluation's answer style.
+
+    Calculator annotations such as ``<<48/2=24>>`` are removed and the final ``#### N`` line becomes
+    ``The answer is N``.
+
+    Example:
+        >>> format_solution("She has 48/2 = <<48/2=24>>24 left.\\n#### 24")
+        'She has 48/2 = 24 left.\\nThe answer is 24'
+    """
+    text = _CALCULATOR_ANNOTATION.sub("", answer).strip()
+    lines = text.split("\n")
+    match = _FINAL_ANSWER.search(lines[-1])
+    if match:
+        final = match.group(1).replace(",", "").strip()
+        lines[-1] = f"The answer is {final}"
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def to_conversation(row: dict) -> dict:
+    """One GSM8K row as a conversational prompt-completion example (TRL's format)."""
+    return {
+        "prompt": [{"role": "user", "content": PROMPT_TEMPLATE.format(question=row["question"].strip())}],
+        "completion": [{"role": "assistant", "content": format_solution(row["answer"])}],
+    }
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Rows of a JSONL file that have a question and an answer."""
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                if row.get("question") and row.get("answer"):
+                    rows.append(row)
+    return rows
+
+
+def select_examples(rows: list[dict], n: int, seed: int, fits) -> list[dict]:
+    """Shuffle with ``seed`` and keep the first ``n`` conversations for which ``fits(example)`` is true."""
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    chosen = []
+    for i in order:
+        example = to_conversation(rows[i])
+        if fits(example):
+            chosen.append(example)
+            if len(chosen) >= n:
+                break
+    return chosen
+
+
+def fix_tokenizer_config(directory: Path) -> None:
+    """Make ``tokenizer_config.json`` loadable by older ``AutoTokenizer`` versions too.
+
+    transformers 5 may write ``extra_special_tokens`` as a list; versions before 5 expect a dict there and fail
+    to load it. The list is stored under its pre-5 name ``additional_special_tokens``, which 5 also reads.
+    """
+    path = directory / "tokenizer_config.json"
+    if not path.exists():
+        return
+    config = json.loads(path.read_text(encoding="utf-8"))
+    extra = config.get("extra_special_tokens")
+    if isinstance(extra, list):
+        del config["extra_special_tokens"]
+        if extra:
+            config.setdefault("additional_special_tokens", extra)
+        path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options; defaults fit one ~90-120 s round for SmolLM2-135M on 2 CPU cores."""
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--init", required=True, help="HF checkpoint directory to start from (base model or earlier output)")
+    p.add_argument("--out", required=True, help="directory to write the merged checkpoint to (must not exist)")
+    p.add_argument("--data", default=None, help="train.jsonl (default: $DATA_PATH/train.jsonl)")
+    p.add_argument("--max-steps", type=int, default=16, help="optimizer steps")
+    p.add_argument("--batch-size", type=int, default=4, help="per-device batch size")
+    p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps")
+    p.add_argument("--max-length", type=int, default=256, help="longer examples are skipped, not truncated")
+    p.add_argument("--lr", type=float, default=None, help="learning rate (default: 2e-4 with LoRA, 2e-5 without)")
+    p.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up steps (each starts at lr 0)")
+    p.add_argument(
+        "--lora",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"train a LoRA adapter and merge it (default: on for models over {LORA_AUTO_MIN_PARAMS:,} parameters)",
+    )
+    p.add_argument("--lora-r", type=int, default=16)
+    p.add_argument("--lora-alpha", type=int, default=32)
+    p.add_argument("--time-limit", type=float, default=None, help="stop training after this many seconds of steps")
+    p.add_argument("--seed", type=int, default=0, help="seed for the data subset and training")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train, merge, save atomically, print a one-line JSON summary prefixed with ``TRAIN_SUMMARY``."""
+    args = parse_args(argv)
+    t_start = time.monotonic()
+    out = Path(args.out)
+    if out.exists():
+        print(f"error: {out} already exists; pick a new --out", file=sys.stderr)
+        return 2
+    data = Path(args.data) if args.data else Path(os.environ.get("DATA_PATH", "data")) / "train.jsonl"
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import datasets
+    import torch
+    from peft import LoraConfig
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback, set_seed
+    from trl import SFTConfig, SFTTrainer
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    set_seed(args.seed)
+    use_cuda = torch.cuda.is_available()
+
+    tokenizer = AutoTokenizer.from_pretrained(args.init)
+    model = AutoModelForCausalLM.from_pretrained(args.init, dtype=torch.float32)
+    n_params = sum(p.numel() for p in model.parameters())
+    use_lora = args.lora if args.lora is not None else n_params > LORA_AUTO_MIN_PARAMS
+    lr = args.lr if args.lr is not None else (2e-4 if use_lora else 2e-5)
+    t_loaded = time.monotonic()
+
+    def fits(example: dict) -> bool:
+        ids = tokenizer.apply_chat_template(example["prompt"] + example["completion"], tokenize=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        return len(ids) <= args.max_length
+
+    rows = read_rows(data)
+    wanted = args.max_steps * args.batch_size * args.grad_accum
+    examples = select_examples(rows, wanted, args.seed, fits)
+    if not examples:
+        print(f"error: no example of {data} fits --max-length {args.max_length}", file=sys.stderr)
+        return 3
+    print(
+        f"init={args.init} params={n_params:,} lora={use_lora} lr={lr} steps={args.max_steps} "
+        f"batch={args.batch_size}x{args.grad_accum} max_length={args.max_length} examples={len(examples)}/{len(rows)} "
+        f"time_limit={args.time_limit} load_s={t_loaded - t_start:.1f}",
+        flush=True,
+    )
+
+    class TimeLimit(TrainerCallback):
+        """Ends training once ``--time-limit`` seconds of steps have passed."""
+
+        def on_train_begin(self, args_, state, control, **kwargs):
+            self.t0 = time.monotonic()
+
+        def on_step_end(self, args_, state, control, **kwargs):
+            if args.time_limit is not None and time.monotonic() - self.t0 >= args.time_limit:
+                print(f"time limit {args.time_limit:.0f}s reached at step {state.global_step}", flush=True)
+                control.should_training_stop = True
+
+    config = SFTConfig(
+        output_dir=str(out.parent / f".{out.name}.trainer-{os.getpid()}"),
+        max_steps=args.max_steps,
+        per_device_train_batch_size=args.batch_size,
+        gradient_accumulation_steps=args.grad_accum,
+        learning_rate=lr,
+        lr_scheduler_type="cosine",
+        warmup_steps=args.warmup_steps,
+        max_length=args.max_length,
+        completion_only_loss=True,
+        logging_steps=max(1, args.max_steps // 8),
+        save_strategy="no",
+        report_to="none",
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        use_cpu=not use_cuda,
+        dataloader_pin_memory=use_cuda,
+        disable_tqdm=True,
+        seed=args.seed,
+        data_seed=args.seed,
+    )
+    peft_config = None
+    if use_lora:
+        targets = sorted({name.rsplit(".", 1)[-1] for name, _ in model.named_modules()} & set(LORA_TARGET_MODULES))
+        peft_config = LoraConfig(
+            r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM"
+        )
+    trainer = SFTTrainer(
+        model=model,
+        args=config,
+        train_dataset=datasets.Dataset.from_list(examples),
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=[TimeLimit()],
+    )
+    t_train = time.monotonic()
+    result = trainer.train()
+    t_trained = time.monotonic()
+
+    model = trainer.model
+    if use_lora:
+        model = model.merge_and_unload()
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    fix_tokenizer_config(tmp)
+    for path in tmp.iterdir():
+        path.chmod(0o644)  # safetensors writes 0600; a grader running as another user must read it
+    os.rename(tmp, out)
+    shutil.rmtree(config.output_dir, ignore_errors=True)
+    t_end = time.monotonic()
+
+    steps = trainer.state.global_step
+    summary = {
+        "out": str(out),
+        "lora": use_lora,
+        "lr": lr,
+        "steps": steps,
+        "examples_seen": steps * args.batch_size * args.grad_accum,
+        "train_loss": round(float(result.training_loss), 4),
+        "load_s": round(t_loaded - t_start, 1),
+        "train_s": round(t_trained - t_train, 1),
+        "s_per_step": round((t_trained - t_train) / max(1, steps), 2),
+        "examples_per_s": round(steps * args.batch_size * args.grad_accum / max(1e-9, t_trained - t_train), 3),
+        "save_s": round(t_end - t_trained, 1),
+        "total_s": round(t_end - t_start, 1),
+    }
+    print(f"training loss {summary['train_loss']} after {steps} steps")
+    print(SUMMARY_PREFIX + json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

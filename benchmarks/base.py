@@ -1,0 +1,137 @@
+"""The benchmark-task interface: data per variant, prompt, decoding and evaluator for one task.
+
+A task's split is made once, at prepare time (as in MLE-bench): agent-visible files go to `public/`,
+validation and hidden-test items to `private/`, which only the grader reads.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from a2rl.paths import task_data_dir
+from a2rl.records import ItemResult, Split
+
+Item = dict[str, Any]
+Messages = list[dict[str, str]]
+
+EVALUATOR_VERSION = "1"
+"""Bump when scoring logic shared by all tasks changes: it invalidates cached evaluations."""
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """Pinned decoding settings: part of the evaluator id, so part of every cache key."""
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TaskData:
+    """The three splits of a task's data. `train` is agent-visible; the others never are."""
+
+    train: list[Item]
+    validation: list[Item]
+    test: list[Item]
+    source: str
+    """Where the data came from, said honestly (package + file, or public HF id)."""
+
+
+class PreparedData(NamedTuple):
+    public_dir: Path
+    """Copied into the agent's workspace as `data/`."""
+    private_dir: Path
+    """validation.jsonl and test.jsonl; read only by the grader."""
+    manifest: dict
+
+
+@dataclass
+class BenchmarkTask(abc.ABC):
+    """One benchmark task. Subclasses fill in the data loader, prompt and per-item scoring."""
+
+    id: str
+    level: str
+    metric: str
+    title: str
+    prompt_version: str
+    decoding: Decoding
+    default_base_model: str
+    variant_labels: dict[str, str] = field(default_factory=dict)
+    """variant -> honest label shown in reports, e.g. 'GSM8K test split, re-split offline'."""
+    data_version: str = "1"
+    """Bump when the split or the item format changes: prepared data lives under a versioned path."""
+
+    # -- to implement per task -------------------------------------------------------------
+    @abc.abstractmethod
+    def load(self, variant: str) -> TaskData:
+        """Return the split data for a variant (deterministic)."""
+
+    @abc.abstractmethod
+    def build_prompt(self, item: Item) -> Messages:
+        """Chat messages for one evaluation item."""
+
+    @abc.abstractmethod
+    def score_item(self, item: Item, completion: str) -> ItemResult:
+        """Grade one completion."""
+
+    # -- shared ----------------------------------------------------------------------------
+    @property
+    def package_dir(self) -> Path:
+        return Path(__file__).parent / self.id
+
+    def description(self) -> str:
+        return (self.package_dir / "description.md").read_text()
+
+    def evaluator_id(self) -> str:
+        d = self.decoding
+        stop = "|".join(x.encode("unicode_escape").decode() for x in d.stop)
+        return (
+            f"{self.id}/prompt-{self.prompt_version}/max{d.max_new_tokens}-t{d.temperature}"
+            f"-stop[{stop}]/v{EVALUATOR_VERSION}"
+        )
+
+    def prepare(self, variant: str) -> PreparedData:
+        """Write the split to the data cache once; later calls reuse it (idempotent)."""
+        root = task_data_dir() / self.id / f"{variant}-v{self.data_version}"
+        public, private = root / "public", root / "private"
+        manifest_path = root / "manifest.json"
+        if manifest_path.exists():
+            return PreparedData(public, private, json.loads(manifest_path.read_text()))
+        data = self.load(variant)
+        public.mkdir(parents=True, exist_ok=True)
+        private.mkdir(parents=True, exist_ok=True)
+        write_jsonl(public / "train.jsonl", data.train)
+        write_jsonl(private / "validation.jsonl", data.validation)
+        write_jsonl(private / "test.jsonl", data.test)
+        manifest = {
+            "task": self.id,
+            "variant": variant,
+            "label": self.variant_labels.get(variant, variant),
+            "source": data.source,
+            "sizes": {"train": len(data.train), "validation": len(data.validation), "test": len(data.test)},
+        }
+        # Written last: its presence marks a complete preparation.
+        manifest_path.write_text(json.dumps(manifest, indent=2))
+        return PreparedData(public, private, manifest)
+
+    def load_split(self, variant: str, split: Split, limit: int | None = None) -> list[Item]:
+        items = read_jsonl(self.prepare(variant).private_dir / f"{split}.jsonl")
+        return items[:limit] if limit else items
+
+
+def write_jsonl(path: Path, rows: list[Item]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+def read_jsonl(path: Path) -> list[Item]:
+    with path.open() as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,189 @@
+"""The `benchmark-run` flow: provision → baseline → agent session → final grading → summary.
+
+Flows stay thin: each step is a Prefect task over a plain a2rl function; state is checkpointed in the
+ledger and the DuckDB results store as it happens, so a retried flow run resumes instead of starting over.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
+from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
+from a2rl.report import build_summary, write_report
+from a2rl.run import RunContext
+from a2rl.store import ResultsStore
+from agents import AgentEnv, SessionOutcome, get_agent, run_agent
+from tasks.run_steps import (
+    build_workspace_step,
+    evaluate_baseline,
+    evaluate_final,
+    ledger_of,
+    open_run,
+    prepare_base_model,
+    prepare_task_data,
+    record_evaluation,
+)
+
+DEFAULT_RESULTS = Path("results/a2rl.duckdb")
+
+
+@flow(name="provision-workspace")
+def provision_workspace(ctx: RunContext) -> Path:
+    """Prepare task data and the base model, then build the agent's workspace. Returns the base model dir."""
+    public_dir = prepare_task_data(ctx)
+    base_model_dir = prepare_base_model(ctx.config.base_model)
+    build_workspace_step(ctx, public_dir, base_model_dir)
+    return base_model_dir
+
+
+@flow(name="agent-session")
+def agent_session(ctx: RunContext, baseline: dict[str, float], grace_s: float = 30.0) -> SessionOutcome:
+    """Start the grading service, run the agent under its budget, and drain the grading queue."""
+    logger = get_run_logger()
+    store = ResultsStore(ctx.results_path)
+    clock = BudgetClock(ctx.config.budget_s)
+
+    def on_entry(entry: LedgerEntry) -> None:
+        if entry.kind == "event":
+            store.record_event(ctx.run_id, entry.seq, entry.detail.get("event", "event"), entry.detail, at=entry.at)
+            return
+        store.record_submission(ctx.run_id, entry)
+        if entry.status in ("scored", "error"):
+            logger.info(
+                "submission %s (%s): %s %s",
+                entry.submission_id, entry.model_path, entry.status,
+                f"{entry.split} score {entry.score:.2f}" if entry.score is not None else entry.error,
+            )  # fmt: skip
+
+    service = GradingService(
+        GradingContext(ctx.run_id, ctx.config, ctx.paths.workspace, ctx.paths.harness_dir, baseline),
+        clock,
+        on_entry=on_entry,
+        on_evaluation=lambda entry, result: record_evaluation(store, ctx, entry, result),
+    )
+    agent = get_agent(ctx.config.agent)
+    with GradingServer(service, request_log=ctx.paths.harness_dir / "requests.jsonl") as server:
+        service.record_event("session-start", url=server.url, budget_s=ctx.config.budget_s)
+        logger.info("grading service on %s; agent %s starts with %.0f s", server.url, agent.id, ctx.config.budget_s)
+        env = AgentEnv(ctx.config.task, ctx.config.base_model, ctx.paths.workspace, server.url, server.token,
+                       ctx.config.seed)
+        outcome = run_agent(agent, env, clock, ctx.paths.harness_dir / "agent.log", grace_s=grace_s)
+        service.close()
+    outcome.agent_seconds = round(clock.elapsed(), 3)
+    service.record_event("session-end", **outcome.model_dump(), grading_seconds=round(service.grading_seconds, 3))
+    logger.info("agent %s after %.0f s (exit code %s)", outcome.ended_by, outcome.agent_seconds, outcome.exit_code)
+    return outcome
+
+
+@flow(name="final-grading")
+def final_grading(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
+    """Evaluate the final pick on the hidden test set (admin action: not on the agent's API)."""
+    entry = evaluate_final(ctx, base_model_dir)
+    get_run_logger().info("final hidden-test score %.2f (submission %s)", entry.score or 0.0, entry.submission_id)
+    return entry
+
+
+@flow(name="summarize-run")
+def summarize_run(
+    ctx: RunContext, status: RunStatus, phase_seconds: dict[str, float], error: str | None = None
+) -> RunSummary:
+    """Compute the summary from the ledger's raw scores; write report.md / report.json, store and artifacts."""
+    entries = ledger_of(ctx).entries()
+    session_end = next((e for e in reversed(entries) if e.detail.get("event") == "session-end"), None)
+    detail = session_end.detail if session_end else {}
+    summary = build_summary(
+        ctx, entries, status, phase_seconds,
+        agent_seconds=detail.get("agent_seconds", 0.0), grading_seconds=detail.get("grading_seconds", 0.0),
+        error=error,
+    )  # fmt: skip
+    notes = run_notes(ctx, detail)
+    report = write_report(ctx, summary, entries, notes)
+    ResultsStore(ctx.results_path).finish_run(summary)
+    create_markdown_artifact(report.read_text(), key=_artifact_key(ctx.run_id), description="a2rl run report")
+    create_table_artifact(
+        [{"submission": e.submission_id, "status": e.status, "score": e.score, "path": e.model_path}
+         for e in entries if e.kind == "submission" and e.status in ("scored", "error")] or [{"submission": None}],
+        key=_artifact_key(ctx.run_id) + "-submissions",
+    )  # fmt: skip
+    return summary
+
+
+def run_notes(ctx: RunContext, session_detail: dict) -> list[str]:
+    c = ctx.config
+    notes = [f"Data: {ctx.variant_label}."]
+    if c.val_limit or c.test_limit:
+        notes.append(
+            f"To stay fast, this run evaluates a fixed subset: the first {c.val_limit or 'all'} validation and "
+            f"the first {c.test_limit or 'all'} hidden-test items of the split."
+        )
+    if c.protocol == "paper":
+        notes.append("Protocol `paper`: submissions were scored on the test set and the best was kept, "
+                     "i.e. selection on the test set (optimistic).")
+    if session_detail.get("ended_by") == "budget":
+        notes.append("The agent was stopped at the end of its budget.")
+    if session_detail.get("exit_code") not in (0, None):
+        notes.append(f"The agent exited with code {session_detail['exit_code']} (see harness/agent.log).")
+    return notes
+
+
+def _artifact_key(run_id: str) -> str:
+    return "run-" + "".join(ch if ch.isalnum() else "-" for ch in run_id.lower())
+
+
+@flow(name="benchmark-run")
+def benchmark_run(
+    task: str = "gsm8k",
+    agent: str = "reference-sft",
+    budget_s: float = 240.0,
+    seed: int = 0,
+    results: Path = DEFAULT_RESULTS,
+    runs_dir: Path | None = None,
+    variant: str = "offline",
+    base_model: str = "smollm2-135m-instruct",
+    protocol: str = "heldout",
+    mode: str = "free",
+    val_limit: int | None = 32,
+    test_limit: int | None = 64,
+    max_submissions: int = 20,
+    grace_s: float = 30.0,
+) -> RunSummary:
+    """One benchmark run: (task, variant, agent, mode, base model, seed, budget) → scores, report, DuckDB rows."""
+    config = RunConfig(
+        task=task, agent=agent, budget_s=budget_s, seed=seed, variant=variant, base_model=base_model,
+        protocol=protocol, mode=mode, val_limit=val_limit, test_limit=test_limit, max_submissions=max_submissions,
+    )  # fmt: skip
+    results = Path(results)
+    runs_dir = Path(runs_dir) if runs_dir else results.parent / "runs"
+    phases: dict[str, float] = {}
+    t = time.perf_counter()
+    ctx = open_run(config, results, runs_dir)
+    phases["open"] = time.perf_counter() - t
+    status: RunStatus = "completed"
+    error: str | None = None
+    try:
+        t = time.perf_counter()
+        base_model_dir = provision_workspace(ctx)
+        phases["provision"] = time.perf_counter() - t
+        t = time.perf_counter()
+        baseline = evaluate_baseline(ctx, base_model_dir)
+        phases["baseline"] = time.perf_counter() - t
+        t = time.perf_counter()
+        agent_session(ctx, baseline, grace_s=grace_s)
+        phases["agent_session"] = time.perf_counter() - t
+        t = time.perf_counter()
+        final_grading(ctx, base_model_dir)
+        phases["final_grading"] = time.perf_counter() - t
+    except BaseException as e:  # recorded, then re-raised so Prefect marks the run failed (and retryable)
+        status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+        error = f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        t = time.perf_counter()
+        summary = summarize_run(ctx, status, phases, error)
+        phases["summary"] = time.perf_counter() - t
+    return summary

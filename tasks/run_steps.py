@@ -1,0 +1,152 @@
+"""Prefect tasks of a benchmark run: thin wrappers over the a2rl library, one step each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
+
+from a2rl.evaluation import EvalSpec, evaluate_cached
+from a2rl.grading.ledger import Ledger
+from a2rl.models import resolve_base_model, weights_hash
+from a2rl.records import EvalResult, LedgerEntry, RunConfig, Split
+from a2rl.report import baseline_scores, best_submission
+from a2rl.run import RunContext, make_run_id, write_manifest
+from a2rl.store import ResultsStore
+from a2rl.workspace import RunPaths, build_workspace, render_instructions
+from agents import get_agent
+from benchmarks import get_task
+
+PROTOCOL_TEXT = {
+    "heldout": "Each submission is scored on a **validation** set. A hidden test set, which you never see, "
+    "is evaluated once after the session on your best submission by validation score; that is your final score.",
+    "paper": "Each submission is scored on the **test** set, as in the original benchmark; the best score counts.",
+}
+MODE_TEXT = {
+    "free": "Any post-training method is allowed.",
+    "sft-only": "Only supervised fine-tuning is allowed (no RL).",
+    "rl-only": "You must use reinforcement learning (e.g. GRPO or PPO); an SFT warm-up is allowed.",
+}
+
+
+def ledger_of(ctx: RunContext) -> Ledger:
+    return Ledger(ctx.paths.harness_dir / "ledger.jsonl")
+
+
+def eval_spec(config: RunConfig, split: Split) -> EvalSpec:
+    limit = config.val_limit if split == "validation" else config.test_limit
+    return EvalSpec(config.task, config.variant, split, limit, config.eval_batch_size, config.eval_backend)
+
+
+@task(name="open-run", cache_policy=NO_CACHE)
+def open_run(config: RunConfig, results_path: Path, runs_dir: Path) -> RunContext:
+    """Give the run its id and directories, write its manifest and its first row in the results store."""
+    bench = get_task(config.task)
+    run_id = make_run_id(config, flow_run.get_id())
+    ctx = RunContext(
+        run_id=run_id,
+        config=config,
+        paths=RunPaths.for_run(runs_dir, run_id),
+        results_path=Path(results_path).resolve(),
+        variant_label=bench.variant_labels.get(config.variant, config.variant),
+    )
+    ctx.paths.create()
+    write_manifest(ctx)
+    ResultsStore(ctx.results_path).start_run(run_id, config, str(ctx.paths.harness_dir), ctx.variant_label)
+    return ctx
+
+
+@task(name="prepare-task-data", cache_policy=NO_CACHE)
+def prepare_task_data(ctx: RunContext) -> Path:
+    return get_task(ctx.config.task).prepare(ctx.config.variant).public_dir
+
+
+@task(name="prepare-base-model", cache_policy=NO_CACHE)
+def prepare_base_model(name: str) -> Path:
+    """Resolve (and on first use convert) the base model into the machine-wide model cache."""
+    return resolve_base_model(name)
+
+
+@task(name="build-workspace", cache_policy=NO_CACHE)
+def build_workspace_step(ctx: RunContext, public_dir: Path, base_model_dir: Path) -> None:
+    c = ctx.config
+    bench = get_task(c.task)
+    instructions = render_instructions(
+        run_id=ctx.run_id,
+        base_model=c.base_model,
+        protocol=c.protocol,
+        protocol_text=PROTOCOL_TEXT[c.protocol],
+        budget_s=int(c.budget_s),
+        max_submissions=c.max_submissions,
+        mode=c.mode,
+        mode_text=MODE_TEXT[c.mode],
+    )
+    build_workspace(ctx.paths, public_dir, base_model_dir, bench.description(), instructions)
+    get_agent(c.agent).install(ctx.paths.workspace)
+
+
+@task(name="evaluate-baseline", cache_policy=NO_CACHE)
+def evaluate_baseline(ctx: RunContext, base_model_dir: Path) -> dict[str, float]:
+    """The base model's validation and test scores (cached by weights hash + evaluator config)."""
+    ledger = ledger_of(ctx)
+    done = baseline_scores(ledger.entries())
+    store = ResultsStore(ctx.results_path)
+    base_hash = weights_hash(base_model_dir)
+    for split in ("validation", "test"):
+        if split in done:  # a resumed run keeps the baseline it already recorded
+            continue
+        result = evaluate_cached(base_model_dir, base_hash, eval_spec(ctx.config, split))
+        entry = ledger.append(
+            run_id=ctx.run_id, kind="baseline", split=split, status="scored", score=result.score,
+            weights_hash=base_hash, cached=result.cached, eval_seconds=round(result.duration_s, 3),
+            resolved_path=str(base_model_dir),
+        )  # fmt: skip
+        record_evaluation(store, ctx, entry, result)
+        done[split] = result.score
+    return done
+
+
+def record_evaluation(store: ResultsStore, ctx: RunContext, entry: LedgerEntry, result: EvalResult) -> None:
+    key = f"{entry.kind}-{entry.submission_id or 0}-{result.split}"
+    store.record_evaluation(ctx.run_id, key, entry.kind, result, submission_id=entry.submission_id)
+    write_items(ctx, key, result)
+
+
+def write_items(ctx: RunContext, key: str, result: EvalResult) -> None:
+    """Per-item outputs stay outside the workspace (they contain hidden-test answers)."""
+    out = ctx.paths.harness_dir / "evaluations"
+    out.mkdir(exist_ok=True)
+    (out / f"{key}.json").write_text(result.model_dump_json(indent=1))
+
+
+@task(name="evaluate-final", cache_policy=NO_CACHE)
+def evaluate_final(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
+    """Evaluate the final pick on the hidden test set, once. Heldout: the best submission on validation;
+    with no scored submission the base model stands (Δ = 0). Paper: the best test score already seen."""
+    ledger = ledger_of(ctx)
+    entries = ledger.entries()
+    existing = next((e for e in entries if e.kind == "final"), None)
+    if existing is not None:  # resumed after the final evaluation was recorded
+        return existing
+    store = ResultsStore(ctx.results_path)
+    if ctx.config.protocol == "paper":
+        pick = best_submission(entries, "test")
+        score = pick.score if pick else baseline_scores(entries).get("test")
+        return ledger.append(run_id=ctx.run_id, kind="final", split="test", status="scored", score=score,
+                             submission_id=pick.submission_id if pick else None,
+                             detail={"selection": "max over test scores (paper protocol)"})
+    pick = best_submission(entries, "validation")
+    path = Path(pick.resolved_path) if pick else base_model_dir
+    whash = pick.weights_hash if pick else weights_hash(base_model_dir)
+    result = evaluate_cached(path, whash, eval_spec(ctx.config, "test"))
+    entry = ledger.append(
+        run_id=ctx.run_id, kind="final", split="test", status="scored", score=result.score,
+        submission_id=pick.submission_id if pick else None, model_path=pick.model_path if pick else None,
+        resolved_path=str(path), weights_hash=whash, cached=result.cached,
+        eval_seconds=round(result.duration_s, 3),
+        detail={"selection": "best on validation" if pick else "no scored submission: base model"},
+    )  # fmt: skip
+    record_evaluation(store, ctx, entry, result)
+    return entry

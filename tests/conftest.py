@@ -1,0 +1,38 @@
+"""Shared test set-up: an isolated A2RL_HOME and PREFECT_HOME, one Prefect test harness, a tiny model."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Set before Prefect or HF are imported anywhere in the test session.
+_SESSION_TMP = Path(tempfile.mkdtemp(prefix="a2rl-tests-"))
+os.environ.setdefault("PREFECT_HOME", str(_SESSION_TMP / "prefect"))
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "90"
+os.environ["A2RL_HOME"] = str(_SESSION_TMP / "a2rl-home")
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["MPLBACKEND"] = "Agg"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One Prefect test server for the whole session; request it only in tests that run flows."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=90):
+        yield
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A ~100k-parameter Llama with a locally trained BPE tokenizer and a chat template."""
+    from a2rl.models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "tiny")

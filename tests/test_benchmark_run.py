@@ -1,0 +1,70 @@
+"""End to end: the `benchmark-run` flow on the tiny model, a small split and a short budget."""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import pytest
+
+from a2rl.grading.ledger import read_ledger
+
+
+@pytest.fixture
+def small_agent(monkeypatch):
+    # Shrink the reference agent's training to a few steps on the tiny model.
+    monkeypatch.setenv("A2RL_SFT_MAX_STEPS", "4")
+    monkeypatch.setenv("A2RL_SFT_BATCH_SIZE", "4")
+    monkeypatch.setenv("A2RL_SFT_MAX_LENGTH", "512")
+    monkeypatch.setenv("A2RL_SFT_TRAIN_S", "5")
+    monkeypatch.setenv("A2RL_SFT_LR", "5e-3")
+
+
+def test_benchmark_run_end_to_end(prefect_harness, tiny_model_dir, tmp_path, small_agent):
+    from flows.benchmark_run import benchmark_run
+
+    results = tmp_path / "results.duckdb"
+    kwargs = dict(base_model=str(tiny_model_dir), budget_s=45, results=results, val_limit=4, test_limit=6, grace_s=5)
+    summary = benchmark_run(**kwargs)
+
+    assert summary.status == "completed", summary.error
+    assert summary.n_submissions >= 1 and summary.n_scored >= 1
+    assert summary.baseline_val is not None and summary.baseline_test is not None
+    assert summary.best_val is not None and summary.final_test is not None
+    assert summary.delta_test == pytest.approx(summary.final_test - summary.baseline_test)
+    assert summary.agent_seconds <= 45 + 5 + 2  # budget + grace + polling slack
+
+    harness = tmp_path / "runs" / summary.run_id / "harness"
+    workspace = tmp_path / "runs" / summary.run_id / "workspace"
+    # The ledger verifies and holds baseline, submissions and one final evaluation.
+    entries = read_ledger(harness / "ledger.jsonl")
+    kinds = [e.kind for e in entries]
+    assert kinds.count("baseline") == 2 and kinds.count("final") == 1 and "submission" in kinds
+    # The agent wrote its code and checkpoints in the workspace; nothing hidden is there.
+    assert (workspace / "code" / "train_sft.py").exists() and (workspace / "output" / "v1" / "config.json").exists()
+    assert not any(p.name in ("validation.jsonl", "test.jsonl", "ledger.jsonl") for p in workspace.rglob("*"))
+    # The report carries the same numbers.
+    report = json.loads((harness / "report.json").read_text())
+    assert report["summary"]["final_test"] == summary.final_test
+    assert "re-split offline" in (harness / "report.md").read_text()
+
+    with duckdb.connect(str(results), read_only=True) as con:
+        row = con.execute(
+            "SELECT status, baseline_val, best_val, final_test, n_submissions FROM runs WHERE run_id = ?",
+            [summary.run_id],
+        ).fetchone()
+        n_subs = con.execute("SELECT count(*) FROM submissions WHERE run_id = ?", [summary.run_id]).fetchone()[0]
+        n_evals = con.execute("SELECT count(*) FROM evaluations WHERE run_id = ?", [summary.run_id]).fetchone()[0]
+    assert row == ("completed", summary.baseline_val, summary.best_val, summary.final_test, summary.n_submissions)
+    assert n_subs == summary.n_submissions
+    assert n_evals == 2 + summary.n_scored + 1  # baselines + scored submissions + final
+
+    # A second run appends a second row and leaves the first intact; its baseline comes from the cache.
+    second = benchmark_run(**{**kwargs, "budget_s": 15, "seed": 1})
+    with duckdb.connect(str(results), read_only=True) as con:
+        rows = con.execute("SELECT run_id, final_test FROM runs ORDER BY started_at").fetchall()
+    assert [r[0] for r in rows] == [summary.run_id, second.run_id]
+    assert rows[0][1] == summary.final_test
+    second_baseline = [e for e in read_ledger(tmp_path / "runs" / second.run_id / "harness" / "ledger.jsonl")
+                       if e.kind == "baseline"]
+    assert all(e.cached for e in second_baseline)

@@ -1,0 +1,174 @@
+"""The grading service: ledger integrity, the budget clock, checkpoint checks and the HTTP API's auth."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from a2rl.evaluation import EvalSpec
+from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService, Ledger, LedgerCorrupted
+from a2rl.grading.checkpoint import SubmissionRejected, check_checkpoint, resolve_in_workspace
+from a2rl.records import EvalResult, RunConfig
+
+
+# -- ledger ------------------------------------------------------------------------------------
+def test_ledger_is_hash_chained_and_survives_reopen(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    ledger = Ledger(path)
+    for i in range(3):
+        ledger.append(run_id="r", kind="submission", submission_id=i + 1, status="scored", score=float(i))
+    reopened = Ledger(path)
+    assert [e.score for e in reopened.entries()] == [0.0, 1.0, 2.0]
+    assert reopened.entries()[1].prev_hash and reopened.verify() == 3
+    reopened.append(run_id="r", kind="event", detail={"event": "x"})
+    assert Ledger(path).verify() == 4
+
+
+def test_ledger_detects_an_edited_score(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    ledger = Ledger(path)
+    ledger.append(run_id="r", kind="submission", submission_id=1, status="scored", score=10.0)
+    ledger.append(run_id="r", kind="submission", submission_id=2, status="scored", score=20.0)
+    lines = path.read_text().splitlines()
+    first = json.loads(lines[0])
+    first["score"] = 99.0
+    path.write_text("\n".join([json.dumps(first)] + lines[1:]) + "\n")
+    with pytest.raises(LedgerCorrupted, match="hash chain broken"):
+        Ledger(path)
+
+
+def test_ledger_detects_a_deleted_entry(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    ledger = Ledger(path)
+    for i in range(3):
+        ledger.append(run_id="r", kind="event", detail={"i": i})
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], lines[2]]) + "\n")
+    with pytest.raises(LedgerCorrupted):
+        Ledger(path)
+
+
+def test_ledger_drops_a_torn_last_line_from_a_crash(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    Ledger(path).append(run_id="r", kind="event", detail={"ok": True})
+    with path.open("a") as f:
+        f.write('{"seq": 1, "kind": "subm')  # the process died mid-write
+    ledger = Ledger(path)
+    assert len(ledger.entries()) == 1
+    ledger.append(run_id="r", kind="event", detail={"after": "restart"})
+    assert Ledger(path).verify() == 2
+
+
+# -- budget clock ------------------------------------------------------------------------------
+def test_budget_clock_does_not_charge_paused_time():
+    clock = BudgetClock(10.0)
+    clock.start()
+    time.sleep(0.1)
+    clock.pause()
+    time.sleep(0.3)
+    clock.resume()
+    assert 0.09 <= clock.elapsed() < 0.25
+    assert clock.paused_seconds() >= 0.3
+    assert clock.remaining() > 9.7
+
+
+# -- checkpoint checks -------------------------------------------------------------------------
+def test_paths_outside_the_workspace_are_refused(tmp_path):
+    ws = tmp_path / "ws"
+    (ws / "output" / "v1").mkdir(parents=True)
+    outside = tmp_path / "secret"
+    outside.mkdir()
+    (ws / "output" / "link").symlink_to(outside)
+    assert resolve_in_workspace(ws, "output/v1") == (ws / "output" / "v1").resolve()
+    for bad in ("../secret", str(outside), "output/link", "output/../../secret"):
+        with pytest.raises(SubmissionRejected, match="outside the workspace"):
+            resolve_in_workspace(ws, bad)
+    with pytest.raises(SubmissionRejected) as missing:
+        resolve_in_workspace(ws, "output/v9")
+    assert missing.value.status_code == 404
+
+
+def test_unmerged_lora_adapter_is_refused_with_a_merge_hint(tmp_path):
+    (tmp_path / "adapter_config.json").write_text("{}")
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"x")
+    with pytest.raises(SubmissionRejected, match="merge"):
+        check_checkpoint(tmp_path)
+
+
+def test_incomplete_checkpoints_are_refused(tiny_model_dir, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_model_dir, ckpt)
+    assert check_checkpoint(ckpt)["size_bytes"] > 0
+    (ckpt / "tokenizer.json").unlink()
+    with pytest.raises(SubmissionRejected, match="tokenizer"):
+        check_checkpoint(ckpt)
+    (ckpt / "config.json").unlink()
+    with pytest.raises(SubmissionRejected, match="config.json"):
+        check_checkpoint(ckpt)
+
+
+# -- HTTP API ----------------------------------------------------------------------------------
+def _constant_evaluator(score: float):
+    """Stands in for model inference where a test is about the API, not about evaluation."""
+
+    def evaluate(model_dir: Path, weights_hash: str, spec: EvalSpec) -> EvalResult:
+        return EvalResult(task=spec.task, split=spec.split, score=score, n=4, n_correct=int(score / 25),
+                          evaluator_id="constant", weights_hash=weights_hash)
+
+    return evaluate
+
+
+@pytest.fixture
+def service(tmp_path, tiny_model_dir):
+    ws = tmp_path / "ws"
+    shutil.copytree(tiny_model_dir, ws / "output" / "v1")
+    config = RunConfig(max_submissions=2)
+    ctx = GradingContext("run-1", config, ws, tmp_path / "harness", baseline={"validation": 25.0})
+    svc = GradingService(ctx, BudgetClock(60), evaluate=_constant_evaluator(50.0))
+    yield svc
+    svc.close(drain_timeout_s=5)
+
+
+def test_api_refuses_missing_and_wrong_tokens(service):
+    with GradingServer(service, token="right-token") as server:
+        for headers in ({}, {"Authorization": "Bearer wrong-token"}, {"Authorization": "Basic right-token"}):
+            r = httpx.post(f"{server.url}/submit", json={"model_path": "output/v1"}, headers=headers)
+            assert r.status_code == 401, headers
+            assert httpx.get(f"{server.url}/budget", headers=headers).status_code == 401
+        assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
+    assert service.submissions() == []
+
+
+def test_api_submit_scores_and_records_in_the_ledger(service, tmp_path):
+    log = tmp_path / "requests.jsonl"
+    with GradingServer(service, request_log=log) as server:
+        auth = {"Authorization": f"Bearer {server.token}"}
+        r = httpx.post(f"{server.url}/submit", json={"model_path": "output/v1", "wait": True}, headers=auth, timeout=30)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["status"] == "scored" and body["score"] == 50.0 and body["split"] == "validation"
+        assert body["baseline_score"] == 25.0 and body["improvement"] == 25.0 and body["total_submissions"] == 1
+        assert httpx.get(f"{server.url}/submissions", headers=auth).json()[0]["submission_id"] == 1
+        assert httpx.get(f"{server.url}/best", headers=auth).json()["score"] == 50.0
+        assert httpx.get(f"{server.url}/budget", headers=auth).json()["submissions_used"] == 1
+        bad = httpx.post(f"{server.url}/submit", json={"model_path": "../../etc"}, headers=auth)
+        assert bad.status_code == 400 and "outside the workspace" in bad.json()["detail"]
+        malformed = httpx.post(f"{server.url}/submit", content=b"{not json", headers=auth)
+        assert malformed.status_code == 422
+    statuses = [(e.kind, e.status) for e in Ledger(tmp_path / "harness" / "ledger.jsonl").entries()]
+    assert statuses == [("submission", "queued"), ("submission", "scored")]
+    routes = [json.loads(line)["route"] for line in log.read_text().splitlines()]
+    assert routes.count("/submit") == 3
+
+
+def test_submission_cap_gives_429(service):
+    service.submit("output/v1", wait=True)
+    service.submit("output/v1", wait=True)
+    with pytest.raises(SubmissionRejected) as capped:
+        service.submit("output/v1")
+    assert capped.value.status_code == 429

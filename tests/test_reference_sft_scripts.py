@@ -1,0 +1,169 @@
+"""The reference-sft agent's own scripts: `train_sft.py` on a tiny model, `agent.py`'s planning helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agents.reference_sft import agent, train_sft
+
+TRAIN_SFT = Path(train_sft.__file__)
+
+# Short GSM8K-style rows (the tiny tokenizer has a small vocabulary, so real rows would be long in tokens).
+ROWS = [
+    {
+        "id": i,
+        "question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
+        "answer": f"Tom has {a} + {b} = <<{a}+{b}={a + b}>>{a + b} apples.\n#### {a + b}",
+    }
+    for i, (a, b) in enumerate(zip(range(2, 22), range(5, 25)))
+]
+
+
+@pytest.fixture(scope="module")
+def train_jsonl(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS), encoding="utf-8")
+    return path
+
+
+def run_train_sft(init: Path, out: Path, data: Path, *extra: str) -> subprocess.CompletedProcess:
+    # 4 steps of 4 examples: enough to move the weights; a high lr because the tiny model's gradients are tiny.
+    cmd = [sys.executable, str(TRAIN_SFT), "--init", str(init), "--out", str(out), "--data", str(data),
+           "--max-steps", "4", "--batch-size", "4", "--max-length", "256", "--lr", "1e-2",
+           "--time-limit", "60", "--seed", "3", *extra]  # fmt: skip
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+
+
+def max_weight_change(a: Path, b: Path) -> float:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ma = AutoModelForCausalLM.from_pretrained(a, dtype=torch.float32).state_dict()
+    mb = AutoModelForCausalLM.from_pretrained(b, dtype=torch.float32).state_dict()
+    assert ma.keys() == mb.keys()
+    return max((ma[k] - mb[k]).abs().max().item() for k in ma)
+
+
+def assert_merged_checkpoint(out: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer_config.json"} <= names
+    assert not any(n.startswith("adapter_") for n in names), names
+    assert not any(p.name.startswith(".") for p in out.parent.iterdir()), "temp or trainer dirs left behind"
+    AutoModelForCausalLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer.chat_template
+
+
+@pytest.mark.parametrize("lora_flag", [(), ("--lora",)], ids=["full", "lora"])
+def test_train_sft_writes_a_merged_checkpoint_with_changed_weights(tiny_model_dir, train_jsonl, tmp_path, lora_flag):
+    out = tmp_path / "output" / "v1"
+    out.parent.mkdir()
+    proc = run_train_sft(tiny_model_dir, out, train_jsonl, *lora_flag)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = agent.parse_summary(proc.stdout.splitlines())
+    assert summary is not None and summary["steps"] == 4
+    assert summary["lora"] is bool(lora_flag)  # the tiny model is under the 50M-parameter LoRA threshold
+    assert_merged_checkpoint(out)
+    assert max_weight_change(tiny_model_dir, out) > 1e-4
+
+
+def test_train_sft_refuses_to_overwrite_an_output(tiny_model_dir, train_jsonl, tmp_path):
+    out = tmp_path / "v1"
+    out.mkdir()
+    proc = run_train_sft(tiny_model_dir, out, train_jsonl)
+    assert proc.returncode == 2 and "already exists" in proc.stderr
+
+
+def test_train_sft_help_runs_without_ml_imports():
+    proc = subprocess.run([sys.executable, str(TRAIN_SFT), "--help"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and "--time-limit" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        # annotations removed, final line rewritten
+        ("5 + 3 = <<5+3=8>>8 pens.\n#### 8", "5 + 3 = 8 pens.\nThe answer is 8"),
+        # thousands separators dropped from the final number only
+        ("It costs $1,200 in total.\n#### 1,200", "It costs $1,200 in total.\nThe answer is 1200"),
+        # negative and decimal answers kept as written
+        ("Change: <<3-5=-2>>-2.\n#### -2", "Change: -2.\nThe answer is -2"),
+        # no final line: left as is
+        ("Just text.", "Just text."),
+    ],
+)
+def test_format_solution_matches_the_evaluation_answer_style(answer, expected):
+    assert train_sft.format_solution(answer) == expected
+
+
+def test_to_conversation_uses_the_evaluation_prompt():
+    example = train_sft.to_conversation(ROWS[0])
+    assert example["prompt"] == [
+        {"role": "user", "content": "Question: " + ROWS[0]["question"] + "\nLet's think step by step\nAnswer:"}
+    ]
+    assert example["completion"][0]["content"].endswith("The answer is 7")
+
+
+def test_select_examples_is_seeded_and_skips_examples_that_do_not_fit():
+    def short(ex):
+        return "Tom has 2 " not in ex["prompt"][0]["content"]
+
+    first = train_sft.select_examples(ROWS, 5, seed=1, fits=short)
+    assert first == train_sft.select_examples(ROWS, 5, seed=1, fits=short)
+    assert first != train_sft.select_examples(ROWS, 5, seed=2, fits=short)
+    assert len(first) == 5 and all(short(ex) for ex in first)
+    assert len(train_sft.select_examples(ROWS, 100, seed=1, fits=short)) == len(ROWS) - 1
+
+
+def test_fix_tokenizer_config_renames_a_list_of_extra_special_tokens(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"extra_special_tokens": ["<a>"], "x": 1}))
+    train_sft.fix_tokenizer_config(tmp_path)
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text()) == {"x": 1, "additional_special_tokens": ["<a>"]}
+
+
+@pytest.mark.parametrize(
+    ("remaining", "submitted", "start", "time_limit"),
+    [
+        (1000.0, False, True, 75.0),  # plenty: a full round
+        (1000.0, True, True, 75.0),
+        (100.0, True, True, 40.0),  # 100 - 10 margin - 50 overhead: a shortened round
+        (65.0, True, False, 0.0),  # 5 s of training is not worth a round
+        (65.0, False, True, 15.0),  # ... unless nothing was tried yet
+        (-5.0, False, True, 1.0),  # the first round starts even with nothing left
+    ],
+)
+def test_plan_round_fits_rounds_into_the_budget(remaining, submitted, start, time_limit):
+    plan = agent.plan_round(remaining, overhead_s=50.0, train_s=75.0, margin_s=10.0, submitted=submitted)
+    assert (plan.start, plan.time_limit_s) == (start, time_limit)
+
+
+def test_next_version_never_reuses_a_checkpoint_name(tmp_path):
+    assert agent.next_version(tmp_path) == 1
+    for name in ("v1", "v3", "vx", ".v7.tmp-1"):
+        (tmp_path / name).mkdir()
+    assert agent.next_version(tmp_path) == 4
+
+
+def test_is_better_needs_a_strictly_higher_score():
+    assert agent.is_better(0.1, None)
+    assert not agent.is_better(None, 0.1)
+    assert not agent.is_better(0.1, 0.1)
+    assert agent.is_better(0.2, 0.1)
+
+
+def test_settings_read_the_workspace_environment(tmp_path):
+    env = {"WORKSPACE": str(tmp_path), "GRADING_SERVER_URL": "http://127.0.0.1:1/", "A2RL_SFT_MAX_STEPS": "3",
+           "A2RL_SFT_LR": "0.01", "AGENT_SEED": "7"}  # fmt: skip
+    settings = agent.Settings.from_env(env)
+    assert settings.server_url == "http://127.0.0.1:1"
+    assert (settings.max_steps, settings.lr, settings.seed) == (3, 0.01, 7)
+    assert settings.output_dir == tmp_path.resolve() / "output"

@@ -1,0 +1,191 @@
+"""ResultsStore: round trip, idempotent upserts, views, schema versioning, bad files, concurrent writers."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from pathlib import Path
+
+import pytest
+
+from a2rl.records import EvalResult, LedgerEntry, RunConfig, RunSummary
+from a2rl.store import SCHEMA_VERSION, ResultsStore, StoreError, StoreLockTimeout
+
+
+def _config(**kw) -> RunConfig:
+    return RunConfig(**kw)
+
+
+def _summary(run_id: str, config: RunConfig, *, baseline: float = 10.0, final: float = 15.0,
+             status: str = "completed", n_submissions: int = 2) -> RunSummary:
+    return RunSummary(
+        run_id=run_id, config=config, status=status, protocol=config.protocol, variant_label="offline",
+        baseline_val=9.0, baseline_test=baseline, best_val=14.0, best_submission_id=1,
+        final_submission_id=1, final_test=final, delta_test=final - baseline, n_submissions=n_submissions,
+        n_scored=n_submissions, agent_seconds=100.0, grading_seconds=20.0, wall_seconds=130.0,
+    )
+
+
+def _submission(run_id: str, sid: int, **kw) -> LedgerEntry:
+    fields = dict(seq=sid, kind="submission", run_id=run_id, submission_id=sid,
+                  model_path=f"output/ckpt-{sid}", weights_hash=f"h{sid}", size_bytes=5_000_000_000, split="validation", status="scored",
+                  score=12.5, eval_seconds=3.0, agent_elapsed_s=40.0)
+    return LedgerEntry(**(fields | kw))
+
+
+def _eval(split: str, score: float) -> EvalResult:
+    return EvalResult(task="gsm8k", split=split, score=score, n=64, n_correct=int(score * 0.64),
+                      evaluator_id="gsm8k-v1", weights_hash="h1", generated_tokens=1234, duration_s=2.5)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ResultsStore:
+    return ResultsStore(tmp_path / "nested" / "dir" / "results.duckdb")
+
+
+def test_round_trip_of_a_run_reads_back_with_sql(store: ResultsStore, tmp_path: Path):
+    config = _config(seed=3)
+    store.start_run("r1", config, tmp_path / "runs" / "r1", "offline (gsm8k test split)")
+    assert store.get_run("r1")["status"] == "running"
+    store.record_evaluation("r1", "baseline-test", "baseline", _eval("test", 10.0))
+    store.record_submission("r1", _submission("r1", 0, score=11.0))
+    store.record_submission("r1", _submission("r1", 1, score=14.0))
+    store.record_evaluation("r1", "sub-1-val", "submission", _eval("validation", 14.0), submission_id=1)
+    store.record_evaluation("r1", "final-test", "final", _eval("test", 15.0), submission_id=1)
+    store.record_event("r1", 0, "agent_started", {"pid": 42, "path": Path("/x")})
+    store.finish_run(_summary("r1", config))
+
+    run = store.get_run("r1")
+    assert run["status"] == "completed" and run["seed"] == 3 and run["delta_test"] == 5.0
+    assert run["started_at"] is not None and run["finished_at"] >= run["started_at"]
+    assert run["harness_dir"] == str(tmp_path / "runs" / "r1")
+    assert run["variant_label"] == "offline"  # the summary's label is the final word
+    assert run["config_hash"] == config.config_hash()
+
+    subs = store.query("SELECT submission_id, score, size_bytes FROM submissions WHERE run_id = ? ORDER BY 1",
+                       ["r1"])
+    assert subs["score"].tolist() == [11.0, 14.0]
+    assert subs["size_bytes"].tolist() == [5_000_000_000] * 2
+    evals = store.query("SELECT kind, count(*) AS n FROM evaluations GROUP BY kind ORDER BY kind")
+    assert dict(zip(evals["kind"], evals["n"])) == {"baseline": 1, "final": 1, "submission": 1}
+    detail = store.query("SELECT detail_json->>'path' AS p FROM events WHERE run_id = 'r1'")
+    assert detail["p"].tolist() == ["/x"]
+
+
+def test_same_submission_twice_leaves_one_row_with_latest_values(store: ResultsStore):
+    store.record_submission("r1", _submission("r1", 0, status="queued", score=None))
+    store.record_submission("r1", _submission("r1", 0, status="scored", score=33.0, model_path=None))
+    df = store.query("SELECT * FROM submissions")
+    assert len(df) == 1
+    assert df.loc[0, "status"] == "scored" and df.loc[0, "score"] == 33.0
+    assert df.loc[0, "model_path"] == "output/ckpt-0"  # a later line that omits the path keeps it
+
+
+def test_finish_run_twice_leaves_one_run_row(store: ResultsStore):
+    config = _config()
+    store.start_run("r1", config, None, "offline")
+    store.finish_run(_summary("r1", config, status="failed"))
+    store.finish_run(_summary("r1", config, final=20.0))
+    df = store.runs_df()
+    assert len(df) == 1
+    assert df.loc[0, "status"] == "completed" and df.loc[0, "final_test"] == 20.0
+
+
+def test_second_run_adds_a_row_and_leaves_the_first_intact(store: ResultsStore):
+    store.start_run("r1", _config(seed=1), None, "offline")
+    store.finish_run(_summary("r1", _config(seed=1), final=12.0))
+    store.record_submission("r1", _submission("r1", 0))
+    store.start_run("r2", _config(seed=2), None, "offline")
+    store.record_submission("r2", _submission("r2", 0, score=99.0))
+    assert len(store.runs_df()) == 2
+    first = store.get_run("r1")
+    assert first["status"] == "completed" and first["final_test"] == 12.0
+    assert store.query("SELECT score FROM submissions WHERE run_id = 'r1'")["score"].tolist() == [12.5]
+
+
+def test_delete_run_children_keeps_the_run_row(store: ResultsStore):
+    store.start_run("r1", _config(), None, "offline")
+    store.record_submission("r1", _submission("r1", 0))
+    store.record_event("r1", 0, "x", {})
+    store.delete_run_children("r1")
+    assert store.get_run("r1") is not None
+    left = store.query("SELECT (SELECT count(*) FROM submissions) + (SELECT count(*) FROM events) AS n")
+    assert left["n"][0] == 0
+
+
+def test_leaderboard_means_over_completed_runs(store: ResultsStore):
+    for seed, final in [(0, 14.0), (1, 18.0)]:
+        config = _config(seed=seed)
+        store.start_run(f"a{seed}", config, None, "offline")
+        store.finish_run(_summary(f"a{seed}", config, baseline=10.0, final=final, n_submissions=3))
+    failed = _config(seed=9)
+    store.finish_run(_summary("a9", failed, final=90.0, status="failed"))  # excluded: not completed
+    store.finish_run(_summary("b0", _config(agent="other"), final=11.0))
+
+    board = store.query("SELECT * FROM leaderboard WHERE agent = 'reference-sft'")
+    assert len(board) == 1
+    row = board.iloc[0]
+    assert row["n_runs"] == 2 and row["mean_delta_test"] == pytest.approx(6.0)
+    assert row["mean_final_test"] == pytest.approx(16.0) and row["mean_baseline_test"] == pytest.approx(10.0)
+    assert str(board["total_submissions"].dtype) == "int64"  # not HUGEINT → float64
+    assert board.loc[0, "total_submissions"] == 6
+
+
+def test_schema_version_is_one_and_reopening_does_not_migrate_again(tmp_path: Path):
+    path = tmp_path / "results.duckdb"
+    first = ResultsStore(path)
+    first.start_run("r1", _config(), None, "offline")
+    applied = first.query("SELECT * FROM schema_version")
+    again = ResultsStore(path)
+    assert SCHEMA_VERSION == 1
+    assert again.query("SELECT * FROM schema_version").equals(applied)
+    assert applied["version"].tolist() == [1]
+    assert again.get_run("r1") is not None
+
+
+def test_garbage_file_gives_a_clear_error_naming_it(tmp_path: Path):
+    path = tmp_path / "results.duckdb"
+    path.write_bytes(b"definitely not a database\n" * 200)
+    with pytest.raises(StoreError, match="results.duckdb") as info:
+        ResultsStore(path)
+    assert "not a valid DuckDB database" in str(info.value)
+
+
+def _write_many(path: str, worker: int, n: int) -> None:
+    store = ResultsStore(path)
+    for sid in range(n):
+        store.record_submission(f"w{worker}", _submission(f"w{worker}", sid))
+
+
+def test_concurrent_writer_processes_lose_nothing(tmp_path: Path):
+    path = str(tmp_path / "results.duckdb")
+    ResultsStore(path)
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_write_many, args=(path, w, 25)) for w in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0] * 8
+    counts = ResultsStore(path).query("SELECT run_id, count(*) AS n FROM submissions GROUP BY run_id")
+    assert counts["n"].sum() == 200 and set(counts["n"]) == {25}
+
+
+def test_busy_lock_times_out_with_a_clear_error(tmp_path: Path):
+    import fcntl
+    import os
+
+    store = ResultsStore(tmp_path / "results.duckdb", lock_timeout_s=0.3)
+    fd = os.open(store.lock_path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # flock conflicts across file descriptions, even in one process
+        with pytest.raises(StoreLockTimeout, match="results.duckdb.lock"):
+            store.get_run("r1")
+    finally:
+        os.close(fd)
+    assert store.get_run("r1") is None
+
+
+def test_empty_file_is_initialised_as_a_new_store(tmp_path: Path):
+    path = tmp_path / "results.duckdb"
+    path.touch()
+    assert ResultsStore(path).query("SELECT max(version) AS v FROM schema_version")["v"][0] == 1
