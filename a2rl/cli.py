@@ -21,6 +21,9 @@ def _quiet_defaults() -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from a2rl.records import RunConfig
+
+    d = RunConfig()
     parser = argparse.ArgumentParser(
         prog="a2rl",
         description="a2rl: does an LLM agent's post-training (SFT, GRPO, ...) improve a base model? "
@@ -30,29 +33,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser(
         "run",
-        help="run one benchmark run (defaults: gsm8k offline, reference-sft agent, SmolLM2-135M, 240 s)",
+        help=f"run one benchmark run (defaults: {d.task} {d.variant}, {d.agent} agent, SmolLM2-135M, {d.budget_s:.0f} s)",
         description="Run one benchmark run: provision a workspace, start the grading service, let the agent "
         "train and submit checkpoints under its budget, evaluate the final pick on the hidden test set, "
         "write a report and record everything in the DuckDB results file. Uses an ephemeral Prefect server "
         "unless PREFECT_API_URL is set.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    run.add_argument("--task", default="gsm8k", help="benchmark task id (see `a2rl tasks`)")
-    run.add_argument("--agent", default="reference-sft", help="agent under test")
-    run.add_argument("--budget", type=float, default=240.0, help="agent wall-clock budget in seconds (grading excluded)")
-    run.add_argument("--seed", type=int, default=0, help="seed given to the agent")
+    run.add_argument("--task", default=d.task, help="benchmark task id (see `a2rl tasks`)")
+    run.add_argument("--agent", default=d.agent, help="agent under test")
+    run.add_argument("--budget", type=float, default=d.budget_s, help="agent wall-clock budget in seconds (grading excluded)")
+    run.add_argument("--seed", type=int, default=d.seed, help="seed given to the agent")
     run.add_argument("--results", default=DEFAULT_RESULTS, help="DuckDB results file (created if missing)")
     run.add_argument("--runs-dir", default=None, help="where run directories go (default: <results dir>/runs)")
     run.add_argument("--variant", default="offline", choices=["offline", "full"],
                      help="task data: offline (ships in pinned packages) or full (the paper's data; needs internet)")
-    run.add_argument("--base-model", default="smollm2-135m-instruct",
+    run.add_argument("--base-model", default=d.base_model,
                      help="base model: a registry key, a local HF checkpoint dir, or an HF id (needs internet)")
     run.add_argument("--protocol", default="heldout", choices=["heldout", "paper"],
                      help="heldout: validation feedback, one hidden-test evaluation; paper: test feedback")
     run.add_argument("--mode", default="free", choices=["free", "sft-only", "rl-only"], help="training mode")
-    run.add_argument("--val-limit", type=int, default=32, help="evaluate the first N validation items (0 = all)")
-    run.add_argument("--test-limit", type=int, default=64, help="evaluate the first N hidden-test items (0 = all)")
-    run.add_argument("--max-submissions", type=int, default=20, help="submission cap")
+    run.add_argument("--val-limit", type=int, default=d.val_limit, help="evaluate the first N validation items (0 = all)")
+    run.add_argument("--test-limit", type=int, default=d.test_limit, help="evaluate the first N hidden-test items (0 = all)")
+    run.add_argument("--max-submissions", type=int, default=d.max_submissions, help="submission cap")
 
     tasks = sub.add_parser("tasks", help="list the benchmark tasks")
     tasks.add_argument("action", nargs="?", choices=["list", "show"], default="list")
@@ -65,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from agents import get_agent
+    from benchmarks import get_task
+
+    get_task(args.task), get_agent(args.agent)  # unknown ids fail here, before anything starts
     from flows.benchmark_run import benchmark_run
 
     start = time.perf_counter()

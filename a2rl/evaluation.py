@@ -13,12 +13,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from a2rl.paths import eval_cache_dir
-from a2rl.records import EvalResult, Split
+from a2rl.records import EvalResult, RunConfig, Split
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,12 @@ class EvalSpec:
     limit: int | None
     batch_size: int = 16
     backend: str = "transformers"
+
+    @classmethod
+    def for_run(cls, config: RunConfig, split: Split) -> EvalSpec:
+        """The evaluation a run's config asks for on one split (subset limits included)."""
+        limit = config.val_limit if split == "validation" else config.test_limit
+        return cls(config.task, config.variant, split, limit, config.eval_batch_size, config.eval_backend)
 
     def cache_key(self, weights_hash: str, evaluator_id: str) -> str:
         blob = f"{weights_hash}|{evaluator_id}|{self.task}|{self.variant}|{self.split}|{self.limit}|{self.backend}"
@@ -64,7 +71,7 @@ def evaluate(model_dir: Path, spec: EvalSpec) -> EvalResult:
     return EvalResult(
         task=spec.task,
         split=spec.split,
-        score=100.0 * n_correct / max(1, len(results)),
+        score=task.aggregate(results),
         n=len(results),
         n_correct=n_correct,
         evaluator_id=task.evaluator_id(),
@@ -74,27 +81,53 @@ def evaluate(model_dir: Path, spec: EvalSpec) -> EvalResult:
     )
 
 
-def evaluate_cached(model_dir: Path, weights_hash: str, spec: EvalSpec, timeout_s: float = 3600) -> EvalResult:
-    """Evaluate in a subprocess unless an identical evaluation is cached."""
-    from benchmarks import get_task
+class EvalCache:
+    """Finished evaluations on disk, keyed by weights hash + evaluator id + split selection."""
 
-    key = spec.cache_key(weights_hash, get_task(spec.task).evaluator_id())
-    cache_file = eval_cache_dir() / f"{key}.json"
-    if cache_file.exists():
+    def __init__(self, root: Path | None = None):
+        self.root = root or eval_cache_dir()
+
+    def _file(self, weights_hash: str, spec: EvalSpec) -> Path:
+        from benchmarks import get_task
+
+        return self.root / f"{spec.cache_key(weights_hash, get_task(spec.task).evaluator_id())}.json"
+
+    def lookup(self, weights_hash: str, spec: EvalSpec) -> EvalResult | None:
+        path = self._file(weights_hash, spec)
+        if not path.exists():
+            return None
         try:
-            result = EvalResult.model_validate_json(cache_file.read_text())
-            return result.model_copy(update={"cached": True, "duration_s": 0.0})
+            result = EvalResult.model_validate_json(path.read_text())
         except ValueError:
-            cache_file.unlink(missing_ok=True)  # a torn cache file is just a miss
-    result = evaluate_in_subprocess(model_dir, spec, timeout_s)
+            path.unlink(missing_ok=True)  # a torn cache file is just a miss
+            return None
+        return result.model_copy(update={"cached": True, "duration_s": 0.0})
+
+    def store(self, weights_hash: str, spec: EvalSpec, result: EvalResult) -> None:
+        path = self._file(weights_hash, spec)
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(result.model_dump_json())
+        tmp.replace(path)
+
+
+def evaluate_cached(
+    model_dir: Path, weights_hash: str, spec: EvalSpec, timeout_s: float = 3600, device: str | None = None
+) -> EvalResult:
+    """Evaluate in a subprocess unless an identical evaluation is cached."""
+    cache = EvalCache()
+    if (hit := cache.lookup(weights_hash, spec)) is not None:
+        return hit
+    result = evaluate_in_subprocess(model_dir, spec, timeout_s, device)
     result = result.model_copy(update={"weights_hash": weights_hash})
-    tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(result.model_dump_json())
-    tmp.replace(cache_file)
+    cache.store(weights_hash, spec, result)
     return result
 
 
-def evaluate_in_subprocess(model_dir: Path, spec: EvalSpec, timeout_s: float = 3600) -> EvalResult:
+def evaluate_in_subprocess(
+    model_dir: Path, spec: EvalSpec, timeout_s: float = 3600, device: str | None = None
+) -> EvalResult:
+    """One evaluation in its own process: a crash, a hang or an OOM kill costs this evaluation only.
+    `device` ("0", "1", ...) pins the process to one GPU through CUDA_VISIBLE_DEVICES."""
     out_file = eval_cache_dir() / f"run-{os.getpid()}-{time.time_ns()}.json"
     cmd = [
         sys.executable, "-m", "a2rl.evaluation",
@@ -103,8 +136,11 @@ def evaluate_in_subprocess(model_dir: Path, spec: EvalSpec, timeout_s: float = 3
     ]  # fmt: skip
     if spec.limit:
         cmd += ["--limit", str(spec.limit)]
+    env = dict(os.environ)
+    if device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = device
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired as e:
         raise EvaluationFailed(f"evaluation timed out after {timeout_s:.0f} s") from e
     if proc.returncode != 0 or not out_file.exists():

@@ -39,16 +39,19 @@ class RunConfig(BaseModel):
     base_model: str = "smollm2-135m-instruct"
     """A base model key from a2rl.models, or a local HF checkpoint directory."""
     seed: int = 0
-    budget_s: float = 240.0
+    budget_s: float = 180.0
     """Agent wall-clock budget in seconds; grading time does not count."""
     protocol: Protocol = "heldout"
     max_submissions: int = 20
-    val_limit: int | None = 32
+    val_limit: int | None = 24
     """Evaluate only the first N validation items (None = all). The report says so."""
-    test_limit: int | None = 64
+    test_limit: int | None = 48
     """Evaluate only the first N hidden-test items (None = all). The report says so."""
     eval_batch_size: int = 16
     eval_backend: Literal["transformers", "vllm"] = "transformers"
+    grading_workers: int = 1
+    """Parallel evaluations; on a GPU machine each worker gets its own GPU."""
+    max_checkpoint_bytes: int = 64 * 1024**3
 
     def config_hash(self) -> str:
         blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
@@ -65,6 +68,10 @@ class ItemResult(BaseModel):
     """What the evaluator extracted from the completion (e.g. the final number)."""
     target: str
     correct: bool
+    value: float | None = None
+    """Graded value where it is not just right/wrong (a judge's win = 1, tie = 0.5, loss = 0, a reward);
+    None with correct=False means the item could not be graded (e.g. the judge gave no verdict)."""
+    detail: dict = Field(default_factory=dict)
 
 
 class EvalResult(BaseModel):

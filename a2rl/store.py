@@ -123,8 +123,174 @@ MIGRATIONS: list[str] = [
     CREATE VIEW latest_runs AS
     SELECT * FROM runs ORDER BY started_at DESC NULLS LAST, run_id;
     """,
+    # 2: post-hoc facts (process metrics, failure class, route labels), LLM calls, resource samples, and the
+    # views the analysis flow reads. Only completed runs count in the aggregate views.
+    """
+    ALTER TABLE runs ADD COLUMN failure_class VARCHAR;
+    ALTER TABLE submissions ADD COLUMN route VARCHAR;
+    ALTER TABLE submissions ADD COLUMN code_sha VARCHAR;
+    CREATE TABLE metrics (
+        run_id VARCHAR,
+        name VARCHAR,
+        value DOUBLE,       -- numbers and booleans (1/0)
+        text VARCHAR,       -- labels, and lists/dicts as JSON
+        PRIMARY KEY (run_id, name)
+    );
+    CREATE TABLE llm_calls (
+        run_id VARCHAR,
+        seq BIGINT,
+        created_at TIMESTAMPTZ,
+        agent_elapsed_s DOUBLE,
+        model VARCHAR,
+        input_tokens BIGINT,
+        output_tokens BIGINT,
+        cache_read_tokens BIGINT,
+        cache_write_tokens BIGINT,
+        cost_usd DOUBLE,
+        latency_s DOUBLE,
+        error VARCHAR,
+        PRIMARY KEY (run_id, seq)
+    );
+    CREATE TABLE resources (
+        run_id VARCHAR,
+        seq BIGINT,
+        created_at TIMESTAMPTZ,
+        elapsed_s DOUBLE,
+        n_procs BIGINT,
+        cpu_percent DOUBLE,
+        rss_bytes BIGINT,
+        workspace_bytes BIGINT,
+        gpu_util_percent DOUBLE,
+        gpu_mem_bytes BIGINT,
+        PRIMARY KEY (run_id, seq)
+    );
+    -- Mean, spread and the Δ values themselves per setting, so a caller can bootstrap its own CI;
+    -- the normal-approximation interval is only a quick look (it is too narrow for a handful of seeds).
+    CREATE VIEW leaderboard_ci AS
+    SELECT task, variant, any_value(variant_label) AS variant_label, protocol, agent, driver, mode, base_model,
+           count(delta_test)::BIGINT AS n,
+           avg(delta_test) AS mean_delta,
+           stddev_samp(delta_test) AS sd_delta,
+           stddev_samp(delta_test) / sqrt(count(delta_test)) AS se_delta,
+           avg(delta_test) - 1.96 * stddev_samp(delta_test) / sqrt(count(delta_test)) AS ci95_normal_low,
+           avg(delta_test) + 1.96 * stddev_samp(delta_test) / sqrt(count(delta_test)) AS ci95_normal_high,
+           avg((delta_test > 0)::DOUBLE) AS improve_rate,
+           list(delta_test ORDER BY seed, run_id) FILTER (WHERE delta_test IS NOT NULL) AS deltas
+    FROM runs
+    WHERE status = 'completed'
+    GROUP BY task, variant, protocol, agent, driver, mode, base_model;
+    -- One cell per (setting, mode): best and worst mode per task among the modes an agent setting ran.
+    CREATE VIEW mode_task_matrix AS
+    WITH cells AS (
+        SELECT task, variant, any_value(variant_label) AS variant_label, protocol, agent, driver, base_model, mode,
+               count(*)::BIGINT AS n, avg(delta_test) AS mean_delta, median(delta_test) AS median_delta,
+               max(delta_test) AS max_delta
+        FROM runs
+        WHERE status = 'completed' AND delta_test IS NOT NULL
+        GROUP BY task, variant, protocol, agent, driver, base_model, mode
+    )
+    SELECT *,
+           count(*) OVER setting > 1 AND mean_delta = max(mean_delta) OVER setting AS is_best,
+           count(*) OVER setting > 1 AND mean_delta = min(mean_delta) OVER setting AS is_worst
+    FROM cells
+    WINDOW setting AS (PARTITION BY task, variant, protocol, agent, driver, base_model);
+    -- Tokens = input + output + cache read + cache write, cumulated in call order.
+    CREATE VIEW llm_usage_cumulative AS
+    SELECT run_id, seq, created_at,
+           sum(coalesce(input_tokens, 0) + coalesce(output_tokens, 0) + coalesce(cache_read_tokens, 0)
+               + coalesce(cache_write_tokens, 0)) OVER w::BIGINT AS cum_tokens,
+           sum(coalesce(cost_usd, 0)) OVER w AS cum_cost_usd
+    FROM llm_calls
+    WINDOW w AS (PARTITION BY run_id ORDER BY seq ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW);
+    -- Best-so-far after each submission against the feedback split's baseline. Before the first scored
+    -- submission the base model stands, so the improvement is 0 there.
+    CREATE VIEW scaling_curve AS
+    WITH s AS (
+        SELECT s.run_id, s.submission_id, s.created_at, s.agent_elapsed_s, s.split, s.score, s.status,
+               max(s.score) OVER (PARTITION BY s.run_id ORDER BY s.submission_id
+                                  ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS best_so_far
+        FROM submissions s
+    )
+    SELECT s.run_id, r.task, r.variant, r.variant_label, r.protocol, r.agent, r.driver, r.mode, r.base_model,
+           r.seed, r.budget_s, s.submission_id, s.agent_elapsed_s, s.split, s.status, s.score, s.best_so_far,
+           CASE WHEN s.split = 'test' THEN r.baseline_test ELSE r.baseline_val END AS baseline,
+           coalesce(s.best_so_far - CASE WHEN s.split = 'test' THEN r.baseline_test ELSE r.baseline_val END, 0.0)
+               AS improvement_so_far,
+           coalesce(u.cum_tokens, 0)::BIGINT AS cum_tokens,
+           coalesce(u.cum_cost_usd, 0.0) AS cum_cost_usd
+    FROM s
+    JOIN runs r USING (run_id)
+    ASOF LEFT JOIN llm_usage_cumulative u ON s.run_id = u.run_id AND s.created_at >= u.created_at
+    WHERE r.status = 'completed';
+    -- Baseline evaluations of the same base model on the same evaluator across runs. Cached rows repeat a
+    -- stored score and say nothing about noise, so only fresh evaluations count as re-evaluations. With
+    -- fewer than two, the floor falls back to two binomial standard errors of the score (labelled so).
+    CREATE VIEW noise_floor AS
+    WITH b AS (
+        SELECT r.task, r.variant, r.base_model, e.split, e.evaluator_id, e.score, e.n, e.cached
+        FROM evaluations e JOIN runs r USING (run_id)
+        WHERE e.kind = 'baseline' AND e.score IS NOT NULL
+    ), g AS (
+        SELECT task, variant, base_model, split, evaluator_id,
+               count(*) FILTER (WHERE NOT coalesce(cached, false))::BIGINT AS k_reevaluations,
+               count(*)::BIGINT AS n_rows,
+               avg(score) AS mean_baseline,
+               stddev_samp(score) FILTER (WHERE NOT coalesce(cached, false)) AS sd_reevaluations,
+               max(score) - min(score) AS range_baseline,
+               max(n) AS n_items
+        FROM b
+        GROUP BY task, variant, base_model, split, evaluator_id
+    )
+    SELECT *,
+           100.0 * sqrt(greatest(mean_baseline / 100.0 * (1 - mean_baseline / 100.0), 0) / greatest(n_items, 1))
+               AS binomial_se,
+           CASE WHEN k_reevaluations >= 2 THEN 2 * sd_reevaluations
+                ELSE 2 * 100.0 * sqrt(greatest(mean_baseline / 100.0 * (1 - mean_baseline / 100.0), 0)
+                                      / greatest(n_items, 1)) END AS noise_floor,
+           CASE WHEN k_reevaluations >= 2 THEN 're-evaluations (2 sd)'
+                ELSE 'binomial approximation (2 se)' END AS noise_floor_source
+    FROM g;
+    -- heldout runs: how much of the validation gain of the best submission survives on the hidden test set.
+    CREATE VIEW selection_gap AS
+    SELECT run_id, task, variant, variant_label, agent, driver, mode, base_model, seed,
+           best_val - baseline_val AS val_gain, delta_test AS test_gain,
+           (best_val - baseline_val) - delta_test AS selection_gap,
+           final_submission_id = best_submission_id AS final_is_val_best
+    FROM runs
+    WHERE status = 'completed' AND protocol = 'heldout' AND best_val IS NOT NULL AND baseline_val IS NOT NULL
+          AND delta_test IS NOT NULL;
+    CREATE VIEW route_distribution AS
+    SELECT r.task, r.variant, r.agent, r.driver, r.mode, coalesce(s.route, 'unlabelled') AS route,
+           count(*)::BIGINT AS n_submissions, count(DISTINCT s.run_id)::BIGINT AS n_runs
+    FROM submissions s JOIN runs r USING (run_id)
+    GROUP BY ALL;
+    -- Submissions whose route label breaks the run's mode (SPEC §2: modes are checked, not only prompted).
+    CREATE VIEW mode_violations AS
+    SELECT s.run_id, r.task, r.agent, r.mode, s.submission_id, s.route
+    FROM submissions s JOIN runs r USING (run_id)
+    WHERE (r.mode = 'sft-only' AND s.route IN ('GRPO', 'PPO', 'SFT+RL'))
+       OR (r.mode = 'rl-only' AND s.route IN ('SFT', 'DPO'));
+    CREATE VIEW failure_classes AS
+    SELECT task, variant, agent, driver, mode, coalesce(failure_class, 'unclassified') AS failure_class,
+           count(*)::BIGINT AS n_runs
+    FROM runs
+    WHERE status IN ('completed', 'failed')
+    GROUP BY ALL;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+# Primary keys of the tables `bulk_write` may write.
+TABLE_KEYS: dict[str, tuple[str, ...]] = {
+    "runs": ("run_id",),
+    "submissions": ("run_id", "submission_id"),
+    "evaluations": ("run_id", "eval_key"),
+    "events": ("run_id", "seq"),
+    "metrics": ("run_id", "name"),
+    "llm_calls": ("run_id", "seq"),
+    "resources": ("run_id", "seq"),
+}
 
 
 class StoreError(RuntimeError):
@@ -273,6 +439,80 @@ class ResultsStore:
             for table in ("submissions", "evaluations", "events"):
                 con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
 
+    def record_metrics(self, run_id: str, metrics: Mapping[str, Any]) -> None:
+        """Replace a run's process metrics. Numbers and booleans go to `value`, anything else to `text`
+        (lists and dicts as JSON); a `failure_class` entry is also copied to the run's row."""
+        rows = [(run_id, name, *metric_cells(v)) for name, v in metrics.items()]
+        with self._transaction() as con:
+            con.execute("DELETE FROM metrics WHERE run_id = ?", [run_id])
+            if rows:
+                con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?)", rows)
+            if "failure_class" in metrics:
+                con.execute(
+                    "UPDATE runs SET failure_class = ? WHERE run_id = ?", [metrics["failure_class"], run_id]
+                )
+
+    def record_routes(
+        self, run_id: str, routes: Mapping[int, str], code_shas: Mapping[int, str | None] | None = None
+    ) -> None:
+        """Set the route label (and code snapshot) of existing submission rows."""
+        shas = code_shas or {}
+        rows = [(label, shas.get(sid), run_id, sid) for sid, label in routes.items()]
+        with self._transaction() as con:
+            if rows:
+                con.executemany(
+                    "UPDATE submissions SET route = ?, code_sha = coalesce(?, code_sha) "
+                    "WHERE run_id = ? AND submission_id = ?",
+                    rows,
+                )
+
+    def replace_run_rows(self, table: str, run_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Replace all of one run's rows in `llm_calls` or `resources` (each row needs a unique `seq`)."""
+        if table not in ("llm_calls", "resources"):
+            raise ValueError(f"replace_run_rows writes llm_calls or resources, not {table!r}")
+        import pandas as pd
+
+        frame = pd.DataFrame([{**r, "run_id": run_id} for r in rows])
+        with self._transaction() as con:
+            con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+            if len(frame):
+                _insert_frame(con, table, frame)
+
+    def bulk_write(self, table: str, frame: Any) -> int:
+        """Upsert a pandas DataFrame or Arrow table into `table` in one statement per step (no row loop).
+
+        Rows whose primary key is already stored are replaced, so writing the same frame twice is harmless.
+        Columns missing from the frame are NULL in new rows. Returns the number of rows written.
+        """
+        if table not in TABLE_KEYS:
+            raise ValueError(f"unknown table {table!r}; one of {sorted(TABLE_KEYS)}")
+        keys = TABLE_KEYS[table]
+        on = " AND ".join(f"{table}.{k} = frame.{k}" for k in keys)
+        with self._transaction() as con:
+            con.register("frame", frame)
+            try:
+                con.execute(f"DELETE FROM {table} USING frame WHERE {on}")
+                _insert_frame(con, table, "frame")
+                (n,) = con.execute("SELECT count(*) FROM frame").fetchone() or (0,)
+            finally:
+                con.unregister("frame")
+        return int(n)
+
+    def replace_run(self, run_id: str, frames: Mapping[str, Any]) -> None:
+        """Replace everything stored for one run in the given tables, in one transaction.
+
+        `frames` maps table names (see `TABLE_KEYS`) to DataFrames holding only this run's rows; tables not
+        named are left alone. Re-ingesting the same run directory therefore leaves the store unchanged.
+        """
+        unknown = set(frames) - set(TABLE_KEYS)
+        if unknown:
+            raise ValueError(f"unknown tables {sorted(unknown)}; known: {sorted(TABLE_KEYS)}")
+        with self._transaction() as con:
+            for table, frame in frames.items():
+                con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+                if len(frame):
+                    _insert_frame(con, table, frame)
+
     # ---- reads --------------------------------------------------------------------------------------
 
     def get_run(self, run_id: str) -> dict[str, Any] | None:
@@ -417,3 +657,28 @@ def _upsert(
         f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}"
     )
     con.execute(sql, list(row.values()))
+
+
+def _insert_frame(con: duckdb.DuckDBPyConnection, table: str, frame: Any) -> None:
+    """INSERT ... BY NAME from a registered relation name or a DataFrame (columns matched by name)."""
+    if isinstance(frame, str):
+        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {frame}")
+        return
+    con.register("_rows", frame)
+    try:
+        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _rows")
+    finally:
+        con.unregister("_rows")
+
+
+def metric_cells(value: Any) -> tuple[float | None, str | None]:
+    """(value, text) cells of one `metrics` row: numbers and booleans as numbers, the rest as text."""
+    if value is None:
+        return None, None
+    if isinstance(value, bool):
+        return float(value), None
+    if isinstance(value, (int, float)):
+        return float(value), None
+    if isinstance(value, str):
+        return None, value
+    return None, json.dumps(value, sort_keys=True, default=str)

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import abc
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from a2rl.grading.clock import BudgetClock
 
@@ -20,7 +22,15 @@ from a2rl.grading.clock import BudgetClock
 PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
                    "HF_DATASETS_OFFLINE", "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 # Knobs the reference agents read (tests shrink them for tiny models).
-PASSTHROUGH_PREFIXES = ("A2RL_AGENT_", "A2RL_SFT_")
+PASSTHROUGH_PREFIXES = ("A2RL_AGENT_", "A2RL_SFT_", "A2RL_GRPO_")
+# Variables a harness-side runner gets on top of the agent's environment (`Agent.launch_env`). The runner
+# removes them from its environment before it starts anything in the workspace.
+HARNESS_ENV_PREFIX = "A2RL_HARNESS_"
+
+# Files LLM agents write into the run's harness directory (outside the workspace).
+LLM_CALLS_FILE = "llm_calls.jsonl"
+TOOL_CALLS_FILE = "tool_calls.jsonl"
+TRANSCRIPT_FILE = "transcript.jsonl"
 
 
 class SessionOutcome(BaseModel):
@@ -41,6 +51,12 @@ class AgentEnv:
     grading_url: str
     grading_token: str
     seed: int
+    harness_dir: Path | None = None
+    """Where a harness-side runner writes transcripts and call logs; default: `<workspace>/../harness`."""
+
+    @property
+    def harness_path(self) -> Path:
+        return Path(self.harness_dir) if self.harness_dir else Path(self.workspace).parent / "harness"
 
     def as_dict(self) -> dict[str, str]:
         ws = self.workspace
@@ -73,6 +89,14 @@ class Agent(abc.ABC):
     def command(self, workspace: Path) -> list[str]:
         """The command line that starts the agent, run with cwd = workspace."""
 
+    def launch_env(self, env: AgentEnv) -> dict[str, str]:
+        """Extra variables for the started process only (harness-side runners: API key, harness dir).
+
+        Names must start with `HARNESS_ENV_PREFIX`; the runner strips them before running anything in the
+        workspace, so the agent's own processes never inherit them.
+        """
+        return {}
+
 
 def agent_environment(env: AgentEnv) -> dict[str, str]:
     base = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
@@ -82,6 +106,120 @@ def agent_environment(env: AgentEnv) -> dict[str, str]:
     base["PATH"] = f"{Path(sys.executable).parent}:{base.get('PATH', '/usr/bin:/bin')}"
     base.update(env.as_dict())
     return base
+
+
+class AgentLaunchError(ValueError):
+    """The agent cannot start here (missing CLI, missing driver); the message says how to fix it."""
+
+
+class LLMDriver(BaseModel):
+    """A driver LLM: which model, behind which endpoint, at what price. Made from a `DriverConfig` block
+    (`LLMDriver.model_validate(block)`: same field names) or directly in tests."""
+
+    model_config = ConfigDict(frozen=True, from_attributes=True, extra="ignore")
+
+    model: str
+    """Model id as the endpoint knows it, e.g. `claude-sonnet-4-5`."""
+    api_key: SecretStr = SecretStr("")
+    base_url: str | None = None
+    """Any compatible endpoint (a vLLM server, a proxy, a loopback test server); None = the vendor's."""
+    api: Literal["anthropic", "openai"] = "anthropic"
+    """Wire protocol: Anthropic Messages, or OpenAI (Codex CLI's Responses API)."""
+    input_usd_per_mtok: float = 0.0
+    output_usd_per_mtok: float = 0.0
+    cache_read_usd_per_mtok: float = 0.0
+    cache_write_usd_per_mtok: float = 0.0
+
+    def cost_usd(self, input_tokens: int, output_tokens: int, cache_read: int = 0, cache_write: int = 0) -> float:
+        """Dollars for one call; `input_tokens` excludes the cached ones (Anthropic's usage convention)."""
+        return (input_tokens * self.input_usd_per_mtok + output_tokens * self.output_usd_per_mtok
+                + cache_read * self.cache_read_usd_per_mtok + cache_write * self.cache_write_usd_per_mtok) / 1e6
+
+    def public(self) -> dict[str, Any]:
+        """Everything but the key: safe to log, to put in a manifest or on a command line."""
+        return self.model_dump(mode="json", exclude={"api_key"})
+
+
+class AgentOptions(BaseModel):
+    """Scaffold settings of an LLM agent (from an `AgentConfig` block); the defaults suit a 12 h session."""
+
+    model_config = ConfigDict(from_attributes=True, extra="ignore")
+
+    max_turns: int = 500
+    """LLM calls per session (a safety stop; the time budget normally ends the session)."""
+    max_output_tokens: int = 8192
+    command_timeout_s: float = 900.0
+    """Default per-command timeout of the bash tool; the model may ask for up to `max_command_timeout_s`."""
+    max_command_timeout_s: float = 3 * 3600.0
+    output_limit_chars: int = 20_000
+    """Tool output beyond this is cut in the middle (head and tail kept)."""
+    context_limit_tokens: int = 150_000
+    """Above this prompt size the conversation is compacted (first message + last turns kept)."""
+    keep_last_messages: int = 30
+    max_nudges: int = 3
+    """Times the agent is told to go on when it stops talking while budget remains."""
+    max_cost_usd: float | None = None
+    """Stop the session once the driver's calls have cost this much."""
+    extra_args: list[str] = Field(default_factory=list)
+    """Extra command-line arguments for CLI agents."""
+
+
+class LLMCallEvent(BaseModel):
+    """One request to the driver LLM (a line of `harness/llm_calls.jsonl`)."""
+
+    at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+    call: int
+    """1-based request counter of the session; retried attempts of one call share it."""
+    attempt: int = 1
+    model: str
+    input_tokens: int = 0
+    """Uncached input tokens."""
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cost_usd: float = 0.0
+    latency_s: float = 0.0
+    stop_reason: str | None = None
+    status: int | None = None
+    """HTTP status where known (proxy, SDK errors)."""
+    error: str | None = None
+    source: Literal["sdk", "proxy", "stream"] = "sdk"
+    """Who measured it: our SDK loop, the harness-side proxy of a CLI agent, or the CLI's own event stream."""
+
+
+class ToolCallEvent(BaseModel):
+    """One tool call of an LLM agent (a line of `harness/tool_calls.jsonl`)."""
+
+    at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+    call: int
+    tool: str
+    tool_use_id: str | None = None
+    input: dict[str, Any] = Field(default_factory=dict)
+    """Arguments, long strings shortened."""
+    ok: bool = True
+    exit_code: int | None = None
+    duration_s: float | None = None
+    output_chars: int = 0
+    error: str | None = None
+    source: Literal["sdk", "stream"] = "sdk"
+
+
+def append_jsonl(path: Path, record: BaseModel | dict) -> None:
+    """Append one JSON line (one `write` call, so concurrent appenders do not interleave lines)."""
+    line = record.model_dump_json() if isinstance(record, BaseModel) else json.dumps(record, default=str)
+    with Path(path).open("a", encoding="utf-8") as f:
+        f.write(line + "\n")
+
+
+def shorten(value: Any, limit: int = 2000) -> Any:
+    """Strings over `limit` characters cut in the middle, recursively (for logging tool arguments)."""
+    if isinstance(value, str) and len(value) > limit:
+        return value[: limit // 2] + f"... [{len(value) - limit} chars cut] ..." + value[-limit // 2 :]
+    if isinstance(value, dict):
+        return {k: shorten(v, limit) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shorten(v, limit) for v in value]
+    return value
 
 
 def run_agent(
@@ -98,13 +236,20 @@ def run_agent(
     deadline. After the budget, the group gets SIGTERM and `grace_s` to make a last submission, then SIGKILL.
     """
     start = time.monotonic()
+    try:
+        extra = agent.launch_env(env)
+    except AgentLaunchError as e:  # e.g. an LLM agent without a driver, a CLI that is not installed
+        return SessionOutcome(exit_code=None, ended_by="launch-error", agent_seconds=0.0,
+                              wall_seconds=time.monotonic() - start, error=str(e))
+    if bad := [k for k in extra if not k.startswith(HARNESS_ENV_PREFIX)]:
+        raise ValueError(f"{agent.id}: launch_env names must start with {HARNESS_ENV_PREFIX}: {bad}")
     clock.start()
     with log_path.open("ab") as log:
         try:
             proc = subprocess.Popen(
                 agent.command(env.workspace),
                 cwd=env.workspace,
-                env=agent_environment(env),
+                env={**agent_environment(env), **extra},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -115,12 +260,19 @@ def run_agent(
             return SessionOutcome(exit_code=None, ended_by="launch-error", agent_seconds=0.0,
                                   wall_seconds=time.monotonic() - start, error=str(e))
         ended_by: Literal["exited", "budget"] = "exited"
-        while proc.poll() is None:
-            if clock.expired:
-                ended_by = "budget"
-                _stop_group(proc, grace_s)
-                break
-            time.sleep(poll_s)
+        try:
+            while proc.poll() is None:
+                if clock.expired:
+                    ended_by = "budget"
+                    _stop_group(proc, grace_s)
+                    break
+                time.sleep(poll_s)
+        except BaseException:
+            # The harness itself is going down (signal, crash): the agent must not outlive it.
+            _stop_group(proc, grace_s=2.0)
+            raise
+        # Whatever the leader did, no process of the agent's group survives the session.
+        _signal_group(proc, signal.SIGKILL)
     clock.stop()
     return SessionOutcome(
         exit_code=proc.returncode,
@@ -139,6 +291,43 @@ def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
     # Kill the whole group even if the leader exited: children must not outlive the budget.
     _signal_group(proc, signal.SIGKILL)
     proc.wait()
+    # Process groups the agent made inside its session (a tool runner gives each command its own).
+    _stop_session(proc.pid, grace_s=0.0)
+
+
+def session_members(sid: int) -> list[int]:
+    """Pids of the live processes of session `sid` (Linux /proc; empty where there is none)."""
+    members = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # Fields after the parenthesised command name: state ppid pgrp session ...
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 3 and int(fields[3]) == sid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def _stop_session(sid: int, grace_s: float) -> None:
+    """SIGTERM, then after `grace_s` SIGKILL, every process still in the agent's session."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
+        pids = session_members(sid)
+        if not pids:
+            return
+        if sig == signal.SIGTERM and grace_s <= 0:
+            continue
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while wait_s and time.monotonic() < deadline and session_members(sid):
+            time.sleep(0.1)
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

@@ -79,6 +79,10 @@ class BenchmarkTask(abc.ABC):
     def score_item(self, item: Item, completion: str) -> ItemResult:
         """Grade one completion."""
 
+    def aggregate(self, results: list[ItemResult]) -> float:
+        """The task's metric on a 0-100 scale; the default is accuracy. Judge tasks override it."""
+        return 100.0 * sum(r.correct for r in results) / max(1, len(results))
+
     # -- shared ----------------------------------------------------------------------------
     @property
     def package_dir(self) -> Path:

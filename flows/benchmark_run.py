@@ -10,11 +10,13 @@ import time
 from pathlib import Path
 
 from prefect import flow, get_run_logger
+from prefect.exceptions import TerminationSignal
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
+from a2rl.grading.service import grading_devices
 from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
-from a2rl.report import build_summary, write_report
+from a2rl.report import build_summary, latest_submissions, write_report
 from a2rl.run import RunContext
 from a2rl.store import ResultsStore
 from agents import AgentEnv, SessionOutcome, get_agent, run_agent
@@ -30,6 +32,8 @@ from tasks.run_steps import (
 )
 
 DEFAULT_RESULTS = Path("results/a2rl.duckdb")
+DEFAULTS = RunConfig()
+INTERRUPTIONS = (KeyboardInterrupt, SystemExit, TerminationSignal)
 
 
 @flow(name="provision-workspace")
@@ -42,7 +46,9 @@ def provision_workspace(ctx: RunContext) -> Path:
 
 
 @flow(name="agent-session")
-def agent_session(ctx: RunContext, baseline: dict[str, float], grace_s: float = 30.0) -> SessionOutcome:
+def agent_session(
+    ctx: RunContext, baseline: dict[str, float], base_model_dir: Path, grace_s: float = 30.0
+) -> SessionOutcome:
     """Start the grading service, run the agent under its budget, and drain the grading queue."""
     logger = get_run_logger()
     store = ResultsStore(ctx.results_path)
@@ -61,7 +67,8 @@ def agent_session(ctx: RunContext, baseline: dict[str, float], grace_s: float = 
             )  # fmt: skip
 
     service = GradingService(
-        GradingContext(ctx.run_id, ctx.config, ctx.paths.workspace, ctx.paths.harness_dir, baseline),
+        GradingContext(ctx.run_id, ctx.config, ctx.paths.workspace, ctx.paths.harness_dir, baseline,
+                       base_model_dir=base_model_dir, devices=grading_devices(ctx.config.grading_workers)),
         clock,
         on_entry=on_entry,
         on_evaluation=lambda entry, result: record_evaluation(store, ctx, entry, result),
@@ -88,11 +95,11 @@ def final_grading(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
     return entry
 
 
-@flow(name="summarize-run")
-def summarize_run(
+def write_summary(
     ctx: RunContext, status: RunStatus, phase_seconds: dict[str, float], error: str | None = None
-) -> RunSummary:
-    """Compute the summary from the ledger's raw scores; write report.md / report.json, store and artifacts."""
+) -> tuple[RunSummary, Path]:
+    """Summary from the ledger's raw scores → report.md / report.json and the final DuckDB row.
+    Plain function: it must also work when the run is going down and Prefect's API is gone."""
     entries = ledger_of(ctx).entries()
     session_end = next((e for e in reversed(entries) if e.detail.get("event") == "session-end"), None)
     detail = session_end.detail if session_end else {}
@@ -101,13 +108,20 @@ def summarize_run(
         agent_seconds=detail.get("agent_seconds", 0.0), grading_seconds=detail.get("grading_seconds", 0.0),
         error=error,
     )  # fmt: skip
-    notes = run_notes(ctx, detail)
-    report = write_report(ctx, summary, entries, notes)
+    report = write_report(ctx, summary, entries, run_notes(ctx, detail))
     ResultsStore(ctx.results_path).finish_run(summary)
+    return summary, report
+
+
+@flow(name="summarize-run")
+def summarize_run(ctx: RunContext, status: RunStatus, phase_seconds: dict[str, float]) -> RunSummary:
+    """Write the report and final results row, and publish them as Prefect artifacts."""
+    summary, report = write_summary(ctx, status, phase_seconds)
     create_markdown_artifact(report.read_text(), key=_artifact_key(ctx.run_id), description="a2rl run report")
+    entries = ledger_of(ctx).entries()
     create_table_artifact(
         [{"submission": e.submission_id, "status": e.status, "score": e.score, "path": e.model_path}
-         for e in entries if e.kind == "submission" and e.status in ("scored", "error")] or [{"submission": None}],
+         for e in latest_submissions(entries)] or [{"submission": None}],
         key=_artifact_key(ctx.run_id) + "-submissions",
     )  # fmt: skip
     return summary
@@ -137,19 +151,19 @@ def _artifact_key(run_id: str) -> str:
 
 @flow(name="benchmark-run")
 def benchmark_run(
-    task: str = "gsm8k",
-    agent: str = "reference-sft",
-    budget_s: float = 240.0,
-    seed: int = 0,
+    task: str = DEFAULTS.task,
+    agent: str = DEFAULTS.agent,
+    budget_s: float = DEFAULTS.budget_s,
+    seed: int = DEFAULTS.seed,
     results: Path = DEFAULT_RESULTS,
     runs_dir: Path | None = None,
-    variant: str = "offline",
-    base_model: str = "smollm2-135m-instruct",
-    protocol: str = "heldout",
-    mode: str = "free",
-    val_limit: int | None = 32,
-    test_limit: int | None = 64,
-    max_submissions: int = 20,
+    variant: str = DEFAULTS.variant,
+    base_model: str = DEFAULTS.base_model,
+    protocol: str = DEFAULTS.protocol,
+    mode: str = DEFAULTS.mode,
+    val_limit: int | None = DEFAULTS.val_limit,
+    test_limit: int | None = DEFAULTS.test_limit,
+    max_submissions: int = DEFAULTS.max_submissions,
     grace_s: float = 30.0,
 ) -> RunSummary:
     """One benchmark run: (task, variant, agent, mode, base model, seed, budget) → scores, report, DuckDB rows."""
@@ -163,8 +177,6 @@ def benchmark_run(
     t = time.perf_counter()
     ctx = open_run(config, results, runs_dir)
     phases["open"] = time.perf_counter() - t
-    status: RunStatus = "completed"
-    error: str | None = None
     try:
         t = time.perf_counter()
         base_model_dir = provision_workspace(ctx)
@@ -173,17 +185,18 @@ def benchmark_run(
         baseline = evaluate_baseline(ctx, base_model_dir)
         phases["baseline"] = time.perf_counter() - t
         t = time.perf_counter()
-        agent_session(ctx, baseline, grace_s=grace_s)
+        agent_session(ctx, baseline, base_model_dir, grace_s=grace_s)
         phases["agent_session"] = time.perf_counter() - t
         t = time.perf_counter()
         final_grading(ctx, base_model_dir)
         phases["final_grading"] = time.perf_counter() - t
-    except BaseException as e:  # recorded, then re-raised so Prefect marks the run failed (and retryable)
-        status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
-        error = f"{type(e).__name__}: {e}"
+    except BaseException as e:
+        # Recorded without Prefect (its API may be going down too), then re-raised so Prefect marks the
+        # flow run failed and it can be retried.
+        status: RunStatus = "interrupted" if isinstance(e, INTERRUPTIONS) else "failed"
+        write_summary(ctx, status, phases, error=f"{type(e).__name__}: {e}")
         raise
-    finally:
-        t = time.perf_counter()
-        summary = summarize_run(ctx, status, phases, error)
-        phases["summary"] = time.perf_counter() - t
+    t = time.perf_counter()
+    summary = summarize_run(ctx, "completed", phases)
+    phases["summary"] = time.perf_counter() - t
     return summary

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from prefect import task
@@ -11,8 +12,8 @@ from prefect.runtime import flow_run
 from a2rl.evaluation import EvalSpec, evaluate_cached
 from a2rl.grading.ledger import Ledger
 from a2rl.models import resolve_base_model, weights_hash
-from a2rl.records import EvalResult, LedgerEntry, RunConfig, Split
-from a2rl.report import baseline_scores, best_submission
+from a2rl.records import EvalResult, LedgerEntry, RunConfig
+from a2rl.report import baseline_scores, best_submission, latest_submissions
 from a2rl.run import RunContext, make_run_id, write_manifest
 from a2rl.store import ResultsStore
 from a2rl.workspace import RunPaths, build_workspace, render_instructions
@@ -21,7 +22,8 @@ from benchmarks import get_task
 
 PROTOCOL_TEXT = {
     "heldout": "Each submission is scored on a **validation** set. A hidden test set, which you never see, "
-    "is evaluated once after the session on your best submission by validation score; that is your final score.",
+    "is evaluated once after the session on your final pick: the submission you declare with "
+    "`POST /final {\"submission_id\": N}`, or else your best submission by validation score. That is your final score.",
     "paper": "Each submission is scored on the **test** set, as in the original benchmark; the best score counts.",
 }
 MODE_TEXT = {
@@ -33,11 +35,6 @@ MODE_TEXT = {
 
 def ledger_of(ctx: RunContext) -> Ledger:
     return Ledger(ctx.paths.harness_dir / "ledger.jsonl")
-
-
-def eval_spec(config: RunConfig, split: Split) -> EvalSpec:
-    limit = config.val_limit if split == "validation" else config.test_limit
-    return EvalSpec(config.task, config.variant, split, limit, config.eval_batch_size, config.eval_backend)
 
 
 @task(name="open-run", cache_policy=NO_CACHE)
@@ -97,7 +94,7 @@ def evaluate_baseline(ctx: RunContext, base_model_dir: Path) -> dict[str, float]
     for split in ("validation", "test"):
         if split in done:  # a resumed run keeps the baseline it already recorded
             continue
-        result = evaluate_cached(base_model_dir, base_hash, eval_spec(ctx.config, split))
+        result = evaluate_cached(base_model_dir, base_hash, EvalSpec.for_run(ctx.config, split))
         entry = ledger.append(
             run_id=ctx.run_id, kind="baseline", split=split, status="scored", score=result.score,
             weights_hash=base_hash, cached=result.cached, eval_seconds=round(result.duration_s, 3),
@@ -123,30 +120,49 @@ def write_items(ctx: RunContext, key: str, result: EvalResult) -> None:
 
 @task(name="evaluate-final", cache_policy=NO_CACHE)
 def evaluate_final(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
-    """Evaluate the final pick on the hidden test set, once. Heldout: the best submission on validation;
-    with no scored submission the base model stands (Δ = 0). Paper: the best test score already seen."""
+    """Evaluate the final pick on the hidden test set, once (admin action, not on the agent's API).
+
+    heldout: the agent's declared pick (POST /final), else its best submission on validation; with no
+    scored submission the base model stands (Δ = 0). paper: the best test score already seen (the original).
+    """
     ledger = ledger_of(ctx)
     entries = ledger.entries()
     existing = next((e for e in entries if e.kind == "final"), None)
     if existing is not None:  # resumed after the final evaluation was recorded
         return existing
-    store = ResultsStore(ctx.results_path)
     if ctx.config.protocol == "paper":
         pick = best_submission(entries, "test")
         score = pick.score if pick else baseline_scores(entries).get("test")
         return ledger.append(run_id=ctx.run_id, kind="final", split="test", status="scored", score=score,
                              submission_id=pick.submission_id if pick else None,
-                             detail={"selection": "max over test scores (paper protocol)"})
-    pick = best_submission(entries, "validation")
+                             detail={"selection": "max over test scores (paper protocol: selection on the test set)"})
+    pick, selection = final_pick(entries)
     path = Path(pick.resolved_path) if pick else base_model_dir
     whash = pick.weights_hash if pick else weights_hash(base_model_dir)
-    result = evaluate_cached(path, whash, eval_spec(ctx.config, "test"))
+    result = evaluate_cached(path, whash, EvalSpec.for_run(ctx.config, "test"))
     entry = ledger.append(
         run_id=ctx.run_id, kind="final", split="test", status="scored", score=result.score,
         submission_id=pick.submission_id if pick else None, model_path=pick.model_path if pick else None,
         resolved_path=str(path), weights_hash=whash, cached=result.cached,
-        eval_seconds=round(result.duration_s, 3),
-        detail={"selection": "best on validation" if pick else "no scored submission: base model"},
+        eval_seconds=round(result.duration_s, 3), detail={"selection": selection},
     )  # fmt: skip
-    record_evaluation(store, ctx, entry, result)
+    record_evaluation(ResultsStore(ctx.results_path), ctx, entry, result)
+    _prune_snapshots(ctx, keep=pick.submission_id if pick else None)
     return entry
+
+
+def final_pick(entries: list[LedgerEntry]) -> tuple[LedgerEntry | None, str]:
+    subs = {e.submission_id: e for e in latest_submissions(entries)}
+    declared = [e.detail["submission_id"] for e in entries if e.detail.get("event") == "final-pick"]
+    if declared and subs.get(declared[-1]) and subs[declared[-1]].status == "scored":
+        return subs[declared[-1]], "declared by the agent (POST /final)"
+    best = best_submission(entries, "validation")
+    return best, "best on validation" if best else "no scored submission: base model"
+
+
+def _prune_snapshots(ctx: RunContext, keep: int | None) -> None:
+    """Graded snapshots are only needed until the final evaluation; keep the final pick's for audit."""
+    root = ctx.paths.harness_dir / "snapshots"
+    for snap in root.glob("s*") if root.exists() else []:
+        if snap.name != f"s{keep}":
+            shutil.rmtree(snap, ignore_errors=True)

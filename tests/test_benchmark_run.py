@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -68,3 +69,17 @@ def test_benchmark_run_end_to_end(prefect_harness, tiny_model_dir, tmp_path, sma
     second_baseline = [e for e in read_ledger(tmp_path / "runs" / second.run_id / "harness" / "ledger.jsonl")
                        if e.kind == "baseline"]
     assert all(e.cached for e in second_baseline)
+
+
+def test_a_failing_run_is_recorded_as_failed(prefect_harness, tiny_model_dir, tmp_path):
+    """A run that breaks mid-way still leaves its row, with the error, and a report."""
+    from flows.benchmark_run import benchmark_run
+
+    results = tmp_path / "results.duckdb"
+    with pytest.raises(KeyError, match="unknown agent"):
+        benchmark_run(agent="no-such-agent", base_model=str(tiny_model_dir), results=results, val_limit=2,
+                      test_limit=2)
+    with duckdb.connect(str(results), read_only=True) as con:
+        status, error, harness = con.execute("SELECT status, error, harness_dir FROM runs").fetchone()
+    assert status == "failed" and "unknown agent" in error
+    assert "unknown agent" in (Path(harness) / "report.md").read_text()

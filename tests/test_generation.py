@@ -117,3 +117,11 @@ def test_generate_loads_from_a_directory_and_accepts_no_prompts(tiny_model_dir: 
     assert len(out.completions) == 1 and out.completion_tokens[0] <= 3
     empty = generate(tiny_model_dir, [], max_new_tokens=3)
     assert empty.completions == [] and empty.generated_tokens == 0
+
+
+def test_num_threads_applies_to_the_call_only(tiny: LoadedModel, conversations) -> None:
+    import torch
+
+    before = torch.get_num_threads()
+    generate(tiny, conversations[:1], max_new_tokens=2, num_threads=2)
+    assert torch.get_num_threads() == before

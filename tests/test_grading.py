@@ -116,7 +116,7 @@ def test_incomplete_checkpoints_are_refused(tiny_model_dir, tmp_path):
 def _constant_evaluator(score: float):
     """Stands in for model inference where a test is about the API, not about evaluation."""
 
-    def evaluate(model_dir: Path, weights_hash: str, spec: EvalSpec) -> EvalResult:
+    def evaluate(model_dir: Path, weights_hash: str, spec: EvalSpec, device=None) -> EvalResult:
         return EvalResult(task=spec.task, split=spec.split, score=score, n=4, n_correct=int(score / 25),
                           evaluator_id="constant", weights_hash=weights_hash)
 

@@ -21,7 +21,7 @@ ROWS = [
         "question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
         "answer": f"Tom has {a} + {b} = <<{a}+{b}={a + b}>>{a + b} apples.\n#### {a + b}",
     }
-    for i, (a, b) in enumerate(zip(range(2, 22), range(5, 25)))
+    for i, (a, b) in enumerate(zip(range(2, 22), range(5, 25), strict=True))
 ]
 
 
@@ -38,7 +38,7 @@ def run_train_sft(init: Path, out: Path, data: Path, *extra: str) -> subprocess.
            "--max-steps", "4", "--batch-size", "4", "--max-length", "256", "--lr", "1e-2",
            "--time-limit", "60", "--seed", "3", *extra]  # fmt: skip
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=180, env=env)
 
 
 def max_weight_change(a: Path, b: Path) -> float:
@@ -84,7 +84,8 @@ def test_train_sft_refuses_to_overwrite_an_output(tiny_model_dir, train_jsonl, t
 
 
 def test_train_sft_help_runs_without_ml_imports():
-    proc = subprocess.run([sys.executable, str(TRAIN_SFT), "--help"], capture_output=True, text=True, timeout=30)
+    cmd = [sys.executable, str(TRAIN_SFT), "--help"]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0 and "--time-limit" in proc.stdout
 
 
@@ -127,7 +128,8 @@ def test_select_examples_is_seeded_and_skips_examples_that_do_not_fit():
 def test_fix_tokenizer_config_renames_a_list_of_extra_special_tokens(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"extra_special_tokens": ["<a>"], "x": 1}))
     train_sft.fix_tokenizer_config(tmp_path)
-    assert json.loads((tmp_path / "tokenizer_config.json").read_text()) == {"x": 1, "additional_special_tokens": ["<a>"]}
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert config == {"x": 1, "additional_special_tokens": ["<a>"]}
 
 
 @pytest.mark.parametrize(
@@ -167,3 +169,25 @@ def test_settings_read_the_workspace_environment(tmp_path):
     assert settings.server_url == "http://127.0.0.1:1"
     assert (settings.max_steps, settings.lr, settings.seed) == (3, 0.01, 7)
     assert settings.output_dir == tmp_path.resolve() / "output"
+
+
+def test_time_limit_callback_stops_training_once_the_limit_has_passed():
+    from transformers import TrainerControl, TrainerState
+
+    state, control = TrainerState(), TrainerControl()
+    unlimited = train_sft.time_limit_callback(None)
+    unlimited.on_train_begin(None, state, control)
+    unlimited.on_step_end(None, state, control)
+    assert not control.should_training_stop
+    expired = train_sft.time_limit_callback(0.0)
+    expired.on_train_begin(None, state, control)
+    expired.on_step_end(None, state, control)
+    assert control.should_training_stop
+
+
+def test_submission_paths_are_relative_to_the_workspace(tmp_path):
+    (tmp_path / "ws" / "output" / "v2").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "ws", target_is_directory=True)
+    assert agent.relative_to_workspace(tmp_path / "ws" / "output" / "v2", tmp_path / "ws") == "output/v2"
+    assert agent.relative_to_workspace(tmp_path / "ws" / "output" / "v2", tmp_path / "link") == "output/v2"
+    assert agent.relative_to_workspace(tmp_path / "elsewhere", tmp_path / "ws") == str(tmp_path / "elsewhere")

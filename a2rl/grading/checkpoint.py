@@ -61,3 +61,45 @@ def check_checkpoint(path: Path, max_bytes: int = MAX_CHECKPOINT_BYTES) -> dict:
     if size > max_bytes:
         raise SubmissionRejected(f"checkpoint is {size / 1e9:.1f} GB, over the {max_bytes / 1e9:.0f} GB cap", 413)
     return {"architectures": config.get("architectures"), "vocab_size": config.get("vocab_size"), "size_bytes": size}
+
+
+def check_compatible(path: Path, base_model_dir: Path) -> None:
+    """The submission must be the base model's architecture and vocabulary (the task's prompts and
+    tokenizer assumptions hold only then), and its safetensors files must be intact."""
+    mine = json.loads((path / "config.json").read_text())
+    base = json.loads((Path(base_model_dir) / "config.json").read_text())
+    if mine.get("architectures") != base.get("architectures") or mine.get("model_type") != base.get("model_type"):
+        raise SubmissionRejected(
+            f"checkpoint architecture {mine.get('architectures')} ({mine.get('model_type')}) differs from the base "
+            f"model's {base.get('architectures')} ({base.get('model_type')}): fine-tune the base model in models/base"
+        )
+    if mine.get("vocab_size") != base.get("vocab_size"):
+        raise SubmissionRejected(
+            f"checkpoint vocab_size {mine.get('vocab_size')} differs from the base model's {base.get('vocab_size')}"
+        )
+    for f in sorted(path.glob("*.safetensors")):
+        check_safetensors(f)
+
+
+def check_safetensors(path: Path) -> None:
+    """Read the header (8-byte length + JSON) and check every tensor's byte range lies inside the file:
+    catches truncated, overwritten and non-safetensors files without loading any weights."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        raw_len = f.read(8)
+        if len(raw_len) < 8:
+            raise SubmissionRejected(f"{path.name} is not a valid safetensors file (too short)")
+        header_len = int.from_bytes(raw_len, "little")
+        if header_len <= 0 or 8 + header_len > size or header_len > 100 * 1024**2:
+            raise SubmissionRejected(f"{path.name} is corrupted: bad safetensors header length")
+        try:
+            header = json.loads(f.read(header_len))
+        except ValueError as e:
+            raise SubmissionRejected(f"{path.name} is corrupted: unreadable safetensors header") from e
+    data_size = size - 8 - header_len
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not offsets or len(offsets) != 2 or not (0 <= offsets[0] <= offsets[1] <= data_size):
+            raise SubmissionRejected(f"{path.name} is corrupted or truncated (tensor {name!r} out of bounds)")

@@ -21,6 +21,14 @@ from a2rl.grading.service import GradingService
 MAX_BODY_BYTES = 64 * 1024
 
 
+class PathRequest(BaseModel):
+    model_path: str = Field(description="Checkpoint directory, relative to the workspace (e.g. output/v1).")
+
+
+class FinalRequest(BaseModel):
+    submission_id: int = Field(description="The submission to evaluate on the hidden test set after the session.")
+
+
 class SubmitRequest(BaseModel):
     model_path: str = Field(description="Checkpoint directory, relative to the workspace (e.g. output/v1).")
     wait: bool = Field(default=False, description="Block until graded and return the score (original's sync mode).")
@@ -69,6 +77,16 @@ def create_app(service: GradingService, token: str, request_log: Path | None = N
     @app.post("/submit", dependencies=[Depends(authorized)])
     def submit(body: SubmitRequest) -> dict:
         return service.submit(body.model_path, wait=body.wait)
+
+    @app.post("/validate", dependencies=[Depends(authorized)])
+    def validate(body: PathRequest) -> dict:
+        """Pre-check a checkpoint (path, config, tokenizer, weights, LoRA, architecture); spends nothing."""
+        return service.validate(body.model_path)
+
+    @app.post("/final", dependencies=[Depends(authorized)])
+    def final(body: FinalRequest) -> dict:
+        """Declare the final pick (heldout protocol); default is the best submission on validation."""
+        return service.declare_final(body.submission_id)
 
     @app.get("/submissions", dependencies=[Depends(authorized)])
     def submissions() -> list[dict]:

@@ -1,27 +1,36 @@
 """The grading service of one run: accepts submissions, evaluates them in a queue, keeps the ledger.
 
 The HTTP layer (server.py) is a thin shell over this class, so the harness's own admin actions
-(baseline, final test evaluation) call it directly and are never reachable from the agent's API.
+(baseline, final test evaluation) call library functions directly and are never reachable from the
+agent's API. What is graded is a snapshot taken when the submission arrives: the agent cannot change a
+checkpoint after submitting it. A service started on an existing ledger resumes the evaluations that a
+crash interrupted.
 """
 
 from __future__ import annotations
 
 import queue
+import shutil
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from a2rl.evaluation import EvalSpec, EvaluationFailed, evaluate_cached
-from a2rl.grading.checkpoint import SubmissionRejected, check_checkpoint, resolve_in_workspace
+from a2rl.evaluation import EvalCache, EvalSpec, EvaluationFailed, evaluate_cached
+from a2rl.grading.checkpoint import (
+    SubmissionRejected,
+    check_checkpoint,
+    check_compatible,
+    resolve_in_workspace,
+)
 from a2rl.grading.clock import BudgetClock
 from a2rl.grading.ledger import Ledger
-from a2rl.models import checkpoint_size, weights_hash
+from a2rl.models import checkpoint_files, weights_hash
 from a2rl.records import EvalResult, LedgerEntry, RunConfig, Split
 
-Evaluate = Callable[[Path, str, EvalSpec], EvalResult]
-"""(checkpoint dir, weights hash, spec) -> result; raises EvaluationFailed."""
+Evaluate = Callable[..., EvalResult]
+"""(checkpoint dir, weights hash, spec, device=...) -> result; raises EvaluationFailed."""
 
 
 @dataclass
@@ -34,6 +43,27 @@ class GradingContext:
     harness_dir: Path
     baseline: dict[str, float] = field(default_factory=dict)
     """split -> base model score, computed by the harness before the session."""
+    base_model_dir: Path | None = None
+    """Submissions must match its architecture and vocabulary."""
+    devices: list[str | None] = field(default_factory=lambda: [None])
+    """One evaluation worker per entry; "0", "1", ... pin a worker to a GPU, None = default device."""
+
+
+def grading_devices(workers: int) -> list[str | None]:
+    """One entry per evaluation worker: GPUs round-robin where CUDA is visible, else the CPU."""
+    import os
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        gpus = [g for g in visible.split(",") if g.strip()]
+    else:
+        try:
+            import torch
+
+            gpus = [str(i) for i in range(torch.cuda.device_count())]
+        except ImportError:
+            gpus = []
+    return [gpus[i % len(gpus)] for i in range(workers)] if gpus else [None] * workers
 
 
 class GradingService:
@@ -44,7 +74,6 @@ class GradingService:
         evaluate: Evaluate = evaluate_cached,
         on_entry: Callable[[LedgerEntry], None] | None = None,
         on_evaluation: Callable[[LedgerEntry, EvalResult], None] | None = None,
-        workers: int = 1,
     ):
         self.ctx = ctx
         self.clock = clock
@@ -52,12 +81,18 @@ class GradingService:
         self._on_entry = on_entry or (lambda e: None)
         self._on_evaluation = on_evaluation or (lambda e, r: None)
         self.ledger = Ledger(ctx.harness_dir / "ledger.jsonl")
+        self.snapshots = ctx.harness_dir / "snapshots"
+        self._cache = EvalCache()
         self._queue: queue.Queue[LedgerEntry | None] = queue.Queue()
         self._done: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
         self.closed = False
         self.grading_seconds = 0.0
-        self._workers = [threading.Thread(target=self._work, daemon=True, name=f"grader-{i}") for i in range(workers)]
+        self._workers = [
+            threading.Thread(target=self._work, args=(device,), daemon=True, name=f"grader-{i}")
+            for i, device in enumerate(ctx.devices or [None])
+        ]
+        self._recover()
         for w in self._workers:
             w.start()
 
@@ -67,33 +102,54 @@ class GradingService:
         # heldout: the agent only ever sees validation scores; paper: test scores, as the original.
         return "test" if self.ctx.config.protocol == "paper" else "validation"
 
-    def submit(self, model_path: str, wait: bool = False, timeout_s: float = 3600) -> dict:
+    def validate(self, model_path: str) -> dict:
+        """All checks a submission gets, without spending an evaluation or a submission."""
+        _, facts = self._checked(model_path)
+        return {"ok": True, "model_path": model_path, **facts}
+
+    def _checked(self, model_path: str) -> tuple[Path, dict]:
+        resolved = resolve_in_workspace(self.ctx.workspace, model_path)
+        facts = check_checkpoint(resolved, self.ctx.config.max_checkpoint_bytes)
+        if self.ctx.base_model_dir:
+            check_compatible(resolved, self.ctx.base_model_dir)
+        return resolved, facts
+
+    def submit(self, model_path: str, wait: bool = False, timeout_s: float = 6 * 3600) -> dict:
         if self.closed:
             raise SubmissionRejected("the session is over: no more submissions are accepted", 403)
         with self._lock:
             used = len(self.submissions())
             if used >= self.ctx.config.max_submissions:
-                raise SubmissionRejected(
-                    f"submission cap reached ({self.ctx.config.max_submissions} per run)", 429
-                )
-            resolved = resolve_in_workspace(self.ctx.workspace, model_path)
-            facts = check_checkpoint(resolved)
+                raise SubmissionRejected(f"submission cap reached ({self.ctx.config.max_submissions} per run)", 429)
+            resolved, facts = self._checked(model_path)
+            submission_id = used + 1
+            snapshot = self._snapshot(resolved, submission_id)
+            whash = weights_hash(snapshot)
             entry = self._append(
-                kind="submission",
-                submission_id=used + 1,
-                model_path=model_path,
-                resolved_path=str(resolved),
-                weights_hash=weights_hash(resolved),
-                size_bytes=facts["size_bytes"],
-                split=self.feedback_split,
-                status="queued",
-                agent_elapsed_s=round(self.clock.elapsed(), 3),
-            )
-            self._done[entry.submission_id] = threading.Event()
-        self._queue.put(entry)
+                kind="submission", submission_id=submission_id, model_path=model_path,
+                resolved_path=str(snapshot), weights_hash=whash, size_bytes=facts["size_bytes"],
+                split=self.feedback_split, status="queued", agent_elapsed_s=round(self.clock.elapsed(), 3),
+                detail={"workspace_path": str(resolved)},
+            )  # fmt: skip
+            self._done[submission_id] = threading.Event()
+            hit = self._cache.lookup(whash, self._spec(entry.split))
+        if hit is not None:  # identical weights, same evaluator: answered at once, still on the ledger
+            self._finish(entry, hit)
+        else:
+            self._queue.put(entry)
         if wait:
-            self._done[entry.submission_id].wait(timeout_s)
-        return self.response(entry.submission_id)
+            self._done[submission_id].wait(timeout_s)
+        return self.response(submission_id)
+
+    def declare_final(self, submission_id: int) -> dict:
+        """The agent's declared final pick (heldout protocol): evaluated on the hidden test set after the session."""
+        subs = {e.submission_id: e for e in self.submissions()}
+        if submission_id not in subs:
+            raise SubmissionRejected(f"no submission {submission_id}", 404)
+        if subs[submission_id].status == "error":
+            raise SubmissionRejected(f"submission {submission_id} failed grading and cannot be the final pick", 409)
+        self.record_event("final-pick", submission_id=submission_id)
+        return {"final_submission_id": submission_id}
 
     def budget(self) -> dict:
         return {
@@ -101,6 +157,7 @@ class GradingService:
             "elapsed_s": round(self.clock.elapsed(), 3),
             "remaining_s": round(self.clock.remaining(), 3),
             "grading_paused": self.clock.is_paused,
+            "grading_s": round(self.clock.paused_seconds(), 3),
             "submissions_used": len(self.submissions()),
             "max_submissions": self.ctx.config.max_submissions,
         }
@@ -146,7 +203,7 @@ class GradingService:
     def record_event(self, name: str, **detail) -> LedgerEntry:
         return self._append(kind="event", detail={"event": name, **detail})
 
-    def close(self, drain_timeout_s: float = 3600) -> None:
+    def close(self, drain_timeout_s: float = 6 * 3600) -> None:
         """Stop accepting submissions and wait for queued evaluations to finish."""
         self.closed = True
         deadline = time.monotonic() + drain_timeout_s
@@ -156,43 +213,79 @@ class GradingService:
             self._queue.put(None)
 
     # -- internals ---------------------------------------------------------------------------
+    def _spec(self, split: Split) -> EvalSpec:
+        return EvalSpec.for_run(self.ctx.config, split)
+
+    def _snapshot(self, src: Path, submission_id: int) -> Path:
+        """Copy the checkpoint's files out of the workspace: what was submitted is what is graded."""
+        dst = self.snapshots / f"s{submission_id}"
+        if dst.exists():
+            shutil.rmtree(dst)
+        tmp = self.snapshots / f".s{submission_id}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for f in checkpoint_files(src):
+            shutil.copyfile(f, tmp / f.name)
+        tmp.rename(dst)
+        return dst
+
+    def _recover(self) -> None:
+        """Re-queue submissions a crash left without an outcome (their snapshot is still on disk)."""
+        for e in self.submissions():
+            if e.status not in ("queued", "running"):
+                continue
+            self._done[e.submission_id] = threading.Event()
+            if e.resolved_path and Path(e.resolved_path).exists():
+                self.record_event("evaluation-resumed", submission_id=e.submission_id)
+                self._queue.put(e)
+            else:
+                self._record_failure(e, "interrupted by a grader crash; its snapshot is gone", 0.0)
+
     def _append(self, **fields) -> LedgerEntry:
         entry = self.ledger.append(run_id=self.ctx.run_id, **fields)
         self._on_entry(entry)
         return entry
 
-    def _work(self) -> None:
+    def _work(self, device: str | None) -> None:
         while (entry := self._queue.get()) is not None:
             try:
-                self._grade(entry)
+                self._grade(entry, device)
             finally:
                 self._done[entry.submission_id].set()
 
-    def _grade(self, queued: LedgerEntry) -> None:
-        fields = queued.model_dump(exclude={"seq", "at", "prev_hash", "status", "kind", "run_id"})
-        spec = EvalSpec(
-            task=self.ctx.config.task,
-            variant=self.ctx.config.variant,
-            split=queued.split,
-            limit=self.ctx.config.val_limit if queued.split == "validation" else self.ctx.config.test_limit,
-            batch_size=self.ctx.config.eval_batch_size,
-            backend=self.ctx.config.eval_backend,
-        )
+    def _grade(self, queued: LedgerEntry, device: str | None) -> None:
         self.clock.pause()
         start = time.monotonic()
         try:
-            result = self._evaluate(Path(queued.resolved_path), queued.weights_hash, spec)
+            result = self._evaluate(Path(queued.resolved_path), queued.weights_hash, self._spec(queued.split),
+                                    device=device)
         except (EvaluationFailed, OSError, ValueError) as e:
             # A failed evaluation is recorded as an error and never counted as a score.
-            fields.update(status="error", error=str(e)[-2000:], eval_seconds=round(time.monotonic() - start, 3))
-            self._append(kind="submission", **fields)
+            self._record_failure(queued, str(e), time.monotonic() - start)
             return
         finally:
             self.clock.resume()
             self.grading_seconds += time.monotonic() - start
+        self._finish(queued, result)
+
+    def _finish(self, queued: LedgerEntry, result: EvalResult) -> None:
+        fields = _carry(queued)
         fields.update(status="scored", score=result.score, cached=result.cached, eval_seconds=round(result.duration_s, 3))
         entry = self._append(kind="submission", **fields)
         self._on_evaluation(entry, result)
+        if queued.submission_id in self._done:
+            self._done[queued.submission_id].set()
+
+    def _record_failure(self, queued: LedgerEntry, error: str, seconds: float) -> None:
+        fields = _carry(queued)
+        fields.update(status="error", error=error[-2000:], eval_seconds=round(seconds, 3))
+        self._append(kind="submission", **fields)
+        if queued.submission_id in self._done:
+            self._done[queued.submission_id].set()
+
+
+def _carry(queued: LedgerEntry) -> dict:
+    return queued.model_dump(exclude={"seq", "at", "prev_hash", "status", "kind", "run_id"})
 
 
 def _public(e: LedgerEntry) -> dict:

@@ -49,7 +49,7 @@ class Settings:
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
         """Read the workspace's environment variables; the ``A2RL_SFT_*`` knobs are optional."""
         env = dict(os.environ if env is None else env)
-        workspace = Path(env.get("WORKSPACE", os.getcwd())).resolve()
+        workspace = Path(os.path.abspath(env.get("WORKSPACE", os.getcwd())))
         lr = env.get("A2RL_SFT_LR")
         return cls(
             workspace=workspace,
@@ -59,11 +59,11 @@ class Settings:
             server_url=env["GRADING_SERVER_URL"].rstrip("/"),
             token=env.get("GRADING_TOKEN", ""),
             seed=int(env.get("AGENT_SEED", "0")),
-            max_steps=int(env.get("A2RL_SFT_MAX_STEPS", "16")),
+            max_steps=int(env.get("A2RL_SFT_MAX_STEPS", "14")),
             batch_size=int(env.get("A2RL_SFT_BATCH_SIZE", "4")),
             max_length=int(env.get("A2RL_SFT_MAX_LENGTH", "256")),
             lr=float(lr) if lr else None,
-            train_s=float(env.get("A2RL_SFT_TRAIN_S", "75")),
+            train_s=float(env.get("A2RL_SFT_TRAIN_S", "90")),
         )
 
 
@@ -254,11 +254,14 @@ class Notes:
 
 
 def relative_to_workspace(path: Path, workspace: Path) -> str:
-    """The path as the grader expects it: relative to the workspace when inside it."""
-    try:
-        return str(path.resolve().relative_to(workspace))
-    except ValueError:
-        return str(path.resolve())
+    """The path as the grader expects it: relative to the workspace when inside it (symlinks not followed)."""
+    for inner, outer in (
+        (Path(os.path.abspath(path)), Path(os.path.abspath(workspace))),
+        (path.resolve(), workspace.resolve()),
+    ):
+        if inner.is_relative_to(outer):
+            return str(inner.relative_to(outer))
+    return str(Path(os.path.abspath(path)))
 
 
 class Session:

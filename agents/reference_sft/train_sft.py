@@ -101,7 +101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--init", required=True, help="HF checkpoint directory to start from (base model or earlier output)")
     p.add_argument("--out", required=True, help="directory to write the merged checkpoint to (must not exist)")
     p.add_argument("--data", default=None, help="train.jsonl (default: $DATA_PATH/train.jsonl)")
-    p.add_argument("--max-steps", type=int, default=16, help="optimizer steps")
+    p.add_argument("--max-steps", type=int, default=14, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=4, help="per-device batch size")
     p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps")
     p.add_argument("--max-length", type=int, default=256, help="longer examples are skipped, not truncated")
@@ -120,67 +120,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Train, merge, save atomically, print a one-line JSON summary prefixed with ``TRAIN_SUMMARY``."""
-    args = parse_args(argv)
-    t_start = time.monotonic()
-    out = Path(args.out)
-    if out.exists():
-        print(f"error: {out} already exists; pick a new --out", file=sys.stderr)
-        return 2
-    data = Path(args.data) if args.data else Path(os.environ.get("DATA_PATH", "data")) / "train.jsonl"
+def count_tokens(tokenizer, example: dict) -> int:
+    """Length of a conversational prompt-completion example after the chat template."""
+    ids = tokenizer.apply_chat_template(example["prompt"] + example["completion"], tokenize=True)
+    return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import datasets
-    import torch
+
+def lora_config(model, args: argparse.Namespace):
+    """LoRA on the attention and MLP projections the model has (all linear layers if it has none of them)."""
     from peft import LoraConfig
-    import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback, set_seed
-    from trl import SFTConfig, SFTTrainer
 
-    datasets.disable_progress_bars()
-    transformers.utils.logging.disable_progress_bar()
-    set_seed(args.seed)
-    use_cuda = torch.cuda.is_available()
-
-    tokenizer = AutoTokenizer.from_pretrained(args.init)
-    model = AutoModelForCausalLM.from_pretrained(args.init, dtype=torch.float32)
-    n_params = sum(p.numel() for p in model.parameters())
-    use_lora = args.lora if args.lora is not None else n_params > LORA_AUTO_MIN_PARAMS
-    lr = args.lr if args.lr is not None else (2e-4 if use_lora else 2e-5)
-    t_loaded = time.monotonic()
-
-    def fits(example: dict) -> bool:
-        ids = tokenizer.apply_chat_template(example["prompt"] + example["completion"], tokenize=True)
-        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-        return len(ids) <= args.max_length
-
-    rows = read_rows(data)
-    wanted = args.max_steps * args.batch_size * args.grad_accum
-    examples = select_examples(rows, wanted, args.seed, fits)
-    if not examples:
-        print(f"error: no example of {data} fits --max-length {args.max_length}", file=sys.stderr)
-        return 3
-    print(
-        f"init={args.init} params={n_params:,} lora={use_lora} lr={lr} steps={args.max_steps} "
-        f"batch={args.batch_size}x{args.grad_accum} max_length={args.max_length} examples={len(examples)}/{len(rows)} "
-        f"time_limit={args.time_limit} load_s={t_loaded - t_start:.1f}",
-        flush=True,
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    targets = sorted(names & set(LORA_TARGET_MODULES)) or "all-linear"
+    return LoraConfig(
+        r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM"
     )
 
-    class TimeLimit(TrainerCallback):
-        """Ends training once ``--time-limit`` seconds of steps have passed."""
 
-        def on_train_begin(self, args_, state, control, **kwargs):
-            self.t0 = time.monotonic()
+def sft_config(args: argparse.Namespace, lr: float, output_dir: Path):
+    """TRL settings that work on a CPU-only machine as well as on a GPU (fp32, no checkpointing, no saving)."""
+    import torch
+    from trl import SFTConfig
 
-        def on_step_end(self, args_, state, control, **kwargs):
-            if args.time_limit is not None and time.monotonic() - self.t0 >= args.time_limit:
-                print(f"time limit {args.time_limit:.0f}s reached at step {state.global_step}", flush=True)
-                control.should_training_stop = True
-
-    config = SFTConfig(
-        output_dir=str(out.parent / f".{out.name}.trainer-{os.getpid()}"),
+    use_cuda = torch.cuda.is_available()
+    return SFTConfig(
+        output_dir=str(output_dir),
         max_steps=args.max_steps,
         per_device_train_batch_size=args.batch_size,
         gradient_accumulation_steps=args.grad_accum,
@@ -201,27 +165,26 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         data_seed=args.seed,
     )
-    peft_config = None
-    if use_lora:
-        targets = sorted({name.rsplit(".", 1)[-1] for name, _ in model.named_modules()} & set(LORA_TARGET_MODULES))
-        peft_config = LoraConfig(
-            r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM"
-        )
-    trainer = SFTTrainer(
-        model=model,
-        args=config,
-        train_dataset=datasets.Dataset.from_list(examples),
-        processing_class=tokenizer,
-        peft_config=peft_config,
-        callbacks=[TimeLimit()],
-    )
-    t_train = time.monotonic()
-    result = trainer.train()
-    t_trained = time.monotonic()
 
-    model = trainer.model
-    if use_lora:
-        model = model.merge_and_unload()
+
+def time_limit_callback(limit_s: float | None):
+    """A ``TrainerCallback`` that ends training once ``limit_s`` seconds of steps have passed."""
+    from transformers import TrainerCallback
+
+    class TimeLimit(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.t0 = time.monotonic()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if limit_s is not None and time.monotonic() - self.t0 >= limit_s:
+                print(f"time limit {limit_s:.0f}s reached at step {state.global_step}", flush=True)
+                control.should_training_stop = True
+
+    return TimeLimit()
+
+
+def save_checkpoint(model, tokenizer, out: Path) -> None:
+    """Write into a temp dir beside ``out``, then rename: a half-written checkpoint is never visible."""
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
@@ -230,10 +193,67 @@ def main(argv: list[str] | None = None) -> int:
     for path in tmp.iterdir():
         path.chmod(0o644)  # safetensors writes 0600; a grader running as another user must read it
     os.rename(tmp, out)
-    shutil.rmtree(config.output_dir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train, merge, save atomically, print a one-line JSON summary prefixed with ``TRAIN_SUMMARY``."""
+    args = parse_args(argv)
+    t_start = time.monotonic()
+    out = Path(args.out)
+    if out.exists():
+        print(f"error: {out} already exists; pick a new --out", file=sys.stderr)
+        return 2
+    data = Path(args.data) if args.data else Path(os.environ.get("DATA_PATH", "data")) / "train.jsonl"
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import datasets
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTTrainer
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    transformers.set_seed(args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(args.init)
+    model = AutoModelForCausalLM.from_pretrained(args.init, dtype=torch.float32)
+    n_params = sum(p.numel() for p in model.parameters())
+    use_lora = args.lora if args.lora is not None else n_params > LORA_AUTO_MIN_PARAMS
+    lr = args.lr if args.lr is not None else (2e-4 if use_lora else 2e-5)
+    t_loaded = time.monotonic()
+
+    rows = read_rows(data)
+    wanted = args.max_steps * args.batch_size * args.grad_accum
+    examples = select_examples(rows, wanted, args.seed, lambda ex: count_tokens(tokenizer, ex) <= args.max_length)
+    if not examples:
+        print(f"error: no example of {data} fits --max-length {args.max_length}", file=sys.stderr)
+        return 3
+    print(
+        f"init={args.init} params={n_params:,} lora={use_lora} lr={lr} steps={args.max_steps} "
+        f"batch={args.batch_size}x{args.grad_accum} max_length={args.max_length} examples={len(examples)}/{len(rows)} "
+        f"time_limit={args.time_limit} load_s={t_loaded - t_start:.1f}",
+        flush=True,
+    )
+
+    trainer_dir = out.parent / f".{out.name}.trainer-{os.getpid()}"
+    trainer = SFTTrainer(
+        model=model,
+        args=sft_config(args, lr, trainer_dir),
+        train_dataset=datasets.Dataset.from_list(examples),
+        processing_class=tokenizer,
+        peft_config=lora_config(model, args) if use_lora else None,
+        callbacks=[time_limit_callback(args.time_limit)],
+    )
+    t_train = time.monotonic()
+    result = trainer.train()
+    t_trained = time.monotonic()
+    model = trainer.model.merge_and_unload() if use_lora else trainer.model
+    save_checkpoint(model, tokenizer, out)
+    shutil.rmtree(trainer_dir, ignore_errors=True)
     t_end = time.monotonic()
 
     steps = trainer.state.global_step
+    train_s = t_trained - t_train
     summary = {
         "out": str(out),
         "lora": use_lora,
@@ -242,13 +262,13 @@ def main(argv: list[str] | None = None) -> int:
         "examples_seen": steps * args.batch_size * args.grad_accum,
         "train_loss": round(float(result.training_loss), 4),
         "load_s": round(t_loaded - t_start, 1),
-        "train_s": round(t_trained - t_train, 1),
-        "s_per_step": round((t_trained - t_train) / max(1, steps), 2),
-        "examples_per_s": round(steps * args.batch_size * args.grad_accum / max(1e-9, t_trained - t_train), 3),
+        "train_s": round(train_s, 1),
+        "s_per_step": round(train_s / max(1, steps), 2),
+        "examples_per_s": round(steps * args.batch_size * args.grad_accum / max(1e-9, train_s), 3),
         "save_s": round(t_end - t_trained, 1),
         "total_s": round(t_end - t_start, 1),
     }
-    print(f"training loss {summary['train_loss']} after {steps} steps")
+    print(f"training loss {summary['train_loss']} after {steps} steps", flush=True)
     print(SUMMARY_PREFIX + json.dumps(summary), flush=True)
     return 0
 

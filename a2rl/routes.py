@@ -1,0 +1,371 @@
+"""Route labels: which post-training method a code snapshot uses (static analysis), and the mode check.
+
+Labels: `SFT`, `GRPO`, `PPO`, `RLOO`, `RL` (a policy-gradient loss the analysis cannot name, or several RL
+methods), `DPO` (preference optimisation: DPO and its relatives KTO, ORPO, CPO, online DPO), `SFT+RL`,
+`SFT+DPO`, `copy` (no training, but the base model is copied or re-saved) and `none`.
+
+What counts as evidence, per file of the snapshot:
+- Python: TRL trainers and configs referenced in code (imported names, `trl.X` attributes) — not names that
+  only appear in strings, comments or docstrings; hand-written training loops (`.backward()`) classified by
+  their loss (policy gradient: advantages or rewards with log-probabilities; DPO: chosen/rejected
+  log-sigmoid; anything else supervised); trainer command lines (`trl grpo`, `python -m trl.scripts.sft`,
+  verl, OpenRLHF) in string constants.
+- Shell scripts and notebooks: the same command lines; notebooks' code cells as Python.
+- Prose (`*.md`, `*.txt`) is never evidence: notes that talk about GRPO do not make a run RL.
+Static analysis sees what the code could run, not what ran: a script that picks `SFTTrainer` or
+`GRPOTrainer` from a flag counts as both.
+
+Modes (SPEC §2; the paper only prompted for them): `sft-only` accepts SFT, and copy/none (no method used);
+`rl-only` accepts GRPO, PPO, RLOO, RL and SFT+RL (an SFT warm-up before RL is allowed, as in the paper's
+ALFWorld RL-only run). DPO is offline preference optimisation without rollouts or a reward signal, so by
+default it does **not** satisfy `rl-only` (pass `dpo_counts_as_rl=True` to accept it) and it never
+satisfies `sft-only`.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import re
+import tokenize
+from pathlib import Path
+from typing import NamedTuple
+
+from pydantic import BaseModel, Field
+
+RL_METHODS = frozenset({"GRPO", "PPO", "RLOO", "RL"})
+RL_LABELS = frozenset(RL_METHODS | {"SFT+RL"})
+LABELS = ("SFT", "GRPO", "PPO", "RLOO", "RL", "DPO", "SFT+RL", "SFT+DPO", "copy", "none")
+MAX_FILE_BYTES = 2_000_000
+SKIP_DIRS = {"__pycache__", ".git", ".ipynb_checkpoints", "node_modules", ".venv", "venv", "wandb"}
+
+TRAINER_METHODS = {
+    "SFTTrainer": "SFT", "SFTConfig": "SFT", "GKDTrainer": "SFT", "GKDConfig": "SFT",
+    "DistillationTrainer": "SFT", "IterativeSFTTrainer": "SFT",
+    "GRPOTrainer": "GRPO", "GRPOConfig": "GRPO",
+    "PPOTrainer": "PPO", "PPOConfig": "PPO",
+    "RLOOTrainer": "RLOO", "RLOOConfig": "RLOO",
+    "DPOTrainer": "DPO", "DPOConfig": "DPO", "OnlineDPOTrainer": "DPO", "OnlineDPOConfig": "DPO",
+    "KTOTrainer": "DPO", "KTOConfig": "DPO", "ORPOTrainer": "DPO", "ORPOConfig": "DPO",
+    "CPOTrainer": "DPO", "CPOConfig": "DPO", "XPOTrainer": "DPO", "NashMDTrainer": "DPO",
+}  # fmt: skip
+# transformers' generic trainers: supervised unless the file also has a policy-gradient loss.
+GENERIC_TRAINERS = {"Trainer", "Seq2SeqTrainer"}
+
+# Command lines that start a trainer, in shell scripts or Python strings.
+_COMMAND_PATTERNS = [
+    (re.compile(r"\btrl\s+(sft|grpo|dpo|rloo|ppo|kto|orpo|online_dpo)\b"), None),
+    (re.compile(r"\btrl[./]scripts[./](sft|grpo|dpo|rloo|ppo|kto|orpo|online_dpo)\b"), None),
+    (re.compile(r"\bverl\.trainer\.main_ppo\b.*?adv_estimator=(grpo|rloo)"), None),
+    (re.compile(r"\bverl\.trainer\.main_ppo\b"), "PPO"),
+    (re.compile(r"\bverl\.trainer\.fsdp_sft_trainer\b"), "SFT"),
+    (re.compile(r"\bopenrlhf\.cli\.train_(sft|dpo|ppo|kto)\w*"), None),
+]
+_CLI_METHODS = {"sft": "SFT", "grpo": "GRPO", "dpo": "DPO", "rloo": "RLOO", "ppo": "PPO", "kto": "DPO",
+                "orpo": "DPO", "online_dpo": "DPO"}  # fmt: skip
+_SHELL_COPY = re.compile(r"\b(cp|rsync|ln)\b[^\n;|&]*(models/base|\$\{?MODEL_PATH\b)")
+_LOGPROB = re.compile(r"log_?probs?|logps?$|log_softmax|logsoftmax")
+
+
+class Evidence(NamedTuple):
+    """Why a method was found: where, and which pattern."""
+
+    method: str
+    file: str
+    line: int
+    what: str
+
+
+class RouteAnalysis(BaseModel):
+    """The route label of a code snapshot with the evidence behind it."""
+
+    label: str
+    methods: list[str] = Field(default_factory=list)
+    """Every method found, sorted."""
+    copies_base_model: bool = False
+    evidence: list[dict] = Field(default_factory=list)
+    """`{method, file, line, what}` per finding (first 50)."""
+    files_scanned: int = 0
+
+
+class ModeCheck(NamedTuple):
+    ok: bool
+    message: str
+
+
+def route_label(code_dir: Path) -> str:
+    """The route label of `code_dir` (see the module docstring for the labels)."""
+    return analyze_routes(code_dir).label
+
+
+def analyze_routes(code_dir: Path) -> RouteAnalysis:
+    """Scan every Python file, shell script and notebook under `code_dir` for training methods."""
+    code_dir = Path(code_dir)
+    found: list[Evidence] = []
+    scanned = 0
+    for path in sorted(_candidate_files(code_dir)):
+        rel = str(path.relative_to(code_dir))
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        scanned += 1
+        if path.suffix == ".py":
+            found += analyze_python(text, rel)
+        elif path.suffix == ".ipynb":
+            found += _analyze_notebook(text, rel)
+        else:
+            found += analyze_shell(text, rel)
+    methods = {e.method for e in found if e.method != "copy"}
+    copies = any(e.method == "copy" for e in found)
+    return RouteAnalysis(
+        label=combine_methods(methods, copies),
+        methods=sorted(methods),
+        copies_base_model=copies,
+        evidence=[e._asdict() for e in found[:50]],
+        files_scanned=scanned,
+    )
+
+
+def combine_methods(methods: set[str], copies_base_model: bool = False) -> str:
+    """One label for a set of methods: RL wins over DPO, an SFT stage is kept as a prefix."""
+    rl = methods & RL_METHODS
+    if rl:
+        if "SFT" in methods:
+            return "SFT+RL"
+        return next(iter(rl)) if len(rl) == 1 else "RL"
+    if "DPO" in methods:
+        return "SFT+DPO" if "SFT" in methods else "DPO"
+    if "SFT" in methods:
+        return "SFT"
+    return "copy" if copies_base_model else "none"
+
+
+def check_mode(mode: str, label: str, dpo_counts_as_rl: bool = False) -> ModeCheck:
+    """Whether a submission whose code has route `label` respects the run's `mode`.
+
+    Returns:
+        `(ok, message)`; the message says what was found and what the mode allows, for the ledger and
+        for the agent when a strict grader refuses the submission.
+    """
+    if mode in ("free", "multi"):
+        return ModeCheck(True, f"mode {mode}: any method allowed (route {label})")
+    if mode == "sft-only":
+        if label in ("SFT", "copy", "none"):
+            return ModeCheck(True, f"mode sft-only: route {label} is allowed")
+        return ModeCheck(False, f"mode sft-only allows supervised fine-tuning only, but code/ uses {label}"
+                                " (RL and preference optimisation such as DPO are not allowed)")  # fmt: skip
+    if mode == "rl-only":
+        accepted = RL_LABELS | ({"DPO", "SFT+DPO"} if dpo_counts_as_rl else set())
+        if label in accepted:
+            return ModeCheck(True, f"mode rl-only: route {label} is allowed")
+        if label in ("DPO", "SFT+DPO"):
+            why = "DPO is offline preference optimisation, not RL with rollouts and rewards"
+        elif label in ("copy", "none"):
+            why = "no training method was found in code/"
+        else:
+            why = f"code/ uses {label} without any RL method"
+        return ModeCheck(False, f"mode rl-only needs reinforcement learning (GRPO, PPO, RLOO or a policy-gradient"
+                                f" loss; an SFT warm-up is allowed): {why}")  # fmt: skip
+    raise ValueError(f"unknown mode {mode!r}; expected free, sft-only, rl-only or multi")
+
+
+def check_snapshot(code_dir: Path, mode: str, dpo_counts_as_rl: bool = False) -> tuple[RouteAnalysis, ModeCheck]:
+    """`analyze_routes` + `check_mode` for one code snapshot (what the grading service calls per submission)."""
+    analysis = analyze_routes(code_dir)
+    return analysis, check_mode(mode, analysis.label, dpo_counts_as_rl)
+
+
+# -- files -------------------------------------------------------------------------------------------------
+
+
+def _candidate_files(root: Path):
+    if not root.is_dir():
+        return
+    for path in root.rglob("*"):
+        if any(part in SKIP_DIRS for part in path.relative_to(root).parts[:-1]) or not path.is_file():
+            continue
+        if path.is_symlink() or path.stat().st_size > MAX_FILE_BYTES:
+            continue
+        if path.suffix in (".py", ".ipynb", ".sh", ".bash") or _has_shell_shebang(path):
+            yield path
+
+
+def _has_shell_shebang(path: Path) -> bool:
+    if path.suffix:
+        return False
+    try:
+        with path.open("rb") as f:
+            head = f.read(64)
+    except OSError:
+        return False
+    return head.startswith(b"#!") and (b"sh" in head.split(b"\n")[0])
+
+
+# -- Python ------------------------------------------------------------------------------------------------
+
+
+def analyze_python(source: str, name: str = "<string>") -> list[Evidence]:
+    """Methods a Python source uses; a file that does not parse is scanned without its strings and comments."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return _analyze_unparsable(source, name)
+    return _PythonScan(name).run(tree)
+
+
+class _PythonScan:
+    def __init__(self, name: str):
+        self.name = name
+        self.found: list[Evidence] = []
+        self.aliases: dict[str, str] = {}
+        """local name -> TRL class name"""
+        self.generic: set[str] = set()
+        """local names of transformers' Trainer classes"""
+
+    def add(self, method: str, node: ast.AST, what: str) -> None:
+        self.found.append(Evidence(method, self.name, getattr(node, "lineno", 0), what))
+
+    def run(self, tree: ast.AST) -> list[Evidence]:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                for a in node.names:
+                    if a.name in TRAINER_METHODS:
+                        self.aliases[a.asname or a.name] = a.name
+                    elif a.name in GENERIC_TRAINERS and (node.module or "").startswith("transformers"):
+                        self.generic.add(a.asname or a.name)
+        # Bare string statements (docstrings) are prose, not commands.
+        prose = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+        tokens: set[str] = set()
+        trains = generic_used = copies = loads_and_saves = False
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name):
+                tokens.add(node.id.lower())
+                if isinstance(node.ctx, ast.Load):
+                    cls = self.aliases.get(node.id) or (node.id if node.id in TRAINER_METHODS else None)
+                    if cls:
+                        self.add(TRAINER_METHODS[cls], node, f"uses {cls}")
+                    generic_used |= node.id in self.generic
+            elif isinstance(node, ast.Attribute):
+                tokens.add(node.attr.lower())
+                if node.attr in TRAINER_METHODS:
+                    self.add(TRAINER_METHODS[node.attr], node, f"uses {ast.unparse(node)}")
+                elif node.attr in GENERIC_TRAINERS and "transformers" in ast.unparse(node.value):
+                    generic_used = True
+            elif isinstance(node, ast.arg):
+                tokens.add(node.arg.lower())
+            elif isinstance(node, ast.keyword) and node.arg:
+                tokens.add(node.arg.lower())
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                tokens.add(node.name.lower())
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose:
+                self.found += [e._replace(line=node.lineno) for e in _command_evidence(node.value, self.name)]
+            elif isinstance(node, ast.List | ast.Tuple) and _is_trl_argv(node):
+                method = _CLI_METHODS[node.elts[1].value]
+                self.add(method, node, f"runs trl {node.elts[1].value}")
+            if isinstance(node, ast.Call):
+                func = node.func
+                fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                trains |= fname == "backward"
+                loads_and_saves |= fname == "save_pretrained"
+                if fname in ("copytree", "copy", "copy2", "copyfile", "symlink", "link") and node.args:
+                    src = ast.unparse(node.args[0])
+                    if "base" in src.lower() or "model_path" in src.lower():
+                        copies = True
+                        self.add("copy", node, f"copies the base model: {ast.unparse(node)[:80]}")
+        if trains:
+            self._classify_loop(tree, tokens)
+        if generic_used and not any(e.method in RL_METHODS for e in self.found):
+            self.add("SFT", tree, "transformers Trainer without a policy-gradient loss")
+        if loads_and_saves and not copies and not self.found and "from_pretrained" in tokens:
+            self.add("copy", tree, "loads and saves a model without training it")
+        return self.found
+
+    def _classify_loop(self, tree: ast.AST, tokens: set[str]) -> None:
+        """A hand-written training loop: which loss it optimises."""
+        has_logprob = any(_LOGPROB.search(t) for t in tokens)
+        if any("advantage" in t for t in tokens) or (any("reward" in t for t in tokens) and has_logprob):
+            if any("ratio" in t for t in tokens) and any("clamp" in t or "clip" in t for t in tokens):
+                method, what = "PPO", "hand-written clipped policy-ratio loss"
+            elif any("group" in t for t in tokens) and ("std" in tokens or any(t.endswith("_std") for t in tokens)):
+                method, what = "GRPO", "hand-written group-normalised policy-gradient loss"
+            else:
+                method, what = "RL", "hand-written policy-gradient loss (rewards x log-probabilities)"
+        elif {"chosen", "rejected"} <= {p for t in tokens for p in re.split(r"_", t)} and (
+            {"logsigmoid", "log_sigmoid"} & tokens
+        ):
+            method, what = "DPO", "hand-written chosen/rejected log-sigmoid loss"
+        else:
+            method, what = "SFT", "hand-written training loop with a supervised loss"
+        self.add(method, tree, what)
+
+
+def _is_trl_argv(node: ast.List | ast.Tuple) -> bool:
+    elts = node.elts
+    return (
+        len(elts) >= 2
+        and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in elts[:2])
+        and elts[0].value.rsplit("/", 1)[-1] == "trl"
+        and elts[1].value in _CLI_METHODS
+    )
+
+
+def _command_evidence(text: str, name: str) -> list[Evidence]:
+    found = []
+    for i, line in enumerate(text.splitlines() or [text], start=1):
+        for pattern, fixed in _COMMAND_PATTERNS:
+            m = pattern.search(line)
+            if m:
+                method = fixed or _CLI_METHODS.get(m.group(1).lower(), "RL")
+                found.append(Evidence(method, name, i, f"runs {m.group(0)[:60]}"))
+                break
+    return found
+
+
+def _analyze_unparsable(source: str, name: str) -> list[Evidence]:
+    """Names of trainers outside strings and comments (tokenize copes with most half-written files)."""
+    code = []
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.NAME:
+                code.append((tok.string, tok.start[0]))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass
+    found = [Evidence(TRAINER_METHODS[s], name, line, f"uses {s} (file does not parse)")
+             for s, line in code if s in TRAINER_METHODS]  # fmt: skip
+    return found
+
+
+# -- shell and notebooks -----------------------------------------------------------------------------------
+
+
+def analyze_shell(text: str, name: str = "<shell>") -> list[Evidence]:
+    """Trainer command lines and copies of the base model in a shell script (comments ignored)."""
+    found = []
+    for i, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0] if not raw.lstrip().startswith("#!") else ""
+        found += [e._replace(line=i) for e in _command_evidence(line, name)]
+        if _SHELL_COPY.search(line):
+            found.append(Evidence("copy", name, i, f"copies the base model: {line.strip()[:80]}"))
+    return found
+
+
+def _analyze_notebook(text: str, name: str) -> list[Evidence]:
+    try:
+        cells = json.loads(text).get("cells", [])
+    except (json.JSONDecodeError, AttributeError):
+        return []
+    python, shell = [], []
+    for cell in cells:
+        if cell.get("cell_type") != "code":
+            continue
+        src = cell.get("source", "")
+        for line in src if isinstance(src, list) else src.splitlines(keepends=True):
+            stripped = line.lstrip()
+            if stripped.startswith("!"):
+                shell.append(stripped[1:])
+                python.append("\n")
+            else:
+                python.append("\n" if stripped.startswith("%") else line if line.endswith("\n") else line + "\n")
+    return analyze_python("".join(python), name) + analyze_shell("".join(shell), name)

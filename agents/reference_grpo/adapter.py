@@ -1,0 +1,33 @@
+"""`reference-grpo`: a scripted agent (no LLM) that trains with TRL GRPO on the task's rule reward."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from agents.base import Agent
+
+HERE = Path(__file__).parent
+REFERENCE_SFT = HERE.parent / "reference_sft"
+
+
+class ReferenceGRPO(Agent):
+    id = "reference-grpo"
+    sft_warmup = False
+
+    def files(self) -> dict[str, Path]:
+        """Workspace file name -> source. The loop helpers are reference-sft's `agent.py`, as `round_loop.py`."""
+        files = {"agent.py": HERE / "agent.py", "train_grpo.py": HERE / "train_grpo.py",
+                 "round_loop.py": REFERENCE_SFT / "agent.py"}  # fmt: skip
+        if self.sft_warmup:
+            files["train_sft.py"] = REFERENCE_SFT / "train_sft.py"
+        return files
+
+    def install(self, workspace: Path) -> None:
+        # The agent's code lives in its workspace like any agent's, so it is snapshotted and route-labelled.
+        for name, src in self.files().items():
+            shutil.copy2(src, workspace / "code" / name)
+
+    def command(self, workspace: Path) -> list[str]:
+        return [sys.executable, "code/agent.py", *(["--sft-warmup"] if self.sft_warmup else [])]

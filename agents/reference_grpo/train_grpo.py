@@ -1,0 +1,325 @@
+"""GRPO on GSM8K questions with TRL: the task's rule reward (exact final number) plus a small format reward,
+LoRA merged before saving.
+
+Stand-alone: run by the reference agent as its own process, so it imports nothing from the harness (the
+answer extraction below is a small copy of the grader's rule).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import sys
+import time
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+PROMPT_TEMPLATE = "Question: {question}\nLet's think step by step\nAnswer:"
+LORA_AUTO_MIN_PARAMS = 50_000_000
+LORA_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+SUMMARY_PREFIX = "TRAIN_SUMMARY "
+FORMAT_WEIGHT = 0.2
+"""Weight of the format reward next to the correctness reward (1.0)."""
+
+_NUMBER = r"-?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+_MARKED = re.compile(r"####\s*(" + _NUMBER + r")|answer\s+is\s*[:=]?\s*[*$\\(\s]*(" + _NUMBER + ")", re.IGNORECASE)
+_ANY_NUMBER = re.compile(_NUMBER)
+_FINAL_LINE = re.compile(r"The answer is\s*\$?(" + _NUMBER + r")\s*\.?\s*$")
+
+
+def normalize_number(text: str) -> str | None:
+    """`$1,200.00` -> `1200`, `0.50` -> `0.5`; None for text that is no number."""
+    try:
+        value = Decimal(re.sub(r"[\s$,]", "", text))
+    except InvalidOperation:
+        return None
+    if not value.is_finite():
+        return None
+    return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
+
+
+def extract_answer(text: str) -> str | None:
+    """The final number a completion commits to: the first "The answer is N" / "#### N", else the last number.
+
+    Example:
+        >>> extract_answer("2 + 3 = 5 apples.\\nThe answer is 5. Question: next")
+        '5'
+    """
+    text = text.split("Question:", 1)[0]
+    marked = _MARKED.search(text)
+    if marked:
+        return normalize_number(marked.group(1) or marked.group(2))
+    numbers = _ANY_NUMBER.findall(text)
+    return normalize_number(numbers[-1]) if numbers else None
+
+
+def target_of(row: dict) -> str | None:
+    """The reference number: the row's `target`, else the `#### N` line of its solution."""
+    if row.get("target") not in (None, ""):
+        return normalize_number(str(row["target"]))
+    head, sep, tail = str(row.get("answer", "")).rpartition("####")
+    return normalize_number(tail) if sep else None
+
+
+def _text(completion) -> str:
+    """A completion as text (TRL passes conversational completions as lists of messages)."""
+    if isinstance(completion, list):
+        return "".join(m.get("content", "") for m in completion if isinstance(m, dict))
+    return str(completion)
+
+
+def correctness_reward(completions: list, target: list[str], **kwargs) -> list[float]:
+    """1.0 when the completion's final number equals the target, else 0.0 (the grader's rule)."""
+    return [1.0 if extract_answer(_text(c)) == t else 0.0 for c, t in zip(completions, target, strict=True)]
+
+
+def format_reward(completions: list, **kwargs) -> list[float]:
+    """1.0 when the completion ends with "The answer is N" (the format the grader reads first), 0.5 when it
+    says it anywhere, else 0.0."""
+    rewards = []
+    for c in completions:
+        text = _text(c).strip()
+        rewards.append(1.0 if _FINAL_LINE.search(text) else 0.5 if _MARKED.search(text) else 0.0)
+    return rewards
+
+
+def to_prompt(row: dict) -> dict:
+    """One GSM8K row as a conversational GRPO prompt with its target column."""
+    return {
+        "prompt": [{"role": "user", "content": PROMPT_TEMPLATE.format(question=row["question"].strip())}],
+        "target": target_of(row),
+    }
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Rows of a JSONL file that have a question and a number to aim for."""
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                if row.get("question") and target_of(row) is not None:
+                    rows.append(row)
+    return rows
+
+
+def fix_tokenizer_config(directory: Path) -> None:
+    """Store a list-valued `extra_special_tokens` (transformers 5) under its pre-5 name, which both read."""
+    path = directory / "tokenizer_config.json"
+    if not path.exists():
+        return
+    config = json.loads(path.read_text(encoding="utf-8"))
+    extra = config.get("extra_special_tokens")
+    if isinstance(extra, list):
+        del config["extra_special_tokens"]
+        if extra:
+            config.setdefault("additional_special_tokens", extra)
+        path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options; defaults fit a short CPU round for SmolLM2-135M."""
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--init", required=True, help="HF checkpoint directory to start from")
+    p.add_argument("--out", required=True, help="directory to write the merged checkpoint to (must not exist)")
+    p.add_argument("--data", default=None, help="train.jsonl (default: $DATA_PATH/train.jsonl)")
+    p.add_argument("--max-steps", type=int, default=8, help="optimizer steps")
+    p.add_argument("--batch-size", type=int, default=4, help="completions per step (a multiple of --num-generations)")
+    p.add_argument("--num-generations", type=int, default=4, help="completions sampled per prompt (the group)")
+    p.add_argument("--max-completion-length", type=int, default=128)
+    p.add_argument("--max-prompt-tokens", type=int, default=256, help="longer prompts are skipped")
+    p.add_argument("--temperature", type=float, default=0.9)
+    p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (0: no reference model is loaded)")
+    p.add_argument("--lr", type=float, default=None, help="learning rate (default: 5e-5 with LoRA, 5e-6 without)")
+    p.add_argument(
+        "--lora",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"train a LoRA adapter and merge it (default: on for models over {LORA_AUTO_MIN_PARAMS:,} parameters)",
+    )
+    p.add_argument("--lora-r", type=int, default=16)
+    p.add_argument("--lora-alpha", type=int, default=32)
+    p.add_argument("--time-limit", type=float, default=None, help="stop training after this many seconds of steps")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def grpo_config(args: argparse.Namespace, lr: float, output_dir: Path):
+    """TRL settings that work on a CPU-only machine as well as on a GPU (fp32, no vLLM, no checkpointing)."""
+    import torch
+    from trl import GRPOConfig
+
+    use_cuda = torch.cuda.is_available()
+    return GRPOConfig(
+        output_dir=str(output_dir),
+        max_steps=args.max_steps,
+        per_device_train_batch_size=args.batch_size,
+        num_generations=args.num_generations,
+        max_completion_length=args.max_completion_length,
+        temperature=args.temperature,
+        beta=args.beta,
+        learning_rate=lr,
+        reward_weights=[1.0, FORMAT_WEIGHT],
+        use_vllm=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        use_cpu=not use_cuda,
+        dataloader_pin_memory=use_cuda,
+        disable_tqdm=True,
+        seed=args.seed,
+        data_seed=args.seed,
+    )
+
+
+def lora_config(model, args: argparse.Namespace):
+    """LoRA on the attention and MLP projections the model has (all linear layers if it has none of them)."""
+    from peft import LoraConfig
+
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    targets = sorted(names & set(LORA_TARGET_MODULES)) or "all-linear"
+    return LoraConfig(
+        r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM"
+    )
+
+
+def time_limit_callback(limit_s: float | None):
+    """A `TrainerCallback` that ends training once `limit_s` seconds of steps have passed."""
+    from transformers import TrainerCallback
+
+    class TimeLimit(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.t0 = time.monotonic()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if limit_s is not None and time.monotonic() - self.t0 >= limit_s:
+                print(f"time limit {limit_s:.0f}s reached at step {state.global_step}", flush=True)
+                control.should_training_stop = True
+
+    return TimeLimit()
+
+
+def save_checkpoint(model, tokenizer, out: Path) -> None:
+    """Write into a temp dir beside `out`, then rename: a half-written checkpoint is never visible."""
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    fix_tokenizer_config(tmp)
+    for path in tmp.iterdir():
+        path.chmod(0o644)
+    os.rename(tmp, out)
+
+
+def mean_logged(history: list[dict], key: str) -> float | None:
+    """Mean of a metric over the trainer's log history (None when it was never logged)."""
+    values = [h[key] for h in history if key in h]
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train, merge, save atomically, print a one-line JSON summary prefixed with `TRAIN_SUMMARY`."""
+    args = parse_args(argv)
+    t_start = time.monotonic()
+    out = Path(args.out)
+    if out.exists():
+        print(f"error: {out} already exists; pick a new --out", file=sys.stderr)
+        return 2
+    if args.batch_size % args.num_generations:
+        print(f"error: --batch-size {args.batch_size} is not a multiple of --num-generations "
+              f"{args.num_generations}", file=sys.stderr)  # fmt: skip
+        return 2
+    data = Path(args.data) if args.data else Path(os.environ.get("DATA_PATH", "data")) / "train.jsonl"
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import datasets
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    transformers.set_seed(args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(args.init)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(args.init, dtype=torch.float32)
+    n_params = sum(p.numel() for p in model.parameters())
+    use_lora = args.lora if args.lora is not None else n_params > LORA_AUTO_MIN_PARAMS
+    lr = args.lr if args.lr is not None else (5e-5 if use_lora else 5e-6)
+    t_loaded = time.monotonic()
+
+    rows = read_rows(data)
+    random.Random(args.seed).shuffle(rows)
+    prompts_needed = args.max_steps * args.batch_size // args.num_generations
+    prompts = []
+    for row in rows:
+        example = to_prompt(row)
+        ids = tokenizer.apply_chat_template(example["prompt"], tokenize=True, add_generation_prompt=True)
+        if len(ids["input_ids"] if hasattr(ids, "keys") else ids) <= args.max_prompt_tokens:
+            prompts.append(example)
+            if len(prompts) >= prompts_needed:
+                break
+    if not prompts:
+        print(f"error: no question of {data} fits --max-prompt-tokens {args.max_prompt_tokens}", file=sys.stderr)
+        return 3
+    print(
+        f"init={args.init} params={n_params:,} lora={use_lora} lr={lr} steps={args.max_steps} "
+        f"batch={args.batch_size} generations={args.num_generations} max_completion={args.max_completion_length} "
+        f"prompts={len(prompts)}/{len(rows)} time_limit={args.time_limit} load_s={t_loaded - t_start:.1f}",
+        flush=True,
+    )
+
+    trainer_dir = out.parent / f".{out.name}.trainer-{os.getpid()}"
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[correctness_reward, format_reward],
+        args=grpo_config(args, lr, trainer_dir),
+        train_dataset=datasets.Dataset.from_list(prompts),
+        processing_class=tokenizer,
+        peft_config=lora_config(model, args) if use_lora else None,
+        callbacks=[time_limit_callback(args.time_limit)],
+    )
+    t_train = time.monotonic()
+    result = trainer.train()
+    t_trained = time.monotonic()
+    model = trainer.model.merge_and_unload() if use_lora else trainer.model
+    save_checkpoint(model, tokenizer, out)
+    shutil.rmtree(trainer_dir, ignore_errors=True)
+    t_end = time.monotonic()
+
+    steps = trainer.state.global_step
+    history = trainer.state.log_history
+    train_s = t_trained - t_train
+    summary = {
+        "out": str(out),
+        "method": "GRPO",
+        "lora": use_lora,
+        "lr": lr,
+        "steps": steps,
+        "completions_seen": steps * args.batch_size,
+        "train_loss": round(float(result.training_loss), 4),
+        "reward_mean": mean_logged(history, "reward"),
+        "correct_mean": mean_logged(history, "rewards/correctness_reward/mean"),
+        "format_mean": mean_logged(history, "rewards/format_reward/mean"),
+        "load_s": round(t_loaded - t_start, 1),
+        "train_s": round(train_s, 1),
+        "s_per_step": round(train_s / max(1, steps), 2),
+        "save_s": round(t_end - t_trained, 1),
+        "total_s": round(t_end - t_start, 1),
+    }
+    print(f"GRPO: {steps} steps, mean reward {summary['reward_mean']}, correct {summary['correct_mean']}", flush=True)
+    print(SUMMARY_PREFIX + json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+"""HumanEval (L1): Python functions from docstrings, scored by running their unit tests in a sandbox."""
+
+from __future__ import annotations
+
+from benchmarks.humaneval.execution import ExecutionResult, SandboxLimits, isolation, run_program
+from benchmarks.humaneval.programs import build_program, extract_code
+from benchmarks.humaneval.task import HumanEval, HumanEvalDataError, write_split_manifest
+
+__all__ = [
+    "ExecutionResult",
+    "HumanEval",
+    "HumanEvalDataError",
+    "SandboxLimits",
+    "build_program",
+    "extract_code",
+    "isolation",
+    "run_program",
+    "write_split_manifest",
+]

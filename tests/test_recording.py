@@ -1,0 +1,146 @@
+"""Recording: code snapshots in a harness-owned git repository, resource samples, LLM-call events."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from a2rl.recording import (
+    CodeSnapshots,
+    LLMCallRecorder,
+    ResourceSampler,
+    llm_call_rows,
+    read_llm_calls,
+    read_resources,
+    resource_rows,
+    summarize_resources,
+    workspace_pids,
+)
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    (tmp_path / "harness").mkdir()
+    (tmp_path / "workspace" / "code").mkdir(parents=True)
+    return tmp_path
+
+
+def test_snapshot_commits_code_and_a_repeat_without_changes_commits_nothing(run_dir: Path):
+    code = run_dir / "workspace" / "code"
+    snaps = CodeSnapshots(run_dir / "harness")
+    (code / "train.py").write_text("from trl import SFTTrainer\n")
+    first = snaps.snapshot("submission-1")
+    again = snaps.snapshot("periodic")
+    assert again == first
+    assert [r.changed for r in snaps.records()] == [True, False]
+    assert snaps.sha_for("submission-1") == first and snaps.sha_for("periodic") == first
+    # The repository lives in the harness dir; nothing was added to the agent's code dir.
+    assert (run_dir / "harness" / "code.git" / "HEAD").exists()
+    assert sorted(p.name for p in code.iterdir()) == ["train.py"]
+
+
+def test_diff_between_snapshots_shows_the_edit(run_dir: Path):
+    code = run_dir / "workspace" / "code"
+    snaps = CodeSnapshots(run_dir / "harness")
+    (code / "train.py").write_text("lr = 1e-5\n")
+    a = snaps.snapshot("submission-1")
+    (code / "train.py").write_text("lr = 3e-4\n")
+    (code / "reward.py").write_text("def reward(x): return 1.0\n")
+    b = snaps.snapshot("submission-2")
+    diff = snaps.diff(a, b)
+    assert "-lr = 1e-5" in diff and "+lr = 3e-4" in diff and "reward.py" in diff
+    assert "2 files changed" in snaps.diff(a, b, stat=True)
+    assert snaps.files(b) == ["reward.py", "train.py"]
+
+
+def test_empty_or_missing_code_dir_still_gives_a_commit(tmp_path: Path):
+    (tmp_path / "harness").mkdir()
+    snaps = CodeSnapshots(tmp_path / "harness", code_dir=tmp_path / "nowhere")
+    sha = snaps.snapshot("start")
+    assert len(sha) == 40 and snaps.files(sha) == []
+    assert snaps.snapshot("again") == sha
+
+
+def test_big_files_ignored_files_and_agent_git_dirs_are_handled(run_dir: Path):
+    code = run_dir / "workspace" / "code"
+    (code / ".gitignore").write_text("*.py\n")  # the agent's ignore rules do not hide code from the record
+    (code / "train.py").write_text("print('hi')\n")
+    (code / "weights.bin").write_bytes(b"\0" * 5000)
+    (code / ".git").mkdir()
+    (code / ".git" / "config").write_text("[core]\n")
+    (code / "empty").mkdir()
+    os.symlink("/etc/passwd", code / "passwd-link")
+    snaps = CodeSnapshots(run_dir / "harness", max_file_bytes=1000)
+    sha = snaps.snapshot("submission-1")
+    assert snaps.files(sha) == [".gitignore", "passwd-link", "train.py"]
+    assert snaps.records()[-1].skipped == ["weights.bin (5000 bytes > 1000)"]
+    # Export writes regular files only: a recorded symlink is never recreated.
+    out = snaps.export(sha, run_dir / "export")
+    assert sorted(p.name for p in out.iterdir()) == [".gitignore", "train.py"]
+    assert (out / "train.py").read_text() == "print('hi')\n"
+
+
+def test_deleted_files_disappear_from_the_next_snapshot(run_dir: Path):
+    code = run_dir / "workspace" / "code"
+    snaps = CodeSnapshots(run_dir / "harness")
+    (code / "a.py").write_text("a")
+    (code / "b.py").write_text("b")
+    snaps.snapshot("one")
+    (code / "b.py").unlink()
+    assert snaps.files(snaps.snapshot("two")) == ["a.py"]
+
+
+def test_periodic_snapshots_run_in_the_background_and_once_at_the_end(run_dir: Path):
+    code = run_dir / "workspace" / "code"
+    snaps = CodeSnapshots(run_dir / "harness")
+    with snaps.periodic(0.1):
+        (code / "x.py").write_text("1")
+        time.sleep(0.35)
+    labels = [r.label for r in snaps.records()]
+    assert labels.count("periodic") >= 2 and labels[-1] == "periodic-end"
+    assert snaps.files(snaps.records()[-1].sha) == ["x.py"]
+
+
+def test_resource_sampler_measures_the_agent_process_tree(run_dir: Path):
+    workspace = run_dir / "workspace"
+    # A parent that starts a child: both must be counted, found by their cwd inside the workspace.
+    script = "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1.5)']); time.sleep(1.5); c.wait()"
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=workspace)
+    try:
+        time.sleep(0.3)
+        with ResourceSampler(run_dir / "harness", workspace_pids(workspace), interval_s=0.2, workspace=workspace,
+                             extra_fn=lambda: {"grading": False}):
+            time.sleep(0.7)
+    finally:
+        proc.wait()
+    samples = read_resources(run_dir / "harness" / "resources.jsonl")
+    assert len(samples) >= 3
+    assert max(s.n_procs for s in samples) == 2
+    assert max(s.rss_bytes for s in samples) > 1_000_000
+    assert samples[0].workspace_bytes is not None and samples[0].extra == {"grading": False}
+    assert [s.seq for s in samples] == list(range(len(samples)))
+    summary = summarize_resources(samples)
+    assert summary["procs_peak"] == 2 and summary["gpu_util_percent_mean"] is None
+    rows = resource_rows(samples)
+    assert rows[0]["seq"] == 0 and rows[0]["gpu_mem_bytes"] is None
+
+
+def test_llm_call_recorder_numbers_calls_and_reads_anthropic_usage(tmp_path: Path):
+    rec = LLMCallRecorder(tmp_path)
+    usage = SimpleNamespace(input_tokens=100, output_tokens=20, cache_read_input_tokens=50,
+                            cache_creation_input_tokens=None)
+    rec.record_anthropic(SimpleNamespace(model="claude-x", usage=usage), latency_s=1.23456, agent_elapsed_s=4.0)
+    rec.record_anthropic(SimpleNamespace(model="claude-x", usage=usage), latency_s=0.5)
+    # A new recorder on the same file continues the numbering (a resumed run).
+    LLMCallRecorder(tmp_path).record_anthropic(SimpleNamespace(model="claude-y", usage=usage), latency_s=0.1)
+    calls = read_llm_calls(tmp_path / "llm_calls.jsonl")
+    assert [c.seq for c in calls] == [0, 1, 2]
+    assert calls[0].input_tokens == 100 and calls[0].cache_read_tokens == 50 and calls[0].cache_write_tokens == 0
+    assert calls[0].latency_s == 1.235 and calls[2].model == "claude-y"
+    assert set(llm_call_rows(calls)[0]) >= {"seq", "created_at", "input_tokens", "cost_usd"}
