@@ -35,7 +35,7 @@ TRANSCRIPT_FILE = "transcript.jsonl"
 
 class SessionOutcome(BaseModel):
     exit_code: int | None
-    ended_by: Literal["exited", "budget", "launch-error"]
+    ended_by: Literal["exited", "budget", "launch-error", "interrupted"]
     agent_seconds: float
     wall_seconds: float
     error: str | None = None
@@ -160,6 +160,9 @@ class AgentOptions(BaseModel):
     """Times the agent is told to go on when it stops talking while budget remains."""
     max_cost_usd: float | None = None
     """Stop the session once the driver's calls have cost this much."""
+    retry_base_s: float = 2.0
+    """First backoff delay after a transient API error (429, 5xx, 529, connection); doubles per attempt."""
+    max_attempts: int = 8
     extra_args: list[str] = Field(default_factory=list)
     """Extra command-line arguments for CLI agents."""
 

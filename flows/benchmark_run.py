@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Literal
 
 from prefect import flow, get_run_logger
 from prefect.exceptions import TerminationSignal
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
+from a2rl.grading.clock import ClockRecorder
 from a2rl.grading.service import grading_devices
 from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
 from a2rl.report import build_summary, latest_submissions, write_report
@@ -33,6 +35,7 @@ from tasks.run_steps import (
 
 DEFAULT_RESULTS = Path("results/a2rl.duckdb")
 DEFAULTS = RunConfig()
+ResumePolicy = Literal["continue", "interrupted"]
 INTERRUPTIONS = (KeyboardInterrupt, SystemExit, TerminationSignal)
 
 
@@ -47,12 +50,26 @@ def provision_workspace(ctx: RunContext) -> Path:
 
 @flow(name="agent-session")
 def agent_session(
-    ctx: RunContext, baseline: dict[str, float], base_model_dir: Path, grace_s: float = 30.0
+    ctx: RunContext,
+    baseline: dict[str, float],
+    base_model_dir: Path,
+    grace_s: float = 30.0,
+    on_resume: ResumePolicy = "continue",
 ) -> SessionOutcome:
-    """Start the grading service, run the agent under its budget, and drain the grading queue."""
+    """Start the grading service, run the agent under its budget, and drain the grading queue.
+
+    Resumable: a finished session is not run again; a session a crash interrupted either continues with
+    what remains of the agent's budget (`on_resume="continue"`) or is recorded as interrupted.
+    """
     logger = get_run_logger()
+    entries = ledger_of(ctx).entries()
+    if (done := last_event(entries, "session-end")) is not None:
+        logger.info("agent session already finished (%s); reusing its outcome", done.detail.get("ended_by"))
+        return SessionOutcome.model_validate(done.detail)
+    clock_file = ctx.paths.harness_dir / "clock.json"
+    used_s = ClockRecorder.used_seconds(clock_file)
     store = ResultsStore(ctx.results_path)
-    clock = BudgetClock(ctx.config.budget_s)
+    clock = BudgetClock(ctx.config.budget_s, already_used_s=used_s)
 
     def on_entry(entry: LedgerEntry) -> None:
         if entry.kind == "event":
@@ -73,18 +90,32 @@ def agent_session(
         on_entry=on_entry,
         on_evaluation=lambda entry, result: record_evaluation(store, ctx, entry, result),
     )
+    interrupted = last_event(entries, "session-start") is not None
+    if interrupted and on_resume == "interrupted":
+        service.close()
+        outcome = SessionOutcome(exit_code=None, ended_by="interrupted", agent_seconds=used_s, wall_seconds=0.0,
+                                 error="the session was interrupted by a crash and not resumed (policy)")
+        service.record_event("session-end", **outcome.model_dump(), grading_seconds=0.0)
+        return outcome
     agent = get_agent(ctx.config.agent)
     with GradingServer(service, request_log=ctx.paths.harness_dir / "requests.jsonl") as server:
-        service.record_event("session-start", url=server.url, budget_s=ctx.config.budget_s)
-        logger.info("grading service on %s; agent %s starts with %.0f s", server.url, agent.id, ctx.config.budget_s)
+        service.record_event("session-resumed" if interrupted else "session-start", url=server.url,
+                             budget_s=ctx.config.budget_s, already_used_s=used_s)
+        logger.info("grading service on %s; agent %s %s with %.0f s left", server.url, agent.id,
+                    "resumes" if interrupted else "starts", clock.remaining())
         env = AgentEnv(ctx.config.task, ctx.config.base_model, ctx.paths.workspace, server.url, server.token,
                        ctx.config.seed)
-        outcome = run_agent(agent, env, clock, ctx.paths.harness_dir / "agent.log", grace_s=grace_s)
-        service.close()
+        with ClockRecorder(clock, clock_file):
+            outcome = run_agent(agent, env, clock, ctx.paths.harness_dir / "agent.log", grace_s=grace_s)
+            service.close()
     outcome.agent_seconds = round(clock.elapsed(), 3)
     service.record_event("session-end", **outcome.model_dump(), grading_seconds=round(service.grading_seconds, 3))
     logger.info("agent %s after %.0f s (exit code %s)", outcome.ended_by, outcome.agent_seconds, outcome.exit_code)
     return outcome
+
+
+def last_event(entries: list[LedgerEntry], name: str) -> LedgerEntry | None:
+    return next((e for e in reversed(entries) if e.kind == "event" and e.detail.get("event") == name), None)
 
 
 @flow(name="final-grading")
@@ -101,7 +132,7 @@ def write_summary(
     """Summary from the ledger's raw scores → report.md / report.json and the final DuckDB row.
     Plain function: it must also work when the run is going down and Prefect's API is gone."""
     entries = ledger_of(ctx).entries()
-    session_end = next((e for e in reversed(entries) if e.detail.get("event") == "session-end"), None)
+    session_end = last_event(entries, "session-end")
     detail = session_end.detail if session_end else {}
     summary = build_summary(
         ctx, entries, status, phase_seconds,
@@ -165,6 +196,7 @@ def benchmark_run(
     test_limit: int | None = DEFAULTS.test_limit,
     max_submissions: int = DEFAULTS.max_submissions,
     grace_s: float = 30.0,
+    on_resume: ResumePolicy = "continue",
 ) -> RunSummary:
     """One benchmark run: (task, variant, agent, mode, base model, seed, budget) → scores, report, DuckDB rows."""
     config = RunConfig(
@@ -185,7 +217,7 @@ def benchmark_run(
         baseline = evaluate_baseline(ctx, base_model_dir)
         phases["baseline"] = time.perf_counter() - t
         t = time.perf_counter()
-        agent_session(ctx, baseline, base_model_dir, grace_s=grace_s)
+        agent_session(ctx, baseline, base_model_dir, grace_s=grace_s, on_resume=on_resume)
         phases["agent_session"] = time.perf_counter() - t
         t = time.perf_counter()
         final_grading(ctx, base_model_dir)

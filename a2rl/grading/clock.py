@@ -1,9 +1,16 @@
-"""A pausable budget clock: the agent's time runs, except while its submissions are being graded."""
+"""A pausable budget clock: the agent's time runs, except while its submissions are being graded.
+
+`ClockRecorder` writes the clock to a file every few seconds, so a run resumed after a crash knows how
+much of the agent's budget was already spent.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
+from pathlib import Path
 
 
 class BudgetClock:
@@ -65,3 +72,38 @@ class BudgetClock:
     @property
     def expired(self) -> bool:
         return self.remaining() <= 0.0
+
+
+class ClockRecorder:
+    """Persists `clock.elapsed()` to a JSON file every `interval_s` while active (a context manager)."""
+
+    def __init__(self, clock: BudgetClock, path: Path, interval_s: float = 5.0):
+        self.clock, self.path, self.interval_s = clock, Path(path), interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="clock-recorder")
+
+    @staticmethod
+    def used_seconds(path: Path) -> float:
+        """Agent seconds recorded by an earlier (possibly crashed) session; 0 when none."""
+        try:
+            return float(json.loads(Path(path).read_text())["elapsed_s"])
+        except (OSError, ValueError, KeyError):
+            return 0.0
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"elapsed_s": round(self.clock.elapsed(), 3), "at": time.time()}))
+        os.replace(tmp, self.path)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.save()
+
+    def __enter__(self) -> ClockRecorder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.save()
