@@ -18,6 +18,8 @@ def _quiet_defaults() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("MPLBACKEND", "Agg")
+    # Training and grading share the CPU: busy-waiting OpenMP threads would slow both several-fold.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,6 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
     results = sub.add_parser("results", help="show the latest runs in a results file")
     results.add_argument("--results", default=DEFAULT_RESULTS)
     results.add_argument("--limit", type=int, default=10)
+
+    analyze = sub.add_parser(
+        "analyze",
+        help="figures, tables and an HTML report from a results file",
+        description="Analyse every completed run in a results file: mode×task heatmap, leaderboard with bootstrap "
+        "CIs, scaling curves, pass@k, noise floor, paired comparison, selection gap. Writes PNGs, CSVs, "
+        "summary.json and report.html (self-contained) under --out.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    analyze.add_argument("--results", default=DEFAULT_RESULTS, help="DuckDB results file")
+    analyze.add_argument("--out", default="results/analysis", help="output directory")
+    analyze.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples per confidence interval")
+    analyze.add_argument("--compare", nargs=2, metavar=("AGENT_A", "AGENT_B"), default=None,
+                         help="agents of the paired comparison (default: the two with the most runs)")
     return parser
 
 
@@ -135,10 +151,23 @@ def cmd_results(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from flows.analysis import run_analysis
+
+    if not Path(args.results).exists():
+        print(f"no results file at {args.results}; run `a2rl run` first", file=sys.stderr)
+        return 1
+    paths = run_analysis(Path(args.results), Path(args.out), n_boot=args.n_boot,
+                         compare=tuple(args.compare) if args.compare else None)
+    report = next(p for p in paths if p.name == "report.html")
+    print(f"{len(paths)} files under {args.out}; open {report}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     _quiet_defaults()
     args = build_parser().parse_args(argv)
-    handlers = {"run": cmd_run, "tasks": cmd_tasks, "results": cmd_results}
+    handlers = {"run": cmd_run, "tasks": cmd_tasks, "results": cmd_results, "analyze": cmd_analyze}
     try:
         return handlers[args.command](args)
     except KeyError as e:

@@ -137,6 +137,7 @@ def evaluate_in_subprocess(
     if spec.limit:
         cmd += ["--limit", str(spec.limit)]
     env = dict(os.environ)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # it shares the CPU with the agent's training
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
     try:

@@ -7,7 +7,6 @@ Prompts are rendered with the checkpoint's chat template, sorted by length (less
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,8 +17,6 @@ from pydantic import BaseModel
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-log = logging.getLogger(__name__)
 
 Conversation = list[dict[str, str]]
 
@@ -97,15 +94,18 @@ def generate(
         device: `cuda`/`cpu`/...; default CUDA when available. Ignored for an already loaded model.
         seed: Seeds torch before sampling, for repeatable sampled completions.
         num_threads: torch CPU threads for this call (restored afterwards); None keeps the current number.
-            On CPU cores shared with other busy processes, 1 can be several times faster than 2, because
-            OpenMP threads wait for each other at every op (measured: tiny model 0.06 s vs 0.39 s per call;
-            SmolLM2 batch 16 on a loaded 2-core machine 54 vs 12 tokens/s).
+            On cores shared with other busy processes, spinning OpenMP threads wait for each other at every
+            op: 1 thread, or OMP_WAIT_POLICY=PASSIVE set before torch starts, can be several times faster
+            than the default 2 (tiny model: 0.06 s vs 0.4-4 s per call; SmolLM2 batch 16 on the loaded
+            2-core machine: 54 tok/s with 1 thread, 28 with 2 + PASSIVE, 8 with 2).
     """
     import torch
 
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(f"batch_size and max_new_tokens must be >= 1 (got {batch_size}, {max_new_tokens})")
     stop = tuple(stop)
+    if "" in stop:
+        raise ValueError("an empty stop string would cut every completion to nothing")
     if not conversations:
         return GenerationOutput(completions=[], completion_tokens=[], generated_tokens=0, seconds=0.0)
     model, tokenizer = model_dir if isinstance(model_dir, tuple) else load_model(model_dir, device)

@@ -20,7 +20,8 @@ from a2rl.grading.clock import BudgetClock
 
 # Only these variables of the harness's environment reach an agent: no API keys, no tokens.
 PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
-                   "HF_DATASETS_OFFLINE", "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+                   "HF_DATASETS_OFFLINE", "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "OMP_WAIT_POLICY",
+                   "CUDA_VISIBLE_DEVICES")
 # Knobs the reference agents read (tests shrink them for tiny models).
 PASSTHROUGH_PREFIXES = ("A2RL_AGENT_", "A2RL_SFT_", "A2RL_GRPO_")
 # Variables a harness-side runner gets on top of the agent's environment (`Agent.launch_env`). The runner

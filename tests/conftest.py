@@ -19,6 +19,8 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["MPLBACKEND"] = "Agg"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
+# Several torch processes share 2 cores in tests: busy-waiting OpenMP threads slow them several-fold.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(scope="session")

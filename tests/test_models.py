@@ -147,14 +147,18 @@ def test_smollm2_gguf_converts_once_loads_and_generates(tmp_path: Path, monkeypa
         models.gguf_path(spec)
     except (FileNotFoundError, RuntimeError) as error:
         pytest.skip(str(error))
-    monkeypatch.setenv("A2RL_HOME", str(tmp_path))  # the ~540 MB checkpoint goes with tmp_path
+    monkeypatch.setenv("A2RL_HOME", str(tmp_path))  # the ~540 MB checkpoint is deleted at the end
+    try:
+        _check_smollm2_conversion(spec, tmp_path)
+    finally:
+        shutil.rmtree(tmp_path / "models", ignore_errors=True)
 
-    from transformers import AutoModelForCausalLM
 
+def _check_smollm2_conversion(spec: BaseModelSpec, home: Path) -> None:
     from a2rl.generation import generate, load_model
 
     path = resolve_base_model(models.DEFAULT_BASE_MODEL)
-    assert path == tmp_path / "models" / spec.key
+    assert path == home / "models" / spec.key
     provenance = json.loads((path / MARKER).read_text())
     assert provenance["hf_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert "Q4_1" in provenance["label"] and len(provenance["source_sha256"]) == 64
@@ -163,11 +167,8 @@ def test_smollm2_gguf_converts_once_loads_and_generates(tmp_path: Path, monkeypa
     assert resolve_base_model(models.DEFAULT_BASE_MODEL) == path
     assert time.perf_counter() - started < 0.5  # second call is a no-op
 
-    model = AutoModelForCausalLM.from_pretrained(path)
-    assert type(model).__name__ == "LlamaForCausalLM"
-    assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
-    del model
-    out = generate(
-        load_model(path, "cpu"), [[{"role": "user", "content": "What is 2 + 3?"}]], max_new_tokens=8
-    )
+    loaded = load_model(path, "cpu")  # AutoModelForCausalLM + AutoTokenizer on the plain checkpoint
+    assert type(loaded.model).__name__ == "LlamaForCausalLM"
+    assert 130e6 < sum(p.numel() for p in loaded.model.parameters()) < 140e6
+    out = generate(loaded, [[{"role": "user", "content": "What is 2 + 3?"}]], max_new_tokens=8)
     assert out.completions[0].strip() and 1 <= out.generated_tokens <= 8
