@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples per confidence interval")
     analyze.add_argument("--compare", nargs=2, metavar=("AGENT_A", "AGENT_B"), default=None,
                          help="agents of the paired comparison (default: the two with the most runs)")
+    add_ops_parsers(sub, d)
     return parser
 
 
@@ -87,7 +88,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from agents import get_agent
     from benchmarks import get_task
 
-    get_task(args.task), get_agent(args.agent)  # unknown ids fail here, before anything starts
+    get_agent(args.agent)  # unknown ids and missing prerequisites (a judge) fail here, before anything starts
+    get_task(args.task).preflight()
     from flows.benchmark_run import benchmark_run
 
     start = time.perf_counter()
@@ -121,16 +123,15 @@ def render_summary(s, results: str, wall_s: float) -> str:
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
-    from benchmarks import get_task, list_tasks
+    from benchmarks import list_tasks
 
     if args.action == "show":
+        from benchmarks.describe import describe_task
+
         if not args.task_id:
             print("usage: a2rl tasks show TASK_ID", file=sys.stderr)
             return 2
-        t = get_task(args.task_id)
-        print(f"{t.id} ({t.level}): {t.title}\nmetric: {t.metric}\nevaluator: {t.evaluator_id()}")
-        for variant, label in t.variant_labels.items():
-            print(f"variant {variant}: {label}")
+        print(describe_task(args.task_id))
         return 0
     for t in list_tasks():
         print(f"{t.id:14} {t.level}  {t.title}  [{', '.join(t.variant_labels)}]")
@@ -164,10 +165,211 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- operations: server, deploy, sweep, status ---------------------------------------------------------
+
+
+def add_ops_parsers(sub, d) -> None:
+    """`a2rl server`, `a2rl deploy`, `a2rl sweep`, `a2rl status`."""
+    from a2rl import ops
+
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    server = sub.add_parser(
+        "server", help="start/stop/inspect a local Prefect server and a process worker",
+        description="A Prefect server on 127.0.0.1 (SQLite under PREFECT_HOME, analytics off) and a process worker "
+        f"on the work pool {ops.DEFAULT_POOL!r} (created if missing), as background processes with state files "
+        "under PREFECT_HOME. Point other shells at it with PREFECT_API_URL (printed by `start`).",
+        formatter_class=fmt,
+    )  # fmt: skip
+    server.add_argument("action", choices=["start", "stop", "status"])
+    server.add_argument("--host", default=ops.DEFAULT_HOST, help="interface to listen on (keep it local)")
+    server.add_argument("--port", type=int, default=ops.DEFAULT_PORT)
+    server.add_argument("--pool", default=ops.DEFAULT_POOL, help="process work pool of the worker")
+    server.add_argument("--no-worker", action="store_true", help="start the server only")
+    server.add_argument("--worker-limit", type=int, default=None, help="most flow runs the worker runs at once")
+
+    deploy = sub.add_parser(
+        "deploy", help="register the deployments of prefect.yaml on the server",
+        description="`prefect --no-prompt deploy --all` from the repository root (or only --name ones), after "
+        "creating the work pool. Needs a server: `a2rl server start`, or PREFECT_API_URL.",
+        formatter_class=fmt,
+    )  # fmt: skip
+    deploy.add_argument("--name", action="append", default=None, help="deploy only this one (repeatable)")
+    deploy.add_argument("--pool", default=ops.DEFAULT_POOL)
+
+    sweep = sub.add_parser(
+        "sweep", help="run a matrix of benchmark runs (tasks × agents × drivers × modes × seeds)",
+        description="Expand the matrix, skip configurations already completed in the results store (unless "
+        "--force), and run the rest: here, one after another (default), or with --deployment as separate flow "
+        "runs of the `benchmark-run` deployment on the server's workers, GPU sessions limited by --gpu-slots.",
+        formatter_class=fmt,
+    )  # fmt: skip
+    sweep.add_argument("--tasks", nargs="+", default=[d.task])
+    sweep.add_argument("--agents", nargs="+", default=[d.agent])
+    sweep.add_argument("--drivers", nargs="+", default=[d.driver], help="driver LLMs (`none` for scripted agents)")
+    sweep.add_argument("--modes", nargs="+", default=[d.mode], choices=["free", "sft-only", "rl-only"])
+    sweep.add_argument("--seeds", nargs="+", type=int, default=[0])
+    sweep.add_argument("--budget", type=float, default=d.budget_s, help="agent budget per run, seconds")
+    sweep.add_argument("--results", default=DEFAULT_RESULTS)
+    sweep.add_argument("--runs-dir", default=None)
+    sweep.add_argument("--variant", default=d.variant, choices=["offline", "full"])
+    sweep.add_argument("--base-model", default=d.base_model)
+    sweep.add_argument("--protocol", default=d.protocol, choices=["heldout", "paper"])
+    sweep.add_argument("--val-limit", type=int, default=d.val_limit, help="0 = all")
+    sweep.add_argument("--test-limit", type=int, default=d.test_limit, help="0 = all")
+    sweep.add_argument("--max-submissions", type=int, default=d.max_submissions)
+    sweep.add_argument("--force", action="store_true", help="also run configurations already completed")
+    sweep.add_argument("--deployment", action="store_true",
+                       help="fan out through the server (each run its own flow run, retryable in the UI)")
+    sweep.add_argument("--gpu-slots", type=int, default=1, help="agent sessions at once (with --deployment)")
+    sweep.add_argument("--no-wait", action="store_true", help="with --deployment: start the runs and return")
+    sweep.add_argument("--dry-run", action="store_true", help="show what would run and what is skipped")
+
+    status = sub.add_parser("status", help="server, recent flow runs and the latest runs in the results store")
+    status.add_argument("--results", default=DEFAULT_RESULTS)
+    status.add_argument("--limit", type=int, default=8)
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    from a2rl import ops
+
+    if args.action == "stop":
+        worker, server = ops.stop_worker(), ops.stop_server()
+        print(f"worker {'stopped' if worker else 'was not running'}; server {'stopped' if server else 'was not running'}")
+        return 0
+    if args.action == "status":
+        return _print_server_status()
+    print(f"starting a Prefect server on {args.host}:{args.port} (PREFECT_HOME={ops.prefect_home()}) ...", flush=True)
+    server = ops.start_server(args.host, args.port)
+    print(f"server up: {server.url} (pid {server.pid}, log {server.log})")
+    if not args.no_worker:
+        worker = ops.start_worker(server.url, pool=args.pool, limit=args.worker_limit)
+        print(f"worker polling pool {args.pool!r} (pid {worker.pid}, log {worker.log})")
+    print(f"UI: {server.url.removesuffix('/api')}\nin other shells: export PREFECT_API_URL={server.url}")
+    return 0
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from a2rl import ops
+
+    url = _require_api_url()
+    print(f"deploying {', '.join(args.name) if args.name else 'all deployments of prefect.yaml'} to {url} ...",
+          flush=True)  # fmt: skip
+    out = ops.deploy(url, names=args.name, pool=args.pool)
+    created = [line.strip(" │") for line in out.splitlines() if "successfully created" in line or "Deployment '" in line]
+    print("\n".join(created) or out)
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from a2rl import ops
+
+    url = _require_api_url() if args.deployment else ops.resolve_api_url()
+    if url:
+        os.environ["PREFECT_API_URL"] = url
+    from flows.sweep import completed_hashes, expand_matrix, plan_sweep, sweep
+
+    common = dict(budget_s=args.budget, variant=args.variant, base_model=args.base_model, protocol=args.protocol,
+                  val_limit=args.val_limit or None, test_limit=args.test_limit or None,
+                  max_submissions=args.max_submissions)  # fmt: skip
+    if args.dry_run:
+        configs = expand_matrix(args.tasks, args.agents, args.drivers, args.modes, args.seeds, **common)
+        items = plan_sweep(configs, completed_hashes(Path(args.results)), args.force, args.results, args.runs_dir,
+                           30.0)  # fmt: skip
+        for item in items:
+            print(f"{'skip' if item.status == 'skipped' else 'run ':4}  {item.config.config_hash()}  {item.label}")
+        print(f"{sum(i.status == 'planned' for i in items)} to run, {sum(i.status == 'skipped' for i in items)} skipped")
+        return 0
+    where = f"through {url}" if args.deployment else f"here, one run after another ({url or 'ephemeral Prefect'})"
+    print(f"sweep {where}; progress below (one line per run and state change)", flush=True)
+    items = sweep(
+        tasks=args.tasks, agents=args.agents, drivers=args.drivers, modes=args.modes, seeds=args.seeds,
+        results=Path(args.results), runs_dir=Path(args.runs_dir) if args.runs_dir else None,
+        local=not args.deployment, force=args.force, gpu_slots=args.gpu_slots, wait=not args.no_wait, **common,
+    )  # fmt: skip
+    _print_sweep(items)
+    return 0 if all(i.status in ("completed", "skipped", "launched") for i in items) else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    rc = _print_server_status()
+    from a2rl import ops
+
+    if url := ops.resolve_api_url():
+        try:
+            runs = ops.recent_flow_runs(url, args.limit)
+        except Exception as e:  # the server may be starting or gone; the store below is still worth showing
+            print(f"cannot list flow runs: {e}")
+        else:
+            _print_table(f"recent flow runs on {url}", ["flow run", "state", "expected start", "run time", "id"],
+                         [[r["name"], r["state_name"] or "-", (r["expected_start_time"] or "")[:19],
+                           f"{r['total_run_time']:.0f} s", r["id"]] for r in runs])  # fmt: skip
+    if Path(args.results).exists():
+        from a2rl.store import ResultsStore
+
+        df = ResultsStore(Path(args.results)).query(
+            "SELECT run_id, status, task, agent, mode, seed, round(delta_test, 2) AS delta_test, "
+            "strftime(started_at, '%Y-%m-%d %H:%M') AS started FROM runs ORDER BY started_at DESC LIMIT ?",
+            [args.limit],
+        )
+        _print_table(f"latest runs in {args.results}", list(df.columns),
+                     [["-" if v is None or v != v else str(v) for v in row] for row in df.itertuples(index=False)])
+    else:
+        print(f"no results store at {args.results}")
+    return rc
+
+
+def _print_server_status() -> int:
+    from a2rl import ops
+
+    url = ops.resolve_api_url()
+    for name, state in (("server", ops.SERVER_STATE), ("worker", ops.WORKER_STATE)):
+        proc = ops.read_state(state)
+        if proc:
+            print(f"{name}: pid {proc.pid} {'running' if proc.alive() else 'NOT running'} (log {proc.log})")
+    if not url:
+        print("server: none (start one with `a2rl server start`, or set PREFECT_API_URL)")
+        return 1
+    up = ops.server_healthy(url)
+    print(f"server {url}: {'up' if up else 'DOWN'}")
+    return 0 if up else 1
+
+
+def _print_sweep(items) -> None:
+    _print_table("sweep", ["run", "config_hash", "status", "state", "detail"],
+                 [[i.label, i.config.config_hash(), i.status, i.state or "-", i.detail or ""] for i in items])
+
+
+def _print_table(title: str, columns: list[str], rows: list[list]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for c in columns:
+        table.add_column(c)
+    for row in rows:
+        table.add_row(*[str(v) for v in row])
+    Console().print(table)
+
+
+def _require_api_url() -> str:
+    from a2rl import ops
+
+    url = ops.resolve_api_url()
+    if not url:
+        raise SystemExit("a2rl: no Prefect server; start one with `a2rl server start` or set PREFECT_API_URL")
+    if not ops.server_healthy(url):
+        raise SystemExit(f"a2rl: the Prefect server at {url} does not answer (`a2rl server status`)")
+    return url
+
+
+OPS_HANDLERS = {"server": cmd_server, "deploy": cmd_deploy, "sweep": cmd_sweep, "status": cmd_status}
+
+
 def main(argv: list[str] | None = None) -> int:
     _quiet_defaults()
     args = build_parser().parse_args(argv)
-    handlers = {"run": cmd_run, "tasks": cmd_tasks, "results": cmd_results, "analyze": cmd_analyze}
+    handlers = {"run": cmd_run, "tasks": cmd_tasks, "results": cmd_results, "analyze": cmd_analyze,
+                **OPS_HANDLERS}
     try:
         return handlers[args.command](args)
     except KeyError as e:

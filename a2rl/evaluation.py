@@ -66,12 +66,13 @@ def evaluate(model_dir: Path, spec: EvalSpec) -> EvalResult:
         stop=d.stop,
         batch_size=spec.batch_size,
     )
-    results = [task.score_item(item, completion) for item, completion in zip(items, out.completions)]
+    results = task.score_items(items, out.completions)
     n_correct = sum(r.correct for r in results)
     return EvalResult(
         task=spec.task,
         split=spec.split,
         score=task.aggregate(results),
+        detail=task.summarize(results),
         n=len(results),
         n_correct=n_correct,
         evaluator_id=task.evaluator_id(),

@@ -89,6 +89,8 @@ class EvalResult(BaseModel):
     generated_tokens: int = 0
     duration_s: float = 0.0
     cached: bool = False
+    detail: dict = Field(default_factory=dict)
+    """Task-specific split-level figures (e.g. raw and length-controlled win rates)."""
     items: list[ItemResult] = Field(default_factory=list)
 
 

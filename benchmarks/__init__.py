@@ -7,9 +7,11 @@ from benchmarks.base import BenchmarkTask, Decoding, PreparedData, TaskData
 
 def _registry() -> dict[str, BenchmarkTask]:
     # Imported lazily so that `import benchmarks` stays cheap.
+    from benchmarks.alpacaeval import AlpacaEval
     from benchmarks.gsm8k import GSM8K
+    from benchmarks.humaneval import HumanEval
 
-    tasks = [GSM8K()]
+    tasks = [GSM8K(), HumanEval(), AlpacaEval()]
     return {t.id: t for t in tasks}
 
 

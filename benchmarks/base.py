@@ -79,6 +79,17 @@ class BenchmarkTask(abc.ABC):
     def score_item(self, item: Item, completion: str) -> ItemResult:
         """Grade one completion."""
 
+    def score_items(self, items: list[Item], completions: list[str]) -> list[ItemResult]:
+        """Grade a whole split; tasks whose grading is I/O-bound (an LLM judge) override it to run in parallel."""
+        return [self.score_item(item, completion) for item, completion in zip(items, completions)]
+
+    def summarize(self, results: list[ItemResult]) -> dict:
+        """Extra split-level figures kept beside the score (e.g. a judge task's raw win rate)."""
+        return {}
+
+    def preflight(self) -> None:
+        """Fail fast, before a run starts, when something the evaluator needs is missing (e.g. a judge)."""
+
     def aggregate(self, results: list[ItemResult]) -> float:
         """The task's metric on a 0-100 scale; the default is accuracy. Judge tasks override it."""
         return 100.0 * sum(r.correct for r in results) / max(1, len(results))

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from a2rl.records import ItemResult
+from benchmarks.contamination import check_contamination
 from benchmarks.base import BenchmarkTask, Decoding, Item, Messages, TaskData
 from benchmarks.gsm8k.answers import extract_answer, reference_target
 
@@ -144,6 +145,11 @@ def read_offline_manifest(path: Path = OFFLINE_MANIFEST) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+# Pairs (hidden item, agent-visible item) that share long n-grams and were reviewed: test 558 asks the locker
+# problem forwards, train 418 asks it backwards; different questions and answers, kept in the committed split.
+REVIEWED_OVERLAPS = {("gsm8k-test-0558", "gsm8k-test-0418")}
+
+
 def load_offline(manifest_path: Path = OFFLINE_MANIFEST) -> TaskData:
     """The offline split, checked against the committed manifest so that it can never drift silently."""
     committed = read_offline_manifest(manifest_path)
@@ -253,9 +259,9 @@ class GSM8K(BenchmarkTask):
 
     def load(self, variant: str) -> TaskData:
         if variant == "offline":
-            return load_offline()
+            return check_contamination(load_offline(), "gsm8k", allow=REVIEWED_OVERLAPS)
         if variant == "full":
-            return load_full()
+            return check_contamination(load_full(), "gsm8k")
         raise ValueError(f"unknown GSM8K variant {variant!r}; use 'offline' or 'full'")
 
     def exemplars(self, variant: str) -> list[Item]:

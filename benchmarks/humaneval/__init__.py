@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.humaneval.execution import ExecutionResult, SandboxLimits, isolation, run_program
+from benchmarks.humaneval.execution import ExecutionResult, SandboxBroken, SandboxLimits, isolation, run_program
 from benchmarks.humaneval.programs import build_program, extract_code
 from benchmarks.humaneval.task import HumanEval, HumanEvalDataError, write_split_manifest
 
@@ -10,6 +10,7 @@ __all__ = [
     "ExecutionResult",
     "HumanEval",
     "HumanEvalDataError",
+    "SandboxBroken",
     "SandboxLimits",
     "build_program",
     "extract_code",

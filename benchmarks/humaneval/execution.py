@@ -17,7 +17,9 @@ container, to get the full set.
 
 A sample passes only when a random marker written after `check(entry_point)` returned reaches stdout,
 so `sys.exit(0)` / `os._exit(0)` before the tests run is a failure, not a pass. A program that
-introspects the interpreter to find that marker is outside what this guards against.
+introspects the interpreter to find that marker is outside what this guards against. Before the first
+program, a known-good one is run: if it does not pass (the interpreter cannot start as `nobody`, Landlock
+hides its standard library, ...), `SandboxBroken` is raised instead of scoring every sample 0.
 """
 
 from __future__ import annotations
@@ -126,6 +128,10 @@ class ExecutionResult(NamedTuple):
     """The end of stdout + stderr, for the report."""
 
 
+class SandboxBroken(RuntimeError):
+    """The sandbox cannot run even a trivial passing program here; scores would all be 0, so none are given."""
+
+
 class Isolation(NamedTuple):
     namespaces: bool
     """Network + PID namespaces via `unshare` (root only)."""
@@ -147,7 +153,9 @@ def isolation() -> Isolation:
     unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
     namespaces = False
     if root and unshare:
-        probe = subprocess.run([unshare, "--net", "--pid", "--fork", "--kill-child", "true"], capture_output=True)
+        probe = subprocess.run(
+            [unshare, "--net", "--pid", "--fork", "--kill-child", "true"], capture_output=True, check=False
+        )
         namespaces = probe.returncode == 0
     return Isolation(namespaces, namespaces and setpriv is not None, _landlock_abi() >= 1)
 
@@ -207,7 +215,33 @@ def _command(work: Path, limits: SandboxLimits, iso: Isolation) -> list[str]:
 
 
 def run_program(source: str, limits: SandboxLimits = SandboxLimits()) -> ExecutionResult:
-    """Run `source` (a complete program ending in `check(...)`) and say whether it passed."""
+    """Run `source` (a complete program ending in `check(...)`) and say whether it passed.
+
+    Raises:
+        SandboxBroken: on first use, if a trivial passing program does not pass here (for example the
+            interpreter cannot be executed as `nobody`, or Landlock hides its standard library).
+    """
+    check_sandbox()
+    return _run_in_sandbox(source, limits)
+
+
+@functools.cache
+def check_sandbox() -> None:
+    """Run a known-good program once per process; a broken sandbox is an evaluator error, not a 0 score."""
+    program = (
+        "import collections, hashlib, math, re, typing\n\n"
+        "def check(candidate):\n    assert candidate(2) == 4\n\n"
+        "check(lambda x: x * x)\n"
+    )
+    result = _run_in_sandbox(program, SandboxLimits(timeout_s=30.0))
+    if result.status != "passed":
+        raise SandboxBroken(
+            f"the code-execution sandbox ({isolation().describe()}) fails a trivial passing program: "
+            f"{result.status}, {result.reason}\n{result.output_tail[-800:]}"
+        )
+
+
+def _run_in_sandbox(source: str, limits: SandboxLimits) -> ExecutionResult:
     iso = isolation()
     work = Path(tempfile.mkdtemp(prefix="a2rl-exec-"))
     try:

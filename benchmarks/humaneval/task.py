@@ -226,6 +226,11 @@ class HumanEval(BenchmarkTask):
     def build_prompt(self, item: Item) -> Messages:
         return [{"role": "user", "content": INSTRUCTION + item["prompt"]}]
 
+    def describe_extra(self) -> list[str]:
+        limits = self.limits
+        sandbox = f"{limits.timeout_s:g} s, {limits.memory_mb} MiB, {limits.max_processes} processes per program"
+        return [f"sandbox: {sandbox}; isolation here: {isolation().describe()}"]
+
     def score_item(self, item: Item, completion: str) -> ItemResult:
         code = extract_code(completion, item["entry_point"])
         program = build_program(item["prompt"], code, item["test"], item["entry_point"])

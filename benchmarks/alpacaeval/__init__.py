@@ -1,0 +1,32 @@
+"""AlpacaEval (L2): instruction following scored by a pairwise LLM judge as a length-controlled win rate."""
+
+from __future__ import annotations
+
+from benchmarks.alpacaeval.data import AlpacaEvalDataError
+from benchmarks.alpacaeval.judge import (
+    DEFAULT_JUDGE_MODEL,
+    JUDGE_PROMPT_VERSION,
+    JudgeCache,
+    JudgeConfig,
+    JudgeError,
+    JudgeNotConfigured,
+    PairwiseJudge,
+    parse_verdict,
+)
+from benchmarks.alpacaeval.length_control import WinRates, win_rates
+from benchmarks.alpacaeval.task import AlpacaEval
+
+__all__ = [
+    "DEFAULT_JUDGE_MODEL",
+    "JUDGE_PROMPT_VERSION",
+    "AlpacaEval",
+    "AlpacaEvalDataError",
+    "JudgeCache",
+    "JudgeConfig",
+    "JudgeError",
+    "JudgeNotConfigured",
+    "PairwiseJudge",
+    "WinRates",
+    "parse_verdict",
+    "win_rates",
+]
