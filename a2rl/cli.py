@@ -54,7 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="base model: a registry key, a local HF checkpoint dir, or an HF id (needs internet)")
     run.add_argument("--protocol", default="heldout", choices=["heldout", "paper"],
                      help="heldout: validation feedback, one hidden-test evaluation; paper: test feedback")
-    run.add_argument("--mode", default="free", choices=["free", "sft-only", "rl-only"], help="training mode")
+    run.add_argument("--mode", default=d.mode, choices=["free", "sft-only", "rl-only"],
+                     help="training mode, checked on the agent's code at every submission")
+    run.add_argument("--driver", default=d.driver,
+                     help="driver LLM of an LLM agent: a saved DriverConfig block, or a model id used with "
+                          "ANTHROPIC_API_KEY (and ANTHROPIC_BASE_URL for a compatible endpoint)")
     run.add_argument("--val-limit", type=int, default=d.val_limit, help="evaluate the first N validation items (0 = all)")
     run.add_argument("--test-limit", type=int, default=d.test_limit, help="evaluate the first N hidden-test items (0 = all)")
     run.add_argument("--max-submissions", type=int, default=d.max_submissions, help="submission cap")
@@ -85,10 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from agents import get_agent
+    from agents import uses_llm
     from benchmarks import get_task
 
-    get_agent(args.agent)  # unknown ids and missing prerequisites (a judge) fail here, before anything starts
+    # Unknown ids and missing prerequisites (a judge, a driver) fail here, before anything starts.
+    if uses_llm(args.agent) and args.driver == "none":
+        print(f"a2rl: agent {args.agent!r} needs a driver LLM: pass --driver (see --help)", file=sys.stderr)
+        return 2
     get_task(args.task).preflight()
     from flows.benchmark_run import benchmark_run
 
@@ -96,7 +103,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     summary = benchmark_run(
         task=args.task, agent=args.agent, budget_s=args.budget, seed=args.seed, results=Path(args.results),
         runs_dir=Path(args.runs_dir) if args.runs_dir else None, variant=args.variant, base_model=args.base_model,
-        protocol=args.protocol, mode=args.mode, val_limit=args.val_limit or None, test_limit=args.test_limit or None,
+        protocol=args.protocol, mode=args.mode, driver=args.driver, val_limit=args.val_limit or None, test_limit=args.test_limit or None,
         max_submissions=args.max_submissions,
     )  # fmt: skip
     print(render_summary(summary, args.results, time.perf_counter() - start))
@@ -234,7 +241,8 @@ def cmd_server(args: argparse.Namespace) -> int:
 
     if args.action == "stop":
         worker, server = ops.stop_worker(), ops.stop_server()
-        print(f"worker {'stopped' if worker else 'was not running'}; server {'stopped' if server else 'was not running'}")
+        said = {True: "stopped", False: "was not running"}
+        print(f"worker {said[worker]}; server {said[server]}")
         return 0
     if args.action == "status":
         return _print_server_status()
@@ -255,7 +263,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     print(f"deploying {', '.join(args.name) if args.name else 'all deployments of prefect.yaml'} to {url} ...",
           flush=True)  # fmt: skip
     out = ops.deploy(url, names=args.name, pool=args.pool)
-    created = [line.strip(" │") for line in out.splitlines() if "successfully created" in line or "Deployment '" in line]
+    # The CLI draws boxes around its messages; keep only the deployment lines.
+    created = [line.strip(" │") for line in out.splitlines() if "Deployment '" in line]
     print("\n".join(created) or out)
     return 0
 
@@ -277,17 +286,23 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                            30.0)  # fmt: skip
         for item in items:
             print(f"{'skip' if item.status == 'skipped' else 'run ':4}  {item.config.config_hash()}  {item.label}")
-        print(f"{sum(i.status == 'planned' for i in items)} to run, {sum(i.status == 'skipped' for i in items)} skipped")
+        n_skipped = sum(i.status == "skipped" for i in items)
+        print(f"{len(items) - n_skipped} to run, {n_skipped} skipped")
         return 0
     where = f"through {url}" if args.deployment else f"here, one run after another ({url or 'ephemeral Prefect'})"
     print(f"sweep {where}; progress below (one line per run and state change)", flush=True)
-    items = sweep(
+    state = sweep(
         tasks=args.tasks, agents=args.agents, drivers=args.drivers, modes=args.modes, seeds=args.seeds,
-        results=Path(args.results), runs_dir=Path(args.runs_dir) if args.runs_dir else None,
-        local=not args.deployment, force=args.force, gpu_slots=args.gpu_slots, wait=not args.no_wait, **common,
+        # Absolute paths: with --deployment the runs start in the deployment's directory, not this one.
+        results=Path(args.results).resolve(), runs_dir=Path(args.runs_dir).resolve() if args.runs_dir else None,
+        local=not args.deployment, force=args.force, gpu_slots=args.gpu_slots, wait=not args.no_wait,
+        return_state=True, **common,
     )  # fmt: skip
-    _print_sweep(items)
-    return 0 if all(i.status in ("completed", "skipped", "launched") for i in items) else 1
+    if not state.is_completed():
+        print(f"a2rl: sweep {state.name.lower()}: {state.message}", file=sys.stderr)
+        return 1
+    _print_sweep(state.result())
+    return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -348,7 +363,7 @@ def _print_table(title: str, columns: list[str], rows: list[list]) -> None:
         table.add_column(c)
     for row in rows:
         table.add_row(*[str(v) for v in row])
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 200).print(table)  # a log file gets whole lines
 
 
 def _require_api_url() -> str:

@@ -9,12 +9,12 @@ Failure class (first rule that matches wins; operational, not semantic, like the
 | # | class | rule |
 |---|---|---|
 | 1 | `none` | the run improved: Δ test > 0 (or, with no final test score, best feedback score > baseline) |
-| 2 | `infrastructure failure` | the agent could not be launched; or no baseline was recorded; or the run failed with a harness error before the session ended; or every submission failed with a grader-side error (`INFRA_ERROR_MARKERS`) |
+| 2 | `infrastructure failure` | the agent could not be launched; or no baseline was recorded; or the session was interrupted by a harness crash; or the run failed or was interrupted before the agent session ended; or every submission failed with a grader-side error (`INFRA_ERROR_MARKERS`) |
 | 3 | `static shortcut` | every scored submission has the base model's weights (route `copy`) |
 | 4 | `early coding failure` | no submission was scored: the agent never closed one train → submit → score cycle |
 | 5 | `static shortcut` | heldout: the validation score improved but the hidden test score did not (no transfer) |
 | 6 | `training collapse` | the best scored submission is below baseline by more than max(1 point, 10% of baseline) |
-| 7 | `rollout construction failure` | an RL route (GRPO, PPO, SFT+RL) was submitted, and every RL submission errored or scored exactly the baseline (the policy never moved) |
+| 7 | `rollout construction failure` | an RL route (GRPO, PPO, RLOO, RL, SFT+RL) was submitted, and every RL submission errored or scored exactly the baseline (the policy never moved) |
 | 8 | `reward/data design failure` | otherwise: models trained and scored, near the baseline, without improving |
 
 Infrastructure failure is kept apart from the agent's failures: it says the harness, not the agent, failed.
@@ -45,7 +45,7 @@ FailureClass = Literal[
     "rollout construction failure",
     "reward/data design failure",
 ]
-RL_ROUTES = frozenset({"GRPO", "PPO", "SFT+RL"})
+RL_ROUTES = frozenset({"GRPO", "PPO", "RLOO", "RL", "SFT+RL"})  # as a2rl.routes.RL_LABELS
 # Error texts of failed evaluations that point at the grader or the machine, not at the agent's checkpoint.
 INFRA_ERROR_MARKERS = ("grader crash", "cuda out of memory", "no space left on device", "cuda error",
                        "nccl", "evaluator error", "connection refused")  # fmt: skip
@@ -252,16 +252,21 @@ def explain_failure(
         return FailureVerdict("none", f"improved: {what}")
     errors = [str(x).lower() for x in session_detail.get("submission_errors", [])]
     if session_detail.get("ended_by") == "launch-error":
-        return FailureVerdict("infrastructure failure", f"the agent could not be launched: {session_detail.get('error')}")
+        why = f"the agent could not be launched: {session_detail.get('error')}"
+        return FailureVerdict("infrastructure failure", why)
     if base is None:
         return FailureVerdict("infrastructure failure", "no baseline score was recorded")
-    if session_detail.get("run_status") == "failed" and not session_detail.get("ended_by"):
-        return FailureVerdict("infrastructure failure", f"the harness failed: {session_detail.get('run_error')}")
+    if session_detail.get("ended_by") == "interrupted":
+        why = f"the session was interrupted by a harness crash: {session_detail.get('error')}"
+        return FailureVerdict("infrastructure failure", why)
+    if session_detail.get("run_status") in ("failed", "interrupted") and not session_detail.get("ended_by"):
+        why = f"the run {session_detail['run_status']} before the agent session ended"
+        return FailureVerdict("infrastructure failure", f"{why}: {session_detail.get('run_error')}")
     if n_scored == 0 and errors and all(any(k in x for k in INFRA_ERROR_MARKERS) for x in errors):
         return FailureVerdict("infrastructure failure", "every submission failed with a grader-side error")
     scored_ids = m.get("scored_submission_ids") or []
     if scored_ids and all(routes.get(sid) == "copy" for sid in scored_ids):
-        return FailureVerdict("static shortcut", "every scored submission is the base model (weights or code route `copy`)")
+        return FailureVerdict("static shortcut", "every scored submission is the base model (weights or route `copy`)")
     if n_scored == 0:
         why = "no submission" if n == 0 else f"{n} submission(s), none scored"
         return FailureVerdict("early coding failure", f"{why}: no train → submit → score cycle completed")
@@ -416,11 +421,12 @@ def summarize_process(
         run_status, run_error: the run's final status and harness error (for the infrastructure rule).
         narrative: False never asks an LLM (re-ingesting must be deterministic).
     """
-    from a2rl.recording import read_resources, summarize_resources
+    from a2rl.recording import read_llm_calls, read_resources, summarize_llm_calls, summarize_resources
 
     harness_dir = Path(harness_dir)
     metrics = process_metrics(entries, config, session_detail)
     metrics |= summarize_resources(read_resources(harness_dir / "resources.jsonl"))
+    metrics |= summarize_llm_calls(read_llm_calls(harness_dir / "llm_calls.jsonl"))
     labels = label_routes(entries, snapshots)
     metrics["route_counts"] = {r: list(labels.routes.values()).count(r) for r in sorted(set(labels.routes.values()))}
     context = dict(session_detail) | {
@@ -439,6 +445,7 @@ def summarize_process(
     if text:
         report.narrative, report.narrative_model = text, os.environ.get("A2RL_NARRATIVE_MODEL")
     if write_files:
+        harness_dir.mkdir(parents=True, exist_ok=True)
         (harness_dir / "process.json").write_text(report.model_dump_json(indent=2))
         score_trajectory_png(entries, harness_dir / "score_trajectory.png")
         if report.narrative:
@@ -463,7 +470,8 @@ def render_process_markdown(report: ProcessReport) -> str:
         ("failure class", f"**{report.failure_class}** — {report.failure_reason}"),
         ("valid submission rate (scored / submitted)", f("valid_submission_rate")),
         ("first valid submission (agent s)", f"#{f('first_valid_idx')} at {f('first_valid_delay', 0)}"),
-        ("time to first improvement / to best (agent s)", f"{f('time_to_first_improvement', 0)} / {f('time_to_best', 0)}"),
+        ("time to first improvement / to best (agent s)",
+         f"{f('time_to_first_improvement', 0)} / {f('time_to_best', 0)}"),
         ("monotonic ratio", f("monotonic_ratio")),
         ("base-model copies / duplicate submissions", f"{f('copy_model_count')} / {f('duplicate_submission_count')}"),
         ("cached evaluations", f("n_cached")),
@@ -471,7 +479,8 @@ def render_process_markdown(report: ProcessReport) -> str:
         ("last-submit gap (agent s)", f("last_submit_gap", 0)),
         ("grading share of session time", f("grading_seconds_share")),
         ("selection gap (validation gain − test gain)", f("selection_gap")),
-        ("peak RSS of the agent (GB)", "n/a" if m.get("rss_peak_bytes") is None else f"{m['rss_peak_bytes'] / 1e9:.2f}"),
+        ("peak RSS of the agent (GB)",
+         "n/a" if m.get("rss_peak_bytes") is None else f"{m['rss_peak_bytes'] / 1e9:.2f}"),
     ]
     lines = ["## Process", "", "| metric | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
     if report.routes:
@@ -485,14 +494,15 @@ def render_process_markdown(report: ProcessReport) -> str:
 
 
 def store_process_report(store: Any, report: ProcessReport, harness_dir: Path | str) -> None:
-    """Write a run's process facts to the results store: metrics (+ failure class), route labels, LLM calls
-    and resource samples. Each write replaces the run's earlier rows, so calling it again is harmless."""
-    from a2rl.recording import llm_call_rows, read_llm_calls, read_resources, resource_rows
+    """Write a run's process facts to the results store: metrics (+ failure class), route labels, LLM and
+    tool calls, and resource samples. Each write replaces the run's earlier rows, so calling it again is harmless."""
+    from a2rl.recording import read_llm_calls, read_resources, read_tool_calls, resource_rows
 
     harness_dir = Path(harness_dir)
     store.record_metrics(report.run_id, report.metrics | {"failure_reason": report.failure_reason})
     store.record_routes(report.run_id, report.routes, report.code_shas)
-    store.replace_run_rows("llm_calls", report.run_id, llm_call_rows(read_llm_calls(harness_dir / "llm_calls.jsonl")))
+    store.replace_run_rows("llm_calls", report.run_id, read_llm_calls(harness_dir / "llm_calls.jsonl"))
+    store.replace_run_rows("tool_calls", report.run_id, read_tool_calls(harness_dir / "tool_calls.jsonl"))
     store.replace_run_rows("resources", report.run_id, resource_rows(read_resources(harness_dir / "resources.jsonl")))
 
 
@@ -509,7 +519,7 @@ def ingest_run_dir(store: Any, run_dir: Path | str) -> ProcessReport:
     import pandas as pd
 
     from a2rl.grading.ledger import read_ledger
-    from a2rl.recording import CodeSnapshots, llm_call_rows, read_llm_calls, read_resources, resource_rows
+    from a2rl.recording import CodeSnapshots, read_llm_calls, read_resources, read_tool_calls, resource_rows
 
     run_dir = Path(run_dir)
     harness = run_dir / "harness" if (run_dir / "harness").is_dir() else run_dir
@@ -517,11 +527,14 @@ def ingest_run_dir(store: Any, run_dir: Path | str) -> ProcessReport:
     run_id, config = manifest["run_id"], RunConfig.model_validate(manifest["config"])
     entries = read_ledger(harness / "ledger.jsonl")
     report_path = harness / "report.json"
-    summary = RunSummary.model_validate(json.loads(report_path.read_text())["summary"]) if report_path.exists() else None
+    summary = None
+    if report_path.exists():
+        summary = RunSummary.model_validate(json.loads(report_path.read_text())["summary"])
     end = next((e for e in reversed(entries) if e.detail.get("event") == "session-end"), None)
     detail = end.detail if end else {}
     status = summary.status if summary else ("completed" if any(e.kind == "final" for e in entries) else "interrupted")
-    snapshots = CodeSnapshots(harness, harness.parent / "workspace" / "code") if (harness / "code.git").exists() else None
+    has_code = (harness / "code.git").exists()
+    snapshots = CodeSnapshots(harness, harness.parent / "workspace" / "code") if has_code else None
     process = summarize_process(
         run_id, harness, entries, config, detail, snapshots=snapshots, summary=summary, run_status=status,
         run_error=summary.error if summary else None, narrative=False, write_files=False,
@@ -536,8 +549,10 @@ def ingest_run_dir(store: Any, run_dir: Path | str) -> ProcessReport:
             for e in entries if e.kind == "event"
         ]),  # fmt: skip
         "metrics": pd.DataFrame(_metric_rows(run_id, process)),
-        "llm_calls": pd.DataFrame([r | {"run_id": run_id} for r in llm_call_rows(read_llm_calls(harness / "llm_calls.jsonl"))]),
-        "resources": pd.DataFrame([r | {"run_id": run_id} for r in resource_rows(read_resources(harness / "resources.jsonl"))]),
+        "llm_calls": pd.DataFrame([r | {"run_id": run_id} for r in read_llm_calls(harness / "llm_calls.jsonl")]),
+        "tool_calls": pd.DataFrame([r | {"run_id": run_id} for r in read_tool_calls(harness / "tool_calls.jsonl")]),
+        "resources": pd.DataFrame([r | {"run_id": run_id}
+                                   for r in resource_rows(read_resources(harness / "resources.jsonl"))]),
     }
     store.replace_run(run_id, frames)
     return process

@@ -9,12 +9,13 @@ read nor rewrite its own record.
   only when the tree differs from the last commit. `harness/code_snapshots.jsonl` maps labels to commits.
 - `ResourceSampler` is a thread sampling CPU %, RSS and process count of the agent's process tree, the
   workspace's disk use and, where `pynvml` imports, GPU utilisation and memory, into `harness/resources.jsonl`.
-- `LLMCallRecorder` appends `LLMCallEvent`s to `harness/llm_calls.jsonl` (written by LLM-driven agents).
+- `read_llm_calls` / `read_tool_calls` turn the agents' `llm_calls.jsonl` / `tool_calls.jsonl` into store rows.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import stat
@@ -26,7 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -203,7 +204,8 @@ class CodeSnapshots:
         if files:
             payload = "\0".join(files).encode() + b"\0"
             proc = subprocess.run(
-                self._cmd("update-index", "--add", "-z", "--stdin", work_tree=True), input=payload, capture_output=True, env=env
+                self._cmd("update-index", "--add", "-z", "--stdin", work_tree=True),
+                input=payload, capture_output=True, env=env,
             )
             if proc.returncode != 0:
                 raise SnapshotError(f"git update-index: {proc.stderr.decode(errors='replace').strip()}")
@@ -326,6 +328,8 @@ class ResourceSampler:
         self._procs: dict[int, Any] = {}  # psutil.Process objects kept so cpu_percent() measures between samples
         self._seq = _count_lines(self.path)
         self._nvml: Any = None
+        self._start = time.monotonic()
+        self._last_disk = -float("inf")
 
     def __enter__(self) -> ResourceSampler:
         self.start()
@@ -338,7 +342,6 @@ class ResourceSampler:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._nvml = _nvml()
         self._start = time.monotonic()
-        self._last_disk = -float("inf")
         self._thread = threading.Thread(target=self._loop, name="resource-sampler", daemon=True)
         self._thread.start()
 
@@ -372,7 +375,7 @@ class ResourceSampler:
                 rss += p.memory_info().rss
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
-        elapsed = time.monotonic() - getattr(self, "_start", time.monotonic())
+        elapsed = time.monotonic() - self._start
         disk = None
         if self.workspace is not None and elapsed - self._last_disk >= self.disk_interval_s:
             disk, self._last_disk = _disk_usage(self.workspace), elapsed
@@ -485,66 +488,73 @@ def resource_rows(samples: list[ResourceSample]) -> list[dict[str, Any]]:
     ]
 
 
-# ---- LLM calls ---------------------------------------------------------------------------------------
+# ---- LLM and tool calls -------------------------------------------------------------------------------
+# Agents write `harness/llm_calls.jsonl` and `harness/tool_calls.jsonl` (records `LLMCallEvent` and
+# `ToolCallEvent` in agents/base.py). They are read here as plain JSON, so this module does not import agents.
 
 
-class LLMCallEvent(BaseModel):
-    """One call of an agent to its driver LLM (one line of `llm_calls.jsonl`)."""
-
-    seq: int = 0
-    at: datetime = Field(default_factory=utcnow)
-    agent_elapsed_s: float | None = None
-    model: str
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
-    cost_usd: float | None = None
-    latency_s: float | None = None
-    error: str | None = None
-
-
-class LLMCallRecorder:
-    """Appends LLM-call events to `harness_dir/llm_calls.jsonl`; `seq` is assigned here, in call order."""
-
-    def __init__(self, harness_dir: Path | str) -> None:
-        self.path = Path(harness_dir) / "llm_calls.jsonl"
-        self._lock = threading.Lock()  # agents may call their LLM from several threads
-        self._seq = _count_lines(self.path)
-
-    def record(self, event: LLMCallEvent) -> LLMCallEvent:
-        with self._lock:
-            event = event.model_copy(update={"seq": self._seq})
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a") as f:
-                f.write(event.model_dump_json() + "\n")
-            self._seq += 1
-            return event
-
-    def record_anthropic(self, message: Any, latency_s: float, agent_elapsed_s: float | None = None,
-                         cost_usd: float | None = None) -> LLMCallEvent:
-        """Record an `anthropic` SDK `Message` (its `usage` block gives the token counts)."""
-        usage = getattr(message, "usage", None)
-
-        def n(name: str) -> int:
-            return int(getattr(usage, name, 0) or 0)
-
-        return self.record(LLMCallEvent(
-            model=str(getattr(message, "model", "unknown")), input_tokens=n("input_tokens"),
-            output_tokens=n("output_tokens"), cache_read_tokens=n("cache_read_input_tokens"),
-            cache_write_tokens=n("cache_creation_input_tokens"), latency_s=round(latency_s, 3),
-            agent_elapsed_s=agent_elapsed_s, cost_usd=cost_usd,
-        ))  # fmt: skip
-
-
-def read_llm_calls(path: Path | str) -> list[LLMCallEvent]:
+def _jsonl(path: Path | str) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.exists():
         return []
-    return [LLMCallEvent.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:  # a torn last line of a crashed agent: skip it, keep the rest
+            continue
+    return [r for r in rows if isinstance(r, dict)]
 
 
-def llm_call_rows(events: list[LLMCallEvent]) -> list[dict[str, Any]]:
-    """Rows for the `llm_calls` table of the results store."""
-    return [e.model_dump(exclude={"at"}) | {"created_at": e.at} for e in events]
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
+
+def read_llm_calls(path: Path | str) -> list[dict[str, Any]]:
+    """Rows for the `llm_calls` table, one per line of `llm_calls.jsonl`; `seq` is the line number."""
+    return [
+        {
+            "seq": seq, "created_at": r.get("at"), "agent_elapsed_s": r.get("agent_elapsed_s"),
+            "model": r.get("model"), "input_tokens": _int(r.get("input_tokens")) or 0,
+            "output_tokens": _int(r.get("output_tokens")) or 0,
+            "cache_read_tokens": _int(r.get("cache_read_tokens")) or 0,
+            "cache_write_tokens": _int(r.get("cache_write_tokens")) or 0, "cost_usd": r.get("cost_usd"),
+            "latency_s": r.get("latency_s"), "error": r.get("error"), "call": _int(r.get("call")),
+            "attempt": _int(r.get("attempt")), "status": _int(r.get("status")), "stop_reason": r.get("stop_reason"),
+            "source": r.get("source"),
+        }  # fmt: skip
+        for seq, r in enumerate(_jsonl(path))
+    ]
+
+
+def read_tool_calls(path: Path | str) -> list[dict[str, Any]]:
+    """Rows for the `tool_calls` table, one per line of `tool_calls.jsonl`; `seq` is the line number."""
+    return [
+        {
+            "seq": seq, "created_at": r.get("at"), "call": _int(r.get("call")), "tool": r.get("tool"),
+            "ok": r.get("ok"), "exit_code": _int(r.get("exit_code")), "duration_s": r.get("duration_s"),
+            "output_chars": _int(r.get("output_chars")), "error": r.get("error"), "source": r.get("source"),
+            "input_json": json.dumps(r.get("input") or {}, sort_keys=True, default=str),
+        }  # fmt: skip
+        for seq, r in enumerate(_jsonl(path))
+    ]
+
+
+def summarize_llm_calls(rows: list[dict[str, Any]]) -> dict[str, float | int | None]:
+    """Totals for the run report (tokens as input + output + cache read + cache write)."""
+    if not rows:
+        return {}
+    parts = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+    tokens = sum(r[p] for r in rows for p in parts)
+    costs = [r["cost_usd"] for r in rows if isinstance(r["cost_usd"], (int, float))]
+    latencies = [r["latency_s"] for r in rows if isinstance(r["latency_s"], (int, float))]
+    return {
+        "llm_requests": len(rows),
+        "llm_failed_requests": sum(bool(r["error"]) for r in rows),
+        "llm_tokens_total": tokens,
+        "llm_input_tokens": sum(r["input_tokens"] for r in rows),
+        "llm_output_tokens": sum(r["output_tokens"] for r in rows),
+        "llm_cache_read_tokens": sum(r["cache_read_tokens"] for r in rows),
+        "llm_cost_usd": round(sum(costs), 6) if costs else None,
+        "llm_latency_s_mean": round(sum(latencies) / len(latencies), 3) if latencies else None,
+    }

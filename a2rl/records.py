@@ -34,8 +34,10 @@ class RunConfig(BaseModel):
     agent: str = "reference-sft"
     """Agent scaffold id (see agents/)."""
     driver: str = "none"
-    """Driver LLM of the agent; `none` for scripted reference agents."""
+    """Driver LLM of the agent: a saved DriverConfig block's name or a model id; `none` for scripted agents."""
     mode: Mode = "free"
+    strict_mode: bool = False
+    """Refuse submissions whose code breaks the mode (default: accept and flag them)."""
     base_model: str = "smollm2-135m-instruct"
     """A base model key from a2rl.models, or a local HF checkpoint directory."""
     seed: int = 0

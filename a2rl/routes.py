@@ -167,7 +167,7 @@ def check_mode(mode: str, label: str, dpo_counts_as_rl: bool = False) -> ModeChe
         else:
             why = f"code/ uses {label} without any RL method"
         return ModeCheck(False, f"mode rl-only needs reinforcement learning (GRPO, PPO, RLOO or a policy-gradient"
-                                f" loss; an SFT warm-up is allowed): {why}")  # fmt: skip
+                                f" loss; an SFT warm-up is allowed), but code/ has route {label}: {why}")  # fmt: skip
     raise ValueError(f"unknown mode {mode!r}; expected free, sft-only, rl-only or multi")
 
 

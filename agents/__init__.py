@@ -2,20 +2,60 @@
 
 from __future__ import annotations
 
-from agents.base import Agent, AgentEnv, SessionOutcome, run_agent
+import importlib
+
+from agents.base import (
+    Agent,
+    AgentEnv,
+    AgentLaunchError,
+    AgentOptions,
+    LLMCallEvent,
+    LLMDriver,
+    SessionOutcome,
+    ToolCallEvent,
+    run_agent,
+)
+
+# id -> "module:class"; modules are imported on use, so the registry loads no SDK.
+AGENTS = {
+    "reference-sft": "agents.reference_sft.adapter:ReferenceSFT",
+    "reference-grpo": "agents.reference_grpo.adapter:ReferenceGRPO",
+    "reference-sft-grpo": "agents.reference_sft_grpo.adapter:ReferenceSFTGRPO",
+    "claude-tools": "agents.claude_tools.adapter:ClaudeTools",
+    "claude-code": "agents.cli_agents.adapter:ClaudeCode",
+    "codex": "agents.cli_agents.adapter:Codex",
+}
 
 
-def get_agent(agent_id: str) -> Agent:
-    from agents.reference_sft.adapter import ReferenceSFT
+def agent_class(agent_id: str) -> type[Agent]:
+    if agent_id not in AGENTS:
+        raise KeyError(f"unknown agent {agent_id!r}; known agents: {', '.join(sorted(AGENTS))}")
+    module, name = AGENTS[agent_id].split(":")
+    return getattr(importlib.import_module(module), name)
 
-    known: dict[str, type[Agent]] = {"reference-sft": ReferenceSFT}
-    if agent_id not in known:
-        raise KeyError(f"unknown agent {agent_id!r}; known agents: {', '.join(sorted(known))}")
-    return known[agent_id]()
+
+def get_agent(agent_id: str, driver: object | None = None, options: object | None = None) -> Agent:
+    """The agent `agent_id`; LLM agents take a driver (an `LLMDriver`, or a `blocks.DriverConfig` block) and
+    options (`AgentOptions` or a `blocks.AgentConfig` block). Without a driver an LLM agent can be installed
+    but not started (`run_agent` reports a launch error that says so)."""
+    cls = agent_class(agent_id)
+    if cls.uses_llm:
+        return cls(driver=driver, options=options)
+    if driver is not None:
+        raise ValueError(f"agent {agent_id!r} is scripted and takes no driver LLM")
+    return cls()
+
+
+def uses_llm(agent_id: str) -> bool:
+    """Whether the agent needs a driver LLM."""
+    return agent_class(agent_id).uses_llm
 
 
 def list_agents() -> list[str]:
-    return ["reference-sft"]
+    return sorted(AGENTS)
 
 
-__all__ = ["Agent", "AgentEnv", "SessionOutcome", "get_agent", "list_agents", "run_agent"]
+__all__ = [
+    "Agent", "AgentEnv", "AgentLaunchError", "AgentOptions", "LLMCallEvent", "LLMDriver", "SessionOutcome",
+    "ToolCallEvent", "agent_class", "get_agent", "list_agents", "run_agent", "uses_llm",
+]  # fmt: skip

@@ -275,8 +275,10 @@ def run_agent(
             # The harness itself is going down (signal, crash): the agent must not outlive it.
             _stop_group(proc, grace_s=2.0)
             raise
-        # Whatever the leader did, no process of the agent's group survives the session.
+        # Whatever the leader did, no process of the agent's group, nor of its session (process groups a
+        # tool runner made for its commands), survives the session.
         _signal_group(proc, signal.SIGKILL)
+        _stop_session(proc.pid, grace_s=0.0)
     clock.stop()
     return SessionOutcome(
         exit_code=proc.returncode,

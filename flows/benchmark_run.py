@@ -6,22 +6,26 @@ ledger and the DuckDB results store as it happens, so a retried flow run resumes
 
 from __future__ import annotations
 
+import base64
 import time
 from pathlib import Path
 from typing import Literal
 
 from prefect import flow, get_run_logger
 from prefect.exceptions import TerminationSignal
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 
 from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
 from a2rl.grading.clock import ClockRecorder
+from a2rl.metrics import render_process_markdown, store_process_report, summarize_process
+from a2rl.recording import CodeSnapshots, ResourceSampler, workspace_pids
 from a2rl.grading.service import grading_devices
 from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
 from a2rl.report import build_summary, latest_submissions, write_report
 from a2rl.run import RunContext
 from a2rl.store import ResultsStore
 from agents import AgentEnv, SessionOutcome, get_agent, run_agent
+from blocks import resolve_driver
 from tasks.run_steps import (
     build_workspace_step,
     evaluate_baseline,
@@ -70,8 +74,13 @@ def agent_session(
     used_s = ClockRecorder.used_seconds(clock_file)
     store = ResultsStore(ctx.results_path)
     clock = BudgetClock(ctx.config.budget_s, already_used_s=used_s)
+    snapshots = CodeSnapshots(ctx.paths.harness_dir, ctx.paths.workspace / "code")
 
     def on_entry(entry: LedgerEntry) -> None:
+        if entry.kind == "submission" and entry.status == "queued":
+            # The code that produced a submission, committed to a harness-owned git history.
+            sha = snapshots.snapshot(f"submission-{entry.submission_id}")
+            service.record_event("code-snapshot", submission_id=entry.submission_id, sha=sha)
         if entry.kind == "event":
             store.record_event(ctx.run_id, entry.seq, entry.detail.get("event", "event"), entry.detail, at=entry.at)
             return
@@ -97,15 +106,19 @@ def agent_session(
                                  error="the session was interrupted by a crash and not resumed (policy)")
         service.record_event("session-end", **outcome.model_dump(), grading_seconds=0.0)
         return outcome
-    agent = get_agent(ctx.config.agent)
+    agent = get_agent(ctx.config.agent, driver=resolve_driver(ctx.config.driver))
     with GradingServer(service, request_log=ctx.paths.harness_dir / "requests.jsonl") as server:
         service.record_event("session-resumed" if interrupted else "session-start", url=server.url,
                              budget_s=ctx.config.budget_s, already_used_s=used_s)
         logger.info("grading service on %s; agent %s %s with %.0f s left", server.url, agent.id,
                     "resumes" if interrupted else "starts", clock.remaining())
         env = AgentEnv(ctx.config.task, ctx.config.base_model, ctx.paths.workspace, server.url, server.token,
-                       ctx.config.seed)
-        with ClockRecorder(clock, clock_file):
+                       ctx.config.seed, harness_dir=ctx.paths.harness_dir)
+        sampler = ResourceSampler(
+            ctx.paths.harness_dir, workspace_pids(ctx.paths.workspace), interval_s=10, workspace=ctx.paths.workspace,
+            extra_fn=lambda: {"grading": clock.is_paused, "agent_elapsed_s": round(clock.elapsed(), 1)},
+        )
+        with ClockRecorder(clock, clock_file), snapshots.periodic(300), sampler:
             outcome = run_agent(agent, env, clock, ctx.paths.harness_dir / "agent.log", grace_s=grace_s)
             service.close()
     outcome.agent_seconds = round(clock.elapsed(), 3)
@@ -140,7 +153,17 @@ def write_summary(
         error=error,
     )  # fmt: skip
     report = write_report(ctx, summary, entries, run_notes(ctx, detail))
-    ResultsStore(ctx.results_path).finish_run(summary)
+    store = ResultsStore(ctx.results_path)
+    store.finish_run(summary)
+    # Process metrics, route labels and the failure class sit beside the scores, in the report and the store.
+    process = summarize_process(
+        ctx.run_id, ctx.paths.harness_dir, entries, ctx.config, detail,
+        snapshots=CodeSnapshots(ctx.paths.harness_dir, ctx.paths.workspace / "code"),
+        summary=summary, run_status=status, run_error=error,
+    )  # fmt: skip
+    store_process_report(store, process, ctx.paths.harness_dir)
+    with report.open("a") as f:
+        f.write("\n" + render_process_markdown(process))
     return summary, report
 
 
@@ -155,6 +178,12 @@ def summarize_run(ctx: RunContext, status: RunStatus, phase_seconds: dict[str, f
          for e in latest_submissions(entries)] or [{"submission": None}],
         key=_artifact_key(ctx.run_id) + "-submissions",
     )  # fmt: skip
+    trajectory = ctx.paths.harness_dir / "score_trajectory.png"
+    if trajectory.exists():
+        create_image_artifact(
+            "data:image/png;base64," + base64.b64encode(trajectory.read_bytes()).decode(),
+            key=_artifact_key(ctx.run_id) + "-trajectory", description="score trajectory",
+        )
     return summary
 
 
@@ -192,6 +221,7 @@ def benchmark_run(
     base_model: str = DEFAULTS.base_model,
     protocol: str = DEFAULTS.protocol,
     mode: str = DEFAULTS.mode,
+    driver: str = DEFAULTS.driver,
     val_limit: int | None = DEFAULTS.val_limit,
     test_limit: int | None = DEFAULTS.test_limit,
     max_submissions: int = DEFAULTS.max_submissions,
@@ -201,7 +231,7 @@ def benchmark_run(
     """One benchmark run: (task, variant, agent, mode, base model, seed, budget) → scores, report, DuckDB rows."""
     config = RunConfig(
         task=task, agent=agent, budget_s=budget_s, seed=seed, variant=variant, base_model=base_model,
-        protocol=protocol, mode=mode, val_limit=val_limit, test_limit=test_limit, max_submissions=max_submissions,
+        protocol=protocol, mode=mode, driver=driver, val_limit=val_limit, test_limit=test_limit, max_submissions=max_submissions,
     )  # fmt: skip
     results = Path(results)
     runs_dir = Path(runs_dir) if runs_dir else results.parent / "runs"

@@ -172,3 +172,32 @@ def test_submission_cap_gives_429(service):
     with pytest.raises(SubmissionRejected) as capped:
         service.submit("output/v1")
     assert capped.value.status_code == 429
+
+
+SFT_SCRIPT = """
+from trl import SFTConfig, SFTTrainer
+trainer = SFTTrainer(model="models/base", args=SFTConfig(output_dir="output/v1"), train_dataset=None)
+trainer.train()
+"""
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_mode_is_checked_on_the_agents_code_at_every_submission(tmp_path, tiny_model_dir, strict):
+    ws = tmp_path / "ws"
+    shutil.copytree(tiny_model_dir, ws / "output" / "v1")
+    (ws / "code").mkdir()
+    (ws / "code" / "train.py").write_text(SFT_SCRIPT)
+    config = RunConfig(mode="rl-only", strict_mode=strict)
+    svc = GradingService(GradingContext("run-m", config, ws, tmp_path / "harness"), BudgetClock(60),
+                         evaluate=_constant_evaluator(50.0))
+    try:
+        if strict:
+            with pytest.raises(SubmissionRejected) as refused:
+                svc.submit("output/v1")
+            assert refused.value.status_code == 403 and svc.submissions() == []
+        else:
+            svc.submit("output/v1", wait=True)
+            detail = svc.submissions()[0].detail
+            assert detail["route"] == "SFT" and detail["mode_ok"] is False
+    finally:
+        svc.close(drain_timeout_s=5)

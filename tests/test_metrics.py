@@ -22,7 +22,8 @@ from a2rl.metrics import (
     store_process_report,
     summarize_process,
 )
-from a2rl.recording import CodeSnapshots, LLMCallEvent, LLMCallRecorder
+from a2rl.recording import CodeSnapshots
+from agents.base import LLMCallEvent, ToolCallEvent, append_jsonl
 from a2rl.records import LedgerEntry, RunConfig
 from a2rl.store import ResultsStore
 
@@ -102,6 +103,8 @@ def _metrics(**kw) -> dict:
         # the agent never started
         (_metrics(n_submissions=0, n_scored=0), {}, {"ended_by": "launch-error", "error": "ENOENT"},
          "infrastructure failure"),
+        # the harness crashed mid-session and the session was not resumed
+        (_metrics(), {}, {"ended_by": "interrupted", "error": "not resumed"}, "infrastructure failure"),
         # the harness died before the session ended
         (_metrics(), {}, {"run_status": "failed", "run_error": "OSError: disk"}, "infrastructure failure"),
         # every submission failed in the grader, not in the agent's checkpoint
@@ -124,7 +127,7 @@ def _metrics(**kw) -> dict:
         (_metrics(best_feedback=50.0, improvement_feedback=0.0, score_trajectory=[50.0, 50.0, 50.0]),
          {1: "GRPO", 2: "GRPO", 3: "GRPO"}, {}, "rollout construction failure"),
         # trained and scored near the base without improving
-        (_metrics(best_feedback=50.0, improvement_feedback=0.0, score_trajectory=[49.0, 50.0, 49.5]),
+        (_metrics(best_feedback=50.0, improvement_feedback=0.0, score_trajectory=[49.0, 49.5, 50.0]),
          {1: "SFT", 2: "SFT+RL"}, {}, "reward/data design failure"),
     ],
 )
@@ -184,6 +187,29 @@ def test_route_labels_without_the_routes_module_say_why(entries, tmp_path: Path,
     assert labels.routes == {1: "copy"} and "a2rl.routes" in labels.note
 
 
+def test_route_labels_with_the_real_static_labeller_and_the_mode_check_view(entries, tmp_path: Path):
+    pytest.importorskip("a2rl.routes")
+    code = tmp_path / "workspace" / "code"
+    code.mkdir(parents=True)
+    snaps = CodeSnapshots(tmp_path / "harness", code)
+    sft = "from trl import SFTTrainer\nSFTTrainer(model=m).train()\n"
+    grpo = "from trl import GRPOConfig, GRPOTrainer\nGRPOTrainer(model=m, args=GRPOConfig()).train()\n"
+    for sid, text in enumerate(["", sft, sft, grpo, grpo], start=1):
+        (code / "train.py").write_text(text)
+        snaps.snapshot(f"submission-{sid}")
+    labels = label_routes(entries, snaps)
+    assert labels.routes == {1: "copy", 2: "SFT", 3: "SFT", 4: "GRPO", 5: "GRPO"}
+    # In an sft-only run the GRPO submissions break the mode.
+    store = ResultsStore(tmp_path / "results.duckdb")
+    store.start_run(RUN, CONFIG.model_copy(update={"mode": "sft-only"}), None, "offline")
+    for e in entries:
+        if e.kind == "submission":
+            store.record_submission(RUN, e)
+    store.record_routes(RUN, labels.routes, labels.code_shas)
+    violations = store.query("SELECT submission_id, route FROM mode_violations ORDER BY 1")
+    assert violations.values.tolist() == [[4, "GRPO"], [5, "GRPO"]]
+
+
 def test_summarize_process_writes_files_and_a_markdown_section(entries, tmp_path: Path, monkeypatch):
     monkeypatch.delenv("A2RL_NARRATIVE_MODEL", raising=False)
     harness = tmp_path / "harness"
@@ -201,18 +227,35 @@ def test_narrative_is_off_unless_a_model_is_configured(monkeypatch):
 
 
 def test_narrative_through_the_anthropic_sdk_on_the_loopback_server(entries, tmp_path: Path, monkeypatch):
-    loopback = pytest.importorskip("tests.anthropic_loopback")
     import anthropic
 
-    with loopback.serve(text="The agent trained with SFT and improved the test score by 2 points.") as server:
-        client = anthropic.Anthropic(base_url=server.url, api_key="test-key", max_retries=0)
-        monkeypatch.setenv("A2RL_NARRATIVE_MODEL", "claude-test")
+    from tests.anthropic_loopback import AnthropicLoopback
+
+    monkeypatch.setenv("A2RL_NARRATIVE_MODEL", "claude-test")
+    story = "The agent trained with SFT and improved the hidden test score by 2 points."
+    with AnthropicLoopback(script=[story]) as server:
+        client = anthropic.Anthropic(base_url=server.base_url, api_key="test-key", max_retries=0)
         report = summarize_process(RUN, tmp_path / "harness", entries, CONFIG, SESSION, narrative_client=client)
-        requests = server.requests
-    assert report.narrative.startswith("The agent trained") and report.narrative_model == "claude-test"
+    assert report.narrative == story and report.narrative_model == "claude-test"
     assert "LLM-written" in (tmp_path / "harness" / "narrative.md").read_text()
-    body = requests[-1]["body"] if isinstance(requests[-1], dict) and "body" in requests[-1] else requests[-1]
-    assert body["model"] == "claude-test" and '"failure_class": "none"' in body["messages"][0]["content"]
+    assert report.failure_class == "none"  # the facts are computed before, and apart from, the narrative
+    (request,) = server.requests
+    assert request.body["model"] == "claude-test" and '"failure_class": "none"' in request.prompt
+    assert "do not invent" in request.body["system"]
+
+
+def test_a_failing_narrative_call_leaves_the_facts_standing(entries, tmp_path: Path, monkeypatch):
+    import anthropic
+
+    from tests.anthropic_loopback import AnthropicLoopback
+
+    monkeypatch.setenv("A2RL_NARRATIVE_MODEL", "claude-test")
+    with AnthropicLoopback() as server:
+        server.fail_next(529, times=1)
+        client = anthropic.Anthropic(base_url=server.base_url, api_key="test-key", max_retries=0)
+        report = summarize_process(RUN, tmp_path / "harness", entries, CONFIG, SESSION, narrative_client=client)
+    assert report.narrative is None and report.failure_class == "none"
+    assert not (tmp_path / "harness" / "narrative.md").exists()
 
 
 def _run_dir(tmp_path: Path) -> Path:
@@ -224,9 +267,9 @@ def _run_dir(tmp_path: Path) -> Path:
     snaps = CodeSnapshots(harness, run_dir / "workspace" / "code")
     for sid in range(1, 6):
         snaps.snapshot(f"submission-{sid}")
-    rec = LLMCallRecorder(harness)
     for i in range(3):
-        rec.record(LLMCallEvent(model="m", input_tokens=100 * (i + 1), output_tokens=10))
+        append_jsonl(harness / "llm_calls.jsonl", LLMCallEvent(call=i + 1, model="m", input_tokens=100 * (i + 1)))
+    append_jsonl(harness / "tool_calls.jsonl", ToolCallEvent(call=1, tool="bash", input={"cmd": "python train.py"}))
     (harness / "resources.jsonl").write_text(
         '{"seq": 0, "at": "2026-01-01T00:00:00Z", "elapsed_s": 0.0, "n_procs": 2, "cpu_percent": 150.0, '
         '"rss_bytes": 1000000, "workspace_bytes": 5000}\n'
@@ -235,8 +278,9 @@ def _run_dir(tmp_path: Path) -> Path:
 
 
 def _dump(store: ResultsStore) -> dict:
-    tables = ["runs", "submissions", "evaluations", "events", "metrics", "llm_calls", "resources"]
-    return {t: store.query(f"SELECT * FROM {t} ORDER BY ALL").to_dict("records") for t in tables}
+    tables = ["runs", "submissions", "evaluations", "events", "metrics", "llm_calls", "tool_calls", "resources"]
+    return {t: store.query(f"SELECT * FROM {t} ORDER BY ALL").to_json(orient="records", date_format="iso")
+            for t in tables}
 
 
 def test_reingesting_a_run_changes_nothing(tmp_path: Path, monkeypatch):
@@ -250,8 +294,9 @@ def test_reingesting_a_run_changes_nothing(tmp_path: Path, monkeypatch):
     assert first.failure_class == "none"
     run = store.get_run(RUN)
     assert run["delta_test"] == 2.0 and run["failure_class"] == "none" and run["status"] == "completed"
-    counts = {t: len(rows) for t, rows in before.items()}
+    counts = {t: len(json.loads(rows)) for t, rows in before.items()}
     assert counts["submissions"] == 5 and counts["evaluations"] == 2 + 4 + 1 and counts["llm_calls"] == 3
+    assert counts["tool_calls"] == 1 and counts["resources"] == 1
     assert store.query("SELECT count(*) AS n FROM submissions WHERE code_sha IS NOT NULL")["n"][0] == 5
     m = store.query("SELECT name, value, text FROM metrics WHERE run_id = ?", [RUN]).set_index("name")
     assert m.loc["valid_submission_rate", "value"] == 0.8 and m.loc["failure_class", "text"] == "none"
@@ -262,7 +307,7 @@ def test_store_process_report_is_idempotent_next_to_live_writes(entries, tmp_pat
     store = ResultsStore(tmp_path / "results.duckdb")
     harness = tmp_path / "harness"
     harness.mkdir()
-    LLMCallRecorder(harness).record(LLMCallEvent(model="m", input_tokens=5))
+    append_jsonl(harness / "llm_calls.jsonl", LLMCallEvent(call=1, model="m", input_tokens=5))
     store.start_run(RUN, CONFIG, harness, "offline")
     for e in entries:
         if e.kind == "submission":

@@ -33,9 +33,9 @@ def train_jsonl(tmp_path_factory) -> Path:
 
 
 def run_train_sft(init: Path, out: Path, data: Path, *extra: str) -> subprocess.CompletedProcess:
-    # 4 steps of 4 examples: enough to move the weights; a high lr because the tiny model's gradients are tiny.
+    # 3 steps of 4 examples: enough to move the weights; a high lr because the tiny model's gradients are tiny.
     cmd = [sys.executable, str(TRAIN_SFT), "--init", str(init), "--out", str(out), "--data", str(data),
-           "--max-steps", "4", "--batch-size", "4", "--max-length", "256", "--lr", "1e-2",
+           "--max-steps", "3", "--batch-size", "4", "--max-length", "256", "--lr", "1e-2",
            "--time-limit", "60", "--seed", "3", *extra]  # fmt: skip
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=180, env=env)
@@ -70,7 +70,7 @@ def test_train_sft_writes_a_merged_checkpoint_with_changed_weights(tiny_model_di
     proc = run_train_sft(tiny_model_dir, out, train_jsonl, *lora_flag)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = agent.parse_summary(proc.stdout.splitlines())
-    assert summary is not None and summary["steps"] == 4
+    assert summary is not None and summary["steps"] == 3
     assert summary["lora"] is bool(lora_flag)  # the tiny model is under the 50M-parameter LoRA threshold
     assert_merged_checkpoint(out)
     assert max_weight_change(tiny_model_dir, out) > 1e-4
@@ -178,6 +178,10 @@ def test_time_limit_callback_stops_training_once_the_limit_has_passed():
     unlimited = train_sft.time_limit_callback(None)
     unlimited.on_train_begin(None, state, control)
     unlimited.on_step_end(None, state, control)
+    assert not control.should_training_stop
+    generous = train_sft.time_limit_callback(60.0)
+    generous.on_train_begin(None, state, control)
+    generous.on_step_end(None, state, control)
     assert not control.should_training_stop
     expired = train_sft.time_limit_callback(0.0)
     expired.on_train_begin(None, state, control)

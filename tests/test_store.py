@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from a2rl.records import EvalResult, LedgerEntry, RunConfig, RunSummary
-from a2rl.store import SCHEMA_VERSION, ResultsStore, StoreError, StoreLockTimeout
+from a2rl.store import MIGRATIONS, SCHEMA_VERSION, ResultsStore, StoreError, StoreLockTimeout
 
 
 def _config(**kw) -> RunConfig:
@@ -136,9 +136,9 @@ def test_schema_version_is_one_and_reopening_does_not_migrate_again(tmp_path: Pa
     first.start_run("r1", _config(), None, "offline")
     applied = first.query("SELECT * FROM schema_version")
     again = ResultsStore(path)
-    assert SCHEMA_VERSION == 1
+    assert SCHEMA_VERSION == len(MIGRATIONS)
     assert again.query("SELECT * FROM schema_version").equals(applied)
-    assert applied["version"].tolist() == [1]
+    assert applied["version"].tolist() == list(range(1, SCHEMA_VERSION + 1))
     assert again.get_run("r1") is not None
 
 
@@ -188,4 +188,4 @@ def test_busy_lock_times_out_with_a_clear_error(tmp_path: Path):
 def test_empty_file_is_initialised_as_a_new_store(tmp_path: Path):
     path = tmp_path / "results.duckdb"
     path.touch()
-    assert ResultsStore(path).query("SELECT max(version) AS v FROM schema_version")["v"][0] == 1
+    assert ResultsStore(path).query("SELECT max(version) AS v FROM schema_version")["v"][0] == SCHEMA_VERSION

@@ -107,6 +107,16 @@ class GradingService:
         _, facts = self._checked(model_path)
         return {"ok": True, "model_path": model_path, **facts}
 
+    def _check_mode(self) -> dict:
+        """Route label of the agent's code now, and whether it keeps to the run's mode; in strict mode a
+        breach is refused (before it counts as a submission), otherwise it is flagged in the ledger."""
+        from a2rl.routes import check_snapshot
+
+        analysis, verdict = check_snapshot(self.ctx.workspace / "code", self.ctx.config.mode)
+        if not verdict.ok and self.ctx.config.strict_mode:
+            raise SubmissionRejected(verdict.message, 403)
+        return {"route": analysis.label, "mode_ok": verdict.ok, "mode_message": verdict.message}
+
     def _checked(self, model_path: str) -> tuple[Path, dict]:
         resolved = resolve_in_workspace(self.ctx.workspace, model_path)
         facts = check_checkpoint(resolved, self.ctx.config.max_checkpoint_bytes)
@@ -122,6 +132,7 @@ class GradingService:
             if used >= self.ctx.config.max_submissions:
                 raise SubmissionRejected(f"submission cap reached ({self.ctx.config.max_submissions} per run)", 429)
             resolved, facts = self._checked(model_path)
+            route = self._check_mode()
             submission_id = used + 1
             snapshot = self._snapshot(resolved, submission_id)
             whash = weights_hash(snapshot)
@@ -129,7 +140,7 @@ class GradingService:
                 kind="submission", submission_id=submission_id, model_path=model_path,
                 resolved_path=str(snapshot), weights_hash=whash, size_bytes=facts["size_bytes"],
                 split=self.feedback_split, status="queued", agent_elapsed_s=round(self.clock.elapsed(), 3),
-                detail={"workspace_path": str(resolved)},
+                detail={"workspace_path": str(resolved), **route},
             )  # fmt: skip
             self._done[submission_id] = threading.Event()
             hit = self._cache.lookup(whash, self._spec(entry.split))

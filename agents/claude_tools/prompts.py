@@ -34,8 +34,13 @@ NUDGE = (
 )
 
 
-def task_prompt(workspace: Path, env: dict[str, str] | None = None, max_preview_lines: int = 3) -> str:
-    """The first message: where things are, the task, the rules, a look at the workspace and the data."""
+def task_prompt(workspace: Path, env: dict[str, str] | None = None, grading_tools: bool = True,
+                max_preview_lines: int = 3) -> str:  # fmt: skip
+    """The first message: where things are, the task, the rules, a look at the workspace and the data.
+
+    Args:
+        grading_tools: the agent has `submit` / `check_budget` tools (claude-tools); CLI agents use curl.
+    """
     env = dict(os.environ if env is None else env)
     workspace = Path(workspace)
     parts = [
@@ -43,8 +48,8 @@ def task_prompt(workspace: Path, env: dict[str, str] | None = None, max_preview_
         f"- Task: `{env.get('TASK', '?')}`\n- Base model: `{env.get('BASE_MODEL', '?')}` at "
         f"`{env.get('MODEL_PATH', 'models/base')}` (read-only)\n- Training data: `{env.get('DATA_PATH', 'data')}`\n"
         f"- Write checkpoints under: `{env.get('OUTPUT_DIR', 'output')}`\n"
-        f"- Grading server: `{env.get('GRADING_SERVER_URL', '?')}` (bearer token in `$GRADING_TOKEN`; the "
-        "`submit` and `check_budget` tools call it for you)\n",
+        f"- Grading server: `{env.get('GRADING_SERVER_URL', '?')}` (bearer token in `$GRADING_TOKEN`"
+        + ("; the `submit` and `check_budget` tools call it for you)\n" if grading_tools else ")\n"),
     ]
     for name in ("description.md", "instructions.md"):
         path = workspace / name

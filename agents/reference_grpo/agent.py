@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import urllib.error
 from dataclasses import dataclass
@@ -20,6 +21,14 @@ try:  # in a workspace: the copy beside this file
     import round_loop as loop
 except ImportError:  # in the harness's source tree
     from agents.reference_sft import agent as loop
+
+
+class Stopped(Exception):
+    """The harness asked the agent to stop (SIGTERM at the end of the budget)."""
+
+
+def raise_stopped(signum, frame) -> None:
+    raise Stopped(signal.Signals(signum).name)
 
 
 @dataclass(frozen=True)
@@ -107,7 +116,11 @@ class Session:
         loop.log(f"round {self.rounds} {method} ({plan.reason}, {plan.time_limit_s:.0f}s): {' '.join(cmd[1:])}")
         result = loop.run_training(cmd, loop.kill_after_s(plan.time_limit_s, self.overhead_s), self.s.workspace)
         if result.summary:
-            self.overhead_s = max(5.0, result.wall_s - result.summary["train_s"])
+            # The slowest round seen so far: on a shared machine, loading and saving times vary a lot.
+            measured = result.wall_s - result.summary["train_s"]
+            self.overhead_s = max(measured, self.overhead_s if self.rounds > 1 else 0.0, 5.0)
+        elif not result.ok:
+            self.overhead_s = max(self.overhead_s, result.wall_s - plan.time_limit_s)
         if method == "SFT":
             self.warmup_pending = False  # one warm-up attempt; GRPO follows either way
         if not result.ok or not out.is_dir():
@@ -154,16 +167,20 @@ class Session:
             "|---|---|---|---|---|---|---|---|---|---|\n",
             encoding="utf-8",
         )
-        while True:
-            plan = self.next_plan()
-            if not plan.start:
-                loop.log(f"stopping: {plan.reason}")
-                break
-            if not self.play_round(plan):
-                break
-            self.budget = self.client.budget()
-        best = self.rel(self.best_path) if self.best_path else "none above baseline"
-        loop.log(f"done after {self.rounds} rounds; best {best} with score {self.best_score}")
+        try:
+            while True:
+                plan = self.next_plan()
+                if not plan.start:
+                    loop.log(f"stopping: {plan.reason}")
+                    break
+                if not self.play_round(plan):
+                    break
+                self.budget = self.client.budget()
+        finally:
+            best = self.rel(self.best_path) if self.best_path else "none above baseline"
+            loop.log(f"done after {self.rounds} rounds; best {best} with score {self.best_score}")
+            with self.notes.open("a", encoding="utf-8") as f:
+                f.write(f"\nAfter {self.rounds} rounds: best {best}, validation score {self.best_score}.\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,10 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     if not client.wait_healthy():
         loop.log(f"grading server {settings.server_url} is not healthy; giving up")
         return 0
+    signal.signal(signal.SIGTERM, raise_stopped)
     try:
         budget = client.budget()
         loop.log(f"budget: {json.dumps(budget)}")
         Session(settings, GRPOSettings.from_env(), client, budget, args.sft_warmup).run()
+    except Stopped as stop:
+        loop.log(f"stopped by {stop}")
     except (OSError, RuntimeError, urllib.error.URLError) as error:
         loop.log(f"stopping on error: {error!r}")
     return 0

@@ -79,11 +79,12 @@ def correctness_reward(completions: list, target: list[str], **kwargs) -> list[f
 
 def format_reward(completions: list, **kwargs) -> list[float]:
     """1.0 when the completion ends with "The answer is N" (the format the grader reads first), 0.5 when it
-    says it anywhere, else 0.0."""
+    says it elsewhere or goes on with an invented next question, else 0.0."""
     rewards = []
     for c in completions:
         text = _text(c).strip()
-        rewards.append(1.0 if _FINAL_LINE.search(text) else 0.5 if _MARKED.search(text) else 0.0)
+        answer = text.split("Question:", 1)[0].strip()  # an invented next question is not part of the answer
+        rewards.append(1.0 if answer == text and _FINAL_LINE.search(text) else 0.5 if _MARKED.search(answer) else 0.0)
     return rewards
 
 

@@ -106,7 +106,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps")
     p.add_argument("--max-length", type=int, default=256, help="longer examples are skipped, not truncated")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: 2e-4 with LoRA, 2e-5 without)")
-    p.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up steps (each starts at lr 0)")
+    p.add_argument(
+        "--warmup-steps", type=int, default=0, help="linear warm-up steps (the first step then runs at lr 0)"
+    )
     p.add_argument(
         "--lora",
         action=argparse.BooleanOptionalAction,
@@ -115,7 +117,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument("--lora-alpha", type=int, default=32)
-    p.add_argument("--time-limit", type=float, default=None, help="stop training after this many seconds of steps")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="seconds of training steps; stops before a step would overrun them (loading and saving come on top)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for the data subset and training")
     return p.parse_args(argv)
 
@@ -168,16 +175,22 @@ def sft_config(args: argparse.Namespace, lr: float, output_dir: Path):
 
 
 def time_limit_callback(limit_s: float | None):
-    """A ``TrainerCallback`` that ends training once ``limit_s`` seconds of steps have passed."""
+    """A ``TrainerCallback`` that ends training before a step would end past ``limit_s`` seconds of steps.
+
+    The next step is assumed to take as long as the last one, so a slow (e.g. CPU-contended) run stops early
+    instead of overrunning by a whole step.
+    """
     from transformers import TrainerCallback
 
     class TimeLimit(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
-            self.t0 = time.monotonic()
+            self.t0 = self.t_last = time.monotonic()
 
         def on_step_end(self, args, state, control, **kwargs):
-            if limit_s is not None and time.monotonic() - self.t0 >= limit_s:
-                print(f"time limit {limit_s:.0f}s reached at step {state.global_step}", flush=True)
+            now = time.monotonic()
+            last_step_s, self.t_last = now - self.t_last, now
+            if limit_s is not None and now - self.t0 + last_step_s > limit_s:
+                print(f"stopping at step {state.global_step}: {now - self.t0:.0f}s of {limit_s:.0f}s used", flush=True)
                 control.should_training_stop = True
 
     return TimeLimit()

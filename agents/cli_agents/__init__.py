@@ -1,0 +1,1 @@
+"""CLI agents (Claude Code, Codex CLI) run as subprocesses in the workspace behind a harness-side LLM proxy."""

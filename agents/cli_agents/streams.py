@@ -1,0 +1,142 @@
+"""Parsers of CLI agents' JSON event streams (`claude -p --output-format stream-json`, `codex exec --json`):
+tool calls as `ToolCallEvent`s and the token usage the CLI itself reports (a cross-check of the proxy's)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from agents.base import ToolCallEvent, shorten
+
+
+class StreamParser:
+    """Feed it one decoded JSON event per line; it returns the tool calls that completed."""
+
+    def __init__(self):
+        self.tool_calls = 0
+        self.usage = {"input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0, "cache_write_tokens": 0}
+        """Summed over the model messages the stream reports."""
+        self.reported_cost_usd: float | None = None
+        self.result: dict[str, Any] | None = None
+        self.events = 0
+
+    def feed(self, event: dict[str, Any]) -> list[ToolCallEvent]:
+        raise NotImplementedError
+
+    def summary(self) -> dict[str, Any]:
+        return {"events": self.events, "tool_calls": self.tool_calls, "usage": self.usage,
+                "reported_cost_usd": self.reported_cost_usd, "result": self.result}  # fmt: skip
+
+    def tool_event(self, **fields: Any) -> ToolCallEvent:
+        self.tool_calls += 1
+        return ToolCallEvent(call=self.tool_calls, source="stream", **fields)
+
+
+class ClaudeStreamParser(StreamParser):
+    """Claude Code's stream-json: `assistant` messages carry tool_use blocks and usage (one event per content
+    block, so usage is counted once per message id); `user` messages carry the tool results; `result` ends."""
+
+    def __init__(self):
+        super().__init__()
+        self.pending: dict[str, tuple[str, dict, float]] = {}
+        self.messages: dict[str, dict[str, int]] = {}
+
+    def feed(self, event: dict[str, Any]) -> list[ToolCallEvent]:
+        self.events += 1
+        kind = event.get("type")
+        done: list[ToolCallEvent] = []
+        message = event.get("message") or {}
+        if kind == "assistant":
+            self._count_usage(message)
+            for block in message.get("content") or []:
+                if block.get("type") == "tool_use":
+                    self.pending[block.get("id", "")] = (block.get("name", "?"), block.get("input") or {},
+                                                         time.monotonic())  # fmt: skip
+        elif kind == "user":
+            content = message.get("content")
+            for block in content if isinstance(content, list) else []:
+                if block.get("type") != "tool_result":
+                    continue
+                name, args, started = self.pending.pop(block.get("tool_use_id", ""), ("?", {}, time.monotonic()))
+                text, failed = _text(block.get("content")), bool(block.get("is_error"))
+                done.append(self.tool_event(
+                    tool=name, tool_use_id=block.get("tool_use_id"), input=shorten(args, 500), ok=not failed,
+                    duration_s=round(time.monotonic() - started, 3), output_chars=len(text),
+                    error=text[:300] if failed else None,
+                ))  # fmt: skip
+        elif kind == "result":
+            self.result = {k: event.get(k) for k in ("subtype", "is_error", "num_turns", "duration_ms", "result")}
+            self.reported_cost_usd = event.get("total_cost_usd")
+            if isinstance(event.get("usage"), dict):
+                u = event["usage"]
+                keys = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+                self.result["usage"] = {k: u.get(k) for k in keys}
+        return done
+
+    def _count_usage(self, message: dict) -> None:
+        usage = message.get("usage")
+        if not isinstance(usage, dict):
+            return
+        counts = {"input_tokens": usage.get("input_tokens") or 0, "output_tokens": usage.get("output_tokens") or 0,
+                  "cache_read_tokens": usage.get("cache_read_input_tokens") or 0,
+                  "cache_write_tokens": usage.get("cache_creation_input_tokens") or 0}  # fmt: skip
+        previous = self.messages.get(message.get("id", ""), {})
+        for k, v in counts.items():
+            self.usage[k] += max(0, v - previous.get(k, 0))
+        self.messages[message.get("id", "")] = {k: max(v, previous.get(k, 0)) for k, v in counts.items()}
+
+    def finish(self) -> list[ToolCallEvent]:
+        """Tool calls that never got a result (the session was stopped)."""
+        done = [self.tool_event(tool=name, tool_use_id=tid, input=shorten(args, 500), ok=False,
+                                error="no result: the session ended first")
+                for tid, (name, args, _) in self.pending.items()]  # fmt: skip
+        self.pending.clear()
+        return done
+
+
+class CodexStreamParser(StreamParser):
+    """`codex exec --json`: `item.completed` events for commands, file changes, MCP tools and web searches;
+    `turn.completed` events carry the usage of a turn."""
+
+    TOOL_ITEMS = {"command_execution": "command", "file_change": "changes", "mcp_tool_call": "tool",
+                  "web_search": "query"}  # fmt: skip
+
+    def __init__(self):
+        super().__init__()
+        self.started: dict[str, float] = {}
+
+    def feed(self, event: dict[str, Any]) -> list[ToolCallEvent]:
+        self.events += 1
+        kind = event.get("type", "")
+        item = event.get("item") or {}
+        if kind == "item.started":
+            self.started[item.get("id", "")] = time.monotonic()
+        elif kind == "item.completed" and item.get("type") in self.TOOL_ITEMS:
+            key = self.TOOL_ITEMS[item["type"]]
+            started = self.started.pop(item.get("id", ""), time.monotonic())
+            exit_code = item.get("exit_code")
+            failed = item.get("status") in ("failed", "declined") or (exit_code not in (None, 0))
+            output = _text(item.get("aggregated_output") or item.get("result") or "")
+            return [self.tool_event(tool=item["type"], tool_use_id=item.get("id"),
+                                    input=shorten({key: item.get(key)}, 500), ok=not failed, exit_code=exit_code,
+                                    duration_s=round(time.monotonic() - started, 3), output_chars=len(output),
+                                    error=output[:300] if failed else None)]  # fmt: skip
+        elif kind == "turn.completed":
+            u = event.get("usage") or {}
+            cached = u.get("cached_input_tokens") or 0
+            self.usage["input_tokens"] += (u.get("input_tokens") or 0) - cached
+            self.usage["cache_read_tokens"] += cached
+            self.usage["output_tokens"] += u.get("output_tokens") or 0
+            self.usage["cache_write_tokens"] += u.get("cache_write_input_tokens") or 0
+        elif kind in ("turn.failed", "error"):
+            self.result = {"error": event.get("error") or event.get("message")}
+        return []
+
+    def finish(self) -> list[ToolCallEvent]:
+        return []
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "\n".join(c.get("text", "") if isinstance(c, dict) else str(c) for c in content)
+    return "" if content is None else str(content)

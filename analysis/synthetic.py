@@ -1,0 +1,186 @@
+"""A synthetic results store with known answers, for tests and the analysis benchmark.
+
+Runs cover tasks × agents × modes × seeds. By construction:
+- Δ test of a run = task effect + agent effect + mode effect (per task) + noise shared by all agents on the
+  same (task, mode, seed); so agent k beats agent 0 by exactly `agent_step × k` on every paired run;
+- the best mode of task t is mode index (M − 1 − t) mod M and the worst the one after it (mode effects are
+  `mode_step` apart, far above the noise of a mean);
+- only every `fresh_every`-th run evaluates its baseline afresh (noise sd `baseline_sd[t]`); the others
+  repeat the cached score, which carries no information about noise;
+- each run has `subs_per_run` submissions, every 7th an evaluation error, and a final pick = best on validation.
+Everything is vectorised numpy/pandas, so 100k runs and 1M submissions take seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+VARIANT_LABEL = "offline (synthetic data for tests)"
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    tasks: tuple[str, ...] = ("gsm8k", "humaneval", "alfworld")
+    agents: tuple[str, ...] = ("agent-a", "agent-b")
+    modes: tuple[str, ...] = ("free", "sft-only", "rl-only")
+    n_seeds: int = 5
+    n_runs: int | None = None
+    """Cap on the number of runs (seeds are added until the grid reaches it); None = full grid."""
+    subs_per_run: int = 6
+    llm_calls_per_run: int = 4
+    budget_s: float = 3600.0
+    noise_sd: float = 1.0
+    agent_step: float = 1.5
+    mode_step: float = 4.0
+    fresh_every: int = 3
+    seed: int = 0
+
+
+@dataclass
+class SyntheticData:
+    frames: dict[str, pd.DataFrame]
+    spec: SyntheticSpec
+    truth: dict[str, Any] = field(default_factory=dict)
+
+
+def synthetic_frames(spec: SyntheticSpec = SyntheticSpec()) -> SyntheticData:
+    """Build the tables of a results store (runs, submissions, evaluations, llm_calls, metrics) as DataFrames."""
+    rng = np.random.default_rng(spec.seed)
+    T, A, M = len(spec.tasks), len(spec.agents), len(spec.modes)
+    per_seed = T * A * M
+    n_seeds = spec.n_seeds if spec.n_runs is None else -(-spec.n_runs // per_seed)
+    # Grid order: seed-major, then task, mode, agent — so a cap on n_runs keeps whole seeds first.
+    s_idx, t_idx, m_idx, a_idx = (g.ravel() for g in np.meshgrid(
+        np.arange(n_seeds), np.arange(T), np.arange(M), np.arange(A), indexing="ij"))  # fmt: skip
+    n = len(s_idx) if spec.n_runs is None else min(spec.n_runs, len(s_idx))
+    s_idx, t_idx, m_idx, a_idx = s_idx[:n], t_idx[:n], m_idx[:n], a_idx[:n]
+
+    shared_noise = rng.normal(0, spec.noise_sd, size=(n_seeds, T, M))  # same for every agent: exact pairing
+    mode_effect = (((t_idx + m_idx) % M) - (M - 1) / 2) * spec.mode_step
+    delta = 2.0 * t_idx + spec.agent_step * a_idx + mode_effect + shared_noise[s_idx, t_idx, m_idx]
+    base_level = 20.0 + 10.0 * t_idx
+    baseline_sd = 0.5 + 0.25 * np.arange(T)
+    fresh = (np.arange(n) % spec.fresh_every) == 0
+    baseline_test = base_level + np.where(fresh, rng.normal(0, 1, n) * baseline_sd[t_idx], 0.0)
+    baseline_val = base_level - 1.0
+    selection_bias = 1.0 - 0.5 * a_idx / max(A - 1, 1)  # validation gains overstate test gains, less for later agents
+
+    run_ids = np.char.add("run-", np.arange(n).astype(str))
+    start = pd.Timestamp("2026-01-01", tz="UTC") + pd.to_timedelta(np.arange(n) * 60, unit="s")
+
+    # Submissions: validation scores rising towards the run's validation gain, with some evaluation errors.
+    S = spec.subs_per_run
+    frac = (np.arange(1, S + 1) / S)[None, :]
+    val_gain = (delta + selection_bias)[:, None]
+    val_scores = baseline_val[:, None] + val_gain * frac + rng.normal(0, 0.3, size=(n, S))
+    errors = ((np.arange(n)[:, None] * S + np.arange(S)[None, :]) % 7) == 6
+    val_scores = np.where(errors, np.nan, val_scores)
+    elapsed = np.sort(rng.uniform(0, spec.budget_s * 0.95, size=(n, S)), axis=1).round(3)
+    best_idx = np.nanargmax(np.where(np.isnan(val_scores), -np.inf, val_scores), axis=1)
+    best_val = val_scores[np.arange(n), best_idx]
+    final_test = baseline_test + delta
+
+    runs = pd.DataFrame({
+        "run_id": run_ids, "config_hash": [f"cfg{t}{a}{m}" for t, a, m in zip(t_idx, a_idx, m_idx)],
+        "task": np.asarray(spec.tasks)[t_idx], "variant": "offline", "variant_label": VARIANT_LABEL,
+        "agent": np.asarray(spec.agents)[a_idx], "driver": "none", "mode": np.asarray(spec.modes)[m_idx],
+        "base_model": "tiny", "seed": s_idx.astype(np.int64), "budget_s": spec.budget_s, "protocol": "heldout",
+        "status": "completed", "started_at": start, "finished_at": start + pd.Timedelta(seconds=spec.budget_s),
+        "baseline_val": baseline_val, "baseline_test": baseline_test, "best_val": best_val,
+        "best_submission_id": (best_idx + 1).astype(np.int64), "final_submission_id": (best_idx + 1).astype(np.int64),
+        "final_test": final_test, "delta_test": final_test - baseline_test, "n_submissions": np.full(n, S, np.int64),
+        "n_scored": (~errors).sum(axis=1).astype(np.int64), "agent_seconds": elapsed[:, -1] + 10.0,
+        "grading_seconds": 60.0, "wall_seconds": spec.budget_s + 120.0,
+        "failure_class": np.where(delta > 0, "none", "reward/data design failure"),
+    })  # fmt: skip
+
+    sub_run = np.repeat(run_ids, S)
+    sub_created = start.repeat(S) + pd.to_timedelta(elapsed.ravel(), unit="s")
+    submissions = pd.DataFrame({
+        "run_id": sub_run, "submission_id": np.tile(np.arange(1, S + 1, dtype=np.int64), n),
+        "created_at": sub_created,
+        "model_path": "output/ckpt", "weights_hash": np.char.add("h", np.arange(n * S).astype(str)),
+        "size_bytes": np.int64(1_000_000), "status": np.where(errors.ravel(), "error", "scored"), "split": "validation",
+        "score": val_scores.ravel(), "cached": False, "eval_seconds": 5.0, "agent_elapsed_s": elapsed.ravel(),
+        "error": np.where(errors.ravel(), "evaluation failed", None),
+        "route": np.asarray(["SFT", "SFT", "GRPO"])[np.repeat(m_idx, S) % 3],
+    })  # fmt: skip
+
+    evaluations = _evaluations(run_ids, start, baseline_val, baseline_test, fresh, final_test, best_idx, S,
+                               submissions, spec.tasks, t_idx)
+    llm_calls = _llm_calls(run_ids, start, spec, rng)
+    metrics = pd.DataFrame({
+        "run_id": np.repeat(run_ids, 2), "name": np.tile(["valid_submission_rate", "failure_class"], n),
+        "value": np.ravel(np.column_stack([runs["n_scored"] / S, np.full(n, np.nan)])),
+        "text": np.ravel(np.column_stack([np.full(n, None), runs["failure_class"].to_numpy(dtype=object)])),
+    })  # fmt: skip
+
+    frames = {"runs": runs, "submissions": submissions, "evaluations": evaluations, "llm_calls": llm_calls,
+              "metrics": metrics}
+    truth = {
+        "best_mode": {spec.tasks[t]: spec.modes[(M - 1 - t) % M] for t in range(T)},
+        "worst_mode": {spec.tasks[t]: spec.modes[(M - t) % M] for t in range(T)},
+        "paired_diff": {spec.agents[a]: spec.agent_step * a for a in range(A)},
+        "baseline_sd": {spec.tasks[t]: float(baseline_sd[t]) for t in range(T)},
+    }
+    return SyntheticData(frames=frames, spec=spec, truth=truth)
+
+
+def _evaluations(run_ids, start, baseline_val, baseline_test, fresh, final_test, best_idx, S, submissions, tasks,
+                 t_idx) -> pd.DataFrame:
+    n = len(run_ids)
+    evaluator = np.char.add(np.asarray(tasks)[t_idx], "-eval-v1")
+    base = pd.DataFrame({
+        "run_id": np.repeat(run_ids, 2), "eval_key": np.tile(["baseline-0-validation", "baseline-0-test"], n),
+        "kind": "baseline", "submission_id": pd.array([None] * (2 * n), dtype="Int64"),
+        "split": np.tile(["validation", "test"], n), "score": np.ravel(np.column_stack([baseline_val, baseline_test])),
+        "n": np.int64(200), "evaluator_id": np.repeat(evaluator, 2), "weights_hash": "base",
+        "cached": np.ravel(np.column_stack([~fresh, ~fresh])), "created_at": start.repeat(2),
+    })  # fmt: skip
+    scored = submissions[submissions["status"] == "scored"]
+    subs = pd.DataFrame({
+        "run_id": scored["run_id"], "eval_key": "submission-" + scored["submission_id"].astype(str) + "-validation",
+        "kind": "submission", "submission_id": scored["submission_id"], "split": "validation",
+        "score": scored["score"], "n": np.int64(200), "evaluator_id": "eval-v1", "weights_hash": scored["weights_hash"],
+        "cached": False, "created_at": scored["created_at"],
+    })  # fmt: skip
+    final = pd.DataFrame({
+        "run_id": run_ids, "eval_key": "final-" + (best_idx + 1).astype(str) + "-test", "kind": "final",
+        "submission_id": (best_idx + 1).astype(np.int64), "split": "test", "score": final_test, "n": np.int64(200),
+        "evaluator_id": evaluator, "weights_hash": "final", "cached": False,
+        "created_at": start + pd.Timedelta(hours=1),
+    })  # fmt: skip
+    return pd.concat([base, subs, final], ignore_index=True)
+
+
+def _llm_calls(run_ids, start, spec: SyntheticSpec, rng) -> pd.DataFrame:
+    n, C = len(run_ids), spec.llm_calls_per_run
+    if C == 0:
+        return pd.DataFrame(columns=["run_id", "seq", "created_at", "model", "input_tokens", "output_tokens"])
+    offsets = np.sort(rng.uniform(0, spec.budget_s, size=(n, C)), axis=1)
+    return pd.DataFrame({
+        "run_id": np.repeat(run_ids, C), "seq": np.tile(np.arange(C, dtype=np.int64), n),
+        "created_at": start.repeat(C) + pd.to_timedelta(offsets.ravel(), unit="s"),
+        "agent_elapsed_s": offsets.ravel(), "model": "driver-x",
+        "input_tokens": rng.integers(1_000, 50_000, n * C), "output_tokens": rng.integers(100, 2_000, n * C),
+        "cache_read_tokens": np.int64(0), "cache_write_tokens": np.int64(0), "cost_usd": 0.01, "latency_s": 2.0,
+    })  # fmt: skip
+
+
+def write_synthetic_store(path: Path | str, spec: SyntheticSpec = SyntheticSpec()) -> SyntheticData:
+    """Write a synthetic store at `path` (bulk inserts, one per table) and return its frames and truth."""
+    from a2rl.store import ResultsStore
+
+    data = synthetic_frames(spec)
+    store = ResultsStore(path)
+    for table, frame in data.frames.items():
+        store.bulk_write(table, frame)
+    data.truth["store"] = str(Path(path))
+    data.truth["spec"] = json.loads(json.dumps(spec.__dict__, default=list))
+    return data

@@ -1,0 +1,156 @@
+"""reference-grpo / reference-sft-grpo: the GRPO script on the tiny model, its rewards, and a whole scripted
+session (SFT warm-up, then GRPO from it) against the real grading HTTP API."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
+from a2rl.records import EvalResult, RunConfig
+from a2rl.workspace import RunPaths, build_workspace
+from agents import AgentEnv, get_agent, run_agent
+from agents.reference_grpo import agent as grpo_agent
+from agents.reference_grpo import train_grpo
+from agents.reference_sft import agent as sft_agent
+from benchmarks.gsm8k.answers import extract_answer as grader_extract_answer
+
+TRAIN_GRPO = Path(train_grpo.__file__)
+
+# Single-digit targets: the random tiny model writes digits often enough that the rewards of a group differ,
+# so GRPO's advantages (and gradients) are not all zero.
+ROWS = [{"id": i, "question": f"What is {i % 10} plus 0?", "answer": f"{i % 10} + 0 = {i % 10}\n#### {i % 10}",
+         "target": str(i % 10)} for i in range(20)]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def train_jsonl(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS), encoding="utf-8")
+    return path
+
+
+def max_weight_change(a: Path, b: Path) -> float:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ma = AutoModelForCausalLM.from_pretrained(a, dtype=torch.float32).state_dict()
+    mb = AutoModelForCausalLM.from_pretrained(b, dtype=torch.float32).state_dict()
+    assert ma.keys() == mb.keys()
+    return max((ma[k] - mb[k]).abs().max().item() for k in ma)
+
+
+def test_train_grpo_runs_real_steps_and_writes_a_merged_lora_checkpoint(tiny_model_dir, train_jsonl, tmp_path):
+    out = tmp_path / "output" / "v1"
+    out.parent.mkdir()
+    # 2 steps of 16 completions (2 prompts x 8 generations) of 32 tokens at temperature 1.5, so that some
+    # completions hit the target and a group's rewards differ; lr 1e-2 because the tiny model's gradients are tiny.
+    cmd = [sys.executable, str(TRAIN_GRPO), "--init", str(tiny_model_dir), "--out", str(out),
+           "--data", str(train_jsonl),
+           "--max-steps", "2", "--batch-size", "16", "--num-generations", "8", "--max-completion-length", "32",
+           "--temperature", "1.5", "--lr", "1e-2", "--lora", "--lora-r", "4", "--lora-alpha", "8",
+           "--time-limit", "60", "--seed", "0"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = sft_agent.parse_summary(proc.stdout.splitlines())
+    assert summary is not None and summary["steps"] == 2 and summary["lora"] is True and summary["method"] == "GRPO"
+    assert summary["correct_mean"] > 0  # the rule reward fired, so the update below is a real one
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer_config.json"} <= names
+    assert not any(n.startswith("adapter_") for n in names), "LoRA adapter not merged"
+    assert not any(p.name.startswith(".") for p in out.parent.iterdir()), "temp or trainer dirs left behind"
+    assert max_weight_change(tiny_model_dir, out) > 0
+
+
+def test_train_grpo_refuses_a_batch_that_is_not_whole_groups(tiny_model_dir, train_jsonl, tmp_path):
+    cmd = [sys.executable, str(TRAIN_GRPO), "--init", str(tiny_model_dir), "--out", str(tmp_path / "v1"),
+           "--data", str(train_jsonl), "--batch-size", "6", "--num-generations", "4"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "multiple of --num-generations" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("completion", "target", "correct", "fmt"),
+    [
+        ("3 + 4 = 7.\nThe answer is 7", "7", 1.0, 1.0),  # the evaluation format, right
+        ("3 + 4 = 7.\nThe answer is 8.", "7", 0.0, 1.0),  # well formatted, wrong
+        ("The answer is $1,200. Then more text", "1200", 1.0, 0.5),  # said, but not at the end
+        ("so 3 + 4 = 7", "7", 1.0, 0.0),  # no marker: the last number counts, no format reward
+        ("#### 12", "12", 1.0, 0.5),  # GSM8K reference marker
+        ("The answer is 5. Question: what is 2+2? The answer is 4", "5", 1.0, 0.5),  # invented next question
+        ("no number at all", "1", 0.0, 0.0),
+    ],
+)
+def test_rewards_follow_the_graders_rule(completion, target, correct, fmt):
+    conversational = [[{"role": "assistant", "content": completion}]]
+    assert train_grpo.correctness_reward(conversational, target=[target]) == [correct]
+    assert train_grpo.correctness_reward([completion], target=[target]) == [correct]
+    assert train_grpo.format_reward(conversational) == [fmt]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["The answer is 42", "#### 1,234", "It is -5 degrees", "costs $3.50 total", "answer is: 0.50",
+     "first 3 then 4", "The answer is 7. Question: next one is 9", "5-day trip, 10 miles", "nothing"],
+)
+def test_the_scripts_answer_extraction_agrees_with_the_grader(text):
+    assert train_grpo.extract_answer(text) == grader_extract_answer(text)
+
+
+def test_target_comes_from_the_row_or_its_solution():
+    assert train_grpo.target_of({"target": "1,000"}) == "1000"
+    assert train_grpo.target_of({"answer": "work\n#### 72"}) == "72"
+    assert train_grpo.target_of({"answer": "no marker"}) is None
+
+
+def test_grpo_settings_come_from_the_environment():
+    s = grpo_agent.GRPOSettings.from_env({"A2RL_GRPO_MAX_STEPS": "2", "A2RL_GRPO_LR": "0.5"})
+    assert (s.max_steps, s.lr, s.num_generations, s.max_completion_length) == (2, 0.5, 4, 128)
+
+
+def _constant_evaluator(score: float):
+    def evaluate(model_dir: Path, weights_hash: str, spec, device=None) -> EvalResult:
+        return EvalResult(task=spec.task, split=spec.split, score=score, n=4, n_correct=2,
+                          evaluator_id="constant", weights_hash=weights_hash)  # fmt: skip
+
+    return evaluate
+
+
+def test_reference_sft_grpo_session_warms_up_with_sft_then_runs_grpo_from_it(
+    tiny_model_dir, train_jsonl, tmp_path, monkeypatch
+):
+    knobs = {"A2RL_SFT_MAX_STEPS": "2", "A2RL_SFT_BATCH_SIZE": "2", "A2RL_SFT_LR": "1e-2", "A2RL_SFT_TRAIN_S": "30",
+             "A2RL_GRPO_MAX_STEPS": "2", "A2RL_GRPO_MAX_COMPLETION_LENGTH": "16", "A2RL_GRPO_LR": "1e-2",
+             "A2RL_GRPO_TRAIN_S": "30"}  # fmt: skip
+    for k, v in knobs.items():
+        monkeypatch.setenv(k, v)
+    public = train_jsonl.parent
+    paths = RunPaths.for_run(tmp_path / "runs", "run-g")
+    build_workspace(paths, public, tiny_model_dir, "# Task\n", "# Instructions\n")
+    agent = get_agent("reference-sft-grpo")
+    agent.install(paths.workspace)
+    code = {p.name for p in (paths.workspace / "code").iterdir()}
+    assert code == {"agent.py", "train_grpo.py", "train_sft.py", "round_loop.py"}
+    clock = BudgetClock(600)
+    ctx = GradingContext("run-g", RunConfig(max_submissions=2), paths.workspace, paths.harness_dir,
+                         baseline={"validation": 25.0}, base_model_dir=tiny_model_dir)  # fmt: skip
+    service = GradingService(ctx, clock, evaluate=_constant_evaluator(50.0))
+    with GradingServer(service) as server:
+        env = AgentEnv("gsm8k", "tiny", paths.workspace, server.url, server.token, 0, harness_dir=paths.harness_dir)
+        outcome = run_agent(agent, env, clock, paths.harness_dir / "agent.log", grace_s=5)
+    service.close(drain_timeout_s=10)
+    log = (paths.harness_dir / "agent.log").read_text()
+    assert outcome.ended_by == "exited" and outcome.exit_code == 0, log[-3000:]
+    assert "stopping: submission cap reached" in log
+    scored = [(e.model_path, e.score) for e in service.submissions() if e.status == "scored"]
+    assert scored == [("output/v1", 50.0), ("output/v2", 50.0)]
+    notes = (paths.workspace / "code" / "NOTES.md").read_text()
+    rows = [line for line in notes.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
+    assert rows[0].startswith("| 1 | SFT | models/base |") and rows[1].startswith("| 2 | GRPO | output/v1 |")
+    assert "--sft-warmup" in " ".join(agent.command(paths.workspace))
