@@ -55,18 +55,23 @@ def evaluate(model_dir: Path, spec: EvalSpec) -> EvalResult:
 
     task = get_task(spec.task)
     items = task.load_split(spec.variant, spec.split, spec.limit)
-    conversations = [task.build_prompt(item) for item in items]
     d = task.decoding
     start = time.perf_counter()
-    out = generate(
-        model_dir,
-        conversations,
-        max_new_tokens=d.max_new_tokens,
-        temperature=d.temperature,
-        stop=d.stop,
-        batch_size=spec.batch_size,
-    )
-    results = task.score_items(items, out.completions)
+    results = task.run_episodes(model_dir, items, spec.batch_size)
+    if results is not None:  # an interactive task: its episodes carry their own token counts
+        generated_tokens = sum(r.detail.get("generated_tokens", 0) for r in results)
+    else:
+        conversations = [task.build_prompt(item) for item in items]
+        out = generate(
+            model_dir,
+            conversations,
+            max_new_tokens=d.max_new_tokens,
+            temperature=d.temperature,
+            stop=d.stop,
+            batch_size=spec.batch_size,
+        )
+        results = task.score_items(items, out.completions)
+        generated_tokens = out.generated_tokens
     n_correct = sum(r.correct for r in results)
     return EvalResult(
         task=spec.task,
@@ -76,7 +81,7 @@ def evaluate(model_dir: Path, spec: EvalSpec) -> EvalResult:
         n=len(results),
         n_correct=n_correct,
         evaluator_id=task.evaluator_id(),
-        generated_tokens=out.generated_tokens,
+        generated_tokens=generated_tokens,
         duration_s=time.perf_counter() - start,
         items=results,
     )

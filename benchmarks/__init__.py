@@ -7,11 +7,14 @@ from benchmarks.base import BenchmarkTask, Decoding, PreparedData, TaskData
 
 def _registry() -> dict[str, BenchmarkTask]:
     # Imported lazily so that `import benchmarks` stays cheap.
+    from benchmarks.alfworld import ALFWorld
     from benchmarks.alpacaeval import AlpacaEval
+    from benchmarks.deepsearchqa import DeepSearchQA
     from benchmarks.gsm8k import GSM8K
     from benchmarks.humaneval import HumanEval
+    from benchmarks.webshop import WebShop
 
-    tasks = [GSM8K(), HumanEval(), AlpacaEval()]
+    tasks = [GSM8K(), HumanEval(), AlpacaEval(), ALFWorld(), WebShop(), DeepSearchQA()]
     return {t.id: t for t in tasks}
 
 

@@ -90,6 +90,11 @@ class BenchmarkTask(abc.ABC):
     def preflight(self) -> None:
         """Fail fast, before a run starts, when something the evaluator needs is missing (e.g. a judge)."""
 
+    def run_episodes(self, model_dir: Path, items: list[Item], batch_size: int) -> list[ItemResult] | None:
+        """Interactive tasks run whole episodes here (many in lockstep, one batched generation per step) and
+        return one result per item; None, the default, means one generation per item via `build_prompt`."""
+        return None
+
     def aggregate(self, results: list[ItemResult]) -> float:
         """The task's metric on a 0-100 scale; the default is accuracy. Judge tasks override it."""
         return 100.0 * sum(r.correct for r in results) / max(1, len(results))

@@ -1,0 +1,8 @@
+"""DeepSearchQA (L3): answer questions with a search tool (offline: TriviaQA over Wikipedia summaries)."""
+
+from __future__ import annotations
+
+from benchmarks.deepsearchqa.corpus import DeepSearchQADataError
+from benchmarks.deepsearchqa.task import DeepSearchQA, write_offline_manifest
+
+__all__ = ["DeepSearchQA", "DeepSearchQADataError", "write_offline_manifest"]

@@ -1,0 +1,130 @@
+"""Interactive benchmark tasks: episodes run by the lockstep ReAct loop, a model as the batched policy.
+
+Not copied into workspaces (it imports the harness); the environment modules beside it are.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from a2rl.records import ItemResult
+from benchmarks.base import BenchmarkTask, Decoding, Item, Messages, PreparedData, write_jsonl
+from benchmarks.envs.base import TextEnv
+from benchmarks.envs.export import write_envlib
+from benchmarks.envs.react import BatchPolicy, Episode, parse_action, run_episodes
+
+EPISODE_SEED = 0
+"""Seed of episode 0; episode i is reset with EPISODE_SEED + i (the environments here are deterministic)."""
+
+
+class ModelPolicy:
+    """A checkpoint as a batched policy: one `generate` call per step, for all live episodes at once."""
+
+    def __init__(self, model: Any, decoding: Decoding, batch_size: int):
+        self.model, self.decoding, self.batch_size = model, decoding, batch_size
+        self.generated_tokens = 0
+        self.calls = 0
+
+    def __call__(self, conversations: list[Messages]) -> list[str]:
+        from a2rl.generation import generate
+
+        d = self.decoding
+        out = generate(
+            self.model,
+            conversations,
+            max_new_tokens=d.max_new_tokens,
+            temperature=d.temperature,
+            stop=d.stop,
+            batch_size=self.batch_size,
+        )
+        self.generated_tokens += out.generated_tokens
+        self.calls += 1
+        return out.completions
+
+
+@dataclass
+class InteractiveTask(BenchmarkTask):
+    """A task whose items are goals of a `TextEnv`; evaluation runs episodes instead of one generation."""
+
+    max_steps: int = 15
+
+    @abc.abstractmethod
+    def make_env(self, variant: str) -> Callable[[], TextEnv]:
+        """A factory of fresh environments for a variant (sharing heavy state such as a search index)."""
+
+    @abc.abstractmethod
+    def prompt(self, goal: Item, observation: str, turns: list[dict[str, Any]]) -> Messages:
+        """Chat messages asking for the next action."""
+
+    def score_episode(self, item: Item, episode: Episode) -> ItemResult:
+        """One episode as an item result: success = `won`, value = final reward, transcript in `detail`."""
+        return ItemResult(
+            item_id=item["id"],
+            completion=episode.turns[-1]["completion"] if episode.turns else "",
+            prediction=str(episode.info.get("answer", episode.info.get("purchased", ""))) or None,
+            target=str(item.get("target", "")),
+            correct=episode.won,
+            value=episode.reward,
+            detail=episode.to_dict(),
+        )
+
+    def parse_action(self, completion: str) -> str:
+        return parse_action(completion)
+
+    def public_files(self, variant: str) -> dict[str, list[dict[str, Any]]]:
+        """Extra agent-visible files an environment needs beside the train goals (a catalog, a corpus)."""
+        return {}
+
+    def prepare(self, variant: str) -> PreparedData:
+        """The static preparation, plus the environment's public files and `envlib.zip` for online rollouts."""
+        prepared = super().prepare(variant)
+        for name, rows in self.public_files(variant).items():
+            if not (prepared.public_dir / name).exists():
+                write_jsonl(prepared.public_dir / name, rows)
+        if not (prepared.public_dir / "envlib.zip").exists():
+            write_envlib(prepared.public_dir / "envlib.zip")
+        return prepared
+
+    def evaluator_id(self) -> str:
+        return f"{super().evaluator_id()}/steps{self.max_steps}"
+
+    # -- BenchmarkTask -----------------------------------------------------------------------------
+    def build_prompt(self, item: Item) -> Messages:
+        observation, _ = self.make_env(item.get("variant", "offline"))().reset(item, seed=EPISODE_SEED)
+        return self.prompt(item, observation, [])
+
+    def score_item(self, item: Item, completion: str) -> ItemResult:
+        raise TypeError(f"{self.id} is interactive: it is scored per episode (run_episodes), not per completion")
+
+    def summarize(self, results: list[ItemResult]) -> dict:
+        n = max(1, len(results))
+        return {
+            "mean_reward": sum(r.value or 0.0 for r in results) / n,
+            "mean_steps": sum(r.detail.get("steps", 0) for r in results) / n,
+        }
+
+    def play(self, items: list[Item], policy: BatchPolicy, variant: str | None = None) -> list[ItemResult]:
+        """Run episodes for items with any batched policy (a model, an oracle, a random policy)."""
+        if not items:
+            return []
+        variant = variant or items[0].get("variant", "offline")
+        episodes = run_episodes(
+            self.make_env(variant), items, policy, self.prompt, self.max_steps, EPISODE_SEED, self.parse_action
+        )
+        return [self.score_episode(item, ep) for item, ep in zip(items, episodes)]
+
+    def run_episodes(self, model_dir: Path | Any, items: list[Item], batch_size: int) -> list[ItemResult] | None:
+        from a2rl.generation import load_model
+
+        model = model_dir if isinstance(model_dir, tuple) else load_model(model_dir)
+        policy = ModelPolicy(model, self.decoding, batch_size)
+        results = self.play(items, policy)
+        for r in results:
+            r.detail["policy_calls"] = policy.calls
+        if results:
+            results[0].detail["generated_tokens"] = policy.generated_tokens
+        return results
