@@ -311,13 +311,15 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     if url := ops.resolve_api_url():
         try:
-            runs = ops.recent_flow_runs(url, args.limit)
+            runs, upcoming = ops.recent_flow_runs(url, args.limit), ops.recent_flow_runs(url, 3, scheduled=True)
         except Exception as e:  # the server may be starting or gone; the store below is still worth showing
             print(f"cannot list flow runs: {e}")
         else:
-            _print_table(f"recent flow runs on {url}", ["flow run", "state", "expected start", "run time", "id"],
-                         [[r["name"], r["state_name"] or "-", (r["expected_start_time"] or "")[:19],
+            _print_table(f"recent flow runs on {url}", ["flow run", "state", "start (UTC)", "run time", "id"],
+                         [[r["name"], r["state_name"] or "-", (r["start_time"] or r["expected_start_time"] or "")[:19],
                            f"{r['total_run_time']:.0f} s", r["id"]] for r in runs])  # fmt: skip
+            for r in upcoming:
+                print(f"scheduled: {r['name']} at {r['expected_start_time'][:19]} UTC")
     if Path(args.results).exists():
         from a2rl.store import ResultsStore
 

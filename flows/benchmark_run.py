@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from prefect import flow, get_run_logger
+from prefect.concurrency.sync import concurrency
 from prefect.exceptions import TerminationSignal
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 
@@ -107,7 +108,10 @@ def agent_session(
         service.record_event("session-end", **outcome.model_dump(), grading_seconds=0.0)
         return outcome
     agent = get_agent(ctx.config.agent, driver=resolve_driver(ctx.config.driver))
-    with GradingServer(service, request_log=ctx.paths.harness_dir / "requests.jsonl") as server:
+    # One GPU slot per agent session (global concurrency limit `gpu`, made by sweeps; a no-op without it).
+    # A short lease frees a dead run's slot within a minute.
+    with concurrency("gpu", occupy=1, lease_duration=60), \
+            GradingServer(service, request_log=ctx.paths.harness_dir / "requests.jsonl") as server:
         service.record_event("session-resumed" if interrupted else "session-start", url=server.url,
                              budget_s=ctx.config.budget_s, already_used_s=used_s)
         logger.info("grading service on %s; agent %s %s with %.0f s left", server.url, agent.id,

@@ -1,0 +1,338 @@
+"""A local Prefect server and process worker as managed subprocesses: start, stop, status, deploy.
+
+Each process gets a JSON state file under PREFECT_HOME (pid, start time, URL, log file), so `a2rl server
+stop` in another shell finds it, and a reused pid is never mistaken for ours. Prefect is driven through its
+CLI and REST API only (no `import prefect`), which keeps `a2rl status` fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 4200
+DEFAULT_POOL = "a2rl-local"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SERVER_STATE = "a2rl-server.json"
+WORKER_STATE = "a2rl-worker.json"
+# Set for every Prefect process we start: the machine is offline, and telemetry would only log errors.
+QUIET_ENV = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+
+
+class OpsError(RuntimeError):
+    """A server, worker or deployment command did not do what was asked; the message says what to check."""
+
+
+@dataclass
+class ManagedProcess:
+    """A process we started, as recorded in its state file."""
+
+    name: str
+    pid: int
+    create_time: float
+    log: str
+    url: str | None = None
+    pool: str | None = None
+
+    def alive(self) -> bool:
+        try:
+            proc = psutil.Process(self.pid)
+            # Same pid and same start time: still our process, not a newcomer that reused the pid.
+            return abs(proc.create_time() - self.create_time) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+
+def prefect_home() -> Path:
+    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+
+
+def api_url_of(host: str, port: int) -> str:
+    return f"http://{host}:{port}/api"
+
+
+def read_state(name: str, home: Path | None = None) -> ManagedProcess | None:
+    path = (home or prefect_home()) / name
+    try:
+        return ManagedProcess(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _write_state(proc: ManagedProcess, state: str, home: Path) -> None:
+    (home / state).write_text(json.dumps(asdict(proc), indent=1))
+
+
+def resolve_api_url(home: Path | None = None) -> str | None:
+    """PREFECT_API_URL if set, else the URL of the server `a2rl server start` left running."""
+    if url := os.environ.get("PREFECT_API_URL"):
+        return url
+    server = read_state(SERVER_STATE, home)
+    return server.url if server and server.alive() else None
+
+
+def prefect_env(api_url: str | None, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, **QUIET_ENV, **(extra or {})}
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
+    return env
+
+
+def prefect_cli(*args: str, api_url: str | None = None, cwd: Path | None = None, timeout_s: float = 300,
+                check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run `prefect --no-prompt ARGS` with this interpreter; raise OpsError with its output on failure."""
+    cmd = [sys.executable, "-m", "prefect", "--no-prompt", *args]
+    out = subprocess.run(cmd, cwd=cwd, env=prefect_env(api_url), capture_output=True, text=True, timeout=timeout_s)
+    if check and out.returncode != 0:
+        raise OpsError(f"`prefect {' '.join(args)}` failed (exit {out.returncode}):\n{out.stdout}\n{out.stderr}")
+    return out
+
+
+# ---- server ------------------------------------------------------------------------------------------
+
+
+def server_healthy(api_url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        return httpx.get(f"{api_url}/health", timeout=timeout_s).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def start_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, home: Path | None = None,
+                 env: dict[str, str] | None = None, timeout_s: float = 120) -> ManagedProcess:
+    """Start `prefect server start` on host:port in its own session; wait until /api/health answers.
+
+    Its SQLite database and logs live under `home` (PREFECT_HOME); `env` adds server settings. Returns the
+    running server if one we started is already up.
+    """
+    home = home or prefect_home()
+    home.mkdir(parents=True, exist_ok=True)
+    if (running := read_state(SERVER_STATE, home)) and running.alive():
+        return running
+    url = api_url_of(host, port)
+    if server_healthy(url):
+        raise OpsError(f"another Prefect server already answers on {url}; stop it or pick another --port")
+    log = home / "a2rl-server.log"
+    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port),
+           "--analytics-off"]  # fmt: skip
+    server_env = prefect_env(None, {"PREFECT_HOME": str(home), **(env or {})})
+    server_env.pop("PREFECT_API_URL", None)  # the server must not try to talk to another API
+    proc = _spawn(cmd, server_env, log)
+    server = ManagedProcess("server", proc.pid, psutil.Process(proc.pid).create_time(), str(log), url=url)
+    _write_state(server, SERVER_STATE, home)
+    deadline = time.monotonic() + timeout_s
+    while not server_healthy(url):
+        if proc.poll() is not None:
+            (home / SERVER_STATE).unlink(missing_ok=True)
+            raise OpsError(f"the Prefect server exited with code {proc.returncode}; see {log}:\n{_tail(log)}")
+        if time.monotonic() > deadline:
+            stop_server(home)
+            raise OpsError(f"the Prefect server did not answer on {url} within {timeout_s:.0f} s; see {log}")
+        time.sleep(0.5)
+    return server
+
+
+def stop_server(home: Path | None = None, timeout_s: float = 30) -> bool:
+    """Stop the server we started (one SIGTERM is enough for it), and a `prefect server start --background`
+    one left in the same PREFECT_HOME. Returns whether anything was running."""
+    home = home or prefect_home()
+    stopped = False
+    if server := read_state(SERVER_STATE, home):
+        stopped = server.alive()
+        _stop_group(server, term_signals=1, timeout_s=timeout_s)
+        (home / SERVER_STATE).unlink(missing_ok=True)
+    if (home / "server.pid").exists():  # started with `prefect server start --background`
+        prefect_cli("server", "stop", check=False, timeout_s=60)
+        stopped = True
+    return stopped
+
+
+# ---- worker ------------------------------------------------------------------------------------------
+
+
+def ensure_work_pool(api_url: str, pool: str = DEFAULT_POOL, pool_type: str = "process") -> bool:
+    """Create the work pool unless it exists. Returns whether it was created."""
+    if httpx.get(f"{api_url}/work_pools/{pool}", timeout=10).status_code == 200:
+        return False
+    # Through the CLI: it fills in the worker type's default job template.
+    prefect_cli("work-pool", "create", pool, "--type", pool_type, api_url=api_url, timeout_s=120)
+    return True
+
+
+def start_worker(api_url: str, pool: str = DEFAULT_POOL, home: Path | None = None, queues: tuple[str, ...] = (),
+                 limit: int | None = None, env: dict[str, str] | None = None,
+                 timeout_s: float = 60) -> ManagedProcess:
+    """Start a process worker on `pool` (created if missing) in its own session; wait until it polls.
+
+    `queues` restricts it to some work queues (default: all of the pool's); `limit` caps concurrent flow
+    runs; `env` is added to the worker's environment, which its flow runs inherit.
+    """
+    home = home or prefect_home()
+    if (running := read_state(WORKER_STATE, home)) and running.alive():
+        return running
+    ensure_work_pool(api_url, pool)
+    log = home / "a2rl-worker.log"
+    cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process",
+           "--install-policy", "never"]  # fmt: skip
+    for q in queues:
+        cmd += ["--work-queue", q]
+    if limit:
+        cmd += ["--limit", str(limit)]
+    proc = _spawn(cmd, prefect_env(api_url, {"PREFECT_HOME": str(home), **(env or {})}), log)
+    worker = ManagedProcess("worker", proc.pid, psutil.Process(proc.pid).create_time(), str(log), url=api_url,
+                            pool=pool)  # fmt: skip
+    _write_state(worker, WORKER_STATE, home)
+    deadline = time.monotonic() + timeout_s
+    while not _worker_polling(api_url, pool, since=worker.create_time):
+        if proc.poll() is not None:
+            (home / WORKER_STATE).unlink(missing_ok=True)
+            raise OpsError(f"the worker exited with code {proc.returncode}; see {log}:\n{_tail(log)}")
+        if time.monotonic() > deadline:
+            raise OpsError(f"the worker did not poll pool {pool!r} within {timeout_s:.0f} s; see {log}")
+        time.sleep(0.5)
+    return worker
+
+
+def stop_worker(home: Path | None = None, timeout_s: float = 30) -> bool:
+    """Stop the worker: it ignores the first SIGTERM (it only asks its loop to stop), so it gets two; flow
+    runs it started are stopped with it (SIGTERM, then SIGKILL) so that nothing is left behind."""
+    home = home or prefect_home()
+    worker = read_state(WORKER_STATE, home)
+    if worker is None:
+        return False
+    alive = worker.alive()
+    _stop_group(worker, term_signals=2, timeout_s=timeout_s)
+    (home / WORKER_STATE).unlink(missing_ok=True)
+    return alive
+
+
+def _worker_polling(api_url: str, pool: str, since: float) -> bool:
+    try:
+        r = httpx.post(f"{api_url}/work_pools/{pool}/workers/filter", json={"limit": 50}, timeout=5)
+    except httpx.HTTPError:
+        return False
+    if r.status_code != 200:
+        return False
+    from datetime import datetime
+
+    return any(datetime.fromisoformat(w["last_heartbeat_time"]).timestamp() >= since - 1 for w in r.json())
+
+
+# ---- deployments and runs ----------------------------------------------------------------------------
+
+
+def deploy(api_url: str, names: list[str] | None = None, root: Path = REPO_ROOT,
+           pool: str = DEFAULT_POOL) -> str:
+    """`prefect --no-prompt deploy --all` (or `-n NAME` each) from the repository root, pool created first.
+
+    The deployments then run flows from `root` (prefect.yaml has no pull section). Returns the CLI output.
+    """
+    ensure_work_pool(api_url, pool)
+    targets = [a for n in names for a in ("-n", n)] if names else ["--all"]
+    out = prefect_cli("deploy", *targets, api_url=api_url, cwd=root, timeout_s=600)
+    return out.stdout
+
+
+def recent_flow_runs(api_url: str, limit: int = 10, scheduled: bool = False) -> list[dict[str, Any]]:
+    """The latest flow runs that are not waiting for their time (newest first); with `scheduled`, the next
+    scheduled ones instead (soonest first)."""
+    states = {"type": {"any_": ["SCHEDULED"]} if scheduled else {"not_any_": ["SCHEDULED"]}}
+    body = {"flow_runs": {"state": states}, "limit": limit,
+            "sort": "EXPECTED_START_TIME_ASC" if scheduled else "EXPECTED_START_TIME_DESC"}  # fmt: skip
+    r = httpx.post(f"{api_url}/flow_runs/filter", json=body, timeout=10)
+    r.raise_for_status()
+    return r.json()
+
+
+def retry_flow_run(api_url: str, flow_run_id: str) -> None:
+    """What the UI's Retry button does: force the run back to Scheduled/AwaitingRetry; a worker re-runs it
+    with the same id and parameters."""
+    state = {"type": "SCHEDULED", "name": "AwaitingRetry", "message": "Retry from the UI"}
+    r = httpx.post(f"{api_url}/flow_runs/{flow_run_id}/set_state", json={"state": state, "force": True}, timeout=10)
+    r.raise_for_status()
+
+
+# ---- processes ---------------------------------------------------------------------------------------
+
+
+def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """Start `cmd` as the leader of a new session (so its whole group can be stopped), output to `log`."""
+    with log.open("ab") as out:
+        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=REPO_ROOT)  # fmt: skip
+
+
+def _stop_group(proc: ManagedProcess, term_signals: int, timeout_s: float) -> None:
+    """SIGTERM the leader `term_signals` times (a few seconds apart), then SIGTERM and finally SIGKILL
+    whatever is left of its process group and descendants (flow runs, their agents)."""
+    if not proc.alive():
+        _kill_leftovers(proc.pid, [])
+        return
+    leader = psutil.Process(proc.pid)
+    family = _descendants(leader)
+    deadline = time.monotonic() + timeout_s
+    for i in range(term_signals):
+        _signal(leader, signal.SIGTERM)
+        if _wait_gone([leader], min(deadline, time.monotonic() + (3 if i < term_signals - 1 else timeout_s))):
+            break
+    _kill_leftovers(proc.pid, family + _descendants(leader))
+
+
+def _kill_leftovers(pgid: int, known: list[psutil.Process]) -> None:
+    left = {p.pid: p for p in known + _group_members(pgid) if p.is_running()}
+    if not left:
+        return
+    for p in left.values():
+        _signal(p, signal.SIGTERM)
+    gone, alive = psutil.wait_procs(list(left.values()), timeout=10)
+    for p in alive:
+        _signal(p, signal.SIGKILL)
+    psutil.wait_procs(alive, timeout=5)
+
+
+def _descendants(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return proc.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _group_members(pgid: int) -> list[psutil.Process]:
+    members = []
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid:
+                members.append(p)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return members
+
+
+def _signal(p: psutil.Process, sig: int) -> None:
+    try:
+        p.send_signal(sig)
+    except psutil.NoSuchProcess:
+        pass
+
+
+def _wait_gone(procs: list[psutil.Process], deadline: float) -> bool:
+    _, alive = psutil.wait_procs(procs, timeout=max(0.0, deadline - time.monotonic()))
+    return not alive
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""

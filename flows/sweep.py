@@ -1,0 +1,278 @@
+"""The `sweep` flow: a matrix of benchmark runs, each its own `benchmark-run` flow run.
+
+Configurations already completed in the results store (same `config_hash`, status 'completed') are skipped
+unless `force`. With a server (`local=False`) every run is started through the `benchmark-run` deployment, so
+each one is watchable and retryable on its own in the UI, and runs share the GPUs through the global
+concurrency limit `gpu` (created here if missing, `gpu_slots` slots; `benchmark-run` holds one slot for its
+agent session). `local=True` runs the same matrix in this process, one subflow after another.
+"""
+
+from __future__ import annotations
+
+import time
+from itertools import product
+from pathlib import Path
+from typing import Any, Literal
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.deployments import run_deployment
+from prefect.exceptions import ObjectNotFound
+from prefect.runtime import flow_run
+from pydantic import BaseModel
+
+from a2rl.records import RunConfig
+from a2rl.store import ResultsStore
+
+GPU_LIMIT = "gpu"
+RUN_DEPLOYMENT = "benchmark-run/benchmark-run"
+DEFAULT_RESULTS = Path("results/a2rl.duckdb")
+DEFAULTS = RunConfig()
+FINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+SweepStatus = Literal["skipped", "planned", "launched", "completed", "failed"]
+
+
+class SweepItem(BaseModel):
+    """One cell of the sweep matrix and what became of it."""
+
+    config: RunConfig
+    parameters: dict[str, Any]
+    """The `benchmark-run` parameters that reproduce `config`."""
+    status: SweepStatus = "planned"
+    state: str | None = None
+    """The Prefect state name of its flow run (Completed, Failed, Crashed, ...)."""
+    flow_run_id: str | None = None
+    detail: str | None = None
+
+    @property
+    def label(self) -> str:
+        c = self.config
+        driver = "" if c.driver == "none" else f"-{c.driver}"
+        return f"{c.task}-{c.agent}{driver}-{c.mode}-s{c.seed}"
+
+
+def expand_matrix(
+    tasks: list[str], agents: list[str], drivers: list[str], modes: list[str], seeds: list[int], **common: Any
+) -> list[RunConfig]:
+    """Every (task, agent, driver, mode, seed) combination as a RunConfig, duplicates dropped, order kept."""
+    configs: dict[str, RunConfig] = {}
+    for task, agent, driver, mode, seed in product(tasks, agents, drivers, modes, seeds):
+        config = RunConfig(task=task, agent=agent, driver=driver, mode=mode, seed=seed, **common)
+        configs.setdefault(config.config_hash(), config)
+    return list(configs.values())
+
+
+def run_parameters(config: RunConfig, results: Path | str, runs_dir: Path | str | None, grace_s: float) -> dict:
+    """The `benchmark-run` parameters whose RunConfig (and so `config_hash`) equals `config`.
+    `driver` is passed only when it is not the default, since the flow may not take it yet."""
+    params: dict[str, Any] = {
+        "task": config.task, "agent": config.agent, "budget_s": config.budget_s, "seed": config.seed,
+        "results": str(results), "variant": config.variant, "base_model": config.base_model,
+        "protocol": config.protocol, "mode": config.mode, "val_limit": config.val_limit,
+        "test_limit": config.test_limit, "max_submissions": config.max_submissions, "grace_s": grace_s,
+    }  # fmt: skip
+    if runs_dir is not None:
+        params["runs_dir"] = str(runs_dir)
+    if config.driver != DEFAULTS.driver:
+        params["driver"] = config.driver
+    return params
+
+
+def completed_hashes(results: Path) -> set[str]:
+    """Config hashes with a completed run in the results store (none if the store does not exist yet)."""
+    if not Path(results).exists():
+        return set()
+    df = ResultsStore(results).query("SELECT DISTINCT config_hash FROM runs WHERE status = 'completed'")
+    return set(df["config_hash"])
+
+
+def plan_sweep(configs: list[RunConfig], done: set[str], force: bool, results: Path | str,
+               runs_dir: Path | str | None, grace_s: float) -> list[SweepItem]:  # fmt: skip
+    items = []
+    for config in configs:
+        item = SweepItem(config=config, parameters=run_parameters(config, results, runs_dir, grace_s))
+        if not force and config.config_hash() in done:
+            item.status, item.detail = "skipped", "already completed in the results store"
+        items.append(item)
+    return items
+
+
+def check_parameters(items: list[SweepItem], accepted: set[str]) -> None:
+    """Fail before anything starts if a run needs a parameter `benchmark-run` does not take (e.g. `driver`)."""
+    for item in items:
+        if missing := set(item.parameters) - accepted:
+            raise ValueError(
+                f"{item.label}: benchmark-run takes no parameter(s) {sorted(missing)}; "
+                "drivers other than 'none' need a `driver` parameter on the flow"
+            )
+
+
+def ensure_gpu_limit(slots: int) -> None:
+    """Create the global concurrency limit `gpu` with `slots` slots, or set an existing one to `slots`."""
+    logger = get_run_logger()
+    with get_client(sync_client=True) as client:
+        try:
+            limit = client.read_global_concurrency_limit_by_name(GPU_LIMIT)
+        except ObjectNotFound:
+            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=GPU_LIMIT, limit=slots))
+            logger.info("created the global concurrency limit %r with %d slot(s)", GPU_LIMIT, slots)
+            return
+        if limit.limit != slots or not limit.active:
+            client.update_global_concurrency_limit(
+                GPU_LIMIT, GlobalConcurrencyLimitUpdate(limit=slots, active=True)
+            )
+            logger.info("set the global concurrency limit %r to %d slot(s) (was %d)", GPU_LIMIT, slots, limit.limit)
+
+
+def launch_runs(items: list[SweepItem], deployment: str, job_variables: dict | None) -> None:
+    """Start each planned item as a flow run of `deployment` and return at once.
+
+    The idempotency key ties a run to this sweep's flow-run id and the config, so a retried sweep finds its
+    runs again instead of starting them twice.
+    """
+    logger = get_run_logger()
+    sweep_id = flow_run.get_id() or "adhoc"
+    for item in items:
+        fr = run_deployment(
+            deployment, parameters=item.parameters, timeout=0, job_variables=job_variables or None,
+            flow_run_name=item.label, tags=["sweep"],
+            idempotency_key=f"sweep-{sweep_id}-{item.config.config_hash()}",
+        )  # fmt: skip
+        item.flow_run_id, item.state, item.status = str(fr.id), fr.state_name, "launched"
+        logger.info("started %s as flow run %s (%s)", item.label, fr.name, fr.id)
+
+
+def watch_runs(items: list[SweepItem], poll_s: float, timeout_s: float | None) -> None:
+    """Poll the launched runs until each reaches a final state; log every state change and keep a progress
+    artifact up to date. A run retried from the UI is followed again until it ends."""
+    logger = get_run_logger()
+    launched = {item.flow_run_id: item for item in items if item.flow_run_id}
+    if not launched:
+        return
+    progress = create_progress_artifact(0.0, description=f"sweep: {len(launched)} benchmark runs")
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while True:
+            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(launched))))
+            for fr in runs:
+                item = launched[str(fr.id)]
+                if fr.state_name != item.state:
+                    item.state = fr.state_name
+                    logger.info("%s: %s", item.label, fr.state_name)
+            finished = [fr for fr in runs if fr.state_type and fr.state_type.value in FINAL_STATES]
+            update_progress_artifact(progress, 100.0 * len(finished) / len(launched))
+            if len(finished) == len(launched):
+                for fr in runs:
+                    item = launched[str(fr.id)]
+                    item.status = "completed" if fr.state_type.value == "COMPLETED" else "failed"
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                logger.warning("stopped watching after %.0f s; %d run(s) still going", timeout_s,
+                               len(launched) - len(finished))  # fmt: skip
+                return
+            time.sleep(poll_s)
+
+
+def run_locally(items: list[SweepItem]) -> None:
+    """Run the planned items one after another as subflows of this sweep."""
+    from flows.benchmark_run import benchmark_run
+
+    logger = get_run_logger()
+    todo = [i for i in items if i.status == "planned"]
+    for n, item in enumerate(todo, 1):
+        logger.info("[%d/%d] %s starts", n, len(todo), item.label)
+        t = time.perf_counter()
+        state = benchmark_run(**item.parameters, return_state=True)
+        item.state = state.name
+        item.status = "completed" if state.is_completed() else "failed"
+        if state.is_completed():
+            s = state.result(raise_on_failure=False)
+            delta = getattr(s, "delta_test", None)
+            item.detail = f"run {getattr(s, 'run_id', '?')}: Δ test {'n/a' if delta is None else f'{delta:+.2f}'}"
+        else:
+            item.detail = str(state.message or state.name)
+        logger.info("[%d/%d] %s %s in %.0f s; %s", n, len(todo), item.label, item.status, time.perf_counter() - t,
+                    item.detail)  # fmt: skip
+
+
+def benchmark_run_parameters(local: bool, deployment: str) -> set[str]:
+    """The parameter names `benchmark-run` accepts: from the deployment's schema, or the flow's signature."""
+    if local:
+        import inspect
+
+        from flows.benchmark_run import benchmark_run
+
+        return set(inspect.signature(benchmark_run.fn).parameters)
+    with get_client(sync_client=True) as client:
+        schema = client.read_deployment_by_name(deployment).parameter_openapi_schema or {}
+    return set(schema.get("properties", {}))
+
+
+@flow(name="sweep")
+def sweep(
+    tasks: list[str] | None = None,
+    agents: list[str] | None = None,
+    drivers: list[str] | None = None,
+    modes: list[str] | None = None,
+    seeds: list[int] | None = None,
+    budget_s: float = DEFAULTS.budget_s,
+    results: Path = DEFAULT_RESULTS,
+    runs_dir: Path | None = None,
+    variant: str = DEFAULTS.variant,
+    base_model: str = DEFAULTS.base_model,
+    protocol: str = DEFAULTS.protocol,
+    val_limit: int | None = DEFAULTS.val_limit,
+    test_limit: int | None = DEFAULTS.test_limit,
+    max_submissions: int = DEFAULTS.max_submissions,
+    grace_s: float = 30.0,
+    local: bool = False,
+    force: bool = False,
+    gpu_slots: int = 1,
+    deployment: str = RUN_DEPLOYMENT,
+    job_variables: dict[str, Any] | None = None,
+    wait: bool = True,
+    poll_s: float = 5.0,
+    watch_timeout_s: float | None = None,
+) -> list[SweepItem]:
+    """Run the matrix tasks × agents × drivers × modes × seeds; skip completed configurations unless `force`.
+
+    Args:
+        tasks, agents, drivers, modes, seeds: the matrix; each defaults to RunConfig's default (seed 0).
+        local: run here, one subflow after another (no server, no worker needed); otherwise start every run
+            through `deployment` on its work pool and (with `wait`) follow them until they end.
+        gpu_slots: slots of the global concurrency limit `gpu`, i.e. agent sessions at once across workers.
+        job_variables: per-run infrastructure overrides for the deployment (e.g. {"env": {...}}).
+        watch_timeout_s: stop following after this long (the runs go on); None = until all end.
+    """
+    logger = get_run_logger()
+    configs = expand_matrix(
+        tasks or [DEFAULTS.task], agents or [DEFAULTS.agent], drivers or [DEFAULTS.driver],
+        modes or [DEFAULTS.mode], seeds or [DEFAULTS.seed], budget_s=budget_s, variant=variant,
+        base_model=base_model, protocol=protocol, val_limit=val_limit, test_limit=test_limit,
+        max_submissions=max_submissions,
+    )  # fmt: skip
+    items = plan_sweep(configs, completed_hashes(Path(results)), force, results, runs_dir, grace_s)
+    planned = [i for i in items if i.status == "planned"]
+    logger.info("sweep of %d configuration(s): %d to run, %d already completed", len(items), len(planned),
+                len(items) - len(planned))  # fmt: skip
+    if planned:
+        check_parameters(planned, benchmark_run_parameters(local, deployment))
+        if local:
+            run_locally(items)
+        else:
+            ensure_gpu_limit(gpu_slots)
+            launch_runs(planned, deployment, job_variables)
+            if wait:
+                watch_runs(planned, poll_s, watch_timeout_s)
+    create_table_artifact(
+        [{"run": i.label, "config_hash": i.config.config_hash(), "status": i.status, "state": i.state,
+          "flow_run_id": i.flow_run_id, "detail": i.detail} for i in items],
+        key="sweep-summary", description="a2rl sweep: one row per configuration",
+    )  # fmt: skip
+    if failed := [i.label for i in items if i.status == "failed"]:
+        raise RuntimeError(f"{len(failed)} of {len(items)} run(s) did not complete: {', '.join(failed)}")
+    return items

@@ -1,0 +1,268 @@
+"""prefect.yaml on a real local Prefect server with a process worker: schedules, a crash and a UI retry, a
+sweep that shares one GPU slot.
+
+Slow (about 4-5 minutes on 2 cores): one server for the whole module, deployments from prefect.yaml, runs of
+the reference agent on the tiny model. Deselect with `-m "not prefect_server"`.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from datetime import time as clock_time
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import duckdb
+import httpx
+import psutil
+import pytest
+
+from a2rl import ops
+from a2rl.grading.ledger import read_ledger
+
+pytestmark = pytest.mark.prefect_server
+
+# Runs start within a second or two of being scheduled (defaults: 10 s each).
+FAST_POLLING = {"PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
+# Passed to the runs as a job-variable override: the reference agent trains a few steps only.
+SMALL_AGENT = {"A2RL_SFT_MAX_STEPS": "4", "A2RL_SFT_BATCH_SIZE": "4", "A2RL_SFT_MAX_LENGTH": "512",
+               "A2RL_SFT_TRAIN_S": "5", "A2RL_SFT_LR": "5e-3"}  # fmt: skip
+# A run waiting for a GPU slot asks again after at most this many seconds (default 30).
+SERVER_ENV = {"PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS": "2"}
+
+
+@dataclass
+class LiveServer:
+    url: str
+    home: Path
+
+    def start_worker(self) -> ops.ManagedProcess:
+        # Only the `default` queue: the nightly sweep (queue `sweeps`) must not start if the tests run at 2 am.
+        return ops.start_worker(self.url, home=self.home, queues=("default",), env=FAST_POLLING)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory) -> Iterator[LiveServer]:
+    """One Prefect server (own PREFECT_HOME), the deployments of prefect.yaml, one process worker."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    home = tmp_path_factory.mktemp("prefect-server")
+    server = ops.start_server(port=_free_port(), home=home, env=SERVER_ENV)
+    pids = [server.pid]
+    try:
+        ops.deploy(server.url)
+        live = LiveServer(server.url, home)
+        pids.append(live.start_worker().pid)
+        with temporary_settings(updates={PREFECT_API_URL: server.url}):  # in-process clients use this server
+            yield live
+    finally:
+        if worker := ops.read_state(ops.WORKER_STATE, home):
+            pids.append(worker.pid)
+        ops.stop_worker(home)
+        ops.stop_server(home)
+        leaked = [p for pid in pids for p in _family(pid)]
+        assert not leaked, f"processes left behind: {leaked}"
+
+
+def test_prefect_yaml_registers_the_three_deployments_on_the_local_pool(live):
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        run = client.read_deployment_by_name("benchmark-run/benchmark-run")
+        nightly = client.read_deployment_by_name("sweep/nightly-sweep")
+        analysis = client.read_deployment_by_name("analysis/analysis")
+    for dep in (run, nightly, analysis):
+        assert dep.work_pool_name == ops.DEFAULT_POOL
+    assert analysis.entrypoint == "flows/analysis.py:analysis"
+    # Every flow parameter can be set per run.
+    import inspect
+
+    from flows.benchmark_run import benchmark_run
+
+    assert set(run.parameter_openapi_schema["properties"]) == set(inspect.signature(benchmark_run.fn).parameters)
+    assert nightly.parameters["seeds"] == [0, 1, 2] and nightly.parameters["local"] is False
+    assert nightly.work_queue_name == "sweeps"
+    assert nightly.global_concurrency_limit is not None and nightly.global_concurrency_limit.limit == 1
+
+
+def test_the_nightly_sweep_is_scheduled_for_two_am_berlin_time(live):
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        nightly = client.read_deployment_by_name("sweep/nightly-sweep")
+    (schedule,) = nightly.schedules
+    assert schedule.active
+    assert (schedule.schedule.cron, schedule.schedule.timezone) == ("0 2 * * *", "Europe/Berlin")
+
+    berlin = ZoneInfo("Europe/Berlin")
+    now = datetime.now(berlin)
+    day = now.date() if now.time() < clock_time(2) else now.date() + timedelta(days=1)
+    expected = _berlin_2am(day, berlin)
+    # The server's scheduler creates the upcoming runs a few seconds after the deployment appears.
+    scheduled = _wait_for(lambda: _scheduled_runs(live.url, nightly.id), timeout_s=90, what="scheduled runs")
+    first = datetime.fromisoformat(scheduled[0]["expected_start_time"])
+    assert first == expected, f"first nightly run at {first.astimezone(berlin)}, expected {expected}"
+    second = datetime.fromisoformat(scheduled[1]["expected_start_time"])
+    assert second == _berlin_2am(day + timedelta(days=1), berlin)
+
+
+def test_a_run_killed_mid_session_completes_after_a_retry_from_the_ui(live, tiny_model_dir, tmp_path):
+    """The worker host dies (SIGKILL to the worker, the flow-run process and the agent) while the agent
+    session runs; after the UI's Retry and a new worker the same flow run finishes, with one row in `runs`
+    and every submission recorded once."""
+    from prefect.deployments import run_deployment
+
+    params = dict(base_model=str(tiny_model_dir), budget_s=30, results=str(tmp_path / "results.duckdb"),
+                  runs_dir=str(tmp_path / "runs"), val_limit=2, test_limit=2, grace_s=5)  # fmt: skip
+    fr = run_deployment("benchmark-run/benchmark-run", parameters=params, job_variables={"env": SMALL_AGENT},
+                        timeout=0)  # fmt: skip
+    suffix = fr.id.hex[:8]
+    ledger = _wait_for(lambda: _ledger_with(tmp_path / "runs", suffix, '"session-start"'), timeout_s=240,
+                       what="the agent session to start", run=(live.url, fr.id))  # fmt: skip
+    time.sleep(3)  # the agent process is up and training
+    killed = _kill_worker_host(live.home)
+    assert len(killed) >= 3, f"expected worker, flow-run process and agent, killed {killed}"
+
+    # Nothing notices a SIGKILLed run by itself; mark it crashed as Prefect's zombie detection would, then
+    # press "Retry" (the UI offers it on crashed runs of deployments).
+    _set_state(live.url, fr.id, {"type": "CRASHED", "name": "Crashed", "message": "worker host lost"})
+    ops.retry_flow_run(live.url, str(fr.id))
+    live.start_worker()
+    final = _wait_for(lambda: _final_run(live.url, fr.id), timeout_s=360, what="the retried run to finish")
+
+    assert final["state_type"] == "COMPLETED", final["state"]
+    assert final["run_count"] >= 2
+    with duckdb.connect(params["results"], read_only=True) as con:
+        runs = con.execute("SELECT run_id, status FROM runs").fetchall()
+        subs = con.execute("SELECT submission_id FROM submissions ORDER BY submission_id").fetchall()
+    assert len(runs) == 1 and runs[0][0].endswith(suffix) and runs[0][1] == "completed", runs
+    entries = read_ledger(ledger)  # verifies the hash chain
+    kinds = [e.kind for e in entries]
+    assert kinds.count("baseline") == 2 and kinds.count("final") == 1
+    queued = [e.submission_id for e in entries if e.kind == "submission" and e.status == "queued"]
+    assert len(queued) == len(set(queued)), f"a submission was queued twice: {queued}"
+    assert [s for (s,) in subs] == sorted(set(queued))
+
+
+def test_a_sweep_runs_one_agent_session_at_a_time_with_one_gpu_slot(live, tiny_model_dir, tmp_path):
+    """Two runs start together on a worker without a run limit; the `gpu` limit (1 slot) lets only one agent
+    session run at a time. A second sweep over the same matrix starts nothing."""
+    from prefect.client.orchestration import get_client
+
+    from flows.sweep import GPU_LIMIT, sweep
+
+    kwargs: dict[str, Any] = dict(
+        seeds=[0, 1], budget_s=20, results=tmp_path / "results.duckdb", runs_dir=tmp_path / "runs",
+        base_model=str(tiny_model_dir), val_limit=2, test_limit=2, grace_s=5, gpu_slots=1,
+        job_variables={"env": SMALL_AGENT}, poll_s=2, watch_timeout_s=420,
+    )  # fmt: skip
+    items = sweep(**kwargs)
+    assert [i.status for i in items] == ["completed", "completed"], [(i.label, i.state, i.detail) for i in items]
+    with get_client(sync_client=True) as client:
+        assert client.read_global_concurrency_limit_by_name(GPU_LIMIT).limit == 1
+
+    sessions = sorted(_session_interval(p) for p in (tmp_path / "runs").glob("*/harness/ledger.jsonl"))
+    assert len(sessions) == 2
+    (_, first_end), (second_start, _) = sessions
+    assert first_end <= second_start, f"agent sessions overlap: {sessions}"
+
+    again = sweep(**kwargs)
+    assert [i.status for i in again] == ["skipped", "skipped"]
+
+
+def test_a2rl_status_shows_the_server_and_its_flow_runs(live, monkeypatch, capsys):
+    from a2rl.cli import main
+
+    monkeypatch.setenv("PREFECT_API_URL", live.url)
+    assert main(["status", "--results", str(live.home / "none.duckdb")]) == 0
+    out = capsys.readouterr().out
+    assert f"server {live.url}: up" in out and "recent flow runs" in out
+
+
+# ---- helpers -----------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _family(pid: int) -> list[psutil.Process]:
+    try:
+        proc = psutil.Process(pid)
+        return [p for p in [proc, *proc.children(recursive=True)] if p.status() != psutil.STATUS_ZOMBIE]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _wait_for(probe: Callable[[], Any], timeout_s: float, what: str, run: tuple[str, Any] | None = None) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if result := probe():
+            return result
+        if run and (state := _flow_run(*run)["state_type"]) in ("FAILED", "CRASHED", "CANCELLED"):
+            pytest.fail(f"flow run ended {state} while waiting for {what}")
+        time.sleep(1)
+    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def _flow_run(url: str, flow_run_id: Any) -> dict:
+    return httpx.get(f"{url}/flow_runs/{flow_run_id}", timeout=10).json()
+
+
+def _final_run(url: str, flow_run_id: Any) -> dict | None:
+    run = _flow_run(url, flow_run_id)
+    return run if run["state_type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
+
+
+def _set_state(url: str, flow_run_id: Any, state: dict) -> None:
+    r = httpx.post(f"{url}/flow_runs/{flow_run_id}/set_state", json={"state": state, "force": True}, timeout=10)
+    r.raise_for_status()
+
+
+def _scheduled_runs(url: str, deployment_id: Any) -> list[dict]:
+    body = {"deployments": {"id": {"any_": [str(deployment_id)]}},
+            "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}},
+            "sort": "EXPECTED_START_TIME_ASC", "limit": 2}  # fmt: skip
+    runs = httpx.post(f"{url}/flow_runs/filter", json=body, timeout=10).json()
+    return runs if len(runs) == 2 else []
+
+
+def _berlin_2am(day: date, berlin: ZoneInfo) -> datetime:
+    return datetime.combine(day, clock_time(2), tzinfo=berlin)
+
+
+def _ledger_with(runs_dir: Path, suffix: str, marker: str) -> Path | None:
+    # Raw text: the writer may be half-way through a line.
+    for ledger in runs_dir.glob(f"*-{suffix}/harness/ledger.jsonl"):
+        if marker in ledger.read_text():
+            return ledger
+    return None
+
+
+def _kill_worker_host(home: Path) -> list[int]:
+    """SIGKILL the worker and everything below it (flow-run process, agent in its own session), as a
+    crashed host would leave them; the worker's state file goes too."""
+    worker = ops.read_state(ops.WORKER_STATE, home)
+    assert worker and worker.alive()
+    procs = _family(worker.pid)
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+    (home / ops.WORKER_STATE).unlink()
+    return [p.pid for p in procs]
+
+
+def _session_interval(ledger: Path) -> tuple[datetime, datetime]:
+    events = {e.detail.get("event"): e.at for e in read_ledger(ledger) if e.kind == "event"}
+    return events["session-start"], events["session-end"]
+

@@ -1,0 +1,127 @@
+"""Process management of a2rl.ops without a Prefect server: state files, stopping, leftovers."""
+
+from __future__ import annotations
+
+import http.server
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from a2rl import ops
+
+# Like `prefect worker start`: the first SIGTERM only asks it to stop (and it stays up), the second ends it.
+STUBBORN = textwrap.dedent("""
+    import signal, subprocess, sys, time
+    log = open(sys.argv[1], "a", buffering=1)
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])                       # a flow run
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)  # its agent
+    terms = []
+    def on_term(sig, frame):
+        terms.append(sig)
+        log.write("TERM\\n")
+        if len(terms) == 2:
+            sys.exit(0)
+    signal.signal(signal.SIGTERM, on_term)
+    log.write("ready\\n")
+    while True:
+        time.sleep(0.1)
+""")
+
+
+def _start_managed(tmp_path: Path, state: str) -> tuple[ops.ManagedProcess, Path]:
+    log = tmp_path / "signals.log"
+    script = tmp_path / "stubborn.py"
+    script.write_text(STUBBORN)
+    proc = ops._spawn([sys.executable, str(script), str(log)], env={"PATH": "/usr/bin:/bin"}, log=tmp_path / "out.log")
+    deadline = time.monotonic() + 30
+    while "ready" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, (tmp_path / "out.log").read_text()
+        time.sleep(0.05)
+    managed = ops.ManagedProcess("worker", proc.pid, psutil.Process(proc.pid).create_time(), str(log))
+    ops._write_state(managed, state, tmp_path)
+    return managed, log
+
+
+def test_stop_worker_sends_term_twice_and_leaves_no_process_behind(tmp_path):
+    worker, log = _start_managed(tmp_path, ops.WORKER_STATE)
+    family = [psutil.Process(worker.pid), *psutil.Process(worker.pid).children(recursive=True)]
+    assert len(family) == 3
+
+    assert ops.stop_worker(tmp_path, timeout_s=20) is True
+
+    assert log.read_text().count("TERM") == 2
+    assert not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not (tmp_path / ops.WORKER_STATE).exists()
+    assert ops.stop_worker(tmp_path) is False  # nothing left to stop
+
+
+def test_stop_server_does_not_wait_forever_for_a_server_that_stays_up(tmp_path):
+    server, log = _start_managed(tmp_path, ops.SERVER_STATE)
+    family = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
+    t = time.monotonic()
+    assert ops.stop_server(tmp_path, timeout_s=2) is True
+    assert time.monotonic() - t < 20
+    assert not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_reused_pid_is_not_mistaken_for_our_process(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        impostor = ops.ManagedProcess("server", proc.pid, psutil.Process(proc.pid).create_time() - 100, "x")
+        assert not impostor.alive()
+        ops._write_state(impostor, ops.SERVER_STATE, tmp_path)
+        ops.stop_server(tmp_path)
+        assert proc.poll() is None  # not ours: untouched
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+def test_state_files_round_trip_and_tolerate_garbage(tmp_path):
+    p = ops.ManagedProcess("worker", 1234, 1.5, "/tmp/w.log", url="http://127.0.0.1:1/api", pool="a2rl-local")
+    ops._write_state(p, ops.WORKER_STATE, tmp_path)
+    assert ops.read_state(ops.WORKER_STATE, tmp_path) == p
+    (tmp_path / ops.SERVER_STATE).write_text("{not json")
+    assert ops.read_state(ops.SERVER_STATE, tmp_path) is None
+
+
+def test_resolve_api_url_prefers_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("PREFECT_API_URL", "http://example.invalid/api")
+    assert ops.resolve_api_url(tmp_path) == "http://example.invalid/api"
+    monkeypatch.delenv("PREFECT_API_URL")
+    assert ops.resolve_api_url(tmp_path) is None  # no env, no running server of ours
+
+
+def test_start_server_refuses_a_port_where_another_server_answers(tmp_path):
+    class Healthy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Healthy)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(ops.OpsError, match="already answers"):
+            ops.start_server(port=httpd.server_address[1], home=tmp_path)
+    finally:
+        httpd.shutdown()
+    assert not (tmp_path / ops.SERVER_STATE).exists()
+
+
+def test_server_status_without_a_server_says_how_to_start_one(tmp_path, monkeypatch, capsys):
+    from a2rl.cli import main
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    assert main(["server", "status"]) == 1
+    assert "a2rl server start" in capsys.readouterr().out
