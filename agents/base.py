@@ -17,6 +17,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from a2rl.grading.clock import BudgetClock
+from a2rl.sandbox import SandboxPolicy
+from a2rl.sandbox import describe as describe_sandbox
+from a2rl.sandbox import wrap as wrap_in_sandbox
 
 # Only these variables of the harness's environment reach an agent: no API keys, no tokens.
 PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
@@ -233,11 +236,14 @@ def run_agent(
     log_path: Path,
     grace_s: float = 30.0,
     poll_s: float = 0.5,
+    sandbox: SandboxPolicy | None = None,
 ) -> SessionOutcome:
     """Start the agent in its own process group and stop the whole group when the budget is spent.
 
     The budget is checked against the pausable clock, so time spent grading extends the wall-clock
     deadline. After the budget, the group gets SIGTERM and `grace_s` to make a last submission, then SIGKILL.
+    With a `sandbox` policy, a scripted agent runs inside bubblewrap (a2rl.sandbox); an LLM agent's runner
+    holds its key and network access and gets the policy to apply to what it starts.
     """
     start = time.monotonic()
     try:
@@ -247,13 +253,19 @@ def run_agent(
                               wall_seconds=time.monotonic() - start, error=str(e))
     if bad := [k for k in extra if not k.startswith(HARNESS_ENV_PREFIX)]:
         raise ValueError(f"{agent.id}: launch_env names must start with {HARNESS_ENV_PREFIX}: {bad}")
+    command, child_env = agent.command(env.workspace), {**agent_environment(env), **extra}
+    if sandbox is not None:
+        if agent.uses_llm:
+            child_env[f"{HARNESS_ENV_PREFIX}SANDBOX"] = json.dumps(describe_sandbox(sandbox))
+        else:
+            command, child_env = wrap_in_sandbox(command, child_env, sandbox)
     clock.start()
     with log_path.open("ab") as log:
         try:
             proc = subprocess.Popen(
-                agent.command(env.workspace),
+                command,
                 cwd=env.workspace,
-                env={**agent_environment(env), **extra},
+                env=child_env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -23,9 +23,12 @@ from a2rl.recording import CodeSnapshots, ResourceSampler, workspace_pids
 from a2rl.grading.service import grading_devices
 from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
 from a2rl.report import build_summary, latest_submissions, write_report
-from a2rl.run import RunContext
+from a2rl.run import RunContext, visible_gpus
+from a2rl.leak_audit import LeakReport, audit_leaks, hidden_texts
+from a2rl.sandbox import SandboxPolicy, sandbox_label
 from a2rl.store import ResultsStore
 from agents import AgentEnv, SessionOutcome, get_agent, run_agent
+from benchmarks import get_task
 from blocks import resolve_driver
 from tasks.run_steps import (
     build_workspace_step,
@@ -112,8 +115,9 @@ def agent_session(
     # A short lease frees a dead run's slot within a minute.
     with concurrency("gpu", occupy=1, lease_duration=60), \
             GradingServer(service, request_log=ctx.paths.harness_dir / "requests.jsonl") as server:
+        policy, sandbox = sandbox_for(ctx, server.url, agent.uses_llm)
         service.record_event("session-resumed" if interrupted else "session-start", url=server.url,
-                             budget_s=ctx.config.budget_s, already_used_s=used_s)
+                             budget_s=ctx.config.budget_s, already_used_s=used_s, sandbox=sandbox)
         logger.info("grading service on %s; agent %s %s with %.0f s left", server.url, agent.id,
                     "resumes" if interrupted else "starts", clock.remaining())
         env = AgentEnv(ctx.config.task, ctx.config.base_model, ctx.paths.workspace, server.url, server.token,
@@ -123,12 +127,39 @@ def agent_session(
             extra_fn=lambda: {"grading": clock.is_paused, "agent_elapsed_s": round(clock.elapsed(), 1)},
         )
         with ClockRecorder(clock, clock_file), snapshots.periodic(300), sampler:
-            outcome = run_agent(agent, env, clock, ctx.paths.harness_dir / "agent.log", grace_s=grace_s)
+            outcome = run_agent(agent, env, clock, ctx.paths.harness_dir / "agent.log", grace_s=grace_s,
+                                sandbox=policy)
             service.close()
     outcome.agent_seconds = round(clock.elapsed(), 3)
     service.record_event("session-end", **outcome.model_dump(), grading_seconds=round(service.grading_seconds, 3))
     logger.info("agent %s after %.0f s (exit code %s)", outcome.ended_by, outcome.agent_seconds, outcome.exit_code)
     return outcome
+
+
+def leak_audit(ctx: RunContext) -> LeakReport:
+    """No hidden validation or test item may appear in what the agent wrote or said (long n-gram overlap)."""
+    bench = get_task(ctx.config.task)
+    items = [it for split in ("validation", "test") for it in bench.load_split(ctx.config.variant, split)]
+    h = ctx.paths.harness_dir
+    report = audit_leaks(ctx.paths.workspace, [h / "agent.log", h / "transcript.jsonl", h / "tool_calls.jsonl"],
+                         hidden_texts(items), exclude=("data", "models"))
+    (h / "leak_audit.json").write_text(report.model_dump_json(indent=1))
+    return report
+
+
+def sandbox_for(ctx: RunContext, grading_url: str, uses_llm: bool) -> tuple[SandboxPolicy | None, str]:
+    """The run's sandbox policy and the honest one-line label that goes into the ledger and the report."""
+    c = ctx.config
+    if c.sandbox == "off":
+        return None, "off (by configuration): the agent runs with the harness's rights"
+    policy = SandboxPolicy.for_grader(
+        ctx.paths.workspace, grading_url, gpus=visible_gpus(), max_workspace_bytes=c.max_workspace_bytes,
+        status_path=ctx.paths.harness_dir / "sandbox.json", allow_unsandboxed=c.sandbox == "auto",
+    )  # fmt: skip
+    label = sandbox_label(policy)  # raises SandboxUnavailable when `required` and bubblewrap cannot run
+    if uses_llm:
+        label += "; LLM agent: its runner keeps network access to its driver and is not itself sandboxed"
+    return policy, label
 
 
 def last_event(entries: list[LedgerEntry], name: str) -> LedgerEntry | None:
@@ -156,8 +187,16 @@ def write_summary(
         agent_seconds=detail.get("agent_seconds", 0.0), grading_seconds=detail.get("grading_seconds", 0.0),
         error=error,
     )  # fmt: skip
-    report = write_report(ctx, summary, entries, run_notes(ctx, detail))
+    leaks = leak_audit(ctx)
+    start = last_event(entries, "session-start")
+    notes = run_notes(ctx, detail) + [f"Sandbox: {start.detail.get('sandbox', 'n/a') if start else 'no session'}."]
+    notes.append(
+        f"Leak audit: {leaks.leaked_items} of {leaks.n_hidden_items} hidden validation/test items found in the "
+        f"workspace or transcripts (harness/leak_audit.json)."
+    )
+    report = write_report(ctx, summary, entries, notes)
     store = ResultsStore(ctx.results_path)
+    store.record_metrics(ctx.run_id, {"leaked_items": leaks.leaked_items})
     store.finish_run(summary)
     # Process metrics, route labels and the failure class sit beside the scores, in the report and the store.
     process = summarize_process(

@@ -69,6 +69,9 @@ def _break(ckpt: Path, how: str) -> None:
         cfg = json.loads((ckpt / "config.json").read_text())
         cfg["vocab_size"] += 7
         (ckpt / "config.json").write_text(json.dumps(cfg))
+    elif how == "symlinked-file":  # dangles in the agent's sandbox, resolves on the grader's host
+        (ckpt / "tokenizer.json").unlink()
+        (ckpt / "tokenizer.json").symlink_to("/etc/hostname")
     elif how == "bad-config-json":
         (ckpt / "config.json").write_text("{not json")
 
@@ -85,6 +88,7 @@ def _break(ckpt: Path, how: str) -> None:
         ("other-architecture", "architecture"),
         ("other-vocab", "vocab_size"),
         ("bad-config-json", "not valid JSON"),
+        ("symlinked-file", "symbolic links"),
     ],
 )
 def test_bad_checkpoints_get_a_clear_400_and_cost_nothing(tmp_path, workspace, tiny_model_dir, how, message):

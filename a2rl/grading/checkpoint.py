@@ -40,6 +40,11 @@ def resolve_in_workspace(workspace: Path, model_path: str) -> Path:
 
 def check_checkpoint(path: Path, max_bytes: int = MAX_CHECKPOINT_BYTES) -> dict:
     """Structural checks of a HF checkpoint dir; returns a few facts, raises SubmissionRejected."""
+    # The grader runs outside the sandbox: a link that dangles for the agent may resolve here (to hidden data).
+    links = [p.name for p in path.rglob("*") if p.is_symlink()]
+    if links:
+        raise SubmissionRejected(f"checkpoint contains symbolic links ({', '.join(sorted(links)[:5])}): "
+                                 "submit regular files only")
     if (path / "adapter_config.json").exists() and not (path / "config.json").exists():
         raise SubmissionRejected(
             "this is an unmerged LoRA adapter (adapter_config.json without config.json): merge it into "
