@@ -277,6 +277,12 @@ def bwrap_argv(cmd: list[str], policy: SandboxPolicy, mode: Mode, runtime: Path)
     else:
         args += ["--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
     b = _Binds()
+    # Fresh /proc, /dev, /tmp and /dev/shm first: binds made after them may lie inside them (a checkout and
+    # its venv under /tmp must stay visible, not be covered by the empty /tmp).
+    b.args += ["--proc", "/proc", "--dev", "/dev"]
+    b.args += ["--perms", "1777", "--size", str(policy.tmp_bytes), "--tmpfs", "/tmp"]
+    b.args += ["--perms", "1777", "--size", str(policy.shm_bytes), "--tmpfs", "/dev/shm"]
+    b.made |= {Path("/tmp"), Path("/dev"), Path("/proc")}
     b.bind(Path("/usr"))
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
         path = Path("/") / name
@@ -294,10 +300,6 @@ def bwrap_argv(cmd: list[str], policy: SandboxPolicy, mode: Mode, runtime: Path)
             b.bind(Path("/etc") / name)
     for name in ("passwd", "group", "hosts"):
         b.bind(runtime / "etc" / name, Path("/etc") / name)
-    b.args += ["--proc", "/proc", "--dev", "/dev"]
-    b.args += ["--perms", "1777", "--size", str(policy.tmp_bytes), "--tmpfs", "/tmp"]
-    b.args += ["--perms", "1777", "--size", str(policy.shm_bytes), "--tmpfs", "/dev/shm"]
-    b.made |= {Path("/tmp"), Path("/dev"), Path("/proc")}
     if policy.gpus:
         for node in [*GPU_NODES, *(f"nvidia{g}" for g in policy.gpus)]:
             b.args += ["--dev-bind-try", f"/dev/{node}", f"/dev/{node}"]

@@ -374,3 +374,15 @@ def test_leak_audit_skips_what_the_harness_provided(tmp_path):
     assert audit_leaks(tmp_path, [], [hidden], exclude=("data",)).leaked_items == 0
     (tmp_path / "code" / "notes.txt").write_text("copied: " + hidden)
     assert audit_leaks(tmp_path, [], [hidden], exclude=("data",)).leaked_items == 1
+
+
+@needs_bwrap
+def test_read_only_binds_under_tmp_stay_visible(workspace, tmp_path):
+    """A checkout and its venv under /tmp (a fresh clone, a CI folder) must not vanish under the empty /tmp."""
+    tool = tmp_path / "checkout" / ".venv" / "bin"
+    tool.mkdir(parents=True)
+    (tool / "marker.txt").write_text("visible")
+    argv, env = wrap(["cat", str(tool / "marker.txt")], {"PATH": "/usr/bin:/bin"},
+                     SandboxPolicy(workspace, extra_ro=(tool.parent,)))  # fmt: skip
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "visible", out.stderr[-2000:]
