@@ -61,6 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "ANTHROPIC_API_KEY (and ANTHROPIC_BASE_URL for a compatible endpoint)")
     run.add_argument("--val-limit", type=int, default=d.val_limit, help="evaluate the first N validation items (0 = all)")
     run.add_argument("--test-limit", type=int, default=d.test_limit, help="evaluate the first N hidden-test items (0 = all)")
+    run.add_argument("--sandbox", default=d.sandbox, choices=["auto", "required", "off"],
+                     help="bubblewrap sandbox for the agent: auto falls back to a visibly weaker mode where it "
+                          "cannot run; required refuses to start without it")
+    run.add_argument("--eval-backend", default=d.eval_backend, choices=["transformers", "vllm"],
+                     help="inference backend of the grader (vllm: optional GPU extra)")
     run.add_argument("--max-submissions", type=int, default=d.max_submissions, help="submission cap")
 
     tasks = sub.add_parser("tasks", help="list the benchmark tasks")
@@ -104,7 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         task=args.task, agent=args.agent, budget_s=args.budget, seed=args.seed, results=Path(args.results),
         runs_dir=Path(args.runs_dir) if args.runs_dir else None, variant=args.variant, base_model=args.base_model,
         protocol=args.protocol, mode=args.mode, driver=args.driver, val_limit=args.val_limit or None, test_limit=args.test_limit or None,
-        max_submissions=args.max_submissions,
+        max_submissions=args.max_submissions, sandbox=args.sandbox, eval_backend=args.eval_backend,
     )  # fmt: skip
     print(render_summary(summary, args.results, time.perf_counter() - start))
     return 0 if summary.status == "completed" else 1

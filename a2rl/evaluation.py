@@ -62,14 +62,20 @@ def evaluate(model_dir: Path, spec: EvalSpec) -> EvalResult:
         generated_tokens = sum(r.detail.get("generated_tokens", 0) for r in results)
     else:
         conversations = [task.build_prompt(item) for item in items]
-        out = generate(
-            model_dir,
-            conversations,
-            max_new_tokens=d.max_new_tokens,
-            temperature=d.temperature,
-            stop=d.stop,
-            batch_size=spec.batch_size,
-        )
+        if spec.backend == "vllm":
+            from a2rl.vllm_backend import generate_vllm
+
+            out = generate_vllm(model_dir, conversations, max_new_tokens=d.max_new_tokens,
+                                temperature=d.temperature, stop=d.stop)
+        else:
+            out = generate(
+                model_dir,
+                conversations,
+                max_new_tokens=d.max_new_tokens,
+                temperature=d.temperature,
+                stop=d.stop,
+                batch_size=spec.batch_size,
+            )
         results = task.score_items(items, out.completions)
         generated_tokens = out.generated_tokens
     n_correct = sum(r.correct for r in results)
@@ -138,7 +144,8 @@ def evaluate_in_subprocess(
     cmd = [
         sys.executable, "-m", "a2rl.evaluation",
         "--model", str(model_dir), "--task", spec.task, "--variant", spec.variant,
-        "--split", spec.split, "--batch-size", str(spec.batch_size), "--out", str(out_file),
+        "--split", spec.split, "--batch-size", str(spec.batch_size), "--backend", spec.backend,
+        "--out", str(out_file),
     ]  # fmt: skip
     if spec.limit:
         cmd += ["--limit", str(spec.limit)]
@@ -167,9 +174,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", required=True, choices=["validation", "test"])
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--backend", default="transformers", choices=["transformers", "vllm"])
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args(argv)
-    spec = EvalSpec(args.task, args.variant, args.split, args.limit, args.batch_size)
+    spec = EvalSpec(args.task, args.variant, args.split, args.limit, args.batch_size, args.backend)
     result = evaluate(args.model, spec)
     args.out.write_text(result.model_dump_json())
     print(json.dumps({"score": result.score, "n": result.n, "seconds": round(result.duration_s, 1)}))

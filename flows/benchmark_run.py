@@ -268,6 +268,8 @@ def benchmark_run(
     val_limit: int | None = DEFAULTS.val_limit,
     test_limit: int | None = DEFAULTS.test_limit,
     max_submissions: int = DEFAULTS.max_submissions,
+    sandbox: str = DEFAULTS.sandbox,
+    eval_backend: str = DEFAULTS.eval_backend,
     grace_s: float = 30.0,
     on_resume: ResumePolicy = "continue",
 ) -> RunSummary:
@@ -275,6 +277,7 @@ def benchmark_run(
     config = RunConfig(
         task=task, agent=agent, budget_s=budget_s, seed=seed, variant=variant, base_model=base_model,
         protocol=protocol, mode=mode, driver=driver, val_limit=val_limit, test_limit=test_limit, max_submissions=max_submissions,
+        sandbox=sandbox, eval_backend=eval_backend,
     )  # fmt: skip
     results = Path(results)
     runs_dir = Path(runs_dir) if runs_dir else results.parent / "runs"
