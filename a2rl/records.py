@@ -41,13 +41,13 @@ class RunConfig(BaseModel):
     base_model: str = "smollm2-135m-instruct"
     """A base model key from a2rl.models, or a local HF checkpoint directory."""
     seed: int = 0
-    budget_s: float = 180.0
+    budget_s: float = 150.0
     """Agent wall-clock budget in seconds; grading time does not count."""
     protocol: Protocol = "heldout"
     max_submissions: int = 20
-    val_limit: int | None = 24
+    val_limit: int | None = 16
     """Evaluate only the first N validation items (None = all). The report says so."""
-    test_limit: int | None = 48
+    test_limit: int | None = 32
     """Evaluate only the first N hidden-test items (None = all). The report says so."""
     eval_batch_size: int = 16
     eval_backend: Literal["transformers", "vllm"] = "transformers"
