@@ -41,7 +41,7 @@ class RunConfig(BaseModel):
     base_model: str = "smollm2-135m-instruct"
     """A base model key from a2rl.models, or a local HF checkpoint directory."""
     seed: int = 0
-    budget_s: float = 150.0
+    budget_s: float = 120.0
     """Agent wall-clock budget in seconds; grading time does not count."""
     protocol: Protocol = "heldout"
     max_submissions: int = 20
