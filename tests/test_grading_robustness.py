@@ -34,7 +34,7 @@ def workspace(tmp_path, tiny_model_dir):
 
 
 def make_service(tmp_path, ws, tiny_model_dir, **config) -> GradingService:
-    cfg = RunConfig(val_limit=2, test_limit=2, **config)
+    cfg = RunConfig(**{"val_limit": 2, "test_limit": 2, **config})
     ctx = GradingContext("run-x", cfg, ws, tmp_path / "harness", baseline={"validation": 0.0},
                          base_model_dir=tiny_model_dir)
     clock = BudgetClock(cfg.budget_s)
@@ -150,7 +150,8 @@ def test_a_crashing_evaluation_is_an_error_not_a_score(tmp_path, workspace, tiny
 
 def test_identical_resubmission_answers_from_the_cache(tmp_path, workspace, tiny_model_dir, prepared_gsm8k):
     shutil.copytree(workspace / "output" / "v1", workspace / "output" / "v1-copy")
-    service = make_service(tmp_path, workspace, tiny_model_dir)
+    # A split selection no other test uses: the first submission must not come from an earlier test's cache.
+    service = make_service(tmp_path, workspace, tiny_model_dir, val_limit=3)
     first = service.submit("output/v1", wait=True)
     t = time.perf_counter()
     again = service.submit("output/v1-copy", wait=True)
