@@ -19,6 +19,8 @@ from a2rl.records import ItemResult, Split
 Item = dict[str, Any]
 Messages = list[dict[str, str]]
 
+DEMONSTRATIONS_FILE = "sft.jsonl"
+"""Agent-visible worked examples in the evaluator's prompt format (see `BenchmarkTask.demonstrations`)."""
 EVALUATOR_VERSION = "1"
 """Bump when scoring logic shared by all tasks changes: it invalidates cached evaluations."""
 
@@ -96,6 +98,12 @@ class BenchmarkTask(abc.ABC):
         return one result per item; None, the default, means one generation per item via `build_prompt`."""
         return None
 
+    def demonstrations(self, variant: str, train: list[Item]) -> list[dict]:
+        """Worked examples for the agent, in the evaluator's own prompt format: TRL's conversational
+        prompt-completion rows (`prompt`: messages, `completion`: one assistant message), made from training
+        items only. Written to the agent's `data/sft.jsonl`; [] (the default) writes no file."""
+        return []
+
     def aggregate(self, results: list[ItemResult]) -> float:
         """The task's metric on a 0-100 scale; the default is accuracy. Judge tasks override it."""
         return 100.0 * sum(r.correct for r in results) / max(1, len(results))
@@ -122,7 +130,9 @@ class BenchmarkTask(abc.ABC):
         public, private = root / "public", root / "private"
         manifest_path = root / "manifest.json"
         if manifest_path.exists():
-            return PreparedData(public, private, json.loads(manifest_path.read_text()))
+            prepared = PreparedData(public, private, json.loads(manifest_path.read_text()))
+            self.write_demonstrations(variant, prepared)  # data prepared before demonstrations existed
+            return prepared
         data = self.load(variant)
         public.mkdir(parents=True, exist_ok=True)
         private.mkdir(parents=True, exist_ok=True)
@@ -136,9 +146,20 @@ class BenchmarkTask(abc.ABC):
             "source": data.source,
             "sizes": {"train": len(data.train), "validation": len(data.validation), "test": len(data.test)},
         }
+        prepared = PreparedData(public, private, manifest)
+        self.write_demonstrations(variant, prepared, data.train)
         # Written last: its presence marks a complete preparation.
         manifest_path.write_text(json.dumps(manifest, indent=2))
-        return PreparedData(public, private, manifest)
+        return prepared
+
+    def write_demonstrations(self, variant: str, prepared: PreparedData, train: list[Item] | None = None) -> None:
+        """`public/sft.jsonl` from `demonstrations`, once (atomic write; skipped when there are none)."""
+        path = prepared.public_dir / DEMONSTRATIONS_FILE
+        if path.exists() or type(self).demonstrations is BenchmarkTask.demonstrations:
+            return
+        rows = self.demonstrations(variant, read_jsonl(prepared.public_dir / "train.jsonl") if train is None else train)
+        if rows:
+            write_jsonl(path, rows)
 
     def load_split(self, variant: str, split: Split, limit: int | None = None) -> list[Item]:
         items = read_jsonl(self.prepare(variant).private_dir / f"{split}.jsonl")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
-from prefect import task
+from prefect import get_run_logger, task
+from prefect.exceptions import MissingContextError
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
@@ -31,6 +33,14 @@ MODE_TEXT = {
     "sft-only": "Only supervised fine-tuning is allowed (no RL).",
     "rl-only": "You must use reinforcement learning (e.g. GRPO or PPO); an SFT warm-up is allowed.",
 }
+
+
+def run_logger() -> logging.Logger | logging.LoggerAdapter:
+    """Prefect's run logger inside a flow (shown in the terminal and the UI), else a plain one."""
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger("a2rl")
 
 
 def ledger_of(ctx: RunContext) -> Ledger:
@@ -94,7 +104,11 @@ def evaluate_baseline(ctx: RunContext, base_model_dir: Path) -> dict[str, float]
     for split in ("validation", "test"):
         if split in done:  # a resumed run keeps the baseline it already recorded
             continue
-        result = evaluate_cached(base_model_dir, base_hash, EvalSpec.for_run(ctx.config, split))
+        spec = EvalSpec.for_run(ctx.config, split)
+        run_logger().info("base model: evaluating %s (%s items)...", split, spec.limit or "all")
+        result = evaluate_cached(base_model_dir, base_hash, spec)
+        run_logger().info("base model: %s score %.2f (%s)", split, result.score,
+                          "cached" if result.cached else f"{result.duration_s:.0f} s")  # fmt: skip
         entry = ledger.append(
             run_id=ctx.run_id, kind="baseline", split=split, status="scored", score=result.score,
             weights_hash=base_hash, cached=result.cached, eval_seconds=round(result.duration_s, 3),

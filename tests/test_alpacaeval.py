@@ -120,8 +120,8 @@ def test_offline_train_is_question_answer_pairs_disjoint_from_evaluation(offline
 
 def test_prepare_keeps_evaluation_items_private(offline: TaskData) -> None:
     prepared = AlpacaEval().prepare("offline")
-    assert sorted(p.name for p in prepared.public_dir.iterdir()) == ["train.jsonl"]
-    public_text = (prepared.public_dir / "train.jsonl").read_text()
+    assert sorted(p.name for p in prepared.public_dir.iterdir()) == ["sft.jsonl", "train.jsonl"]
+    public_text = "".join((prepared.public_dir / name).read_text() for name in ("train.jsonl", "sft.jsonl"))
     for item in offline.validation + offline.test:
         assert json.dumps(item["question"], ensure_ascii=False)[1:-1] not in public_text
 

@@ -74,10 +74,10 @@ def test_full_variant_without_hub_access_says_so() -> None:
 
 def test_prepare_keeps_validation_and_test_private(offline: TaskData) -> None:
     prepared = HumanEval().prepare("offline")
-    assert sorted(p.name for p in prepared.public_dir.iterdir()) == ["train.jsonl"]
+    assert sorted(p.name for p in prepared.public_dir.iterdir()) == ["sft.jsonl", "train.jsonl"]
     train = read_jsonl(prepared.public_dir / "train.jsonl")
     assert train == offline.train
-    public_text = (prepared.public_dir / "train.jsonl").read_text()
+    public_text = "".join((prepared.public_dir / name).read_text() for name in ("train.jsonl", "sft.jsonl"))
     for item in offline.validation + offline.test:
         assert f'"{item["id"]}"' not in public_text and item["prompt"] not in public_text
     assert read_jsonl(prepared.private_dir / "test.jsonl") == offline.test

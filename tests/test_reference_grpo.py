@@ -136,7 +136,7 @@ def test_reference_sft_grpo_session_warms_up_with_sft_then_runs_grpo_from_it(
     agent = get_agent("reference-sft-grpo")
     agent.install(paths.workspace)
     code = {p.name for p in (paths.workspace / "code").iterdir()}
-    assert code == {"agent.py", "train_grpo.py", "train_sft.py", "round_loop.py"}
+    assert code == {"agent.py", "train_grpo.py", "train_grpo_env.py", "train_sft.py", "round_loop.py"}
     clock = BudgetClock(600)
     ctx = GradingContext("run-g", RunConfig(max_submissions=2), paths.workspace, paths.harness_dir,
                          baseline={"validation": 25.0}, base_model_dir=tiny_model_dir)  # fmt: skip
@@ -154,3 +154,84 @@ def test_reference_sft_grpo_session_warms_up_with_sft_then_runs_grpo_from_it(
     rows = [line for line in notes.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
     assert rows[0].startswith("| 1 | SFT | models/base |") and rows[1].startswith("| 2 | GRPO | output/v1 |")
     assert "--sft-warmup" in " ".join(agent.command(paths.workspace))
+
+
+# -- online rollouts in an interactive task's environment (train_grpo_env.py) ------------------------------
+from agents.reference_grpo import train_grpo_env  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def searchqa_data(tmp_path_factory) -> Path:
+    """The deepsearchqa workspace data (train goals, corpus, envlib.zip), first 8 training goals only."""
+    from benchmarks import get_task
+
+    public = get_task("deepsearchqa").prepare("offline").public_dir
+    data = tmp_path_factory.mktemp("searchqa-data")
+    for name in ("corpus.jsonl", "envlib.zip"):
+        (data / name).write_bytes((public / name).read_bytes())
+    lines = (public / "train.jsonl").read_text().splitlines()[:8]
+    (data / "train.jsonl").write_text("\n".join(lines) + "\n")
+    return data
+
+
+def test_episode_tokens_train_on_the_actions_and_mask_the_observations(tiny_model_dir, searchqa_data):
+    from transformers import AutoTokenizer
+
+    envlib = train_grpo_env.import_envlib(searchqa_data)
+    goal = envlib.load_goals(searchqa_data)[0]
+    make_env, prompter = envlib.make_env("deepsearchqa", searchqa_data), envlib.prompter("deepsearchqa")
+    actions = iter([f"search[{goal['question']}]", f"answer[{goal['answer']}]"])
+    [episode] = envlib.run_episodes(make_env, [goal], lambda convs: [next(actions)], prompter, max_steps=4)
+    assert episode.won
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompt_ids, completion, mask = train_grpo_env.episode_tokens(
+        tokenizer, prompter(goal, episode.observation, []), episode.turns, max_tokens=10_000
+    )
+    model_text = tokenizer.decode([t for t, m in zip(completion, mask) if m])
+    env_text = tokenizer.decode([t for t, m in zip(completion, mask) if not m])
+    for turn in episode.turns:
+        assert turn["action"] in model_text and turn["action"] not in env_text
+    assert episode.turns[0]["observation"][:40] in env_text and "Observation:" not in model_text
+    # The whole sequence is the conversation the chat template renders.
+    full = prompter(goal, episode.observation, []) + [
+        m for t in episode.turns for m in ({"role": "assistant", "content": t["action"]},
+                                           {"role": "user", "content": f"Observation: {t['observation']}"})]  # fmt: skip
+    rendered = tokenizer.apply_chat_template(full, tokenize=False, add_generation_prompt=False)
+    assert tokenizer.decode(prompt_ids + completion).startswith(rendered.rsplit("Observation:", 1)[0][:-20])
+
+
+def test_env_grpo_learns_from_episode_rewards(tiny_model_dir, searchqa_data, tmp_path, monkeypatch, capsys):
+    """A policy that answers right in every other episode gives groups whose rewards differ: real GRPO steps
+    change the weights, and the summary counts the episodes played and won."""
+    goals = train_grpo_env.import_envlib(searchqa_data).load_goals(searchqa_data)
+    calls = {"answers": 0}
+
+    def half_right_policy(model, tokenizer, max_new_tokens, temperature, stop):
+        def policy(conversations):
+            replies = []
+            for conv in conversations:
+                goal = next(g for g in goals if g["question"] in conv[1]["content"])
+                if len(conv) == 2:
+                    replies.append(f"search[{goal['question']}]")
+                else:
+                    calls["answers"] += 1
+                    replies.append(f"answer[{goal['answer'] if calls['answers'] % 2 else 'no idea'}]")
+            return replies
+
+        return policy
+
+    monkeypatch.setattr(train_grpo_env, "sampling_policy", half_right_policy)
+    out = tmp_path / "v1"
+    rc = train_grpo_env.main(["--init", str(tiny_model_dir), "--out", str(out), "--task", "deepsearchqa",
+                              "--data", str(searchqa_data), "--max-steps", "2", "--goals-per-step", "2",
+                              "--num-generations", "4", "--lr", "1e-2", "--seed", "0"])  # fmt: skip
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out.split(train_grpo_env.SUMMARY_PREFIX)[1].splitlines()[0])
+    assert summary["steps"] == 2 and summary["episodes"] == 16 and summary["win_rate"] == 0.5
+    assert (out / "model.safetensors").exists() and max_weight_change(tiny_model_dir, out) > 0
+
+
+def test_the_env_trainer_refuses_a_task_without_environments(tiny_model_dir, train_jsonl, tmp_path, capsys):
+    rc = train_grpo_env.main(["--init", str(tiny_model_dir), "--out", str(tmp_path / "v1"), "--task", "gsm8k",
+                              "--data", str(train_jsonl.parent)])  # fmt: skip
+    assert rc == 2 and "not an interactive task" in capsys.readouterr().err

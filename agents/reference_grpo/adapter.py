@@ -1,4 +1,5 @@
-"""`reference-grpo`: a scripted agent (no LLM) that trains with TRL GRPO on the task's rule reward."""
+"""`reference-grpo`: a scripted agent (no LLM) that trains with TRL GRPO on the task's rule reward, or on an
+interactive task's episode reward from online rollouts in its environment."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ class ReferenceGRPO(Agent):
     def files(self) -> dict[str, Path]:
         """Workspace file name -> source. The loop helpers are reference-sft's `agent.py`, as `round_loop.py`."""
         files = {"agent.py": HERE / "agent.py", "train_grpo.py": HERE / "train_grpo.py",
-                 "round_loop.py": REFERENCE_SFT / "agent.py"}  # fmt: skip
+                 "train_grpo_env.py": HERE / "train_grpo_env.py", "round_loop.py": REFERENCE_SFT / "agent.py"}  # fmt: skip
         if self.sft_warmup:
             files["train_sft.py"] = REFERENCE_SFT / "train_sft.py"
         return files

@@ -1,8 +1,13 @@
 """Scripted reference agent: GRPO rounds (optionally after one SFT warm-up round), each submitted to the
 grading server, while budget remains.
 
-Stand-alone: the harness copies this file, ``train_grpo.py`` and the reference-sft agent's loop helpers (as
-``round_loop.py``; with ``--sft-warmup`` also ``train_sft.py``) into the workspace's ``code/`` and runs
+GRPO uses the task's rule reward (``train_grpo.py``: GSM8K's exact final number) or, for an interactive task
+(one that ships ``data/envlib.zip``), the episode reward of online rollouts in its environment
+(``train_grpo_env.py``). The SFT warm-up trains on the task's worked examples (``data/sft.jsonl``) where it
+ships them.
+
+Stand-alone: the harness copies this file, ``train_grpo.py``, ``train_grpo_env.py`` and the reference-sft
+agent's loop helpers (as ``round_loop.py``; with ``--sft-warmup`` also ``train_sft.py``) into ``code/`` and runs
 ``python code/agent.py [--sft-warmup]`` with the workspace as working directory.
 """
 
@@ -41,6 +46,8 @@ class GRPOSettings:
     max_completion_length: int
     max_prompt_tokens: int
     temperature: float
+    max_episode_steps: int
+    """Interactive tasks: cap on the steps of a training episode."""
     lr: float | None
     train_s: float
     """Training-time cap per round, passed to ``train_grpo.py --time-limit``."""
@@ -56,6 +63,7 @@ class GRPOSettings:
             max_completion_length=int(env.get("A2RL_GRPO_MAX_COMPLETION_LENGTH", "128")),
             max_prompt_tokens=int(env.get("A2RL_GRPO_MAX_PROMPT_TOKENS", "256")),
             temperature=float(env.get("A2RL_GRPO_TEMPERATURE", "0.9")),
+            max_episode_steps=int(env.get("A2RL_GRPO_MAX_EPISODE_STEPS", "10")),
             lr=float(lr) if lr else None,
             train_s=float(env.get("A2RL_GRPO_TRAIN_S", "90")),
         )
@@ -68,6 +76,8 @@ class Session:
                  sft_warmup: bool):  # fmt: skip
         self.s, self.grpo, self.client, self.budget = settings, grpo, client, budget
         self.grpo_script = Path(__file__).resolve().parent / "train_grpo.py"
+        self.grpo_env_script = self.grpo_script.with_name("train_grpo_env.py")
+        self.interactive = (settings.data_path / "envlib.zip").exists()  # the task ships its environments
         self.sft_script = Path(loop.__file__).resolve().parent / "train_sft.py"  # beside the loop helpers
         self.warmup_pending = sft_warmup
         self.warm_path: Path | None = None
@@ -96,10 +106,18 @@ class Session:
         common = ["--init", str(init), "--out", str(out), "--data", str(self.s.data_path / "train.jsonl"),
                   "--time-limit", f"{plan.time_limit_s:.0f}", "--seed", str(seed)]  # fmt: skip
         if self.warmup_pending:
+            common[common.index("--data") + 1] = str(self.s.train_file)  # the task's worked examples, if any
             cmd = [sys.executable, str(self.sft_script), *common, "--max-steps", str(self.s.max_steps),
                    "--batch-size", str(self.s.batch_size), "--max-length", str(self.s.max_length)]  # fmt: skip
             return "SFT", cmd + (["--lr", str(self.s.lr)] if self.s.lr is not None else [])
         g = self.grpo
+        if self.interactive:  # online rollouts in the task's environment, episode reward
+            common[common.index("--data") + 1] = str(self.s.data_path)
+            cmd = [sys.executable, str(self.grpo_env_script), *common, "--task", os.environ.get("TASK", ""),
+                   "--max-steps", str(g.max_steps), "--goals-per-step", str(max(1, g.batch_size // g.num_generations)),
+                   "--num-generations", str(g.num_generations), "--max-episode-steps", str(g.max_episode_steps),
+                   "--temperature", str(g.temperature)]  # fmt: skip
+            return "GRPO-env", cmd + (["--lr", str(g.lr)] if g.lr is not None else [])
         cmd = [sys.executable, str(self.grpo_script), *common, "--max-steps", str(g.max_steps),
                "--batch-size", str(g.batch_size), "--num-generations", str(g.num_generations),
                "--max-completion-length", str(g.max_completion_length),
@@ -160,7 +178,8 @@ class Session:
     def run(self) -> None:
         self.notes.parent.mkdir(parents=True, exist_ok=True)
         self.notes.write_text(
-            "# reference-grpo notes\n\nScripted GRPO (TRL GRPOTrainer; reward: exact final number + 0.2 x format)"
+            "# reference-grpo notes\n\nScripted GRPO (TRL GRPOTrainer; reward: "
+            f"{'the episode reward of online rollouts in the environment' if self.interactive else 'exact final number + 0.2 x format'})"
             f"{' after one SFT warm-up round' if self.warmup_pending else ''}, one submission per round.\n\n"
             f"- GRPO per round: {json.dumps(self.grpo.__dict__)}\n\n"
             "| round | method | init | steps | mean reward | loss | wall s | submission | score | note |\n"

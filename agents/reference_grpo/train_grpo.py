@@ -61,7 +61,7 @@ def target_of(row: dict) -> str | None:
     """The reference number: the row's `target`, else the `#### N` line of its solution."""
     if row.get("target") not in (None, ""):
         return normalize_number(str(row["target"]))
-    head, sep, tail = str(row.get("answer", "")).rpartition("####")
+    _head, sep, tail = str(row.get("answer", "")).rpartition("####")
     return normalize_number(tail) if sep else None
 
 
@@ -219,6 +219,31 @@ def save_checkpoint(model, tokenizer, out: Path) -> None:
     os.rename(tmp, out)
 
 
+def load_policy(args: argparse.Namespace, padding_side: str | None = None):
+    """(tokenizer, fp32 model, use LoRA?, learning rate) for `--init`, `--lora` and `--lr`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"padding_side": padding_side} if padding_side else {}
+    tokenizer = AutoTokenizer.from_pretrained(args.init, **kwargs)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(args.init, dtype=torch.float32)
+    n_params = sum(p.numel() for p in model.parameters())
+    use_lora = args.lora if args.lora is not None else n_params > LORA_AUTO_MIN_PARAMS
+    return tokenizer, model, use_lora, args.lr if args.lr is not None else (5e-5 if use_lora else 5e-6)
+
+
+def train_and_save(trainer, tokenizer, out: Path, use_lora: bool):
+    """Train, merge the LoRA adapter, save atomically, drop the trainer's scratch dir; (result, t_trained)."""
+    result = trainer.train()
+    t_trained = time.monotonic()
+    model = trainer.model.merge_and_unload() if use_lora else trainer.model
+    save_checkpoint(model, tokenizer, out)
+    shutil.rmtree(trainer.args.output_dir, ignore_errors=True)
+    return result, t_trained
+
+
 def mean_logged(history: list[dict], key: str) -> float | None:
     """Mean of a metric over the trainer's log history (None when it was never logged)."""
     values = [h[key] for h in history if key in h]
@@ -241,21 +266,14 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import datasets
-    import torch
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
     transformers.set_seed(args.seed)
-    tokenizer = AutoTokenizer.from_pretrained(args.init)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(args.init, dtype=torch.float32)
+    tokenizer, model, use_lora, lr = load_policy(args)
     n_params = sum(p.numel() for p in model.parameters())
-    use_lora = args.lora if args.lora is not None else n_params > LORA_AUTO_MIN_PARAMS
-    lr = args.lr if args.lr is not None else (5e-5 if use_lora else 5e-6)
     t_loaded = time.monotonic()
 
     rows = read_rows(data)
@@ -269,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
             prompts.append(example)
             if len(prompts) >= prompts_needed:
                 break
+    if not rows:
+        print(f"error: {data} has no question with a numeric answer: this trainer's rule reward is GSM8K's; "
+              "interactive tasks use train_grpo_env.py", file=sys.stderr)  # fmt: skip
+        return 3
     if not prompts:
         print(f"error: no question of {data} fits --max-prompt-tokens {args.max_prompt_tokens}", file=sys.stderr)
         return 3
@@ -290,11 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         callbacks=[time_limit_callback(args.time_limit)],
     )
     t_train = time.monotonic()
-    result = trainer.train()
-    t_trained = time.monotonic()
-    model = trainer.model.merge_and_unload() if use_lora else trainer.model
-    save_checkpoint(model, tokenizer, out)
-    shutil.rmtree(trainer_dir, ignore_errors=True)
+    result, t_trained = train_and_save(trainer, tokenizer, out, use_lora)
     t_end = time.monotonic()
 
     steps = trainer.state.global_step

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 SUMMARY_PREFIX = "TRAIN_SUMMARY "
+DEMONSTRATIONS = "sft.jsonl"
+"""The task's worked examples, where it ships them (prompt-completion rows in the evaluation format)."""
 FIRST_ROUND_OVERHEAD_S = 45.0
 """Guess for start-up, loading, merging and saving before any round has been timed."""
 MIN_TRAIN_S = 10.0
@@ -45,23 +47,33 @@ class Settings:
     train_s: float
     """Training-time cap per round, passed to ``train_sft.py --time-limit``."""
 
+    @property
+    def train_file(self) -> Path:
+        """The task's worked examples in its evaluation prompt format (``sft.jsonl``) where it ships them, else
+        the raw training rows (question / answer, formatted by ``train_sft.py``)."""
+        demos = self.data_path / DEMONSTRATIONS
+        return demos if demos.exists() else self.data_path / "train.jsonl"
+
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
         """Read the workspace's environment variables; the ``A2RL_SFT_*`` knobs are optional."""
         env = dict(os.environ if env is None else env)
         workspace = Path(os.path.abspath(env.get("WORKSPACE", os.getcwd())))
         lr = env.get("A2RL_SFT_LR")
+        data_path = Path(env.get("DATA_PATH", workspace / "data"))
+        # Worked examples carry the evaluator's whole prompt (episode history, instructions): longer.
+        default_length = "1024" if (data_path / DEMONSTRATIONS).exists() else "256"
         return cls(
             workspace=workspace,
             model_path=Path(env.get("MODEL_PATH", workspace / "models" / "base")),
-            data_path=Path(env.get("DATA_PATH", workspace / "data")),
+            data_path=data_path,
             output_dir=Path(env.get("OUTPUT_DIR", workspace / "output")),
             server_url=env["GRADING_SERVER_URL"].rstrip("/"),
             token=env.get("GRADING_TOKEN", ""),
             seed=int(env.get("AGENT_SEED", "0")),
             max_steps=int(env.get("A2RL_SFT_MAX_STEPS", "14")),
             batch_size=int(env.get("A2RL_SFT_BATCH_SIZE", "4")),
-            max_length=int(env.get("A2RL_SFT_MAX_LENGTH", "256")),
+            max_length=int(env.get("A2RL_SFT_MAX_LENGTH", default_length)),
             lr=float(lr) if lr else None,
             train_s=float(env.get("A2RL_SFT_TRAIN_S", "90")),
         )
@@ -246,8 +258,8 @@ class Notes:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(
             "# reference-sft notes\n\n"
-            "Scripted SFT (TRL SFTTrainer, LoRA merged for models over 50M parameters) on data/train.jsonl in the\n"
-            "evaluation prompt format, one submission per round, next round from the best checkpoint so far.\n\n"
+            "Scripted SFT (TRL SFTTrainer, LoRA merged for models over 50M parameters) on "
+            f"data/{settings.train_file.name} in the\nevaluation prompt format, one submission per round, next round from the best checkpoint so far.\n\n"
             f"- base model: {settings.model_path}\n- budget: {budget.get('budget_s')} s, "
             f"{budget.get('max_submissions')} submissions\n- per round: max_steps={settings.max_steps}, "
             f"batch_size={settings.batch_size}, max_length={settings.max_length}, lr={settings.lr or 'default'}, "
@@ -315,7 +327,7 @@ class Session:
         """One ``train_sft.py`` process; updates the overhead estimate from its timing."""
         s = self.settings
         cmd = [sys.executable, str(self.trainer), "--init", str(init), "--out", str(out),
-               "--data", str(s.data_path / "train.jsonl"), "--max-steps", str(s.max_steps),
+               "--data", str(s.train_file), "--max-steps", str(s.max_steps),
                "--batch-size", str(s.batch_size), "--max-length", str(s.max_length),
                "--time-limit", f"{plan.time_limit_s:.0f}", "--seed", str(seed)]  # fmt: skip
         if s.lr is not None:

@@ -1,4 +1,5 @@
-"""Supervised fine-tuning of a causal LM on GSM8K worked solutions with TRL, saved as a merged checkpoint.
+"""Supervised fine-tuning of a causal LM with TRL, saved as a merged checkpoint: on a task's worked examples
+(``sft.jsonl``, in the evaluation prompt format) or on GSM8K worked solutions.
 
 Stand-alone: run by the reference agent as its own process, so it imports nothing from the harness.
 """
@@ -44,7 +45,10 @@ def format_solution(answer: str) -> str:
 
 
 def to_conversation(row: dict) -> dict:
-    """One GSM8K row as a conversational prompt-completion example (TRL's format)."""
+    """One row as a conversational prompt-completion example (TRL's format): a worked example the task ships
+    (``sft.jsonl``) as it is, a GSM8K question / answer row in the evaluation's answer style."""
+    if isinstance(row.get("prompt"), list) and isinstance(row.get("completion"), list):
+        return {"prompt": row["prompt"], "completion": row["completion"]}
     return {
         "prompt": [{"role": "user", "content": PROMPT_TEMPLATE.format(question=row["question"].strip())}],
         "completion": [{"role": "assistant", "content": format_solution(row["answer"])}],
@@ -52,13 +56,13 @@ def to_conversation(row: dict) -> dict:
 
 
 def read_rows(path: Path) -> list[dict]:
-    """Rows of a JSONL file that have a question and an answer."""
+    """Rows of a JSONL file that are worked examples or have a question and an answer."""
     rows = []
     with path.open(encoding="utf-8") as f:
         for line in f:
             if line.strip():
                 row = json.loads(line)
-                if row.get("question") and row.get("answer"):
+                if (row.get("question") and row.get("answer")) or (row.get("prompt") and row.get("completion")):
                     rows.append(row)
     return rows
 

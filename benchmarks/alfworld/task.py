@@ -108,6 +108,9 @@ class ALFWorld(InteractiveTask):
     def make_env(self, variant: str) -> Callable[[], TextEnv]:
         return RealALFWorldEnv if variant == "full" else HouseholdEnv
 
+    def oracle_actions(self, variant: str, goal: Item) -> list[str] | None:
+        return list(goal["walkthrough"]) if variant == "offline" and goal.get("walkthrough") else None
+
     def prompt(self, goal: Item, observation: str, turns: list[dict[str, Any]]) -> Messages:
         return household_prompt(goal, observation, turns)
 

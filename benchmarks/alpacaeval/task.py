@@ -97,6 +97,12 @@ class AlpacaEval(BenchmarkTask):
         self.preflight()  # evaluate() builds every prompt before generating: the cheapest place to stop
         return [{"role": "user", "content": item["question"]}]
 
+    def demonstrations(self, variant: str, train: list[Item]) -> list[dict]:
+        """The training pool's prompts with their answers, in the evaluator's (single-turn) prompt format."""
+        return [{"prompt": [{"role": "user", "content": item["question"]}],
+                 "completion": [{"role": "assistant", "content": item["answer"]}], "goal_id": item["id"]}
+                for item in train if item.get("question") and item.get("answer")]  # fmt: skip
+
     def reference(self, item: Item) -> str:
         """The item's reference answer: shipped with the data, else written (once, cached) by the reference model."""
         return item.get("answer") or self.get_judge().write_reference(item["question"])

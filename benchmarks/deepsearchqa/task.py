@@ -32,6 +32,7 @@ from benchmarks.deepsearchqa.web import (
 )
 from benchmarks.envs.base import TextEnv
 from benchmarks.envs.bm25 import BM25
+from benchmarks.envs import searchqa
 from benchmarks.envs.searchqa import Judge, SearchQAEnv, contains_alias, searchqa_prompt
 from benchmarks.envs.splits import read_manifest, split_ids, write_manifest
 from benchmarks.envs.task import InteractiveTask
@@ -165,6 +166,9 @@ class DeepSearchQA(InteractiveTask):
             return lambda: WebSearchQAEnv(backend, self.judge)
         docs, index = offline_corpus()
         return lambda: SearchQAEnv(docs, index, self.judge)
+
+    def oracle_actions(self, variant: str, goal: Item) -> list[str] | None:
+        return searchqa.oracle_actions(goal) if variant == "offline" else None
 
     def prompt(self, goal: Item, observation: str, turns: list[dict[str, Any]]) -> Messages:
         return searchqa_prompt(goal, observation, turns)

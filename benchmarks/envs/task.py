@@ -75,6 +75,34 @@ class InteractiveTask(BenchmarkTask):
     def parse_action(self, completion: str) -> str:
         return parse_action(completion)
 
+    def oracle_actions(self, variant: str, goal: Item) -> list[str] | None:
+        """A winning action sequence for a training goal (stored walkthrough, scripted oracle); None if unknown."""
+        return None
+
+    def demonstrations(self, variant: str, train: list[Item]) -> list[dict]:
+        """One prompt-completion row per step of each oracle episode that wins, the prompt exactly as the
+        evaluator shows it at that step (so SFT on them is behaviour cloning in the evaluation's format)."""
+        make_env, rows = self.make_env(variant), []
+        for goal in train:
+            actions = self.oracle_actions(variant, goal)
+            if not actions:
+                continue
+            env = make_env()
+            observation, _ = env.reset(goal, seed=EPISODE_SEED)
+            turns: list[dict[str, Any]] = []
+            steps, result = [], None
+            for action in actions[: self.max_steps]:
+                steps.append({"prompt": self.prompt(goal, observation, turns),
+                              "completion": [{"role": "assistant", "content": action}], "goal_id": goal["id"]})  # fmt: skip
+                result = env.step(action)
+                turns.append({"completion": action, "action": action, "observation": result.observation,
+                              "reward": result.reward})  # fmt: skip
+                if result.done:
+                    break
+            if result is not None and result.info.get("won"):
+                rows.extend(steps)
+        return rows
+
     def public_files(self, variant: str) -> dict[str, list[dict[str, Any]]]:
         """Extra agent-visible files an environment needs beside the train goals (a catalog, a corpus)."""
         return {}

@@ -218,6 +218,12 @@ class HumanEval(BenchmarkTask):
     def build_prompt(self, item: Item) -> Messages:
         return [{"role": "user", "content": INSTRUCTION + item["prompt"]}]
 
+    def demonstrations(self, variant: str, train: list[Item]) -> list[dict]:
+        """The training problems with their canonical solutions, as the reply the evaluator reads."""
+        return [{"prompt": self.build_prompt(item),
+                 "completion": [{"role": "assistant", "content": f"```python\n{item['prompt']}{item['canonical_solution']}```"}],
+                 "goal_id": item["id"]} for item in train if item.get("canonical_solution")]  # fmt: skip
+
     def describe_extra(self) -> list[str]:
         limits = self.limits
         sandbox = f"{limits.timeout_s:g} s, {limits.memory_mb} MiB, {limits.max_processes} processes per program"

@@ -16,6 +16,7 @@ from typing import Any
 from benchmarks.base import Decoding, Item, Messages, TaskData
 from benchmarks.envs.base import TextEnv
 from benchmarks.envs.bm25 import BM25
+from benchmarks.envs import shop
 from benchmarks.envs.shop import ShopEnv, listing_text, shop_prompt
 from benchmarks.envs.splits import read_manifest, split_ids, write_manifest
 from benchmarks.envs.task import InteractiveTask
@@ -126,6 +127,9 @@ class WebShop(InteractiveTask):
             return RealWebShopEnv
         listings, index = offline_catalog()[0], _offline_index()
         return lambda: ShopEnv(listings, index)
+
+    def oracle_actions(self, variant: str, goal: Item) -> list[str] | None:
+        return shop.oracle_actions(goal) if variant == "offline" else None
 
     def prompt(self, goal: Item, observation: str, turns: list[dict[str, Any]]) -> Messages:
         return shop_prompt(goal, observation, turns)
