@@ -21,6 +21,11 @@ Messages = list[dict[str, str]]
 
 DEMONSTRATIONS_FILE = "sft.jsonl"
 """Agent-visible worked examples in the evaluator's prompt format (see `BenchmarkTask.demonstrations`)."""
+DEMONSTRATIONS_SECTION = """## Worked examples: `data/sft.jsonl`
+The training items as prompt-completion pairs in the evaluator's own prompt format, ready for SFT (TRL's
+conversational format): `prompt` is the chat messages the evaluator sends, `completion` a reply that scores.
+Interactive tasks: one row per step of a winning expert episode of a training goal (`goal_id`).
+"""
 EVALUATOR_VERSION = "1"
 """Bump when scoring logic shared by all tasks changes: it invalidates cached evaluations."""
 
@@ -114,7 +119,11 @@ class BenchmarkTask(abc.ABC):
         return Path(__file__).parent / self.id
 
     def description(self) -> str:
-        return (self.package_dir / "description.md").read_text()
+        """The agent-facing `description.md`, plus the worked-examples section where the task ships them."""
+        text = (self.package_dir / "description.md").read_text()
+        if type(self).demonstrations is not BenchmarkTask.demonstrations:
+            text = text.rstrip("\n") + "\n\n" + DEMONSTRATIONS_SECTION
+        return text
 
     def evaluator_id(self) -> str:
         d = self.decoding

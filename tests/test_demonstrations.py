@@ -79,3 +79,10 @@ def test_the_reference_trainer_reads_worked_examples_as_they_are(tmp_path: Path)
     path.write_text("".join(json.dumps(d) + "\n" for d in demos))
     rows = read_rows(path)
     assert [to_conversation(r) for r in rows] == [{"prompt": d["prompt"], "completion": d["completion"]} for d in demos]
+
+
+@pytest.mark.parametrize("task_id", ["gsm8k", "humaneval", "webshop"])
+def test_the_agent_facing_description_names_the_worked_examples_where_they_exist(task_id: str) -> None:
+    task = get_task(task_id)
+    ships = (task.prepare("offline").public_dir / "sft.jsonl").exists()
+    assert ("data/sft.jsonl" in task.description()) == ships == (task_id != "gsm8k")
