@@ -193,11 +193,14 @@ def agent_uid(policy: SandboxPolicy) -> int:
 
 
 # -- the command line ---------------------------------------------------------------------------------------
-def wrap(cmd: list[str], env: dict[str, str], policy: SandboxPolicy) -> tuple[list[str], dict[str, str]]:
+def wrap(cmd: list[str], env: dict[str, str], policy: SandboxPolicy, report_fd: int | None = None
+         ) -> tuple[list[str], dict[str, str]]:  # fmt: skip
     """The command line and environment that run `cmd` (cwd: the workspace) inside the sandbox.
 
     The returned environment is `env` without secrets (SECRET_ENV, `A2RL_HARNESS_*`); it is passed through
-    bubblewrap unchanged, so the grading token never appears on a command line.
+    bubblewrap unchanged, so the grading token never appears on a command line. With `report_fd` (an fd the
+    caller passes to the shim), `cmd`'s exit code is written there when it exits, and the sandbox lives on
+    until the jobs `cmd` left in the background end (a tool call that starts a training run in the background).
     """
     mode = sandbox_mode(policy)
     workspace = Path(policy.workspace).resolve()
@@ -213,11 +216,13 @@ def wrap(cmd: list[str], env: dict[str, str], policy: SandboxPolicy) -> tuple[li
         "uid": agent_uid(policy) if mode == "bwrap-root" else None,
         "status_path": str(policy.status_path) if policy.status_path else None,
         "env_keep": list(policy.env_keep),
+        "pass_fds": [report_fd] if report_fd is not None else [],
     }
     if mode == "none":
-        config["child"] = [sys.executable, "-I", "-S", str(FORWARDER), *policy.limits.as_args(), "--", *cmd]
+        report = ["--report", str(report_fd)] if report_fd is not None else []
+        config["child"] = [sys.executable, "-I", "-S", str(FORWARDER), *policy.limits.as_args(), *report, "--", *cmd]
     else:
-        config["child"] = bwrap_argv(cmd, policy, mode, runtime)
+        config["child"] = bwrap_argv(cmd, policy, mode, runtime, report_fd)
     shim = [sys.executable, "-I", "-S", str(Path(__file__).resolve()), "--shim", json.dumps(config)]
     clean = scrub_env(env, policy.env_keep)
     if mode == "none":
@@ -266,7 +271,8 @@ class _Binds:
             self.sources.append(Path(dest))
 
 
-def bwrap_argv(cmd: list[str], policy: SandboxPolicy, mode: Mode, runtime: Path) -> list[str]:
+def bwrap_argv(cmd: list[str], policy: SandboxPolicy, mode: Mode, runtime: Path, report_fd: int | None = None
+               ) -> list[str]:  # fmt: skip
     """The bubblewrap command line (its mounts in order: later mounts cover earlier ones)."""
     if Path(policy.workspace).is_symlink():
         raise SandboxUnavailable(f"workspace {policy.workspace} is a symbolic link")
@@ -324,6 +330,8 @@ def bwrap_argv(cmd: list[str], policy: SandboxPolicy, mode: Mode, runtime: Path)
         args += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
                  "--bounding-set=-all", "--no-new-privs", "--"]  # fmt: skip
     forwards = [x for p in policy.forward_ports for x in ("--forward", f"{p}={RUNTIME_MOUNT}/p{p}.sock")]
+    if report_fd is not None:
+        forwards += ["--report", str(report_fd)]
     launcher = [sys.executable, "-I", "-S", f"{RUNTIME_MOUNT}/forwarder.py", *forwards]
     return [*args, *launcher, *policy.limits.as_args(), "--signals", "--", *cmd]
 
@@ -540,7 +548,8 @@ def _shim(cfg: dict) -> int:
         # The child gets its own process group, so the harness's group SIGTERM reaches only this shim, which
         # passes it on: sandboxed, to the launcher inside (it signals the agent and keeps the grader reachable
         # during the grace period); unsandboxed, to the launcher's group, which the agent shares.
-        child = subprocess.Popen(cfg["child"], env=env, cwd=cfg["workspace"], process_group=0)
+        child = subprocess.Popen(cfg["child"], env=env, cwd=cfg["workspace"], process_group=0,
+                                 pass_fds=cfg.get("pass_fds", ()))  # fmt: skip
 
         def forward(signum, frame) -> None:
             if not sandboxed:

@@ -157,8 +157,11 @@ def sandbox_for(ctx: RunContext, grading_url: str, uses_llm: bool) -> tuple[Sand
         status_path=ctx.paths.harness_dir / "sandbox.json", allow_unsandboxed=c.sandbox == "auto",
     )  # fmt: skip
     label = sandbox_label(policy)  # raises SandboxUnavailable when `required` and bubblewrap cannot run
-    if uses_llm:
-        label += "; LLM agent: its runner keeps network access to its driver and is not itself sandboxed"
+    if uses_llm:  # the key stays with the runner; what the model has run goes through the policy
+        label += ("; LLM agent: its runner (the model loop, with the driver's key and network access) runs on the "
+                  "host; every tool command (claude-tools) or the whole CLI with its tools (claude-code, codex: LLM "
+                  "calls through the harness's proxy) runs in this sandbox; claude-tools' file tools run in the "
+                  "runner, confined to the workspace")  # fmt: skip
     return policy, label
 
 

@@ -5,20 +5,25 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from anthropic_loopback import AnthropicLoopback, Reply
+from sandbox_support import gone, needs_bwrap, processes_with
 
 from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
+from a2rl.paths import a2rl_home
 from a2rl.records import EvalResult, RunConfig
+from a2rl.sandbox import SandboxPolicy, gpu_env
 from a2rl.workspace import RunPaths, build_workspace
 from agents import AgentEnv, AgentOptions, LLMDriver, get_agent, run_agent
 from agents.base import agent_environment
 from agents.claude_tools import context
-from agents.claude_tools.tools import Toolbox, cut_middle
+from agents.claude_tools.tools import UNSANDBOXED_NOTE, Toolbox, cut_middle
 
 API_KEY = "sk-ant-test-SECRET-7d41"
 PRICES = {"input_usd_per_mtok": 3.0, "output_usd_per_mtok": 15.0, "cache_read_usd_per_mtok": 0.3,
@@ -127,7 +132,11 @@ def assert_tool_pairs_consistent(messages: list[dict]) -> None:
             assert uses == {b["tool_use_id"] for b in nxt if b.get("type") == "tool_result"}
 
 
-def test_claude_tools_session_trains_submits_and_accounts_every_call(run_dirs, tiny_model_dir):
+ON_AND_OFF = [pytest.param(False, id="unsandboxed"), pytest.param(True, id="sandboxed", marks=needs_bwrap)]
+
+
+@pytest.mark.parametrize("sandboxed", ON_AND_OFF)
+def test_claude_tools_session_trains_submits_and_accounts_every_call(run_dirs, tiny_model_dir, sandboxed):
     script = [
         calls(tool("write_file", "t1", path="code/train.py", content=TRAIN_SCRIPT), cache_read=0, cache_write=1200),
         calls(tool("bash", "t2", command="env | sort")),
@@ -154,7 +163,8 @@ def test_claude_tools_session_trains_submits_and_accounts_every_call(run_dirs, t
         with GradingServer(service) as server:
             env = AgentEnv("gsm8k", "tiny", run_dirs.workspace, server.url, server.token, 0,
                            harness_dir=run_dirs.harness_dir)  # fmt: skip
-            outcome = run_agent(agent, env, clock, run_dirs.harness_dir / "agent.log", grace_s=5)
+            policy = SandboxPolicy.for_grader(run_dirs.workspace, server.url) if sandboxed else None
+            outcome = run_agent(agent, env, clock, run_dirs.harness_dir / "agent.log", grace_s=5, sandbox=policy)
         service.close(drain_timeout_s=10)
     log = (run_dirs.harness_dir / "agent.log").read_text()
     assert outcome.ended_by == "exited" and outcome.exit_code == 0, log[-3000:]
@@ -194,7 +204,10 @@ def test_claude_tools_session_trains_submits_and_accounts_every_call(run_dirs, t
     tool_env = dict(line.split("=", 1) for line in env_lines.splitlines() if "=" in line)
     for name in ("PWD", "SHLVL", "_", "OLDPWD"):
         tool_env.pop(name, None)
-    assert tool_env == agent_environment(env)
+    inside = {"TMPDIR": "/tmp", **gpu_env((), sandboxed=True)} if sandboxed else {}  # what bubblewrap sets
+    assert tool_env == agent_environment(env) | inside
+    assert (UNSANDBOXED_NOTE in env_lines) != sandboxed  # said once, with the first command
+    assert all(UNSANDBOXED_NOTE not in result_of(t)["content"] for t in ("t3", "t9"))
     assert API_KEY not in env_lines and "A2RL_HARNESS" not in env_lines
     train = result_of("t3")
     assert not train["is_error"] and "step 1 loss" in train["content"] and "saved" in train["content"]
@@ -230,6 +243,7 @@ def test_claude_tools_session_trains_submits_and_accounts_every_call(run_dirs, t
     assert tools_log[2]["exit_code"] == 0 and tools_log[2]["duration_s"] > 0
     transcript = read_jsonl(run_dirs.harness_dir / "transcript.jsonl")
     assert transcript[0]["kind"] == "start" and transcript[-1]["kind"] == "end"
+    assert transcript[0]["sandbox"].startswith("bubblewrap" if sandboxed else "none")
     assert transcript[-1]["llm_calls"] == len(script) and transcript[-1]["cost_usd"] > 0
     assert any(t["kind"] == "compaction" for t in transcript)
     for path in [*run_dirs.harness_dir.rglob("*"), *run_dirs.workspace.rglob("*")]:
@@ -237,8 +251,9 @@ def test_claude_tools_session_trains_submits_and_accounts_every_call(run_dirs, t
             assert API_KEY.encode() not in path.read_bytes(), path
 
 
-def test_budget_stop_ends_the_loop_and_every_command_it_started(run_dirs, tiny_model_dir):
-    marker = "611.5"
+@pytest.mark.parametrize("sandboxed", ON_AND_OFF)
+def test_budget_stop_ends_the_loop_and_every_command_it_started(run_dirs, tiny_model_dir, sandboxed):
+    marker = f"611.{secrets.randbelow(1000)}5"
     script = [calls(tool("bash", "t1", command=f"sleep {marker} & sleep {marker}", timeout_s=600))]
     driver = LLMDriver(model="claude-test-1", api_key=API_KEY, **PRICES)
     clock = ExpiresOnceRunning(600, marker)
@@ -249,11 +264,12 @@ def test_budget_stop_ends_the_loop_and_every_command_it_started(run_dirs, tiny_m
             env = AgentEnv("gsm8k", "tiny", run_dirs.workspace, server.url, server.token, 0,
                            harness_dir=run_dirs.harness_dir)  # fmt: skip
             t0 = time.monotonic()
-            outcome = run_agent(agent, env, clock, run_dirs.harness_dir / "agent.log", grace_s=5)
+            policy = SandboxPolicy.for_grader(run_dirs.workspace, server.url) if sandboxed else None
+            outcome = run_agent(agent, env, clock, run_dirs.harness_dir / "agent.log", grace_s=5, sandbox=policy)
         service.close(drain_timeout_s=5)
     assert outcome.ended_by == "budget"
     assert time.monotonic() - t0 < 60  # the runner stopped within its grace period, not after the command
-    assert not _processes_with(marker), "a command outlived the session"
+    assert gone(marker), "a command outlived the session"
     log = (run_dirs.harness_dir / "agent.log").read_text()
     assert "stopped by the harness" in log
     assert read_jsonl(run_dirs.harness_dir / "transcript.jsonl")[-1]["kind"] == "end"
@@ -269,19 +285,7 @@ class ExpiresOnceRunning(BudgetClock):
 
     @property
     def expired(self) -> bool:
-        return bool(_processes_with(self.marker)) or super().expired
-
-
-def _processes_with(text: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if text.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
+        return bool(processes_with(self.marker)) or super().expired
 
 
 def test_an_llm_agent_without_driver_is_a_launch_error(run_dirs):
@@ -342,14 +346,110 @@ def test_toolbox_refuses_paths_outside_the_workspace_and_into_the_base_model(tmp
     assert box.run("nope", {}).is_error and box.run("bash", {"cmd": "x"}).is_error
 
 
-def test_bash_output_is_cut_in_the_middle_and_background_jobs_do_not_block(tmp_path):
-    box = Toolbox(tmp_path, {"PATH": os.environ["PATH"]}, output_limit=1000)
+@pytest.mark.parametrize("sandboxed", ON_AND_OFF)
+def test_bash_output_is_cut_in_the_middle_and_background_jobs_do_not_block(tmp_path, sandboxed):
+    box = Toolbox(tmp_path, {"PATH": os.environ["PATH"]}, output_limit=1000,
+                  sandbox=SandboxPolicy(tmp_path) if sandboxed else None)  # fmt: skip
     result = box.run("bash", {"command": "seq 1 5000; echo END"})
     assert result.exit_code == 0 and "1\n2\n" in result.text and "END" in result.text and "cut" in result.text
+    assert (UNSANDBOXED_NOTE in result.text) != sandboxed
+    assert box.run("bash", {"command": "exit 3"}).exit_code == 3
+    marker = f"30.{secrets.randbelow(1000)}5"
     t0 = time.monotonic()
-    result = box.run("bash", {"command": "sleep 30.75 & echo launched"})
-    assert "launched" in result.text and time.monotonic() - t0 < 5
-    assert _processes_with("30.75")
+    result = box.run("bash", {"command": f"sleep {marker} & echo launched"})
+    assert "launched" in result.text and time.monotonic() - t0 < 5 and UNSANDBOXED_NOTE not in result.text
+    assert processes_with(marker)  # sandboxed too: the sandbox lives on while its background jobs run
     box.close(grace_s=1)
-    assert not _processes_with("30.75")
+    assert gone(marker)
     assert cut_middle("abcdef", 4).startswith("ab") and cut_middle("abc", 4) == "abc"
+
+
+def test_file_tools_refuse_links_out_of_the_workspace_even_when_swapped_in_late(tmp_path, monkeypatch):
+    """The file tools run in the runner, with the harness's rights: no link may take them outside."""
+    ws, outside = tmp_path / "ws", tmp_path / "outside"
+    (ws / "code").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret.txt").write_text("SECRET")
+    (ws / "code" / "leak.txt").symlink_to(outside / "secret.txt")
+    (ws / "out").symlink_to(outside)
+    box = Toolbox(ws, {"PATH": os.environ["PATH"]})
+    for name, args in [("read_file", {"path": "code/leak.txt"}), ("read_file", {"path": "out/secret.txt"}),
+                       ("edit_file", {"path": "out/secret.txt", "old_str": "SECRET", "new_str": "x"}),
+                       ("write_file", {"path": "code/leak.txt", "content": "x"}),
+                       ("write_file", {"path": "out/new/a.py", "content": "x"})]:  # fmt: skip
+        result = box.run(name, args)
+        assert result.is_error and "outside the workspace" in result.text, (name, args, result)
+    assert (outside / "secret.txt").read_text() == "SECRET" and sorted(os.listdir(outside)) == ["secret.txt"]
+
+    os.mkfifo(ws / "code" / "pipe")  # would block a plain open() for reading forever
+    assert "not a regular file" in box.run("read_file", {"path": "code/pipe"}).text
+
+    checked = box.resolve
+
+    def swapped_after_the_check(path: str, for_writing: bool = False) -> Path:
+        """What an agent's background job could do between the check and the open."""
+        resolved = checked(path, for_writing)
+        (ws / "code").rename(ws / "code.old")
+        (ws / "code").symlink_to(outside)
+        return resolved
+
+    monkeypatch.setattr(box, "resolve", swapped_after_the_check)
+    for name, args in [("write_file", {"path": "code/secret.txt", "content": "x"}),
+                       ("read_file", {"path": "code/secret.txt"})]:  # fmt: skip
+        (ws / "code" / "secret.txt").write_text("inside")
+        result = box.run(name, args)
+        assert result.is_error and "SECRET" not in result.text, result
+        (ws / "code").unlink()
+        (ws / "code.old").rename(ws / "code")
+    assert (outside / "secret.txt").read_text() == "SECRET"
+
+
+@pytest.fixture
+def sandboxed_box(run_dirs, tiny_model_dir):
+    """A Toolbox whose commands run in the sandbox of a real grading server's run (as under the flow), with the
+    driver's key leaked into its environment on purpose."""
+    service = start_grading(run_dirs, tiny_model_dir, BudgetClock(300))
+    with GradingServer(service) as server:
+        env = AgentEnv("gsm8k", "tiny", run_dirs.workspace, server.url, server.token, 0,
+                       harness_dir=run_dirs.harness_dir)  # fmt: skip
+        policy = SandboxPolicy.for_grader(run_dirs.workspace, server.url)
+        box = Toolbox(run_dirs.workspace, {**agent_environment(env), "ANTHROPIC_API_KEY": API_KEY}, sandbox=policy)
+        yield box
+        box.close(grace_s=1)
+    service.close(drain_timeout_s=5)
+
+
+@needs_bwrap
+def test_sandboxed_commands_reach_the_workspace_and_the_grader_only(sandboxed_box, run_dirs, tmp_path):
+    canary = f"HIDDEN-TEST-{secrets.token_hex(4)}"
+    planted = [run_dirs.harness_dir / "test.jsonl",  # the run's harness dir: hidden by the policy
+               a2rl_home() / "task-data" / "fake" / "private" / "test.jsonl",  # where the real hidden sets live
+               tmp_path / "elsewhere" / "test.jsonl"]  # fmt: skip
+    for path in planted:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(canary)
+    decoy = socket.create_server(("127.0.0.1", 0))  # a host port that is not forwarded
+    decoy.setblocking(False)
+    grader = "import os, urllib.request as u; print('grader', u.urlopen(os.environ['GRADING_SERVER_URL'] + '/health').status)"
+    script = "; ".join([*(f"cat {p}" for p in planted), "env", "echo made > output/made.txt", f'python -c "{grader}"',
+                        f"(exec 3<>/dev/tcp/127.0.0.1/{decoy.getsockname()[1]}) && echo decoy-reached",
+                        "timeout 5 bash -c '(exec 3<>/dev/tcp/192.0.2.1/80)' && echo outside-reached"])  # fmt: skip
+    result = sandboxed_box.run("bash", {"command": script})
+    assert canary not in result.text and "No such file" in result.text
+    assert API_KEY not in result.text and "ANTHROPIC_API_KEY" not in result.text and "GRADING_TOKEN=" in result.text
+    assert "grader 200" in result.text and "reached" not in result.text, result.text
+    assert (run_dirs.workspace / "output" / "made.txt").read_text() == "made\n"
+    with pytest.raises(BlockingIOError):
+        decoy.accept()
+    decoy.close()
+    refused = sandboxed_box.run("write_file", {"path": "data/train.jsonl", "content": "x"})
+    assert refused.is_error and "read-only" in refused.text  # as read-only for the file tools as inside
+
+
+@needs_bwrap
+def test_a_timed_out_sandboxed_command_leaves_no_process_behind(sandboxed_box):
+    marker = f"611.{secrets.randbelow(1000)}7"
+    command = f"echo started; sleep {marker} & setsid sleep {marker} & nohup sleep {marker}"
+    result = sandboxed_box.run("bash", {"command": command, "timeout_s": 2})
+    assert result.is_error and "killed after 2 s" in result.text and "started" in result.text
+    assert gone(marker), "a timed-out command outlived its sandbox"  # setsid too: the PID namespace ended

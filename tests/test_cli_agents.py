@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
+import sys
 import threading
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from sandbox_support import needs_bwrap
 
 from a2rl.grading import BudgetClock
+from a2rl.sandbox import SandboxPolicy
 from agents import AgentEnv, LLMDriver, get_agent, run_agent
 from agents.cli_agents.proxy import UsageParser
 from agents.cli_agents.streams import ClaudeStreamParser, CodexStreamParser
@@ -145,9 +150,14 @@ def assert_key_never_reached_the_workspace(env: AgentEnv) -> None:
             assert KEY.encode() not in path.read_bytes(), path
 
 
+# The real CLIs, on the host and in the sandbox (where they reach only the proxy: no grader in these sessions).
+ON_AND_OFF = [pytest.param(False, id="unsandboxed"), pytest.param(True, id="sandboxed", marks=needs_bwrap)]
+
+
 @pytest.mark.skipif(shutil.which("claude") is None,
                     reason="claude CLI not installed (npm install -g @anthropic-ai/claude-code)")  # fmt: skip
-def test_claude_code_runs_behind_the_proxy_and_its_stream_is_recorded(tmp_path):
+@pytest.mark.parametrize("sandboxed", ON_AND_OFF)
+def test_claude_code_runs_behind_the_proxy_and_its_stream_is_recorded(tmp_path, sandboxed):
     script = [
         {"tool": "Bash", "id": "toolu_1", "input": {"command": "echo hello > code/note.txt && cat code/note.txt",
                                                     "description": "write a note"}},  # fmt: skip
@@ -159,7 +169,8 @@ def test_claude_code_runs_behind_the_proxy_and_its_stream_is_recorded(tmp_path):
         driver = LLMDriver(model="claude-test-1", api_key=KEY, base_url=llm.url, **PRICES)
         agent = get_agent("claude-code", driver=driver)
         agent.install(env.workspace)
-        outcome = run_agent(agent, env, BudgetClock(120), env.harness_path / "agent.log", grace_s=5)
+        outcome = run_agent(agent, env, BudgetClock(120), env.harness_path / "agent.log", grace_s=5,
+                            sandbox=SandboxPolicy(env.workspace) if sandboxed else None)  # fmt: skip
     harness = env.harness_path
     log = (harness / "agent.log").read_text()
     assert outcome.ended_by == "exited" and outcome.exit_code == 0, log[-3000:]
@@ -188,14 +199,16 @@ def test_claude_code_runs_behind_the_proxy_and_its_stream_is_recorded(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("codex") is None, reason="codex CLI not installed (npm install -g @openai/codex)")
-def test_codex_runs_behind_the_proxy_and_its_stream_is_recorded(tmp_path):
+@pytest.mark.parametrize("sandboxed", ON_AND_OFF)
+def test_codex_runs_behind_the_proxy_and_its_stream_is_recorded(tmp_path, sandboxed):
     script = [{"tool": "exec_command", "id": "call_1", "input": {"cmd": "echo hi > code/hi.txt && ls code"}},
               {"text": "All done."}]  # fmt: skip
     env = workspace(tmp_path)
     with StreamingLoopback("openai", script) as llm:
         driver = LLMDriver(model="gpt-test", api="openai", api_key=KEY, base_url=llm.url, **PRICES)
         agent = get_agent("codex", driver=driver)
-        outcome = run_agent(agent, env, BudgetClock(120), env.harness_path / "agent.log", grace_s=5)
+        outcome = run_agent(agent, env, BudgetClock(120), env.harness_path / "agent.log", grace_s=5,
+                            sandbox=SandboxPolicy(env.workspace) if sandboxed else None)  # fmt: skip
     log = (env.harness_path / "agent.log").read_text()
     assert outcome.ended_by == "exited" and outcome.exit_code == 0, log[-3000:]
     assert (env.workspace / "code" / "hi.txt").read_text() == "hi\n"
@@ -207,6 +220,73 @@ def test_codex_runs_behind_the_proxy_and_its_stream_is_recorded(tmp_path):
                                    for c in calls)  # fmt: skip
     tools = read_jsonl(env.harness_path / "tool_calls.jsonl")
     assert [(t["tool"], t["ok"], t["exit_code"]) for t in tools] == [("command_execution", True, 0)]
+
+
+# A stand-in for `claude`: it reports what it can see and reach as one stream-json event.
+FAKE_CLAUDE = """#!{python}
+import json, os, socket, sys, urllib.request
+
+def reaches(host, port):
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        return True
+    except OSError:
+        return False
+
+body = json.dumps({{"model": "m", "max_tokens": 5, "messages": [{{"role": "user", "content": "hi"}}]}}).encode()
+req = urllib.request.Request(os.environ["ANTHROPIC_BASE_URL"] + "/v1/messages", data=body, method="POST",
+                             headers={{"x-api-key": os.environ["ANTHROPIC_API_KEY"], "content-type": "application/json"}})
+with urllib.request.urlopen(req, timeout=30) as resp:
+    proxy_status, proxy_body = resp.status, resp.read().decode()
+grader = urllib.request.urlopen(urllib.request.Request(os.environ["GRADING_SERVER_URL"], method="HEAD"), timeout=30)
+print(json.dumps({{"type": "probe", "uid": os.getuid(), "env": dict(os.environ), "next_to_workspace": os.listdir(".."),
+                  "secret_visible": os.path.exists({secret!r}), "proxy_status": proxy_status, "grader": grader.status,
+                  "proxy_answered": "message_stop" in proxy_body, "decoy_reached": reaches("127.0.0.1", {decoy}),
+                  "outside_reached": reaches("192.0.2.1", 80)}}), flush=True)
+print(json.dumps({{"type": "result", "subtype": "success", "is_error": False}}), flush=True)
+"""
+
+
+@needs_bwrap
+def test_a_sandboxed_cli_reaches_its_proxy_and_the_grader_only(tmp_path, monkeypatch):
+    env = workspace(tmp_path)
+    secret = tmp_path / "private" / "test.jsonl"  # outside the workspace: not bound
+    secret.parent.mkdir()
+    secret.write_text("HIDDEN")
+    decoy = socket.create_server(("127.0.0.1", 0))  # a host port that is not forwarded
+    decoy.setblocking(False)
+    bin_dir = tmp_path / "cli-bin"  # outside every bound directory: bound because it is the CLI's install dir
+    bin_dir.mkdir()
+    fake = bin_dir / "claude"
+    fake.write_text(FAKE_CLAUDE.format(python=sys.executable, secret=str(secret), decoy=decoy.getsockname()[1]))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)  # as a harness holding the key in its environment would
+    with StreamingLoopback("anthropic", [{"text": "ok"}]) as llm, StreamingLoopback("anthropic", []) as grader:
+        env = replace(env, grading_url=grader.url)  # a stand-in: it answers HEAD
+        driver = LLMDriver(model="claude-test-1", api_key=KEY, base_url=llm.url, **PRICES)
+        policy = SandboxPolicy.for_grader(env.workspace, env.grading_url)
+        outcome = run_agent(get_agent("claude-code", driver=driver), env, BudgetClock(60),
+                            env.harness_path / "agent.log", grace_s=5, sandbox=policy)  # fmt: skip
+    decoy_connections = 0
+    try:
+        decoy.accept()
+        decoy_connections = 1
+    except BlockingIOError:
+        pass
+    decoy.close()
+    log = (env.harness_path / "agent.log").read_text()
+    assert outcome.ended_by == "exited" and outcome.exit_code == 0, log[-3000:]
+    probe = next(e for e in read_jsonl(env.harness_path / "transcript.jsonl") if e.get("type") == "probe")
+    assert probe["uid"] != 0 and probe["next_to_workspace"] == ["workspace"]  # no harness dir next to it
+    assert probe["env"]["ANTHROPIC_API_KEY"].startswith("a2rl-proxy-")  # the proxy's token, kept by env_keep
+    assert KEY not in json.dumps(probe) and not any(k.startswith("A2RL_HARNESS") for k in probe["env"])
+    assert probe["proxy_status"] == 200 and probe["proxy_answered"] and probe["grader"] == 200
+    assert not probe["secret_visible"] and not probe["decoy_reached"] and not probe["outside_reached"]
+    assert decoy_connections == 0
+    assert llm.requests and llm.requests[0]["headers"]["x-api-key"] == KEY  # the proxy swapped the real key in
+    assert read_jsonl(env.harness_path / "llm_calls.jsonl")[0]["source"] == "proxy"
+    assert_key_never_reached_the_workspace(env)
 
 
 @pytest.mark.parametrize(("agent_id", "hint"), [("claude-code", "npm install -g @anthropic-ai/claude-code"),

@@ -25,10 +25,11 @@ from a2rl.evaluation import EvalSpec
 from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService, Ledger
 from a2rl.paths import a2rl_home
 from a2rl.records import EvalResult, RunConfig
-from a2rl.sandbox import Limits, SandboxPolicy, SandboxUnavailable, agent_uid, sandbox_mode, wrap
+from a2rl.sandbox import Limits, SandboxPolicy, agent_uid, sandbox_mode, wrap
 from a2rl.workspace import RunPaths
 from agents.base import Agent, AgentEnv, agent_environment, run_agent
 from tests.redteam_agent import ATTEMPTS, QUOTA_ATTEMPT
+from tests.sandbox_support import needs_bwrap
 
 AGENT_SCRIPT = Path(__file__).with_name("redteam_agent.py")
 CANARY = f"REDTEAM-CANARY-{secrets.token_hex(4)}"
@@ -36,15 +37,7 @@ FAKE_KEY = f"sk-ant-redteam-{secrets.token_hex(8)}"
 MiB = 1 << 20
 
 
-def _bwrap_problem() -> str | None:
-    try:
-        sandbox_mode(SandboxPolicy(Path("/nonexistent")))
-    except SandboxUnavailable as e:
-        return str(e)
-    return None
-
-
-pytestmark = pytest.mark.skipif(_bwrap_problem() is not None, reason=f"bubblewrap cannot run here: {_bwrap_problem()}")
+pytestmark = needs_bwrap
 
 
 class DoneClock(BudgetClock):

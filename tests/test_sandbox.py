@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sandbox_support import needs_bwrap
 
 from a2rl.leak_audit import audit_leaks, hidden_texts
 from a2rl.paths import a2rl_home
@@ -35,17 +36,6 @@ from a2rl.sandbox import (
 
 REPO = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
-
-
-def _bwrap_problem() -> str | None:
-    try:
-        sandbox_mode(SandboxPolicy(Path("/nonexistent")))
-    except SandboxUnavailable as e:
-        return str(e)
-    return None
-
-
-needs_bwrap = pytest.mark.skipif(_bwrap_problem() is not None, reason=f"bubblewrap cannot run here: {_bwrap_problem()}")
 
 
 @pytest.fixture

@@ -1,10 +1,13 @@
 """Sandbox launcher: forward loopback ports to Unix sockets, apply rlimits, run the agent (stdlib only).
 
 Inside: python -I -S forwarder.py --forward 8123=/run/a2rl/p8123.sock --rlimit nproc=4096 --signals -- CMD...
+With `--report FD` the command's exit code is written to FD as soon as it exits, and the launcher (a child
+subreaper) then waits for the jobs it left in the background: a tool call returns while they run on.
 The host side (a2rl/sandbox.py's shim) reuses `handler` the other way round: Unix socket in, TCP out.
 """
 
 import asyncio
+import ctypes
 import itertools
 import os
 import resource
@@ -46,6 +49,7 @@ def handler(connect):
 async def main(argv: list[str]) -> int:
     split = argv.index("--")
     opts, cmd = argv[:split], argv[split + 1 :]
+    report = -1
     for flag, spec in itertools.pairwise(opts):
         key, _, value = spec.partition("=")
         if flag == "--forward":  # listen on 127.0.0.1:key inside, connect to the Unix socket `value`
@@ -55,6 +59,10 @@ async def main(argv: list[str]) -> int:
             hard = resource.getrlimit(limit)[1]
             value = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
             resource.setrlimit(limit, (value, value))
+        elif flag == "--report":
+            report = int(spec)
+    if report >= 0:  # orphaned background jobs become our children, not PID 1's (which ends with us)
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     # --signals: the agent gets its own group; we pass SIGTERM on and keep forwarding for its last submission.
     forward = "--signals" in opts
     try:
@@ -65,7 +73,21 @@ async def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         asyncio.get_running_loop().add_signal_handler(sig, lambda s=sig: forward and _killpg(proc.pid, s))
     code = await asyncio.to_thread(proc.wait)
-    return code if code >= 0 else 128 - code
+    code = code if code >= 0 else 128 - code
+    if report >= 0:
+        os.write(report, f"{code}\n".encode())
+        os.close(report)
+        await asyncio.to_thread(_reap_all)
+    return code
+
+
+def _reap_all() -> None:
+    """Wait until no child (adopted background job included) is left."""
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            return
 
 
 def _killpg(pgid: int, sig: int) -> None:

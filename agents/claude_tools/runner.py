@@ -1,7 +1,8 @@
 """The harness-side loop of `claude-tools`: `python -m agents.claude_tools.runner`, started by `run_agent`.
 
 It holds the driver's API key (from `A2RL_HARNESS_API_KEY`, removed from its environment before any tool
-runs) and talks to the LLM; tools run in the workspace with the agent's scrubbed environment. Every LLM call
+runs) and talks to the LLM from the host; tools run in the workspace with the agent's scrubbed environment,
+each bash command in the run's sandbox (the policy `run_agent` passes in `A2RL_HARNESS_SANDBOX`). Every LLM call
 goes to `harness/llm_calls.jsonl` (tokens, cache, cost, latency, retries), every tool call to
 `harness/tool_calls.jsonl`, every message to `harness/transcript.jsonl`. `run_agent` owns the lifetime: on
 its SIGTERM the loop stops, kills the commands it started and exits.
@@ -22,6 +23,7 @@ from typing import Any
 
 import anthropic
 
+from a2rl.sandbox import SandboxPolicy, policy_from_dict, sandbox_label
 from agents.base import (
     HARNESS_ENV_PREFIX,
     LLM_CALLS_FILE,
@@ -55,8 +57,8 @@ def take_harness_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 def make_undumpable() -> None:
     """Keep same-user processes from reading this process's memory and /proc/<pid>/environ (Linux).
 
-    Defence in depth for the API key: it does not stop root, and the agent's own commands run as the same
-    user as this runner.
+    Defence in depth for the API key: it does not stop root, nor the agent's commands where no sandbox policy
+    puts them in other namespaces (and, for a root harness, under another uid).
     """
     try:
         ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
@@ -97,7 +99,8 @@ class ToolSession:
     # -- the loop ---------------------------------------------------------------------------------------
     def run(self, first_message: str) -> str:
         """Returns why the session ended."""
-        self.transcript("start", driver=self.driver.public(), options=self.options.model_dump())
+        sandbox = sandbox_label(self.tools.sandbox) if self.tools.sandbox else "none: commands run on the host"
+        self.transcript("start", driver=self.driver.public(), options=self.options.model_dump(), sandbox=sandbox)
         self.add_message("user", first_message)
         while True:
             if self.calls >= self.options.max_turns:
@@ -242,6 +245,12 @@ def block_param(block) -> dict[str, Any]:
     return block.model_dump(exclude_none=True)
 
 
+def sandbox_policy(harness_env: dict[str, str]) -> SandboxPolicy | None:
+    """The sandbox policy `run_agent` passed for what this runner starts (None: run it on the host)."""
+    data = harness_env.get("SANDBOX")
+    return policy_from_dict(json.loads(data)) if data else None
+
+
 def main() -> int:
     """Read the harness-side settings, strip them from the environment, run the session."""
     secrets = take_harness_env()
@@ -256,7 +265,7 @@ def main() -> int:
     client = anthropic.Anthropic(api_key=driver.api_key.get_secret_value() or "none", base_url=driver.base_url,
                                  max_retries=0, timeout=600.0)  # fmt: skip
     toolbox = Toolbox(workspace, dict(os.environ), options.command_timeout_s, options.max_command_timeout_s,
-                      options.output_limit_chars)  # fmt: skip
+                      options.output_limit_chars, sandbox_policy(secrets))  # fmt: skip
     session = ToolSession(client, driver, options, toolbox, harness)
     code, reason = 0, ""
 

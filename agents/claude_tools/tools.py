@@ -1,16 +1,22 @@
 """The tools of `claude-tools`, executed for the harness-side loop inside the agent's workspace.
 
 Commands run with the workspace as working directory and the agent's scrubbed environment (the runner's
-environment after it removed its own harness-side variables), each in its own process group inside the
-agent's session, so a timeout kills the command with everything it started and the harness's budget stop
-reaches every one of them. File tools are confined to the workspace.
+environment after it removed its own harness-side variables). With the run's sandbox policy, each command runs
+in a fresh sandbox (a2rl.sandbox: bubblewrap, loopback + grader only, no harness files), which lives on while
+jobs it left in the background run; without one, on the host. Either way each command has its own process
+group inside the agent's session, so a timeout kills the command with everything it started and the harness's
+budget stop reaches every one of them. File tools run in the runner itself and are confined to the workspace:
+a path is checked after resolving its links, and opened without following a link swapped in since.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -18,6 +24,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from a2rl.sandbox import SandboxPolicy, SandboxUnavailable, agent_uid, sandbox_mode, wrap
+
+UNSANDBOXED_NOTE = "[note: no sandbox policy: commands run on the host with the harness's rights]"
 
 TOOL_SPECS: list[dict[str, Any]] = [
     {
@@ -118,14 +128,21 @@ class Toolbox:
     """Runs tool calls for one session; `close()` stops every process group the commands started."""
 
     def __init__(self, workspace: Path, env: dict[str, str], command_timeout_s: float = 900.0,
-                 max_command_timeout_s: float = 3 * 3600.0, output_limit: int = 20_000):  # fmt: skip
+                 max_command_timeout_s: float = 3 * 3600.0, output_limit: int = 20_000,
+                 sandbox: SandboxPolicy | None = None):  # fmt: skip
         self.workspace = Path(workspace).resolve()
         self.env = dict(env)
         self.command_timeout_s = command_timeout_s
         self.max_command_timeout_s = max_command_timeout_s
         self.output_limit = output_limit
-        self.groups: set[int] = set()
-        """Process groups of commands that may still have members (background jobs)."""
+        self.sandbox = sandbox
+        self.note = UNSANDBOXED_NOTE if sandbox is None else ""
+        """Said once, with the first command's result."""
+        self.read_only = ("models", *(sandbox.read_only if sandbox else ()))
+        # A root harness gives the sandboxed agent its own uid: files the file tools create must be its own.
+        self.owner = agent_uid(sandbox) if sandbox and sandbox_mode(sandbox) == "bwrap-root" else None
+        self.groups: dict[int, subprocess.Popen] = {}
+        """Commands (or their sandboxes) whose process group may still have members (background jobs)."""
 
     def run(self, name: str, args: dict[str, Any]) -> ToolResult:
         """Execute one call; mistakes (bad path, missing argument) come back as error results."""
@@ -136,51 +153,119 @@ class Toolbox:
             return method(**args)
         except TypeError as e:
             return ToolResult(f"bad arguments for {name}: {e}", is_error=True)
-        except (ToolError, OSError, UnicodeError) as e:
+        except (ToolError, OSError, UnicodeError, SandboxUnavailable) as e:
             return ToolResult(f"{type(e).__name__}: {e}" if not isinstance(e, ToolError) else str(e), is_error=True)
 
     # -- commands ---------------------------------------------------------------------------------------
     def tool_bash(self, command: str, timeout_s: float | None = None) -> ToolResult:
         timeout = min(float(timeout_s or self.command_timeout_s), self.max_command_timeout_s)
+        self.groups = {pid: p for pid, p in self.groups.items() if _running(p)}  # reaps sandboxes that ended
         # Output goes to a file, not a pipe: a background job holding a pipe open would block the call.
         with tempfile.TemporaryFile() as out:
-            proc = subprocess.Popen(
-                ["bash", "-c", command], cwd=self.workspace, env=self.env, stdin=subprocess.DEVNULL,
-                stdout=out, stderr=subprocess.STDOUT, process_group=0,
-            )  # fmt: skip
-            self.groups.add(proc.pid)
-            timed_out = False
+            proc, report = self._start(command, out)
+            self.groups[proc.pid] = proc
             try:
-                rc = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(proc.pid, signal.SIGKILL)
-                rc = proc.wait()
+                rc = _wait(proc, report, timeout)
+            except BaseException:  # interrupted (session stop): take the command down with us
+                _kill_tree(proc.pid)
+                raise
             finally:
-                if proc.poll() is None:  # interrupted (session stop): take the command down with us
-                    _kill_group(proc.pid, signal.SIGKILL)
+                if report is not None:
+                    os.close(report)
+            timed_out = rc is None
+            if timed_out:  # the command (sandboxed: its whole sandbox) with everything it started
+                _kill_tree(proc.pid)
+                rc = proc.wait()
+                del self.groups[proc.pid]
             text = _read_head_tail(out, self.output_limit)
         if timed_out:
             text += f"\n[killed after {timeout:.0f} s timeout, with every process it started]"
-            self.groups.discard(proc.pid)
+        text, self.note = (f"{text}\n{self.note}" if self.note else text), ""
         return ToolResult(f"exit code {rc}\n{text}", is_error=timed_out, exit_code=rc)
+
+    def _start(self, command: str, out) -> tuple[subprocess.Popen, int | None]:
+        """`bash -c command` in its own process group; with a policy, in a fresh sandbox whose launcher writes the
+        exit code to the returned pipe (the sandbox itself lives on while background jobs run)."""
+        cmd, env = ["bash", "-c", command], self.env
+        report, w = os.pipe() if self.sandbox is not None else (None, None)
+        try:
+            if self.sandbox is not None:
+                cmd, env = wrap(cmd, env, self.sandbox, report_fd=w)
+            proc = subprocess.Popen(cmd, cwd=self.workspace, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, process_group=0, pass_fds=() if w is None else (w,))  # fmt: skip
+        except BaseException:
+            if report is not None:
+                os.close(report)
+            raise
+        finally:
+            if w is not None:  # only the sandbox holds the write end: EOF if it ends without a report
+                os.close(w)
+        return proc, report
 
     # -- files ------------------------------------------------------------------------------------------
     def resolve(self, path: str, for_writing: bool = False) -> Path:
         """A path of the workspace (relative or absolute); links leading outside it are refused."""
         p = Path(path)
         resolved = (p if p.is_absolute() else self.workspace / p).resolve()
-        if resolved != self.workspace and self.workspace not in resolved.parents:
+        if resolved == self.workspace or self.workspace not in resolved.parents:
             raise ToolError(f"{path}: outside the workspace {self.workspace}; file tools only work inside it")
-        if for_writing and (self.workspace / "models") in [resolved, *resolved.parents]:
-            raise ToolError(f"{path}: models/ holds the read-only base model; write to output/ or code/")
+        for sub in self.read_only if for_writing else ():
+            if (self.workspace / sub) in [resolved, *resolved.parents]:
+                raise ToolError(f"{path}: {sub}/ is read-only (the base model, the task data); write to output/ "
+                                "or code/")  # fmt: skip
         return resolved
 
+    def open(self, path: str, write: bool = False) -> tuple[int, Path]:
+        """A file descriptor for a workspace file and its path in the workspace. The path is checked by `resolve`,
+        then walked one directory at a time without following links: a link that an agent's background job swaps
+        in meanwhile is refused, not followed (this runs with the harness's rights). Writing creates missing
+        directories and truncates the file."""
+        rel = self.resolve(path, for_writing=write).relative_to(self.workspace)
+        nofollow = os.O_NOFOLLOW | os.O_NONBLOCK  # NONBLOCK: a FIFO must not hang the runner
+        fd = os.open(self.workspace, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for part in rel.parts[:-1]:
+                if write:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, dir_fd=fd)
+                        self._own(part, fd)
+                parent, fd = fd, os.open(part, os.O_RDONLY | os.O_DIRECTORY | nofollow, dir_fd=fd)
+                os.close(parent)
+            if not write:
+                file = os.open(rel.name, os.O_RDONLY | nofollow, dir_fd=fd)
+            else:
+                try:
+                    file = os.open(rel.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | nofollow, 0o644, dir_fd=fd)
+                    self._own(rel.name, fd)
+                except FileExistsError:
+                    file = os.open(rel.name, os.O_WRONLY | os.O_TRUNC | nofollow, dir_fd=fd)
+        except FileNotFoundError as e:
+            raise ToolError(f"{path}: no such file") from e
+        finally:
+            os.close(fd)
+        if not stat.S_ISREG(os.fstat(file).st_mode):
+            os.close(file)
+            raise ToolError(f"{path}: not a regular file")
+        return file, rel
+
+    def _own(self, name: str, dir_fd: int) -> None:
+        """What the file tools create belongs to the sandboxed agent's uid (root harness), so that its commands
+        can change it."""
+        if self.owner is not None:
+            os.chown(name, self.owner, self.owner, dir_fd=dir_fd, follow_symlinks=False)
+
+    def read_text(self, path: str) -> str:
+        with os.fdopen(self.open(path)[0], encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def write_text(self, path: str, text: str) -> Path:
+        fd, rel = self.open(path, write=True)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        return rel
+
     def tool_read_file(self, path: str, offset: int = 1, limit: int | None = None) -> ToolResult:
-        target = self.resolve(path)
-        if not target.is_file():
-            raise ToolError(f"{path}: no such file")
-        lines = target.read_text(encoding="utf-8", errors="replace").splitlines()
+        lines = self.read_text(path).splitlines()
         start = max(1, int(offset or 1))
         end = len(lines) if limit is None else min(len(lines), start - 1 + int(limit))
         body = "\n".join(f"{i:>6}\t{lines[i - 1][:2000]}" for i in range(start, end + 1))
@@ -188,23 +273,18 @@ class Toolbox:
         return ToolResult(cut_middle(body, self.output_limit) + note)
 
     def tool_write_file(self, path: str, content: str) -> ToolResult:
-        target = self.resolve(path, for_writing=True)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content, encoding="utf-8")
-        return ToolResult(f"wrote {len(content)} characters to {target.relative_to(self.workspace)}")
+        where = self.write_text(path, content)
+        return ToolResult(f"wrote {len(content)} characters to {where}")
 
     def tool_edit_file(self, path: str, old_str: str, new_str: str, replace_all: bool = False) -> ToolResult:
-        target = self.resolve(path, for_writing=True)
-        if not target.is_file():
-            raise ToolError(f"{path}: no such file")
-        text = target.read_text(encoding="utf-8")
+        self.resolve(path, for_writing=True)
+        text = self.read_text(path)
         count = text.count(old_str) if old_str else 0
         if count == 0:
             raise ToolError(f"{path}: old_str not found; read the file and copy the text exactly")
         if count > 1 and not replace_all:
             raise ToolError(f"{path}: old_str occurs {count} times; add context to make it unique or set replace_all")
-        target.write_text(text.replace(old_str, new_str), encoding="utf-8")
-        where = target.relative_to(self.workspace)
+        where = self.write_text(path, text.replace(old_str, new_str))
         return ToolResult(f"replaced {count if replace_all else 1} occurrence(s) in {where}")
 
     # -- grading API ------------------------------------------------------------------------------------
@@ -245,15 +325,33 @@ class Toolbox:
 
     # -- lifetime ---------------------------------------------------------------------------------------
     def close(self, grace_s: float = 2.0) -> None:
-        """SIGTERM every command's process group, SIGKILL what is left after `grace_s`."""
-        live = [g for g in self.groups if _kill_group(g, signal.SIGTERM)]
+        """SIGTERM every command's process group (a sandbox's shim passes it on to the command inside), SIGKILL
+        what is left after `grace_s`."""
+        live = [p for p in self.groups.values() if _kill_group(p.pid, signal.SIGTERM)]
         deadline = time.monotonic() + grace_s
         while live and time.monotonic() < deadline:
-            live = [g for g in live if _group_alive(g)]
+            live = [p for p in live if _running(p)]
             time.sleep(0.05)
-        for g in live:
-            _kill_group(g, signal.SIGKILL)
+        for p in live:
+            _kill_tree(p.pid)
+            p.wait()
         self.groups.clear()
+
+
+def _wait(proc: subprocess.Popen, report: int | None, timeout: float) -> int | None:
+    """The command's exit code, or None once `timeout` has passed. Sandboxed, it comes from the launcher inside as
+    soon as the command exits (the sandbox lives on for its background jobs); EOF means the sandbox never ran it."""
+    if report is None:
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+    if not select.select([report], [], [], timeout)[0]:
+        return None
+    data = os.read(report, 32).strip()
+    if not data:
+        return proc.wait()
+    return int(data) if data.lstrip(b"-").isdigit() else -1  # the command itself wrote there: its own loss
 
 
 def _kill_group(pgid: int, sig: int) -> bool:
@@ -264,12 +362,25 @@ def _kill_group(pgid: int, sig: int) -> bool:
         return False
 
 
-def _group_alive(pgid: int) -> bool:
+def _kill_tree(pid: int) -> None:
+    """SIGKILL the process group of `pid` and those of its children: for a sandbox, the shim's and bubblewrap's
+    (whose end ends the sandbox's PID namespace) or, in the unsandboxed fallback, the launcher's with the command."""
     try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        children = []
+    for group in (pid, *children):
+        _kill_group(group, signal.SIGKILL)
+
+
+def _running(proc: subprocess.Popen) -> bool:
+    """The command (a sandbox: its shim, reaped by `poll` once it ended) or its process group has a live member."""
+    if proc.poll() is not None:
+        try:
+            os.killpg(proc.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+    return True
 
 
 def _read_head_tail(f, limit: int) -> str:

@@ -2,24 +2,30 @@
 
 It starts an `LLMProxy` holding the driver's key, then the CLI in the workspace (same process group as the
 runner, so the harness's budget stop reaches it) with the proxy's URL and a per-session token instead of the
-key. The CLI's JSON event stream is saved as `harness/transcript.jsonl` and parsed: tool calls go to
-`harness/tool_calls.jsonl`, the usage the CLI reports to `harness/cli_summary.json`; the proxy writes every
-model call to `harness/llm_calls.jsonl`.
+key. With the run's sandbox policy (`A2RL_HARNESS_SANDBOX`) the CLI, and so every tool it runs, is sandboxed:
+it reaches the grader and the proxy only, and sees its own install directories read-only. The CLI's JSON event
+stream is saved as `harness/transcript.jsonl` and parsed: tool calls go to `harness/tool_calls.jsonl`, the
+usage the CLI reports to `harness/cli_summary.json`; the proxy writes every model call to
+`harness/llm_calls.jsonl`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
+from urllib.parse import urlparse
 
+from a2rl.sandbox import SandboxPolicy, wrap
 from agents.base import LLM_CALLS_FILE, TOOL_CALLS_FILE, TRANSCRIPT_FILE, AgentOptions, LLMDriver, append_jsonl
 from agents.claude_tools.prompts import task_prompt
-from agents.claude_tools.runner import SessionStopped, make_undumpable, take_harness_env
+from agents.claude_tools.runner import SessionStopped, make_undumpable, sandbox_policy, take_harness_env
 from agents.cli_agents.proxy import LLMProxy
 from agents.cli_agents.streams import ClaudeStreamParser, CodexStreamParser, StreamParser
 
@@ -70,6 +76,42 @@ COMMANDS = {"claude-code": (claude_code_command, ClaudeStreamParser),
             "codex": (codex_command, CodexStreamParser)}  # fmt: skip
 
 
+def sandboxed(argv: list[str], env: dict[str, str], policy: SandboxPolicy, proxy: LLMProxy
+              ) -> tuple[list[str], dict[str, str]]:  # fmt: skip
+    """The CLI wrapped in the sandbox: the proxy's port forwarded too, the CLI's install directories bound
+    read-only, and the proxy's token (whichever variable carries it) kept in its environment."""
+    policy = replace(policy, forward_ports=(*policy.forward_ports, urlparse(proxy.url).port),
+                     extra_ro=(*policy.extra_ro, *install_dirs(argv[0], env.get("PATH"))),
+                     env_keep=(*policy.env_keep, *(k for k, v in env.items() if v == proxy.token)))  # fmt: skip
+    return wrap(argv, env, policy)
+
+
+def install_dirs(executable: str, path: str | None) -> list[Path]:
+    """Host directories a CLI needs to start: its command's directory, its package (for an npm package, the
+    topmost directory below node_modules with a package.json; else the directory of the command's target), and
+    the same for the interpreter its `#!` line names (node). /usr is in every sandbox anyway; neither / nor the
+    home directory is ever bound whole."""
+    found = shutil.which(executable, path=path)
+    if found is None:
+        return []
+    target = Path(found).resolve()
+    package = target.parent
+    for d in target.parents if "node_modules" in target.parts else ():
+        if d.name == "node_modules":
+            break
+        if (d / "package.json").is_file():
+            package = d
+    dirs = [Path(found).parent, package]
+    with open(found, "rb") as f:
+        line = f.readline(200)
+    words = line[2:].split() if line.startswith(b"#!") else []
+    interpreter = Path(words[-1].decode(errors="replace")).name if words else executable
+    if interpreter != executable:  # `#!/usr/bin/env node`: node's directories too
+        dirs += install_dirs(interpreter, path)
+    usr, never = Path("/usr"), {Path("/"), Path.home()}
+    return [d for d in dict.fromkeys(dirs) if d not in never and d != usr and usr not in d.parents]
+
+
 def pump(proc: subprocess.Popen, parser: StreamParser, harness: Path) -> None:
     """Save each event line, record the tool calls it completes, echo a short line to the agent log."""
     for raw in proc.stdout:
@@ -101,6 +143,7 @@ def main() -> int:
     harness.mkdir(parents=True, exist_ok=True)
     workspace = Path(os.environ.get("WORKSPACE", os.getcwd()))
     build, parser_class = COMMANDS[agent_id]
+    policy = sandbox_policy(secrets)
     parser = parser_class()
 
     def stop(signum, frame):
@@ -111,9 +154,12 @@ def main() -> int:
     with LLMProxy(driver, harness / LLM_CALLS_FILE) as proxy:
         argv, extra = build(PREFACE + task_prompt(workspace, grading_tools=False), driver, options, proxy)
         print(f"[{agent_id}] {argv[0]} {argv[1]} ... (model {driver.model}, LLM proxy {proxy.url})", flush=True)
-        # Same process group as this runner (no new session): the harness's group signals reach the CLI.
-        proc = subprocess.Popen(argv, cwd=workspace, env={**os.environ, **extra}, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE)  # fmt: skip
+        env = {**os.environ, **extra}
+        if policy is not None:
+            argv, env = sandboxed(argv, env, policy, proxy)
+        # Same process group as this runner (no new session): the harness's group signals reach the CLI (the
+        # sandbox's shim passes them on inside).
+        proc = subprocess.Popen(argv, cwd=workspace, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
         try:
             pump(proc, parser, harness)
             code = proc.wait()
