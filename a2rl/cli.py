@@ -105,12 +105,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     from flows.benchmark_run import benchmark_run
 
     start = time.perf_counter()
-    summary = benchmark_run(
-        task=args.task, agent=args.agent, budget_s=args.budget, seed=args.seed, results=Path(args.results),
-        runs_dir=Path(args.runs_dir) if args.runs_dir else None, variant=args.variant, base_model=args.base_model,
-        protocol=args.protocol, mode=args.mode, driver=args.driver, val_limit=args.val_limit or None, test_limit=args.test_limit or None,
-        max_submissions=args.max_submissions, sandbox=args.sandbox, eval_backend=args.eval_backend,
-    )  # fmt: skip
+    try:
+        summary = benchmark_run(
+            task=args.task, agent=args.agent, budget_s=args.budget, seed=args.seed, results=Path(args.results),
+            runs_dir=Path(args.runs_dir) if args.runs_dir else None, variant=args.variant, base_model=args.base_model,
+            protocol=args.protocol, mode=args.mode, driver=args.driver, val_limit=args.val_limit or None,
+            test_limit=args.test_limit or None, max_submissions=args.max_submissions, sandbox=args.sandbox,
+            eval_backend=args.eval_backend,
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        # The flow has already written the run's row (status interrupted) and its ledger; no traceback.
+        print(f"\na2rl: interrupted after {time.perf_counter() - start:.0f} s; the run is recorded as "
+              f"'interrupted' in {args.results} (see: a2rl results --results {args.results})", file=sys.stderr)  # fmt: skip
+        return 130
     print(render_summary(summary, args.results, time.perf_counter() - start))
     return 0 if summary.status == "completed" else 1
 

@@ -83,3 +83,30 @@ def test_a_failing_run_is_recorded_as_failed(prefect_harness, tiny_model_dir, tm
         status, error, harness = con.execute("SELECT status, error, harness_dir FROM runs").fetchone()
     assert status == "failed" and "unknown agent" in error
     assert "unknown agent" in (Path(harness) / "report.md").read_text()
+
+
+def test_ctrl_c_on_the_cli_records_the_run_as_interrupted_without_a_traceback(tiny_model_dir, tmp_path):
+    """What a user gets from Ctrl-C in `a2rl run`: one line saying where the interrupted run is recorded."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    results = tmp_path / "results.duckdb"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "A2RL_SFT_TRAIN_S": "30"}
+    env.pop("PREFECT_API_URL", None)  # its own ephemeral server, as a user's first run has
+    cmd = [sys.executable, "-m", "a2rl.cli", "run", "--base-model", str(tiny_model_dir), "--budget", "120",
+           "--val-limit", "2", "--test-limit", "2", "--results", str(results), "--sandbox", "off"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list((tmp_path / "runs").glob("*/harness/agent.log")):
+        time.sleep(0.5)  # interrupt during the agent session
+    assert proc.poll() is None, proc.communicate()
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err and "Traceback" not in err
+    with duckdb.connect(str(results), read_only=True) as db:
+        assert db.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
