@@ -110,3 +110,42 @@ def test_ctrl_c_on_the_cli_records_the_run_as_interrupted_without_a_traceback(ti
     assert "interrupted" in err and "Traceback" not in err
     with duckdb.connect(str(results), read_only=True) as db:
         assert db.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
+
+
+def test_alpacaeval_run_end_to_end_with_a_judge_endpoint(prefect_harness, tiny_model_dir, tmp_path, small_agent,
+                                                         monkeypatch):  # fmt: skip
+    """`a2rl run --task alpacaeval` with a judge configured: the real anthropic SDK judges every evaluation
+    (baseline, submissions, final) over HTTP, here against a loopback Messages API that prefers the longer
+    answer."""
+    import re
+
+    from flows.benchmark_run import benchmark_run
+    from tests.anthropic_loopback import AnthropicLoopback
+
+    def prefers_longer(request) -> str:
+        a = re.search(r"<response_A>\n(.*?)\n</response_A>", request.prompt, re.DOTALL)
+        b = re.search(r"<response_B>\n(.*?)\n</response_B>", request.prompt, re.DOTALL)
+        if a is None or b is None:  # a reference answer being written
+            return "A reference answer."
+        return "[[A]]" if len(a.group(1)) >= len(b.group(1)) else "[[B]]"
+
+    with AnthropicLoopback(responder=prefers_longer) as judge:
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+        monkeypatch.setenv("A2RL_JUDGE_BASE_URL", judge.base_url)
+        monkeypatch.setenv("A2RL_HOME", str(tmp_path / "home"))  # empty judge and evaluation caches
+        results = tmp_path / "results.duckdb"
+        summary = benchmark_run(task="alpacaeval", base_model=str(tiny_model_dir), budget_s=45, results=results,
+                                val_limit=2, test_limit=3, grace_s=5)  # fmt: skip
+        judged = [r for r in judge.requests if "<response_A>" in r.prompt]
+
+    assert summary.status == "completed", summary.error
+    assert summary.baseline_val is not None and summary.final_test is not None
+    assert judged and all(r.body["model"] == "claude-sonnet-4-5" for r in judged)
+    assert len(judged) >= 2 * (2 + 3)  # both orders for every baseline item at least
+    with duckdb.connect(str(results), read_only=True) as db:
+        rows = db.execute("SELECT kind, split, score FROM evaluations").fetchall()
+    assert {(kind, split) for kind, split, _ in rows} >= {("baseline", "validation"), ("baseline", "test")}
+    assert all(0.0 <= score <= 100.0 for *_, score in rows)
+    # Per-item outputs and the split-level judge figures stay in the harness dir, outside the workspace.
+    for path in (tmp_path / "runs" / summary.run_id / "harness" / "evaluations").glob("*.json"):
+        assert {"win_rate", "lc_win_rate", "n_no_verdict"} <= json.loads(path.read_text())["detail"].keys()
