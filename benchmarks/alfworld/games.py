@@ -5,7 +5,8 @@ For a seed: a FloorPlan (its receptacles from `gen/layouts/FloorPlan*-openable.j
 allowed by `gen/constants.py` (VAL_RECEPTACLE_OBJECTS, VAL_ACTION_OBJECTS, OPENABLE_CLASS_LIST), objects
 placed at random in compatible receptacles (never the goal already true), and the expert walkthrough,
 computed once here by a scripted planner and stored in the game. Not the ALFWorld game files (they are not
-obtainable offline) and not its Fast-Downward planner.
+obtainable offline) and not its Fast-Downward planner. Every stored walkthrough is checked to be a valid plan
+reaching its goal under the wheel's own PDDL domain (`alfworld/data/alfred.pddl`, see `pddl.py`).
 """
 
 from __future__ import annotations
