@@ -86,6 +86,66 @@ def test_closed_receptacles_hide_their_contents(data: TaskData) -> None:
     assert env.step(take).observation == "Nothing happens."
 
 
+def _game(data: TaskData, game_id: str) -> dict:
+    return next(g for g in data.train if g["id"] == game_id)
+
+
+def _play(env: HouseholdEnv, commands: list[str]) -> list[str]:
+    return [env.step(command).observation for command in commands]
+
+
+NOTHING = "Nothing happens."
+
+
+def test_commands_follow_alfworlds_pddl_preconditions(data: TaskData) -> None:
+    # Bread 1 in (closed) fridge 1, lettuce 1 on countertop 1; a drawer holds no bread, a microwave heats no lettuce.
+    env = HouseholdEnv()
+    env.reset(_game(data, "alfworld-000004"))
+    assert _play(env, ["go to fridge 1", "close fridge 1", "examine bread 1", "take bread 1 from fridge 1"]) == [
+        "You arrive at fridge 1. The fridge 1 is closed.", NOTHING, NOTHING, NOTHING
+    ]  # fmt: skip
+    assert _play(env, ["open fridge 1", "open fridge 1", "examine bread 1"])[1:] == [NOTHING, "This is a cool bread 1."]
+    assert _play(env, ["take bread 1 from fridge 1", "close fridge 1", "close fridge 1"])[1:] == [
+        "You close the fridge 1.", NOTHING
+    ]  # fmt: skip
+    _play(env, ["go to drawer 1", "open drawer 1"])
+    assert "move bread 1 to drawer 1" not in env.admissible_actions()
+    assert _play(env, ["move bread 1 to drawer 1"]) == [NOTHING] and env.held() == "bread 1"
+    _play(env, ["go to diningtable 1", "move bread 1 to diningtable 1"])  # (on the countertop it would win)
+    _play(env, ["go to countertop 1", "take lettuce 1 from countertop 1"])
+    _play(env, ["go to microwave 1"])
+    assert "heat lettuce 1 with microwave 1" not in env.admissible_actions()
+    assert _play(env, ["heat lettuce 1 with microwave 1", "examine lettuce 1"]) == [NOTHING, "This is a lettuce 1."]
+
+
+def test_a_cool_task_is_won_by_a_cool_object_only(data: TaskData) -> None:
+    game = _game(data, "alfworld-000004")  # put a cool bread in countertop; bread 1 starts in the fridge
+    assert game["goal"] == {"object": "Bread", "target": "CounterTop", "state": "cool", "count": 1}
+    start = ["go to fridge 1", "open fridge 1", "take bread 1 from fridge 1"]
+    env = HouseholdEnv()
+    env.reset(game)
+    _play(env, [*start, "go to countertop 1"])
+    assert env.step("move bread 1 to countertop 1").info["won"]  # cool from the fridge: no need to cool it
+    env.reset(game)
+    heated = _play(env, [*start, "cool bread 1 with fridge 1", "go to microwave 1", "heat bread 1 with microwave 1",
+                         "examine bread 1", "go to countertop 1", "move bread 1 to countertop 1"])  # fmt: skip
+    assert heated[-3] == "This is a hot bread 1." and not env.won()  # heating undid the cooling
+    _play(env, ["take bread 1 from countertop 1", "go to fridge 1", "cool bread 1 with fridge 1"])
+    assert _play(env, ["examine bread 1", "go to countertop 1"])[0] == "This is a cool bread 1."
+    assert env.step("move bread 1 to countertop 1").info["won"]
+
+
+def test_put_two_wants_both_objects_in_one_receptacle(data: TaskData) -> None:
+    game = _game(data, "alfworld-000011")  # put two butterknife in countertop; the room has countertops 1 and 2
+    env = HouseholdEnv()
+    env.reset(game)
+    _play(env, game["walkthrough"][:-2] + ["go to countertop 2", "move butterknife 2 to countertop 2"])
+    assert env.where["butterknife 1"] == "countertop 1" and env.where["butterknife 2"] == "countertop 2"
+    assert not env.won()
+    _play(env, ["take butterknife 2 from countertop 2", "go to countertop 1"])
+    assert env.step("move butterknife 2 to countertop 1").info["won"]
+
+
 def test_summary_breaks_success_down_by_task_type(data: TaskData) -> None:
     task = ALFWorld()
     walkthrough = {g["goal_text"] + g["id"]: list(g["walkthrough"]) for g in data.validation[:6]}

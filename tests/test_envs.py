@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.envs.bm25 import BM25
-from benchmarks.envs.export import write_envlib
+from benchmarks.envs.export import envlib_bytes, write_envlib
 from benchmarks.envs.react import parse_action, run_episodes
 from benchmarks.webshop.task import WebShop
 
@@ -106,6 +106,17 @@ def test_envlib_zip_runs_training_episodes_outside_the_harness(tmp_path: Path) -
     assert out.stdout.split()[0] == "3"
 
 
+def test_prepare_refreshes_an_envlib_zip_made_from_older_modules() -> None:
+    from benchmarks import get_task
+
+    task = get_task("alfworld")
+    path = task.prepare("offline").public_dir / "envlib.zip"
+    assert path.read_bytes() == envlib_bytes() == envlib_bytes()  # reproducible bytes
+    path.write_bytes(b"an envlib.zip of an older simulation")
+    task.prepare("offline")  # already prepared: only the envlib is rewritten
+    assert path.read_bytes() == envlib_bytes()
+
+
 @pytest.mark.parametrize("task_id", ["webshop", "deepsearchqa", "alfworld"])
 def test_public_data_holds_no_validation_or_test_goal(task_id: str) -> None:
     from benchmarks import get_task
@@ -116,7 +127,7 @@ def test_public_data_holds_no_validation_or_test_goal(task_id: str) -> None:
     text = "".join(p.read_text() for p in public.glob("*.jsonl") if p.name == "train.jsonl")
     assert not any(f'"id": "{i}"' in text for i in hidden)
     assert sorted(p.name for p in public.iterdir()) == sorted(
-        ["train.jsonl", "envlib.zip"]
+        ["train.jsonl", "envlib.zip", "sft.jsonl"]  # sft.jsonl: worked examples from training goals
         + {"webshop": ["catalog.jsonl"], "deepsearchqa": ["corpus.jsonl"]}.get(task_id, [])
     )
 

@@ -6,7 +6,9 @@ allowed by `gen/constants.py` (VAL_RECEPTACLE_OBJECTS, VAL_ACTION_OBJECTS, OPENA
 placed at random in compatible receptacles (never the goal already true), and the expert walkthrough,
 computed once here by a scripted planner and stored in the game. Not the ALFWorld game files (they are not
 obtainable offline) and not its Fast-Downward planner. Every stored walkthrough is checked to be a valid plan
-reaching its goal under the wheel's own PDDL domain (`alfworld/data/alfred.pddl`, see `pddl.py`).
+reaching its goal under the wheel's own PDDL domain (`alfworld/data/alfred.pddl`, see `pddl.py`). The games are
+played in `benchmarks/envs/household.py`, which follows that domain's rules and goal formulas (its own copy of
+the constants it needs, CAN_CONTAIN and ABLE, is tested equal to the wheel's).
 """
 
 from __future__ import annotations

@@ -22,12 +22,16 @@ the agent's start, where no receptacle is; "at receptacle X" is (atLocation agen
 receptacles may share a location; in our rooms none do.)
 
 Every stored walkthrough is a valid plan here that first reaches its goal at its last step
-(tests/test_alfworld_pddl.py). Our simulation (`benchmarks/envs/household.py`) is more lenient than this domain
-off those plans: it also accepts `move` into a receptacle whose type cannot contain the object (canContain),
-heat/cool/clean of objects that are not heatable/coolable/cleanable, `open` of an open and `close` of a
-closed receptacle, and `examine` of an object in a closed receptacle; heating does not undo cooling (nor the
-reverse); pick-two counts objects in different receptacles of the target type (the goal wants one); and an
-object that starts in a fridge is not cool until cooled (ALFWorld's problems state it cool).
+(tests/test_alfworld_pddl.py). Our simulation (`benchmarks/envs/household.py`, since its SIMULATION_VERSION 2)
+matches this domain off those plans too: over random command sequences (admissible commands and others) it
+accepts a command exactly when the validator accepts the command's ground action, its state is the validator's
+state, and it is won exactly when the goal formula holds. In particular it matches on the points where it used
+to be more lenient: `move` only into a receptacle whose type can contain the object (canContain); heat/cool/
+clean only of heatable/coolable/cleanable objects; `open` only of a closed and `close` only of an open
+receptacle; `examine` of an object only when held or in an open (or not openable) receptacle where the agent
+is; heating undoes cooling and the reverse; pick-two wants both objects in one receptacle; an object that
+starts in a fridge is cool. Commands that match no template of the grammar (`put`, unknown names) have no
+ground action; the simulation answers them "Nothing happens.".
 
 Stdlib only; the wheel's files are read (`goal_library.py` and `constants.py` executed on their own, as
 `games.py` does), the alfworld package is never imported.

@@ -15,7 +15,7 @@ from typing import Any
 from benchmarks.alfworld.games import PACKAGE, VERSION, ALFWorldDataError, game_hash, generate_game, layout_names
 from benchmarks.base import Decoding, Item, Messages, TaskData
 from benchmarks.envs.base import StepResult, TextEnv
-from benchmarks.envs.household import HouseholdEnv, household_prompt
+from benchmarks.envs.household import SIMULATION_VERSION, HouseholdEnv, household_prompt
 from benchmarks.envs.splits import read_manifest, write_manifest
 from benchmarks.envs.task import InteractiveTask
 
@@ -104,6 +104,10 @@ class ALFWorld(InteractiveTask):
         if variant == "full":
             return load_full()
         raise ValueError(f"unknown ALFWorld variant {variant!r}; use 'offline' or 'full'")
+
+    def evaluator_id(self) -> str:
+        """Includes the offline simulation's version: its rules decide which episodes win."""
+        return f"{super().evaluator_id()}/household-v{SIMULATION_VERSION}"
 
     def make_env(self, variant: str) -> Callable[[], TextEnv]:
         return RealALFWorldEnv if variant == "full" else HouseholdEnv

@@ -113,8 +113,8 @@ class InteractiveTask(BenchmarkTask):
         for name, rows in self.public_files(variant).items():
             if not (prepared.public_dir / name).exists():
                 write_jsonl(prepared.public_dir / name, rows)
-        if not (prepared.public_dir / "envlib.zip").exists():
-            write_envlib(prepared.public_dir / "envlib.zip")
+        # Rewritten when the modules changed since preparation: workspaces get the evaluator's current rules.
+        write_envlib(prepared.public_dir / "envlib.zip")
         return prepared
 
     def evaluator_id(self) -> str:
