@@ -288,22 +288,24 @@ def benchmark_run(
     t = time.perf_counter()
     ctx = open_run(config, results, runs_dir)
     phases["open"] = time.perf_counter() - t
+    phase = "provision"
     try:
         t = time.perf_counter()
         base_model_dir = provision_workspace(ctx)
-        phases["provision"] = time.perf_counter() - t
-        t = time.perf_counter()
+        phases[phase] = time.perf_counter() - t
+        phase, t = "baseline", time.perf_counter()
         baseline = evaluate_baseline(ctx, base_model_dir)
-        phases["baseline"] = time.perf_counter() - t
-        t = time.perf_counter()
+        phases[phase] = time.perf_counter() - t
+        phase, t = "agent_session", time.perf_counter()
         agent_session(ctx, baseline, base_model_dir, grace_s=grace_s, on_resume=on_resume)
-        phases["agent_session"] = time.perf_counter() - t
-        t = time.perf_counter()
+        phases[phase] = time.perf_counter() - t
+        phase, t = "final_grading", time.perf_counter()
         final_grading(ctx, base_model_dir)
-        phases["final_grading"] = time.perf_counter() - t
+        phases[phase] = time.perf_counter() - t
     except BaseException as e:
         # Recorded without Prefect (its API may be going down too), then re-raised so Prefect marks the
-        # flow run failed and it can be retried.
+        # flow run failed and it can be retried. The phase it stopped in counts up to now (wall time).
+        phases[phase] = time.perf_counter() - t
         status: RunStatus = "interrupted" if isinstance(e, INTERRUPTIONS) else "failed"
         write_summary(ctx, status, phases, error=f"{type(e).__name__}: {e}")
         raise
