@@ -98,14 +98,21 @@ def test_ctrl_c_on_the_cli_records_the_run_as_interrupted_without_a_traceback(ti
     env.pop("PREFECT_API_URL", None)  # its own ephemeral server, as a user's first run has
     cmd = [sys.executable, "-m", "a2rl.cli", "run", "--base-model", str(tiny_model_dir), "--budget", "120",
            "--val-limit", "2", "--test-limit", "2", "--results", str(results), "--sandbox", "off"]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
+    # Output to files, not pipes: nothing can block on a full pipe while the test waits.
+    with (tmp_path / "out.log").open("w") as out_f, (tmp_path / "err.log").open("w") as err_f:
+        proc = subprocess.Popen(cmd, env=env, stdout=out_f, stderr=err_f, text=True)
+    deadline = time.monotonic() + 180
     while time.monotonic() < deadline and not list((tmp_path / "runs").glob("*/harness/agent.log")):
         time.sleep(0.5)  # interrupt during the agent session
-    assert proc.poll() is None, proc.communicate()
+    assert proc.poll() is None, (tmp_path / "err.log").read_text()[-2000:]
     time.sleep(2)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    try:
+        proc.wait(timeout=240)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("a2rl run did not stop within 240 s of Ctrl-C:\n" + (tmp_path / "err.log").read_text()[-3000:])
+    err = (tmp_path / "err.log").read_text()
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted" in err and "Traceback" not in err
     with duckdb.connect(str(results), read_only=True) as db:
