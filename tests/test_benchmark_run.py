@@ -100,7 +100,10 @@ def test_ctrl_c_on_the_cli_records_the_run_as_interrupted_without_a_traceback(ti
            "--val-limit", "2", "--test-limit", "2", "--results", str(results), "--sandbox", "off"]  # fmt: skip
     # Output to files, not pipes: nothing can block on a full pipe while the test waits.
     with (tmp_path / "out.log").open("w") as out_f, (tmp_path / "err.log").open("w") as err_f:
-        proc = subprocess.Popen(cmd, env=env, stdout=out_f, stderr=err_f, text=True)
+        # As from a terminal: SIGINT at its default even where the test runner inherited it ignored (a
+        # background job of a non-interactive shell does; Python then installs no KeyboardInterrupt handler).
+        proc = subprocess.Popen(cmd, env=env, stdout=out_f, stderr=err_f, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and not list((tmp_path / "runs").glob("*/harness/agent.log")):
         time.sleep(0.5)  # interrupt during the agent session
