@@ -118,10 +118,15 @@ class BenchmarkTask(abc.ABC):
     def package_dir(self) -> Path:
         return Path(__file__).parent / self.id
 
+    @property
+    def ships_demonstrations(self) -> bool:
+        """Whether the task overrides `demonstrations` (the default makes none)."""
+        return type(self).demonstrations is not BenchmarkTask.demonstrations
+
     def description(self) -> str:
         """The agent-facing `description.md`, plus the worked-examples section where the task ships them."""
         text = (self.package_dir / "description.md").read_text()
-        if type(self).demonstrations is not BenchmarkTask.demonstrations:
+        if self.ships_demonstrations:
             text = text.rstrip("\n") + "\n\n" + DEMONSTRATIONS_SECTION
         return text
 
@@ -164,7 +169,7 @@ class BenchmarkTask(abc.ABC):
     def write_demonstrations(self, variant: str, prepared: PreparedData, train: list[Item] | None = None) -> None:
         """`public/sft.jsonl` from `demonstrations`, once (atomic write; skipped when there are none)."""
         path = prepared.public_dir / DEMONSTRATIONS_FILE
-        if path.exists() or type(self).demonstrations is BenchmarkTask.demonstrations:
+        if path.exists() or not self.ships_demonstrations:
             return
         rows = self.demonstrations(variant, read_jsonl(prepared.public_dir / "train.jsonl") if train is None else train)
         if rows:
