@@ -78,9 +78,12 @@ def runtime_dependencies(package: Path) -> list[Path]:
         names = {**(manifest.get("dependencies") or {}), **(manifest.get("optionalDependencies") or {})}
         for name in names:
             dep = resolve_package(pkg, name)
-            if dep is not None and dep not in seen and dep != package:
-                seen[dep] = None
-                todo.append(dep)
+            if dep is None or dep in seen or dep == package:
+                continue
+            # A linked package (npm link, pnpm) is bound at its link's path and at its target, which node
+            # loads it from.
+            seen.update(dict.fromkeys([dep, dep.resolve()]))
+            todo.append(dep.resolve())
     return list(seen)
 
 
@@ -88,7 +91,7 @@ def resolve_package(start: Path, name: str) -> Path | None:
     for d in (start, *start.parents):
         candidate = d / "node_modules" / name
         if (candidate / "package.json").is_file():
-            return candidate.resolve()
+            return candidate
     return None
 
 
