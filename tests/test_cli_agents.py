@@ -132,6 +132,7 @@ def test_a_real_cli_works_an_episode_behind_the_proxy_and_is_recorded(tmp_path, 
     harness = paths.harness_dir
     log = (harness / "agent.log").read_text()
     assert outcome.ended_by == "exited" and outcome.exit_code == 0, log[-3000:]
+    assert "Traceback" not in log and "CancelledError" not in log, log[-3000:]  # e.g. from the port forwarder
 
     # The model's script ran for real and its checkpoint was graded through the HTTP API.
     assert (paths.workspace / "code" / "train.py").is_file() and (paths.workspace / "output" / "v1").is_dir()
