@@ -290,6 +290,11 @@ def test_claude_stream_counts_a_messages_usage_once_and_pairs_tool_results():
     p.feed({"type": "assistant", "message": {"id": "m2", "content": [{"type": "tool_use", "id": "t2", "name": "Bash",
                                                                       "input": {}}]}})  # fmt: skip
     assert [(c.tool, c.ok) for c in p.finish()] == [("Bash", False)]
+    # The final `result` carries the session's real totals: output tokens as the messages ended, not as
+    # their `message_start` snapshots (3) had them.
+    final = {"input_tokens": 10, "output_tokens": 350, "cache_read_input_tokens": 5, "cache_creation_input_tokens": 2}
+    p.feed({"type": "result", "subtype": "success", "usage": final})
+    assert p.usage == {"input_tokens": 10, "output_tokens": 350, "cache_read_tokens": 5, "cache_write_tokens": 2}
 
 
 def test_codex_stream_reads_commands_and_turn_usage():
@@ -313,3 +318,41 @@ def test_usage_parser_reads_anthropic_and_openai_bodies():
     event = {"type": "response.completed", "response": {"model": "g", "status": "completed", "usage": usage}}
     o.feed_sse(b"event: response.completed\ndata: " + json.dumps(event).encode() + b"\n\n")
     assert o.usage == {"input_tokens": 6, "cache_read_tokens": 4, "output_tokens": 3} and o.model == "g"
+
+
+# A stand-in for `claude` that, stopped by the harness, makes one last tool call in its grace period.
+GRACEFUL_CLAUDE = """#!{python}
+import json, signal, sys, time
+
+def last_call(signum, frame):
+    use = {{"type": "tool_use", "id": "toolu_last", "name": "Bash", "input": {{"command": "curl .../submit"}}}}
+    print(json.dumps({{"type": "assistant", "message": {{"id": "m2", "content": [use]}}}}), flush=True)
+    time.sleep(0.5)
+    result = {{"type": "tool_result", "tool_use_id": "toolu_last", "content": "scored"}}
+    print(json.dumps({{"type": "user", "message": {{"content": [result]}}}}), flush=True)
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, last_call)
+print(json.dumps({{"type": "system", "subtype": "init"}}), flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_tool_call_made_in_the_grace_period_after_sigterm_is_recorded(tmp_path, monkeypatch):
+    env = workspace(tmp_path)
+    bin_dir = tmp_path / "cli-bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "claude"
+    fake.write_text(GRACEFUL_CLAUDE.format(python=sys.executable))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin")
+    driver = LLMDriver(model="claude-test-1", api_key=KEY)
+    outcome = run_agent(get_agent("claude-code", driver=driver), env, BudgetClock(8), env.harness_path / "agent.log",
+                        grace_s=15)  # fmt: skip
+    log = (env.harness_path / "agent.log").read_text()
+    assert outcome.ended_by == "budget", log
+    assert (env.harness_path / "tool_calls.jsonl").exists(), log
+    tools = read_jsonl(env.harness_path / "tool_calls.jsonl")
+    assert [(t["tool_use_id"], t["ok"]) for t in tools] == [("toolu_last", True)], log
+    summary = json.loads((env.harness_path / "cli_summary.json").read_text())
+    assert summary["reason"].startswith("stopped by the harness") and summary["stream"]["tool_calls"] == 1

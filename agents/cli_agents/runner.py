@@ -187,7 +187,9 @@ def main() -> int:
         # recorded too. The harness's signal reached the CLI's group as well; if it outlives the grace, kill it.
         if not stopping.is_set():
             stopping.set()
-            threading.Timer(GRACE_S, lambda: proc is not None and proc.poll() is None and proc.kill()).start()
+            timer = threading.Timer(GRACE_S, lambda: proc is not None and proc.poll() is None and proc.kill())
+            timer.daemon = True  # never keeps the runner alive
+            timer.start()
 
     signal.signal(signal.SIGTERM, stop)
     code, reason = 0, ""
