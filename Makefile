@@ -35,7 +35,18 @@ $(TOOLS_STAMP): Makefile
 	cd $(TOOLS)/node_modules/opencode-ai && node postinstall.mjs
 	touch $@
 
-tools: $(TOOLS_STAMP)
+# OpenHands needs Python >= 3.12 in its own venv (the project's is 3.11): the first python3.12/3.13 found.
+OPENHANDS := .tools/openhands
+OPENHANDS_STAMP := $(OPENHANDS)/.a2rl-installed
+OPENHANDS_VERSION := 1.16.0
+
+$(OPENHANDS_STAMP): Makefile
+	py=$$(command -v python3.12 || command -v python3.13 || ls /root/.pyenv/versions/3.1[23]*/bin/python 2>/dev/null | head -1); \
+	  test -n "$$py" || { echo "openhands needs python3.12 or newer (apt-get install python3.12, or pyenv)"; exit 1; }; \
+	  $$py -m venv $(OPENHANDS) && $(OPENHANDS)/bin/pip install -q openhands==$(OPENHANDS_VERSION)
+	touch $@
+
+tools: $(TOOLS_STAMP) $(OPENHANDS_STAMP)
 
 run: setup
 	$(VENV)/bin/a2rl run $(ARGS)

@@ -26,6 +26,7 @@ AGENTS = {
     "codex": "agents.cli_agents.adapter:Codex",
     "gemini": "agents.cli_agents.adapter:GeminiCLI",
     "opencode": "agents.cli_agents.adapter:OpenCode",
+    "openhands": "agents.cli_agents.adapter:OpenHands",
 }
 
 

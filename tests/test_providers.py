@@ -103,3 +103,29 @@ def test_an_openai_judge_without_endpoint_or_key_is_not_configured(monkeypatch) 
 
 def test_an_anthropic_judges_cache_keys_are_unchanged_by_the_api_field() -> None:
     assert "api" not in JudgeConfig().identity() and JudgeConfig(api="openai").identity()["api"] == "openai"
+
+
+def test_a_driver_block_of_each_provider_kind_makes_a_driver_with_its_key(monkeypatch) -> None:
+    from blocks import DriverConfig
+    from blocks.llm import driver_from_block
+
+    monkeypatch.setenv("MY_GEMINI_KEY", "g-secret")
+    gemini = driver_from_block(DriverConfig(model="gemini-2.5-pro", api="gemini", api_key_env="MY_GEMINI_KEY",
+                                            input_usd_per_mtok=1.25, output_usd_per_mtok=10.0))  # fmt: skip
+    assert (gemini.api, gemini.api_key.get_secret_value()) == ("gemini", "g-secret")
+    assert gemini.cost_usd(1_000_000, 100_000) == pytest.approx(2.25)
+    vllm = driver_from_block(DriverConfig(model="Qwen/Qwen2.5-7B-Instruct", api="openai",
+                                          base_url="http://gpu01:8000/v1", api_key="none"))  # fmt: skip
+    assert (vllm.api, vllm.base_url, vllm.api_key.get_secret_value()) == ("openai", "http://gpu01:8000/v1", "none")
+    monkeypatch.delenv("MY_GEMINI_KEY")
+    with pytest.raises(ValueError, match=r"\$MY_GEMINI_KEY, which is not set"):
+        driver_from_block(DriverConfig(model="gemini-2.5-pro", api="gemini", api_key_env="MY_GEMINI_KEY"))
+
+
+@pytest.mark.parametrize(("agent_id", "good", "bad"), [("claude-code", "anthropic", "gemini"), ("codex", "openai", "anthropic"),
+                                                       ("gemini", "gemini", "openai"), ("opencode", "openai", "gemini")])
+def test_each_cli_agent_takes_the_provider_kinds_it_speaks(agent_id, good, bad) -> None:
+    from agents import LLMDriver, get_agent
+
+    assert "speaks the" not in (get_agent(agent_id, driver=LLMDriver(model="m", api=good)).check() or "")
+    assert "speaks the" in get_agent(agent_id, driver=LLMDriver(model="m", api=bad)).check()
