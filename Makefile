@@ -41,7 +41,7 @@ OPENHANDS_STAMP := $(OPENHANDS)/.a2rl-installed
 OPENHANDS_VERSION := 1.16.0
 
 $(OPENHANDS_STAMP): Makefile
-	py=$$(command -v python3.12 || command -v python3.13 || ls /root/.pyenv/versions/3.1[23]*/bin/python 2>/dev/null | head -1); \
+	py=$$(command -v python3.12 || command -v python3.13 || ls $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[23]*/bin/python 2>/dev/null | head -1); \
 	  test -n "$$py" || { echo "openhands needs python3.12 or newer (apt-get install python3.12, or pyenv)"; exit 1; }; \
 	  $$py -m venv $(OPENHANDS) && $(OPENHANDS)/bin/pip install -q openhands==$(OPENHANDS_VERSION)
 	touch $@

@@ -70,15 +70,20 @@ class CLICase:
     tool_record: str = ""
     """The tool name the CLI's stream reports for a shell call (default: `shell_tool`)."""
 
+    extra: tuple[tuple[str, str], ...] = (("description", "a step"),)
+    """Further arguments the shell tool requires."""
+    stop: dict | None = None
+    """The step that ends the session (default: a text answer)."""
+
     def shell(self, n: int, command: str) -> dict:
-        args = {self.command_key: command} if self.command_key == "cmd" else {self.command_key: command,
-                                                                              "description": f"step {n}"}
-        return {"tool": self.shell_tool, "id": f"call_{n}", "input": args}
+        return {"tool": self.shell_tool, "id": f"call_{n}", "input": {self.command_key: command, **dict(self.extra)}}
 
 
 CASES = [CLICase("claude-code", "anthropic", "Bash"), CLICase("codex", "openai", "exec_command", "cmd",
-         "command_execution"), CLICase("gemini", "gemini", "run_shell_command"),
-         CLICase("opencode", "openai", "bash")]  # fmt: skip
+         "command_execution", extra=()), CLICase("gemini", "gemini", "run_shell_command"),
+         CLICase("opencode", "openai", "bash"),
+         CLICase("openhands", "openai", "terminal", extra=(("security_risk", "LOW"),),
+                 stop={"tool": "finish", "id": "call_9", "input": {"message": "Submitted output/v1. Done."}})]  # fmt: skip
 
 
 def episode(case: CLICase, outside: Path) -> list[dict]:
@@ -93,7 +98,7 @@ def episode(case: CLICase, outside: Path) -> list[dict]:
         f'curl -s {AUTH} "$GRADING_SERVER_URL/budget"',
         f"touch {outside}; echo touched=$?",
     ]
-    return [case.shell(n, c) for n, c in enumerate(commands, 1)] + [{"text": "Submitted output/v1. Done."}]
+    return [case.shell(n, c) for n, c in enumerate(commands, 1)] + [case.stop or {"text": "Submitted output/v1. Done."}]
 
 
 def grading_run(tmp_path: Path, tiny_model_dir: Path) -> RunPaths:
@@ -114,6 +119,8 @@ def constant_evaluator(model_dir: Path, weights_hash: str, spec, device=None) ->
 @pytest.mark.parametrize("sandboxed", ON_AND_OFF)
 @pytest.mark.parametrize("case", CASES, ids=[c.agent for c in CASES])
 def test_a_real_cli_works_an_episode_behind_the_proxy_and_is_recorded(tmp_path, tiny_model_dir, case, sandboxed):
+    if case.agent == "openhands" and not sandboxed:
+        pytest.skip("openhands takes ~60 s a session here (Python start-up, LiteLLM): run sandboxed only, as runs are")
     paths = grading_run(tmp_path, tiny_model_dir)
     outside = tmp_path / "escaped.txt"
     clock = BudgetClock(300)
@@ -138,9 +145,12 @@ def test_a_real_cli_works_an_episode_behind_the_proxy_and_is_recorded(tmp_path, 
     assert (paths.workspace / "code" / "train.py").is_file() and (paths.workspace / "output" / "v1").is_dir()
     assert [(e.model_path, e.status, e.score) for e in service.submissions()] == [("output/v1", "scored", 50.0)]
     tools = read_jsonl(harness / "tool_calls.jsonl")
-    assert [t["tool"] for t in tools] == [case.tool_record or case.shell_tool] * 6, tools
-    assert all(t["ok"] for t in tools[:5]), tools
-    assert '"submissions_used": 1' in json.dumps(tools) or "submissions_used" in (harness / "transcript.jsonl").read_text()
+    shell_calls = [t for t in tools if t["tool"] == (case.tool_record or case.shell_tool)]
+    assert len(shell_calls) == 6 and len(tools) == 6 + (case.stop is not None), tools
+    assert all(t["ok"] for t in shell_calls[:5]), tools
+    # The grader's answers went back to the model as tool results: the score, then the budget.
+    last_prompt = json.dumps(llm.main_calls[-1]["body"])
+    assert "scored" in last_prompt and "submissions_used" in last_prompt
     if sandboxed:  # nothing the CLI ran reached outside its workspace
         assert not outside.exists()
 
@@ -165,9 +175,9 @@ def test_a_real_cli_works_an_episode_behind_the_proxy_and_is_recorded(tmp_path, 
                       "WHERE run_id = 'run-cli'").iloc[0]  # fmt: skip
     assert (row["n"], row["out"]) == (len(calls), USAGE["output"] * len(calls))
     assert row["usd"] == pytest.approx(cost * len(calls))
-    assert store.query("SELECT count(*) AS n FROM tool_calls WHERE run_id = 'run-cli'").iloc[0]["n"] == 6
+    assert store.query("SELECT count(*) AS n FROM tool_calls WHERE run_id = 'run-cli'").iloc[0]["n"] == len(tools)
     summary = json.loads((harness / "cli_summary.json").read_text())
-    assert summary["proxy_calls"] == len(calls) and summary["stream"]["tool_calls"] == 6
+    assert summary["proxy_calls"] == len(calls) and summary["stream"]["tool_calls"] == len(tools)
 
 # A stand-in for `claude`: it reports what it can see and reach as one stream-json event.
 FAKE_CLAUDE = """#!{python}

@@ -44,8 +44,9 @@ def install_dirs(command: Path | str, path: str | None = None) -> list[Path]:
     dirs = [found.parent]
     package = npm_package(target)
     dirs += [package, *runtime_dependencies(package)] if package else [target.parent]
+    dirs += python_venv(found.parent.parent)
     interpreter = shebang_interpreter(found)
-    if interpreter and interpreter != found.name:  # `#!/usr/bin/env node`: node's directories too
+    if interpreter and Path(interpreter).name != found.name:  # `#!/usr/bin/env node`: node's directories too
         dirs += install_dirs(interpreter, path)
     usr, never = Path("/usr"), {Path("/"), Path.home()}
     return [d for d in dict.fromkeys(dirs) if d not in never and d != usr and usr not in d.parents]
@@ -95,15 +96,31 @@ def resolve_package(start: Path, name: str) -> Path | None:
     return None
 
 
+def python_venv(root: Path) -> list[Path]:
+    """A Python venv's directory and its base interpreter's prefix (the standard library), for a command in
+    its bin/ (OpenHands' own venv); [] if `root` is no venv."""
+    try:
+        lines = (root / "pyvenv.cfg").read_text().splitlines()
+    except OSError:
+        return []
+    config = {k.strip(): v.strip() for k, _, v in (line.partition("=") for line in lines)}
+    home = Path(config.get("home") or "/")
+    return [root, home.parent] if home.is_absolute() and home != Path("/") else [root]
+
+
 def shebang_interpreter(command: Path) -> str | None:
-    """The program a script's `#!` line runs (`node` for `#!/usr/bin/env node`); None for a binary."""
+    """The program a script's `#!` line runs: a path (`/opt/venv/bin/python`) or a name looked up on PATH
+    (`node` for `#!/usr/bin/env node`); None for a binary."""
     try:
         with open(command, "rb") as f:
-            line = f.readline(200)
+            line = f.readline(400)
     except OSError:
         return None
     words = line[2:].split() if line.startswith(b"#!") else []
-    return Path(words[-1].decode(errors="replace")).name if words else None
+    if not words:
+        return None
+    program = words[-1].decode(errors="replace")
+    return program if Path(program).is_absolute() and Path(words[0].decode()).name != "env" else Path(program).name
 
 
 def check_starts(argv: list[str], env: dict[str, str], sandbox=None, timeout_s: float = 60.0) -> str | None:

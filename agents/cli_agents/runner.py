@@ -33,6 +33,7 @@ from agents.cli_agents.streams import (
     CodexStreamParser,
     GeminiStreamParser,
     OpenCodeStreamParser,
+    OpenHandsStreamParser,
     StreamParser,
 )
 
@@ -129,10 +130,26 @@ def opencode_command(prompt: str, driver: LLMDriver, options: AgentOptions, prox
                   "OPENCODE_DISABLE_LSP_DOWNLOAD": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1", **xdg}  # fmt: skip
 
 
+LITELLM_PREFIX = {"openai": "openai", "anthropic": "anthropic", "gemini": "gemini"}
+
+
+def openhands_command(prompt: str, driver: LLMDriver, options: AgentOptions, proxy: LLMProxy
+                      ) -> tuple[list[str], dict[str, str]]:  # fmt: skip
+    """`openhands --headless --json` (its own Python 3.12 venv), its LLM (LiteLLM) at the proxy in the driver's
+    API: `openai/…` (OpenAI-compatible Chat Completions), `anthropic/…` or `gemini/…`."""
+    base = proxy.url + ("/v1" if driver.api == "anthropic" else "")
+    argv = ["openhands", "--headless", "--json", "--override-with-envs", *options.extra_args, "-t", prompt]
+    return argv, {"LLM_MODEL": f"{LITELLM_PREFIX[driver.api]}/{driver.model}", "LLM_API_KEY": proxy.token,
+                  "LLM_BASE_URL": base, "OPENHANDS_SUPPRESS_BANNER": "1",
+                  # LiteLLM's price table from the package, not fetched (no network but the proxy).
+                  "LITELLM_LOCAL_MODEL_COST_MAP": "True"}  # fmt: skip
+
+
 COMMANDS = {"claude-code": (claude_code_command, ClaudeStreamParser),
             "codex": (codex_command, CodexStreamParser),
             "gemini": (gemini_command, GeminiStreamParser),
-            "opencode": (opencode_command, OpenCodeStreamParser)}  # fmt: skip
+            "opencode": (opencode_command, OpenCodeStreamParser),
+            "openhands": (openhands_command, OpenHandsStreamParser)}  # fmt: skip
 
 
 def sandboxed(argv: list[str], env: dict[str, str], policy: SandboxPolicy, proxy: LLMProxy

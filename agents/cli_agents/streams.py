@@ -4,6 +4,7 @@ token usage the CLI itself reports (a cross-check of the proxy's, which is the o
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -214,6 +215,35 @@ class OpenCodeStreamParser(StreamParser):
             self.result = {"error": event.get("error")}
         return []
 
+
+
+class OpenHandsStreamParser(PairingParser):
+    """`openhands --headless --json`: an `ActionEvent` per tool call (tool_name, tool_call_id, arguments),
+    answered by an `ObservationEvent` (its observation: content, is_error, exit_code) or an `AgentErrorEvent`
+    (a call the agent could not make). The stream carries no usage: the proxy's count is the only one."""
+
+    def feed(self, event: dict[str, Any]) -> list[ToolCallEvent]:
+        self.events += 1
+        kind, call_id = event.get("kind"), event.get("tool_call_id") or ""
+        if kind == "ActionEvent" and event.get("tool_name"):
+            try:
+                args = json.loads((event.get("tool_call") or {}).get("arguments") or "{}")
+            except json.JSONDecodeError:
+                args = {"arguments": (event.get("tool_call") or {}).get("arguments")}
+            self.pending[call_id] = (event["tool_name"], args if isinstance(args, dict) else {"arguments": args},
+                                     time.monotonic())  # fmt: skip
+        elif kind in ("ObservationEvent", "AgentErrorEvent") and call_id in self.pending:
+            name, args, started = self.pending.pop(call_id)
+            observation = event.get("observation") or {}
+            exit_code = observation.get("exit_code") if isinstance(observation.get("exit_code"), int) else None
+            failed = kind == "AgentErrorEvent" or bool(observation.get("is_error")) or exit_code not in (None, 0)
+            text = _text(event.get("error") if kind == "AgentErrorEvent" else observation.get("content"))
+            return [self.tool_event(tool=name, tool_use_id=call_id, input=shorten(args, 500), ok=not failed,
+                                    exit_code=exit_code, duration_s=round(time.monotonic() - started, 3),
+                                    output_chars=len(text), error=text[:300] if failed else None)]  # fmt: skip
+        elif kind == "ConversationErrorEvent" or (kind == "AgentErrorEvent" and not call_id):
+            self.result = {"error": event.get("error") or event.get("detail")}
+        return []
 
 
 def _text(content: Any) -> str:
