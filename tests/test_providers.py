@@ -129,3 +129,18 @@ def test_each_cli_agent_takes_the_provider_kinds_it_speaks(agent_id, good, bad) 
 
     assert "speaks the" not in (get_agent(agent_id, driver=LLMDriver(model="m", api=good)).check() or "")
     assert "speaks the" in get_agent(agent_id, driver=LLMDriver(model="m", api=bad)).check()
+
+
+def test_a_driver_swap_sweep_gives_one_run_per_driver_for_llm_agents_and_one_for_scripted_ones() -> None:
+    from flows.sweep import SweepItem, expand_matrix, run_parameters
+
+    configs = expand_matrix(["gsm8k"], ["claude-code", "reference-sft"], ["sonnet", "qwen-vllm", "none"], ["free"],
+                            [0, 1])  # fmt: skip
+    cells = sorted((c.agent, c.driver, c.seed) for c in configs)
+    assert cells == [("claude-code", "qwen-vllm", 0), ("claude-code", "qwen-vllm", 1), ("claude-code", "sonnet", 0),
+                     ("claude-code", "sonnet", 1), ("reference-sft", "none", 0), ("reference-sft", "none", 1)]
+    assert len({c.config_hash() for c in configs}) == 6  # the driver is part of a run's identity
+    pair = [c for c in configs if c.agent == "claude-code" and c.seed == 0]
+    labels = {SweepItem(config=c, parameters=run_parameters(c, "results.duckdb", None, 10)).label for c in pair}
+    assert labels == {"gsm8k-claude-code-sonnet-free-s0", "gsm8k-claude-code-qwen-vllm-free-s0"}
+    assert {run_parameters(c, "results.duckdb", None, 10)["driver"] for c in pair} == {"sonnet", "qwen-vllm"}
