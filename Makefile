@@ -30,6 +30,7 @@ $(STAMP): pyproject.toml requirements-data.txt
 setup: $(STAMP)
 
 $(TOOLS_STAMP): Makefile
+	@command -v npm >/dev/null || { echo "make tools needs Node.js and npm (apt-get install nodejs npm)"; exit 1; }
 	npm install --prefix $(TOOLS) --ignore-scripts --no-audit --no-fund --no-save $(CLI_PACKAGES)
 	cd $(TOOLS)/node_modules/@anthropic-ai/claude-code && node install.cjs
 	cd $(TOOLS)/node_modules/opencode-ai && node postinstall.mjs

@@ -24,7 +24,13 @@ from a2rl.workspace import RunPaths, build_workspace
 from agents import AgentEnv, LLMDriver, get_agent, run_agent
 from agents.cli_agents import install
 from agents.cli_agents.proxy import UsageParser
-from agents.cli_agents.streams import ClaudeStreamParser, CodexStreamParser
+from agents.cli_agents.streams import (
+    ClaudeStreamParser,
+    CodexStreamParser,
+    GeminiStreamParser,
+    OpenCodeStreamParser,
+    OpenHandsStreamParser,
+)
 
 KEY = "sk-cli-SECRET-5150"
 PRICES = {"input_usd_per_mtok": 3.0, "output_usd_per_mtok": 15.0, "cache_read_usd_per_mtok": 0.3,
@@ -370,3 +376,51 @@ def test_a_tool_call_made_in_the_grace_period_after_sigterm_is_recorded(tmp_path
     assert [(t["tool_use_id"], t["ok"]) for t in tools] == [("toolu_last", True)], log
     summary = json.loads((env.harness_path / "cli_summary.json").read_text())
     assert summary["reason"].startswith("stopped by the harness") and summary["stream"]["tool_calls"] == 1
+
+
+def test_usage_parser_reads_chat_chunks_and_gemini_streams():
+    chat = UsageParser()
+    for chunk in ({"choices": [{"delta": {"content": "hi"}, "finish_reason": None}], "usage": None, "model": "q"},
+                  {"choices": [{"delta": {}, "finish_reason": "stop"}], "usage": None},
+                  {"choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 4,
+                                            "prompt_tokens_details": {"cached_tokens": 10}}}):  # fmt: skip
+        chat.feed_sse(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+    chat.feed_sse(b"data: [DONE]\n\n")
+    assert chat.usage == {"input_tokens": 20, "cache_read_tokens": 10, "output_tokens": 4}
+    assert (chat.model, chat.stop_reason) == ("q", "stop")
+    gemini = UsageParser()
+    for n in (1, 2):  # each chunk carries the usage so far
+        chunk = {"candidates": [{"content": {"parts": [{"text": "x"}]}, "finishReason": "STOP" if n == 2 else None}],
+                 "usageMetadata": {"promptTokenCount": 100, "cachedContentTokenCount": 40,
+                                   "candidatesTokenCount": 5 * n, "thoughtsTokenCount": 2},
+                 "modelVersion": "gemini-x"}  # fmt: skip
+        gemini.feed_sse(b"data: " + json.dumps(chunk).encode() + b"\r\n\r\n")
+    assert gemini.usage == {"input_tokens": 60, "cache_read_tokens": 40, "output_tokens": 12}
+    assert (gemini.model, gemini.stop_reason) == ("gemini-x", "STOP")
+
+
+def test_gemini_opencode_and_openhands_streams_pair_tool_calls_with_their_results():
+    g = GeminiStreamParser()
+    g.feed({"type": "tool_use", "tool_name": "run_shell_command", "tool_id": "t1", "parameters": {"command": "ls"}})
+    done = g.feed({"type": "tool_result", "tool_id": "t1", "status": "error", "error": {"message": "denied"}})
+    g.feed({"type": "result", "status": "success", "stats": {"input_tokens": 200, "cached": 80, "output_tokens": 9}})
+    assert [(c.tool, c.ok, c.error) for c in done] == [("run_shell_command", False, "denied")]
+    assert g.usage["input_tokens"] == 120 and g.usage["cache_read_tokens"] == 80 and g.usage["output_tokens"] == 9
+
+    o = OpenCodeStreamParser()
+    state = {"status": "completed", "input": {"command": "false"}, "output": "", "metadata": {"exit": 1},
+             "time": {"start": 1000, "end": 1500}}  # fmt: skip
+    done = o.feed({"type": "tool_use", "part": {"tool": "bash", "callID": "c1", "state": state}})
+    o.feed({"type": "step_finish", "part": {"tokens": {"input": 60, "output": 12, "reasoning": 3,
+                                                       "cache": {"read": 40, "write": 0}}, "cost": 0.01}})  # fmt: skip
+    assert [(c.tool, c.ok, c.exit_code, c.duration_s) for c in done] == [("bash", False, 1, 0.5)]
+    assert o.usage["output_tokens"] == 15 and o.usage["cache_read_tokens"] == 40 and o.reported_cost_usd == 0.01
+
+    h = OpenHandsStreamParser()
+    h.feed({"kind": "ActionEvent", "tool_name": "terminal", "tool_call_id": "c1",
+            "tool_call": {"arguments": json.dumps({"command": "ls"})}})  # fmt: skip
+    done = h.feed({"kind": "ObservationEvent", "tool_call_id": "c1",
+                   "observation": {"content": [{"type": "text", "text": "a b"}], "is_error": False, "exit_code": 0}})
+    h.feed({"kind": "ActionEvent", "tool_name": "terminal", "tool_call_id": "c2", "tool_call": {"arguments": "{"}})
+    assert [(c.tool, c.ok, c.input) for c in done] == [("terminal", True, {"command": "ls"})]
+    assert [(c.tool_use_id, c.ok) for c in h.finish()] == [("c2", False)]  # stopped before its result
