@@ -140,10 +140,10 @@ def test_a_real_cli_works_an_episode_behind_the_proxy_and_is_recorded(tmp_path, 
     with ScriptedLLM(episode(case, outside)) as llm, GradingServer(service) as server:
         driver = LLMDriver(model="test-model", api=case.api, api_key=KEY, base_url=llm.url, **PRICES)
         agent = get_agent(case.agent, driver=driver)
-        assert agent.check() is None
         agent.install(paths.workspace)
         env = AgentEnv("gsm8k", "tiny", paths.workspace, server.url, server.token, 0, harness_dir=paths.harness_dir)
         policy = SandboxPolicy.for_grader(paths.workspace, server.url) if sandboxed else None
+        assert agent.check(sandbox=policy) is None  # the preflight: it starts as the session will run it
         outcome = run_agent(agent, env, clock, paths.harness_dir / "agent.log", grace_s=5, sandbox=policy)
         service.close(drain_timeout_s=10)
     harness = paths.harness_dir

@@ -24,6 +24,13 @@ class CLIAgent(LLMAgent):
     apis: tuple[str, ...]
     """Driver API kinds the CLI speaks (`LLMDriver.api`)."""
     version_args: tuple[str, ...] = ("--version",)
+    offline_env: dict[str, str] = {}
+    """Settings that keep the CLI from reaching out at start-up (the sandbox has no network but its proxy)."""
+
+    @property
+    def needs(self) -> str:
+        """What the agent needs to run, in one line (for `a2rl agents`)."""
+        return f"a driver speaking the {' or '.join(self.apis)} API; the `{self.executable}` CLI ({self.install_hint})"
 
     def command(self, workspace: Path) -> list[str]:
         # The runner from this same checkout (not whichever `agents` the interpreter would import first): the
@@ -46,7 +53,8 @@ class CLIAgent(LLMAgent):
         if command is None:
             return f"agent {self.id} needs the `{self.executable}` CLI, which is not installed; {self.install_hint}"
         with tempfile.TemporaryDirectory(prefix="a2rl-check-") as scratch:
-            env = {"PATH": path or os.environ.get("PATH", os.defpath), "HOME": scratch, "LANG": "C.UTF-8"}
+            env = {"PATH": path or os.environ.get("PATH", os.defpath), "HOME": scratch, "LANG": "C.UTF-8",
+                   **self.offline_env}  # fmt: skip
             policy = None
             if sandbox is not None:
                 policy = replace(sandbox, workspace=Path(scratch), read_only=(), forward_ports=(),
@@ -104,5 +112,7 @@ class OpenCode(CLIAgent):
 class OpenHands(CLIAgent):
     id = "openhands"
     executable = "openhands"
-    install_hint = "install it with `make openhands` (its own Python >= 3.12 venv under .tools/openhands)"
+    install_hint = ("install it with `make tools` (pinned, its own Python >= 3.12 venv in .tools/openhands) or: "
+                    "pip install openhands in a Python >= 3.12 venv on PATH")  # fmt: skip
     apis = ("openai", "anthropic", "gemini")
+    offline_env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "OPENHANDS_SUPPRESS_BANNER": "1"}

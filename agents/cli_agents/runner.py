@@ -26,6 +26,7 @@ from a2rl.sandbox import SandboxPolicy, wrap
 from agents.base import LLM_CALLS_FILE, TOOL_CALLS_FILE, TRANSCRIPT_FILE, AgentOptions, LLMDriver, append_jsonl
 from agents.claude_tools.prompts import task_prompt
 from agents.claude_tools.runner import make_undumpable, sandbox_policy, take_harness_env
+from agents.cli_agents.adapter import OpenHands
 from agents.cli_agents.install import install_dirs
 from agents.cli_agents.proxy import LLMProxy
 from agents.cli_agents.streams import (
@@ -139,10 +140,9 @@ def openhands_command(prompt: str, driver: LLMDriver, options: AgentOptions, pro
     API: `openai/…` (OpenAI-compatible Chat Completions), `anthropic/…` or `gemini/…`."""
     base = proxy.url + ("/v1" if driver.api == "anthropic" else "")
     argv = ["openhands", "--headless", "--json", "--override-with-envs", *options.extra_args, "-t", prompt]
+    # OpenHands.offline_env: LiteLLM's price table from the package, not fetched (no network but the proxy).
     return argv, {"LLM_MODEL": f"{LITELLM_PREFIX[driver.api]}/{driver.model}", "LLM_API_KEY": proxy.token,
-                  "LLM_BASE_URL": base, "OPENHANDS_SUPPRESS_BANNER": "1",
-                  # LiteLLM's price table from the package, not fetched (no network but the proxy).
-                  "LITELLM_LOCAL_MODEL_COST_MAP": "True"}  # fmt: skip
+                  "LLM_BASE_URL": base, **OpenHands.offline_env}  # fmt: skip
 
 
 COMMANDS = {"claude-code": (claude_code_command, ClaudeStreamParser),
