@@ -5,7 +5,16 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.a2rl-installed
 ARGS ?=
 
-.PHONY: setup run test
+.PHONY: setup tools run test
+
+# The agent CLIs, pinned, into a project-local npm prefix (git-ignored). Every package ships its program in
+# the npm registry's tarballs (native binaries in platform packages such as @openai/codex-linux-x64), so
+# nothing is downloaded from elsewhere: --ignore-scripts skips the optional native builds (gemini's node-pty,
+# keytar) that would fetch prebuilt binaries from GitHub; the two postinstalls that only link the platform
+# binary into place (claude-code, opencode-ai) are run by hand.
+CLI_PACKAGES := @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 @google/gemini-cli@0.61.0 opencode-ai@1.18.33
+TOOLS := .tools/npm
+TOOLS_STAMP := $(TOOLS)/.a2rl-installed
 
 $(STAMP): pyproject.toml requirements-data.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +29,28 @@ $(STAMP): pyproject.toml requirements-data.txt
 
 setup: $(STAMP)
 
+$(TOOLS_STAMP): Makefile
+	@command -v npm >/dev/null || { echo "make tools needs Node.js and npm (apt-get install nodejs npm)"; exit 1; }
+	npm install --prefix $(TOOLS) --ignore-scripts --no-audit --no-fund --no-save $(CLI_PACKAGES)
+	cd $(TOOLS)/node_modules/@anthropic-ai/claude-code && node install.cjs
+	cd $(TOOLS)/node_modules/opencode-ai && node postinstall.mjs
+	touch $@
+
+# OpenHands needs Python >= 3.12 in its own venv (the project's is 3.11): the first python3.12/3.13 found.
+OPENHANDS := .tools/openhands
+OPENHANDS_STAMP := $(OPENHANDS)/.a2rl-installed
+OPENHANDS_VERSION := 1.16.0
+
+$(OPENHANDS_STAMP): Makefile
+	py=$$(command -v python3.12 || command -v python3.13 || ls $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[23]*/bin/python 2>/dev/null | head -1); \
+	  test -n "$$py" || { echo "openhands needs python3.12 or newer (apt-get install python3.12, or pyenv)"; exit 1; }; \
+	  $$py -m venv $(OPENHANDS) && $(OPENHANDS)/bin/pip install -q openhands==$(OPENHANDS_VERSION)
+	touch $@
+
+tools: $(TOOLS_STAMP) $(OPENHANDS_STAMP)
+
 run: setup
 	$(VENV)/bin/a2rl run $(ARGS)
 
-test: setup
+test: setup tools
 	$(VENV)/bin/pytest -q

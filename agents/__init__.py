@@ -24,6 +24,9 @@ AGENTS = {
     "claude-tools": "agents.claude_tools.adapter:ClaudeTools",
     "claude-code": "agents.cli_agents.adapter:ClaudeCode",
     "codex": "agents.cli_agents.adapter:Codex",
+    "gemini": "agents.cli_agents.adapter:GeminiCLI",
+    "opencode": "agents.cli_agents.adapter:OpenCode",
+    "openhands": "agents.cli_agents.adapter:OpenHands",
 }
 
 

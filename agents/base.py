@@ -127,8 +127,9 @@ class LLMDriver(BaseModel):
     api_key: SecretStr = SecretStr("")
     base_url: str | None = None
     """Any compatible endpoint (a vLLM server, a proxy, a loopback test server); None = the vendor's."""
-    api: Literal["anthropic", "openai"] = "anthropic"
-    """Wire protocol: Anthropic Messages, or OpenAI (Codex CLI's Responses API)."""
+    api: Literal["anthropic", "openai", "gemini"] = "anthropic"
+    """Wire protocol: Anthropic Messages; OpenAI-compatible (Responses / Chat Completions: OpenAI, a local
+    `vllm serve`, any compatible server); or the Gemini API (`generateContent`)."""
     input_usd_per_mtok: float = 0.0
     output_usd_per_mtok: float = 0.0
     cache_read_usd_per_mtok: float = 0.0

@@ -6,7 +6,14 @@ optionally an `AgentConfig` block for scaffold settings.
     DriverConfig(model="claude-sonnet-4-5", api_key="sk-ant-...", input_usd_per_mtok=3.0,
                  output_usd_per_mtok=15.0, cache_read_usd_per_mtok=0.3, cache_write_usd_per_mtok=3.75
                  ).save("sonnet")
-    DriverConfig(model="Qwen/Qwen2.5-7B-Instruct", base_url="http://gpu01:8000", api_key="none").save("qwen-vllm")
+    DriverConfig(model="Qwen/Qwen2.5-7B-Instruct", api="openai", base_url="http://gpu01:8000/v1",
+                 api_key="none").save("qwen-vllm")     # OpenAI-compatible (vLLM): codex, opencode, openhands
+    DriverConfig(model="gemini-2.5-pro", api="gemini", api_key_env="GEMINI_API_KEY",
+                 input_usd_per_mtok=1.25, output_usd_per_mtok=10.0).save("gemini-pro")   # gemini, openhands
+
+Which agents speak which API: claude-code (anthropic), codex (openai), gemini (gemini), opencode (openai,
+anthropic), openhands (all three), claude-tools (anthropic). The key is either stored in the block (a secret)
+or named by `api_key_env` and read from the harness's environment when the run starts.
 
 The field names match `agents.LLMDriver` / `agents.AgentOptions`, which are made from a block with
 `LLMDriver.model_validate(block)` (or `agents.get_agent(id, driver=block, options=block)`).
@@ -28,8 +35,11 @@ class DriverConfig(Block):
 
     model: str = Field(description="Model id as the endpoint knows it, e.g. claude-sonnet-4-5.")
     api_key: SecretStr = Field(default=SecretStr(""), description="API key; never enters the agent's workspace.")
+    api_key_env: str | None = Field(default=None, description="Or: the environment variable that holds the key.")
     base_url: str | None = Field(default=None, description="A compatible endpoint (vLLM, proxy); empty = vendor's.")
-    api: Literal["anthropic", "openai"] = Field(default="anthropic", description="Wire protocol of the endpoint.")
+    api: Literal["anthropic", "openai", "gemini"] = Field(
+        default="anthropic", description="Wire protocol: anthropic (Messages), openai (OpenAI-compatible: "
+        "Responses / Chat Completions, e.g. vLLM) or gemini (Gemini API generateContent).")  # fmt: skip
     input_usd_per_mtok: float = Field(default=0.0, ge=0, description="USD per million uncached input tokens.")
     output_usd_per_mtok: float = Field(default=0.0, ge=0, description="USD per million output tokens.")
     cache_read_usd_per_mtok: float = Field(default=0.0, ge=0, description="USD per million cache-read tokens.")
@@ -40,9 +50,10 @@ class AgentConfig(Block):
     """Scaffold settings of an LLM agent (turn and cost limits, tool timeouts, context management)."""
 
     _block_type_name = "a2rl Agent Config"
-    _description = "Settings of an a2rl LLM agent scaffold (claude-tools, claude-code, codex)."
+    _description = "Settings of an a2rl LLM agent scaffold (claude-tools, claude-code, codex, gemini, opencode, openhands)."
 
-    scaffold: str = Field(default="claude-tools", description="Agent id: claude-tools, claude-code or codex.")
+    scaffold: str = Field(default="claude-tools", description="Agent id: claude-tools, claude-code, codex, gemini, "
+                          "opencode or openhands.")  # fmt: skip
     driver: str | None = Field(default=None, description="Name of the DriverConfig block to use by default.")
     max_turns: int = Field(default=500, ge=1, description="LLM calls per session (safety stop).")
     max_output_tokens: int = Field(default=8192, ge=1)
@@ -85,6 +96,22 @@ def _load(cls: type[Block], name: str, example: str):
         ) from e
 
 
+def driver_from_block(block: DriverConfig):
+    """The `LLMDriver` a block describes, its key read from `api_key_env` when the block names one (an unset
+    variable is an error that says so, not a silent empty key)."""
+    import os
+
+    from agents.base import LLMDriver
+
+    driver = LLMDriver.model_validate(block)
+    if block.api_key_env:
+        if not os.environ.get(block.api_key_env):
+            raise ValueError(f"driver {block.model!r} reads its API key from ${block.api_key_env}, which is not set "
+                             "in the harness's environment")  # fmt: skip
+        driver = driver.model_copy(update={"api_key": SecretStr(os.environ[block.api_key_env])})
+    return driver
+
+
 def resolve_driver(name: str):
     """The driver LLM a run names: a saved `DriverConfig` block of that name, else a bare model id served by
     Anthropic (or `ANTHROPIC_BASE_URL`) with `ANTHROPIC_API_KEY` from the environment (prices then unknown,
@@ -96,7 +123,7 @@ def resolve_driver(name: str):
     if name in ("", "none"):
         return None
     try:
-        return LLMDriver.model_validate(load_driver_config(name))
+        return driver_from_block(load_driver_config(name))
     except BlockNotFound:
         if not os.environ.get("ANTHROPIC_API_KEY"):
             raise

@@ -58,9 +58,18 @@ class SweepItem(BaseModel):
 def expand_matrix(
     tasks: list[str], agents: list[str], drivers: list[str], modes: list[str], seeds: list[int], **common: Any
 ) -> list[RunConfig]:
-    """Every (task, agent, driver, mode, seed) combination as a RunConfig, duplicates dropped, order kept."""
+    """Every (task, agent, driver, mode, seed) combination as a RunConfig, duplicates dropped, order kept.
+    Drivers pair with LLM agents only: a scripted agent runs once per cell with driver `none` (and an LLM agent
+    never with `none`), so a driver-swap sweep may list scripted baselines beside the LLM agents."""
+    from agents import uses_llm
+
+    llm = {agent: uses_llm(agent) for agent in agents}
     configs: dict[str, RunConfig] = {}
     for task, agent, driver, mode, seed in product(tasks, agents, drivers, modes, seeds):
+        if not llm[agent]:
+            driver = "none"
+        elif driver == "none":
+            continue
         config = RunConfig(task=task, agent=agent, driver=driver, mode=mode, seed=seed, **common)
         configs.setdefault(config.config_hash(), config)
     return list(configs.values())

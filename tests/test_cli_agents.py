@@ -1,5 +1,6 @@
-"""CLI agents: the real Claude Code and Codex CLIs, run by `run_agent` behind the harness-side LLM proxy,
-against loopback endpoints that stream scripted answers (Anthropic Messages SSE, OpenAI Responses SSE)."""
+"""CLI agents: the real Claude Code, Codex, Gemini CLI and OpenCode programs (pinned, installed by `make
+tools` into .tools/npm), run by `run_agent` behind the harness-side LLM proxy, against a loopback endpoint
+that streams scripted answers in each CLI's wire format (tests/cli_loopback.py), with the real grading server."""
 
 from __future__ import annotations
 
@@ -7,128 +8,33 @@ import json
 import shutil
 import socket
 import sys
-import threading
-from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from cli_loopback import USAGE, ScriptedLLM
 from sandbox_support import needs_bwrap
 
-from a2rl.grading import BudgetClock
+from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
+from a2rl.recording import read_llm_calls, read_tool_calls
+from a2rl.records import EvalResult, RunConfig
 from a2rl.sandbox import SandboxPolicy
+from a2rl.store import ResultsStore
+from a2rl.workspace import RunPaths, build_workspace
 from agents import AgentEnv, LLMDriver, get_agent, run_agent
+from agents.cli_agents import install
 from agents.cli_agents.proxy import UsageParser
-from agents.cli_agents.streams import ClaudeStreamParser, CodexStreamParser
+from agents.cli_agents.streams import (
+    ClaudeStreamParser,
+    CodexStreamParser,
+    GeminiStreamParser,
+    OpenCodeStreamParser,
+    OpenHandsStreamParser,
+)
 
 KEY = "sk-cli-SECRET-5150"
 PRICES = {"input_usd_per_mtok": 3.0, "output_usd_per_mtok": 15.0, "cache_read_usd_per_mtok": 0.3,
           "cache_write_usd_per_mtok": 3.75}  # fmt: skip
-
-
-class StreamingLoopback:
-    """Answers model calls with server-sent events from a script (one entry per main-loop call; the last
-    repeats). `api="anthropic"` serves /v1/messages, `api="openai"` serves /responses. Requests without tools
-    (a CLI's side calls) get a short text answer and do not advance the script."""
-
-    def __init__(self, api: str, script: list[dict]):
-        self.api, self.script, self.requests, self.pos = api, script, [], 0
-        self._lock = threading.Lock()  # the script position, across handler threads
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def __enter__(self) -> StreamingLoopback:
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    def next_entry(self, body: dict) -> dict:
-        if not body.get("tools"):
-            return {"text": "ok"}
-        with self._lock:
-            entry = self.script[min(self.pos, len(self.script) - 1)]
-            self.pos += 1
-        return entry
-
-    def anthropic_events(self, body: dict, entry: dict) -> list[dict]:
-        usage = {"input_tokens": 100, "output_tokens": 1, "cache_read_input_tokens": 50,
-                 "cache_creation_input_tokens": 20}  # fmt: skip
-        events = [{"type": "message_start", "message": {"id": f"msg_{self.pos}_{len(self.requests)}", "type": "message",
-                   "role": "assistant", "model": body["model"], "content": [], "stop_reason": None,
-                   "stop_sequence": None, "usage": usage}}]  # fmt: skip
-        if "tool" in entry:
-            block = {"type": "tool_use", "id": entry["id"], "name": entry["tool"], "input": {}}
-            delta = {"type": "input_json_delta", "partial_json": json.dumps(entry["input"])}
-        else:
-            block, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": entry["text"]}
-        events += [{"type": "content_block_start", "index": 0, "content_block": block},
-                   {"type": "content_block_delta", "index": 0, "delta": delta},
-                   {"type": "content_block_stop", "index": 0},
-                   {"type": "message_delta", "delta": {"stop_reason": "tool_use" if "tool" in entry else "end_turn",
-                                                       "stop_sequence": None}, "usage": {"output_tokens": 12}},
-                   {"type": "message_stop"}]  # fmt: skip
-        return events
-
-    def openai_events(self, body: dict, entry: dict) -> list[dict]:
-        n = len(self.requests)
-        if "tool" in entry:
-            item = {"type": "function_call", "id": f"fc_{n}", "call_id": entry["id"], "name": entry["tool"],
-                    "arguments": json.dumps(entry["input"]), "status": "completed"}  # fmt: skip
-        else:
-            item = {"type": "message", "id": f"msg_{n}", "role": "assistant", "status": "completed",
-                    "content": [{"type": "output_text", "text": entry["text"], "annotations": []}]}  # fmt: skip
-        response = {"id": f"resp_{n}", "object": "response", "model": body.get("model"), "status": "in_progress",
-                    "output": []}  # fmt: skip
-        usage = {"input_tokens": 100, "input_tokens_details": {"cached_tokens": 40}, "output_tokens": 7,
-                 "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 107}  # fmt: skip
-        return [{"type": "response.created", "response": response},
-                {"type": "response.output_item.added", "output_index": 0, "item": item},
-                {"type": "response.output_item.done", "output_index": 0, "item": item},
-                {"type": "response.completed", "response": {**response, "status": "completed", "output": [item],
-                                                            "usage": usage}}]  # fmt: skip
-
-    def _handler(self):
-        loopback = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_HEAD(self) -> None:
-                self.send_response(200)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def do_GET(self) -> None:
-                self.send_response(404)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
-                loopback.requests.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()},
-                                          "body": body})  # fmt: skip
-                entry = loopback.next_entry(body)
-                make = loopback.anthropic_events if loopback.api == "anthropic" else loopback.openai_events
-                self.send_response(200)
-                self.send_header("content-type", "text/event-stream")
-                self.send_header("transfer-encoding", "chunked")
-                self.end_headers()
-                for event in make(body, entry):
-                    data = f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
-                    self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-                self.wfile.write(b"0\r\n\r\n")
-
-        return Handler
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -150,77 +56,138 @@ def assert_key_never_reached_the_workspace(env: AgentEnv) -> None:
             assert KEY.encode() not in path.read_bytes(), path
 
 
-# The real CLIs, on the host and in the sandbox (where they reach only the proxy: no grader in these sessions).
 ON_AND_OFF = [pytest.param(False, id="unsandboxed"), pytest.param(True, id="sandboxed", marks=needs_bwrap)]
 
 
-@pytest.mark.skipif(shutil.which("claude") is None,
-                    reason="claude CLI not installed (npm install -g @anthropic-ai/claude-code)")  # fmt: skip
-@pytest.mark.parametrize("sandboxed", ON_AND_OFF)
-def test_claude_code_runs_behind_the_proxy_and_its_stream_is_recorded(tmp_path, sandboxed):
-    script = [
-        {"tool": "Bash", "id": "toolu_1", "input": {"command": "echo hello > code/note.txt && cat code/note.txt",
-                                                    "description": "write a note"}},  # fmt: skip
-        {"tool": "Bash", "id": "toolu_2", "input": {"command": "ls no-such-dir", "description": "fails"}},
-        {"text": "Done."},
+# -- the real CLIs, each through a short episode against the real grading server ---------------------------
+# A "training" script the scripted model writes and runs: it saves the base model as output/v1 (the grader's
+# evaluator is a constant stand-in, so what matters is that a real checkpoint is submitted and graded).
+TRAIN_SCRIPT = "import shutil; shutil.copytree('models/base', 'output/v1'); print('saved output/v1')"
+AUTH = '-H "Authorization: Bearer $GRADING_TOKEN"'
+
+
+@dataclass(frozen=True)
+class CLICase:
+    agent: str
+    api: str
+    shell_tool: str
+    """The CLI's own shell tool, which the scripted model calls."""
+    command_key: str = "command"
+    tool_record: str = ""
+    """The tool name the CLI's stream reports for a shell call (default: `shell_tool`)."""
+
+    extra: tuple[tuple[str, str], ...] = (("description", "a step"),)
+    """Further arguments the shell tool requires."""
+    stop: dict | None = None
+    """The step that ends the session (default: a text answer)."""
+
+    def shell(self, n: int, command: str) -> dict:
+        return {"tool": self.shell_tool, "id": f"call_{n}", "input": {self.command_key: command, **dict(self.extra)}}
+
+
+CASES = [CLICase("claude-code", "anthropic", "Bash"), CLICase("codex", "openai", "exec_command", "cmd",
+         "command_execution", extra=()), CLICase("gemini", "gemini", "run_shell_command"),
+         CLICase("opencode", "openai", "bash"),
+         CLICase("openhands", "openai", "terminal", extra=(("security_risk", "LOW"),),
+                 stop={"tool": "finish", "id": "call_9", "input": {"message": "Submitted output/v1. Done."}})]  # fmt: skip
+
+
+def episode(case: CLICase, outside: Path) -> list[dict]:
+    """Inspect the workspace, write and run a script, submit over HTTP, read the budget, try to write outside
+    the workspace, stop."""
+    commands = [
+        "ls && head -3 description.md",
+        f'printf "%s\\n" "{TRAIN_SCRIPT}" > code/train.py && cat code/train.py',
+        "python code/train.py",
+        f"curl -s -X POST {AUTH} -H 'content-type: application/json' "
+        '-d \'{"model_path": "output/v1", "wait": true}\' "$GRADING_SERVER_URL/submit"',
+        f'curl -s {AUTH} "$GRADING_SERVER_URL/budget"',
+        f"touch {outside}; echo touched=$?",
     ]
-    env = workspace(tmp_path)
-    with StreamingLoopback("anthropic", script) as llm:
-        driver = LLMDriver(model="claude-test-1", api_key=KEY, base_url=llm.url, **PRICES)
-        agent = get_agent("claude-code", driver=driver)
-        agent.install(env.workspace)
-        outcome = run_agent(agent, env, BudgetClock(120), env.harness_path / "agent.log", grace_s=5,
-                            sandbox=SandboxPolicy(env.workspace) if sandboxed else None)  # fmt: skip
-    harness = env.harness_path
+    return [case.shell(n, c) for n, c in enumerate(commands, 1)] + [case.stop or {"text": "Submitted output/v1. Done."}]
+
+
+def grading_run(tmp_path: Path, tiny_model_dir: Path) -> RunPaths:
+    public = tmp_path / "public"
+    public.mkdir()
+    (public / "train.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n")
+    paths = RunPaths.for_run(tmp_path / "runs", "run-cli")
+    build_workspace(paths, public, tiny_model_dir, "# Task\nAdd numbers.\n",
+                    "# Instructions\nSubmit output/vN with POST /submit.\nMode: `free`.\n")  # fmt: skip
+    return paths
+
+
+def constant_evaluator(model_dir: Path, weights_hash: str, spec, device=None) -> EvalResult:
+    return EvalResult(task=spec.task, split=spec.split, score=50.0, n=4, n_correct=2, evaluator_id="constant",
+                      weights_hash=weights_hash)  # fmt: skip
+
+
+# Each CLI on the host and in the sandbox; openhands (~60 s a session here: Python start-up, LiteLLM) in the
+# sandbox only, as benchmark runs use it.
+EPISODES = [pytest.param(case, sandboxed, id=f"{case.agent}-{'sandboxed' if sandboxed else 'unsandboxed'}",
+                         marks=[needs_bwrap] if sandboxed else [])
+            for case in CASES for sandboxed in (False, True) if sandboxed or case.agent != "openhands"]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "sandboxed"), EPISODES)
+def test_a_real_cli_works_an_episode_behind_the_proxy_and_is_recorded(tmp_path, tiny_model_dir, case, sandboxed):
+    paths = grading_run(tmp_path, tiny_model_dir)
+    outside = tmp_path / "escaped.txt"
+    clock = BudgetClock(300)
+    ctx = GradingContext("run-cli", RunConfig(max_submissions=3), paths.workspace, paths.harness_dir,
+                         baseline={"validation": 25.0}, base_model_dir=tiny_model_dir)  # fmt: skip
+    service = GradingService(ctx, clock, evaluate=constant_evaluator)
+    with ScriptedLLM(episode(case, outside)) as llm, GradingServer(service) as server:
+        driver = LLMDriver(model="test-model", api=case.api, api_key=KEY, base_url=llm.url, **PRICES)
+        agent = get_agent(case.agent, driver=driver)
+        agent.install(paths.workspace)
+        env = AgentEnv("gsm8k", "tiny", paths.workspace, server.url, server.token, 0, harness_dir=paths.harness_dir)
+        policy = SandboxPolicy.for_grader(paths.workspace, server.url) if sandboxed else None
+        assert agent.check(sandbox=policy) is None  # the preflight: it starts as the session will run it
+        outcome = run_agent(agent, env, clock, paths.harness_dir / "agent.log", grace_s=5, sandbox=policy)
+        service.close(drain_timeout_s=10)
+    harness = paths.harness_dir
     log = (harness / "agent.log").read_text()
     assert outcome.ended_by == "exited" and outcome.exit_code == 0, log[-3000:]
-    assert (env.workspace / "code" / "note.txt").read_text() == "hello\n"  # the CLI ran the tool for real
+    assert "Traceback" not in log and "CancelledError" not in log, log[-3000:]  # e.g. from the port forwarder
 
-    # Upstream saw the real key (from the proxy); the CLI only ever had the proxy's token.
-    main_calls = [r for r in llm.requests if r["body"].get("tools")]
-    assert len(main_calls) == 3 and all(r["headers"]["x-api-key"] == KEY for r in llm.requests)
+    # The model's script ran for real and its checkpoint was graded through the HTTP API.
+    assert (paths.workspace / "code" / "train.py").is_file() and (paths.workspace / "output" / "v1").is_dir()
+    assert [(e.model_path, e.status, e.score) for e in service.submissions()] == [("output/v1", "scored", 50.0)]
+    tools = read_jsonl(harness / "tool_calls.jsonl")
+    shell_calls = [t for t in tools if t["tool"] == (case.tool_record or case.shell_tool)]
+    assert len(shell_calls) == 6 and len(tools) == 6 + (case.stop is not None), tools
+    assert all(t["ok"] for t in shell_calls[:5]), tools
+    # The grader's answers went back to the model as tool results: the score, then the budget.
+    last_prompt = json.dumps(llm.main_calls[-1]["body"])
+    assert "scored" in last_prompt and "submissions_used" in last_prompt
+    if sandboxed:  # nothing the CLI ran reached outside its workspace
+        assert not outside.exists()
+
+    # The proxy: the real key upstream only, every model call recorded with its tokens and cost ...
+    assert len(llm.main_calls) == 7
+    offered = [r["headers"].get("x-api-key") or r["headers"].get("x-goog-api-key")
+               or r["headers"].get("authorization", "").removeprefix("Bearer ") for r in llm.requests]  # fmt: skip
+    assert offered == [KEY] * len(llm.requests)
     assert_key_never_reached_the_workspace(env)
-
     calls = read_jsonl(harness / "llm_calls.jsonl")
     assert len(calls) == len(llm.requests) and all(c["source"] == "proxy" and c["status"] == 200 for c in calls)
-    for c in calls:
-        tokens = (c["input_tokens"], c["output_tokens"], c["cache_read_tokens"], c["cache_write_tokens"])
-        assert tokens == (100, 12, 50, 20)
-        assert c["cost_usd"] == pytest.approx((100 * 3 + 12 * 15 + 50 * 0.3 + 20 * 3.75) / 1e6)
-    tools = read_jsonl(harness / "tool_calls.jsonl")
-    assert [(t["tool"], t["tool_use_id"], t["ok"]) for t in tools] == [("Bash", "toolu_1", True),
-                                                                        ("Bash", "toolu_2", False)]  # fmt: skip
-    assert tools[0]["input"]["command"].startswith("echo hello")
-    events = read_jsonl(harness / "transcript.jsonl")
-    assert events[0]["type"] == "system" and events[-1]["type"] == "result"
+    uncached = USAGE["input"] - USAGE["cached"]
+    assert {(c["input_tokens"], c["cache_read_tokens"], c["output_tokens"]) for c in calls} == \
+        {(uncached, USAGE["cached"], USAGE["output"])}  # fmt: skip
+    cost = (uncached * 3.0 + USAGE["cached"] * 0.3 + USAGE["output"] * 15.0) / 1e6
+    assert all(c["cost_usd"] == pytest.approx(cost) for c in calls)
+    # ... and in DuckDB, as the run's ingestion writes them.
+    store = ResultsStore(tmp_path / "results.duckdb")
+    store.replace_run_rows("llm_calls", "run-cli", read_llm_calls(harness / "llm_calls.jsonl"))
+    store.replace_run_rows("tool_calls", "run-cli", read_tool_calls(harness / "tool_calls.jsonl"))
+    row = store.query("SELECT count(*) AS n, sum(output_tokens) AS out, sum(cost_usd) AS usd FROM llm_calls "
+                      "WHERE run_id = 'run-cli'").iloc[0]  # fmt: skip
+    assert (row["n"], row["out"]) == (len(calls), USAGE["output"] * len(calls))
+    assert row["usd"] == pytest.approx(cost * len(calls))
+    assert store.query("SELECT count(*) AS n FROM tool_calls WHERE run_id = 'run-cli'").iloc[0]["n"] == len(tools)
     summary = json.loads((harness / "cli_summary.json").read_text())
-    assert summary["proxy_calls"] == len(calls) and summary["stream"]["tool_calls"] == 2
-    assert summary["stream"]["usage"]["input_tokens"] >= 300 and summary["stream"]["result"]["subtype"] == "success"
-
-
-@pytest.mark.skipif(shutil.which("codex") is None, reason="codex CLI not installed (npm install -g @openai/codex)")
-@pytest.mark.parametrize("sandboxed", ON_AND_OFF)
-def test_codex_runs_behind_the_proxy_and_its_stream_is_recorded(tmp_path, sandboxed):
-    script = [{"tool": "exec_command", "id": "call_1", "input": {"cmd": "echo hi > code/hi.txt && ls code"}},
-              {"text": "All done."}]  # fmt: skip
-    env = workspace(tmp_path)
-    with StreamingLoopback("openai", script) as llm:
-        driver = LLMDriver(model="gpt-test", api="openai", api_key=KEY, base_url=llm.url, **PRICES)
-        agent = get_agent("codex", driver=driver)
-        outcome = run_agent(agent, env, BudgetClock(120), env.harness_path / "agent.log", grace_s=5,
-                            sandbox=SandboxPolicy(env.workspace) if sandboxed else None)  # fmt: skip
-    log = (env.harness_path / "agent.log").read_text()
-    assert outcome.ended_by == "exited" and outcome.exit_code == 0, log[-3000:]
-    assert (env.workspace / "code" / "hi.txt").read_text() == "hi\n"
-    assert all(r["headers"]["authorization"] == f"Bearer {KEY}" for r in llm.requests)
-    assert not any(t.get("type") == "web_search" for r in llm.requests for t in r["body"].get("tools", []))
-    assert_key_never_reached_the_workspace(env)
-    calls = read_jsonl(env.harness_path / "llm_calls.jsonl")
-    assert len(calls) == 2 and all((c["input_tokens"], c["cache_read_tokens"], c["output_tokens"]) == (60, 40, 7)
-                                   for c in calls)  # fmt: skip
-    tools = read_jsonl(env.harness_path / "tool_calls.jsonl")
-    assert [(t["tool"], t["ok"], t["exit_code"]) for t in tools] == [("command_execution", True, 0)]
-
+    assert summary["proxy_calls"] == len(calls) and summary["stream"]["tool_calls"] == len(tools)
 
 # A stand-in for `claude`: it reports what it can see and reach as one stream-json event.
 FAKE_CLAUDE = """#!{python}
@@ -262,7 +229,7 @@ def test_a_sandboxed_cli_reaches_its_proxy_and_the_grader_only(tmp_path, monkeyp
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin")
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)  # as a harness holding the key in its environment would
-    with StreamingLoopback("anthropic", [{"text": "ok"}]) as llm, StreamingLoopback("anthropic", []) as grader:
+    with ScriptedLLM([{"text": "ok"}]) as llm, ScriptedLLM([]) as grader:
         env = replace(env, grading_url=grader.url)  # a stand-in: it answers HEAD
         driver = LLMDriver(model="claude-test-1", api_key=KEY, base_url=llm.url, **PRICES)
         policy = SandboxPolicy.for_grader(env.workspace, env.grading_url)
@@ -289,15 +256,36 @@ def test_a_sandboxed_cli_reaches_its_proxy_and_the_grader_only(tmp_path, monkeyp
     assert_key_never_reached_the_workspace(env)
 
 
-@pytest.mark.parametrize(("agent_id", "hint"), [("claude-code", "npm install -g @anthropic-ai/claude-code"),
-                                                ("codex", "npm install -g @openai/codex")])  # fmt: skip
-def test_a_missing_cli_is_a_launch_error_that_says_how_to_install_it(tmp_path, monkeypatch, agent_id, hint):
+@pytest.mark.parametrize(("agent_id", "api", "package"), [("claude-code", "anthropic", "@anthropic-ai/claude-code"),
+                                                         ("codex", "openai", "@openai/codex"),
+                                                         ("gemini", "gemini", "@google/gemini-cli"),
+                                                         ("opencode", "openai", "opencode-ai")])  # fmt: skip
+def test_a_missing_cli_is_a_launch_error_that_says_how_to_install_it(tmp_path, monkeypatch, agent_id, api, package):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    api = "anthropic" if agent_id == "claude-code" else "openai"
+    monkeypatch.setattr(install, "LOCAL_BINS", (tmp_path / "no-prefix",))  # nor in the project's own prefix
     agent = get_agent(agent_id, driver=LLMDriver(model="m", api=api, api_key=KEY))
-    env = workspace(tmp_path)
-    outcome = run_agent(agent, env, BudgetClock(5), tmp_path / "agent.log")
-    assert outcome.ended_by == "launch-error" and hint in outcome.error
+    assert "make tools" in agent.check() and f"npm install -g {package}" in agent.check()
+    outcome = run_agent(agent, workspace(tmp_path), BudgetClock(5), tmp_path / "agent.log")
+    assert outcome.ended_by == "launch-error" and f"npm install -g {package}" in outcome.error
+
+
+@needs_bwrap
+def test_a_cli_whose_platform_package_is_missing_fails_its_check_with_the_reason(tmp_path):
+    """codex's launcher loads its native binary from a sibling package: an install without it (as once
+    happened to an npm user prefix the sandbox did not bind) is caught before the session, with node's reason."""
+    prefix = tmp_path / "npm" / "node_modules"
+    real = install.LOCAL_BINS[0].parent / "@openai" / "codex"
+    (prefix / "@openai").mkdir(parents=True)
+    shutil.copytree(real, prefix / "@openai" / "codex", symlinks=True)  # the launcher only, no platform package
+    (prefix / ".bin").mkdir()
+    (prefix / ".bin" / "codex").symlink_to("../@openai/codex/bin/codex.js")
+    agent = get_agent("codex", driver=LLMDriver(model="m", api="openai", api_key=KEY))
+    path = f"{prefix / '.bin'}:/usr/bin:/bin"
+    why = agent.check(sandbox=SandboxPolicy(tmp_path), path=path)
+    assert why is not None and "does not start in the sandbox" in why and "codex-linux-x64" in why
+    # With its platform package next to it, the same layout starts in the sandbox: the adapter binds it.
+    (prefix / "@openai" / "codex-linux-x64").symlink_to(real.parent / "codex-linux-x64")
+    assert agent.check(sandbox=SandboxPolicy(tmp_path), path=path) is None
 
 
 def test_a_driver_of_the_wrong_api_is_a_launch_error(tmp_path):
@@ -322,6 +310,11 @@ def test_claude_stream_counts_a_messages_usage_once_and_pairs_tool_results():
     p.feed({"type": "assistant", "message": {"id": "m2", "content": [{"type": "tool_use", "id": "t2", "name": "Bash",
                                                                       "input": {}}]}})  # fmt: skip
     assert [(c.tool, c.ok) for c in p.finish()] == [("Bash", False)]
+    # The final `result` carries the session's real totals: output tokens as the messages ended, not as
+    # their `message_start` snapshots (3) had them.
+    final = {"input_tokens": 10, "output_tokens": 350, "cache_read_input_tokens": 5, "cache_creation_input_tokens": 2}
+    p.feed({"type": "result", "subtype": "success", "usage": final})
+    assert p.usage == {"input_tokens": 10, "output_tokens": 350, "cache_read_tokens": 5, "cache_write_tokens": 2}
 
 
 def test_codex_stream_reads_commands_and_turn_usage():
@@ -345,3 +338,89 @@ def test_usage_parser_reads_anthropic_and_openai_bodies():
     event = {"type": "response.completed", "response": {"model": "g", "status": "completed", "usage": usage}}
     o.feed_sse(b"event: response.completed\ndata: " + json.dumps(event).encode() + b"\n\n")
     assert o.usage == {"input_tokens": 6, "cache_read_tokens": 4, "output_tokens": 3} and o.model == "g"
+
+
+# A stand-in for `claude` that, stopped by the harness, makes one last tool call in its grace period.
+GRACEFUL_CLAUDE = """#!{python}
+import json, signal, sys, time
+
+def last_call(signum, frame):
+    use = {{"type": "tool_use", "id": "toolu_last", "name": "Bash", "input": {{"command": "curl .../submit"}}}}
+    print(json.dumps({{"type": "assistant", "message": {{"id": "m2", "content": [use]}}}}), flush=True)
+    time.sleep(0.5)
+    result = {{"type": "tool_result", "tool_use_id": "toolu_last", "content": "scored"}}
+    print(json.dumps({{"type": "user", "message": {{"content": [result]}}}}), flush=True)
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, last_call)
+print(json.dumps({{"type": "system", "subtype": "init"}}), flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_tool_call_made_in_the_grace_period_after_sigterm_is_recorded(tmp_path, monkeypatch):
+    env = workspace(tmp_path)
+    bin_dir = tmp_path / "cli-bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "claude"
+    fake.write_text(GRACEFUL_CLAUDE.format(python=sys.executable))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin")
+    driver = LLMDriver(model="claude-test-1", api_key=KEY)
+    outcome = run_agent(get_agent("claude-code", driver=driver), env, BudgetClock(8), env.harness_path / "agent.log",
+                        grace_s=15)  # fmt: skip
+    log = (env.harness_path / "agent.log").read_text()
+    assert outcome.ended_by == "budget", log
+    assert (env.harness_path / "tool_calls.jsonl").exists(), log
+    tools = read_jsonl(env.harness_path / "tool_calls.jsonl")
+    assert [(t["tool_use_id"], t["ok"]) for t in tools] == [("toolu_last", True)], log
+    summary = json.loads((env.harness_path / "cli_summary.json").read_text())
+    assert summary["reason"].startswith("stopped by the harness") and summary["stream"]["tool_calls"] == 1
+
+
+def test_usage_parser_reads_chat_chunks_and_gemini_streams():
+    chat = UsageParser()
+    for chunk in ({"choices": [{"delta": {"content": "hi"}, "finish_reason": None}], "usage": None, "model": "q"},
+                  {"choices": [{"delta": {}, "finish_reason": "stop"}], "usage": None},
+                  {"choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 4,
+                                            "prompt_tokens_details": {"cached_tokens": 10}}}):  # fmt: skip
+        chat.feed_sse(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+    chat.feed_sse(b"data: [DONE]\n\n")
+    assert chat.usage == {"input_tokens": 20, "cache_read_tokens": 10, "output_tokens": 4}
+    assert (chat.model, chat.stop_reason) == ("q", "stop")
+    gemini = UsageParser()
+    for n in (1, 2):  # each chunk carries the usage so far
+        chunk = {"candidates": [{"content": {"parts": [{"text": "x"}]}, "finishReason": "STOP" if n == 2 else None}],
+                 "usageMetadata": {"promptTokenCount": 100, "cachedContentTokenCount": 40,
+                                   "candidatesTokenCount": 5 * n, "thoughtsTokenCount": 2},
+                 "modelVersion": "gemini-x"}  # fmt: skip
+        gemini.feed_sse(b"data: " + json.dumps(chunk).encode() + b"\r\n\r\n")
+    assert gemini.usage == {"input_tokens": 60, "cache_read_tokens": 40, "output_tokens": 12}
+    assert (gemini.model, gemini.stop_reason) == ("gemini-x", "STOP")
+
+
+def test_gemini_opencode_and_openhands_streams_pair_tool_calls_with_their_results():
+    g = GeminiStreamParser()
+    g.feed({"type": "tool_use", "tool_name": "run_shell_command", "tool_id": "t1", "parameters": {"command": "ls"}})
+    done = g.feed({"type": "tool_result", "tool_id": "t1", "status": "error", "error": {"message": "denied"}})
+    g.feed({"type": "result", "status": "success", "stats": {"input_tokens": 200, "cached": 80, "output_tokens": 9}})
+    assert [(c.tool, c.ok, c.error) for c in done] == [("run_shell_command", False, "denied")]
+    assert g.usage["input_tokens"] == 120 and g.usage["cache_read_tokens"] == 80 and g.usage["output_tokens"] == 9
+
+    o = OpenCodeStreamParser()
+    state = {"status": "completed", "input": {"command": "false"}, "output": "", "metadata": {"exit": 1},
+             "time": {"start": 1000, "end": 1500}}  # fmt: skip
+    done = o.feed({"type": "tool_use", "part": {"tool": "bash", "callID": "c1", "state": state}})
+    o.feed({"type": "step_finish", "part": {"tokens": {"input": 60, "output": 12, "reasoning": 3,
+                                                       "cache": {"read": 40, "write": 0}}, "cost": 0.01}})  # fmt: skip
+    assert [(c.tool, c.ok, c.exit_code, c.duration_s) for c in done] == [("bash", False, 1, 0.5)]
+    assert o.usage["output_tokens"] == 15 and o.usage["cache_read_tokens"] == 40 and o.reported_cost_usd == 0.01
+
+    h = OpenHandsStreamParser()
+    h.feed({"kind": "ActionEvent", "tool_name": "terminal", "tool_call_id": "c1",
+            "tool_call": {"arguments": json.dumps({"command": "ls"})}})  # fmt: skip
+    done = h.feed({"kind": "ObservationEvent", "tool_call_id": "c1",
+                   "observation": {"content": [{"type": "text", "text": "a b"}], "is_error": False, "exit_code": 0}})
+    h.feed({"kind": "ActionEvent", "tool_name": "terminal", "tool_call_id": "c2", "tool_call": {"arguments": "{"}})
+    assert [(c.tool, c.ok, c.input) for c in done] == [("terminal", True, {"command": "ls"})]
+    assert [(c.tool_use_id, c.ok) for c in h.finish()] == [("c2", False)]  # stopped before its result

@@ -39,7 +39,12 @@ def handler(connect):
         except OSError:
             writer.close()
             return
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        try:
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        except asyncio.CancelledError:
+            # The launcher is ending (asyncio.run cancels open connections): end quietly. A cancelled
+            # connection task would make Python 3.11's stream callback log a CancelledError traceback.
+            pass
         writer.close()
         up_writer.close()
 

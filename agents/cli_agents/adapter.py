@@ -1,40 +1,118 @@
-"""`claude-code` and `codex`: the harness starts `python -m agents.cli_agents.runner`, which runs the CLI in
-the workspace behind a key-holding, call-recording LLM proxy and parses the CLI's event stream."""
+"""CLI agents (`claude-code`, `codex`, `gemini`, `opencode`, `openhands`): the harness starts
+`python -m agents.cli_agents.runner`, which runs the CLI in the workspace behind a key-holding, call-recording
+LLM proxy and parses the CLI's event stream."""
 
 from __future__ import annotations
 
-import shutil
+import json
+import os
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
 
-from agents.base import AgentEnv, AgentLaunchError, agent_environment
+from a2rl.sandbox import SandboxPolicy
+from agents.base import HARNESS_ENV_PREFIX, AgentEnv, AgentLaunchError, agent_environment
 from agents.claude_tools.adapter import LLMAgent
+from agents.cli_agents.install import PROJECT_ROOT, check_starts, find_cli
 
 
 class CLIAgent(LLMAgent):
     runner_module = "agents.cli_agents.runner"
     executable: str
     install_hint: str
-    api: str
+    apis: tuple[str, ...]
+    """Driver API kinds the CLI speaks (`LLMDriver.api`)."""
+    version_args: tuple[str, ...] = ("--version",)
+    offline_env: dict[str, str] = {}
+    """Settings that keep the CLI from reaching out at start-up (the sandbox has no network but its proxy)."""
+
+    @property
+    def needs(self) -> str:
+        """What the agent needs to run, in one line (for `a2rl agents`)."""
+        return f"a driver speaking the {' or '.join(self.apis)} API; the `{self.executable}` CLI ({self.install_hint})"
+
+    def command(self, workspace: Path) -> list[str]:
+        # The runner from this same checkout (not whichever `agents` the interpreter would import first): the
+        # harness and its runner are one program.
+        bootstrap = (f"import runpy, sys; sys.path.insert(0, {str(PROJECT_ROOT)!r}); "
+                     f"runpy.run_module({self.runner_module!r}, run_name='__main__', alter_sys=True)")  # fmt: skip
+        return [sys.executable, "-c", bootstrap]
+
+    def find(self, path: str | None = None) -> Path | None:
+        """The CLI's command: on PATH, else in the project-local prefix that `make tools` fills."""
+        return find_cli(self.executable, path)
+
+    def check(self, sandbox: SandboxPolicy | None = None, path: str | None = None) -> str | None:
+        """None if the CLI is installed and starts (`--version`) as the session would run it (inside `sandbox`
+        when given); else one line saying what is wrong and how to fix it. For a preflight before the session."""
+        if self.driver is not None and self.driver.api not in self.apis:
+            return (f"agent {self.id} speaks the {' or '.join(self.apis)} API, but driver {self.driver.model!r} "
+                    f"is configured with api={self.driver.api!r}")  # fmt: skip
+        command = self.find(path)
+        if command is None:
+            return f"agent {self.id} needs the `{self.executable}` CLI, which is not installed; {self.install_hint}"
+        with tempfile.TemporaryDirectory(prefix="a2rl-check-") as scratch:
+            env = {"PATH": path or os.environ.get("PATH", os.defpath), "HOME": scratch, "LANG": "C.UTF-8",
+                   **self.offline_env}  # fmt: skip
+            policy = None
+            if sandbox is not None:
+                policy = replace(sandbox, workspace=Path(scratch), read_only=(), forward_ports=(),
+                                 max_workspace_bytes=None, status_path=None)  # fmt: skip
+            why = check_starts([str(command), *self.version_args], env, policy)
+        if why is None:
+            return None
+        where = "in the sandbox" if sandbox is not None else "on this host"
+        return f"agent {self.id}: `{command}` does not start {where} ({why}); {self.install_hint}"
 
     def launch_env(self, env: AgentEnv) -> dict[str, str]:
         extra = super().launch_env(env)
-        if self.driver.api != self.api:
-            raise AgentLaunchError(f"agent {self.id} speaks the {self.api} API, but driver {self.driver.model!r} "
-                                   f"is configured with api={self.driver.api!r}")  # fmt: skip
-        if shutil.which(self.executable, path=agent_environment(env)["PATH"]) is None:
-            raise AgentLaunchError(f"agent {self.id} needs the `{self.executable}` CLI, which is not on PATH; "
-                                   f"install it with: {self.install_hint}")  # fmt: skip
+        if self.driver.api not in self.apis:
+            raise AgentLaunchError(self.check())
+        command = self.find(agent_environment(env)["PATH"])
+        if command is None:
+            raise AgentLaunchError(f"agent {self.id} needs the `{self.executable}` CLI, which is not installed; "
+                                   f"{self.install_hint}")  # fmt: skip
+        key = f"{HARNESS_ENV_PREFIX}CONFIG"
+        extra[key] = json.dumps({**json.loads(extra[key]), "cli": str(command)})
         return extra
+
+
+NPM_HINT = "install it with `make tools` (pinned, into .tools/npm) or: npm install -g {package}"
 
 
 class ClaudeCode(CLIAgent):
     id = "claude-code"
     executable = "claude"
-    install_hint = "npm install -g @anthropic-ai/claude-code"
-    api = "anthropic"
+    install_hint = NPM_HINT.format(package="@anthropic-ai/claude-code")
+    apis = ("anthropic",)
 
 
 class Codex(CLIAgent):
     id = "codex"
     executable = "codex"
-    install_hint = "npm install -g @openai/codex"
-    api = "openai"
+    install_hint = NPM_HINT.format(package="@openai/codex")
+    apis = ("openai",)
+
+
+class GeminiCLI(CLIAgent):
+    id = "gemini"
+    executable = "gemini"
+    install_hint = NPM_HINT.format(package="@google/gemini-cli")
+    apis = ("gemini",)
+
+
+class OpenCode(CLIAgent):
+    id = "opencode"
+    executable = "opencode"
+    install_hint = NPM_HINT.format(package="opencode-ai")
+    apis = ("openai", "anthropic")
+
+
+class OpenHands(CLIAgent):
+    id = "openhands"
+    executable = "openhands"
+    install_hint = ("install it with `make tools` (pinned, its own Python >= 3.12 venv in .tools/openhands) or: "
+                    "pip install openhands in a Python >= 3.12 venv on PATH")  # fmt: skip
+    apis = ("openai", "anthropic", "gemini")
+    offline_env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "OPENHANDS_SUPPRESS_BANNER": "1"}

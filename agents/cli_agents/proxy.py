@@ -3,8 +3,10 @@
 The CLI gets the proxy's URL and a per-session token instead of the driver's key; the proxy swaps in the
 real key, streams the answer back unchanged and records every model call (tokens in/out, cache reads and
 writes, cost, latency, status) to `llm_calls.jsonl`: the accounting does not depend on what the CLI reports.
-Speaks the Anthropic Messages API and OpenAI's Responses / Chat Completions APIs (usage from the JSON body
-or from the server-sent events).
+Speaks the Anthropic Messages API, OpenAI's Responses / Chat Completions APIs (and any OpenAI-compatible
+server) and the Gemini API (`:generateContent`, `:streamGenerateContent`), taking the CLI's token from the
+header each sends it in (`x-api-key`, `Authorization: Bearer`, `x-goog-api-key` or Gemini's `?key=`); usage
+from the JSON body or from the server-sent events.
 """
 
 from __future__ import annotations
@@ -16,15 +18,18 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit
 
 import httpx
 
 from agents.base import LLMCallEvent, LLMDriver, append_jsonl
 
-DEFAULT_UPSTREAM = {"anthropic": "https://api.anthropic.com", "openai": "https://api.openai.com/v1"}
+DEFAULT_UPSTREAM = {"anthropic": "https://api.anthropic.com", "openai": "https://api.openai.com/v1",
+                    "gemini": "https://generativelanguage.googleapis.com"}  # fmt: skip
 _HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "accept-encoding",
-                "x-api-key", "authorization", "proxy-authorization", "upgrade", "te", "trailer"}  # fmt: skip
-_MODEL_ROUTES = ("/messages", "/responses", "/chat/completions")
+                "x-api-key", "authorization", "x-goog-api-key", "proxy-authorization", "upgrade", "te",
+                "trailer"}  # fmt: skip
+_MODEL_ROUTES = ("/messages", "/responses", "/chat/completions", ":generateContent", ":streamGenerateContent")
 
 
 class UsageParser:
@@ -63,11 +68,16 @@ class UsageParser:
             self.model = response.get("model", self.model)
             self._openai(response.get("usage") or {})
             self.stop_reason = response.get("status", self.stop_reason)
-        elif kind == "message" or (kind is None and "usage" in data):  # a whole JSON body
-            self.model = data.get("model", self.model)
-            self.stop_reason = data.get("stop_reason") or self.stop_reason
-            usage = data.get("usage") or {}
-            (self._openai if "prompt_tokens" in usage or "input_tokens_details" in usage else self._anthropic)(usage)
+        elif kind is None and isinstance(data.get("candidates") or data.get("usageMetadata"), (list, dict)):
+            self._gemini(data)  # a Gemini body or stream chunk: the usage so far, the last chunk's is the total
+        elif kind == "message" or (kind is None and ("usage" in data or "choices" in data)):  # a body or chunk
+            self.model = data.get("model") or self.model
+            choice = (data.get("choices") or [{}])[0]
+            self.stop_reason = data.get("stop_reason") or choice.get("finish_reason") or self.stop_reason
+            usage = data.get("usage")
+            if isinstance(usage, dict) and usage:  # chat chunks carry `usage: null` until the last one
+                openai = "prompt_tokens" in usage or "input_tokens_details" in usage
+                (self._openai if openai else self._anthropic)(usage)
         elif kind == "response":
             self.model = data.get("model", self.model)
             self._openai(data.get("usage") or {})
@@ -79,6 +89,17 @@ class UsageParser:
                          ("cache_creation_input_tokens", "cache_write_tokens")):  # fmt: skip
             if usage.get(src) is not None:
                 self.usage[dst] = int(usage[src])
+
+    def _gemini(self, data: dict) -> None:
+        self.model = data.get("modelVersion") or self.model
+        candidate = (data.get("candidates") or [{}])[0]
+        self.stop_reason = candidate.get("finishReason") or self.stop_reason
+        usage = data.get("usageMetadata") or {}
+        if usage:
+            cached = int(usage.get("cachedContentTokenCount") or 0)
+            self.usage.update(input_tokens=int(usage.get("promptTokenCount") or 0) - cached, cache_read_tokens=cached,
+                              output_tokens=int(usage.get("candidatesTokenCount") or 0)
+                              + int(usage.get("thoughtsTokenCount") or 0))  # fmt: skip
 
     def _openai(self, usage: dict) -> None:
         prompt = usage.get("input_tokens", usage.get("prompt_tokens")) or 0
@@ -118,8 +139,10 @@ class LLMProxy:
         self._server.server_close()
         self._client.close()
 
-    def authorized(self, headers) -> bool:
-        offered = headers.get("x-api-key") or (headers.get("authorization") or "").removeprefix("Bearer ").strip()
+    def authorized(self, headers, query: dict[str, list[str]]) -> bool:
+        offered = (headers.get("x-api-key") or headers.get("x-goog-api-key")
+                   or (headers.get("authorization") or "").removeprefix("Bearer ").strip()
+                   or (query.get("key") or [""])[0])  # fmt: skip
         return secrets.compare_digest(offered or "", self.token)
 
     def upstream_headers(self, headers) -> dict[str, str]:
@@ -127,12 +150,21 @@ class LLMProxy:
         key = self.driver.api_key.get_secret_value()
         if self.driver.api == "anthropic":
             out["x-api-key"] = key
+        elif self.driver.api == "gemini":
+            out["x-goog-api-key"] = key
         else:
             out["Authorization"] = f"Bearer {key}"
         return out
 
+    def upstream_url(self, path: str) -> str:
+        """The upstream URL of a request path, without a `key` query parameter (the token goes no further)."""
+        parts = urlsplit(path)
+        query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "key"])
+        return self.upstream + parts.path + (f"?{query}" if query else "")
+
     def record(self, path: str, started: float, status: int, parser: UsageParser, error: str | None) -> None:
-        if not any(route in path for route in _MODEL_ROUTES) or "count_tokens" in path:
+        path = urlsplit(path).path
+        if not any(path.endswith(route) for route in _MODEL_ROUTES):
             return
         u = parser.usage
         cost = self.driver.cost_usd(u.get("input_tokens", 0), u.get("output_tokens", 0),
@@ -157,14 +189,14 @@ class LLMProxy:
 
             def forward(self) -> None:
                 started = time.monotonic()
-                if not proxy.authorized(self.headers):
-                    self.reply(401, {"type": "error", "error": {"type": "authentication_error",
+                if not proxy.authorized(self.headers, parse_qs(urlsplit(self.path).query)):
+                    self.reply(401, {"type": "error", "error": {"type": "authentication_error", "code": 401,
                                                                 "message": "a2rl proxy: wrong token"}})  # fmt: skip
                     return
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 parser = UsageParser()
                 try:
-                    request = proxy._client.build_request(self.command, proxy.upstream + self.path,
+                    request = proxy._client.build_request(self.command, proxy.upstream_url(self.path),
                                                           headers=proxy.upstream_headers(self.headers),
                                                           content=body or None)  # fmt: skip
                     upstream = proxy._client.send(request, stream=True)

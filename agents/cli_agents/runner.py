@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import threading
 import signal
 import subprocess
 import sys
@@ -25,11 +25,22 @@ from urllib.parse import urlparse
 from a2rl.sandbox import SandboxPolicy, wrap
 from agents.base import LLM_CALLS_FILE, TOOL_CALLS_FILE, TRANSCRIPT_FILE, AgentOptions, LLMDriver, append_jsonl
 from agents.claude_tools.prompts import task_prompt
-from agents.claude_tools.runner import SessionStopped, make_undumpable, sandbox_policy, take_harness_env
+from agents.claude_tools.runner import make_undumpable, sandbox_policy, take_harness_env
+from agents.cli_agents.adapter import OpenHands
+from agents.cli_agents.install import install_dirs
 from agents.cli_agents.proxy import LLMProxy
-from agents.cli_agents.streams import ClaudeStreamParser, CodexStreamParser, StreamParser
+from agents.cli_agents.streams import (
+    ClaudeStreamParser,
+    CodexStreamParser,
+    GeminiStreamParser,
+    OpenCodeStreamParser,
+    OpenHandsStreamParser,
+    StreamParser,
+)
 
 SUMMARY_FILE = "cli_summary.json"
+GRACE_S = 10.0
+"""How long the CLI may go on after the harness's SIGTERM (its last submission) before it is killed."""
 PREFACE = (
     "You are an autonomous machine-learning engineer working alone in this workspace: nobody will answer "
     "questions, so decide and act until the time budget is used. Keep all training code in `code/` (it is "
@@ -65,51 +76,90 @@ def codex_command(prompt: str, driver: LLMDriver, options: AgentOptions, proxy: 
                   ) -> tuple[list[str], dict[str, str]]:  # fmt: skip
     """`codex exec --json` with a model provider that points at the proxy (no web search, unlike the original)."""
     provider = {"name": "a2rl", "base_url": proxy.url, "env_key": "OPENAI_API_KEY", "wire_api": "responses"}
-    overrides = ["model_provider=a2rl", 'web_search="disabled"']
+    # No login shell for its commands: a login shell's profile resets PATH (the run's Python, its tools).
+    overrides = ["model_provider=a2rl", 'web_search="disabled"', "allow_login_shell=false"]
     overrides += [f"model_providers.a2rl.{k}={json.dumps(v)}" for k, v in provider.items()]
     argv = ["codex", "exec", "--json", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
             "-m", driver.model, *[x for o in overrides for x in ("-c", o)], *options.extra_args, prompt]  # fmt: skip
     return argv, {"OPENAI_API_KEY": proxy.token}
 
 
+def cli_home(workspace: Path, agent_id: str) -> Path:
+    """A per-session home for a CLI's settings and state, in the workspace (the only place it may write when
+    sandboxed), so that no CLI reads or writes the harness user's own configuration."""
+    home = workspace / ".a2rl-cli" / agent_id
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+def gemini_command(prompt: str, driver: LLMDriver, options: AgentOptions, proxy: LLMProxy
+                   ) -> tuple[list[str], dict[str, str]]:  # fmt: skip
+    """`gemini -p --output-format stream-json --yolo` on the Gemini API at the proxy (its key header is
+    `x-goog-api-key`); settings pick API-key auth, switch off telemetry and updates, and leave out the web
+    tools (no network but the proxy and the grader, as for codex)."""
+    home = cli_home(Path(os.environ.get("WORKSPACE", os.getcwd())), "gemini")
+    settings = {"security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
+                "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+                "telemetry": {"enabled": False}, "privacy": {"usageStatisticsEnabled": False},
+                "tools": {"exclude": ["google_web_search", "web_fetch"]}}  # fmt: skip
+    (home / ".gemini").mkdir(exist_ok=True)
+    (home / ".gemini" / "settings.json").write_text(json.dumps(settings, indent=1))
+    argv = ["gemini", "-p", prompt, "--output-format", "stream-json", "--yolo", "-m", driver.model,
+            *options.extra_args]  # fmt: skip
+    return argv, {"GEMINI_API_KEY": proxy.token, "GOOGLE_GEMINI_BASE_URL": proxy.url, "GEMINI_CLI_HOME": str(home),
+                  "GEMINI_CLI_TRUST_WORKSPACE": "true"}  # fmt: skip
+
+
+def opencode_command(prompt: str, driver: LLMDriver, options: AgentOptions, proxy: LLMProxy
+                     ) -> tuple[list[str], dict[str, str]]:  # fmt: skip
+    """`opencode run --format json` with one provider, `a2rl`, at the proxy: OpenAI-compatible Chat
+    Completions (`@ai-sdk/openai-compatible`) or Anthropic Messages, both built into opencode's binary.
+    Every tool is allowed without asking, but web fetches (no network but the proxy and the grader)."""
+    home = cli_home(Path(os.environ.get("WORKSPACE", os.getcwd())), "opencode")
+    if driver.api == "anthropic":
+        provider = {"npm": "@ai-sdk/anthropic", "options": {"baseURL": proxy.url + "/v1", "apiKey": proxy.token}}
+    else:
+        provider = {"npm": "@ai-sdk/openai-compatible", "options": {"baseURL": proxy.url, "apiKey": proxy.token}}
+    provider |= {"name": "a2rl proxy", "models": {driver.model: {"name": driver.model}}}
+    config = {"$schema": "https://opencode.ai/config.json", "autoupdate": False, "share": "disabled",
+              "model": f"a2rl/{driver.model}", "small_model": f"a2rl/{driver.model}",
+              "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny", "external_directory": "deny"},
+              "provider": {"a2rl": provider}}  # fmt: skip
+    argv = ["opencode", "run", "--format", "json", "-m", f"a2rl/{driver.model}", *options.extra_args, prompt]
+    xdg = {f"XDG_{k}_HOME": str(home / k.lower()) for k in ("CONFIG", "DATA", "CACHE", "STATE")}
+    return argv, {"OPENCODE_CONFIG_CONTENT": json.dumps(config), "OPENCODE_DISABLE_AUTOUPDATE": "1",
+                  "OPENCODE_DISABLE_LSP_DOWNLOAD": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1", **xdg}  # fmt: skip
+
+
+LITELLM_PREFIX = {"openai": "openai", "anthropic": "anthropic", "gemini": "gemini"}
+
+
+def openhands_command(prompt: str, driver: LLMDriver, options: AgentOptions, proxy: LLMProxy
+                      ) -> tuple[list[str], dict[str, str]]:  # fmt: skip
+    """`openhands --headless --json` (its own Python 3.12 venv), its LLM (LiteLLM) at the proxy in the driver's
+    API: `openai/…` (OpenAI-compatible Chat Completions), `anthropic/…` or `gemini/…`."""
+    base = proxy.url + ("/v1" if driver.api == "anthropic" else "")
+    argv = ["openhands", "--headless", "--json", "--override-with-envs", *options.extra_args, "-t", prompt]
+    # OpenHands.offline_env: LiteLLM's price table from the package, not fetched (no network but the proxy).
+    return argv, {"LLM_MODEL": f"{LITELLM_PREFIX[driver.api]}/{driver.model}", "LLM_API_KEY": proxy.token,
+                  "LLM_BASE_URL": base, **OpenHands.offline_env}  # fmt: skip
+
+
 COMMANDS = {"claude-code": (claude_code_command, ClaudeStreamParser),
-            "codex": (codex_command, CodexStreamParser)}  # fmt: skip
+            "codex": (codex_command, CodexStreamParser),
+            "gemini": (gemini_command, GeminiStreamParser),
+            "opencode": (opencode_command, OpenCodeStreamParser),
+            "openhands": (openhands_command, OpenHandsStreamParser)}  # fmt: skip
 
 
 def sandboxed(argv: list[str], env: dict[str, str], policy: SandboxPolicy, proxy: LLMProxy
               ) -> tuple[list[str], dict[str, str]]:  # fmt: skip
-    """The CLI wrapped in the sandbox: the proxy's port forwarded too, the CLI's install directories bound
-    read-only, and the proxy's token (whichever variable carries it) kept in its environment."""
+    """The CLI wrapped in the sandbox: the proxy's port forwarded too, the CLI's install directories (and what
+    it loads at run time) bound read-only, and the proxy's token (whichever variable carries it) kept."""
     policy = replace(policy, forward_ports=(*policy.forward_ports, urlparse(proxy.url).port),
                      extra_ro=(*policy.extra_ro, *install_dirs(argv[0], env.get("PATH"))),
-                     env_keep=(*policy.env_keep, *(k for k, v in env.items() if v == proxy.token)))  # fmt: skip
+                     env_keep=(*policy.env_keep, *(k for k, v in env.items() if proxy.token in v)))  # fmt: skip
     return wrap(argv, env, policy)
-
-
-def install_dirs(executable: str, path: str | None) -> list[Path]:
-    """Host directories a CLI needs to start: its command's directory, its package (for an npm package, the
-    topmost directory below node_modules with a package.json; else the directory of the command's target), and
-    the same for the interpreter its `#!` line names (node). /usr is in every sandbox anyway; neither / nor the
-    home directory is ever bound whole."""
-    found = shutil.which(executable, path=path)
-    if found is None:
-        return []
-    target = Path(found).resolve()
-    package = target.parent
-    for d in target.parents if "node_modules" in target.parts else ():
-        if d.name == "node_modules":
-            break
-        if (d / "package.json").is_file():
-            package = d
-    dirs = [Path(found).parent, package]
-    with open(found, "rb") as f:
-        line = f.readline(200)
-    words = line[2:].split() if line.startswith(b"#!") else []
-    interpreter = Path(words[-1].decode(errors="replace")).name if words else executable
-    if interpreter != executable:  # `#!/usr/bin/env node`: node's directories too
-        dirs += install_dirs(interpreter, path)
-    usr, never = Path("/usr"), {Path("/"), Path.home()}
-    return [d for d in dict.fromkeys(dirs) if d not in never and d != usr and usr not in d.parents]
 
 
 def pump(proc: subprocess.Popen, parser: StreamParser, harness: Path) -> None:
@@ -146,15 +196,27 @@ def main() -> int:
     policy = sandbox_policy(secrets)
     parser = parser_class()
 
+    stopping = threading.Event()
+    proc: subprocess.Popen | None = None
+
     def stop(signum, frame):
-        raise SessionStopped(f"signal {signum}")
+        # Keep reading the CLI's stream through its grace period: a last submission made after SIGTERM is
+        # recorded too. The harness's signal reached the CLI's group as well; if it outlives the grace, kill it.
+        if not stopping.is_set():
+            stopping.set()
+            timer = threading.Timer(GRACE_S, lambda: proc is not None and proc.poll() is None and proc.kill())
+            timer.daemon = True  # never keeps the runner alive
+            timer.start()
 
     signal.signal(signal.SIGTERM, stop)
     code, reason = 0, ""
     with LLMProxy(driver, harness / LLM_CALLS_FILE) as proxy:
         argv, extra = build(PREFACE + task_prompt(workspace, grading_tools=False), driver, options, proxy)
-        print(f"[{agent_id}] {argv[0]} {argv[1]} ... (model {driver.model}, LLM proxy {proxy.url})", flush=True)
-        env = {**os.environ, **extra}
+        argv[0] = config.get("cli") or argv[0]  # the install the adapter found (PATH or the project's prefix)
+        print(f"[{agent_id}] {Path(argv[0]).name} {argv[1]} ... (model {driver.model}, LLM proxy {proxy.url})",
+              flush=True)  # fmt: skip
+        # PWD too: some CLIs (opencode) take their project directory from it rather than from the real cwd.
+        env = {**os.environ, **extra, "PWD": str(workspace)}
         if policy is not None:
             argv, env = sandboxed(argv, env, policy, proxy)
         # Same process group as this runner (no new session): the harness's group signals reach the CLI (the
@@ -163,16 +225,12 @@ def main() -> int:
         try:
             pump(proc, parser, harness)
             code = proc.wait()
-            reason = f"the CLI exited with code {code}"
-        except SessionStopped as e:
-            reason = f"stopped by the harness ({e})"
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
+            reason = f"stopped by the harness (CLI exit code {code})" if stopping.is_set() else \
+                f"the CLI exited with code {code}"  # fmt: skip
+        finally:
+            if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        finally:
             for call in parser.finish():
                 append_jsonl(harness / TOOL_CALLS_FILE, call)
             summary = {"agent": agent_id, "reason": reason, "ended_at": datetime.now(timezone.utc).isoformat(),
@@ -180,7 +238,7 @@ def main() -> int:
                        "stream": parser.summary()}  # fmt: skip
             (harness / SUMMARY_FILE).write_text(json.dumps(summary, indent=1, default=str))
             print(f"[{agent_id}] session ended: {reason}; {proxy.calls} LLM calls, ${proxy.cost_usd:.4f}", flush=True)
-    return 0 if code == 0 else 1
+    return 0 if code == 0 or stopping.is_set() else 1
 
 
 if __name__ == "__main__":

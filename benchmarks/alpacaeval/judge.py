@@ -1,9 +1,12 @@
 """The pairwise LLM judge: a pinned prompt, temperature 0, both orders, judgements cached on disk.
 
 Any Anthropic model, or any endpoint that speaks the Anthropic Messages API (set its base URL), through
-the `anthropic` SDK. Configuration comes from the environment:
+the `anthropic` SDK; or any OpenAI-compatible Chat Completions endpoint (OpenAI, a local `vllm serve`:
+no Anthropic key needed) with `A2RL_JUDGE_API=openai`. Configuration comes from the environment:
 
 - `ANTHROPIC_API_KEY`: the key (an endpoint that needs none may be used without it);
+- `A2RL_JUDGE_API`: `anthropic` (default) or `openai` (OpenAI-compatible; key from `A2RL_JUDGE_API_KEY` or
+  `OPENAI_API_KEY`, base URL default https://api.openai.com/v1, e.g. http://gpu01:8000/v1 for vLLM);
 - `A2RL_JUDGE_BASE_URL`: a compatible endpoint; default the Anthropic API;
 - `A2RL_JUDGE_MODEL`: default `claude-sonnet-4-5`;
 - `A2RL_JUDGE_REFERENCE_MODEL`: writes reference answers where the data ships none; default the judge model;
@@ -78,6 +81,8 @@ class JudgeConfig:
 
     model: str = DEFAULT_JUDGE_MODEL
     base_url: str | None = None
+    api: Literal["anthropic", "openai"] = "anthropic"
+    """Wire protocol: Anthropic Messages, or OpenAI-compatible Chat Completions."""
     """None: the Anthropic API (or the SDK's own `ANTHROPIC_BASE_URL`)."""
     reference_model: str | None = None
     """Writes reference answers where the data has none; None: the judge model."""
@@ -90,7 +95,13 @@ class JudgeConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> JudgeConfig:
         env = os.environ if env is None else env
-        if not env.get("ANTHROPIC_API_KEY") and not env.get("A2RL_JUDGE_BASE_URL"):
+        api = (env.get("A2RL_JUDGE_API") or "anthropic").strip().lower()
+        if api not in ("anthropic", "openai"):
+            raise JudgeNotConfigured(f"A2RL_JUDGE_API={api!r}: use `anthropic` or `openai` (OpenAI-compatible)")
+        if api == "openai" and not (env.get("A2RL_JUDGE_BASE_URL") or judge_key(env, "openai")):
+            raise JudgeNotConfigured("A2RL_JUDGE_API=openai needs A2RL_JUDGE_BASE_URL (an OpenAI-compatible "
+                                     "server such as `vllm serve`) or OPENAI_API_KEY / A2RL_JUDGE_API_KEY")  # fmt: skip
+        if api == "anthropic" and not env.get("ANTHROPIC_API_KEY") and not env.get("A2RL_JUDGE_BASE_URL"):
             raise JudgeNotConfigured(
                 "the alpacaeval task is scored by an LLM judge, and none is configured: set ANTHROPIC_API_KEY "
                 f"(Anthropic API; judge model A2RL_JUDGE_MODEL, default {DEFAULT_JUDGE_MODEL}), or "
@@ -98,15 +109,23 @@ class JudgeConfig:
                 "a key); optional: A2RL_JUDGE_REFERENCE_MODEL, A2RL_JUDGE_CONCURRENCY"
             )
         base_url = env.get("A2RL_JUDGE_BASE_URL") or None
-        temperature: float | None = 0.0 if base_url else None
+        temperature: float | None = 0.0 if base_url or api == "openai" else None
         if (setting := env.get("A2RL_JUDGE_TEMPERATURE")) is not None:
             temperature = None if setting.strip().lower() in ("", "none") else float(setting)
         return cls(
             model=env.get("A2RL_JUDGE_MODEL") or DEFAULT_JUDGE_MODEL,
             base_url=base_url,
+            api=api,  # type: ignore[arg-type]
             reference_model=env.get("A2RL_JUDGE_REFERENCE_MODEL") or None,
             temperature=temperature,
         )
+
+    def identity(self) -> dict[str, Any]:
+        """What goes into a cache key: every setting (an Anthropic judge's keys predate the `api` field)."""
+        fields = asdict(self)
+        if self.api == "anthropic":
+            del fields["api"]
+        return fields
 
     @property
     def writer_model(self) -> str:
@@ -115,6 +134,7 @@ class JudgeConfig:
     def label(self) -> str:
         """Short identity for evaluator ids and reports."""
         where = f"@{self.base_url}" if self.base_url else ""
+        where = f"{where}/openai" if self.api == "openai" else where
         temperature = "" if self.temperature is None else f"/t{self.temperature:g}"
         return f"{self.model}{where}/{self.prompt_version}{temperature}/ref-{self.writer_model}"
 
@@ -140,6 +160,11 @@ class Comparison(NamedTuple):
     """Model output shown as A, reference as B."""
     reference_first: Verdict
     """Reference shown as A, model output as B."""
+
+
+def judge_key(env: Mapping[str, str], api: str) -> str | None:
+    """The judge's API key from the environment: `A2RL_JUDGE_API_KEY`, else the vendor's usual variable."""
+    return env.get("A2RL_JUDGE_API_KEY") or env.get("ANTHROPIC_API_KEY" if api == "anthropic" else "OPENAI_API_KEY")
 
 
 def parse_verdict(text: str) -> Winner | None:
@@ -201,18 +226,21 @@ class PairwiseJudge:
 
         self.config = config
         self.cache = cache or JudgeCache()
+        self.max_retries, self.timeout_s = max_retries, timeout_s
         # An endpoint without auth still needs some key for the SDK to send a request.
+        self.api_key = api_key or "no-key"
         self.client = anthropic.Anthropic(
-            api_key=api_key or "no-key", base_url=config.base_url, max_retries=max_retries, timeout=timeout_s
+            api_key=self.api_key, base_url=config.base_url, max_retries=max_retries, timeout=timeout_s
         )
 
     @classmethod
     def from_env(cls) -> PairwiseJudge:
-        return cls(JudgeConfig.from_env(), api_key=os.environ.get("ANTHROPIC_API_KEY"))
+        config = JudgeConfig.from_env()
+        return cls(config, api_key=judge_key(os.environ, config.api))
 
     def judge(self, instruction: str, output_a: str, output_b: str) -> Verdict:
         """One order: is A or B the better response to `instruction`?"""
-        key = self.cache.key("pairwise", asdict(self.config), instruction=instruction, a=output_a, b=output_b)
+        key = self.cache.key("pairwise", self.config.identity(), instruction=instruction, a=output_a, b=output_b)
         if (hit := self.cache.get(key)) is not None:
             return Verdict(parse_verdict(hit["text"]), hit["text"], True, 0, 0)
         try:
@@ -241,6 +269,8 @@ class PairwiseJudge:
         # Only what shapes the reference: a new judge prompt must not rewrite every reference.
         writer = {"model": self.config.writer_model, "base_url": self.config.base_url,
                   "temperature": self.config.temperature, "max_tokens": self.config.reference_max_tokens}  # fmt: skip
+        if self.config.api != "anthropic":
+            writer["api"] = self.config.api
         key = self.cache.key("reference", writer, version=REFERENCE_PROMPT_VERSION, instruction=instruction)
         if (hit := self.cache.get(key)) is not None:
             return hit["text"]
@@ -254,6 +284,8 @@ class PairwiseJudge:
     def _call(
         self, model: str, messages: list[dict[str, str]], max_tokens: int, system: str | None
     ) -> tuple[str, dict]:
+        if self.config.api == "openai":
+            return self._call_openai(model, messages, max_tokens, system)
         import anthropic
 
         kwargs: dict[str, Any] = {"system": system} if system else {}
@@ -270,3 +302,53 @@ class PairwiseJudge:
         text = "".join(block.text for block in response.content if getattr(block, "type", "") == "text")
         usage = {"input_tokens": response.usage.input_tokens, "output_tokens": response.usage.output_tokens}
         return text, usage
+
+    def _call_openai(
+        self, model: str, messages: list[dict[str, str]], max_tokens: int, system: str | None
+    ) -> tuple[str, dict]:
+        """One Chat Completions call, with the Anthropic SDK's retry rules: 408/409/429/5xx, timeouts and
+        dropped connections are retried with exponential backoff (honouring `retry-after`)."""
+        import time
+
+        import httpx
+
+        url = (self.config.base_url or "https://api.openai.com/v1").rstrip("/") + "/chat/completions"
+        body: dict[str, Any] = {"model": model, "max_tokens": max_tokens,
+                                "messages": ([{"role": "system", "content": system}] if system else []) + messages}
+        if self.config.temperature is not None:
+            body["temperature"] = self.config.temperature
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        error = ""
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                time.sleep(min(retry_after, 60.0) if retry_after is not None else min(0.5 * 2 ** (attempt - 1), 8.0))
+            retry_after = None
+            try:
+                response = httpx.post(url, json=body, headers=headers, timeout=self.timeout_s)
+            except httpx.HTTPError as e:
+                error = f"{type(e).__name__}: {e}"
+                continue
+            if response.status_code in (401, 403, 404):
+                raise JudgeError(f"the judge endpoint refused the request (HTTP {response.status_code}): "
+                                 f"{response.text[:300]}")  # fmt: skip
+            if response.status_code in (408, 409, 429) or response.status_code >= 500:
+                error = f"HTTP {response.status_code}: {response.text[:300]}"
+                try:
+                    retry_after = float(response.headers.get("retry-after", ""))
+                except ValueError:
+                    retry_after = None
+                continue
+            if response.status_code >= 400:
+                raise NoAnswer(f"HTTP {response.status_code}: {response.text[:300]}")
+            try:
+                data = response.json()
+                choice = data["choices"][0]
+                text = choice["message"].get("content") or ""
+            except (ValueError, KeyError, IndexError, TypeError) as e:
+                raise NoAnswer(f"an answer that is not a chat completion: {response.text[:300]}") from e
+            if choice.get("finish_reason") == "content_filter":
+                raise NoAnswer("the model refused")
+            usage = data.get("usage") or {}
+            return text, {"input_tokens": usage.get("prompt_tokens") or 0,
+                          "output_tokens": usage.get("completion_tokens") or 0}  # fmt: skip
+        raise NoAnswer(f"still failing after {self.max_retries} retries: {error}")

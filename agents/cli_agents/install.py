@@ -1,0 +1,144 @@
+"""Where a CLI agent's program is installed, what it loads at run time, and whether it starts.
+
+A CLI is looked up on PATH, then in the project-local npm prefix that `make test` / `make tools` fills
+(`.tools/npm`, pinned versions). What the sandbox must bind read-only is found from the install itself: the
+command's directory, its npm package and every package it depends on at run time (dependencies and
+optional ones such as codex's `@openai/codex-linux-x64`, resolved the way node resolves them), and the same
+for the interpreter its `#!` line names. Nothing under /usr (bound in every sandbox), and never / or the
+home directory whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+LOCAL_PREFIX = PROJECT_ROOT / ".tools" / "npm"
+"""The project-local npm prefix (git-ignored) that the Makefile installs the pinned CLIs into."""
+LOCAL_BINS = (LOCAL_PREFIX / "node_modules" / ".bin", PROJECT_ROOT / ".tools" / "openhands" / "bin")
+"""Where the project-local installs put their commands (npm's bin links; OpenHands' own venv)."""
+
+
+def search_path(path: str | None) -> str:
+    """PATH with the project-local bin directories last: a CLI installed on PATH wins."""
+    return ":".join([path or os.defpath, *map(str, LOCAL_BINS)])
+
+
+def find_cli(executable: str, path: str | None = None) -> Path | None:
+    """The command `executable` on PATH (default: this process's), else in the project-local prefix."""
+    found = shutil.which(executable, path=search_path(path if path is not None else os.environ.get("PATH")))
+    return Path(found) if found else None
+
+
+def install_dirs(command: Path | str, path: str | None = None) -> list[Path]:
+    """Host directories the CLI at `command` needs to start (see the module docstring)."""
+    found = Path(command) if os.sep in str(command) else find_cli(str(command), path)
+    if found is None or not found.exists():
+        return []
+    target = found.resolve()
+    dirs = [found.parent]
+    package = npm_package(target)
+    dirs += [package, *runtime_dependencies(package)] if package else [target.parent]
+    dirs += python_venv(found.parent.parent)
+    interpreter = shebang_interpreter(found)
+    if interpreter and Path(interpreter).name != found.name:  # `#!/usr/bin/env node`: node's directories too
+        dirs += install_dirs(interpreter, path)
+    usr, never = Path("/usr"), {Path("/"), Path.home()}
+    return [d for d in dict.fromkeys(dirs) if d not in never and d != usr and usr not in d.parents]
+
+
+def npm_package(target: Path) -> Path | None:
+    """The topmost directory below node_modules with a package.json that holds `target`, if any."""
+    if "node_modules" not in target.parts:
+        return None
+    package = None
+    for d in target.parents:
+        if d.name == "node_modules":
+            break
+        if (d / "package.json").is_file():
+            package = d
+    return package
+
+
+def runtime_dependencies(package: Path) -> list[Path]:
+    """Installed packages `package` may load: its dependencies and optional dependencies, transitively,
+    each resolved as node does (`node_modules/NAME` in the package, then in each directory above)."""
+    seen: dict[Path, None] = {}
+    todo = [package]
+    while todo:
+        pkg = todo.pop()
+        try:
+            manifest = json.loads((pkg / "package.json").read_text())
+        except (OSError, ValueError):
+            continue
+        names = {**(manifest.get("dependencies") or {}), **(manifest.get("optionalDependencies") or {})}
+        for name in names:
+            dep = resolve_package(pkg, name)
+            if dep is None or dep in seen or dep == package:
+                continue
+            # A linked package (npm link, pnpm) is bound at its link's path and at its target, which node
+            # loads it from.
+            seen.update(dict.fromkeys([dep, dep.resolve()]))
+            todo.append(dep.resolve())
+    return list(seen)
+
+
+def resolve_package(start: Path, name: str) -> Path | None:
+    for d in (start, *start.parents):
+        candidate = d / "node_modules" / name
+        if (candidate / "package.json").is_file():
+            return candidate
+    return None
+
+
+def python_venv(root: Path) -> list[Path]:
+    """A Python venv's directory and its base interpreter's prefix (the standard library), for a command in
+    its bin/ (OpenHands' own venv); [] if `root` is no venv."""
+    try:
+        lines = (root / "pyvenv.cfg").read_text().splitlines()
+    except OSError:
+        return []
+    config = {k.strip(): v.strip() for k, _, v in (line.partition("=") for line in lines)}
+    home = Path(config.get("home") or "/")
+    return [root, home.parent] if home.is_absolute() and home != Path("/") else [root]
+
+
+def shebang_interpreter(command: Path) -> str | None:
+    """The program a script's `#!` line runs: a path (`/opt/venv/bin/python`) or a name looked up on PATH
+    (`node` for `#!/usr/bin/env node`); None for a binary."""
+    try:
+        with open(command, "rb") as f:
+            line = f.readline(400)
+    except OSError:
+        return None
+    words = line[2:].split() if line.startswith(b"#!") else []
+    if not words:
+        return None
+    program = words[-1].decode(errors="replace")
+    return program if Path(program).is_absolute() and Path(words[0].decode()).name != "env" else Path(program).name
+
+
+def check_starts(argv: list[str], env: dict[str, str], sandbox=None, timeout_s: float = 60.0) -> str | None:
+    """Run `argv` (a CLI's `--version`) as the session would run it, in the sandbox `sandbox` (a
+    `SandboxPolicy`, with the CLI's install directories bound) or on the host; None if it exits 0, else one
+    line saying why it cannot start."""
+    from a2rl.sandbox import wrap
+
+    if sandbox is not None:
+        sandbox = replace(sandbox, extra_ro=(*sandbox.extra_ro, *install_dirs(argv[0], env.get("PATH"))))
+        argv, env = wrap(argv, env, sandbox)
+    try:
+        done = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s,
+                              cwd=sandbox.workspace if sandbox is not None else None)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"`{' '.join(argv[-2:])}` did not run: {e}"
+    if done.returncode == 0:
+        return None
+    last = (done.stderr or done.stdout).decode(errors="replace").strip().splitlines()
+    why = next((line.strip() for line in reversed(last) if "Error" in line), last[-1] if last else "")
+    return f"exit code {done.returncode}: {why[:300]}"
