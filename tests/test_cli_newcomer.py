@@ -1,0 +1,262 @@
+"""A newcomer's mistakes, through the real `a2rl` command line: each answers with one line on stderr, exit 2,
+no traceback and no run spent; failures inside a run end its row `failed` with a class; a terminal shows a
+live progress display (issue #15)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from sandbox_support import needs_bwrap
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PREFECT_API_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "A2RL_NARRATIVE_MODEL",
+                        "A2RL_DEBUG")}  # fmt: skip
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")  # no server, no saved block: nothing is started
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PATH"] = f"{Path(sys.executable).parent}:/usr/bin:/bin"  # no `claude`, no `codex`
+    return env | extra
+
+
+def a2rl(args: list[str], env: dict[str, str], timeout: float = 120, prefix: list[str] | None = None):
+    return subprocess.run([*(prefix or []), sys.executable, "-m", "a2rl.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout, cwd=env.get("A2RL_TEST_CWD"))  # fmt: skip
+
+
+def assert_one_line(proc, rc: int, *needles: str) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == rc, proc.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("a2rl: "), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+ONLINE_BUT_NO_NETWORK = {"HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0",
+                         "HF_ENDPOINT": "http://127.0.0.1:9"}  # a closed local port: refused at once
+# Each row: the mistake (extra arguments, extra environment) and words the one line must contain.
+PREFLIGHT_ROWS = {
+    "negative budget": (["--budget", "-5"], {}, ["--budget", "-5"]),
+    "absolute path that does not exist": (["--base-model", "/path/that/does/not/exist"], {},
+                                          ["no such local directory"]),
+    "relative path under an existing dir": (["--base-model", "models/nope"], {"MKDIR": "models"},
+                                            ["no such local directory"]),
+    "relative path, no such dir, offline": (["--base-model", "models/nope"], {},
+                                            ["neither a local directory nor a hub model", "HF_HUB_OFFLINE"]),
+    "hub id, hub off": (["--base-model", "Qwen/Qwen2.5-0.5B"], {}, ["nor a hub model in the cache", "HF_HUB_OFFLINE"]),
+    "hub id, hub unreachable": (["--base-model", "Qwen/Qwen2.5-0.5B"], ONLINE_BUT_NO_NETWORK, ["not reachable"]),
+    "full variant, hub off": (["--variant", "full"], {}, ["--variant full", "--variant offline"]),
+    "full variant, hub unreachable": (["--variant", "full"], ONLINE_BUT_NO_NETWORK, ["nor reachable", "--variant offline"]),
+    "driver without key or block": (["--agent", "claude-tools", "--driver", "claude-sonnet-4-5"], {},
+                                    ["ANTHROPIC_API_KEY", "a2rl drivers add"]),
+    "LLM agent without driver": (["--agent", "claude-tools"], {}, ["needs a driver LLM", "--driver"]),
+    "claude-code without claude": (["--agent", "claude-code", "--driver", "m"], {"ANTHROPIC_API_KEY": "k"},
+                                   ["`claude`", "npm install"]),
+    "codex with an Anthropic driver": (["--agent", "codex", "--driver", "m"], {"ANTHROPIC_API_KEY": "k"},
+                                       ["openai", "anthropic"]),
+    "narrative model without key": ([], {"A2RL_NARRATIVE_MODEL": "claude-x"}, ["A2RL_NARRATIVE_MODEL"]),
+    "scripted agent given a driver": (["--driver", "m"], {}, ["scripted", "drop --driver"]),
+    "unknown agent": (["--agent", "nope"], {}, ["unknown agent", "a2rl agents"]),
+    "zero submissions": (["--max-submissions", "0"], {}, ["--max-submissions"]),
+}
+
+
+@pytest.mark.parametrize("row", list(PREFLIGHT_ROWS))
+def test_each_mistake_gives_one_line_exit_2_and_spends_nothing(row, tmp_path):
+    args, extra, needles = PREFLIGHT_ROWS[row]
+    extra = dict(extra)
+    if mkdir := extra.pop("MKDIR", None):
+        (tmp_path / mkdir).mkdir()
+    env = cli_env(tmp_path, A2RL_TEST_CWD=str(tmp_path), **extra)
+    results = tmp_path / "out" / "a.duckdb"
+    proc = a2rl(["run", *args, "--results", str(results)], env)
+    assert_one_line(proc, 2, *needles)
+    assert not results.exists() and not (tmp_path / "out").exists()  # no row, no run directory, nothing made
+    assert not (tmp_path / "prefect" / "prefect.db").exists()  # and no Prefect server was started
+
+
+@pytest.mark.parametrize("where", ["under a file", "/proc", "read-only mount"])
+def test_an_unwritable_results_location_gives_one_line(where, tmp_path):
+    env = cli_env(tmp_path)
+    prefix = None
+    if where == "under a file":
+        (tmp_path / "afile").write_text("x")
+        results = tmp_path / "afile" / "sub" / "a.duckdb"
+    elif where == "/proc":
+        results = Path("/proc/a2rl/a.duckdb")
+    else:
+        if (problem := _bwrap_problem()) is not None:
+            pytest.skip(problem)
+        (tmp_path / "ro").mkdir()
+        results = tmp_path / "ro" / "a.duckdb"
+        prefix = ["bwrap", "--bind", "/", "/", "--ro-bind", str(tmp_path / "ro"), str(tmp_path / "ro"),
+                  "--dev", "/dev", "--proc", "/proc", "--"]  # fmt: skip
+    line = assert_one_line(a2rl(["run", "--results", str(results)], env, prefix=prefix), 2, "--results")
+    assert "writ" in line or "is a file" in line
+
+
+def _bwrap_problem() -> str | None:
+    from sandbox_support import bwrap_problem
+
+    return bwrap_problem()
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    proc = a2rl(["run", "--budget", "-5", "--debug"], cli_env(tmp_path))
+    assert proc.returncode == 2 and "Traceback" in proc.stderr and "PreflightError" in proc.stderr
+    proc = a2rl(["run", "--budget", "-5"], cli_env(tmp_path, A2RL_DEBUG="1"))
+    assert proc.returncode == 2 and "Traceback" in proc.stderr
+
+
+def test_agents_and_help_say_what_each_agent_needs(tmp_path):
+    env = cli_env(tmp_path)
+    out = a2rl(["agents"], env).stdout
+    for agent_id in ("reference-sft", "claude-tools", "claude-code", "codex"):
+        assert agent_id in out
+    assert "`claude` on PATH" in out and "openai API" in out and "scripted" in out
+    help_text = " ".join(a2rl(["run", "--help"], env).stdout.split())
+    assert "need --driver: claude-code, claude-tools, codex" in help_text and "--strict-mode" in help_text
+
+
+def test_drivers_add_list_rm_round_trip(tmp_path):
+    """Saved into the local Prefect server's database; the key comes from a variable and is never printed."""
+    env = cli_env(tmp_path, MY_KEY="sk-test-SECRET-42")
+    add = a2rl(["drivers", "add", "sonnet", "--model", "claude-sonnet-4-5", "--key-env", "MY_KEY",
+                "--input-usd-per-mtok", "3", "--output-usd-per-mtok", "15"], env, timeout=240)  # fmt: skip
+    assert add.returncode == 0, add.stderr[-2000:]
+    assert "with an API key" in add.stdout and "SECRET" not in add.stdout + add.stderr
+    again = a2rl(["drivers", "add", "sonnet", "--model", "x"], env, timeout=240)
+    assert_one_line(again, 2, "--force")
+    listed = a2rl(["drivers", "list"], env, timeout=240)
+    assert "sonnet" in listed.stdout and "claude-sonnet-4-5" in listed.stdout and "SECRET" not in listed.stdout
+    # The saved block is what a run's preflight resolves (no key in the environment).
+    proc = a2rl(["run", "--agent", "claude-code", "--driver", "sonnet", "--results", str(tmp_path / "a.duckdb")],
+                env, timeout=240)  # fmt: skip
+    assert_one_line(proc, 2, "`claude`")
+    assert a2rl(["drivers", "rm", "sonnet"], env, timeout=240).returncode == 0
+    assert "no saved drivers" in a2rl(["drivers", "list"], env, timeout=240).stdout
+
+
+def test_a_failure_inside_the_run_gives_one_line_and_a_failed_row(tiny_model_dir, tmp_path):
+    """A checkpoint that passes the preflight (config.json is there) but cannot be loaded: the run fails in
+    its baseline; the terminal gets one line naming the phase, the report and the log with the traceback."""
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    for f in tiny_model_dir.iterdir():
+        if f.is_file() and f.suffix != ".safetensors":
+            (broken / f.name).write_bytes(f.read_bytes())
+    results = tmp_path / "a.duckdb"
+    proc = a2rl(["run", "--base-model", str(broken), "--results", str(results), "--val-limit", "1", "--test-limit",
+                 "1", "--sandbox", "off"], cli_env(tmp_path), timeout=300)  # fmt: skip
+    line = assert_one_line(proc, 1, "failed", "report", "log")
+    with duckdb.connect(str(results), read_only=True) as db:
+        status, error, failure_class, harness = db.execute(
+            "SELECT status, error, failure_class, harness_dir FROM runs").fetchone()
+    assert status == "failed" and failure_class == "infrastructure failure"
+    phase = error.split(" in ", 1)[1].split(":", 1)[0]
+    assert phase in ("provision", "baseline") and f"in {phase}" in line
+    assert "Traceback" in (Path(harness) / "run.log").read_text()
+    assert str(Path(harness) / "report.md") in line and (Path(harness) / "report.md").exists()
+
+
+def test_a_failure_while_recording_a_failure_still_ends_the_row_failed(prefect_harness, tiny_model_dir, tmp_path,
+                                                                       monkeypatch):  # fmt: skip
+    """`--variant full` offline, started around the CLI (as a deployment would): the flow's own preflight stops
+    it, and the leak audit of the failure report cannot load the data either. The row must not stay `running`."""
+    from a2rl.preflight import PreflightError
+    from flows.benchmark_run import benchmark_run
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    results = tmp_path / "a.duckdb"
+    with pytest.raises(PreflightError, match="--variant full"):
+        benchmark_run(variant="full", base_model=str(tiny_model_dir), results=results, val_limit=1, test_limit=1)
+    with duckdb.connect(str(results), read_only=True) as db:
+        status, error, failure_class = db.execute("SELECT status, error, failure_class FROM runs").fetchone()
+    assert status == "failed" and failure_class == "infrastructure failure"
+    assert error.startswith("PreflightError in preflight") and "while recording it" in error
+
+
+def test_an_agent_that_never_started_makes_the_run_failed(prefect_harness, tiny_model_dir, tmp_path, monkeypatch):
+    """claude-code with no `claude` on PATH, started around the CLI: failed (infrastructure), not completed."""
+    from a2rl.preflight import PreflightError
+    from flows.benchmark_run import benchmark_run
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:/usr/bin:/bin")
+    results = tmp_path / "a.duckdb"
+    with pytest.raises(PreflightError, match="`claude`"):
+        benchmark_run(agent="claude-code", driver="m", base_model=str(tiny_model_dir), results=results,
+                      val_limit=1, test_limit=1)  # fmt: skip
+    with duckdb.connect(str(results), read_only=True) as db:
+        status, failure_class = db.execute("SELECT status, failure_class FROM runs").fetchone()
+    assert (status, failure_class) == ("failed", "infrastructure failure")
+
+
+def test_did_not_start_reads_a_launch_error_as_the_harness_failure(tmp_path):
+    from a2rl.records import RunConfig
+    from a2rl.run import RunContext
+    from a2rl.workspace import RunPaths
+    from agents import SessionOutcome
+    from flows.benchmark_run import did_not_start
+
+    ctx = RunContext(run_id="r", config=RunConfig(agent="claude-tools", driver="m"),
+                     paths=RunPaths.for_run(tmp_path, "r"), results_path=tmp_path / "a.duckdb")  # fmt: skip
+    ctx.paths.create()
+    launch = SessionOutcome(exit_code=None, ended_by="launch-error", agent_seconds=0, wall_seconds=0, error="no CLI")
+    assert "could not be launched: no CLI" in did_not_start(ctx, launch)
+    quit_at_once = SessionOutcome(exit_code=1, ended_by="exited", agent_seconds=2, wall_seconds=2)
+    assert "without one successful LLM call" in did_not_start(ctx, quit_at_once)
+    (ctx.paths.harness_dir / "llm_calls.jsonl").write_text(json.dumps({"call": 1, "output_tokens": 12}) + "\n")
+    assert did_not_start(ctx, quit_at_once) is None  # it worked, then stopped: the agent's own result
+
+
+def test_progress_display_updates_on_a_terminal(tiny_model_dir, tmp_path):
+    """`a2rl run` on a pty draws a live display: phases, baseline items, and the agent's clock moving."""
+    env = cli_env(tmp_path, A2RL_SFT_TRAIN_S="60", A2RL_SFT_MAX_STEPS="200", COLUMNS="160", LINES="40")
+    cmd = [sys.executable, "-m", "a2rl.cli", "run", "--base-model", str(tiny_model_dir), "--budget", "60",
+           "--val-limit", "1", "--test-limit", "1", "--results", str(tmp_path / "a.duckdb"), "--sandbox", "off"]  # fmt: skip
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(cmd, env=env, stdin=follower, stdout=follower, stderr=follower, close_fds=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    os.close(follower)
+    screen, clock_readings = "", set()
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and len(clock_readings) < 3:
+            if select.select([leader], [], [], 1.0)[0]:
+                try:
+                    screen += os.read(leader, 65536).decode("utf-8", "replace")
+                except OSError:
+                    break
+            clock_readings |= set(_agent_clock_readings(screen))
+        assert len(clock_readings) >= 3, screen[-3000:]
+        assert "evaluating the base model" in screen and "/2 items" in screen and "agent session" in screen
+        assert "\x1b[" in screen  # drawn in place with terminal control sequences, not printed line after line
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        os.close(leader)
+
+
+def _agent_clock_readings(screen: str) -> list[str]:
+    import re
+
+    return re.findall(r"(\d+)/60 s", screen)
