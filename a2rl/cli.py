@@ -127,14 +127,13 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
     import logging
     import tempfile
 
-    from a2rl.display import RunDisplay
+    from a2rl.display import RunDisplay, set_prefect_console_level
     from a2rl.progress import ANNOUNCE_ENV, read_announced
 
-    level = "CRITICAL" if args.log_level == "off" else args.log_level.upper()
-    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", level)  # also reaches Prefect's subprocesses
+    set_prefect_console_level(args.log_level)
     from flows.benchmark_run import benchmark_run
 
-    _console_log_level(level)
+    set_prefect_console_level(args.log_level)
     logging.captureWarnings(True)  # library warnings go to the run's log, not between the display's lines
     announce = Path(tempfile.mkdtemp(prefix="a2rl-run-")) / "announce.json"
     os.environ[ANNOUNCE_ENV] = str(announce)
@@ -175,19 +174,6 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
     if summary.status != "completed":
         print(f"a2rl: run {summary.run_id} {summary.status}: {summary.error}", file=sys.stderr)
     return 0 if summary.status == "completed" else 1
-
-
-def _console_log_level(level: str) -> None:
-    """Prefect's console handlers at `level`; its loggers stay at theirs, so the run's log file gets every line."""
-    import logging
-
-    from prefect.logging.handlers import PrefectConsoleHandler
-
-    loggers = [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger))]
-    for logger in loggers:
-        for handler in logger.handlers:
-            if isinstance(handler, PrefectConsoleHandler):
-                handler.setLevel(level)
 
 
 def _one_line(e: object) -> str:

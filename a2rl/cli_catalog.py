@@ -114,6 +114,9 @@ def _arg_type(annotation) -> tuple[typing.Callable | None, list | None]:
 
 
 def cmd_drivers(args: argparse.Namespace) -> int:
+    from a2rl.display import set_prefect_console_level
+
+    set_prefect_console_level("off")  # the server's start and stop lines are not what the user asked for
     return {"add": _drivers_add, "list": _drivers_list, "rm": _drivers_rm}[args.action](args)
 
 
@@ -142,7 +145,7 @@ def _drivers_add(args: argparse.Namespace) -> int:
 
 def _saved_drivers():
     from prefect.client.orchestration import get_client
-    from prefect.exceptions import ObjectNotFound
+    from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 
     from a2rl.preflight import saved_blocks_possible
     from blocks import DriverConfig
@@ -152,7 +155,9 @@ def _saved_drivers():
     with get_client(sync_client=True) as client:
         try:
             return client.read_block_documents_by_type(DriverConfig.get_block_type_slug(), include_secrets=False)
-        except ObjectNotFound:  # the block type was never registered: nothing saved
+        except (ObjectNotFound, PrefectHTTPStatusError) as e:  # 404: the block type was never registered
+            if isinstance(e, PrefectHTTPStatusError) and e.response.status_code != 404:
+                raise
             return []
 
 

@@ -6,6 +6,8 @@ process or elsewhere, and it cannot slow the run down by more than a few file re
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 import threading
 import time
@@ -103,3 +105,19 @@ class RunDisplay:
 def _bar(done: float, total: float, width: int = 20) -> str:
     filled = int(width * min(1.0, done / total)) if total else 0
     return "█" * filled + "░" * (width - filled)
+
+
+def set_prefect_console_level(level: str) -> None:
+    """Prefect's console lines at `level` ("off" = none). Its loggers keep their levels, so a run's log file
+    still gets every line. Set before and after Prefect is imported: its subprocesses read the variable."""
+    level = "CRITICAL" if level.lower() == "off" else level.upper()
+    os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = level
+    if "prefect" not in sys.modules:
+        return
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger))]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, PrefectConsoleHandler):
+                handler.setLevel(level)

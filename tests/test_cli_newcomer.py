@@ -133,26 +133,37 @@ def test_agents_and_help_say_what_each_agent_needs(tmp_path):
     assert "need --driver: claude-code, claude-tools, codex" in help_text and "--strict-mode" in help_text
 
 
-def test_drivers_add_list_rm_round_trip(tmp_path):
-    """Saved into the local Prefect server's database; the key comes from a variable and is never printed."""
-    env = cli_env(tmp_path, MY_KEY="sk-test-SECRET-42")
-    add = a2rl(["drivers", "add", "sonnet", "--model", "claude-sonnet-4-5", "--key-env", "MY_KEY",
-                "--input-usd-per-mtok", "3", "--output-usd-per-mtok", "15"], env, timeout=240)  # fmt: skip
-    assert add.returncode == 0, add.stderr[-2000:]
-    assert "with an API key" in add.stdout and "SECRET" not in add.stdout + add.stderr
-    again = a2rl(["drivers", "add", "sonnet", "--model", "x"], env, timeout=240)
-    assert_one_line(again, 2, "--force")
-    listed = a2rl(["drivers", "list"], env, timeout=240)
-    assert "sonnet" in listed.stdout and "claude-sonnet-4-5" in listed.stdout and "SECRET" not in listed.stdout
-    # The saved block is what a run's preflight resolves (no key in the environment).
-    proc = a2rl(["run", "--agent", "claude-code", "--driver", "sonnet", "--results", str(tmp_path / "a.duckdb")],
-                env, timeout=240)  # fmt: skip
-    assert_one_line(proc, 2, "`claude`")
-    assert a2rl(["drivers", "rm", "sonnet"], env, timeout=240).returncode == 0
-    assert "no saved drivers" in a2rl(["drivers", "list"], env, timeout=240).stdout
+def test_drivers_add_list_rm_round_trip(prefect_harness, tmp_path, monkeypatch, capsys):
+    """Saved as DriverConfig blocks on the Prefect server in use; the key comes from a variable and is never
+    printed; a run's preflight resolves the saved block (no key in the environment)."""
+    from a2rl.cli import main
+
+    monkeypatch.setenv("MY_KEY", "sk-test-SECRET-42")
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:/usr/bin:/bin")
+    add = ["drivers", "add", "sonnet", "--model", "claude-sonnet-4-5", "--key-env", "MY_KEY",
+           "--input-usd-per-mtok", "3", "--output-usd-per-mtok", "15"]  # fmt: skip
+    assert main(add) == 0
+    assert main(["drivers", "add", "sonnet", "--model", "x"]) == 2  # no silent replacement
+    assert main(["drivers", "list"]) == 0
+    out, err = capsys.readouterr()
+    assert "with an API key" in out and "--force" in err and "SECRET" not in out + err
+    assert "sonnet" in out and "claude-sonnet-4-5" in out and "input_usd_per_mtok=3.0" in out
+    assert main(["run", "--agent", "claude-code", "--driver", "sonnet", "--results", str(tmp_path / "a.db")]) == 2
+    assert "`claude`" in capsys.readouterr().err  # the driver resolved; the missing CLI is what is wrong
+    assert main(["drivers", "rm", "sonnet"]) == 0
+    main(["drivers", "list"])
+    assert "no saved drivers" in capsys.readouterr().out
 
 
-def test_a_failure_inside_the_run_gives_one_line_and_a_failed_row(tiny_model_dir, tmp_path):
+def harness_api_url() -> dict[str, str]:
+    """The session's Prefect test server, for CLI subprocesses (saves each one starting its own)."""
+    from prefect.settings import PREFECT_API_URL
+
+    return {"PREFECT_API_URL": PREFECT_API_URL.value()}
+
+
+def test_a_failure_inside_the_run_gives_one_line_and_a_failed_row(prefect_harness, tiny_model_dir, tmp_path):
     """A checkpoint that passes the preflight (config.json is there) but cannot be loaded: the run fails in
     its baseline; the terminal gets one line naming the phase, the report and the log with the traceback."""
     broken = tmp_path / "broken-model"
@@ -162,7 +173,7 @@ def test_a_failure_inside_the_run_gives_one_line_and_a_failed_row(tiny_model_dir
             (broken / f.name).write_bytes(f.read_bytes())
     results = tmp_path / "a.duckdb"
     proc = a2rl(["run", "--base-model", str(broken), "--results", str(results), "--val-limit", "1", "--test-limit",
-                 "1", "--sandbox", "off"], cli_env(tmp_path), timeout=300)  # fmt: skip
+                 "1", "--sandbox", "off"], cli_env(tmp_path, **harness_api_url()), timeout=300)  # fmt: skip
     line = assert_one_line(proc, 1, "failed", "report", "log")
     with duckdb.connect(str(results), read_only=True) as db:
         status, error, failure_class, harness = db.execute(
@@ -225,9 +236,10 @@ def test_did_not_start_reads_a_launch_error_as_the_harness_failure(tmp_path):
     assert did_not_start(ctx, quit_at_once) is None  # it worked, then stopped: the agent's own result
 
 
-def test_progress_display_updates_on_a_terminal(tiny_model_dir, tmp_path):
+def test_progress_display_updates_on_a_terminal(prefect_harness, tiny_model_dir, tmp_path):
     """`a2rl run` on a pty draws a live display: phases, baseline items, and the agent's clock moving."""
-    env = cli_env(tmp_path, A2RL_SFT_TRAIN_S="60", A2RL_SFT_MAX_STEPS="200", COLUMNS="160", LINES="40")
+    env = cli_env(tmp_path, A2RL_SFT_TRAIN_S="60", A2RL_SFT_MAX_STEPS="200", COLUMNS="160", LINES="40",
+                  **harness_api_url())
     cmd = [sys.executable, "-m", "a2rl.cli", "run", "--base-model", str(tiny_model_dir), "--budget", "60",
            "--val-limit", "1", "--test-limit", "1", "--results", str(tmp_path / "a.duckdb"), "--sandbox", "off"]  # fmt: skip
     leader, follower = pty.openpty()
