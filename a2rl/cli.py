@@ -14,6 +14,7 @@ DEFAULT_RESULTS = "results/a2rl.duckdb"
 def _quiet_defaults() -> None:
     """Settings that make a local run work offline and start reliably on a small machine."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")  # Prefect's client-side telemetry, and its notice on a terminal
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -396,7 +397,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         from a2rl.store import ResultsStore
 
         df = ResultsStore(Path(args.results)).query(
-            "SELECT run_id, status, task, agent, mode, seed, round(delta_test, 2) AS delta_test, "
+            "SELECT run_id, status, task, agent, mode, (SELECT count(*) FROM mode_violations v "
+            "WHERE v.run_id = runs.run_id) AS mode_breaches, seed, round(delta_test, 2) AS delta_test, "
             "strftime(started_at, '%Y-%m-%d %H:%M') AS started FROM runs ORDER BY started_at DESC LIMIT ?",
             [args.limit],
         )

@@ -32,7 +32,9 @@ class AgentInfo:
     def needs(self) -> str:
         if self.driver_api is None:
             return "nothing (scripted; no --driver)"
-        needs = [f"--driver speaking the {self.driver_api} API (a model id + ANTHROPIC_API_KEY, or `a2rl drivers add`)"]
+        how = ("a model id with ANTHROPIC_API_KEY, or a saved driver" if self.driver_api == "anthropic"
+               else f"a saved driver: a2rl drivers add NAME --model M --api {self.driver_api} --key-env VAR")
+        needs = [f"--driver speaking the {self.driver_api} API ({how})"]
         if self.program:
             needs.append(f"`{self.program}` on PATH" + (f" ({self.install_hint})" if self.install_hint else ""))
         return "; ".join(needs)
@@ -44,11 +46,16 @@ def agent_infos() -> list[AgentInfo]:
     infos = []
     for agent_id in list_agents():
         cls = agent_class(agent_id)
-        doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip().splitlines()
         api = getattr(cls, "api", None) or ("anthropic" if cls.uses_llm else None)
-        infos.append(AgentInfo(agent_id, doc[0] if doc else "", api if cls.uses_llm else None,
+        infos.append(AgentInfo(agent_id, _first_sentence(cls), api if cls.uses_llm else None,
                                getattr(cls, "executable", None), getattr(cls, "install_hint", None)))  # fmt: skip
     return infos
+
+
+def _first_sentence(cls: type, limit: int = 120) -> str:
+    doc = " ".join((cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").split())
+    sentence = doc.split(". ")[0].rstrip(".")
+    return sentence if len(sentence) <= limit else sentence[: limit - 3] + "..."
 
 
 def agents_help() -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import select
 import signal
 import subprocess
@@ -69,6 +70,7 @@ PREFLIGHT_ROWS = {
                                    ["`claude`", "npm install"]),
     "codex with an Anthropic driver": (["--agent", "codex", "--driver", "m"], {"ANTHROPIC_API_KEY": "k"},
                                        ["openai", "anthropic"]),
+    "judged task without a judge": (["--task", "alpacaeval"], {}, ["judge", "ANTHROPIC_API_KEY"]),
     "narrative model without key": ([], {"A2RL_NARRATIVE_MODEL": "claude-x"}, ["A2RL_NARRATIVE_MODEL"]),
     "scripted agent given a driver": (["--driver", "m"], {}, ["scripted", "drop --driver"]),
     "unknown agent": (["--agent", "nope"], {}, ["unknown agent", "a2rl agents"]),
@@ -128,7 +130,7 @@ def test_agents_and_help_say_what_each_agent_needs(tmp_path):
     out = a2rl(["agents"], env).stdout
     for agent_id in ("reference-sft", "claude-tools", "claude-code", "codex"):
         assert agent_id in out
-    assert "`claude` on PATH" in out and "openai API" in out and "scripted" in out
+    assert "`claude` on PATH" in out and "openai API (a saved driver: a2rl drivers add" in out and "scripted" in out
     help_text = " ".join(a2rl(["run", "--help"], env).stdout.split())
     assert "need --driver: claude-code, claude-tools, codex" in help_text and "--strict-mode" in help_text
 
@@ -236,39 +238,46 @@ def test_did_not_start_reads_a_launch_error_as_the_harness_failure(tmp_path):
     assert did_not_start(ctx, quit_at_once) is None  # it worked, then stopped: the agent's own result
 
 
-def test_progress_display_updates_on_a_terminal(prefect_harness, tiny_model_dir, tmp_path):
-    """`a2rl run` on a pty draws a live display: phases, baseline items, and the agent's clock moving."""
-    env = cli_env(tmp_path, A2RL_SFT_TRAIN_S="60", A2RL_SFT_MAX_STEPS="200", COLUMNS="160", LINES="40",
-                  **harness_api_url())
-    cmd = [sys.executable, "-m", "a2rl.cli", "run", "--base-model", str(tiny_model_dir), "--budget", "60",
-           "--val-limit", "1", "--test-limit", "1", "--results", str(tmp_path / "a.duckdb"), "--sandbox", "off"]  # fmt: skip
+def test_progress_display_and_mode_breaches_on_a_terminal(prefect_harness, tiny_model_dir, tmp_path):
+    """`a2rl run --mode rl-only --agent reference-sft` on a pty: a live display (phases, baseline items, the
+    agent's clock moving, submissions) and the SFT submission's mode breach in the display, the summary, the
+    report's headline table and `a2rl status`."""
+    env = cli_env(tmp_path, A2RL_SFT_TRAIN_S="4", A2RL_SFT_MAX_STEPS="4", A2RL_SFT_BATCH_SIZE="4",
+                  A2RL_SFT_MAX_LENGTH="512", COLUMNS="160", LINES="40", **harness_api_url())  # fmt: skip
+    results = tmp_path / "a.duckdb"
+    cmd = [sys.executable, "-m", "a2rl.cli", "run", "--base-model", str(tiny_model_dir), "--budget", "45",
+           "--val-limit", "1", "--test-limit", "1", "--mode", "rl-only", "--results", str(results),
+           "--sandbox", "off"]  # fmt: skip
     leader, follower = pty.openpty()
-    proc = subprocess.Popen(cmd, env=env, stdin=follower, stdout=follower, stderr=follower, close_fds=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdin=follower, stdout=follower, stderr=follower, close_fds=True)
     os.close(follower)
-    screen, clock_readings = "", set()
-    deadline = time.monotonic() + 240
+    screen = ""
     try:
-        while time.monotonic() < deadline and len(clock_readings) < 3:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:
             if select.select([leader], [], [], 1.0)[0]:
                 try:
-                    screen += os.read(leader, 65536).decode("utf-8", "replace")
-                except OSError:
+                    chunk = os.read(leader, 65536)
+                except OSError:  # the CLI exited and closed the terminal
                     break
-            clock_readings |= set(_agent_clock_readings(screen))
-        assert len(clock_readings) >= 3, screen[-3000:]
-        assert "evaluating the base model" in screen and "/2 items" in screen and "agent session" in screen
-        assert "\x1b[" in screen  # drawn in place with terminal control sequences, not printed line after line
+                if not chunk:
+                    break
+                screen += chunk.decode("utf-8", "replace")
+        assert proc.wait(timeout=60) == 0, screen[-3000:]
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
+        if proc.poll() is None:
             proc.kill()
         os.close(leader)
-
-
-def _agent_clock_readings(screen: str) -> list[str]:
-    import re
-
-    return re.findall(r"(\d+)/60 s", screen)
+    (tmp_path / "screen.txt").write_text(screen)  # for a failure's post-mortem
+    clock_readings = set(re.findall(r"(\d+)/45 s", screen))
+    assert len(clock_readings) >= 3, screen[-3000:]  # the agent's clock moved on screen
+    assert "\x1b[" in screen  # drawn in place with terminal control sequences, not printed line after line
+    for shown in ("evaluating the base model", "2/2 items", "agent session", "graded: #1",
+                  "1 submission(s) broke the mode", "mode rl-only: 1 of 1 submissions BROKE THE MODE"):
+        assert shown in screen, shown
+    with duckdb.connect(str(results), read_only=True) as db:
+        status, harness = db.execute("SELECT status, harness_dir FROM runs").fetchone()
+    assert status == "completed"
+    assert "| mode breaches (mode rl-only) | **1** of 1 submissions |" in (Path(harness) / "report.md").read_text()
+    table = a2rl(["status", "--results", str(results)], env).stdout
+    assert "mode_breaches" in table and "│ rl-only │ 1 " in table
