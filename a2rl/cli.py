@@ -399,9 +399,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         df = ResultsStore(Path(args.results)).query(
             "SELECT run_id, status, task, agent, mode, (SELECT count(*) FROM mode_violations v "
             "WHERE v.run_id = runs.run_id) AS mode_breaches, seed, round(delta_test, 2) AS delta_test, "
-            "strftime(started_at, '%Y-%m-%d %H:%M') AS started FROM runs ORDER BY started_at DESC LIMIT ?",
+            "strftime(started_at, '%Y-%m-%d %H:%M') AS started, harness_dir FROM runs ORDER BY started_at DESC LIMIT ?",
             [args.limit],
         )
+        from a2rl.progress import running_label
+
+        # `running`: still on it, or died without a trace (the row could not be finished)?
+        df["status"] = [running_label(h) if s == "running" else s for s, h in zip(df["status"], df["harness_dir"])]
+        df = df.drop(columns=["harness_dir"])
         _print_table(f"latest runs in {args.results}", list(df.columns),
                      [["-" if v is None or v != v else str(v) for v in row] for row in df.itertuples(index=False)])
     else:

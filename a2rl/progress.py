@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,21 @@ class RunProgress(BaseModel):
     baseline_split: str | None = None
     budget_s: float = 0.0
     error: str | None = None
+    pid: int = 0
+    """The process running the flow, and its host: a `running` row with no such process died without a trace."""
+    host: str = ""
+
+    def process_alive(self) -> bool | None:
+        """Whether the run's process is alive; None when it ran on another host (cannot tell from here)."""
+        if self.host != socket.gethostname():
+            return None
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
 
     @property
     def report(self) -> Path:
@@ -59,7 +75,8 @@ class ProgressWriter:
     """Flow side: one small JSON file, replaced atomically at each change."""
 
     def __init__(self, run_id: str, harness_dir: Path, budget_s: float):
-        self.state = RunProgress(run_id=run_id, harness_dir=harness_dir, budget_s=budget_s, phase_started_at=time.time())
+        self.state = RunProgress(run_id=run_id, harness_dir=harness_dir, budget_s=budget_s, phase_started_at=time.time(),
+                                 pid=os.getpid(), host=socket.gethostname())  # fmt: skip
         self.path = Path(harness_dir) / PROGRESS_FILE
         self._write()
         if announce := os.environ.get(ANNOUNCE_ENV):
@@ -208,3 +225,14 @@ def status_line(snap: Snapshot, with_time: bool = True) -> str:
         if snap.mode_breaches:
             parts.append(f"MODE BREACHES {snap.mode_breaches}")
     return "; ".join(parts)
+
+
+def running_label(harness_dir: str | Path | None) -> str:
+    """What a `running` row means: a process is still on it, or it died without a trace, or (another host) unknown."""
+    if not harness_dir:
+        return "running"
+    progress = read_announced(Path(harness_dir) / PROGRESS_FILE)
+    alive = progress.process_alive() if progress else None
+    if alive is None:
+        return "running" if progress else "running (no progress file)"
+    return f"running (pid {progress.pid}, {progress.phase})" if alive else f"running? process {progress.pid} is gone"

@@ -281,3 +281,60 @@ def test_progress_display_and_mode_breaches_on_a_terminal(prefect_harness, tiny_
     assert "| mode breaches (mode rl-only) | **1** of 1 submissions |" in (Path(harness) / "report.md").read_text()
     table = a2rl(["status", "--results", str(results)], env).stdout
     assert "mode_breaches" in table and "│ rl-only │ 1 " in table
+
+
+def test_status_tells_a_live_running_row_from_one_whose_process_died(tmp_path):
+    """`running` in the store: `a2rl status` says whether the run's process is still there."""
+    import socket
+
+    from a2rl.progress import RunProgress
+    from a2rl.records import RunConfig
+    from a2rl.store import ResultsStore
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    store = ResultsStore(tmp_path / "a.duckdb")
+    for name, pid in (("alive", os.getpid()), ("dead", gone.pid)):
+        harness = tmp_path / name / "harness"
+        harness.mkdir(parents=True)
+        (harness / "progress.json").write_text(RunProgress(run_id=name, harness_dir=harness, phase="agent_session",
+                                                           pid=pid, host=socket.gethostname()).model_dump_json())
+        store.start_run(name, RunConfig(seed=pid), str(harness), "label")
+    table = a2rl(["status", "--results", str(tmp_path / "a.duckdb")], cli_env(tmp_path)).stdout
+    assert f"running (pid {os.getpid()}, agent_session)" in table and f"process {gone.pid} is gone" in table
+
+
+def test_without_a_terminal_the_display_prints_plain_lines_when_something_happens(tmp_path):
+    """Piped output gets one line per change (phase, a submission queued or graded), no control sequences."""
+    import io
+
+    from a2rl.display import RunDisplay
+    from a2rl.progress import ProgressWriter
+
+    harness = tmp_path / "harness"
+    harness.mkdir()
+    announce = tmp_path / "announce.json"
+    out = io.StringIO()
+    os.environ["A2RL_RUN_ANNOUNCE"] = str(announce)
+    try:
+        writer = ProgressWriter("r1", harness, budget_s=60)
+    finally:
+        del os.environ["A2RL_RUN_ANNOUNCE"]
+    ledger = harness / "ledger.jsonl"
+    with RunDisplay(announce, stream=out, live=False, interval_s=0.05):
+        writer.update(phase="agent_session")
+        time.sleep(0.5)
+        (harness / "clock.json").write_text(json.dumps({"elapsed_s": 12.0, "at": time.time()}))
+        (harness / "agent.log").write_text("[agent] round 1: training\n")
+        ledger.write_text(json.dumps({"kind": "submission", "submission_id": 1, "status": "queued",
+                                      "detail": {"mode_ok": False}}) + "\n")  # fmt: skip
+        time.sleep(0.5)
+        with ledger.open("a") as f:
+            f.write(json.dumps({"kind": "submission", "submission_id": 1, "status": "scored", "score": 37.5}) + "\n")
+        time.sleep(0.5)
+    lines = out.getvalue().splitlines()
+    assert "\x1b[" not in out.getvalue() and 3 <= len(lines) <= 6, lines
+    assert any("1 queued, 0 graded" in line and "paused: grading" in line for line in lines)
+    assert "1 graded [#1 37.5]" in lines[-1] and "MODE BREACHES 1" in lines[-1]
+    # 12 s saved in clock.json, plus the time since it was saved while nothing is graded
+    assert re.search(r"agent time 1[234]/60 s", lines[-1]) and "round 1: training" in lines[-1]
