@@ -80,7 +80,10 @@ class ProgressWriter:
         self.path = Path(harness_dir) / PROGRESS_FILE
         self._write()
         if announce := os.environ.get(ANNOUNCE_ENV):
-            _write_atomic(Path(announce), self.state.model_dump_json())
+            try:
+                _write_atomic(Path(announce), self.state.model_dump_json())
+            except OSError:  # the launcher's display is a convenience, never the reason a run fails
+                pass
 
     def update(self, **fields) -> None:
         if "phase" in fields and fields["phase"] != self.state.phase:
