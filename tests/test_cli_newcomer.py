@@ -75,6 +75,7 @@ PREFLIGHT_ROWS = {
     "scripted agent given a driver": (["--driver", "m"], {}, ["scripted", "drop --driver"]),
     "unknown agent": (["--agent", "nope"], {}, ["unknown agent", "a2rl agents"]),
     "zero submissions": (["--max-submissions", "0"], {}, ["--max-submissions"]),
+    "negative item limit": (["--val-limit", "-3"], {}, ["--val-limit", "-3"]),
     "checkpoint dir without weights": (["--base-model", "."], {"CONFIG_JSON": "{}"}, ["no *.safetensors"]),
 }
 
@@ -138,11 +139,13 @@ def test_agents_and_help_say_what_each_agent_needs(tmp_path):
     assert "need --driver: claude-code, claude-tools, codex" in help_text and "--strict-mode" in help_text
 
 
-def test_drivers_add_list_rm_round_trip(prefect_harness, tmp_path, monkeypatch, capsys):
+def test_drivers_add_list_rm_round_trip(prefect_harness, tmp_path, monkeypatch, capsys, request):
     """Saved as DriverConfig blocks on the Prefect server in use; the key comes from a variable and is never
     printed; a run's preflight resolves the saved block (no key in the environment)."""
     from a2rl.cli import main
 
+    _restore_console_levels_after(request)
+    monkeypatch.setenv("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "NOTSET")  # restored after the test
     monkeypatch.setenv("MY_KEY", "sk-test-SECRET-42")
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:/usr/bin:/bin")
@@ -159,6 +162,16 @@ def test_drivers_add_list_rm_round_trip(prefect_harness, tmp_path, monkeypatch, 
     assert main(["drivers", "rm", "sonnet"]) == 0
     main(["drivers", "list"])
     assert "no saved drivers" in capsys.readouterr().out
+
+
+def _restore_console_levels_after(request) -> None:
+    """`a2rl drivers` quiets Prefect's console handlers in its process; here that is the test session's."""
+    import logging
+
+    handlers = {h for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+                if isinstance(logger, logging.Logger) for h in logger.handlers}  # fmt: skip
+    levels = {h: h.level for h in handlers}
+    request.addfinalizer(lambda: [h.setLevel(level) for h, level in levels.items()])
 
 
 def harness_api_url() -> dict[str, str]:
