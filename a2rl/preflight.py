@@ -33,6 +33,7 @@ def check_run(config: RunConfig, results: Path, runs_dir: Path | None = None, *,
     check_task(config.task, config.variant, probe=probe)
     check_base_model(config.base_model, probe=probe)
     check_agent(config, probe=probe)
+    check_sandbox(config)
     check_narrative()
 
 
@@ -215,6 +216,20 @@ def _check_runs(program: str) -> None:
     if out.returncode != 0:
         said = _one_line(out.stderr or out.stdout or f"exit code {out.returncode}")
         raise PreflightError(f"`{program} --version` failed: {said[:200]}; reinstall {program}")
+
+
+def check_sandbox(c: RunConfig) -> None:
+    """`--sandbox required` where bubblewrap cannot run fails now, not after provisioning and the baseline."""
+    if c.sandbox != "required":
+        return
+    from a2rl.sandbox import SandboxPolicy, SandboxUnavailable, sandbox_mode
+
+    try:
+        sandbox_mode(SandboxPolicy(Path(tempfile.gettempdir()) / "a2rl-preflight-none"))
+    except SandboxUnavailable as e:
+        problem = _one_line(e).split(". To run anyway", 1)[0]
+        raise PreflightError(f"--sandbox required, but {problem}; install bubblewrap where it can make user "
+                             f"namespaces, or run with --sandbox auto (the weaker fallback, labelled in the report)") from e  # fmt: skip
 
 
 def check_narrative() -> None:

@@ -75,6 +75,8 @@ PREFLIGHT_ROWS = {
     "scripted agent given a driver": (["--driver", "m"], {}, ["scripted", "drop --driver"]),
     "unknown agent": (["--agent", "nope"], {}, ["unknown agent", "a2rl agents"]),
     "zero submissions": (["--max-submissions", "0"], {}, ["--max-submissions"]),
+    "sandbox required, no bubblewrap": (["--sandbox", "required"], {"PATH": str(Path(sys.executable).parent)},
+                                        ["--sandbox required", "not installed", "--sandbox auto"]),
     "negative item limit": (["--val-limit", "-3"], {}, ["--val-limit", "-3"]),
     "checkpoint dir without weights": (["--base-model", "."], {"CONFIG_JSON": "{}"}, ["no *.safetensors"]),
 }
