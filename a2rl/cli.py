@@ -14,6 +14,7 @@ DEFAULT_RESULTS = "results/a2rl.duckdb"
 def _quiet_defaults() -> None:
     """Settings that make a local run work offline and start reliably on a small machine."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")  # Prefect's client-side telemetry, and its notice on a terminal
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -22,7 +23,9 @@ def _quiet_defaults() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command line; `argv` (when given) lets commands other than `drivers` skip importing Prefect."""
+    from a2rl.cli_catalog import add_driver_parsers, agents_help
     from a2rl.records import RunConfig
 
     d = RunConfig()
@@ -43,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     run.add_argument("--task", default=d.task, help="benchmark task id (see `a2rl tasks`)")
-    run.add_argument("--agent", default=d.agent, help="agent under test")
+    run.add_argument("--agent", default=d.agent, help=f"agent under test: {agents_help() or 'see a2rl agents'}")
     run.add_argument("--budget", type=float, default=d.budget_s, help="agent wall-clock budget in seconds (grading excluded)")
     run.add_argument("--seed", type=int, default=d.seed, help="seed given to the agent")
     run.add_argument("--results", default=DEFAULT_RESULTS, help="DuckDB results file (created if missing)")
@@ -67,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--eval-backend", default=d.eval_backend, choices=["transformers", "vllm"],
                      help="inference backend of the grader (vllm: optional GPU extra)")
     run.add_argument("--max-submissions", type=int, default=d.max_submissions, help="submission cap")
+    run.add_argument("--strict-mode", action="store_true",
+                     help="refuse submissions whose code breaks --mode (default: accept and flag them)")
+    run.add_argument("--log-level", default="off", choices=LOG_LEVELS,
+                     help="Prefect's log lines on the terminal (they always go to the run's harness/run.log)")
+    run.add_argument("--debug", action="store_true", default=debug_enabled(),
+                     help="show tracebacks (also: A2RL_DEBUG=1)")
 
     tasks = sub.add_parser("tasks", help="list the benchmark tasks")
     tasks.add_argument("action", nargs="?", choices=["list", "show"], default="list")
@@ -89,37 +98,87 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples per confidence interval")
     analyze.add_argument("--compare", nargs=2, metavar=("AGENT_A", "AGENT_B"), default=None,
                          help="agents of the paired comparison (default: the two with the most runs)")
+    sub.add_parser("agents", help="list the agents and what each needs (driver API, CLI, key)")
+    add_driver_parsers(sub, with_fields=argv is None or "drivers" in argv)
     add_ops_parsers(sub, d)
     return parser
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from agents import uses_llm
-    from benchmarks import get_task
+    """Check everything that can be checked (exit 2, one line, no server started), then run the flow under a
+    progress display. A failed run gives one line with its phase, report and log, and exit code 1."""
+    from a2rl.preflight import PreflightError, check_run
+    from a2rl.records import RunConfig
 
-    # Unknown ids and missing prerequisites (a judge, a driver) fail here, before anything starts.
-    if uses_llm(args.agent) and args.driver == "none":
-        print(f"a2rl: agent {args.agent!r} needs a driver LLM: pass --driver (see --help)", file=sys.stderr)
-        return 2
-    get_task(args.task).preflight()
+    try:
+        config = RunConfig(
+            task=args.task, agent=args.agent, budget_s=args.budget, seed=args.seed, variant=args.variant,
+            base_model=args.base_model, protocol=args.protocol, mode=args.mode, driver=args.driver,
+            val_limit=args.val_limit or None, test_limit=args.test_limit or None, max_submissions=args.max_submissions,
+            sandbox=args.sandbox, eval_backend=args.eval_backend, strict_mode=args.strict_mode,
+        )  # fmt: skip
+    except ValueError as e:
+        raise PreflightError(" ".join(str(e).split())) from e
+    results, runs_dir = Path(args.results), Path(args.runs_dir) if args.runs_dir else None
+    check_run(config, results, runs_dir)
+    return _run_flow(args, config, results, runs_dir)
+
+
+def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | None) -> int:
+    import logging
+    import tempfile
+
+    from a2rl.display import RunDisplay, set_prefect_console_level
+    from a2rl.progress import ANNOUNCE_ENV, read_announced
+
+    set_prefect_console_level(args.log_level)
     from flows.benchmark_run import benchmark_run
 
+    set_prefect_console_level(args.log_level)
+    logging.captureWarnings(True)  # library warnings go to the run's log, not between the display's lines
+    announce = Path(tempfile.mkdtemp(prefix="a2rl-run-")) / "announce.json"
+    os.environ[ANNOUNCE_ENV] = str(announce)
     start = time.perf_counter()
     try:
-        summary = benchmark_run(
-            task=args.task, agent=args.agent, budget_s=args.budget, seed=args.seed, results=Path(args.results),
-            runs_dir=Path(args.runs_dir) if args.runs_dir else None, variant=args.variant, base_model=args.base_model,
-            protocol=args.protocol, mode=args.mode, driver=args.driver, val_limit=args.val_limit or None,
-            test_limit=args.test_limit or None, max_submissions=args.max_submissions, sandbox=args.sandbox,
-            eval_backend=args.eval_backend,
-        )  # fmt: skip
+        with RunDisplay(announce):
+            summary = benchmark_run(
+                task=config.task, agent=config.agent, budget_s=config.budget_s, seed=config.seed, results=results,
+                runs_dir=runs_dir, variant=config.variant, base_model=config.base_model, protocol=config.protocol,
+                mode=config.mode, driver=config.driver, val_limit=config.val_limit, test_limit=config.test_limit,
+                max_submissions=config.max_submissions, sandbox=config.sandbox, eval_backend=config.eval_backend,
+                strict_mode=config.strict_mode,
+            )  # fmt: skip
     except KeyboardInterrupt:
         # The flow has already written the run's row (status interrupted) and its ledger; no traceback.
         print(f"\na2rl: interrupted after {time.perf_counter() - start:.0f} s; the run is recorded as "
               f"'interrupted' in {args.results} (see: a2rl results --results {args.results})", file=sys.stderr)  # fmt: skip
         return 130
+    except Exception as e:
+        if args.debug:
+            import traceback
+
+            traceback.print_exc()
+        run = read_announced(announce)
+        if run is None:  # it broke before the run had a row (e.g. the Prefect server did not start)
+            print(f"a2rl: the run could not start: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
+            return 1
+        from a2rl.progress import PROGRESS_FILE, read_snapshot
+
+        snap = read_snapshot(run.harness_dir / PROGRESS_FILE)
+        error = snap.progress.error if snap and snap.progress.error else f"{type(e).__name__}: {_one_line(e)}"
+        print(f"a2rl: run {run.run_id} failed ({error}); recorded as 'failed' in {args.results}; report "
+              f"{run.report}; log {run.log}", file=sys.stderr)  # fmt: skip
+        return 1
+    finally:
+        os.environ.pop(ANNOUNCE_ENV, None)
     print(render_summary(summary, args.results, time.perf_counter() - start))
+    if summary.status != "completed":
+        print(f"a2rl: run {summary.run_id} {summary.status}: {summary.error}", file=sys.stderr)
     return 0 if summary.status == "completed" else 1
+
+
+def _one_line(e: object) -> str:
+    return " ".join(str(e).split())
 
 
 def render_summary(s, results: str, wall_s: float) -> str:
@@ -134,6 +193,8 @@ def render_summary(s, results: str, wall_s: float) -> str:
         f"   baseline   validation {f(s.baseline_val)}   hidden test {f(s.baseline_test)}",
         f"   best validation {f(s.best_val)} (submission {s.best_submission_id or '-'})",
         f"   final hidden test {f(s.final_test)}   Δ test {f(s.delta_test)}",
+        f"   mode {s.config.mode}{' (strict)' if s.config.strict_mode else ''}: "
+        + (f"{s.mode_breaches} of {s.n_submissions} submissions BROKE THE MODE" if s.mode_breaches else "no breach"),
         f"   submissions {s.n_submissions} ({s.n_scored} scored); agent time {s.agent_seconds:.0f} / "
         f"{s.config.budget_s:.0f} s; grading {s.grading_seconds:.0f} s; wall {wall_s:.0f} s",
         f"   report  {harness / 'report.md'}",
@@ -336,10 +397,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         from a2rl.store import ResultsStore
 
         df = ResultsStore(Path(args.results)).query(
-            "SELECT run_id, status, task, agent, mode, seed, round(delta_test, 2) AS delta_test, "
-            "strftime(started_at, '%Y-%m-%d %H:%M') AS started FROM runs ORDER BY started_at DESC LIMIT ?",
+            "SELECT run_id, status, task, agent, mode, (SELECT count(*) FROM mode_violations v "
+            "WHERE v.run_id = runs.run_id) AS mode_breaches, seed, round(delta_test, 2) AS delta_test, "
+            "strftime(started_at, '%Y-%m-%d %H:%M') AS started, harness_dir FROM runs ORDER BY started_at DESC LIMIT ?",
             [args.limit],
         )
+        from a2rl.progress import running_label
+
+        # `running`: still on it, or died without a trace (the row could not be finished)?
+        df["status"] = [running_label(h) if s == "running" else s for s, h in zip(df["status"], df["harness_dir"])]
+        df = df.drop(columns=["harness_dir"])
         _print_table(f"latest runs in {args.results}", list(df.columns),
                      [["-" if v is None or v != v else str(v) for v in row] for row in df.itertuples(index=False)])
     else:
@@ -394,16 +461,43 @@ def _require_api_url() -> str:
 OPS_HANDLERS = {"server": cmd_server, "deploy": cmd_deploy, "sweep": cmd_sweep, "status": cmd_status}
 
 
+LOG_LEVELS = ["off", "error", "warning", "info", "debug"]
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("A2RL_DEBUG", "").lower() in ("1", "true", "yes", "on")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Every mistake a user can make answers with one line on stderr: exit 2 for a setting that cannot work,
+    1 for a failure; the traceback only with --debug or A2RL_DEBUG=1."""
+    from a2rl.cli_catalog import cmd_agents, cmd_drivers
+    from a2rl.preflight import PreflightError
+
     _quiet_defaults()
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     handlers = {"run": cmd_run, "tasks": cmd_tasks, "results": cmd_results, "analyze": cmd_analyze,
-                **OPS_HANDLERS}
+                "agents": cmd_agents, "drivers": cmd_drivers, **OPS_HANDLERS}
+    debug = getattr(args, "debug", False) or debug_enabled()
     try:
         return handlers[args.command](args)
-    except KeyError as e:
-        print(f"a2rl: {e.args[0]}", file=sys.stderr)
+    except (KeyError, PreflightError) as e:
+        _traceback_if(debug)
+        print(f"a2rl: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
+    except Exception as e:
+        _traceback_if(debug)
+        hint = "" if debug else " (A2RL_DEBUG=1 shows the traceback)"
+        print(f"a2rl: {type(e).__name__}: {_one_line(e)}{hint}", file=sys.stderr)
+        return 1
+
+
+def _traceback_if(debug: bool) -> None:
+    if debug:
+        import traceback
+
+        traceback.print_exc()
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ Failure class (first rule that matches wins; operational, not semantic, like the
 | # | class | rule |
 |---|---|---|
 | 1 | `none` | the run improved: Δ test > 0 (or, with no final test score, best feedback score > baseline) |
-| 2 | `infrastructure failure` | the agent could not be launched; or no baseline was recorded; or the session was interrupted by a harness crash; or the run failed or was interrupted before the agent session ended; or every submission failed with a grader-side error (`INFRA_ERROR_MARKERS`) |
+| 2 | `infrastructure failure` | the agent could not be launched; or no baseline was recorded; or the session was interrupted by a harness crash; or the run failed (a harness error), or was interrupted before the agent session ended; or every submission failed with a grader-side error (`INFRA_ERROR_MARKERS`) |
 | 3 | `static shortcut` | every scored submission has the base model's weights (route `copy`) |
 | 4 | `early coding failure` | no submission was scored: the agent never closed one train → submit → score cycle |
 | 5 | `static shortcut` | heldout: the validation score improved but the hidden test score did not (no transfer) |
@@ -246,6 +246,8 @@ def explain_failure(
     m = metrics
     n, n_scored = m.get("n_submissions") or 0, m.get("n_scored") or 0
     base = m.get("baseline_feedback")
+    if session_detail.get("run_status") == "failed":  # a harness error is never the agent's result
+        return FailureVerdict("infrastructure failure", f"the run failed: {session_detail.get('run_error')}")
     if m.get("improved"):
         what = f"Δ test = {m['delta_test']:+.2f}" if m.get("delta_test") is not None else (
             f"best {m.get('feedback_split')} score {m.get('best_feedback')} > baseline {base}")

@@ -104,12 +104,40 @@ def resolve_base_model(name_or_path: str | os.PathLike[str]) -> Path:
         if not (path / "config.json").is_file():
             raise ValueError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
         return path.resolve()
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", name_or_path):
+    if looks_like_path(name_or_path):  # a mistyped local path is never sent to the hub
+        raise ValueError(f"base model {name_or_path!r}: no such local directory ({path.absolute()})")
+    if is_hub_id(name_or_path):
         return _save_hf_model(name_or_path)
     raise ValueError(
         f"unknown base model {name_or_path!r}: use a registry key ({', '.join(REGISTRY)}), "
         "a local checkpoint directory, or a Hugging Face id"
     )
+
+
+def is_hub_id(name: str) -> bool:
+    """`org/name` as the Hugging Face hub spells model ids."""
+    return re.fullmatch(r"[\w.-]+/[\w.-]+", name) is not None
+
+
+def looks_like_path(name: str) -> bool:
+    """Whether `name` is meant as a local path, not a hub id: it starts with `.`, `/` or `~`, or its first
+    component exists here (`models/nope` when `./models` exists), or it has more than one `/`."""
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        return True
+    return "/" in name and Path(name.split("/", 1)[0]).exists()
+
+
+def hub_model_cached(hf_id: str) -> bool:
+    """Whether a hub id can be loaded offline: converted in our model cache, or in the Hugging Face cache."""
+    if (models_dir() / _hub_cache_key(hf_id) / MARKER).is_file():
+        return True
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(hf_id, "config.json"), str)
+
+
+def _hub_cache_key(hf_id: str) -> str:
+    return "hf--" + hf_id.replace("/", "--")
 
 
 def gguf_path(spec: BaseModelSpec) -> Path:
@@ -160,7 +188,7 @@ def convert_registry_model(spec: BaseModelSpec) -> Path:
 
 
 def _save_hf_model(hf_id: str) -> Path:
-    target = models_dir() / ("hf--" + hf_id.replace("/", "--"))
+    target = models_dir() / _hub_cache_key(hf_id)
     if (target / MARKER).is_file():
         return target
 

@@ -150,3 +150,5 @@ class RunSummary(BaseModel):
     wall_seconds: float
     phase_seconds: dict[str, float] = Field(default_factory=dict)
     error: str | None = None
+    mode_breaches: int = 0
+    """Submissions whose code broke the run's mode (flagged by the grader; refused only in strict mode)."""

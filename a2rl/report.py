@@ -17,6 +17,12 @@ def latest_submissions(entries: list[LedgerEntry]) -> list[LedgerEntry]:
     return [latest[k] for k in sorted(latest)]
 
 
+def mode_breaches(entries: list[LedgerEntry]) -> list[LedgerEntry]:
+    """Submissions whose code broke the run's mode when they were made (flagged by the grader, not refused)."""
+    flagged = {e.submission_id: e for e in entries if e.kind == "submission" and e.detail.get("mode_ok") is False}
+    return [flagged[k] for k in sorted(flagged)]
+
+
 def baseline_scores(entries: list[LedgerEntry]) -> dict[str, float]:
     return {e.split: e.score for e in entries if e.kind == "baseline" and e.score is not None and e.split}
 
@@ -63,6 +69,7 @@ def build_summary(
         wall_seconds=round(sum(phase_seconds.values()), 3),
         phase_seconds={k: round(v, 3) for k, v in phase_seconds.items()},
         error=error,
+        mode_breaches=len(mode_breaches(entries)),
     )
 
 
@@ -99,6 +106,8 @@ def render_markdown(s: RunSummary, subs: list[LedgerEntry], notes: list[str]) ->
         f"| best validation (submission {s.best_submission_id or '-'}) | {_fmt(s.best_val)} |",
         f"| final, hidden test (submission {s.final_submission_id or 'base model'}) | {_fmt(s.final_test)} |",
         f"| **Δ test = final − baseline** | **{_fmt(s.delta_test, 2)}** |",
+        f"| mode breaches (mode {c.mode}{', strict' if c.strict_mode else ''}) | "
+        f"{f'**{s.mode_breaches}** of {s.n_submissions} submissions' if s.mode_breaches else 'none'} |",
         "",
         f"Submissions: {s.n_submissions} ({s.n_scored} scored). Agent time {s.agent_seconds:.0f} s of "
         f"{c.budget_s:.0f} s budget; grading {s.grading_seconds:.0f} s (not charged to the agent); "

@@ -138,9 +138,16 @@ class BenchmarkTask(abc.ABC):
             f"-stop[{stop}]/v{EVALUATOR_VERSION}"
         )
 
+    def prepared_root(self, variant: str) -> Path:
+        """Where `prepare` writes a variant's split; its `manifest.json` marks a complete preparation."""
+        return task_data_dir() / self.id / f"{variant}-v{self.data_version}"
+
+    def is_prepared(self, variant: str) -> bool:
+        return (self.prepared_root(variant) / "manifest.json").is_file()
+
     def prepare(self, variant: str) -> PreparedData:
         """Write the split to the data cache once; later calls reuse it (idempotent)."""
-        root = task_data_dir() / self.id / f"{variant}-v{self.data_version}"
+        root = self.prepared_root(variant)
         public, private = root / "public", root / "private"
         manifest_path = root / "manifest.json"
         if manifest_path.exists():

@@ -1,7 +1,15 @@
 """Prefect Blocks of a2rl (import this package before `Block.load("<type-slug>/<name>")`, which needs the classes)."""
 
-from blocks.llm import AgentConfig, BlockNotFound, DriverConfig, load_agent_config, load_driver_config, resolve_driver
+from blocks.llm import (
+    AgentConfig,
+    BlockNotFound,
+    DriverConfig,
+    driver_from_env,
+    load_agent_config,
+    load_driver_config,
+    resolve_driver,
+)
 
 __all__ = [
-    "AgentConfig", "BlockNotFound", "DriverConfig", "load_agent_config", "load_driver_config", "resolve_driver",
+    "AgentConfig", "BlockNotFound", "DriverConfig", "driver_from_env", "load_agent_config", "load_driver_config", "resolve_driver",
 ]

@@ -116,8 +116,6 @@ def resolve_driver(name: str):
     """The driver LLM a run names: a saved `DriverConfig` block of that name, else a bare model id served by
     Anthropic (or `ANTHROPIC_BASE_URL`) with `ANTHROPIC_API_KEY` from the environment (prices then unknown,
     so costs read 0: save a block to get costs). `none` means a scripted agent."""
-    import os
-
     from agents.base import LLMDriver
 
     if name in ("", "none"):
@@ -125,6 +123,17 @@ def resolve_driver(name: str):
     try:
         return driver_from_block(load_driver_config(name))
     except BlockNotFound:
-        if not os.environ.get("ANTHROPIC_API_KEY"):
+        if (driver := driver_from_env(name)) is None:
             raise
-        return LLMDriver(model=name, api_key=os.environ["ANTHROPIC_API_KEY"], base_url=os.environ.get("ANTHROPIC_BASE_URL"))
+        return driver
+
+
+def driver_from_env(model: str):
+    """A bare model id served by Anthropic (or `ANTHROPIC_BASE_URL`) with `ANTHROPIC_API_KEY`; None without a key."""
+    import os
+
+    from agents.base import LLMDriver
+
+    if not os.environ.get("ANTHROPIC_API_KEY"):
+        return None
+    return LLMDriver(model=model, api_key=os.environ["ANTHROPIC_API_KEY"], base_url=os.environ.get("ANTHROPIC_BASE_URL"))

@@ -7,7 +7,11 @@ ledger and the DuckDB results store as it happens, so a retried flow run resumes
 from __future__ import annotations
 
 import base64
+import logging
 import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -25,9 +29,12 @@ from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
 from a2rl.report import build_summary, latest_submissions, write_report
 from a2rl.run import RunContext, visible_gpus
 from a2rl.leak_audit import LeakReport, audit_leaks, hidden_texts
+from a2rl.preflight import check_run
+from a2rl.progress import RUN_LOG, ProgressWriter
+from a2rl.recording import read_llm_calls
 from a2rl.sandbox import SandboxPolicy, sandbox_label
 from a2rl.store import ResultsStore
-from agents import AgentEnv, SessionOutcome, get_agent, run_agent
+from agents import AgentEnv, SessionOutcome, agent_class, get_agent, run_agent
 from benchmarks import get_task
 from blocks import resolve_driver
 from tasks.run_steps import (
@@ -200,7 +207,6 @@ def write_summary(
     report = write_report(ctx, summary, entries, notes)
     store = ResultsStore(ctx.results_path)
     store.record_metrics(ctx.run_id, {"leaked_items": leaks.leaked_items})
-    store.finish_run(summary)
     # Process metrics, route labels and the failure class sit beside the scores, in the report and the store.
     process = summarize_process(
         ctx.run_id, ctx.paths.harness_dir, entries, ctx.config, detail,
@@ -210,6 +216,8 @@ def write_summary(
     store_process_report(store, process, ctx.paths.harness_dir)
     with report.open("a") as f:
         f.write("\n" + render_process_markdown(process))
+    # The final status last: a run whose summary step breaks must not read `completed`.
+    store.finish_run(summary)
     return summary, report
 
 
@@ -275,12 +283,16 @@ def benchmark_run(
     eval_backend: str = DEFAULTS.eval_backend,
     grace_s: float = 30.0,
     on_resume: ResumePolicy = "continue",
+    strict_mode: bool = DEFAULTS.strict_mode,
 ) -> RunSummary:
-    """One benchmark run: (task, variant, agent, mode, base model, seed, budget) → scores, report, DuckDB rows."""
+    """One benchmark run: (task, variant, agent, mode, base model, seed, budget) → scores, report, DuckDB rows.
+
+    The row ends `completed`, or `failed`/`interrupted` with the error (also when recording the failure fails
+    again); the traceback goes to `harness/run.log`, the phase reached to `harness/progress.json`."""
     config = RunConfig(
         task=task, agent=agent, budget_s=budget_s, seed=seed, variant=variant, base_model=base_model,
         protocol=protocol, mode=mode, driver=driver, val_limit=val_limit, test_limit=test_limit, max_submissions=max_submissions,
-        sandbox=sandbox, eval_backend=eval_backend,
+        sandbox=sandbox, eval_backend=eval_backend, strict_mode=strict_mode,
     )  # fmt: skip
     results = Path(results)
     runs_dir = Path(runs_dir) if runs_dir else results.parent / "runs"
@@ -288,28 +300,115 @@ def benchmark_run(
     t = time.perf_counter()
     ctx = open_run(config, results, runs_dir)
     phases["open"] = time.perf_counter() - t
-    phase = "provision"
-    try:
-        t = time.perf_counter()
-        base_model_dir = provision_workspace(ctx)
-        phases[phase] = time.perf_counter() - t
-        phase, t = "baseline", time.perf_counter()
-        baseline = evaluate_baseline(ctx, base_model_dir)
-        phases[phase] = time.perf_counter() - t
-        phase, t = "agent_session", time.perf_counter()
-        agent_session(ctx, baseline, base_model_dir, grace_s=grace_s, on_resume=on_resume)
-        phases[phase] = time.perf_counter() - t
-        phase, t = "final_grading", time.perf_counter()
-        final_grading(ctx, base_model_dir)
-        phases[phase] = time.perf_counter() - t
-    except BaseException as e:
-        # Recorded without Prefect (its API may be going down too), then re-raised so Prefect marks the
-        # flow run failed and it can be retried. The phase it stopped in counts up to now (wall time).
-        phases[phase] = time.perf_counter() - t
-        status: RunStatus = "interrupted" if isinstance(e, INTERRUPTIONS) else "failed"
-        write_summary(ctx, status, phases, error=f"{type(e).__name__}: {e}")
-        raise
-    t = time.perf_counter()
-    summary = summarize_run(ctx, "completed", phases)
-    phases["summary"] = time.perf_counter() - t
+    progress = ProgressWriter(ctx.run_id, ctx.paths.harness_dir, config.budget_s)
+    run_log = ctx.paths.harness_dir / RUN_LOG
+    phase = "preflight"
+    with logs_to(run_log):
+        try:
+            t = time.perf_counter()
+            progress.update(phase=phase)
+            # What the CLI checked, again for runs started elsewhere (deployments, sweeps); nothing slow.
+            check_run(config, results, runs_dir, probe=False)
+            phases[phase] = time.perf_counter() - t
+            phase, t = "provision", time.perf_counter()
+            progress.update(phase=phase)
+            base_model_dir = provision_workspace(ctx)
+            phases[phase] = time.perf_counter() - t
+            phase, t = "baseline", time.perf_counter()
+            progress.update(phase=phase)
+            baseline = evaluate_baseline(ctx, base_model_dir, progress=progress.update)
+            phases[phase] = time.perf_counter() - t
+            phase, t = "agent_session", time.perf_counter()
+            progress.update(phase=phase)
+            outcome = agent_session(ctx, baseline, base_model_dir, grace_s=grace_s, on_resume=on_resume)
+            phases[phase] = time.perf_counter() - t
+            if reason := did_not_start(ctx, outcome):
+                raise AgentDidNotStart(reason)
+            phase, t = "final_grading", time.perf_counter()
+            progress.update(phase=phase)
+            final_grading(ctx, base_model_dir)
+            phases[phase] = time.perf_counter() - t
+            phase, t = "summary", time.perf_counter()
+            progress.update(phase=phase)
+            summary = summarize_run(ctx, "completed", phases)
+            phases["summary"] = time.perf_counter() - t
+        except BaseException as e:
+            # Recorded without Prefect (its API may be going down too), then re-raised so Prefect marks the
+            # flow run failed and it can be retried. The phase it stopped in counts up to now (wall time).
+            phases[phase] = time.perf_counter() - t
+            status: RunStatus = "interrupted" if isinstance(e, INTERRUPTIONS) else "failed"
+            error = f"{type(e).__name__} in {phase}: {' '.join(str(e).split())}"
+            _log_traceback(run_log, f"run {status} in phase {phase}")
+            progress.update(error=error)
+            record_failure(ctx, status, phases, error, run_log)
+            raise
+    progress.update(phase="done")
     return summary
+
+
+class AgentDidNotStart(RuntimeError):
+    """The agent never started, or ended before doing anything, because of the harness or its configuration."""
+
+
+def did_not_start(ctx: RunContext, outcome: SessionOutcome) -> str | None:
+    """Why the session does not count as the agent's attempt, or None when it does.
+
+    A launch error (no CLI, wrong driver API) never started the agent. An LLM agent that ended by itself
+    with no submission and not one successful LLM call never got to work (bad key, endpoint, CLI config):
+    that is the harness's failure, not the agent's result."""
+    if outcome.ended_by == "launch-error":
+        return f"the agent could not be launched: {outcome.error}"
+    if outcome.ended_by != "exited" or not agent_class(ctx.config.agent).uses_llm:
+        return None
+    h = ctx.paths.harness_dir
+    if any(e.kind == "submission" for e in ledger_of(ctx).entries()):
+        return None
+    if any(not c.get("error") and (c.get("output_tokens") or 0) > 0 for c in read_llm_calls(h / "llm_calls.jsonl")):
+        return None
+    return (f"the agent exited (code {outcome.exit_code}) after {outcome.agent_seconds:.0f} s without one "
+            f"successful LLM call or a submission; see {h / 'agent.log'}")  # fmt: skip
+
+
+def record_failure(ctx: RunContext, status: RunStatus, phases: dict[str, float], error: str, run_log: Path) -> None:
+    """Write the failed (or interrupted) run's report and row. Should that fail too (the data it audits may be
+    what was missing), the row still ends `status` with both errors and class `infrastructure failure`."""
+    try:
+        write_summary(ctx, status, phases, error=error)
+        return
+    except Exception as again:
+        _log_traceback(run_log, "recording the failure failed as well")
+        error = f"{error}; then, while recording it: {type(again).__name__}: {' '.join(str(again).split())}"
+    try:
+        entries = ledger_of(ctx).entries()
+    except Exception:  # a damaged ledger must not keep the row `running`
+        entries = []
+    summary = build_summary(ctx, entries, status, phases, error=error)
+    store = ResultsStore(ctx.results_path)
+    store.finish_run(summary)
+    store.record_metrics(ctx.run_id, {"failure_class": "infrastructure failure"})
+    try:
+        write_report(ctx, summary, entries, [f"The run {status}; its full report could not be written (see {run_log})."])
+    except Exception:
+        _log_traceback(run_log, "writing the short report failed")
+
+
+def _log_traceback(run_log: Path, what: str) -> None:
+    try:
+        with run_log.open("a") as f:
+            f.write(f"\n=== {what} ===\n{traceback.format_exc()}")
+    except OSError:
+        pass
+
+
+@contextmanager
+def logs_to(path: Path) -> Iterator[None]:
+    """Everything logged in this process while the run lasts (Prefect's lines included) also goes to `path`."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    try:
+        yield
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()

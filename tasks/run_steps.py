@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -95,13 +96,22 @@ def build_workspace_step(ctx: RunContext, public_dir: Path, base_model_dir: Path
 
 
 @task(name="evaluate-baseline", cache_policy=NO_CACHE)
-def evaluate_baseline(ctx: RunContext, base_model_dir: Path) -> dict[str, float]:
-    """The base model's validation and test scores (cached by weights hash + evaluator config)."""
+def evaluate_baseline(
+    ctx: RunContext, base_model_dir: Path, progress: Callable[..., None] | None = None
+) -> dict[str, float]:
+    """The base model's validation and test scores (cached by weights hash + evaluator config).
+    `progress(baseline_done=, baseline_total=, baseline_split=)` hears of each split started and finished."""
     ledger = ledger_of(ctx)
     done = baseline_scores(ledger.entries())
     store = ResultsStore(ctx.results_path)
     base_hash = weights_hash(base_model_dir)
+    bench = get_task(ctx.config.task)
+    sizes = {split: len(bench.load_split(ctx.config.variant, split, EvalSpec.for_run(ctx.config, split).limit))
+             for split in ("validation", "test")}  # fmt: skip
+    report = progress or (lambda **_: None)
     for split in ("validation", "test"):
+        finished = sum(n for s, n in sizes.items() if s in done)
+        report(baseline_done=finished, baseline_total=sum(sizes.values()), baseline_split=split)
         if split in done:  # a resumed run keeps the baseline it already recorded
             continue
         spec = EvalSpec.for_run(ctx.config, split)
@@ -116,6 +126,7 @@ def evaluate_baseline(ctx: RunContext, base_model_dir: Path) -> dict[str, float]
         )  # fmt: skip
         record_evaluation(store, ctx, entry, result)
         done[split] = result.score
+    report(baseline_done=sum(sizes.values()), baseline_total=sum(sizes.values()), baseline_split=None)
     return done
 
 

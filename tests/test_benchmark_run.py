@@ -73,10 +73,11 @@ def test_benchmark_run_end_to_end(prefect_harness, tiny_model_dir, tmp_path, sma
 
 def test_a_failing_run_is_recorded_as_failed(prefect_harness, tiny_model_dir, tmp_path):
     """A run that breaks mid-way still leaves its row, with the error, and a report."""
+    from a2rl.preflight import PreflightError
     from flows.benchmark_run import benchmark_run
 
     results = tmp_path / "results.duckdb"
-    with pytest.raises(KeyError, match="unknown agent"):
+    with pytest.raises(PreflightError, match="unknown agent"):
         benchmark_run(agent="no-such-agent", base_model=str(tiny_model_dir), results=results, val_limit=2,
                       test_limit=2)
     with duckdb.connect(str(results), read_only=True) as con:

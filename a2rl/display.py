@@ -1,0 +1,123 @@
+"""The live progress display of `a2rl run`: a rich panel on a terminal, plain lines otherwise.
+
+It only reads files (see `a2rl.progress`), from a thread, so it shows the same whether the flow runs in this
+process or elsewhere, and it cannot slow the run down by more than a few file reads per second.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TextIO
+
+from a2rl.progress import PHASE_LABELS, PROGRESS_FILE, Snapshot, read_announced, read_snapshot, status_line
+
+PLAIN_HEARTBEAT_S = 30.0
+"""Without a terminal, a line at every change and at least this often."""
+
+
+class RunDisplay:
+    """A context manager: watches the run announced in `announce_file` until the block ends."""
+
+    def __init__(self, announce_file: Path, stream: TextIO | None = None, live: bool | None = None,
+                 interval_s: float = 0.5):  # fmt: skip
+        self.announce_file = Path(announce_file)
+        self.stream = stream or sys.stdout
+        self.live = self.stream.isatty() if live is None else live
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="a2rl-display")
+        self._started = time.monotonic()
+        self._last_plain = ("", 0.0)
+
+    def __enter__(self) -> RunDisplay:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def snapshot(self) -> Snapshot | None:
+        announced = read_announced(self.announce_file)
+        return read_snapshot(announced.harness_dir / PROGRESS_FILE) if announced else None
+
+    def _loop(self) -> None:
+        if not self.live:
+            while not self._stop.wait(self.interval_s):
+                self._plain(self.snapshot())
+            self._plain(self.snapshot())
+            return
+        from rich.console import Console
+        from rich.live import Live
+
+        console = Console(file=self.stream)
+        with Live(self._render(None), console=console, refresh_per_second=4, transient=False) as live:
+            while not self._stop.wait(self.interval_s):
+                live.update(self._render(self.snapshot()))
+            live.update(self._render(self.snapshot()))
+
+    def _plain(self, snap: Snapshot | None) -> None:
+        if snap is None:
+            return
+        key, at = self._last_plain
+        events = status_line(snap, with_time=False)
+        if events != key or time.monotonic() - at >= PLAIN_HEARTBEAT_S:
+            activity = f" | {snap.last_activity[:160]}" if snap.last_activity and snap.progress.phase == "agent_session" else ""
+            print(f"a2rl {time.strftime('%H:%M:%S')} {status_line(snap)}{activity}", file=self.stream, flush=True)
+            self._last_plain = (events, time.monotonic())
+
+    def _render(self, snap: Snapshot | None):
+        from rich.table import Table
+        from rich.text import Text
+
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column(overflow="ellipsis", no_wrap=True)
+        if snap is None:
+            grid.add_row("a2rl run", f"starting (Prefect, opening the run) {time.monotonic() - self._started:.0f} s")
+            return grid
+        p = snap.progress
+        grid.add_row("run", f"{p.run_id}")
+        in_phase = time.time() - p.phase_started_at if p.phase_started_at else 0.0
+        grid.add_row("phase", Text(f"{PHASE_LABELS.get(p.phase, p.phase)} ({in_phase:.0f} s)", style="cyan"))
+        if p.baseline_total:
+            split = f" ({p.baseline_split})" if p.baseline_split else ""
+            grid.add_row("baseline", f"{_bar(p.baseline_done, p.baseline_total)} {p.baseline_done}/{p.baseline_total} items{split}")
+        if p.phase in ("agent_session", "final_grading", "summary", "done") or snap.agent_s:
+            paused = Text(" paused: grading", style="yellow") if snap.grading else Text("")
+            grid.add_row("agent time", Text(f"{_bar(snap.agent_s, p.budget_s)} {snap.agent_s:.0f}/{p.budget_s:.0f} s") + paused)
+            scores = ", ".join(snap.scores[-6:]) or "-"
+            grid.add_row("submissions", f"{snap.queued} queued, {snap.graded} graded: {scores}")
+        if snap.mode_breaches:
+            grid.add_row("mode", Text(f"{snap.mode_breaches} submission(s) broke the mode", style="bold red"))
+        if snap.last_activity:
+            grid.add_row("agent", snap.last_activity[:400])
+        if p.error:
+            grid.add_row("error", Text(p.error[:400], style="red"))
+        return grid
+
+
+def _bar(done: float, total: float, width: int = 20) -> str:
+    filled = int(width * min(1.0, done / total)) if total else 0
+    return "█" * filled + "░" * (width - filled)
+
+
+def set_prefect_console_level(level: str) -> None:
+    """Prefect's console lines at `level` ("off" = none). Its loggers keep their levels, so a run's log file
+    still gets every line. Set before and after Prefect is imported: its subprocesses read the variable."""
+    level = "CRITICAL" if level.lower() == "off" else level.upper()
+    os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = level
+    if "prefect" not in sys.modules:
+        return
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger))]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, PrefectConsoleHandler):
+                handler.setLevel(level)

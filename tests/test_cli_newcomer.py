@@ -1,0 +1,359 @@
+"""A newcomer's mistakes, through the real `a2rl` command line: each answers with one line on stderr, exit 2,
+no traceback and no run spent; failures inside a run end its row `failed` with a class; a terminal shows a
+live progress display (issue #15)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from sandbox_support import needs_bwrap
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PREFECT_API_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "A2RL_NARRATIVE_MODEL",
+                        "A2RL_DEBUG")}  # fmt: skip
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")  # no server, no saved block: nothing is started
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PATH"] = f"{Path(sys.executable).parent}:/usr/bin:/bin"  # no `claude`, no `codex`
+    return env | extra
+
+
+def a2rl(args: list[str], env: dict[str, str], timeout: float = 120, prefix: list[str] | None = None):
+    return subprocess.run([*(prefix or []), sys.executable, "-m", "a2rl.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout, cwd=env.get("A2RL_TEST_CWD"))  # fmt: skip
+
+
+def assert_one_line(proc, rc: int, *needles: str) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == rc, proc.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("a2rl: "), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+ONLINE_BUT_NO_NETWORK = {"HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0",
+                         "HF_ENDPOINT": "http://127.0.0.1:9"}  # a closed local port: refused at once
+# Each row: the mistake (extra arguments, extra environment) and words the one line must contain.
+PREFLIGHT_ROWS = {
+    "negative budget": (["--budget", "-5"], {}, ["--budget", "-5"]),
+    "absolute path that does not exist": (["--base-model", "/path/that/does/not/exist"], {},
+                                          ["no such local directory"]),
+    "relative path under an existing dir": (["--base-model", "models/nope"], {"MKDIR": "models"},
+                                            ["no such local directory"]),
+    "relative path, no such dir, offline": (["--base-model", "models/nope"], {},
+                                            ["neither a local directory nor a hub model", "HF_HUB_OFFLINE"]),
+    "hub id, hub off": (["--base-model", "Qwen/Qwen2.5-0.5B"], {}, ["nor a hub model in the cache", "HF_HUB_OFFLINE"]),
+    "hub id, hub unreachable": (["--base-model", "Qwen/Qwen2.5-0.5B"], ONLINE_BUT_NO_NETWORK, ["not reachable"]),
+    "full variant, hub off": (["--variant", "full"], {}, ["--variant full", "--variant offline"]),
+    "full variant, hub unreachable": (["--variant", "full"], ONLINE_BUT_NO_NETWORK, ["nor reachable", "--variant offline"]),
+    "driver without key or block": (["--agent", "claude-tools", "--driver", "claude-sonnet-4-5"], {},
+                                    ["ANTHROPIC_API_KEY", "a2rl drivers add"]),
+    "LLM agent without driver": (["--agent", "claude-tools"], {}, ["needs a driver LLM", "--driver"]),
+    "claude-code without claude": (["--agent", "claude-code", "--driver", "m"], {"ANTHROPIC_API_KEY": "k"},
+                                   ["`claude`", "npm install"]),
+    "codex with an Anthropic driver": (["--agent", "codex", "--driver", "m"], {"ANTHROPIC_API_KEY": "k"},
+                                       ["openai", "anthropic"]),
+    "judged task without a judge": (["--task", "alpacaeval"], {}, ["judge", "ANTHROPIC_API_KEY"]),
+    "narrative model without key": ([], {"A2RL_NARRATIVE_MODEL": "claude-x"}, ["A2RL_NARRATIVE_MODEL"]),
+    "scripted agent given a driver": (["--driver", "m"], {}, ["scripted", "drop --driver"]),
+    "unknown agent": (["--agent", "nope"], {}, ["unknown agent", "a2rl agents"]),
+    "zero submissions": (["--max-submissions", "0"], {}, ["--max-submissions"]),
+    "sandbox required, no bubblewrap": (["--sandbox", "required"], {"PATH": str(Path(sys.executable).parent)},
+                                        ["--sandbox required", "not installed", "--sandbox auto"]),
+    "negative item limit": (["--val-limit", "-3"], {}, ["--val-limit", "-3"]),
+    "checkpoint dir without weights": (["--base-model", "."], {"CONFIG_JSON": "{}"}, ["no *.safetensors"]),
+}
+
+
+@pytest.mark.parametrize("row", list(PREFLIGHT_ROWS))
+def test_each_mistake_gives_one_line_exit_2_and_spends_nothing(row, tmp_path):
+    args, extra, needles = PREFLIGHT_ROWS[row]
+    extra = dict(extra)
+    if mkdir := extra.pop("MKDIR", None):
+        (tmp_path / mkdir).mkdir()
+    if config := extra.pop("CONFIG_JSON", None):
+        (tmp_path / "config.json").write_text(config)
+    env = cli_env(tmp_path, A2RL_TEST_CWD=str(tmp_path), **extra)
+    results = tmp_path / "out" / "a.duckdb"
+    proc = a2rl(["run", *args, "--results", str(results)], env)
+    assert_one_line(proc, 2, *needles)
+    assert not results.exists() and not (tmp_path / "out").exists()  # no row, no run directory, nothing made
+    assert not (tmp_path / "prefect" / "prefect.db").exists()  # and no Prefect server was started
+
+
+@pytest.mark.parametrize("where", ["under a file", "/proc", "read-only mount"])
+def test_an_unwritable_results_location_gives_one_line(where, tmp_path):
+    env = cli_env(tmp_path)
+    prefix = None
+    if where == "under a file":
+        (tmp_path / "afile").write_text("x")
+        results = tmp_path / "afile" / "sub" / "a.duckdb"
+    elif where == "/proc":
+        results = Path("/proc/a2rl/a.duckdb")
+    else:
+        if (problem := _bwrap_problem()) is not None:
+            pytest.skip(problem)
+        (tmp_path / "ro").mkdir()
+        results = tmp_path / "ro" / "a.duckdb"
+        prefix = ["bwrap", "--bind", "/", "/", "--ro-bind", str(tmp_path / "ro"), str(tmp_path / "ro"),
+                  "--dev", "/dev", "--proc", "/proc", "--"]  # fmt: skip
+    line = assert_one_line(a2rl(["run", "--results", str(results)], env, prefix=prefix), 2, "--results")
+    assert "writ" in line or "is a file" in line
+
+
+def _bwrap_problem() -> str | None:
+    from sandbox_support import bwrap_problem
+
+    return bwrap_problem()
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    proc = a2rl(["run", "--budget", "-5", "--debug"], cli_env(tmp_path))
+    assert proc.returncode == 2 and "Traceback" in proc.stderr and "PreflightError" in proc.stderr
+    proc = a2rl(["run", "--budget", "-5"], cli_env(tmp_path, A2RL_DEBUG="1"))
+    assert proc.returncode == 2 and "Traceback" in proc.stderr
+
+
+def test_agents_and_help_say_what_each_agent_needs(tmp_path):
+    env = cli_env(tmp_path)
+    out = a2rl(["agents"], env).stdout
+    for agent_id in ("reference-sft", "claude-tools", "claude-code", "codex"):
+        assert agent_id in out
+    assert "`claude` on PATH" in out and "openai API (a saved driver: a2rl drivers add" in out and "scripted" in out
+    help_text = " ".join(a2rl(["run", "--help"], env).stdout.split())
+    assert "need --driver: claude-code, claude-tools, codex" in help_text and "--strict-mode" in help_text
+
+
+def test_drivers_add_list_rm_round_trip(prefect_harness, tmp_path, monkeypatch, capsys, request):
+    """Saved as DriverConfig blocks on the Prefect server in use; the key comes from a variable and is never
+    printed; a run's preflight resolves the saved block (no key in the environment)."""
+    from a2rl.cli import main
+
+    _restore_console_levels_after(request)
+    monkeypatch.setenv("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "NOTSET")  # restored after the test
+    monkeypatch.setenv("MY_KEY", "sk-test-SECRET-42")
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:/usr/bin:/bin")
+    add = ["drivers", "add", "sonnet", "--model", "claude-sonnet-4-5", "--key-env", "MY_KEY",
+           "--input-usd-per-mtok", "3", "--output-usd-per-mtok", "15"]  # fmt: skip
+    assert main(add) == 0
+    assert main(["drivers", "add", "sonnet", "--model", "x"]) == 2  # no silent replacement
+    assert main(["drivers", "list"]) == 0
+    out, err = capsys.readouterr()
+    assert "with an API key" in out and "--force" in err and "SECRET" not in out + err
+    assert "sonnet" in out and "claude-sonnet-4-5" in out and "input_usd_per_mtok=3.0" in out
+    assert main(["run", "--agent", "claude-code", "--driver", "sonnet", "--results", str(tmp_path / "a.db")]) == 2
+    assert "`claude`" in capsys.readouterr().err  # the driver resolved; the missing CLI is what is wrong
+    assert main(["drivers", "rm", "sonnet"]) == 0
+    main(["drivers", "list"])
+    assert "no saved drivers" in capsys.readouterr().out
+
+
+def _restore_console_levels_after(request) -> None:
+    """`a2rl drivers` quiets Prefect's console handlers in its process; here that is the test session's."""
+    import logging
+
+    handlers = {h for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+                if isinstance(logger, logging.Logger) for h in logger.handlers}  # fmt: skip
+    levels = {h: h.level for h in handlers}
+    request.addfinalizer(lambda: [h.setLevel(level) for h, level in levels.items()])
+
+
+def harness_api_url() -> dict[str, str]:
+    """The session's Prefect test server, for CLI subprocesses (saves each one starting its own)."""
+    from prefect.settings import PREFECT_API_URL
+
+    return {"PREFECT_API_URL": PREFECT_API_URL.value()}
+
+
+def test_a_failure_inside_the_run_gives_one_line_and_a_failed_row(prefect_harness, tiny_model_dir, tmp_path):
+    """A checkpoint that passes the preflight (config and weights files are there) but cannot be loaded (the
+    weights file is garbage): the run fails in its baseline; the terminal gets one line naming the phase, the
+    report and the log with the traceback."""
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    for f in tiny_model_dir.iterdir():
+        if f.is_file():
+            (broken / f.name).write_bytes(f.read_bytes() if f.suffix != ".safetensors" else b"not a tensor file")
+    results = tmp_path / "a.duckdb"
+    proc = a2rl(["run", "--base-model", str(broken), "--results", str(results), "--val-limit", "1", "--test-limit",
+                 "1", "--sandbox", "off"], cli_env(tmp_path, **harness_api_url()), timeout=300)  # fmt: skip
+    line = assert_one_line(proc, 1, "failed", "report", "log")
+    with duckdb.connect(str(results), read_only=True) as db:
+        status, error, failure_class, harness = db.execute(
+            "SELECT status, error, failure_class, harness_dir FROM runs").fetchone()
+    assert status == "failed" and failure_class == "infrastructure failure"
+    phase = error.split(" in ", 1)[1].split(":", 1)[0]
+    assert phase in ("provision", "baseline") and f"in {phase}" in line
+    assert "Traceback" in (Path(harness) / "run.log").read_text()
+    assert str(Path(harness) / "report.md") in line and (Path(harness) / "report.md").exists()
+
+
+def test_a_failure_while_recording_a_failure_still_ends_the_row_failed(prefect_harness, tiny_model_dir, tmp_path,
+                                                                       monkeypatch):  # fmt: skip
+    """`--variant full` offline, started around the CLI (as a deployment would): the flow's own preflight stops
+    it, and the leak audit of the failure report cannot load the data either. The row must not stay `running`."""
+    from a2rl.preflight import PreflightError
+    from flows.benchmark_run import benchmark_run
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    results = tmp_path / "a.duckdb"
+    with pytest.raises(PreflightError, match="--variant full"):
+        benchmark_run(variant="full", base_model=str(tiny_model_dir), results=results, val_limit=1, test_limit=1)
+    with duckdb.connect(str(results), read_only=True) as db:
+        status, error, failure_class = db.execute("SELECT status, error, failure_class FROM runs").fetchone()
+    assert status == "failed" and failure_class == "infrastructure failure"
+    assert error.startswith("PreflightError in preflight") and "while recording it" in error
+
+
+def test_an_agent_that_never_started_makes_the_run_failed(prefect_harness, tiny_model_dir, tmp_path, monkeypatch):
+    """claude-code with no `claude` on PATH, started around the CLI: failed (infrastructure), not completed."""
+    from a2rl.preflight import PreflightError
+    from flows.benchmark_run import benchmark_run
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:/usr/bin:/bin")
+    results = tmp_path / "a.duckdb"
+    with pytest.raises(PreflightError, match="`claude`"):
+        benchmark_run(agent="claude-code", driver="m", base_model=str(tiny_model_dir), results=results,
+                      val_limit=1, test_limit=1)  # fmt: skip
+    with duckdb.connect(str(results), read_only=True) as db:
+        status, failure_class = db.execute("SELECT status, failure_class FROM runs").fetchone()
+    assert (status, failure_class) == ("failed", "infrastructure failure")
+
+
+def test_did_not_start_reads_a_launch_error_as_the_harness_failure(tmp_path):
+    from a2rl.records import RunConfig
+    from a2rl.run import RunContext
+    from a2rl.workspace import RunPaths
+    from agents import SessionOutcome
+    from flows.benchmark_run import did_not_start
+
+    ctx = RunContext(run_id="r", config=RunConfig(agent="claude-tools", driver="m"),
+                     paths=RunPaths.for_run(tmp_path, "r"), results_path=tmp_path / "a.duckdb")  # fmt: skip
+    ctx.paths.create()
+    launch = SessionOutcome(exit_code=None, ended_by="launch-error", agent_seconds=0, wall_seconds=0, error="no CLI")
+    assert "could not be launched: no CLI" in did_not_start(ctx, launch)
+    quit_at_once = SessionOutcome(exit_code=1, ended_by="exited", agent_seconds=2, wall_seconds=2)
+    assert "without one successful LLM call" in did_not_start(ctx, quit_at_once)
+    (ctx.paths.harness_dir / "llm_calls.jsonl").write_text(json.dumps({"call": 1, "output_tokens": 12}) + "\n")
+    assert did_not_start(ctx, quit_at_once) is None  # it worked, then stopped: the agent's own result
+
+
+def test_progress_display_and_mode_breaches_on_a_terminal(prefect_harness, tiny_model_dir, tmp_path):
+    """`a2rl run --mode rl-only --agent reference-sft` on a pty: a live display (phases, baseline items, the
+    agent's clock moving, submissions) and the SFT submission's mode breach in the display, the summary, the
+    report's headline table and `a2rl status`."""
+    env = cli_env(tmp_path, A2RL_SFT_TRAIN_S="4", A2RL_SFT_MAX_STEPS="4", A2RL_SFT_BATCH_SIZE="4",
+                  A2RL_SFT_MAX_LENGTH="512", COLUMNS="160", LINES="40", **harness_api_url())  # fmt: skip
+    results = tmp_path / "a.duckdb"
+    cmd = [sys.executable, "-m", "a2rl.cli", "run", "--base-model", str(tiny_model_dir), "--budget", "45",
+           "--val-limit", "1", "--test-limit", "1", "--mode", "rl-only", "--results", str(results),
+           "--sandbox", "off"]  # fmt: skip
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(cmd, env=env, stdin=follower, stdout=follower, stderr=follower, close_fds=True)
+    os.close(follower)
+    screen = ""
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:
+            if select.select([leader], [], [], 1.0)[0]:
+                try:
+                    chunk = os.read(leader, 65536)
+                except OSError:  # the CLI exited and closed the terminal
+                    break
+                if not chunk:
+                    break
+                screen += chunk.decode("utf-8", "replace")
+        assert proc.wait(timeout=60) == 0, screen[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(leader)
+    (tmp_path / "screen.txt").write_text(screen)  # for a failure's post-mortem
+    clock_readings = set(re.findall(r"(\d+)/45 s", screen))
+    assert len(clock_readings) >= 3, screen[-3000:]  # the agent's clock moved on screen
+    assert "\x1b[" in screen  # drawn in place with terminal control sequences, not printed line after line
+    for shown in ("evaluating the base model", "2/2 items", "agent session", "graded: #1",
+                  "1 submission(s) broke the mode", "mode rl-only: 1 of 1 submissions BROKE THE MODE"):
+        assert shown in screen, shown
+    with duckdb.connect(str(results), read_only=True) as db:
+        status, harness = db.execute("SELECT status, harness_dir FROM runs").fetchone()
+    assert status == "completed"
+    assert "| mode breaches (mode rl-only) | **1** of 1 submissions |" in (Path(harness) / "report.md").read_text()
+    table = a2rl(["status", "--results", str(results)], env).stdout
+    assert "mode_breaches" in table and "│ rl-only │ 1 " in table
+
+
+def test_status_tells_a_live_running_row_from_one_whose_process_died(tmp_path):
+    """`running` in the store: `a2rl status` says whether the run's process is still there."""
+    import socket
+
+    from a2rl.progress import RunProgress
+    from a2rl.records import RunConfig
+    from a2rl.store import ResultsStore
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    store = ResultsStore(tmp_path / "a.duckdb")
+    for name, pid in (("alive", os.getpid()), ("dead", gone.pid)):
+        harness = tmp_path / name / "harness"
+        harness.mkdir(parents=True)
+        (harness / "progress.json").write_text(RunProgress(run_id=name, harness_dir=harness, phase="agent_session",
+                                                           pid=pid, host=socket.gethostname()).model_dump_json())
+        store.start_run(name, RunConfig(seed=pid), str(harness), "label")
+    table = a2rl(["status", "--results", str(tmp_path / "a.duckdb")], cli_env(tmp_path)).stdout
+    assert f"running (pid {os.getpid()}, agent_session)" in table and f"process {gone.pid} is gone" in table
+
+
+def test_without_a_terminal_the_display_prints_plain_lines_when_something_happens(tmp_path):
+    """Piped output gets one line per change (phase, a submission queued or graded), no control sequences."""
+    import io
+
+    from a2rl.display import RunDisplay
+    from a2rl.progress import ProgressWriter
+
+    harness = tmp_path / "harness"
+    harness.mkdir()
+    announce = tmp_path / "announce.json"
+    out = io.StringIO()
+    os.environ["A2RL_RUN_ANNOUNCE"] = str(announce)
+    try:
+        writer = ProgressWriter("r1", harness, budget_s=60)
+    finally:
+        del os.environ["A2RL_RUN_ANNOUNCE"]
+    ledger = harness / "ledger.jsonl"
+    with RunDisplay(announce, stream=out, live=False, interval_s=0.05):
+        writer.update(phase="agent_session")
+        time.sleep(0.5)
+        (harness / "clock.json").write_text(json.dumps({"elapsed_s": 12.0, "at": time.time()}))
+        (harness / "agent.log").write_text("[agent] round 1: training\n")
+        ledger.write_text(json.dumps({"kind": "submission", "submission_id": 1, "status": "queued",
+                                      "detail": {"mode_ok": False}}) + "\n")  # fmt: skip
+        time.sleep(0.5)
+        with ledger.open("a") as f:
+            f.write(json.dumps({"kind": "submission", "submission_id": 1, "status": "scored", "score": 37.5}) + "\n")
+        time.sleep(0.5)
+    lines = out.getvalue().splitlines()
+    assert "\x1b[" not in out.getvalue() and 3 <= len(lines) <= 6, lines
+    assert any("1 queued, 0 graded" in line and "paused: grading" in line for line in lines)
+    assert "1 graded [#1 37.5]" in lines[-1] and "MODE BREACHES 1" in lines[-1]
+    # 12 s saved in clock.json, plus the time since it was saved while nothing is graded
+    assert re.search(r"agent time 1[234]/60 s", lines[-1]) and "round 1: training" in lines[-1]
