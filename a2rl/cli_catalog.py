@@ -32,8 +32,9 @@ class AgentInfo:
     def needs(self) -> str:
         if self.driver_api is None:
             return "nothing (scripted; no --driver)"
-        how = ("a model id with ANTHROPIC_API_KEY, or a saved driver" if self.driver_api == "anthropic"
-               else f"a saved driver: a2rl drivers add NAME --model M --api {self.driver_api} --key-env VAR")
+        how = ("a model id with ANTHROPIC_API_KEY, or a saved driver" if self.driver_api.startswith("anthropic")
+               else "a saved driver: a2rl drivers add NAME --model M --api "
+               f"{self.driver_api.split(' or ')[0]} --key-env VAR")
         needs = [f"--driver speaking the {self.driver_api} API ({how})"]
         if self.program:
             needs.append(f"`{self.program}` on PATH" + (f" ({self.install_hint})" if self.install_hint else ""))
@@ -46,14 +47,16 @@ def agent_infos() -> list[AgentInfo]:
     infos = []
     for agent_id in list_agents():
         cls = agent_class(agent_id)
-        api = getattr(cls, "api", None) or ("anthropic" if cls.uses_llm else None)
-        infos.append(AgentInfo(agent_id, _first_sentence(cls), api if cls.uses_llm else None,
+        apis = getattr(cls, "apis", None) or (("anthropic",) if cls.uses_llm else ())
+        api = " or ".join(apis) if cls.uses_llm else None
+        infos.append(AgentInfo(agent_id, _first_sentence(cls), api,
                                getattr(cls, "executable", None), getattr(cls, "install_hint", None)))  # fmt: skip
     return infos
 
 
 def _first_sentence(cls: type, limit: int = 120) -> str:
-    doc = " ".join((cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").split())
+    own = cls.__dict__.get("__doc__")  # not an inherited base-class docstring
+    doc = " ".join((own or sys.modules[cls.__module__].__doc__ or "").split())
     sentence = doc.split(". ")[0].rstrip(".")
     return sentence if len(sentence) <= limit else sentence[: limit - 3] + "..."
 

@@ -40,5 +40,7 @@ class LLMAgent(Agent):
 
 
 class ClaudeTools(LLMAgent):
+    """A tool-using agent on the anthropic SDK: the model loop runs harness-side, its tools in the sandbox."""
+
     id = "claude-tools"
     runner_module = "agents.claude_tools.runner"

@@ -82,6 +82,8 @@ NPM_HINT = "install it with `make tools` (pinned, into .tools/npm) or: npm insta
 
 
 class ClaudeCode(CLIAgent):
+    """Anthropic's Claude Code CLI, headless (`claude -p`), in the sandbox behind the logging proxy."""
+
     id = "claude-code"
     executable = "claude"
     install_hint = NPM_HINT.format(package="@anthropic-ai/claude-code")
@@ -89,6 +91,8 @@ class ClaudeCode(CLIAgent):
 
 
 class Codex(CLIAgent):
+    """OpenAI's Codex CLI (`codex exec`), in the sandbox behind the logging proxy."""
+
     id = "codex"
     executable = "codex"
     install_hint = NPM_HINT.format(package="@openai/codex")
@@ -96,6 +100,8 @@ class Codex(CLIAgent):
 
 
 class GeminiCLI(CLIAgent):
+    """Google's Gemini CLI (`gemini -p --yolo`), in the sandbox behind the logging proxy."""
+
     id = "gemini"
     executable = "gemini"
     install_hint = NPM_HINT.format(package="@google/gemini-cli")
@@ -103,6 +109,8 @@ class GeminiCLI(CLIAgent):
 
 
 class OpenCode(CLIAgent):
+    """The OpenCode CLI (`opencode run`), in the sandbox behind the logging proxy."""
+
     id = "opencode"
     executable = "opencode"
     install_hint = NPM_HINT.format(package="opencode-ai")
@@ -110,6 +118,8 @@ class OpenCode(CLIAgent):
 
 
 class OpenHands(CLIAgent):
+    """The OpenHands CLI (`openhands --headless`, its own Python >= 3.12 venv), in the sandbox behind the logging proxy."""
+
     id = "openhands"
     executable = "openhands"
     install_hint = ("install it with `make tools` (pinned, its own Python >= 3.12 venv in .tools/openhands) or: "
