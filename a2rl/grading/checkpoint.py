@@ -42,6 +42,10 @@ def resolve_in_workspace(workspace: Path, model_path: str) -> Path:
         raise SubmissionRejected("model_path must be a non-empty string")
     if "\x00" in model_path:
         raise SubmissionRejected("model_path contains a NUL byte")
+    try:
+        model_path.encode()
+    except UnicodeEncodeError as e:  # a lone surrogate from JSON's \udXXX escapes names no file
+        raise SubmissionRejected("model_path is not valid Unicode text") from e
     root = workspace.resolve()
     candidate = Path(model_path)
     try:
