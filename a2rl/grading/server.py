@@ -13,7 +13,7 @@ import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from a2rl.grading.errors import SubmissionRejected
 from a2rl.grading.service import GradingService
@@ -47,15 +47,21 @@ SUBMISSION_RESPONSES: dict[int | str, dict] = {
 
 
 class PathRequest(BaseModel):
+    model_config = ConfigDict(strict=True)  # no coercion: `true` is not submission 1, `0` not `false`
+
     model_path: str = Field(description="Checkpoint directory, relative to the workspace (e.g. output/v1).",
                             min_length=1, examples=["output/v1"])
 
 
 class FinalRequest(BaseModel):
+    model_config = ConfigDict(strict=True)  # no coercion: `true` is not submission 1, `0` not `false`
+
     submission_id: int = Field(description="The submission to evaluate on the hidden test set after the session.")
 
 
 class SubmitRequest(BaseModel):
+    model_config = ConfigDict(strict=True)  # no coercion: `true` is not submission 1, `0` not `false`
+
     model_path: str = Field(description="Checkpoint directory, relative to the workspace (e.g. output/v1).",
                             min_length=1, examples=["output/v1"])
     wait: bool = Field(default=False, description="Block until graded and return the score (original's sync mode).")

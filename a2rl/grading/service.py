@@ -56,6 +56,8 @@ class GradingContext:
     """Submissions must match its architecture and vocabulary."""
     devices: list[str | None] = field(default_factory=lambda: [None])
     """One evaluation worker per entry; "0", "1", ... pin a worker to a GPU, None = default device."""
+    ledger_anchor: Callable[[LedgerEntry, str], None] | None = None
+    """Receives every new ledger head (e.g. `ResultsStore.ledger_anchor(run_id)`), so the end is anchored."""
 
 
 def grading_devices(workers: int) -> list[str | None]:
@@ -89,7 +91,7 @@ class GradingService:
         self._evaluate = evaluate
         self._on_entry = on_entry or (lambda e: None)
         self._on_evaluation = on_evaluation or (lambda e, r: None)
-        self.ledger = Ledger(ctx.harness_dir / "ledger.jsonl")
+        self.ledger = Ledger(ctx.harness_dir / "ledger.jsonl", anchor=ctx.ledger_anchor)
         self.snapshots = ctx.harness_dir / "snapshots"
         # The base model's tokenizer, chat template and generation config, copied once into the harness dir:
         # every snapshot renders prompts with these, never with files a submission brings.
