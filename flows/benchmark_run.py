@@ -105,7 +105,8 @@ def agent_session(
 
     service = GradingService(
         GradingContext(ctx.run_id, ctx.config, ctx.paths.workspace, ctx.paths.harness_dir, baseline,
-                       base_model_dir=base_model_dir, devices=grading_devices(ctx.config.grading_workers)),
+                       base_model_dir=base_model_dir, devices=grading_devices(ctx.config.grading_workers),
+                       ledger_anchor=store.ledger_anchor(ctx.run_id)),
         clock,
         on_entry=on_entry,
         on_evaluation=lambda entry, result: record_evaluation(store, ctx, entry, result),
