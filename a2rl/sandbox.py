@@ -403,32 +403,13 @@ def _inside(path: Path, roots: list[Path]) -> bool:
 
 # -- quota --------------------------------------------------------------------------------------------------
 def workspace_bytes(workspace: Path, exclude: tuple[Path, ...] = (), stop_above: int | None = None) -> int:
-    """Disk blocks used under `workspace` (sparse files count what they occupy; hard links once; symlinks
-    not followed). Stops counting once past `stop_above`."""
-    total, seen = 0, set()
-    skip = {str(Path(p)) for p in exclude}
-    stack = [str(workspace)]
-    while stack:
-        try:
-            entries = os.scandir(stack.pop())
-        except OSError:
-            continue
-        with entries:
-            for entry in entries:
-                if entry.path in skip:
-                    continue
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                if (st.st_dev, st.st_ino) not in seen:
-                    seen.add((st.st_dev, st.st_ino))
-                    total += st.st_blocks * 512
-                if stop_above is not None and total > stop_above:
-                    return total
-    return total
+    """Disk blocks used under `workspace` (sparse files count what they occupy; hard links once; links never
+    followed, not even one swapped in while counting). Stops counting once past `stop_above`."""
+    skip = {os.path.relpath(p, workspace) for p in exclude}
+    try:
+        return _safefs().disk_usage(workspace, prune=lambda e: e.rel in skip, stop_above=stop_above)
+    except OSError:  # no workspace, or a link where it should be
+        return 0
 
 
 def workspace_over_quota(workspace: Path, max_bytes: int, exclude: tuple[Path, ...] = ()) -> bool:
@@ -470,19 +451,31 @@ def _remove_stale_runtimes(tmp: Path) -> None:
 def _give_workspace(cfg: dict) -> None:
     """Root harness: the agent uid owns what it may change. The workspace root stays root's, group-writable with
     the sticky bit, so the agent can add files there but not rename or delete the harness's (`models/`, `data/`,
-    the .md files): a `models/` swapped for a link would be followed on a retry. Links are never followed."""
+    the .md files): a `models/` swapped for a link would be followed on a retry. The walk holds each directory
+    open and never follows a link (agent processes of earlier tool calls may still run and swap one in)."""
     uid, ws = cfg["uid"], cfg["workspace"]
-    read_only = set(cfg["read_only"])
-    parents = {str(p) for r in read_only for p in Path(r).parents}
-    os.lchown(ws, 0, uid)
-    os.chmod(ws, 0o1770)
-    for root, dirs, files in os.walk(ws):
-        dirs[:] = [d for d in dirs if os.path.join(root, d) not in read_only]
-        for name in dirs + files:
-            path = os.path.join(root, name)
-            harness_file = root == ws and name in files and os.lstat(path).st_uid == 0
-            if path not in parents and not harness_file:
-                os.lchown(path, uid, uid)
+    read_only = {os.path.relpath(r, ws) for r in cfg["read_only"]}
+    parents = {str(p) for r in read_only for p in Path(r).parents if str(p) != "."}
+    fs = _safefs()
+    fs.chown_root(ws, 0, uid, mode=0o1770)
+    harness_file = lambda e: "/" not in e.rel and not e.is_dir and e.st.st_uid == 0  # noqa: E731
+    fs.chown_tree(ws, uid, uid, prune=lambda e: e.rel in read_only,
+                  keep=lambda e: e.rel in parents or harness_file(e))  # fmt: skip
+
+
+@functools.cache
+def _safefs():
+    """a2rl.safefs; loaded by path when this file runs as the shim's script (`python -I -S`: no package)."""
+    try:
+        from a2rl import safefs
+    except ImportError:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("a2rl_safefs", Path(__file__).with_name("safefs.py"))
+        safefs = importlib.util.module_from_spec(spec)
+        sys.modules["a2rl_safefs"] = safefs  # dataclasses look their module up while the class is made
+        spec.loader.exec_module(safefs)
+    return safefs
 
 
 def _start_bridges(cfg: dict) -> None:
