@@ -407,7 +407,7 @@ def workspace_bytes(workspace: Path, exclude: tuple[Path, ...] = (), stop_above:
     followed, not even one swapped in while counting). Stops counting once past `stop_above`."""
     skip = {os.path.relpath(p, workspace) for p in exclude}
     try:
-        return _safefs().disk_usage(workspace, prune=lambda e: e.rel in skip, stop_above=stop_above)
+        return _sibling("safefs").disk_usage(workspace, prune=lambda e: e.rel in skip, stop_above=stop_above)
     except OSError:  # no workspace, or a link where it should be
         return 0
 
@@ -456,7 +456,7 @@ def _give_workspace(cfg: dict) -> None:
     uid, ws = cfg["uid"], cfg["workspace"]
     read_only = {os.path.relpath(r, ws) for r in cfg["read_only"]}
     parents = {str(p) for r in read_only for p in Path(r).parents if str(p) != "."}
-    fs = _safefs()
+    fs = _sibling("safefs")
     fs.chown_root(ws, 0, uid, mode=0o1770)
     harness_file = lambda e: "/" not in e.rel and not e.is_dir and e.st.st_uid == 0  # noqa: E731
     fs.chown_tree(ws, uid, uid, prune=lambda e: e.rel in read_only,
@@ -464,18 +464,21 @@ def _give_workspace(cfg: dict) -> None:
 
 
 @functools.cache
-def _safefs():
-    """a2rl.safefs; loaded by path when this file runs as the shim's script (`python -I -S`: no package)."""
+def _sibling(name: str):
+    """a2rl.<name> (safefs, procs: standard library only); loaded by path when this file runs as the shim's
+    script (`python -I -S`: no package to import from)."""
+    import importlib
+
     try:
-        from a2rl import safefs
+        return importlib.import_module(f"a2rl.{name}")
     except ImportError:
         import importlib.util
 
-        spec = importlib.util.spec_from_file_location("a2rl_safefs", Path(__file__).with_name("safefs.py"))
-        safefs = importlib.util.module_from_spec(spec)
-        sys.modules["a2rl_safefs"] = safefs  # dataclasses look their module up while the class is made
-        spec.loader.exec_module(safefs)
-    return safefs
+        spec = importlib.util.spec_from_file_location(f"a2rl_{name}", Path(__file__).with_name(f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+        spec.loader.exec_module(module)
+        return module
 
 
 def _start_bridges(cfg: dict) -> None:
@@ -541,12 +544,15 @@ def _shim(cfg: dict) -> int:
         # The child gets its own process group, so the harness's group SIGTERM reaches only this shim, which
         # passes it on: sandboxed, to the launcher inside (it signals the agent and keeps the grader reachable
         # during the grace period); unsandboxed, to the launcher's group, which the agent shares.
-        child = subprocess.Popen(cfg["child"], env=env, cwd=cfg["workspace"], process_group=0,
-                                 pass_fds=cfg.get("pass_fds", ()))  # fmt: skip
+        # A parent-death signal as well: should this shim be SIGKILLed, its child (bubblewrap, which then ends
+        # the sandbox's PID namespace, or the unsandboxed launcher) goes with it.
+        procs = _sibling("procs")
+        child = procs.start(cfg["child"], group="group", env=env, cwd=cfg["workspace"],
+                            pass_fds=cfg.get("pass_fds", ()))  # fmt: skip
 
         def forward(signum, frame) -> None:
             if not sandboxed:
-                _killpg(child.pid, signum)
+                procs.signal_group(child.pid, signum)
             elif (pid := _launcher_pid(child.pid)) is not None:
                 os.kill(pid, signum)
 
@@ -577,14 +583,7 @@ def _kill_all(child: subprocess.Popen, sandboxed: bool) -> None:
     if sandboxed:  # bubblewrap's death ends its PID namespace, and with it every process of the agent
         child.kill()
     else:
-        _killpg(child.pid, signal.SIGKILL)
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
+        _sibling("procs").signal_group(child.pid, signal.SIGKILL)
 
 
 def describe(policy: SandboxPolicy) -> dict:
