@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ from typing import Any
 
 import httpx
 import psutil
+
+from a2rl import procs
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4200
@@ -267,68 +268,17 @@ def retry_flow_run(api_url: str, flow_run_id: str) -> None:
 
 
 def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    """Start `cmd` as the leader of a new session (so its whole group can be stopped), output to `log`."""
+    """Start `cmd` as the leader of a new session (so its whole group can be stopped), output to `log`. It
+    outlives this command (`a2rl server start` returns), so it gets no parent-death signal."""
     with log.open("ab") as out:
-        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=REPO_ROOT)  # fmt: skip
+        return procs.start(cmd, group="session", die_with_parent=False, env=env, stdout=out,
+                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT)  # fmt: skip
 
 
 def _stop_group(proc: ManagedProcess, term_signals: int, timeout_s: float) -> None:
-    """SIGTERM the leader `term_signals` times (a few seconds apart), then SIGTERM and finally SIGKILL
-    whatever is left of its process group and descendants (flow runs, their agents)."""
-    if not proc.alive():
-        _kill_leftovers(proc.pid, [])
-        return
-    leader = psutil.Process(proc.pid)
-    family = _descendants(leader)
-    deadline = time.monotonic() + timeout_s
-    for i in range(term_signals):
-        _signal(leader, signal.SIGTERM)
-        if _wait_gone([leader], min(deadline, time.monotonic() + (3 if i < term_signals - 1 else timeout_s))):
-            break
-    _kill_leftovers(proc.pid, family + _descendants(leader))
-
-
-def _kill_leftovers(pgid: int, known: list[psutil.Process]) -> None:
-    left = {p.pid: p for p in known + _group_members(pgid) if p.is_running()}
-    if not left:
-        return
-    for p in left.values():
-        _signal(p, signal.SIGTERM)
-    gone, alive = psutil.wait_procs(list(left.values()), timeout=10)
-    for p in alive:
-        _signal(p, signal.SIGKILL)
-    psutil.wait_procs(alive, timeout=5)
-
-
-def _descendants(proc: psutil.Process) -> list[psutil.Process]:
-    try:
-        return proc.children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _group_members(pgid: int) -> list[psutil.Process]:
-    members = []
-    for p in psutil.process_iter():
-        try:
-            if os.getpgid(p.pid) == pgid:
-                members.append(p)
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            continue
-    return members
-
-
-def _signal(p: psutil.Process, sig: int) -> None:
-    try:
-        p.send_signal(sig)
-    except psutil.NoSuchProcess:
-        pass
-
-
-def _wait_gone(procs: list[psutil.Process], deadline: float) -> bool:
-    _, alive = psutil.wait_procs(procs, timeout=max(0.0, deadline - time.monotonic()))
-    return not alive
+    """SIGTERM the leader `term_signals` times, then SIGTERM and finally SIGKILL whatever is left of its process
+    group and descendants (flow runs, their agents): a2rl.procs.stop_tree."""
+    procs.stop_tree(proc.pid, proc.create_time, term_signals=term_signals, timeout_s=timeout_s)
 
 
 def _tail(path: Path, lines: int = 30) -> str:
