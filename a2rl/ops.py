@@ -20,6 +20,8 @@ from typing import Any
 import httpx
 import psutil
 
+from a2rl.gpu_slots import LEASE_STORAGE, LEASE_STORAGE_ENV
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4200
 DEFAULT_POOL = "a2rl-local"
@@ -118,15 +120,24 @@ def start_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, home: Path 
     """
     home = home or prefect_home()
     home.mkdir(parents=True, exist_ok=True)
-    if (running := read_state(SERVER_STATE, home)) and running.alive():
-        return running
     url = api_url_of(host, port)
+    if (running := read_state(SERVER_STATE, home)) and running.alive():
+        if running.url != url:
+            raise OpsError(f"a server started by a2rl already runs on {running.url} with PREFECT_HOME={home}; "
+                           f"use it, or stop it first (`a2rl server stop`) to start one on {url}")
+        return running
     if server_healthy(url):
         raise OpsError(f"another Prefect server already answers on {url}; stop it or pick another --port")
+    if reason := _port_taken(host, port):
+        raise OpsError(f"port {port} on {host} is in use by another program ({reason}); pick another --port")
+    if (other := _background_server_pid(home)) is not None:
+        raise OpsError(f"a Prefect server started with `prefect server start --background` (pid {other}) uses "
+                       f"PREFECT_HOME={home}; stop it (`prefect server stop`) or set another PREFECT_HOME")
     log = home / "a2rl-server.log"
     cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port),
            "--analytics-off"]  # fmt: skip
-    server_env = prefect_env(None, {"PREFECT_HOME": str(home), **(env or {})})
+    # Leases of the GPU slots on disk, so a restarted server still knows (and can expire) them.
+    server_env = prefect_env(None, {"PREFECT_HOME": str(home), LEASE_STORAGE_ENV: LEASE_STORAGE, **(env or {})})
     server_env.pop("PREFECT_API_URL", None)  # the server must not try to talk to another API
     proc = _spawn(cmd, server_env, log)
     server = ManagedProcess("server", proc.pid, psutil.Process(proc.pid).create_time(), str(log), url=url)
@@ -135,12 +146,43 @@ def start_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, home: Path 
     while not server_healthy(url):
         if proc.poll() is not None:
             (home / SERVER_STATE).unlink(missing_ok=True)
-            raise OpsError(f"the Prefect server exited with code {proc.returncode}; see {log}:\n{_tail(log)}")
+            raise OpsError(f"the Prefect server exited with code {proc.returncode} ({_last_error(log)}); see {log}")
         if time.monotonic() > deadline:
             stop_server(home)
             raise OpsError(f"the Prefect server did not answer on {url} within {timeout_s:.0f} s; see {log}")
         time.sleep(0.5)
     return server
+
+
+def _port_taken(host: str, port: int) -> str | None:
+    """Why `port` cannot be listened on (None when it can)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
+
+
+def _background_server_pid(home: Path) -> int | None:
+    """The pid of a live `prefect server start --background` server of this PREFECT_HOME, if any."""
+    try:
+        pid = int((home / "server.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        return pid if "server" in " ".join(psutil.Process(pid).cmdline()) else None  # not a reused pid
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def _last_error(log: Path) -> str:
+    """The line of a log that says what went wrong (its last error line), for a one-line message."""
+    lines = [line.strip() for line in _tail(log, 200).splitlines() if line.strip()]
+    errors = [line for line in lines if "Error" in line or "error" in line]
+    return (errors or lines or ["no output"])[-1][:300]
 
 
 def stop_server(home: Path | None = None, timeout_s: float = 30) -> bool:

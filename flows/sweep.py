@@ -25,11 +25,11 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel
 
 from a2rl.records import RunConfig
+from a2rl.run_options import DEFAULT_RESULTS, GRACE_S, MATRIX_FIELDS, resolve_results
 from a2rl.store import ResultsStore
 
 GPU_LIMIT = "gpu"
 RUN_DEPLOYMENT = "benchmark-run/benchmark-run"
-DEFAULT_RESULTS = Path("results/a2rl.duckdb")
 DEFAULTS = RunConfig()
 FINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
@@ -76,18 +76,10 @@ def expand_matrix(
 
 
 def run_parameters(config: RunConfig, results: Path | str, runs_dir: Path | str | None, grace_s: float) -> dict:
-    """The `benchmark-run` parameters whose RunConfig (and so `config_hash`) equals `config`.
-    `driver` is passed only when it is not the default, since the flow may not take it yet."""
-    params: dict[str, Any] = {
-        "task": config.task, "agent": config.agent, "budget_s": config.budget_s, "seed": config.seed,
-        "results": str(results), "variant": config.variant, "base_model": config.base_model,
-        "protocol": config.protocol, "mode": config.mode, "val_limit": config.val_limit,
-        "test_limit": config.test_limit, "max_submissions": config.max_submissions, "grace_s": grace_s,
-    }  # fmt: skip
+    """The `benchmark-run` parameters whose RunConfig (and so `config_hash`) equals `config`: every field."""
+    params: dict[str, Any] = {**config.model_dump(mode="json"), "results": str(results), "grace_s": grace_s}
     if runs_dir is not None:
         params["runs_dir"] = str(runs_dir)
-    if config.driver != DEFAULTS.driver:
-        params["driver"] = config.driver
     return params
 
 
@@ -115,8 +107,8 @@ def check_parameters(items: list[SweepItem], accepted: set[str]) -> None:
     for item in items:
         if missing := set(item.parameters) - accepted:
             raise ValueError(
-                f"{item.label}: benchmark-run takes no parameter(s) {sorted(missing)}; "
-                "drivers other than 'none' need a `driver` parameter on the flow"
+                f"{item.label}: benchmark-run takes no parameter(s) {sorted(missing)}; the deployment is older "
+                "than this code: register it again with `a2rl deploy`"
             )
 
 
@@ -237,7 +229,14 @@ def sweep(
     val_limit: int | None = DEFAULTS.val_limit,
     test_limit: int | None = DEFAULTS.test_limit,
     max_submissions: int = DEFAULTS.max_submissions,
-    grace_s: float = 30.0,
+    strict_mode: bool = DEFAULTS.strict_mode,
+    eval_batch_size: int = DEFAULTS.eval_batch_size,
+    eval_backend: str = DEFAULTS.eval_backend,
+    sandbox: str = DEFAULTS.sandbox,
+    max_workspace_bytes: int = DEFAULTS.max_workspace_bytes,
+    grading_workers: int = DEFAULTS.grading_workers,
+    max_checkpoint_bytes: int = DEFAULTS.max_checkpoint_bytes,
+    grace_s: float = GRACE_S,
     local: bool = False,
     force: bool = False,
     gpu_slots: int = 1,
@@ -258,12 +257,14 @@ def sweep(
         watch_timeout_s: stop following after this long (the runs go on); None = until all end.
     """
     logger = get_run_logger()
+    # Every RunConfig field that is not an axis of the matrix is a parameter of this flow of the same name.
+    given = locals()
+    common = {name: given[name] for name in RunConfig.model_fields if name not in MATRIX_FIELDS}
     configs = expand_matrix(
         tasks or [DEFAULTS.task], agents or [DEFAULTS.agent], drivers or [DEFAULTS.driver],
-        modes or [DEFAULTS.mode], seeds or [DEFAULTS.seed], budget_s=budget_s, variant=variant,
-        base_model=base_model, protocol=protocol, val_limit=val_limit, test_limit=test_limit,
-        max_submissions=max_submissions,
+        modes or [DEFAULTS.mode], seeds or [DEFAULTS.seed], **common,
     )  # fmt: skip
+    results = resolve_results(results)
     items = plan_sweep(configs, completed_hashes(Path(results)), force, results, runs_dir, grace_s)
     planned = [i for i in items if i.status == "planned"]
     logger.info("sweep of %d configuration(s): %d to run, %d already completed", len(items), len(planned),
