@@ -233,7 +233,9 @@ def add_ops_parsers(sub, d) -> None:
     server.add_argument("--port", type=int, default=ops.DEFAULT_PORT)
     server.add_argument("--pool", default=ops.DEFAULT_POOL, help="process work pool of the worker")
     server.add_argument("--no-worker", action="store_true", help="start the server only")
-    server.add_argument("--worker-limit", type=int, default=None, help="most flow runs the worker runs at once")
+    server.add_argument("--worker-limit", type=int, default=None,
+                        help="most benchmark runs at once on the pool (a limit on its `default` queue; sweeps, on "
+                             "the `sweeps` queue, are not counted, so a sweep never holds the place its runs need)")
 
     deploy = sub.add_parser(
         "deploy", help="register the deployments of prefect.yaml on the server",
@@ -261,6 +263,13 @@ def add_ops_parsers(sub, d) -> None:
     sweep.add_argument("--no-wait", action="store_true", help="with --deployment: start the runs and return")
     sweep.add_argument("--dry-run", action="store_true", help="show what would run and what is skipped")
 
+    retry = sub.add_parser(
+        "retry", help="retry a crashed/failed flow run so that it takes (waits for the crash to settle, verifies)",
+        formatter_class=fmt,
+    )  # fmt: skip
+    retry.add_argument("flow_run_id", help="the flow run's id (UI, or `a2rl status`)")
+    retry.add_argument("--settle", type=float, default=10.0, help="seconds the crashed state must be unchanged")
+
     status = sub.add_parser("status", help="server, recent flow runs and the latest runs in the results store")
     status.add_argument("--results", default=str(DEFAULT_RESULTS))
     status.add_argument("--limit", type=int, default=8)
@@ -284,7 +293,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     if freed := gpu_slots.reconcile(server.url, ops.prefect_home()):
         print(f"freed {freed} GPU slot(s) that no live lease held (left by a server stopped during a run)")
     if not args.no_worker:
-        worker = ops.start_worker(server.url, pool=args.pool, limit=args.worker_limit)
+        worker = ops.start_worker(server.url, pool=args.pool, run_limit=args.worker_limit)
         print(f"worker polling pool {args.pool!r} (pid {worker.pid}, log {worker.log})")
     print(f"UI: {server.url.removesuffix('/api')}\nin other shells: export PREFECT_API_URL={server.url}")
     return 0
@@ -307,6 +316,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from a2rl import ops
 
     url = _require_api_url() if args.deployment else ops.resolve_api_url()
+    if args.deployment and not ops.deployment_exists(url, ops.RUN_DEPLOYMENT):
+        print(f"a2rl: deploy first: a2rl deploy (no deployment {ops.RUN_DEPLOYMENT!r} on {url})", file=sys.stderr)
+        return 2
     if url:
         os.environ["PREFECT_API_URL"] = url
     from a2rl.run_options import GRACE_S, common_from_args
@@ -375,6 +387,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     return rc
 
 
+def cmd_retry(args: argparse.Namespace) -> int:
+    from a2rl import ops
+
+    url = _require_api_url()
+    print(f"retrying flow run {args.flow_run_id} once its crash has settled ({args.settle:.0f} s) ...", flush=True)
+    state = ops.retry_flow_run(url, args.flow_run_id, settle_s=args.settle)
+    print(f"flow run {args.flow_run_id}: {state}; a worker on its pool picks it up (`a2rl status`)")
+    return 0
+
+
 def _print_server_status() -> int:
     from a2rl import ops
 
@@ -419,7 +441,8 @@ def _require_api_url() -> str:
     return url
 
 
-OPS_HANDLERS = {"server": cmd_server, "deploy": cmd_deploy, "sweep": cmd_sweep, "status": cmd_status}
+OPS_HANDLERS = {"server": cmd_server, "deploy": cmd_deploy, "sweep": cmd_sweep, "status": cmd_status,
+                "retry": cmd_retry}
 
 
 LOG_LEVELS = ["off", "error", "warning", "info", "debug"]
@@ -433,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     """Every mistake a user can make answers with one line on stderr: exit 2 for a setting that cannot work,
     1 for a failure; the traceback only with --debug or A2RL_DEBUG=1."""
     from a2rl.cli_catalog import cmd_agents, cmd_drivers
+    from a2rl.ops import OpsError
     from a2rl.preflight import PreflightError
 
     _quiet_defaults()
@@ -447,6 +471,10 @@ def main(argv: list[str] | None = None) -> int:
         _traceback_if(debug)
         print(f"a2rl: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
+    except OpsError as e:  # server, worker, deployment or retry: the message says what to do
+        _traceback_if(debug)
+        print(f"a2rl: {_one_line(e)}", file=sys.stderr)
+        return 1
     except Exception as e:
         _traceback_if(debug)
         hint = "" if debug else " (A2RL_DEBUG=1 shows the traceback)"

@@ -7,6 +7,7 @@ ledger and the DuckDB results store as it happens, so a retried flow run resumes
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import time
 import traceback
@@ -27,7 +28,8 @@ from a2rl.recording import CodeSnapshots, ResourceSampler, workspace_pids
 from a2rl.grading.service import grading_devices
 from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
 from a2rl.report import build_summary, latest_submissions, write_report
-from a2rl.run import RunContext, visible_gpus
+from a2rl.run import RunContext, make_run_id, visible_gpus
+from a2rl.workspace import RunPaths
 from a2rl.run_options import DEFAULT_RESULTS, GRACE_S, resolve_results
 from a2rl.leak_audit import LeakReport, audit_leaks, hidden_texts
 from a2rl.preflight import check_run
@@ -306,6 +308,10 @@ def benchmark_run(
     config = RunConfig(**{name: given[name] for name in RunConfig.model_fields})
     results = resolve_results(results)
     runs_dir = resolve_results(runs_dir) if runs_dir else results.parent / "runs"
+    if (done := completed_before(config, results, runs_dir)) is not None:
+        get_run_logger().warning("run %s had already completed: a retry changes nothing (its row, report and "
+                                 "timings stay as they were)", done.run_id)  # fmt: skip
+        return done
     phases: dict[str, float] = {}
     t = time.perf_counter()
     ctx = open_run(config, results, runs_dir)
@@ -354,6 +360,19 @@ def benchmark_run(
             raise
     progress.update(phase="done")
     return summary
+
+
+def completed_before(config: RunConfig, results: Path, runs_dir: Path) -> RunSummary | None:
+    """The summary of this flow run's benchmark run if an earlier attempt completed it (a Retry pressed on a
+    completed run), else None."""
+    run_id = make_run_id(config, prefect_flow_run.get_id())
+    report = RunPaths.for_run(runs_dir, run_id).harness_dir / "report.json"
+    if not results.exists() or not report.exists():
+        return None
+    rows = ResultsStore(results).query("SELECT status FROM runs WHERE run_id = ?", [run_id])
+    if list(rows["status"]) != ["completed"]:
+        return None
+    return RunSummary.model_validate(json.loads(report.read_text())["summary"])
 
 
 class AgentDidNotStart(RuntimeError):

@@ -24,14 +24,16 @@ from prefect.exceptions import ObjectNotFound
 from prefect.runtime import flow_run
 from pydantic import BaseModel
 
+from a2rl.ops import RUN_DEPLOYMENT
 from a2rl.records import RunConfig
 from a2rl.run_options import DEFAULT_RESULTS, GRACE_S, MATRIX_FIELDS, resolve_results
 from a2rl.store import ResultsStore
 
-GPU_LIMIT = "gpu"
-RUN_DEPLOYMENT = "benchmark-run/benchmark-run"
+from a2rl.gpu_slots import GPU_LIMIT  # noqa: E402
 DEFAULTS = RunConfig()
 FINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+STALL_S = 600.0
+"""A sweep whose runs have all been waiting this long says that no worker seems to take them."""
 
 SweepStatus = Literal["skipped", "planned", "launched", "completed", "failed"]
 
@@ -155,10 +157,20 @@ def watch_runs(items: list[SweepItem], poll_s: float, timeout_s: float | None) -
     if not launched:
         return
     progress = create_progress_artifact(0.0, description=f"sweep: {len(launched)} benchmark runs")
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = None if timeout_s is None else started + timeout_s
+    stall_warned = False
     with get_client(sync_client=True) as client:
         while True:
             runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(launched))))
+            waiting = [fr for fr in runs if fr.state_type and fr.state_type.value in ("SCHEDULED", "PENDING")]
+            if not stall_warned and len(waiting) == len(runs) and time.monotonic() - started > STALL_S:
+                stall_warned = True
+                logger.warning(
+                    "none of the %d run(s) has started after %.0f s: is a worker polling the runs' work queue "
+                    "with a free place? A worker whose --limit this sweep fills cannot start them "
+                    "(docs/scale-out.md: sweeps and runs on separate queues)", len(runs), STALL_S,
+                )  # fmt: skip
             for fr in runs:
                 item = launched[str(fr.id)]
                 if fr.state_name != item.state:
@@ -174,6 +186,10 @@ def watch_runs(items: list[SweepItem], poll_s: float, timeout_s: float | None) -
             if deadline is not None and time.monotonic() > deadline:
                 logger.warning("stopped watching after %.0f s; %d run(s) still going", timeout_s,
                                len(launched) - len(finished))  # fmt: skip
+                for fr in runs:
+                    if not (fr.state_type and fr.state_type.value in FINAL_STATES):
+                        item = launched[str(fr.id)]
+                        item.detail = f"still {fr.state_name} when the sweep stopped watching (it goes on)"
                 return
             time.sleep(poll_s)
 
@@ -209,8 +225,15 @@ def benchmark_run_parameters(local: bool, deployment: str) -> set[str]:
 
         return set(inspect.signature(benchmark_run.fn).parameters)
     with get_client(sync_client=True) as client:
-        schema = client.read_deployment_by_name(deployment).parameter_openapi_schema or {}
+        try:
+            schema = client.read_deployment_by_name(deployment).parameter_openapi_schema or {}
+        except ObjectNotFound:
+            raise DeployFirst(f"deploy first: a2rl deploy (the server has no deployment {deployment!r})") from None
     return set(schema.get("properties", {}))
+
+
+class DeployFirst(LookupError):
+    """A sweep through deployments on a server where they were never registered."""
 
 
 @flow(name="sweep")
@@ -254,7 +277,8 @@ def sweep(
             through `deployment` on its work pool and (with `wait`) follow them until they end.
         gpu_slots: slots of the global concurrency limit `gpu`, i.e. agent sessions at once across workers.
         job_variables: per-run infrastructure overrides for the deployment (e.g. {"env": {...}}).
-        watch_timeout_s: stop following after this long (the runs go on); None = until all end.
+        watch_timeout_s: stop following after this long (the runs go on, the sweep fails saying so); None =
+            a bound from the matrix: each run's budget three times over plus an hour, per run.
     """
     logger = get_run_logger()
     # Every RunConfig field that is not an axis of the matrix is a parameter of this flow of the same name.
@@ -277,6 +301,8 @@ def sweep(
             ensure_gpu_limit(gpu_slots)
             launch_runs(planned, deployment, job_variables)
             if wait:
+                if watch_timeout_s is None:
+                    watch_timeout_s = len(planned) * (3 * budget_s + 3600)
                 watch_runs(planned, poll_s, watch_timeout_s)
     create_table_artifact(
         [{"run": i.label, "config_hash": i.config.config_hash(), "status": i.status, "state": i.state,
@@ -285,4 +311,7 @@ def sweep(
     )  # fmt: skip
     if failed := [i.label for i in items if i.status == "failed"]:
         raise RuntimeError(f"{len(failed)} of {len(items)} run(s) did not complete: {', '.join(failed)}")
+    if wait and (going := [i.label for i in items if i.status == "launched"]):
+        raise TimeoutError(f"{len(going)} run(s) still going after watch_timeout_s={watch_timeout_s:.0f} s: "
+                           f"{', '.join(going)} (follow them in the UI or `a2rl status`)")
     return items

@@ -97,3 +97,52 @@ def test_server_start_on_a_port_another_program_holds_is_one_line(tmp_path):
             ops.start_server(port=port, home=tmp_path)
     assert "\n" not in str(e.value)
     assert not (tmp_path / ops.SERVER_STATE).exists()
+
+
+# -- retries that take ---------------------------------------------------------------------------------
+def _flow_run_in(state_type: str) -> str:
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import State, StateType
+
+    @flow(name="retry-target")
+    def target() -> None:
+        pass
+
+    with get_client(sync_client=True) as client:
+        fr = client.create_flow_run(target, state=State(type=StateType.SCHEDULED))
+        client.set_flow_run_state(fr.id, State(type=StateType(state_type), name=state_type.title()), force=True)
+    return str(fr.id)
+
+
+def _state(api_url: str, flow_run_id: str) -> dict:
+    return httpx.get(f"{api_url}/flow_runs/{flow_run_id}", timeout=10).json()["state"]
+
+
+def test_retry_refuses_a_completed_or_running_run(api_url):
+    with pytest.raises(ops.OpsError, match="completed: a retry is refused"):
+        ops.retry_flow_run(api_url, _flow_run_in("COMPLETED"))
+    with pytest.raises(ops.OpsError, match="is Running: only a crashed"):
+        ops.retry_flow_run(api_url, _flow_run_in("RUNNING"))
+
+
+def test_retry_waits_out_a_second_crash_report_and_presses_again(api_url):
+    """The worker's late second 'Crashed' lands right after the retry: the helper sees the retry undone before
+    the run started again, waits for the state to settle, and retries once more; the run ends Scheduled."""
+    run_id = _flow_run_in("CRASHED")
+    late_report_sent = threading.Event()
+
+    def late_crash_report() -> None:
+        for _ in range(600):  # until the retry lands (polling a condition, not a timed race)
+            if _state(api_url, run_id)["name"] == "AwaitingRetry":
+                ops._set_state(api_url, run_id, {"type": "CRASHED", "name": "Crashed", "message": "late report"})
+                late_report_sent.set()
+                return
+            threading.Event().wait(0.05)
+
+    reporter = threading.Thread(target=late_crash_report, daemon=True)
+    reporter.start()
+    left_in = ops.retry_flow_run(api_url, run_id, settle_s=1.0, verify_s=1.0, poll_s=0.1, timeout_s=60)
+    reporter.join(10)
+    assert late_report_sent.is_set()
+    assert left_in == "AwaitingRetry" and _state(api_url, run_id)["type"] == "SCHEDULED"
