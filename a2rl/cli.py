@@ -352,39 +352,46 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """Server and worker, top-level flow runs (flow / name, true state, elapsed), GPU slots and their holders,
+    the next scheduled runs, and the latest store rows with the state their flow run is really in."""
     rc = _print_server_status()
-    from a2rl import ops
+    from a2rl import gpu_slots, ops, status
 
-    if url := ops.resolve_api_url():
+    flow_runs: dict[str, status.FlowRunRow] = {}
+    results = Path(args.results)
+    rows = status.store_rows(results, args.limit) if results.exists() else []
+    if (url := ops.resolve_api_url()) and rc == 0:
         try:
-            runs, upcoming = ops.recent_flow_runs(url, args.limit), ops.recent_flow_runs(url, 3, scheduled=True)
-        except Exception as e:  # the server may be starting or gone; the store below is still worth showing
-            print(f"cannot list flow runs: {e}")
+            runs = status.top_level_flow_runs(url, args.limit)
+            upcoming = status.scheduled_flow_runs(url, 3)
+            slots = gpu_slots.describe(url, ops.prefect_home(), status.flow_run_label(url))
+            flow_runs = status.flow_runs_by_suffix(url, [status.run_id_suffix(r["run_id"]) for r in rows])
+        except httpx_errors() as e:  # the server may be starting or going; the store below is still worth showing
+            print(f"cannot list flow runs: {type(e).__name__}: {_one_line(e)}")
         else:
-            _print_table(f"recent flow runs on {url}", ["flow run", "state", "start (UTC)", "run time", "id"],
-                         [[r["name"], r["state_name"] or "-", (r["start_time"] or r["expected_start_time"] or "")[:19],
-                           f"{r['total_run_time']:.0f} s", r["id"]] for r in runs])  # fmt: skip
+            _print_table(f"flow runs on {url} (newest first; subflows not listed)",
+                         ["flow / flow run", "state", "start (UTC)", "elapsed", "id"], [r.cells() for r in runs])
+            print("\n".join(slots))
             for r in upcoming:
-                print(f"scheduled: {r['name']} at {r['expected_start_time'][:19]} UTC")
-    if Path(args.results).exists():
-        from a2rl.store import ResultsStore
+                print(f"scheduled: {r.flow} / {r.name} at {r.start} UTC ({r.state})")
+    if not results.exists():
+        print(f"no results store at {results.resolve()}")
+        return rc
+    from a2rl.progress import running_label
 
-        df = ResultsStore(Path(args.results)).query(
-            "SELECT run_id, status, task, agent, mode, (SELECT count(*) FROM mode_violations v "
-            "WHERE v.run_id = runs.run_id) AS mode_breaches, seed, round(delta_test, 2) AS delta_test, "
-            "strftime(started_at, '%Y-%m-%d %H:%M') AS started, harness_dir FROM runs ORDER BY started_at DESC LIMIT ?",
-            [args.limit],
-        )
-        from a2rl.progress import running_label
-
-        # `running`: still on it, or died without a trace (the row could not be finished)?
-        df["status"] = [running_label(h) if s == "running" else s for s, h in zip(df["status"], df["harness_dir"])]
-        df = df.drop(columns=["harness_dir"])
-        _print_table(f"latest runs in {args.results}", list(df.columns),
-                     [["-" if v is None or v != v else str(v) for v in row] for row in df.itertuples(index=False)])
-    else:
-        print(f"no results store at {args.results}")
+    for row in rows:  # `running`: still on it, waiting for a slot, crashed, or died without a trace?
+        fr = flow_runs.get(status.run_id_suffix(row["run_id"]))
+        row["status"] = status.true_status(row["status"], fr, running_label(row.pop("harness_dir")))
+    columns = list(rows[0]) if rows else ["run_id", "status"]
+    _print_table(f"latest runs in {results.resolve()}", columns,
+                 [["-" if v is None or v != v else str(v) for v in row.values()] for row in rows])
     return rc
+
+
+def httpx_errors() -> tuple[type[Exception], ...]:
+    import httpx
+
+    return (httpx.HTTPError, ValueError, KeyError)
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
@@ -422,12 +429,13 @@ def _print_table(title: str, columns: list[str], rows: list[list]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left")
+    print(title)  # not a table title: rich would pad it to the console's width
+    table = Table()
     for c in columns:
         table.add_column(c)
     for row in rows:
         table.add_row(*[str(v) for v in row])
-    Console(width=None if sys.stdout.isatty() else 200).print(table)  # a log file gets whole lines
+    Console(width=None if sys.stdout.isatty() else 1000).print(table)  # a log file gets whole lines, unwrapped
 
 
 def _require_api_url() -> str:

@@ -5,6 +5,7 @@ Fast: the session's Prefect test server for the slots, plain sockets and state f
 from __future__ import annotations
 
 import json
+import re
 import os
 import socket
 import threading
@@ -146,3 +147,45 @@ def test_retry_waits_out_a_second_crash_report_and_presses_again(api_url):
     reporter.join(10)
     assert late_report_sent.is_set()
     assert left_in == "AwaitingRetry" and _state(api_url, run_id)["type"] == "SCHEDULED"
+
+
+# -- a status an operator can read ---------------------------------------------------------------------
+def test_status_lists_top_level_runs_by_flow_name_elapsed_time_and_the_true_state_of_store_rows(
+    api_url, tmp_path, monkeypatch, capsys
+):
+    from prefect import flow
+
+    from a2rl.cli import main
+    from a2rl.records import RunConfig
+    from a2rl.store import ResultsStore
+
+    @flow(name="status-child")
+    def child() -> None:
+        pass
+
+    @flow(name="status-parent")
+    def parent() -> None:
+        child()
+
+    parent()
+    running = _flow_run_in("RUNNING")
+    threading.Event().wait(2.1)  # it has been running for at least 2 s when status looks
+    crashed = _flow_run_in("CRASHED")
+    results = tmp_path / "a2rl.duckdb"
+    run_id = f"gsm8k-reference-sft-abcdef-{crashed.replace('-', '')[:8]}"
+    ResultsStore(results).start_run(run_id, RunConfig(), None, "offline")  # the process died: row left `running`
+    monkeypatch.setenv("PREFECT_API_URL", api_url)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "400")
+    assert main(["status", "--results", str(results), "--limit", "100"]) == 0
+    out = capsys.readouterr().out
+    (tmp_path / "status.txt").write_text(out)
+    lines = out.splitlines()
+    assert any("status-parent / " in line and "Completed" in line for line in lines)
+    assert not any("status-child" in line for line in lines)  # subflows are not listed
+    running_line = next(line for line in lines if running in line)
+    assert "retry-target / " in running_line and "Running" in running_line
+    assert re.search(r"│ ([2-9]|[1-9][0-9]) s ", running_line), running_line  # its elapsed time, not 0 s
+    assert "GPU slots:" in out
+    row = next(line for line in lines if run_id in line)
+    assert f"crashed (row not finished): a2rl retry {crashed}" in row
