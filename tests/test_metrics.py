@@ -10,18 +10,12 @@ from pathlib import Path
 import pytest
 
 from a2rl.grading.ledger import Ledger
-from a2rl.metrics import (
-    explain_failure,
-    failure_class,
-    ingest_run_dir,
-    label_routes,
-    narrate,
-    process_metrics,
-    render_process_markdown,
-    score_trajectory_png,
-    store_process_report,
-    summarize_process,
-)
+from a2rl.ingest import ingest_run_dir, store_process_report
+from a2rl.metrics import process_metrics, render_process_markdown, summarize_process
+from a2rl.narrative import narrate
+from a2rl.route_labels import label_routes
+from a2rl.verdicts import explain_failure, failure_class
+from analysis.run_figure import score_trajectory_png
 from a2rl.recording import CodeSnapshots
 from agents.base import LLMCallEvent, ToolCallEvent, append_jsonl
 from a2rl.records import LedgerEntry, RunConfig
