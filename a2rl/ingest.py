@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from a2rl.metrics import ProcessReport, summarize_process
 from a2rl.records import LedgerEntry, RunConfig, RunSummary
 from a2rl.report import latest_submissions
+from a2rl.store import ITEM_COLUMNS, item_rows
+
+log = logging.getLogger(__name__)
 
 
 def store_process_report(store: Any, report: ProcessReport, harness_dir: Path | str) -> None:
@@ -58,12 +62,13 @@ def ingest_run_dir(store: Any, run_dir: Path | str) -> ProcessReport:
         "runs": pd.DataFrame([_run_row(run_id, config, summary, process, entries, status, harness)]),
         "submissions": pd.DataFrame(_submission_rows(run_id, entries, process)),
         "evaluations": pd.DataFrame(_evaluation_rows(run_id, entries, harness)),
+        "item_results": pd.DataFrame(_item_rows(run_id, harness), columns=list(ITEM_COLUMNS)),
         "events": pd.DataFrame([
             {"run_id": run_id, "seq": e.seq, "created_at": e.at, "kind": e.detail.get("event", "event"),
              "detail_json": json.dumps(e.detail, sort_keys=True, default=str)}
             for e in entries if e.kind == "event"
         ]),  # fmt: skip
-        "metrics": pd.DataFrame(_metric_rows(run_id, process)),
+        "metrics": pd.DataFrame(_metric_rows(run_id, process, harness)),
         "llm_calls": pd.DataFrame([r | {"run_id": run_id} for r in read_llm_calls(harness / "llm_calls.jsonl")]),
         "tool_calls": pd.DataFrame([r | {"run_id": run_id} for r in read_tool_calls(harness / "tool_calls.jsonl")]),
         "resources": pd.DataFrame([r | {"run_id": run_id}
@@ -136,9 +141,30 @@ def _evaluation_rows(run_id: str, entries: list[LedgerEntry], harness: Path) -> 
     return list(rows.values())
 
 
-def _metric_rows(run_id: str, process: ProcessReport) -> list[dict[str, Any]]:
+def _metric_rows(run_id: str, process: ProcessReport, harness: Path) -> list[dict[str, Any]]:
     from a2rl.store import metric_cells
 
     values = process.metrics | {"failure_reason": process.failure_reason}
+    audit = harness / "leak_audit.json"
+    if audit.exists():  # the leak audit's count is a metric of its own step; re-ingesting keeps it
+        try:
+            values["leaked_items"] = int(json.loads(audit.read_text())["leaked_items"])
+        except (ValueError, KeyError, TypeError) as e:
+            log.warning("leak audit %s unreadable: %s", audit, e)
     return [{"run_id": run_id, "name": k, "value": v, "text": t}
             for k, (v, t) in ((k, metric_cells(v)) for k, v in values.items())]
+
+
+def _item_rows(run_id: str, harness: Path) -> list[dict[str, Any]]:
+    """Per-item results of every evaluation file the run wrote (`harness/evaluations/<eval_key>.json`)."""
+    from a2rl.records import EvalResult
+
+    rows: list[dict[str, Any]] = []
+    for saved in sorted((harness / "evaluations").glob("*.json")):
+        try:
+            result = EvalResult.model_validate_json(saved.read_text())
+        except ValueError as e:  # one damaged file must not lose the run's other rows
+            log.warning("per-item results skipped: %s is not an evaluation (%s)", saved, e)
+            continue
+        rows += item_rows(run_id, saved.stem, result)
+    return rows

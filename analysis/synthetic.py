@@ -7,7 +7,12 @@ Runs cover tasks × agents × modes × seeds. By construction:
   `mode_step` apart, far above the noise of a mean);
 - only every `fresh_every`-th run evaluates its baseline afresh (noise sd `baseline_sd[t]`); the others
   repeat the cached score, which carries no information about noise;
-- each run has `subs_per_run` submissions, every 7th an evaluation error, and a final pick = best on validation.
+- each run has `subs_per_run` submissions, every 7th an evaluation error, and a final pick = best on validation;
+- with `n_items` > 0 the hidden-test scores come from per-item results (`item_results`): the base model answers
+  the same items of a task the same way in every run (greedy), the final pick gains and loses items at random
+  around the run's target Δ, and Δ is then the item-level difference (no longer the exact formula above);
+- with `broken_every` > 0 every such run is not an agent result: failed, interrupted, still running, or completed
+  with an infrastructure failure (the agent never started), in turn; the analysis must exclude and count them.
 Everything is vectorised numpy/pandas, so 100k runs and 1M submissions take seconds.
 """
 
@@ -39,6 +44,11 @@ class SyntheticSpec:
     agent_step: float = 1.5
     mode_step: float = 4.0
     fresh_every: int = 3
+    n_items: int = 0
+    """Hidden-test items with per-item results (0: scores only, as in a store of old runs)."""
+    broken_every: int = 0
+    """Every k-th run is failed / interrupted / running / an infrastructure failure (0: none)."""
+    val_limit: int | None = 16
     seed: int = 0
 
 
@@ -85,6 +95,10 @@ def synthetic_frames(spec: SyntheticSpec = SyntheticSpec()) -> SyntheticData:
     best_idx = np.nanargmax(np.where(np.isnan(val_scores), -np.inf, val_scores), axis=1)
     best_val = val_scores[np.arange(n), best_idx]
     final_test = baseline_test + delta
+    items = None
+    if spec.n_items:
+        baseline_test, final_test, items = _items(rng, spec, t_idx, delta)
+    test_n = spec.n_items or 200
 
     runs = pd.DataFrame({
         "run_id": run_ids, "config_hash": [f"cfg{t}{a}{m}" for t, a, m in zip(t_idx, a_idx, m_idx)],
@@ -97,8 +111,11 @@ def synthetic_frames(spec: SyntheticSpec = SyntheticSpec()) -> SyntheticData:
         "final_test": final_test, "delta_test": final_test - baseline_test, "n_submissions": np.full(n, S, np.int64),
         "n_scored": (~errors).sum(axis=1).astype(np.int64), "agent_seconds": elapsed[:, -1] + 10.0,
         "grading_seconds": 60.0, "wall_seconds": spec.budget_s + 120.0,
-        "failure_class": np.where(delta > 0, "none", "reward/data design failure"),
+        "failure_class": np.where(final_test > baseline_test, "none", "reward/data design failure"),
+        "config_json": json.dumps({"val_limit": spec.val_limit, "test_limit": spec.n_items or None}),
     })  # fmt: skip
+    if spec.broken_every:
+        _break_runs(runs, spec.broken_every)
 
     sub_run = np.repeat(run_ids, S)
     sub_created = start.repeat(S) + pd.to_timedelta(elapsed.ravel(), unit="s")
@@ -113,7 +130,7 @@ def synthetic_frames(spec: SyntheticSpec = SyntheticSpec()) -> SyntheticData:
     })  # fmt: skip
 
     evaluations = _evaluations(run_ids, start, baseline_val, baseline_test, fresh, final_test, best_idx, S,
-                               submissions, spec.tasks, t_idx)
+                               submissions, spec.tasks, t_idx, test_n)
     llm_calls = _llm_calls(run_ids, start, spec, rng)
     metrics = pd.DataFrame({
         "run_id": np.repeat(run_ids, 2), "name": np.tile(["valid_submission_rate", "failure_class"], n),
@@ -123,6 +140,9 @@ def synthetic_frames(spec: SyntheticSpec = SyntheticSpec()) -> SyntheticData:
 
     frames = {"runs": runs, "submissions": submissions, "evaluations": evaluations, "llm_calls": llm_calls,
               "metrics": metrics}
+    if items is not None:
+        final_key = "final-" + (best_idx + 1).astype(str) + "-test"
+        frames["item_results"] = items(run_ids, final_key)
     truth = {
         "best_mode": {spec.tasks[t]: spec.modes[(M - 1 - t) % M] for t in range(T)},
         "worst_mode": {spec.tasks[t]: spec.modes[(M - t) % M] for t in range(T)},
@@ -132,15 +152,58 @@ def synthetic_frames(spec: SyntheticSpec = SyntheticSpec()) -> SyntheticData:
     return SyntheticData(frames=frames, spec=spec, truth=truth)
 
 
+def _items(rng, spec: SyntheticSpec, t_idx, delta):
+    """Per-item right/wrong of the base model (one answer sheet per task) and of each run's final pick, and the
+    0-100 test scores they give. Returns (baseline_test, final_test, a builder of the item_results frame)."""
+    n, N, T = len(t_idx), spec.n_items, len(spec.tasks)
+    task_level = (20.0 + 10.0 * np.arange(T)) / 100  # as base_level
+    sheets = rng.random((T, N)) < task_level[:, None]
+    base = sheets[t_idx]  # runs × items
+    p = base.mean(axis=1, keepdims=True).clip(0.02, 0.98)
+    target = (delta / 100)[:, None]
+    gain = np.where(target > 0, np.minimum(target / (1 - p), 1.0), 0.02)
+    loss = np.where(target < 0, np.minimum(-target / p, 1.0), 0.02)
+    u = rng.random((n, N))
+    final = np.where(base, u >= loss, u < gain)
+    baseline_test, final_test = 100 * base.mean(axis=1), 100 * final.mean(axis=1)
+
+    def frame(run_ids, final_key) -> pd.DataFrame:
+        suffix = np.char.add("-", np.arange(N).astype(str))
+        item_ids = np.char.add(np.repeat(np.asarray(spec.tasks)[t_idx], N), np.tile(suffix, n))
+
+        def rows(key, values):
+            return pd.DataFrame({"run_id": np.repeat(run_ids, N), "eval_key": key, "split": "test",
+                                 "item_id": item_ids, "score": values.ravel().astype(float),
+                                 "correct": values.ravel(), "tokens": np.int64(64)})  # fmt: skip
+        return pd.concat([rows("baseline-0-test", base), rows(np.repeat(final_key, N), final)], ignore_index=True)
+
+    return baseline_test, final_test, frame
+
+
+def _break_runs(runs: pd.DataFrame, every: int) -> None:
+    """Turn every `every`-th run into one the analysis must not count, cycling through the ways a run breaks."""
+    broken = np.flatnonzero(np.arange(len(runs)) % every == every - 1)
+    kinds = [("failed", "infrastructure failure"), ("interrupted", "infrastructure failure"),
+             ("running", None), ("completed", "infrastructure failure")]  # the last: the agent never started
+    for k, i in enumerate(broken):
+        status, failure = kinds[k % len(kinds)]
+        runs.loc[i, ["status", "failure_class"]] = [status, failure]
+        if status != "completed":
+            runs.loc[i, ["final_test", "delta_test", "finished_at"]] = [np.nan, np.nan, pd.NaT]
+        else:
+            runs.loc[i, ["n_submissions", "n_scored", "agent_seconds"]] = [0, 0, 0.0]
+
+
 def _evaluations(run_ids, start, baseline_val, baseline_test, fresh, final_test, best_idx, S, submissions, tasks,
-                 t_idx) -> pd.DataFrame:
+                 t_idx, test_n=200) -> pd.DataFrame:
     n = len(run_ids)
     evaluator = np.char.add(np.asarray(tasks)[t_idx], "-eval-v1")
     base = pd.DataFrame({
         "run_id": np.repeat(run_ids, 2), "eval_key": np.tile(["baseline-0-validation", "baseline-0-test"], n),
         "kind": "baseline", "submission_id": pd.array([None] * (2 * n), dtype="Int64"),
         "split": np.tile(["validation", "test"], n), "score": np.ravel(np.column_stack([baseline_val, baseline_test])),
-        "n": np.int64(200), "evaluator_id": np.repeat(evaluator, 2), "weights_hash": "base",
+        "n": np.tile(np.asarray([200, test_n], dtype=np.int64), n), "evaluator_id": np.repeat(evaluator, 2),
+        "weights_hash": "base",
         "cached": np.ravel(np.column_stack([~fresh, ~fresh])), "created_at": start.repeat(2),
     })  # fmt: skip
     scored = submissions[submissions["status"] == "scored"]
@@ -152,7 +215,7 @@ def _evaluations(run_ids, start, baseline_val, baseline_test, fresh, final_test,
     })  # fmt: skip
     final = pd.DataFrame({
         "run_id": run_ids, "eval_key": "final-" + (best_idx + 1).astype(str) + "-test", "kind": "final",
-        "submission_id": (best_idx + 1).astype(np.int64), "split": "test", "score": final_test, "n": np.int64(200),
+        "submission_id": (best_idx + 1).astype(np.int64), "split": "test", "score": final_test, "n": np.int64(test_n),
         "evaluator_id": evaluator, "weights_hash": "final", "cached": False,
         "created_at": start + pd.Timedelta(hours=1),
     })  # fmt: skip
