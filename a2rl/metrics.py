@@ -16,7 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from a2rl.narrative import narrate
+from a2rl.intervals import paired_item_interval
+from a2rl.narrative import deterministic_narrative, narrate
 from a2rl.records import LedgerEntry, RunConfig, RunSummary
 from a2rl.report import latest_submissions
 from a2rl.route_labels import label_routes
@@ -38,6 +39,8 @@ class ProcessReport(BaseModel):
     narrative: str | None = None
     """LLM-written account, beside (never instead of) the facts; None unless A2RL_NARRATIVE_MODEL is set."""
     narrative_model: str | None = None
+    narrative_note: str | None = None
+    """Why an LLM narrative that was asked for is missing (no key, API error); the deterministic one stands."""
 
 
 # ---- process metrics -------------------------------------------------------------------------------------
@@ -173,6 +176,7 @@ def summarize_process(
     metrics = process_metrics(entries, config, session_detail)
     metrics |= summarize_resources(read_resources(harness_dir / "resources.jsonl"))
     metrics |= summarize_llm_calls(read_llm_calls(harness_dir / "llm_calls.jsonl"))
+    metrics |= item_level_intervals(harness_dir, entries, config)
     labels = label_routes(entries, snapshots)
     metrics["route_counts"] = {r: list(labels.routes.values()).count(r) for r in sorted(set(labels.routes.values()))}
     context = dict(session_detail) | {
@@ -187,9 +191,13 @@ def summarize_process(
         failure_class=verdict.label, failure_reason=verdict.reason,
     )  # fmt: skip
     facts = {"summary": summary.model_dump(mode="json") if summary else None, "process": report.model_dump(mode="json")}
-    text = narrate(facts, client=narrative_client) if narrative else None
-    if text:
-        report.narrative, report.narrative_model = text, os.environ.get("A2RL_NARRATIVE_MODEL")
+    wanted = narrative and os.environ.get("A2RL_NARRATIVE_MODEL")
+    story = narrate(facts, client=narrative_client) if wanted else None
+    if story and story.text:
+        report.narrative, report.narrative_model = story.text, os.environ.get("A2RL_NARRATIVE_MODEL")
+    elif story is not None:  # a model was asked for and gave nothing: the facts, told plainly, and why
+        report.narrative, report.narrative_model = deterministic_narrative(report), "deterministic (no LLM)"
+        report.narrative_note = story.note
     if write_files:
         harness_dir.mkdir(parents=True, exist_ok=True)
         (harness_dir / "process.json").write_text(report.model_dump_json(indent=2))
@@ -202,8 +210,11 @@ def summarize_process(
 
 
 def _narrative_md(report: ProcessReport) -> str:
+    note = f"\n_{report.narrative_note}_\n" if report.narrative_note else ""
+    if report.narrative_model and report.narrative_model.startswith("deterministic"):
+        return f"## Narrative (written from the facts, no LLM)\n\n{report.narrative}\n{note}"
     return (f"## Narrative (LLM-written by {report.narrative_model}; the deterministic facts are authoritative)\n\n"
-            f"{report.narrative}\n")
+            f"{report.narrative}\n{note}")
 
 
 def render_process_markdown(report: ProcessReport) -> str:
@@ -239,3 +250,49 @@ def render_process_markdown(report: ProcessReport) -> str:
     if report.narrative:
         lines += ["", _narrative_md(report)]
     return "\n".join(lines) + "\n"
+
+
+def item_level_intervals(harness_dir: Path, entries: list[LedgerEntry], config: RunConfig) -> dict[str, Any]:
+    """The run's Δ test and best feedback gain with 95% intervals from the paired per-item results the evaluations
+    wrote (`harness/evaluations/<kind>-<submission>-<split>.json`): the same items, base model against the pick.
+    Missing files give None (the verdicts then say the change was not tested for significance)."""
+    final = next((e for e in reversed(entries) if e.kind == "final" and e.score is not None), None)
+    final_key = f"{'submission' if config.protocol == 'paper' else 'final'}-{final.submission_id or 0}-test" if final else None
+    subs = [e for e in latest_submissions(entries) if e.status == "scored" and e.score is not None]
+    best = max(subs, key=lambda e: (e.score, -e.submission_id)) if subs else None
+    split = "test" if config.protocol == "paper" else "validation"
+    out: dict[str, Any] = {}
+    for name, key, base_key in (("delta_test", final_key, "baseline-0-test"),
+                                ("improvement_feedback", best and f"submission-{best.submission_id}-{split}",
+                                 f"baseline-0-{split}")):  # fmt: skip
+        interval = _paired_from_files(harness_dir / "evaluations", base_key, key) if key else None
+        out |= {f"{name}_ci_low": interval and interval.low, f"{name}_ci_high": interval and interval.high,
+                f"{name}_p_value": interval and interval.p_value, f"{name}_n_items": interval and interval.n,
+                f"{name}_interval": interval.method if interval else "no item-level results"}  # fmt: skip
+    out["verdict"] = _verdict(out, entries)
+    if not out["verdict"].startswith("not tested"):
+        out["improved"] = out["verdict"] == "improved"
+    return out
+
+
+def _paired_from_files(folder: Path, base_key: str, key: str):
+    from a2rl.records import EvalResult
+
+    try:
+        base, pick = (EvalResult.model_validate_json((folder / f"{k}.json").read_text()) for k in (base_key, key))
+    except (OSError, ValueError):
+        return None
+    scores = {i.item_id: (i.value if i.value is not None else float(i.correct)) for i in base.items}
+    paired = [(scores[i.item_id], i.value if i.value is not None else float(i.correct))
+              for i in pick.items if i.item_id in scores]
+    if not paired:
+        return None
+    return paired_item_interval([b for b, _ in paired], [f for _, f in paired])
+
+
+def _verdict(intervals: Mapping[str, Any], entries: list[LedgerEntry]) -> str:
+    """`improved` / `worse` only where the 95% interval of Δ test excludes 0; else `no significant change`."""
+    low, high = intervals.get("delta_test_ci_low"), intervals.get("delta_test_ci_high")
+    if low is None or high is None or low != low:
+        return "not tested (no item-level results)"
+    return "improved" if low > 0 else "worse" if high < 0 else "no significant change"

@@ -6,7 +6,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -19,9 +19,16 @@ NARRATIVE_SYSTEM = (
 )
 
 
+class Narration(NamedTuple):
+    text: str | None
+    note: str | None
+    """Why there is no LLM text (no API key, an API error, an empty answer)."""
+
+
 def narrate(report_json: Mapping[str, Any], client: Any = None, model: str | None = None,
-            max_tokens: int = 600) -> str | None:
-    """An LLM-written narrative of a run's facts, or None when off (A2RL_NARRATIVE_MODEL unset) or failed.
+            max_tokens: int = 600) -> Narration | None:
+    """An LLM-written narrative of a run's facts; None when off (A2RL_NARRATIVE_MODEL unset). Never raises: a
+    missing key or a failed call gives `Narration(None, why)`, and the caller writes the deterministic one.
 
     Args:
         report_json: the facts (summary + process report) as JSON-able data; the narrative may use only these.
@@ -31,17 +38,33 @@ def narrate(report_json: Mapping[str, Any], client: Any = None, model: str | Non
     model = model or os.environ.get("A2RL_NARRATIVE_MODEL")
     if not model:
         return None
-    import anthropic
-
-    client = client or anthropic.Anthropic()
     facts = json.dumps(report_json, indent=1, sort_keys=True, default=str)
     try:
+        import anthropic
+
+        client = client or anthropic.Anthropic()
         message = client.messages.create(
             model=model, max_tokens=max_tokens, system=NARRATIVE_SYSTEM,
             messages=[{"role": "user", "content": f"Facts of the run:\n```json\n{facts}\n```"}],
         )  # fmt: skip
-    except anthropic.APIError as e:  # the narrative is optional: the facts stand without it
-        log.warning("narrative skipped: %s", e)
-        return None
+    except Exception as e:  # no key, no SDK, an API error: the narrative is optional, the facts stand without it
+        why = f"LLM narrative ({model}) unavailable: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+        log.warning("%s", why)
+        return Narration(None, why)
     text = "".join(getattr(block, "text", "") for block in message.content).strip()
-    return text or None
+    return Narration(text or None, None if text else f"LLM narrative ({model}) came back empty")
+
+
+def deterministic_narrative(report: Any) -> str:
+    """A plain account of a `ProcessReport` from its facts alone (used when the LLM narrative is unavailable)."""
+    m = report.metrics
+    parts = [f"The agent made {m.get('n_submissions', 0)} submission(s), {m.get('n_scored', 0)} of them scored."]
+    if report.routes:
+        parts.append("Routes: " + ", ".join(f"#{k} {v}" for k, v in report.routes.items()) + ".")
+    if m.get("delta_test") is not None:
+        low, high = m.get("delta_test_ci_low"), m.get("delta_test_ci_high")
+        ci = f" (95% interval {low:+.2f} to {high:+.2f})" if low is not None and high is not None else ""
+        parts.append(f"The final pick changed the hidden-test score by {m['delta_test']:+.2f} points{ci}: "
+                     f"{m.get('verdict', 'not tested')}.")
+    parts.append(f"Failure class: {report.failure_class} — {report.failure_reason}.")
+    return " ".join(parts)
