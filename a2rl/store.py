@@ -475,9 +475,9 @@ MIGRATIONS: list[str] = [
     FROM analysed_runs GROUP BY ALL
     UNION ALL
     SELECT 'baseline', 'Baseline', NULL, NULL, NULL, NULL, r.task, r.variant, r.item_selection, r.base_model,
-           r.evaluator_id, count(*)::BIGINT, avg(r.baseline_test),
+           r.evaluator_id, any_value(nf.n_items)::BIGINT, avg(r.baseline_test),
            avg(r.baseline_test) - 1.96 * any_value(nf.noise_se), avg(r.baseline_test) + 1.96 * any_value(nf.noise_se),
-           'item-level (binomial or bootstrap SE)'
+           'item-level (binomial or bootstrap SE); n = items'
     FROM analysed_runs r LEFT JOIN noise_floor nf
       ON nf.split = 'test' AND (nf.task, nf.variant, nf.item_selection, nf.base_model, nf.evaluator_id)
          = (r.task, r.variant, r.item_selection, r.base_model, r.evaluator_id)

@@ -33,6 +33,8 @@ VARIANT_LABEL = "offline (synthetic data for tests)"
 class SyntheticSpec:
     tasks: tuple[str, ...] = ("gsm8k", "humaneval", "alfworld")
     agents: tuple[str, ...] = ("agent-a", "agent-b")
+    drivers: tuple[str, ...] = ("none",)
+    """Driver LLMs: every agent runs with each (driver k adds `driver_step × k` to Δ)."""
     modes: tuple[str, ...] = ("free", "sft-only", "rl-only")
     n_seeds: int = 5
     n_runs: int | None = None
@@ -42,6 +44,7 @@ class SyntheticSpec:
     budget_s: float = 3600.0
     noise_sd: float = 1.0
     agent_step: float = 1.5
+    driver_step: float = 2.0
     mode_step: float = 4.0
     fresh_every: int = 3
     n_items: int = 0
@@ -62,7 +65,8 @@ class SyntheticData:
 def synthetic_frames(spec: SyntheticSpec = SyntheticSpec()) -> SyntheticData:
     """Build the tables of a results store (runs, submissions, evaluations, llm_calls, metrics) as DataFrames."""
     rng = np.random.default_rng(spec.seed)
-    T, A, M = len(spec.tasks), len(spec.agents), len(spec.modes)
+    T, M, D = len(spec.tasks), len(spec.modes), len(spec.drivers)
+    A = len(spec.agents) * D  # agent × driver combinations; agent = c // D, driver = c % D
     per_seed = T * A * M
     n_seeds = spec.n_seeds if spec.n_runs is None else -(-spec.n_runs // per_seed)
     # Grid order: seed-major, then task, mode, agent — so a cap on n_runs keeps whole seeds first.
@@ -73,13 +77,16 @@ def synthetic_frames(spec: SyntheticSpec = SyntheticSpec()) -> SyntheticData:
 
     shared_noise = rng.normal(0, spec.noise_sd, size=(n_seeds, T, M))  # same for every agent: exact pairing
     mode_effect = (((t_idx + m_idx) % M) - (M - 1) / 2) * spec.mode_step
-    delta = 2.0 * t_idx + spec.agent_step * a_idx + mode_effect + shared_noise[s_idx, t_idx, m_idx]
+    c_idx = a_idx
+    a_idx, d_idx = c_idx // D, c_idx % D
+    delta = (2.0 * t_idx + spec.agent_step * a_idx + spec.driver_step * d_idx + mode_effect
+             + shared_noise[s_idx, t_idx, m_idx])
     base_level = 20.0 + 10.0 * t_idx
     baseline_sd = 0.5 + 0.25 * np.arange(T)
     fresh = (np.arange(n) % spec.fresh_every) == 0
     baseline_test = base_level + np.where(fresh, rng.normal(0, 1, n) * baseline_sd[t_idx], 0.0)
     baseline_val = base_level - 1.0
-    selection_bias = 1.0 - 0.5 * a_idx / max(A - 1, 1)  # validation gains overstate test gains, less for later agents
+    selection_bias = 1.0 - 0.5 * a_idx / max(len(spec.agents) - 1, 1)  # validation gains overstate test gains, less for later agents
 
     run_ids = np.char.add("run-", np.arange(n).astype(str))
     start = pd.Timestamp("2026-01-01", tz="UTC") + pd.to_timedelta(np.arange(n) * 60, unit="s")
@@ -101,9 +108,9 @@ def synthetic_frames(spec: SyntheticSpec = SyntheticSpec()) -> SyntheticData:
     test_n = spec.n_items or 200
 
     runs = pd.DataFrame({
-        "run_id": run_ids, "config_hash": [f"cfg{t}{a}{m}" for t, a, m in zip(t_idx, a_idx, m_idx)],
+        "run_id": run_ids, "config_hash": [f"cfg{t}{c}{m}" for t, c, m in zip(t_idx, c_idx, m_idx)],
         "task": np.asarray(spec.tasks)[t_idx], "variant": "offline", "variant_label": VARIANT_LABEL,
-        "agent": np.asarray(spec.agents)[a_idx], "driver": "none", "mode": np.asarray(spec.modes)[m_idx],
+        "agent": np.asarray(spec.agents)[a_idx], "driver": np.asarray(spec.drivers)[d_idx], "mode": np.asarray(spec.modes)[m_idx],
         "base_model": "tiny", "seed": s_idx.astype(np.int64), "budget_s": spec.budget_s, "protocol": "heldout",
         "status": "completed", "started_at": start, "finished_at": start + pd.Timedelta(seconds=spec.budget_s),
         "baseline_val": baseline_val, "baseline_test": baseline_test, "best_val": best_val,
@@ -146,7 +153,8 @@ def synthetic_frames(spec: SyntheticSpec = SyntheticSpec()) -> SyntheticData:
     truth = {
         "best_mode": {spec.tasks[t]: spec.modes[(M - 1 - t) % M] for t in range(T)},
         "worst_mode": {spec.tasks[t]: spec.modes[(M - t) % M] for t in range(T)},
-        "paired_diff": {spec.agents[a]: spec.agent_step * a for a in range(A)},
+        "paired_diff": {spec.agents[a]: spec.agent_step * a for a in range(len(spec.agents))},
+        "driver_diff": {spec.drivers[d]: spec.driver_step * d for d in range(D)},
         "baseline_sd": {spec.tasks[t]: float(baseline_sd[t]) for t in range(T)},
     }
     return SyntheticData(frames=frames, spec=spec, truth=truth)
@@ -247,3 +255,11 @@ def write_synthetic_store(path: Path | str, spec: SyntheticSpec = SyntheticSpec(
     data.truth["store"] = str(Path(path))
     data.truth["spec"] = json.loads(json.dumps(spec.__dict__, default=list))
     return data
+
+
+def demo_spec(n_runs: int) -> SyntheticSpec:
+    """The store `a2rl analyze --synthetic N` writes: 6 tasks, 3 agents, 2 drivers, 3 modes, 32 items with per-item
+    results, and every 12th run broken (failed, interrupted, running, infrastructure failure)."""
+    return SyntheticSpec(tasks=("gsm8k", "humaneval", "alfworld", "webshop", "alpacaeval", "deepsearchqa"),
+                         agents=("agent-a", "agent-b", "agent-c"), drivers=("driver-x", "driver-y"),
+                         modes=("free", "sft-only", "rl-only"), n_runs=max(1, n_runs), n_items=32, broken_every=12)
