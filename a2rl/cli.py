@@ -75,6 +75,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     analyze.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples per confidence interval")
     analyze.add_argument("--compare", nargs=2, metavar=("AGENT_A", "AGENT_B"), default=None,
                          help="agents of the paired comparison (default: the two with the most runs)")
+    analyze.add_argument("--synthetic", type=int, metavar="RUNS", default=None,
+                         help="first write a synthetic store of about RUNS runs (failed, interrupted and infrastructure "
+                         "failures included; offline stand-in data, labelled so) at --results, which must not exist")
     sub.add_parser("agents", help="list the agents and what each needs (driver API, CLI, key)")
     add_driver_parsers(sub, with_fields=argv is None or "drivers" in argv)
     add_ops_parsers(sub, d)
@@ -202,6 +205,13 @@ def cmd_results(args: argparse.Namespace) -> int:
 def cmd_analyze(args: argparse.Namespace) -> int:
     from flows.analysis import run_analysis
 
+    if args.synthetic is not None:
+        from analysis.synthetic import demo_spec, write_synthetic_store
+
+        if Path(args.results).exists():
+            print(f"--synthetic writes a new store, and {args.results} exists; name another --results", file=sys.stderr)
+            return 2
+        write_synthetic_store(args.results, demo_spec(args.synthetic))
     if not Path(args.results).exists():
         print(f"no results file at {args.results}; run `a2rl run` first", file=sys.stderr)
         return 1

@@ -23,7 +23,8 @@ from prefect.artifacts import create_image_artifact, create_markdown_artifact, c
 
 from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
 from a2rl.grading.clock import ClockRecorder
-from a2rl.metrics import render_process_markdown, store_process_report, summarize_process
+from a2rl.ingest import store_process_report
+from a2rl.metrics import render_process_markdown, summarize_process
 from a2rl.recording import CodeSnapshots, ResourceSampler, workspace_pids
 from a2rl.grading.service import grading_devices
 from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
