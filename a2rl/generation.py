@@ -83,9 +83,16 @@ def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenize
     return tokenizer
 
 
+def render_prompt(tokenizer: PreTrainedTokenizerBase, conversation: Conversation | str) -> str:
+    """The checkpoint's chat template applied to a conversation, with the assistant turn opened."""
+    if isinstance(conversation, str):
+        return conversation
+    return tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+
+
 def generate(
     model_dir: str | Path | LoadedModel | tuple[PreTrainedModel, PreTrainedTokenizerBase],
-    conversations: Sequence[Conversation],
+    conversations: Sequence[Conversation | str],
     *,
     max_new_tokens: int,
     temperature: float = 0.0,
@@ -101,7 +108,8 @@ def generate(
 
     Args:
         model_dir: A checkpoint directory, or an already loaded `(model, tokenizer)`.
-        conversations: Chat messages (`{"role", "content"}`) per prompt; a generation prompt is appended.
+        conversations: Chat messages (`{"role", "content"}`) per prompt; a generation prompt is appended. A
+            `str` is a prompt already rendered with the chat template (what a remote worker receives).
         max_new_tokens: Upper bound on generated tokens per completion.
         temperature: 0 for greedy decoding, otherwise plain temperature sampling (with `top_p`).
         stop: Completions are cut before the first of these strings; a batch ends early once every row
@@ -147,7 +155,7 @@ def generate(
 def _generate_all(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    conversations: Sequence[Conversation],
+    conversations: Sequence[Conversation | str],
     max_new_tokens: int,
     temperature: float,
     top_p: float,
@@ -156,7 +164,7 @@ def _generate_all(
     engine: str = "auto",
 ) -> GenerationOutput:
     started = time.perf_counter()
-    prompts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
+    prompts = [render_prompt(tokenizer, c) for c in conversations]
     token_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
     lengths = [len(ids) for ids in token_ids]
     # Longest first: similar lengths share a batch (less padding), and a too-long batch fails at once.
