@@ -54,7 +54,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     run.add_argument("--variant", default="offline", choices=["offline", "full"],
                      help="task data: offline (ships in pinned packages) or full (the paper's data; needs internet)")
     run.add_argument("--base-model", default=d.base_model,
-                     help="base model: a registry key, a local HF checkpoint dir, or an HF id (needs internet)")
+                     help="base model: a registry key, a local HF checkpoint dir, a local .gguf file, or an HF id "
+                          "(needs internet)")
     run.add_argument("--protocol", default="heldout", choices=["heldout", "paper"],
                      help="heldout: validation feedback, one hidden-test evaluation; paper: test feedback")
     run.add_argument("--mode", default=d.mode, choices=["free", "sft-only", "rl-only"],
@@ -69,6 +70,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                           "cannot run; required refuses to start without it")
     run.add_argument("--eval-backend", default=d.eval_backend, choices=["transformers", "vllm"],
                      help="inference backend of the grader (vllm: optional GPU extra)")
+    run.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size,
+                     help="prompts per generate call in the grader (interactive tasks: episodes stepped together); "
+                          "on a GPU raise it, e.g. 160 for alfworld's 134 test games")
     run.add_argument("--max-submissions", type=int, default=d.max_submissions, help="submission cap")
     run.add_argument("--strict-mode", action="store_true",
                      help="refuse submissions whose code breaks --mode (default: accept and flag them)")
@@ -116,6 +120,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             base_model=args.base_model, protocol=args.protocol, mode=args.mode, driver=args.driver,
             val_limit=args.val_limit or None, test_limit=args.test_limit or None, max_submissions=args.max_submissions,
             sandbox=args.sandbox, eval_backend=args.eval_backend, strict_mode=args.strict_mode,
+            eval_batch_size=args.eval_batch_size,
         )  # fmt: skip
     except ValueError as e:
         raise PreflightError(" ".join(str(e).split())) from e
@@ -146,7 +151,7 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
                 runs_dir=runs_dir, variant=config.variant, base_model=config.base_model, protocol=config.protocol,
                 mode=config.mode, driver=config.driver, val_limit=config.val_limit, test_limit=config.test_limit,
                 max_submissions=config.max_submissions, sandbox=config.sandbox, eval_backend=config.eval_backend,
-                strict_mode=config.strict_mode,
+                strict_mode=config.strict_mode, eval_batch_size=config.eval_batch_size,
             )  # fmt: skip
     except KeyboardInterrupt:
         # The flow has already written the run's row (status interrupted) and its ledger; no traceback.

@@ -49,7 +49,8 @@ class RunConfig(BaseModel):
     """Evaluate only the first N validation items (None = all). The report says so."""
     test_limit: int | None = 32
     """Evaluate only the first N hidden-test items (None = all). The report says so."""
-    eval_batch_size: int = 16
+    eval_batch_size: int = Field(default=16, ge=1)
+    """Prompts per generate call in the grader (interactive tasks: episodes stepped together)."""
     eval_backend: Literal["transformers", "vllm"] = "transformers"
     sandbox: Literal["auto", "required", "off"] = "auto"
     """bubblewrap around the agent: `auto` falls back to a visibly weaker mode (rlimits, scrubbed environment,

@@ -27,7 +27,7 @@ from a2rl.recording import CodeSnapshots, ResourceSampler, workspace_pids
 from a2rl.grading.service import grading_devices
 from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
 from a2rl.report import build_summary, latest_submissions, write_report
-from a2rl.run import RunContext, visible_gpus
+from a2rl.run import RunContext, gpu_names, visible_gpus
 from a2rl.leak_audit import LeakReport, audit_leaks, hidden_texts
 from a2rl.preflight import check_run
 from a2rl.progress import RUN_LOG, ProgressWriter
@@ -124,7 +124,8 @@ def agent_session(
             GradingServer(service, request_log=ctx.paths.harness_dir / "requests.jsonl") as server:
         policy, sandbox = sandbox_for(ctx, server.url, agent.uses_llm)
         service.record_event("session-resumed" if interrupted else "session-start", url=server.url,
-                             budget_s=ctx.config.budget_s, already_used_s=used_s, sandbox=sandbox)
+                             budget_s=ctx.config.budget_s, already_used_s=used_s, sandbox=sandbox,
+                             gpus=gpu_names())
         logger.info("grading service on %s; agent %s %s with %.0f s left", server.url, agent.id,
                     "resumes" if interrupted else "starts", clock.remaining())
         env = AgentEnv(ctx.config.task, ctx.config.base_model, ctx.paths.workspace, server.url, server.token,
@@ -284,6 +285,7 @@ def benchmark_run(
     grace_s: float = 30.0,
     on_resume: ResumePolicy = "continue",
     strict_mode: bool = DEFAULTS.strict_mode,
+    eval_batch_size: int = DEFAULTS.eval_batch_size,
 ) -> RunSummary:
     """One benchmark run: (task, variant, agent, mode, base model, seed, budget) → scores, report, DuckDB rows.
 
@@ -292,7 +294,7 @@ def benchmark_run(
     config = RunConfig(
         task=task, agent=agent, budget_s=budget_s, seed=seed, variant=variant, base_model=base_model,
         protocol=protocol, mode=mode, driver=driver, val_limit=val_limit, test_limit=test_limit, max_submissions=max_submissions,
-        sandbox=sandbox, eval_backend=eval_backend, strict_mode=strict_mode,
+        sandbox=sandbox, eval_backend=eval_backend, strict_mode=strict_mode, eval_batch_size=eval_batch_size,
     )  # fmt: skip
     results = Path(results)
     runs_dir = Path(runs_dir) if runs_dir else results.parent / "runs"
