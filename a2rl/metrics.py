@@ -449,7 +449,10 @@ def summarize_process(
     if write_files:
         harness_dir.mkdir(parents=True, exist_ok=True)
         (harness_dir / "process.json").write_text(report.model_dump_json(indent=2))
-        score_trajectory_png(entries, harness_dir / "score_trajectory.png")
+        try:
+            score_trajectory_png(entries, harness_dir / "score_trajectory.png")
+        except ImportError as error:  # matplotlib is optional (e.g. a GPU image without it): only the figure is lost
+            log.warning("score trajectory figure skipped: %s", error)
         if report.narrative:
             (harness_dir / "narrative.md").write_text(_narrative_md(report))
     return report

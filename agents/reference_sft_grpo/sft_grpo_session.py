@@ -249,12 +249,13 @@ class InteractiveSession:
     def play_round(self, seconds: float) -> bool:
         """Train, save, submit, decide the next phase; False when the grader refuses further submissions."""
         r = self.train_round(seconds)
-        t0 = time.monotonic()
+        charged_before = float(self.client.budget()["elapsed_s"])
         out = self.save()
         self.current_path = out
         r.submission = loop.relative_to_workspace(out, self.s.workspace)
         status, reply = self.client.submit(r.submission)
-        self.save_s = max(self.SAVE_S, time.monotonic() - t0 - float(reply.get("grading_s") or 0.0))
+        # What saving and submitting cost on the agent's clock (grading itself is not charged).
+        self.save_s = max(self.SAVE_S, float(self.client.budget()["elapsed_s"]) - charged_before)
         self.rounds.append(r)
         if status != 200 or reply.get("status") != "scored":
             r.note = f"submit {status}: {reply.get('detail') or reply.get('error')}"
