@@ -47,7 +47,7 @@ class RunConfig(BaseModel):
     strict_mode: bool = False
     """refuse submissions whose code breaks the mode (default: accept and flag them)"""
     base_model: str = "smollm2-135m-instruct"
-    """base model: a registry key, a local HF checkpoint dir, or an HF id (needs internet)"""
+    """base model: a registry key, a local HF checkpoint dir, a local .gguf file, or an HF id (needs internet)"""
     seed: int = 0
     """seed given to the agent"""
     budget_s: float = 120.0
@@ -60,8 +60,9 @@ class RunConfig(BaseModel):
     """evaluate the first N validation items (0 or None = all); the report says so"""
     test_limit: int | None = 32
     """evaluate the first N hidden-test items (0 or None = all); the report says so"""
-    eval_batch_size: int = 16
-    """prompts per generation batch of the grader"""
+    eval_batch_size: int = Field(default=16, ge=1)
+    """prompts per generate call in the grader (interactive tasks: episodes stepped together); on a GPU raise it,
+    e.g. 160 for alfworld's 134 test games"""
     eval_backend: Literal["transformers", "vllm"] = "transformers"
     """inference backend of the grader (vllm: optional GPU extra)"""
     sandbox: Literal["auto", "required", "off"] = "auto"

@@ -29,7 +29,7 @@ from a2rl.recording import CodeSnapshots, ResourceSampler, workspace_pids
 from a2rl.grading.service import grading_devices
 from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
 from a2rl.report import build_summary, latest_submissions, write_report
-from a2rl.run import RunContext, make_run_id, visible_gpus
+from a2rl.run import RunContext, gpu_names, make_run_id, visible_gpus
 from a2rl.workspace import RunPaths
 from a2rl.run_options import DEFAULT_RESULTS, GRACE_S, resolve_results
 from a2rl.leak_audit import LeakReport, audit_leaks, hidden_texts
@@ -135,7 +135,8 @@ def agent_session(
         note_phase(ctx.paths.harness_dir, "agent_session")
         policy, sandbox = sandbox_for(ctx, server.url, agent.uses_llm)
         service.record_event("session-resumed" if interrupted else "session-start", url=server.url,
-                             budget_s=ctx.config.budget_s, already_used_s=used_s, sandbox=sandbox)
+                             budget_s=ctx.config.budget_s, already_used_s=used_s, sandbox=sandbox,
+                             gpus=gpu_names())
         logger.info("grading service on %s; agent %s %s with %.0f s left", server.url, agent.id,
                     "resumes" if interrupted else "starts", clock.remaining())
         env = AgentEnv(ctx.config.task, ctx.config.base_model, ctx.paths.workspace, server.url, server.token,
