@@ -215,7 +215,7 @@ def snapshot_base_files(base_model_dir: Path, dest: Path) -> Path:
     tmp.mkdir(parents=True)
     for name in BASE_FILES:
         src = Path(base_model_dir) / name
-        if src.is_file() and not src.is_symlink():
+        if src.is_file():  # the base model is the harness's own (links in a hub-style cache are fine)
             shutil.copyfile(src, tmp / name)
     tmp.rename(dest)
     return dest

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import socket
@@ -19,6 +20,7 @@ from a2rl.grading.errors import SubmissionRejected
 from a2rl.grading.service import GradingService
 
 MAX_BODY_BYTES = 64 * 1024
+BODY_SECONDS = 30.0
 PUBLIC_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 """Everything else needs the bearer token, checked before a byte of the body is read."""
 
@@ -34,12 +36,13 @@ class Error(BaseModel):
 COMMON_RESPONSES: dict[int | str, dict] = {
     400: _error("Malformed request (bad Content-Length) or a refused checkpoint"),
     401: _error("Missing or wrong bearer token (checked before the body is read)"),
+    408: _error(f"Request body not received within {BODY_SECONDS:.0f} s"),
     413: _error(f"Request body over {MAX_BODY_BYTES} bytes, declared or streamed (chunked)"),
 }
 SUBMISSION_RESPONSES: dict[int | str, dict] = {
     403: _error("The session is over, or the checkpoint breaks the run's mode (strict mode)"),
     404: _error("model_path does not exist"),
-    408: _error("Checking or copying the checkpoint ran past its time limit"),
+    408: _error("Checking or copying the checkpoint ran past its time limit, or the body came too slowly"),
     409: _error("A checkpoint file changed while it was being copied"),
     413: _error("Request body too large, or checkpoint over the size cap"),
     429: _error("Submission cap reached"),
@@ -102,8 +105,12 @@ class RequestGuard:
             if int(declared) > MAX_BODY_BYTES:
                 return await _answer(send, 413, f"request body over {MAX_BODY_BYTES} bytes")
         body = bytearray()
+        deadline = time.monotonic() + BODY_SECONDS
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:  # a body trickled in too slowly: no task waits on it for ever
+                return await _answer(send, 408, f"request body not received within {BODY_SECONDS:.0f} s")
             if message["type"] == "http.disconnect":
                 return
             body += message.get("body", b"")
