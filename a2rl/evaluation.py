@@ -86,6 +86,8 @@ def evaluate(model_dir: Path, spec: EvalSpec) -> EvalResult:
                 batch_size=spec.batch_size,
             )
         results = task.score_items(items, out.completions)
+        for result, tokens in zip(results, out.completion_tokens):  # per item, for the store's item_results
+            result.detail.setdefault("generated_tokens", tokens)
         generated_tokens = out.generated_tokens
     n_correct = sum(r.correct for r in results)
     return EvalResult(

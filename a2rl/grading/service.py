@@ -102,6 +102,7 @@ class GradingService:
         self._done: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
         self.closed = False
+        self.closing = threading.Event()
         self.grading_seconds = 0.0
         self._workers = [
             threading.Thread(target=self._work, args=(device,), daemon=True, name=f"grader-{i}")
@@ -161,7 +162,7 @@ class GradingService:
         return pending, checked.facts
 
     def submit(self, model_path: str, wait: bool = False, timeout_s: float = 6 * 3600) -> dict:
-        if self.closed:
+        if self.closed:  # fail fast; the authoritative check is under the lock below
             raise SubmissionRejected("the session is over: no more submissions are accepted", 403)
         if len(self.submissions()) >= self.ctx.config.max_submissions:
             raise SubmissionRejected(f"submission cap reached ({self.ctx.config.max_submissions} per run)", 429)
@@ -170,6 +171,10 @@ class GradingService:
             route = self._check_mode()
             whash = weights_hash(pending)
             with self._lock:
+                # Checked under the lock that close() takes: a submission is either accepted before the session
+                # closes (and then graded before close() returns) or refused with this answer, never lost.
+                if self.closed:
+                    raise SubmissionRejected("the session is over: no more submissions are accepted", 403)
                 used = len(self.submissions())
                 if used >= self.ctx.config.max_submissions:
                     raise SubmissionRejected(f"submission cap reached ({self.ctx.config.max_submissions} per run)", 429)
@@ -183,12 +188,12 @@ class GradingService:
                 )  # fmt: skip
                 self._done[submission_id] = threading.Event()
                 hit = self._cache.lookup(whash, self._spec(entry.split))
+                if hit is None:  # queued under the lock: before close() can send the workers their stop marks
+                    self._queue.put(entry)
         finally:
             shutil.rmtree(pending, ignore_errors=True)
         if hit is not None:  # identical weights, same evaluator: answered at once, still on the ledger
             self._finish(entry, hit)
-        else:
-            self._queue.put(entry)
         if wait:
             self._done[submission_id].wait(timeout_s)
         return self.response(submission_id)
@@ -256,10 +261,16 @@ class GradingService:
         return self._append(kind="event", detail={"event": name, **detail})
 
     def close(self, drain_timeout_s: float = 6 * 3600) -> None:
-        """Stop accepting submissions and wait for queued evaluations to finish."""
-        self.closed = True
+        """Stop accepting submissions and wait for every accepted one to be graded.
+
+        `closing` is set first (a submission being accepted right now finishes, one after is refused); then
+        `closed` and the list to wait for are taken under the submission lock, so nothing accepted is missed."""
+        self.closing.set()
+        with self._lock:
+            self.closed = True
+            pending = list(self._done.values())
         deadline = time.monotonic() + drain_timeout_s
-        for ev in list(self._done.values()):
+        for ev in pending:
             ev.wait(max(0.0, deadline - time.monotonic()))
         for _ in self._workers:
             self._queue.put(None)
