@@ -24,7 +24,7 @@ import pytest
 from a2rl.evaluation import EvalSpec
 from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService, Ledger
 from a2rl.paths import a2rl_home
-from a2rl.records import EvalResult, RunConfig
+from a2rl.records import EvalResult, LedgerEntry, RunConfig
 from a2rl.sandbox import Limits, SandboxPolicy, agent_uid, sandbox_mode, wrap
 from a2rl.workspace import RunPaths
 from agents.base import Agent, AgentEnv, agent_environment, run_agent
@@ -440,7 +440,10 @@ def test_an_edited_or_cut_ledger_end_is_detected(tmp_path, tiny_model_dir):
     original = ledger.read_text()
     anchored = {"the results store": store.ledger_head("integrity-run")}
     assert len(read_ledger(ledger, anchored)) == original.count("\n")
-    ledger.write_text(original.replace('"score":50.0', '"score":93.125'))
+    *head, last = original.splitlines(keepends=True)
+    scored = LedgerEntry.model_validate_json(last)
+    assert scored.status == "scored"  # the last entry is the graded score (maybe from the evaluation cache)
+    ledger.write_text("".join(head) + scored.model_copy(update={"score": 93.125}).model_dump_json() + "\n")
     with pytest.raises(LedgerCorrupted, match="edited"):
         read_ledger(ledger, anchored)
     ledger.write_text("".join(original.splitlines(keepends=True)[:-1]))
