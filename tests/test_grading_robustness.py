@@ -331,3 +331,29 @@ def test_a_failing_anchor_never_loses_an_entry(tmp_path):
     ledger = Ledger(tmp_path / "ledger.jsonl", anchor=broken)
     ledger.append(run_id="r", kind="event", detail={"event": "x"})
     assert Ledger(tmp_path / "ledger.jsonl").verify() == 1
+
+
+def test_a_burst_of_concurrent_submits_copies_no_more_than_the_cap(tmp_path, workspace, tiny_model_dir):
+    """Checks and copies run outside the service lock, but never more at once than submissions are left."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    service = make_service(tmp_path, workspace, tiny_model_dir, max_submissions=3)
+    service._evaluate = lambda *a, **k: (_ for _ in ()).throw(EvaluationFailedForTest())  # no real evaluation
+
+    def submit(_: int) -> int:
+        try:
+            service.submit("output/v1")
+            return 200
+        except SubmissionRejected as e:
+            return e.status_code
+
+    with ThreadPoolExecutor(12) as pool:
+        codes = list(pool.map(submit, range(12)))
+    assert codes.count(200) <= 3 and set(codes) <= {200, 429}, codes
+    snapshots = tmp_path / "harness" / "snapshots"
+    assert len(list(snapshots.glob("s*"))) == codes.count(200) and not list(snapshots.glob(".pending-*"))
+    service.close(10)
+
+
+class EvaluationFailedForTest(ValueError):
+    """Recorded as an error by the service: the test is about admission, not grading."""
