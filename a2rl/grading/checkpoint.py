@@ -91,7 +91,7 @@ def check_checkpoint(ckpt: CheckpointDir, max_bytes: int = MAX_CHECKPOINT_BYTES,
                      deadline: Deadline | None = None) -> CheckedCheckpoint:  # fmt: skip
     """Structural checks of a HF checkpoint dir (top level); raises SubmissionRejected."""
     deadline = deadline or Deadline()
-    entries = ckpt.entries()
+    entries = ckpt.entries(deadline)
     links = sorted(n for n, st in entries.items() if stat.S_ISLNK(st.st_mode))
     if links:
         raise SubmissionRejected(f"checkpoint contains symbolic links ({', '.join(map(shown, links[:5]))}): "
