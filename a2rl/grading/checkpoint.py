@@ -91,7 +91,7 @@ def check_checkpoint(ckpt: CheckpointDir, max_bytes: int = MAX_CHECKPOINT_BYTES,
                      deadline: Deadline | None = None) -> CheckedCheckpoint:  # fmt: skip
     """Structural checks of a HF checkpoint dir (top level); raises SubmissionRejected."""
     deadline = deadline or Deadline()
-    entries = ckpt.entries()
+    entries = ckpt.entries(deadline)
     links = sorted(n for n, st in entries.items() if stat.S_ISLNK(st.st_mode))
     if links:
         raise SubmissionRejected(f"checkpoint contains symbolic links ({', '.join(map(shown, links[:5]))}): "
@@ -215,7 +215,7 @@ def snapshot_base_files(base_model_dir: Path, dest: Path) -> Path:
     tmp.mkdir(parents=True)
     for name in BASE_FILES:
         src = Path(base_model_dir) / name
-        if src.is_file() and not src.is_symlink():
+        if src.is_file():  # the base model is the harness's own (links in a hub-style cache are fine)
             shutil.copyfile(src, tmp / name)
     tmp.rename(dest)
     return dest
