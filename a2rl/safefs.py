@@ -150,6 +150,8 @@ def chown_tree(root: str | os.PathLike, uid: int, gid: int, prune: Callable[[Ent
     for entry in walk(root, prune=prune):
         if (keep is not None and keep(entry)) or (prune is not None and entry.is_dir and prune(entry)):
             continue
+        if (entry.st.st_uid, entry.st.st_gid) == (uid, gid):  # the usual case on later walks: nothing to open
+            continue
         if entry.is_link:
             _quiet(os.chown, entry.name, uid, gid, dir_fd=entry.dir_fd, follow_symlinks=False)
             report.changed += 1
