@@ -1,61 +1,30 @@
-"""Post-hoc summary of a run (SPEC §7): process metrics, route labels, failure class, optional narrative.
+"""Post-hoc summary of a run (SPEC §7): process metrics and the summary step that gathers the run's facts.
 
 Everything except the narrative is computed deterministically from the ledger, the code snapshots and the
 resource samples, so a re-run of the summary gives the same facts. Times are on the agent's budget clock
-(`agent_elapsed_s`: grading pauses it), not wall-clock seconds as in the original.
-
-Failure class (first rule that matches wins; operational, not semantic, like the paper's A.11 labels):
-
-| # | class | rule |
-|---|---|---|
-| 1 | `none` | the run improved: Δ test > 0 (or, with no final test score, best feedback score > baseline) |
-| 2 | `infrastructure failure` | the agent could not be launched; or no baseline was recorded; or the session was interrupted by a harness crash; or the run failed (a harness error), or was interrupted before the agent session ended; or every submission failed with a grader-side error (`INFRA_ERROR_MARKERS`) |
-| 3 | `static shortcut` | every scored submission has the base model's weights (route `copy`) |
-| 4 | `early coding failure` | no submission was scored: the agent never closed one train → submit → score cycle |
-| 5 | `static shortcut` | heldout: the validation score improved but the hidden test score did not (no transfer) |
-| 6 | `training collapse` | the best scored submission is below baseline by more than max(1 point, 10% of baseline) |
-| 7 | `rollout construction failure` | an RL route (GRPO, PPO, RLOO, RL, SFT+RL) was submitted, and every RL submission errored or scored exactly the baseline (the policy never moved) |
-| 8 | `reward/data design failure` | otherwise: models trained and scored, near the baseline, without improving |
-
-Infrastructure failure is kept apart from the agent's failures: it says the harness, not the agent, failed.
+(`agent_elapsed_s`: grading pauses it), not wall-clock seconds as in the original. The other parts live in
+their own modules: route labels (`a2rl.route_labels`), failure classes (`a2rl.verdicts`), the narrative
+(`a2rl.narrative`), the per-run figure (`analysis.run_figure`) and store ingestion (`a2rl.ingest`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any
 
 from pydantic import BaseModel, Field
 
+from a2rl.intervals import paired_item_interval
+from a2rl.narrative import deterministic_narrative, narrate
 from a2rl.records import LedgerEntry, RunConfig, RunSummary
+from a2rl.report import latest_submissions
+from a2rl.route_labels import label_routes
+from a2rl.verdicts import FailureClass, explain_failure
 
 log = logging.getLogger(__name__)
-
-FailureClass = Literal[
-    "none",
-    "infrastructure failure",
-    "early coding failure",
-    "static shortcut",
-    "training collapse",
-    "rollout construction failure",
-    "reward/data design failure",
-]
-RL_ROUTES = frozenset({"GRPO", "PPO", "RLOO", "RL", "SFT+RL"})  # as a2rl.routes.RL_LABELS
-# Error texts of failed evaluations that point at the grader or the machine, not at the agent's checkpoint.
-INFRA_ERROR_MARKERS = ("grader crash", "cuda out of memory", "no space left on device", "cuda error",
-                       "nccl", "evaluator error", "connection refused")  # fmt: skip
-COLLAPSE_MIN_POINTS = 1.0
-COLLAPSE_FRACTION = 0.10
-
-
-class FailureVerdict(NamedTuple):
-    label: FailureClass
-    reason: str
 
 
 class ProcessReport(BaseModel):
@@ -73,17 +42,11 @@ class ProcessReport(BaseModel):
     narrative: str | None = None
     """LLM-written account, beside (never instead of) the facts; None unless A2RL_NARRATIVE_MODEL is set."""
     narrative_model: str | None = None
+    narrative_note: str | None = None
+    """Why an LLM narrative that was asked for is missing (no key, API error); the deterministic one stands."""
 
 
 # ---- process metrics -------------------------------------------------------------------------------------
-
-
-def _latest_submissions(entries: list[LedgerEntry]) -> list[LedgerEntry]:
-    latest: dict[int, LedgerEntry] = {}
-    for e in entries:
-        if e.kind == "submission" and e.submission_id is not None:
-            latest[e.submission_id] = e
-    return [latest[k] for k in sorted(latest)]
 
 
 def process_metrics(entries: list[LedgerEntry], config: RunConfig, session_detail: Mapping[str, Any]) -> dict:
@@ -96,7 +59,7 @@ def process_metrics(entries: list[LedgerEntry], config: RunConfig, session_detai
             `exit_code`); empty when the session never ended.
     """
     split = "test" if config.protocol == "paper" else "validation"
-    subs = _latest_submissions(entries)
+    subs = latest_submissions(entries)
     baselines = [e for e in entries if e.kind == "baseline"]
     base = next((e.score for e in baselines if e.split == split and e.score is not None), None)
     base_test = next((e.score for e in baselines if e.split == "test" and e.score is not None), None)
@@ -183,219 +146,6 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 6) if a is not None and b else None
 
 
-# ---- route labels ------------------------------------------------------------------------------------------
-
-
-class RouteLabels(NamedTuple):
-    routes: dict[int, str]
-    code_shas: dict[int, str]
-    note: str | None
-
-
-def label_routes(entries: list[LedgerEntry], snapshots: Any) -> RouteLabels:
-    """Route label per submission from its code snapshot (`a2rl.routes.route_label`, imported lazily).
-
-    The snapshot of submission N is found by the ledger's `code-snapshot` event or the label `submission-N`
-    in the snapshot log; a submission whose weights equal the base model's is labelled `copy` whatever its code.
-    """
-    subs = _latest_submissions(entries)
-    base_hashes = {e.weights_hash for e in entries if e.kind == "baseline" and e.weights_hash}
-    by_event = {e.detail.get("submission_id"): e.detail.get("sha") for e in entries
-                if e.kind == "event" and e.detail.get("event") == "code-snapshot"}  # fmt: skip
-    shas: dict[int, str] = {}
-    for e in subs:
-        sha = (e.detail or {}).get("code_sha") or by_event.get(e.submission_id)
-        if sha is None and snapshots is not None:
-            sha = snapshots.sha_for(f"submission-{e.submission_id}")
-        if sha:
-            shas[e.submission_id] = sha
-    routes = {e.submission_id: "copy" for e in subs if e.weights_hash and e.weights_hash in base_hashes}
-    try:
-        from a2rl.routes import route_label
-    except ImportError:
-        return RouteLabels(routes, shas, "route labels unavailable: a2rl.routes is not installed")
-    if snapshots is None:
-        return RouteLabels(routes, shas, "route labels unavailable: no code snapshots were recorded")
-    labelled: dict[str, str] = {}
-    note = None
-    with tempfile.TemporaryDirectory(prefix="a2rl-routes-") as tmp:
-        for sid, sha in shas.items():
-            if sid in routes:
-                continue
-            if sha not in labelled:
-                try:
-                    labelled[sha] = route_label(snapshots.export(sha, Path(tmp) / sha))
-                except Exception as e:  # one unreadable snapshot must not lose the other labels
-                    note = f"route labelling failed for snapshot {sha[:10]}: {type(e).__name__}: {e}"
-                    continue
-            routes[sid] = labelled[sha]
-    missing = [e.submission_id for e in subs if e.submission_id not in routes]
-    if missing and note is None:
-        note = f"no code snapshot for submissions {missing}"
-    return RouteLabels(dict(sorted(routes.items())), shas, note)
-
-
-# ---- failure class -------------------------------------------------------------------------------------------
-
-
-def explain_failure(
-    metrics: Mapping[str, Any], routes: Mapping[int, str], session_detail: Mapping[str, Any]
-) -> FailureVerdict:
-    """Apply the rule table of the module docstring. `session_detail` may also carry `run_status` and
-    `run_error` (the run's final status and harness error) and `submission_errors` (error texts)."""
-    m = metrics
-    n, n_scored = m.get("n_submissions") or 0, m.get("n_scored") or 0
-    base = m.get("baseline_feedback")
-    if session_detail.get("run_status") == "failed":  # a harness error is never the agent's result
-        return FailureVerdict("infrastructure failure", f"the run failed: {session_detail.get('run_error')}")
-    if m.get("improved"):
-        what = f"Δ test = {m['delta_test']:+.2f}" if m.get("delta_test") is not None else (
-            f"best {m.get('feedback_split')} score {m.get('best_feedback')} > baseline {base}")
-        return FailureVerdict("none", f"improved: {what}")
-    errors = [str(x).lower() for x in session_detail.get("submission_errors", [])]
-    if session_detail.get("ended_by") == "launch-error":
-        why = f"the agent could not be launched: {session_detail.get('error')}"
-        return FailureVerdict("infrastructure failure", why)
-    if base is None:
-        return FailureVerdict("infrastructure failure", "no baseline score was recorded")
-    if session_detail.get("ended_by") == "interrupted":
-        why = f"the session was interrupted by a harness crash: {session_detail.get('error')}"
-        return FailureVerdict("infrastructure failure", why)
-    if session_detail.get("run_status") in ("failed", "interrupted") and not session_detail.get("ended_by"):
-        why = f"the run {session_detail['run_status']} before the agent session ended"
-        return FailureVerdict("infrastructure failure", f"{why}: {session_detail.get('run_error')}")
-    if n_scored == 0 and errors and all(any(k in x for k in INFRA_ERROR_MARKERS) for x in errors):
-        return FailureVerdict("infrastructure failure", "every submission failed with a grader-side error")
-    scored_ids = m.get("scored_submission_ids") or []
-    if scored_ids and all(routes.get(sid) == "copy" for sid in scored_ids):
-        return FailureVerdict("static shortcut", "every scored submission is the base model (weights or route `copy`)")
-    if n_scored == 0:
-        why = "no submission" if n == 0 else f"{n} submission(s), none scored"
-        return FailureVerdict("early coding failure", f"{why}: no train → submit → score cycle completed")
-    if (m.get("improvement_feedback") or 0) > 0 and m.get("delta_test") is not None and m["delta_test"] <= 0:
-        return FailureVerdict(
-            "static shortcut",
-            f"validation improved by {m['improvement_feedback']:+.2f} but the hidden test by {m['delta_test']:+.2f}",
-        )
-    tol = max(COLLAPSE_MIN_POINTS, COLLAPSE_FRACTION * abs(base))
-    best = m.get("best_feedback")
-    if best is not None and best < base - tol:
-        return FailureVerdict("training collapse", f"best score {best:.2f} is below baseline {base:.2f} by > {tol:.2f}")
-    trajectory = m.get("score_trajectory") or []
-    rl = [sid for sid, label in routes.items() if label in RL_ROUTES]
-    if rl:
-        scores = dict(zip(m.get("submission_ids") or [], trajectory))
-        rl_scores = [scores.get(sid) for sid in rl]
-        if all(s is None or s == base for s in rl_scores):
-            return FailureVerdict(
-                "rollout construction failure",
-                f"RL submissions {rl} errored or scored exactly the baseline: the policy never moved",
-            )
-    routes_seen = sorted(set(routes.values())) or ["unlabelled"]
-    return FailureVerdict(
-        "reward/data design failure",
-        f"trained models scored near the baseline (best {best}, baseline {base}) with routes {routes_seen}",
-    )
-
-
-def failure_class(
-    metrics: Mapping[str, Any], routes: Mapping[int, str], session_detail: Mapping[str, Any]
-) -> FailureClass:
-    """The failure class label alone (see `explain_failure`)."""
-    return explain_failure(metrics, routes, session_detail).label
-
-
-# ---- narrative -----------------------------------------------------------------------------------------------
-
-NARRATIVE_SYSTEM = (
-    "You write a short account (at most 200 words) of one benchmark run in which an AI agent tried to "
-    "post-train a base model. Use only the facts in the JSON you are given; do not invent numbers, methods "
-    "or causes. Say what the agent did (routes, submissions), how the score moved, and the failure class "
-    "with its stated reason. Plain prose, no headings."
-)
-
-
-def narrate(report_json: Mapping[str, Any], client: Any = None, model: str | None = None,
-            max_tokens: int = 600) -> str | None:
-    """An LLM-written narrative of a run's facts, or None when off (A2RL_NARRATIVE_MODEL unset) or failed.
-
-    Args:
-        report_json: the facts (summary + process report) as JSON-able data; the narrative may use only these.
-        client: an `anthropic.Anthropic` client; one is built from the environment when None.
-        model: overrides A2RL_NARRATIVE_MODEL.
-    """
-    model = model or os.environ.get("A2RL_NARRATIVE_MODEL")
-    if not model:
-        return None
-    import anthropic
-
-    client = client or anthropic.Anthropic()
-    facts = json.dumps(report_json, indent=1, sort_keys=True, default=str)
-    try:
-        message = client.messages.create(
-            model=model, max_tokens=max_tokens, system=NARRATIVE_SYSTEM,
-            messages=[{"role": "user", "content": f"Facts of the run:\n```json\n{facts}\n```"}],
-        )  # fmt: skip
-    except anthropic.APIError as e:  # the narrative is optional: the facts stand without it
-        log.warning("narrative skipped: %s", e)
-        return None
-    text = "".join(getattr(block, "text", "") for block in message.content).strip()
-    return text or None
-
-
-# ---- figure ----------------------------------------------------------------------------------------------------
-
-
-def score_trajectory_png(entries: list[LedgerEntry], path: Path | str, title: str | None = None) -> Path:
-    """Score per submission with the baseline, best-so-far, errors and base-model copies marked (800×450 px)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
-    subs = _latest_submissions(entries)
-    split = next((e.split for e in subs if e.split), "validation")
-    base = next((e.score for e in entries if e.kind == "baseline" and e.split == split), None)
-    base_hashes = {e.weights_hash for e in entries if e.kind == "baseline" and e.weights_hash}
-    final = next((e for e in reversed(entries) if e.kind == "final" and e.score is not None), None)
-    fig = Figure(figsize=(8, 4.5), dpi=100)
-    ax = fig.add_subplot()
-    xs = [e.submission_id for e in subs if e.status == "scored" and e.score is not None]
-    ys = [e.score for e in subs if e.status == "scored" and e.score is not None]
-    ax.plot(xs, ys, "o-", color="tab:blue", label=f"{split} score")
-    best, run = [], None
-    for y in ys:
-        run = y if run is None else max(run, y)
-        best.append(run)
-    if xs:
-        ax.step(xs, best, where="post", color="tab:green", alpha=0.6, label="best so far")
-    if base is not None:
-        ax.axhline(base, color="grey", ls="--", label=f"baseline ({split}) {base:.1f}")
-    low = min(ys + ([base] if base is not None else []), default=0.0)
-    errs = [e.submission_id for e in subs if e.status == "error"]
-    if errs:
-        ax.plot(errs, [low] * len(errs), "x", color="tab:red", ms=9, label="evaluation error")
-    copies = [(e.submission_id, e.score) for e in subs if e.weights_hash in base_hashes and e.score is not None]
-    if copies:
-        ax.plot(*zip(*copies), "s", mfc="none", color="tab:orange", ms=11, label="base-model copy")
-    if final is not None and final.score is not None:
-        ax.plot([], [], " ", label=f"final hidden test {final.score:.1f} (submission {final.submission_id or 'base'})")
-    ax.set_xlabel("submission")
-    ax.set_ylabel("score (0–100)")
-    run_id = entries[0].run_id if entries else ""
-    ax.set_title(title or f"{run_id}: score per submission")
-    if subs:
-        ax.set_xticks([e.submission_id for e in subs])
-    else:
-        ax.text(0.5, 0.5, "no submissions", transform=ax.transAxes, ha="center", va="center", color="grey")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=100)
-    return path
-
-
 # ---- the summary step --------------------------------------------------------------------------------------------
 
 
@@ -429,12 +179,13 @@ def summarize_process(
     metrics = process_metrics(entries, config, session_detail)
     metrics |= summarize_resources(read_resources(harness_dir / "resources.jsonl"))
     metrics |= summarize_llm_calls(read_llm_calls(harness_dir / "llm_calls.jsonl"))
+    metrics |= item_level_intervals(harness_dir, entries, config)
     labels = label_routes(entries, snapshots)
     metrics["route_counts"] = {r: list(labels.routes.values()).count(r) for r in sorted(set(labels.routes.values()))}
     context = dict(session_detail) | {
         "run_status": run_status,
         "run_error": run_error,
-        "submission_errors": [e.error for e in _latest_submissions(entries) if e.status == "error" and e.error],
+        "submission_errors": [e.error for e in latest_submissions(entries) if e.status == "error" and e.error],
     }
     verdict = explain_failure(metrics, labels.routes, context)
     metrics["failure_class"] = verdict.label
@@ -443,21 +194,33 @@ def summarize_process(
         failure_class=verdict.label, failure_reason=verdict.reason,
     )  # fmt: skip
     facts = {"summary": summary.model_dump(mode="json") if summary else None, "process": report.model_dump(mode="json")}
-    text = narrate(facts, client=narrative_client) if narrative else None
-    if text:
-        report.narrative, report.narrative_model = text, os.environ.get("A2RL_NARRATIVE_MODEL")
+    wanted = narrative and os.environ.get("A2RL_NARRATIVE_MODEL")
+    story = narrate(facts, client=narrative_client) if wanted else None
+    if story and story.text:
+        report.narrative, report.narrative_model = story.text, os.environ.get("A2RL_NARRATIVE_MODEL")
+    elif story is not None:  # a model was asked for and gave nothing: the facts, told plainly, and why
+        report.narrative, report.narrative_model = deterministic_narrative(report), "deterministic (no LLM)"
+        report.narrative_note = story.note
     if write_files:
         harness_dir.mkdir(parents=True, exist_ok=True)
         (harness_dir / "process.json").write_text(report.model_dump_json(indent=2))
-        score_trajectory_png(entries, harness_dir / "score_trajectory.png")
+        try:
+            from analysis.run_figure import score_trajectory_png  # matplotlib only where a figure is drawn
+
+            score_trajectory_png(entries, harness_dir / "score_trajectory.png")
+        except ImportError as error:  # matplotlib is optional (e.g. a GPU image without it): only the figure is lost
+            log.warning("score trajectory figure skipped: %s", error)
         if report.narrative:
             (harness_dir / "narrative.md").write_text(_narrative_md(report))
     return report
 
 
 def _narrative_md(report: ProcessReport) -> str:
+    note = f"\n_{report.narrative_note}_\n" if report.narrative_note else ""
+    if report.narrative_model and report.narrative_model.startswith("deterministic"):
+        return f"## Narrative (written from the facts, no LLM)\n\n{report.narrative}\n{note}"
     return (f"## Narrative (LLM-written by {report.narrative_model}; the deterministic facts are authoritative)\n\n"
-            f"{report.narrative}\n")
+            f"{report.narrative}\n{note}")
 
 
 def render_process_markdown(report: ProcessReport) -> str:
@@ -495,137 +258,47 @@ def render_process_markdown(report: ProcessReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-def store_process_report(store: Any, report: ProcessReport, harness_dir: Path | str) -> None:
-    """Write a run's process facts to the results store: metrics (+ failure class), route labels, LLM and
-    tool calls, and resource samples. Each write replaces the run's earlier rows, so calling it again is harmless."""
-    from a2rl.recording import read_llm_calls, read_resources, read_tool_calls, resource_rows
-
-    harness_dir = Path(harness_dir)
-    store.record_metrics(report.run_id, report.metrics | {"failure_reason": report.failure_reason})
-    store.record_routes(report.run_id, report.routes, report.code_shas)
-    store.replace_run_rows("llm_calls", report.run_id, read_llm_calls(harness_dir / "llm_calls.jsonl"))
-    store.replace_run_rows("tool_calls", report.run_id, read_tool_calls(harness_dir / "tool_calls.jsonl"))
-    store.replace_run_rows("resources", report.run_id, resource_rows(read_resources(harness_dir / "resources.jsonl")))
-
-
-# ---- re-ingesting a run directory ---------------------------------------------------------------------------------
-
-
-def ingest_run_dir(store: Any, run_dir: Path | str) -> ProcessReport:
-    """(Re)build every row of one run in the results store from its run directory, in one transaction.
-
-    Reads `harness/manifest.json`, the verified ledger, `report.json` (if written), per-evaluation files,
-    the code snapshots, `resources.jsonl` and `llm_calls.jsonl`. All timestamps come from those files, so
-    ingesting the same directory twice leaves the store exactly as it was. No narrative is requested.
-    """
-    import pandas as pd
-
-    from a2rl.grading.ledger import read_ledger
-    from a2rl.recording import CodeSnapshots, read_llm_calls, read_resources, read_tool_calls, resource_rows
-
-    run_dir = Path(run_dir)
-    harness = run_dir / "harness" if (run_dir / "harness").is_dir() else run_dir
-    manifest = json.loads((harness / "manifest.json").read_text())
-    run_id, config = manifest["run_id"], RunConfig.model_validate(manifest["config"])
-    entries = read_ledger(harness / "ledger.jsonl")
-    report_path = harness / "report.json"
-    summary = None
-    if report_path.exists():
-        summary = RunSummary.model_validate(json.loads(report_path.read_text())["summary"])
-    end = next((e for e in reversed(entries) if e.detail.get("event") == "session-end"), None)
-    detail = end.detail if end else {}
-    status = summary.status if summary else ("completed" if any(e.kind == "final" for e in entries) else "interrupted")
-    has_code = (harness / "code.git").exists()
-    snapshots = CodeSnapshots(harness, harness.parent / "workspace" / "code") if has_code else None
-    process = summarize_process(
-        run_id, harness, entries, config, detail, snapshots=snapshots, summary=summary, run_status=status,
-        run_error=summary.error if summary else None, narrative=False, write_files=False,
-    )  # fmt: skip
-    frames = {
-        "runs": pd.DataFrame([_run_row(run_id, config, summary, process, entries, status, harness)]),
-        "submissions": pd.DataFrame(_submission_rows(run_id, entries, process)),
-        "evaluations": pd.DataFrame(_evaluation_rows(run_id, entries, harness)),
-        "events": pd.DataFrame([
-            {"run_id": run_id, "seq": e.seq, "created_at": e.at, "kind": e.detail.get("event", "event"),
-             "detail_json": json.dumps(e.detail, sort_keys=True, default=str)}
-            for e in entries if e.kind == "event"
-        ]),  # fmt: skip
-        "metrics": pd.DataFrame(_metric_rows(run_id, process)),
-        "llm_calls": pd.DataFrame([r | {"run_id": run_id} for r in read_llm_calls(harness / "llm_calls.jsonl")]),
-        "tool_calls": pd.DataFrame([r | {"run_id": run_id} for r in read_tool_calls(harness / "tool_calls.jsonl")]),
-        "resources": pd.DataFrame([r | {"run_id": run_id}
-                                   for r in resource_rows(read_resources(harness / "resources.jsonl"))]),
-    }
-    store.replace_run(run_id, frames)
-    return process
+def item_level_intervals(harness_dir: Path, entries: list[LedgerEntry], config: RunConfig) -> dict[str, Any]:
+    """The run's Δ test and best feedback gain with 95% intervals from the paired per-item results the evaluations
+    wrote (`harness/evaluations/<kind>-<submission>-<split>.json`): the same items, base model against the pick.
+    Missing files give None (the verdicts then say the change was not tested for significance)."""
+    final = next((e for e in reversed(entries) if e.kind == "final" and e.score is not None), None)
+    final_key = f"{'submission' if config.protocol == 'paper' else 'final'}-{final.submission_id or 0}-test" if final else None
+    subs = [e for e in latest_submissions(entries) if e.status == "scored" and e.score is not None]
+    best = max(subs, key=lambda e: (e.score, -e.submission_id)) if subs else None
+    split = "test" if config.protocol == "paper" else "validation"
+    out: dict[str, Any] = {}
+    for name, key, base_key in (("delta_test", final_key, "baseline-0-test"),
+                                ("improvement_feedback", best and f"submission-{best.submission_id}-{split}",
+                                 f"baseline-0-{split}")):  # fmt: skip
+        interval = _paired_from_files(harness_dir / "evaluations", base_key, key) if key else None
+        out |= {f"{name}_ci_low": interval and interval.low, f"{name}_ci_high": interval and interval.high,
+                f"{name}_p_value": interval and interval.p_value, f"{name}_n_items": interval and interval.n,
+                f"{name}_interval": interval.method if interval else "no item-level results"}  # fmt: skip
+    out["verdict"] = _verdict(out, entries)
+    if not out["verdict"].startswith("not tested"):
+        out["improved"] = out["verdict"] == "improved"
+    return out
 
 
-def _run_row(run_id: str, config: RunConfig, summary: RunSummary | None, process: ProcessReport,
-             entries: list[LedgerEntry], status: str, harness: Path) -> dict[str, Any]:
-    m = process.metrics
-    base = {e.split: e.score for e in entries if e.kind == "baseline" and e.split}
-    last_at = entries[-1].at if entries else None
-    row: dict[str, Any] = {
-        "run_id": run_id, "config_hash": config.config_hash(), "task": config.task, "variant": config.variant,
-        "variant_label": summary.variant_label if summary else config.variant, "agent": config.agent,
-        "driver": config.driver, "mode": config.mode, "base_model": config.base_model, "seed": config.seed,
-        "budget_s": config.budget_s, "protocol": config.protocol, "status": status,
-        "started_at": entries[0].at if entries else None, "finished_at": last_at if status != "running" else None,
-        "baseline_val": base.get("validation"), "baseline_test": base.get("test"),
-        "best_val": m["best_feedback"] if m["feedback_split"] == "validation" else None,
-        "best_submission_id": m["best_submission_id"], "final_submission_id": m["final_submission_id"],
-        "final_test": m["final_test"], "delta_test": m["delta_test"], "n_submissions": m["n_submissions"],
-        "n_scored": m["n_scored"], "agent_seconds": m["agent_seconds"], "grading_seconds": m["grading_seconds"],
-        "error": None, "config_json": config.model_dump_json(), "harness_dir": str(harness),
-        "failure_class": process.failure_class, "updated_at": last_at,
-    }  # fmt: skip
-    if summary is not None:  # the report's numbers are the run's own word where it wrote one
-        row |= {k: getattr(summary, k) for k in (
-            "baseline_val", "baseline_test", "best_val", "best_submission_id", "final_submission_id", "final_test",
-            "delta_test", "n_submissions", "n_scored", "agent_seconds", "grading_seconds", "wall_seconds", "error")}
-        row["phase_seconds_json"] = json.dumps(summary.phase_seconds)
-    return row
-
-
-def _submission_rows(run_id: str, entries: list[LedgerEntry], process: ProcessReport) -> list[dict[str, Any]]:
-    first_at: dict[int, Any] = {}
-    for e in entries:
-        if e.kind == "submission" and e.submission_id is not None:
-            first_at.setdefault(e.submission_id, e.at)
-    return [
-        {"run_id": run_id, "submission_id": e.submission_id, "created_at": first_at[e.submission_id],
-         "model_path": e.model_path, "weights_hash": e.weights_hash, "size_bytes": e.size_bytes, "status": e.status,
-         "split": e.split, "score": e.score, "cached": e.cached, "eval_seconds": e.eval_seconds,
-         "agent_elapsed_s": e.agent_elapsed_s, "error": e.error, "route": process.routes.get(e.submission_id),
-         "code_sha": process.code_shas.get(e.submission_id)}
-        for e in _latest_submissions(entries)
-    ]  # fmt: skip
-
-
-def _evaluation_rows(run_id: str, entries: list[LedgerEntry], harness: Path) -> list[dict[str, Any]]:
-    """One row per scored evaluation, keyed as the live flow keys them (`<kind>-<submission or 0>-<split>`)."""
+def _paired_from_files(folder: Path, base_key: str, key: str):
     from a2rl.records import EvalResult
 
-    rows: dict[str, dict[str, Any]] = {}
-    for e in entries:
-        if e.kind not in ("baseline", "submission", "final") or e.status != "scored" or e.score is None:
-            continue
-        key = f"{e.kind}-{e.submission_id or 0}-{e.split}"
-        saved = harness / "evaluations" / f"{key}.json"
-        result = EvalResult.model_validate_json(saved.read_text()) if saved.exists() else None
-        rows[key] = {
-            "run_id": run_id, "eval_key": key, "kind": e.kind, "submission_id": e.submission_id, "split": e.split,
-            "score": e.score, "n": result.n if result else None, "n_correct": result.n_correct if result else None,
-            "evaluator_id": result.evaluator_id if result else None, "weights_hash": e.weights_hash,
-            "generated_tokens": result.generated_tokens if result else None,
-            "duration_s": result.duration_s if result else e.eval_seconds, "cached": e.cached, "created_at": e.at,
-        }  # fmt: skip
-    return list(rows.values())
+    try:
+        base, pick = (EvalResult.model_validate_json((folder / f"{k}.json").read_text()) for k in (base_key, key))
+    except (OSError, ValueError):
+        return None
+    scores = {i.item_id: (i.value if i.value is not None else float(i.correct)) for i in base.items}
+    paired = [(scores[i.item_id], i.value if i.value is not None else float(i.correct))
+              for i in pick.items if i.item_id in scores]
+    if not paired:
+        return None
+    return paired_item_interval([b for b, _ in paired], [f for _, f in paired])
 
 
-def _metric_rows(run_id: str, process: ProcessReport) -> list[dict[str, Any]]:
-    from a2rl.store import metric_cells
-
-    values = process.metrics | {"failure_reason": process.failure_reason}
-    return [{"run_id": run_id, "name": k, "value": v, "text": t}
-            for k, (v, t) in ((k, metric_cells(v)) for k, v in values.items())]
+def _verdict(intervals: Mapping[str, Any], entries: list[LedgerEntry]) -> str:
+    """`improved` / `worse` only where the 95% interval of Δ test excludes 0; else `no significant change`."""
+    low, high = intervals.get("delta_test_ci_low"), intervals.get("delta_test_ci_high")
+    if low is None or high is None or low != low:
+        return "not tested (no item-level results)"
+    return "improved" if low > 0 else "worse" if high < 0 else "no significant change"

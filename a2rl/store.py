@@ -308,9 +308,243 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (run_id, seq)
     );
     """,
+    # 4: per-item results; settings keyed by everything but the seed (a2rl.setting.SETTING_KEY); runs the analysis
+    # must not count (not completed, infrastructure failures) set apart with the reason; t-intervals over seeds
+    # and the baseline's item-level sampling error beside every Δ; the paper's tables.
+    """
+    CREATE TABLE item_results (
+        run_id VARCHAR,
+        eval_key VARCHAR,
+        split VARCHAR,
+        item_id VARCHAR,
+        score DOUBLE,       -- the item's graded value: 1/0 for right/wrong, else the task's value (a judge's 0.5)
+        correct BOOLEAN,
+        tokens BIGINT,      -- generated tokens of this item, where the evaluator counted them
+        PRIMARY KEY (run_id, eval_key, item_id)
+    );
+    -- Two-sided 95% Student t quantile (df 1..30 tabulated, then 1.96 + 2.4/df, within 0.003 of exact).
+    CREATE OR REPLACE MACRO t975(df) AS CASE WHEN df IS NULL OR df < 1 THEN NULL
+        WHEN df <= 30 THEN [12.706::DOUBLE, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.16, 2.145, 2.131, 2.12, 2.11, 2.101, 2.093, 2.086, 2.08, 2.074, 2.069, 2.064, 2.06, 2.056, 2.052, 2.048, 2.045, 2.042][df::BIGINT] ELSE 1.96 + 2.4 / df END;
+    -- Agresti-Coull standard error of a 0-100 score on n items: never 0, not even at a score of 0 or 100.
+    CREATE OR REPLACE MACRO binomial_se(score, n) AS 100.0 * sqrt(
+        ((score / 100.0 * n + 2) / (n + 4)) * (1 - (score / 100.0 * n + 2) / (n + 4)) / (n + 4));
+    CREATE OR REPLACE VIEW run_settings AS
+    WITH ev AS (
+        SELECT run_id,
+               coalesce(min(evaluator_id) FILTER (WHERE kind = 'baseline' AND split = 'test'),
+                        min(evaluator_id) FILTER (WHERE split = 'test')) AS evaluator_id
+        FROM evaluations GROUP BY run_id
+    ), breaches AS (
+        SELECT run_id, count(*)::BIGINT AS n_mode_breaches FROM mode_violations GROUP BY run_id
+    ), usage AS (
+        SELECT run_id, sum(coalesce(cost_usd, 0)) AS cost_usd,
+               sum(coalesce(input_tokens, 0) + coalesce(output_tokens, 0) + coalesce(cache_read_tokens, 0)
+                   + coalesce(cache_write_tokens, 0))::BIGINT AS llm_tokens
+        FROM llm_calls GROUP BY run_id
+    ), keyed AS (
+        SELECT r.*,
+               CASE WHEN r.config_json IS NULL THEN 'unknown'
+                    ELSE 'val:' || coalesce(json_extract_string(r.config_json, '$.val_limit'), 'all')
+                         || ' test:' || coalesce(json_extract_string(r.config_json, '$.test_limit'), 'all')
+               END AS item_selection,
+               coalesce(ev.evaluator_id, 'unknown') AS evaluator_id,
+               coalesce(b.n_mode_breaches, 0)::BIGINT AS n_mode_breaches,
+               coalesce(u.cost_usd, 0.0) AS cost_usd, coalesce(u.llm_tokens, 0)::BIGINT AS llm_tokens,
+               CASE WHEN r.status IS DISTINCT FROM 'completed' THEN 'run ' || coalesce(r.status, 'without a status')
+                    WHEN r.failure_class = 'infrastructure failure' THEN 'infrastructure failure'
+                    WHEN r.delta_test IS NULL THEN 'no final test score'
+               END AS excluded_because
+        FROM runs r LEFT JOIN ev USING (run_id) LEFT JOIN breaches b USING (run_id) LEFT JOIN usage u USING (run_id)
+    )
+    SELECT *, substr(md5(concat_ws('|', coalesce(task, 'unknown'), coalesce(variant, 'unknown'), item_selection,
+                  coalesce(base_model, 'unknown'), coalesce(agent, 'unknown'), coalesce(driver, 'unknown'),
+                  coalesce(mode, 'unknown'), coalesce(protocol, 'unknown'), coalesce(budget_s::VARCHAR, 'unknown'),
+                  evaluator_id)), 1, 12) AS setting_id
+    FROM keyed;
+    -- The runs every aggregate counts; `excluded_runs` says how many others there are and why.
+    CREATE OR REPLACE VIEW analysed_runs AS SELECT * FROM run_settings WHERE excluded_because IS NULL;
+    CREATE OR REPLACE VIEW excluded_runs AS
+    SELECT excluded_because AS reason, count(*)::BIGINT AS n_runs
+    FROM run_settings WHERE excluded_because IS NOT NULL GROUP BY 1 ORDER BY 2 DESC, 1;
+    -- The base model's item-level sampling error on one item selection and evaluator: the binomial (Agresti-Coull)
+    -- standard error for right/wrong items, sd/sqrt(n) of the item scores (the bootstrap SE) otherwise. A Δ within
+    -- 2 SE of 0 cannot be told from drawing other items. Re-evaluations of a greedy evaluator repeat themselves
+    -- and say nothing about this, so they are only counted.
+    CREATE OR REPLACE VIEW noise_floor AS
+    WITH items AS (
+        SELECT run_id, eval_key, count(*)::BIGINT AS n_items, stddev_pop(score) AS sd_item,
+               bool_and(score IN (0, 1)) AS is_binary
+        FROM item_results GROUP BY run_id, eval_key
+    ), b AS (
+        SELECT rs.task, rs.variant, rs.item_selection, rs.base_model, e.evaluator_id, e.split, e.score, e.cached,
+               coalesce(i.n_items, e.n) AS n_items, i.sd_item, coalesce(i.is_binary, true) AS is_binary
+        FROM evaluations e JOIN run_settings rs USING (run_id) LEFT JOIN items i USING (run_id, eval_key)
+        WHERE e.kind = 'baseline' AND e.score IS NOT NULL
+    ), g AS (
+        SELECT task, variant, item_selection, base_model, evaluator_id, split,
+               count(*)::BIGINT AS n_rows,
+               count(*) FILTER (WHERE NOT coalesce(cached, false))::BIGINT AS k_reevaluations,
+               avg(score) AS mean_baseline, max(score) - min(score) AS range_baseline,
+               max(n_items)::BIGINT AS n_items, bool_and(is_binary) AS is_binary, avg(sd_item) AS sd_item
+        FROM b GROUP BY task, variant, item_selection, base_model, evaluator_id, split
+    )
+    SELECT *,
+           CASE WHEN is_binary THEN binomial_se(mean_baseline, n_items)
+                ELSE 100.0 * sd_item / sqrt(greatest(n_items, 1)) END AS noise_se,
+           2 * CASE WHEN is_binary THEN binomial_se(mean_baseline, n_items)
+                    ELSE 100.0 * sd_item / sqrt(greatest(n_items, 1)) END AS noise_floor,
+           CASE WHEN is_binary THEN 'binomial SE of the baseline (Agresti-Coull), x2'
+                ELSE 'bootstrap SE of the baseline item scores, x2' END AS noise_floor_source
+    FROM g;
+    -- One row per setting (everything but the seed): n seeds, mean Δ with a t-interval over seeds (none for n < 2),
+    -- the noise floor of its task and item selection beside it, and its mode breaches.
+    CREATE OR REPLACE VIEW leaderboard_ci AS
+    WITH s AS (
+        SELECT setting_id, task, variant, item_selection, base_model, agent, driver, mode, protocol, budget_s, evaluator_id, any_value(variant_label) AS variant_label,
+               count(*)::BIGINT AS n, avg(delta_test) AS mean_delta, stddev_samp(delta_test) AS sd_delta,
+               avg(final_test) AS mean_final_test, avg(baseline_test) AS mean_baseline_test,
+               avg((delta_test > 0)::DOUBLE) AS improve_rate,
+               sum(n_mode_breaches)::BIGINT AS n_mode_breaches,
+               count(*) FILTER (WHERE n_mode_breaches > 0)::BIGINT AS runs_with_mode_breaches,
+               list(seed ORDER BY seed, run_id) AS seeds,
+               list(delta_test ORDER BY seed, run_id) AS deltas
+        FROM analysed_runs GROUP BY setting_id, task, variant, item_selection, base_model, agent, driver, mode, protocol, budget_s, evaluator_id
+    )
+    SELECT s.*, sd_delta / sqrt(n) AS se_delta,
+           mean_delta - t975(n - 1) * sd_delta / sqrt(n) AS ci_low,
+           mean_delta + t975(n - 1) * sd_delta / sqrt(n) AS ci_high,
+           CASE WHEN n < 2 THEN 'n = 1: no interval' ELSE 't-interval over seeds' END AS interval,
+           nf.noise_se, nf.noise_floor, nf.noise_floor_source
+    FROM s LEFT JOIN noise_floor nf
+      ON nf.split = 'test' AND (nf.task, nf.variant, nf.item_selection, nf.base_model, nf.evaluator_id)
+         = (s.task, s.variant, s.item_selection, s.base_model, s.evaluator_id);
+    CREATE OR REPLACE VIEW leaderboard AS SELECT * FROM leaderboard_ci ORDER BY task, mean_delta DESC NULLS LAST;
+    -- One cell per (setting, mode); best and worst mode per task among the modes one agent setting ran.
+    CREATE OR REPLACE VIEW mode_task_matrix AS
+    SELECT *,
+           count(*) OVER agent_setting > 1 AND mean_delta = max(mean_delta) OVER agent_setting AS is_best,
+           count(*) OVER agent_setting > 1 AND mean_delta = min(mean_delta) OVER agent_setting AS is_worst
+    FROM leaderboard_ci
+    WINDOW agent_setting AS (PARTITION BY task, variant, item_selection, base_model, agent, driver, protocol, budget_s,
+                                          evaluator_id);
+    -- Best-so-far after each submission against the feedback split's baseline. The base model is always a
+    -- candidate (it stands when nothing better was submitted), so the curve starts at 0 and never goes below it.
+    CREATE OR REPLACE VIEW scaling_curve AS
+    WITH s AS (
+        SELECT s.run_id, s.submission_id, s.created_at, s.agent_elapsed_s, s.split, s.score, s.status,
+               max(s.score) OVER (PARTITION BY s.run_id ORDER BY s.submission_id
+                                  ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS best_so_far
+        FROM submissions s
+    )
+    SELECT s.run_id, r.setting_id, r.task, r.variant, r.variant_label, r.item_selection, r.protocol, r.agent, r.driver,
+           r.mode, r.base_model, r.evaluator_id, r.seed, r.budget_s, s.submission_id, s.agent_elapsed_s, s.split,
+           s.status, s.score, s.best_so_far,
+           CASE WHEN s.split = 'test' THEN r.baseline_test ELSE r.baseline_val END AS baseline,
+           greatest(coalesce(s.best_so_far - CASE WHEN s.split = 'test' THEN r.baseline_test ELSE r.baseline_val END,
+                             0.0), 0.0) AS improvement_so_far,
+           coalesce(u.cum_tokens, 0)::BIGINT AS cum_tokens,
+           coalesce(u.cum_cost_usd, 0.0) AS cum_cost_usd
+    FROM s
+    JOIN analysed_runs r USING (run_id)
+    ASOF LEFT JOIN llm_usage_cumulative u ON s.run_id = u.run_id AND s.created_at >= u.created_at;
+    CREATE OR REPLACE VIEW selection_gap AS
+    SELECT run_id, setting_id, task, variant, item_selection, base_model, agent, driver, mode, protocol, budget_s, evaluator_id, variant_label, seed,
+           best_val - baseline_val AS val_gain, delta_test AS test_gain,
+           (best_val - baseline_val) - delta_test AS selection_gap,
+           final_submission_id = best_submission_id AS final_is_val_best
+    FROM analysed_runs
+    WHERE protocol = 'heldout' AND best_val IS NOT NULL AND baseline_val IS NOT NULL;
+    CREATE OR REPLACE VIEW route_distribution AS
+    SELECT r.task, r.variant, r.agent, r.driver, r.mode, coalesce(s.route, 'unlabelled') AS route,
+           count(*)::BIGINT AS n_submissions, count(DISTINCT s.run_id)::BIGINT AS n_runs
+    FROM submissions s JOIN analysed_runs r USING (run_id)
+    GROUP BY ALL;
+    -- Every run, infrastructure failures and unfinished runs included (they are counted here, nowhere else).
+    CREATE OR REPLACE VIEW failure_classes AS
+    SELECT task, variant, agent, driver, mode, status, coalesce(failure_class, 'unclassified') AS failure_class,
+           count(*)::BIGINT AS n_runs
+    FROM runs GROUP BY ALL;
+    -- Paper table: system x task absolute test scores, with the base model's row (its interval: 1.96 x the
+    -- item-level SE, since the baseline does not vary by seed).
+    CREATE OR REPLACE VIEW system_task_scores AS
+    SELECT 'system' AS row_kind, agent, driver, mode, protocol, budget_s, task, variant, item_selection, base_model,
+           evaluator_id, count(*)::BIGINT AS n, avg(final_test) AS mean_score,
+           avg(final_test) - t975(count(*) - 1) * stddev_samp(final_test) / sqrt(count(*)) AS ci_low,
+           avg(final_test) + t975(count(*) - 1) * stddev_samp(final_test) / sqrt(count(*)) AS ci_high,
+           't-interval over seeds' AS interval
+    FROM analysed_runs GROUP BY ALL
+    UNION ALL
+    SELECT 'baseline', 'Baseline', NULL, NULL, NULL, NULL, r.task, r.variant, r.item_selection, r.base_model,
+           r.evaluator_id, any_value(nf.n_items)::BIGINT, avg(r.baseline_test),
+           avg(r.baseline_test) - 1.96 * any_value(nf.noise_se), avg(r.baseline_test) + 1.96 * any_value(nf.noise_se),
+           'item-level (binomial or bootstrap SE); n = items'
+    FROM analysed_runs r LEFT JOIN noise_floor nf
+      ON nf.split = 'test' AND (nf.task, nf.variant, nf.item_selection, nf.base_model, nf.evaluator_id)
+         = (r.task, r.variant, r.item_selection, r.base_model, r.evaluator_id)
+    GROUP BY r.task, r.variant, r.item_selection, r.base_model, r.evaluator_id;
+    -- Paper table: the best feedback-split gain reached within 25%, 50% and 100% of the agent-time budget, from
+    -- the submission timeline (the base model stands until something beats it, so it is never below 0).
+    CREATE OR REPLACE VIEW budget_deltas AS
+    WITH per_run AS (
+        SELECT r.run_id, r.setting_id, f.budget_fraction,
+               greatest(coalesce(max(s.score - CASE WHEN s.split = 'test' THEN r.baseline_test ELSE r.baseline_val END)
+                                 FILTER (WHERE s.status = 'scored'
+                                         AND s.agent_elapsed_s <= f.budget_fraction * r.budget_s), 0.0), 0.0)
+                   AS delta_feedback
+        FROM analysed_runs r CROSS JOIN (SELECT unnest([0.25, 0.5, 1.0]) AS budget_fraction) f
+        LEFT JOIN submissions s ON s.run_id = r.run_id
+        GROUP BY r.run_id, r.setting_id, f.budget_fraction
+    )
+    SELECT l.setting_id, l.task, l.variant, l.item_selection, l.base_model, l.agent, l.driver, l.mode, l.protocol,
+           l.budget_s, l.evaluator_id, p.budget_fraction, count(*)::BIGINT AS n,
+           avg(p.delta_feedback) AS mean_delta,
+           avg(p.delta_feedback) - t975(count(*) - 1) * stddev_samp(p.delta_feedback) / sqrt(count(*)) AS ci_low,
+           avg(p.delta_feedback) + t975(count(*) - 1) * stddev_samp(p.delta_feedback) / sqrt(count(*)) AS ci_high
+    FROM per_run p JOIN leaderboard_ci l USING (setting_id)
+    GROUP BY ALL;
+    -- Paper table: what a run cost (driver LLM calls) and Δ per dollar, per setting.
+    CREATE OR REPLACE VIEW run_costs AS
+    SELECT setting_id, task, variant, item_selection, base_model, agent, driver, mode, protocol, budget_s, evaluator_id, count(*)::BIGINT AS n,
+           avg(cost_usd) AS mean_cost_usd, sum(cost_usd) AS total_cost_usd, avg(llm_tokens) AS mean_llm_tokens,
+           avg(delta_test) AS mean_delta,
+           CASE WHEN avg(cost_usd) > 0 THEN avg(delta_test) / avg(cost_usd) END AS delta_per_usd
+    FROM analysed_runs GROUP BY ALL;
+    -- Paper table: which route produced the final pick, per mode.
+    CREATE OR REPLACE VIEW final_routes AS
+    SELECT r.mode, coalesce(s.route, CASE WHEN r.final_submission_id IS NULL THEN 'base model (no pick)'
+                                          ELSE 'unlabelled' END) AS final_route,
+           count(*)::BIGINT AS n_runs, avg(r.delta_test) AS mean_delta
+    FROM analysed_runs r LEFT JOIN submissions s ON s.run_id = r.run_id AND s.submission_id = r.final_submission_id
+    GROUP BY ALL;
+    -- Submissions whose route broke the run's mode, per mode and agent (completed runs, infrastructure included).
+    CREATE OR REPLACE VIEW mode_breaches AS
+    SELECT mode, agent, driver, count(*)::BIGINT AS n_runs,
+           count(*) FILTER (WHERE n_mode_breaches > 0)::BIGINT AS runs_with_breaches,
+           sum(n_mode_breaches)::BIGINT AS n_breaches
+    FROM run_settings WHERE status = 'completed' GROUP BY ALL;
+    -- Final pick against the base model on the same hidden-test items (the final evaluation, or under `paper` the
+    -- picked submission's test evaluation): the input of the paired item-level interval of one run's Δ.
+    CREATE OR REPLACE VIEW item_pairs AS
+    WITH final_eval AS (
+        SELECT e.run_id, e.eval_key FROM evaluations e JOIN runs r USING (run_id)
+        WHERE e.split = 'test' AND (e.kind = 'final' OR (e.kind = 'submission' AND r.protocol = 'paper'
+                                                          AND e.submission_id = r.final_submission_id))
+        QUALIFY row_number() OVER (PARTITION BY e.run_id ORDER BY e.kind = 'final' DESC, e.eval_key) = 1
+    ), base_eval AS (
+        SELECT run_id, min(eval_key) AS eval_key FROM evaluations
+        WHERE kind = 'baseline' AND split = 'test' GROUP BY run_id
+    )
+    SELECT f.run_id, fi.item_id, bi.score AS base_score, fi.score AS final_score
+    FROM final_eval f JOIN base_eval b USING (run_id)
+    JOIN item_results fi ON fi.run_id = f.run_id AND fi.eval_key = f.eval_key
+    JOIN item_results bi ON bi.run_id = b.run_id AND bi.eval_key = b.eval_key AND bi.item_id = fi.item_id;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
+
+# Metrics written by a step of their own (the leak audit), which a later `record_metrics` must not delete.
+KEPT_METRICS = ("leaked_items",)
 
 # Primary keys of the tables `bulk_write` may write.
 TABLE_KEYS: dict[str, tuple[str, ...]] = {
@@ -322,6 +556,7 @@ TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "llm_calls": ("run_id", "seq"),
     "resources": ("run_id", "seq"),
     "tool_calls": ("run_id", "seq"),
+    "item_results": ("run_id", "eval_key", "item_id"),
 }
 
 
@@ -431,7 +666,8 @@ class ResultsStore:
         result: EvalResult,
         submission_id: int | None = None,
     ) -> None:
-        """Upsert one evaluation (per-item results are not stored here; they stay in the run directory)."""
+        """Upsert one evaluation and replace its per-item results (`item_results`), in one transaction: recording
+        the same evaluation again leaves the same rows."""
         row = {
             "run_id": run_id,
             "eval_key": eval_key,
@@ -448,8 +684,13 @@ class ResultsStore:
             "cached": result.cached,
             "created_at": utcnow(),
         }
+        items = item_rows(run_id, eval_key, result)
         with self._transaction() as con:
             _upsert(con, "evaluations", ("run_id", "eval_key"), row)
+            con.execute("DELETE FROM item_results WHERE run_id = ? AND eval_key = ?", [run_id, eval_key])
+            if items:
+                con.executemany(f"INSERT INTO item_results ({', '.join(ITEM_COLUMNS)}) VALUES "
+                                f"({', '.join('?' for _ in ITEM_COLUMNS)})", [tuple(r.values()) for r in items])
 
     def record_event(
         self, run_id: str, seq: int, kind: str, detail: Mapping[str, Any], at: datetime | None = None
@@ -465,18 +706,48 @@ class ResultsStore:
         with self._transaction() as con:
             _upsert(con, "events", ("run_id", "seq"), row)
 
-    def delete_run_children(self, run_id: str) -> None:
-        """Drop a run's submissions, evaluations and events (the run row stays), before a clean re-ingest."""
+    # -- ledger anchors: the head of each run's ledger after every append (a2rl.grading.ledger) --------------
+    # Created on first use, not by a migration: an addition that stays out of the schema-version sequence.
+    _LEDGER_HEADS = """CREATE TABLE IF NOT EXISTS ledger_heads (
+        run_id VARCHAR, seq BIGINT, line_hash VARCHAR, recorded_at TIMESTAMPTZ, PRIMARY KEY (run_id, seq))"""
+
+    def record_ledger_head(self, run_id: str, seq: int, line_hash: str) -> None:
+        """Anchor: the ledger's entry `seq` hashes to `line_hash`. Append-only: a row once written is kept
+        (a different hash for the same entry later means the ledger was rewritten, which `ledger_head` shows)."""
         with self._transaction() as con:
-            for table in ("submissions", "evaluations", "events"):
+            con.execute(self._LEDGER_HEADS)
+            con.execute("INSERT INTO ledger_heads VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                        [run_id, seq, line_hash, utcnow()])  # fmt: skip
+
+    def ledger_head(self, run_id: str) -> Any:
+        """The last anchored head of a run's ledger (an `a2rl.grading.ledger.LedgerHead`), or None."""
+        from a2rl.grading.ledger import LedgerHead
+
+        with self._transaction() as con:
+            con.execute(self._LEDGER_HEADS)
+            row = con.execute("SELECT seq, line_hash FROM ledger_heads WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
+                              [run_id]).fetchone()  # fmt: skip
+        return LedgerHead(row[0] + 1, row[1]) if row else None
+
+    def ledger_anchor(self, run_id: str):
+        """A `Ledger(anchor=...)` callback that records every new head here."""
+        return lambda entry, line_hash: self.record_ledger_head(run_id, entry.seq, line_hash)
+
+    def delete_run_children(self, run_id: str) -> None:
+        """Drop a run's submissions, evaluations (and their items) and events (the run row stays), before a clean re-ingest."""
+        with self._transaction() as con:
+            for table in ("submissions", "evaluations", "item_results", "events"):
                 con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
 
     def record_metrics(self, run_id: str, metrics: Mapping[str, Any]) -> None:
         """Replace a run's process metrics. Numbers and booleans go to `value`, anything else to `text`
-        (lists and dicts as JSON); a `failure_class` entry is also copied to the run's row."""
+        (lists and dicts as JSON); a `failure_class` entry is also copied to the run's row. Metrics other steps
+        write (`KEPT_METRICS`, e.g. the leak audit's count) survive unless `metrics` names them."""
         rows = [(run_id, name, *metric_cells(v)) for name, v in metrics.items()]
+        kept = [k for k in KEPT_METRICS if k not in metrics]
         with self._transaction() as con:
-            con.execute("DELETE FROM metrics WHERE run_id = ?", [run_id])
+            keep = f" AND name NOT IN ({', '.join('?' for _ in kept)})" if kept else ""
+            con.execute(f"DELETE FROM metrics WHERE run_id = ?{keep}", [run_id, *kept])
             if rows:
                 con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?)", rows)
             if "failure_class" in metrics:
@@ -697,6 +968,23 @@ def _insert_frame(con: duckdb.DuckDBPyConnection, table: str, frame: Any) -> Non
         con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _rows")
     finally:
         con.unregister("_rows")
+
+
+ITEM_COLUMNS = ("run_id", "eval_key", "split", "item_id", "score", "correct", "tokens")
+
+
+def item_rows(run_id: str, eval_key: str, result: EvalResult) -> list[dict[str, Any]]:
+    """`item_results` rows of one evaluation: the graded value where the task gives one, else 1/0 for right/wrong.
+    An item id seen twice keeps its last result (the key is one row per item)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for item in result.items:
+        tokens = item.detail.get("generated_tokens")
+        rows[item.item_id] = {
+            "run_id": run_id, "eval_key": eval_key, "split": result.split, "item_id": item.item_id,
+            "score": float(item.value) if item.value is not None else float(item.correct),
+            "correct": bool(item.correct), "tokens": int(tokens) if isinstance(tokens, int) else None,
+        }  # fmt: skip
+    return list(rows.values())
 
 
 def metric_cells(value: Any) -> tuple[float | None, str | None]:

@@ -1,6 +1,7 @@
-"""Statistics over runs: pass@k, bootstrap intervals, noise floor, paired comparisons, selection gap.
+"""Statistics over runs: pass@k, bootstrap intervals, paired comparisons, selection gap.
 
-Pure functions on numbers and DataFrames; no store, no Prefect.
+Pure functions on numbers and DataFrames; no store, no Prefect. The intervals of Δ (one run over items, a
+setting over seeds) and the noise floor are in `a2rl.intervals`, where the run verdicts use them too.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
+from a2rl.intervals import seeds_interval, sign_flip_pvalue
+from a2rl.setting import SETTING_KEY
+
 
 class CI(NamedTuple):
     """A point estimate with a confidence interval; low/high are NaN when n < 2."""
@@ -20,15 +24,6 @@ class CI(NamedTuple):
     low: float
     high: float
     n: int
-
-
-class NoiseFloor(NamedTuple):
-    value: float
-    """|Δ| below this is indistinguishable from re-evaluating the base model."""
-    source: str
-    """'re-evaluations (2 sd)' or 'binomial approximation (2 se)'."""
-    k: int
-    """Number of fresh baseline evaluations behind it."""
 
 
 def pass_at_k(deltas: Sequence[float], k: int) -> float:
@@ -82,79 +77,39 @@ def bootstrap_ci(
     return CI(estimate, float(low), float(high), n)
 
 
-def noise_floor(scores: Sequence[float], n_items: int | None = None, z: float = 2.0) -> NoiseFloor:
-    """Noise floor of a task from k fresh baseline evaluations of the same model and evaluator.
-
-    With k ≥ 2: z × their sample standard deviation. Otherwise z × the binomial standard error of the
-    (0–100) score on `n_items` items — only an approximation, and labelled as such.
-    """
-    x = np.asarray(scores, dtype=float)
-    if len(x) >= 2:
-        return NoiseFloor(float(z * x.std(ddof=1)), f"re-evaluations ({z:g} sd)", len(x))
-    if n_items and len(x):
-        p = min(max(x.mean() / 100.0, 0.0), 1.0)
-        se = 100.0 * math.sqrt(p * (1 - p) / n_items)
-        return NoiseFloor(float(z * se), f"binomial approximation ({z:g} se)", len(x))
-    return NoiseFloor(math.nan, "unknown", len(x))
-
-
-def sign_flip_pvalue(diffs: Sequence[float], n_perm: int = 20_000, seed: int = 0) -> float:
-    """Two-sided paired randomisation test of mean(diffs) = 0.
-
-    Exact for n ≤ 16, Monte Carlo with `n_perm` sign flips up to n = 200, and beyond that the normal limit
-    of the sign-flip distribution (mean 0, variance Σd²/n²), which is accurate at that size.
-    """
-    d = np.asarray(diffs, dtype=float)
-    n = len(d)
-    if n == 0:
-        return math.nan
-    observed = abs(d.mean())
-    if n <= 16:
-        signs = ((np.arange(2**n)[:, None] >> np.arange(n)) & 1) * 2 - 1
-        return float((np.abs((signs * d).mean(axis=1)) >= observed - 1e-12).mean())
-    if n > 200:
-        spread = math.sqrt(float((d**2).sum())) / n
-        return 1.0 if spread == 0 else math.erfc(observed / spread / math.sqrt(2))
-    rng = np.random.default_rng(seed)
-    chunk = max(1, min(n_perm, 2_000_000 // n))  # bounded memory for thousands of pairs
-    hits = 0
-    for i in range(0, n_perm, chunk):
-        signs = rng.choice([-1.0, 1.0], size=(min(chunk, n_perm - i), n))
-        hits += int((np.abs(signs @ d / n) >= observed - 1e-12).sum())
-    return hits / n_perm
-
-
 def paired_comparison(
     runs: pd.DataFrame,
-    agent_a: str,
-    agent_b: str,
-    by: Sequence[str] = ("task", "variant", "protocol"),
-    pair_on: Sequence[str] = ("mode", "base_model", "seed"),
-    n_boot: int = 2000,
+    field: str,
+    a: str,
+    b: str,
+    averaged: Sequence[str] = (),
 ) -> pd.DataFrame:
-    """Per task: Δ of agent B minus Δ of agent A on runs paired by mode, base model and seed.
-
-    Runs of one agent that share a pair key (e.g. several drivers) are averaged first. Columns: n_pairs,
-    mean_diff, ci_low, ci_high (bootstrap), wins/losses/ties of B, p_value (sign-flip test).
+    """Per group: Δ of `field` = b minus Δ of `field` = a on runs that agree on every other setting column and
+    the seed. Agent level: `field="agent"`, `averaged=("driver",)` (an agent's drivers averaged, said so);
+    driver level: `field="driver"` (same agent, two drivers). Columns: n_pairs, mean_diff with a t-interval over
+    the pairs (none below 2 pairs), wins/losses/ties of b and a sign-flip p-value.
     """
-    keys = list(by) + list(pair_on)
-    done = runs[(runs["status"] == "completed") & runs["delta_test"].notna()]
-    a = done[done["agent"] == agent_a].groupby(keys, dropna=False)["delta_test"].mean().rename("delta_a")
-    b = done[done["agent"] == agent_b].groupby(keys, dropna=False)["delta_test"].mean().rename("delta_b")
-    pairs = pd.concat([a, b], axis=1, join="inner").reset_index()
+    fixed = [c for c in SETTING_KEY if c != field and c not in averaged and c in runs.columns]
+    by = [c for c in ("task", "variant", "agent", "driver") if c in fixed]
+    keys = fixed + ["seed"]
+    done = runs[runs["delta_test"].notna()]
+    first = done[done[field] == a].groupby(keys, dropna=False)["delta_test"].mean().rename("delta_a")
+    second = done[done[field] == b].groupby(keys, dropna=False)["delta_test"].mean().rename("delta_b")
+    pairs = pd.concat([first, second], axis=1, join="inner").reset_index()
     rows = []
-    for group, g in pairs.groupby(list(by), dropna=False, sort=True):
+    for group, g in pairs.groupby(by, dropna=False, sort=True):
         diff = (g["delta_b"] - g["delta_a"]).to_numpy()
-        ci = bootstrap_ci(diff, n_boot=n_boot)
+        ci = seeds_interval(diff)
         rows.append(dict(zip(by, group if isinstance(group, tuple) else (group,))) | {
-            "agent_a": agent_a, "agent_b": agent_b, "n_pairs": len(diff),
+            "compared": field, "a": a, "b": b, "averaged_over": ", ".join(averaged) or "-", "n_pairs": len(diff),
             "mean_delta_a": float(g["delta_a"].mean()), "mean_delta_b": float(g["delta_b"].mean()),
-            "mean_diff": ci.estimate, "ci_low": ci.low, "ci_high": ci.high,
+            "mean_diff": ci.estimate, "ci_low": ci.low, "ci_high": ci.high, "interval": ci.method,
             "wins_b": int((diff > 0).sum()), "losses_b": int((diff < 0).sum()), "ties": int((diff == 0).sum()),
             "p_value": sign_flip_pvalue(diff),
         })  # fmt: skip
-    columns = list(by) + ["agent_a", "agent_b", "n_pairs", "mean_delta_a", "mean_delta_b", "mean_diff", "ci_low",
-                          "ci_high", "wins_b", "losses_b", "ties", "p_value"]
+    columns = ["compared", "a", "b", "averaged_over"] + by + [
+        "n_pairs", "mean_delta_a", "mean_delta_b", "mean_diff", "ci_low", "ci_high", "interval", "wins_b",
+        "losses_b", "ties", "p_value"]
     return pd.DataFrame(rows, columns=columns)
 
 

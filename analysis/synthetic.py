@@ -7,7 +7,12 @@ Runs cover tasks × agents × modes × seeds. By construction:
   `mode_step` apart, far above the noise of a mean);
 - only every `fresh_every`-th run evaluates its baseline afresh (noise sd `baseline_sd[t]`); the others
   repeat the cached score, which carries no information about noise;
-- each run has `subs_per_run` submissions, every 7th an evaluation error, and a final pick = best on validation.
+- each run has `subs_per_run` submissions, every 7th an evaluation error, and a final pick = best on validation;
+- with `n_items` > 0 the hidden-test scores come from per-item results (`item_results`): the base model answers
+  the same items of a task the same way in every run (greedy), the final pick gains and loses items at random
+  around the run's target Δ, and Δ is then the item-level difference (no longer the exact formula above);
+- with `broken_every` > 0 every such run is not an agent result: failed, interrupted, still running, or completed
+  with an infrastructure failure (the agent never started), in turn; the analysis must exclude and count them.
 Everything is vectorised numpy/pandas, so 100k runs and 1M submissions take seconds.
 """
 
@@ -28,6 +33,8 @@ VARIANT_LABEL = "offline (synthetic data for tests)"
 class SyntheticSpec:
     tasks: tuple[str, ...] = ("gsm8k", "humaneval", "alfworld")
     agents: tuple[str, ...] = ("agent-a", "agent-b")
+    drivers: tuple[str, ...] = ("none",)
+    """Driver LLMs: every agent runs with each (driver k adds `driver_step × k` to Δ)."""
     modes: tuple[str, ...] = ("free", "sft-only", "rl-only")
     n_seeds: int = 5
     n_runs: int | None = None
@@ -37,8 +44,14 @@ class SyntheticSpec:
     budget_s: float = 3600.0
     noise_sd: float = 1.0
     agent_step: float = 1.5
+    driver_step: float = 2.0
     mode_step: float = 4.0
     fresh_every: int = 3
+    n_items: int = 0
+    """Hidden-test items with per-item results (0: scores only, as in a store of old runs)."""
+    broken_every: int = 0
+    """Every k-th run is failed / interrupted / running / an infrastructure failure (0: none)."""
+    val_limit: int | None = 16
     seed: int = 0
 
 
@@ -52,7 +65,8 @@ class SyntheticData:
 def synthetic_frames(spec: SyntheticSpec = SyntheticSpec()) -> SyntheticData:
     """Build the tables of a results store (runs, submissions, evaluations, llm_calls, metrics) as DataFrames."""
     rng = np.random.default_rng(spec.seed)
-    T, A, M = len(spec.tasks), len(spec.agents), len(spec.modes)
+    T, M, D = len(spec.tasks), len(spec.modes), len(spec.drivers)
+    A = len(spec.agents) * D  # agent × driver combinations; agent = c // D, driver = c % D
     per_seed = T * A * M
     n_seeds = spec.n_seeds if spec.n_runs is None else -(-spec.n_runs // per_seed)
     # Grid order: seed-major, then task, mode, agent — so a cap on n_runs keeps whole seeds first.
@@ -63,13 +77,16 @@ def synthetic_frames(spec: SyntheticSpec = SyntheticSpec()) -> SyntheticData:
 
     shared_noise = rng.normal(0, spec.noise_sd, size=(n_seeds, T, M))  # same for every agent: exact pairing
     mode_effect = (((t_idx + m_idx) % M) - (M - 1) / 2) * spec.mode_step
-    delta = 2.0 * t_idx + spec.agent_step * a_idx + mode_effect + shared_noise[s_idx, t_idx, m_idx]
+    c_idx = a_idx
+    a_idx, d_idx = c_idx // D, c_idx % D
+    delta = (2.0 * t_idx + spec.agent_step * a_idx + spec.driver_step * d_idx + mode_effect
+             + shared_noise[s_idx, t_idx, m_idx])
     base_level = 20.0 + 10.0 * t_idx
     baseline_sd = 0.5 + 0.25 * np.arange(T)
     fresh = (np.arange(n) % spec.fresh_every) == 0
     baseline_test = base_level + np.where(fresh, rng.normal(0, 1, n) * baseline_sd[t_idx], 0.0)
     baseline_val = base_level - 1.0
-    selection_bias = 1.0 - 0.5 * a_idx / max(A - 1, 1)  # validation gains overstate test gains, less for later agents
+    selection_bias = 1.0 - 0.5 * a_idx / max(len(spec.agents) - 1, 1)  # validation gains overstate test gains, less for later agents
 
     run_ids = np.char.add("run-", np.arange(n).astype(str))
     start = pd.Timestamp("2026-01-01", tz="UTC") + pd.to_timedelta(np.arange(n) * 60, unit="s")
@@ -85,11 +102,15 @@ def synthetic_frames(spec: SyntheticSpec = SyntheticSpec()) -> SyntheticData:
     best_idx = np.nanargmax(np.where(np.isnan(val_scores), -np.inf, val_scores), axis=1)
     best_val = val_scores[np.arange(n), best_idx]
     final_test = baseline_test + delta
+    items = None
+    if spec.n_items:
+        baseline_test, final_test, items = _items(rng, spec, t_idx, delta)
+    test_n = spec.n_items or 200
 
     runs = pd.DataFrame({
-        "run_id": run_ids, "config_hash": [f"cfg{t}{a}{m}" for t, a, m in zip(t_idx, a_idx, m_idx)],
+        "run_id": run_ids, "config_hash": [f"cfg{t}{c}{m}" for t, c, m in zip(t_idx, c_idx, m_idx)],
         "task": np.asarray(spec.tasks)[t_idx], "variant": "offline", "variant_label": VARIANT_LABEL,
-        "agent": np.asarray(spec.agents)[a_idx], "driver": "none", "mode": np.asarray(spec.modes)[m_idx],
+        "agent": np.asarray(spec.agents)[a_idx], "driver": np.asarray(spec.drivers)[d_idx], "mode": np.asarray(spec.modes)[m_idx],
         "base_model": "tiny", "seed": s_idx.astype(np.int64), "budget_s": spec.budget_s, "protocol": "heldout",
         "status": "completed", "started_at": start, "finished_at": start + pd.Timedelta(seconds=spec.budget_s),
         "baseline_val": baseline_val, "baseline_test": baseline_test, "best_val": best_val,
@@ -97,8 +118,11 @@ def synthetic_frames(spec: SyntheticSpec = SyntheticSpec()) -> SyntheticData:
         "final_test": final_test, "delta_test": final_test - baseline_test, "n_submissions": np.full(n, S, np.int64),
         "n_scored": (~errors).sum(axis=1).astype(np.int64), "agent_seconds": elapsed[:, -1] + 10.0,
         "grading_seconds": 60.0, "wall_seconds": spec.budget_s + 120.0,
-        "failure_class": np.where(delta > 0, "none", "reward/data design failure"),
+        "failure_class": np.where(final_test > baseline_test, "none", "reward/data design failure"),
+        "config_json": json.dumps({"val_limit": spec.val_limit, "test_limit": spec.n_items or None}),
     })  # fmt: skip
+    if spec.broken_every:
+        _break_runs(runs, spec.broken_every)
 
     sub_run = np.repeat(run_ids, S)
     sub_created = start.repeat(S) + pd.to_timedelta(elapsed.ravel(), unit="s")
@@ -113,7 +137,7 @@ def synthetic_frames(spec: SyntheticSpec = SyntheticSpec()) -> SyntheticData:
     })  # fmt: skip
 
     evaluations = _evaluations(run_ids, start, baseline_val, baseline_test, fresh, final_test, best_idx, S,
-                               submissions, spec.tasks, t_idx)
+                               submissions, spec.tasks, t_idx, test_n)
     llm_calls = _llm_calls(run_ids, start, spec, rng)
     metrics = pd.DataFrame({
         "run_id": np.repeat(run_ids, 2), "name": np.tile(["valid_submission_rate", "failure_class"], n),
@@ -123,24 +147,71 @@ def synthetic_frames(spec: SyntheticSpec = SyntheticSpec()) -> SyntheticData:
 
     frames = {"runs": runs, "submissions": submissions, "evaluations": evaluations, "llm_calls": llm_calls,
               "metrics": metrics}
+    if items is not None:
+        final_key = "final-" + (best_idx + 1).astype(str) + "-test"
+        frames["item_results"] = items(run_ids, final_key)
     truth = {
         "best_mode": {spec.tasks[t]: spec.modes[(M - 1 - t) % M] for t in range(T)},
         "worst_mode": {spec.tasks[t]: spec.modes[(M - t) % M] for t in range(T)},
-        "paired_diff": {spec.agents[a]: spec.agent_step * a for a in range(A)},
+        "paired_diff": {spec.agents[a]: spec.agent_step * a for a in range(len(spec.agents))},
+        "driver_diff": {spec.drivers[d]: spec.driver_step * d for d in range(D)},
         "baseline_sd": {spec.tasks[t]: float(baseline_sd[t]) for t in range(T)},
     }
     return SyntheticData(frames=frames, spec=spec, truth=truth)
 
 
+def _items(rng, spec: SyntheticSpec, t_idx, delta):
+    """Per-item right/wrong of the base model (one answer sheet per task) and of each run's final pick, and the
+    0-100 test scores they give. Returns (baseline_test, final_test, a builder of the item_results frame)."""
+    n, N, T = len(t_idx), spec.n_items, len(spec.tasks)
+    task_level = (20.0 + 10.0 * np.arange(T)) / 100  # as base_level
+    sheets = rng.random((T, N)) < task_level[:, None]
+    base = sheets[t_idx]  # runs × items
+    p = base.mean(axis=1, keepdims=True).clip(0.02, 0.98)
+    target = (delta / 100)[:, None]
+    gain = np.where(target > 0, np.minimum(target / (1 - p), 1.0), 0.02)
+    loss = np.where(target < 0, np.minimum(-target / p, 1.0), 0.02)
+    u = rng.random((n, N))
+    final = np.where(base, u >= loss, u < gain)
+    baseline_test, final_test = 100 * base.mean(axis=1), 100 * final.mean(axis=1)
+
+    def frame(run_ids, final_key) -> pd.DataFrame:
+        suffix = np.char.add("-", np.arange(N).astype(str))
+        item_ids = np.char.add(np.repeat(np.asarray(spec.tasks)[t_idx], N), np.tile(suffix, n))
+
+        def rows(key, values):
+            return pd.DataFrame({"run_id": np.repeat(run_ids, N), "eval_key": key, "split": "test",
+                                 "item_id": item_ids, "score": values.ravel().astype(float),
+                                 "correct": values.ravel(), "tokens": np.int64(64)})  # fmt: skip
+        return pd.concat([rows("baseline-0-test", base), rows(np.repeat(final_key, N), final)], ignore_index=True)
+
+    return baseline_test, final_test, frame
+
+
+def _break_runs(runs: pd.DataFrame, every: int) -> None:
+    """Turn every `every`-th run into one the analysis must not count, cycling through the ways a run breaks."""
+    broken = np.flatnonzero(np.arange(len(runs)) % every == every - 1)
+    kinds = [("failed", "infrastructure failure"), ("interrupted", "infrastructure failure"),
+             ("running", None), ("completed", "infrastructure failure")]  # the last: the agent never started
+    for k, i in enumerate(broken):
+        status, failure = kinds[k % len(kinds)]
+        runs.loc[i, ["status", "failure_class"]] = [status, failure]
+        if status != "completed":
+            runs.loc[i, ["final_test", "delta_test", "finished_at"]] = [np.nan, np.nan, pd.NaT]
+        else:
+            runs.loc[i, ["n_submissions", "n_scored", "agent_seconds"]] = [0, 0, 0.0]
+
+
 def _evaluations(run_ids, start, baseline_val, baseline_test, fresh, final_test, best_idx, S, submissions, tasks,
-                 t_idx) -> pd.DataFrame:
+                 t_idx, test_n=200) -> pd.DataFrame:
     n = len(run_ids)
     evaluator = np.char.add(np.asarray(tasks)[t_idx], "-eval-v1")
     base = pd.DataFrame({
         "run_id": np.repeat(run_ids, 2), "eval_key": np.tile(["baseline-0-validation", "baseline-0-test"], n),
         "kind": "baseline", "submission_id": pd.array([None] * (2 * n), dtype="Int64"),
         "split": np.tile(["validation", "test"], n), "score": np.ravel(np.column_stack([baseline_val, baseline_test])),
-        "n": np.int64(200), "evaluator_id": np.repeat(evaluator, 2), "weights_hash": "base",
+        "n": np.tile(np.asarray([200, test_n], dtype=np.int64), n), "evaluator_id": np.repeat(evaluator, 2),
+        "weights_hash": "base",
         "cached": np.ravel(np.column_stack([~fresh, ~fresh])), "created_at": start.repeat(2),
     })  # fmt: skip
     scored = submissions[submissions["status"] == "scored"]
@@ -152,7 +223,7 @@ def _evaluations(run_ids, start, baseline_val, baseline_test, fresh, final_test,
     })  # fmt: skip
     final = pd.DataFrame({
         "run_id": run_ids, "eval_key": "final-" + (best_idx + 1).astype(str) + "-test", "kind": "final",
-        "submission_id": (best_idx + 1).astype(np.int64), "split": "test", "score": final_test, "n": np.int64(200),
+        "submission_id": (best_idx + 1).astype(np.int64), "split": "test", "score": final_test, "n": np.int64(test_n),
         "evaluator_id": evaluator, "weights_hash": "final", "cached": False,
         "created_at": start + pd.Timedelta(hours=1),
     })  # fmt: skip
@@ -184,3 +255,11 @@ def write_synthetic_store(path: Path | str, spec: SyntheticSpec = SyntheticSpec(
     data.truth["store"] = str(Path(path))
     data.truth["spec"] = json.loads(json.dumps(spec.__dict__, default=list))
     return data
+
+
+def demo_spec(n_runs: int) -> SyntheticSpec:
+    """The store `a2rl analyze --synthetic N` writes: 6 tasks, 3 agents, 2 drivers, 3 modes, 32 items with per-item
+    results, and every 12th run broken (failed, interrupted, running, infrastructure failure)."""
+    return SyntheticSpec(tasks=("gsm8k", "humaneval", "alfworld", "webshop", "alpacaeval", "deepsearchqa"),
+                         agents=("agent-a", "agent-b", "agent-c"), drivers=("driver-x", "driver-y"),
+                         modes=("free", "sft-only", "rl-only"), n_runs=max(1, n_runs), n_items=32, broken_every=12)

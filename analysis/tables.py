@@ -6,6 +6,7 @@ plain DataFrames for the figures, the HTML report and the Prefect artifacts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,42 +14,67 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.stats import bootstrap_ci, paired_comparison, pass_at_k, selection_gap_summary
+from a2rl.intervals import paired_item_interval, pooled_item_interval
+from a2rl.setting import SETTING_KEY
+from analysis.stats import paired_comparison, pass_at_k, selection_gap_summary
 
-SETTING = ["task", "variant", "variant_label", "protocol", "agent", "driver", "mode", "base_model"]
-"""What defines one leaderboard row: runs that differ only in seed are repeats of it."""
-SERIES_FIELDS = ["agent", "driver", "mode", "base_model", "protocol"]
+SETTING = ["setting_id", *SETTING_KEY, "variant_label"]
+"""What defines one leaderboard row (`a2rl.setting.SETTING_KEY`): runs that differ only in seed are repeats of it."""
+SERIES_FIELDS = [c for c in SETTING_KEY if c not in ("task", "variant")]
 PASS_AT_K = (1, 3, 5, 10)
 AXES = {
     "time": ("agent_elapsed_s", "agent time (s, grading excluded)"),
     "tokens": ("cum_tokens", "cumulative LLM tokens (input + output + cache)"),
     "submissions": ("submission_id", "submissions"),
 }
+PAPER_VIEWS = ("system_task_scores", "budget_deltas", "run_costs", "final_routes", "mode_breaches")
 
 
 @dataclass
 class AnalysisTables:
     runs: pd.DataFrame
-    """Completed runs (one row each)."""
+    """Runs the analysis counts (`analysed_runs`: completed, not an infrastructure failure), one row each."""
+    excluded: pd.DataFrame
+    """Runs left out, counted by reason (`excluded_runs`)."""
     matrix: pd.DataFrame
-    """mode × task cells: mean Δ, n, best/worst mode flags, within_noise."""
+    """mode × task cells: mean Δ with its t-interval, n, best/worst mode flags, within_noise."""
     leaderboard: pd.DataFrame
-    """Mean Δ ± 95% bootstrap CI per setting, with the task's noise floor."""
+    """Mean Δ ± 95% t-interval over seeds per setting, the pooled item-level interval, the noise floor."""
+    run_intervals: pd.DataFrame
+    """One run's Δ with its paired item-level interval and verdict (runs with per-item results)."""
     pass_at_k: pd.DataFrame
     """Expected best Δ of k runs per setting and k (long format)."""
     scaling: pd.DataFrame
     """Median and IQR of best-so-far improvement over seeds per setting, axis and grid point."""
     noise: pd.DataFrame
     paired: pd.DataFrame
+    """Agent-level (drivers averaged) and driver-level (same agent) paired comparisons."""
     selection: pd.DataFrame
     selection_runs: pd.DataFrame
     routes: pd.DataFrame
     failures: pd.DataFrame
+    paper: dict[str, pd.DataFrame] = field(default_factory=dict)
+    """The paper's tables, one per view in `PAPER_VIEWS`."""
+    submissions: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Submissions of the analysed runs, for the per-run drill-down."""
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def exclusion_note(self) -> str:
+        """"N runs excluded: ..." for every figure and table (or that none were)."""
+        return exclusion_note(self.excluded)
+
+
+def exclusion_note(excluded: pd.DataFrame) -> str:
+    total = int(excluded["n_runs"].sum()) if len(excluded) else 0
+    if not total:
+        return "No runs excluded."
+    parts = ", ".join(f"{int(n)} {reason}" for reason, n in zip(excluded["reason"], excluded["n_runs"]))
+    return f"{total} run{'s' if total != 1 else ''} excluded (not agent results): {parts}."
 
 
 def series_labels(frame: pd.DataFrame, varying: Sequence[str]) -> pd.Series:
-    """Short, honest names for settings: the agent, plus whichever other fields vary in the data."""
+    """Short, honest names for settings: the agent, plus whichever other setting fields vary in the data."""
     def label(row: Any) -> str:
         parts = [str(row["agent"])]
         for f in varying:
@@ -57,6 +83,10 @@ def series_labels(frame: pd.DataFrame, varying: Sequence[str]) -> pd.Series:
             v = row[f]
             if f == "protocol" and v == "paper":
                 parts.append("paper protocol: test-selected")
+            elif f == "budget_s":
+                parts.append(f"{float(v):g} s")
+            elif f == "item_selection":
+                parts.append(f"items {v}")
             elif not (f == "driver" and v == "none"):
                 parts.append(str(v))
         return " · ".join(parts)
@@ -73,29 +103,25 @@ def load_tables(store: Any, n_boot: int = 2000, compare: tuple[str, str] | None 
     Args:
         store: an `a2rl.store.ResultsStore`.
         n_boot: bootstrap resamples per interval.
-        compare: the two agents of the paired comparison; default the two with the most completed runs.
+        compare: the two agents of the agent-level paired comparison; default the two with the most runs.
         scaling_points: grid points per scaling curve.
     """
-    runs = store.query(
-        "SELECT run_id, task, variant, variant_label, protocol, agent, driver, mode, base_model, seed, budget_s, "
-        "baseline_val, baseline_test, best_val, final_test, delta_test, n_submissions, failure_class, status "
-        "FROM runs WHERE status = 'completed'"
-    )
-    varying = [f for f in SERIES_FIELDS if runs[f].nunique(dropna=False) > 1]
-    noise = _noise(store)
-    notes = _notes(runs, noise)
+    runs = store.query("SELECT * EXCLUDE (config_json, phase_seconds_json) FROM analysed_runs ORDER BY run_id")
+    excluded = store.query("SELECT * FROM excluded_runs")
+    # Fields that vary within one task name the series (an evaluator id that only changes with the task does not).
+    varying = [f for f in SERIES_FIELDS if len(runs) and runs.groupby("task")[f].nunique(dropna=False).max() > 1]
+    noise = store.query("SELECT * FROM noise_floor WHERE split = 'test' ORDER BY task, variant, item_selection")
+    notes = _notes(runs, excluded)
 
-    matrix = store.query("SELECT * FROM mode_task_matrix ORDER BY task, agent, driver, base_model, mode")
-    matrix = _with_noise(matrix, noise)
-
-    board = store.query("SELECT * FROM leaderboard_ci WHERE n > 0 ORDER BY task, mean_delta DESC")
-    cis = [bootstrap_ci(np.asarray(d, dtype=float), n_boot=n_boot) for d in board["deltas"]]
-    board["ci_low"] = [c.low for c in cis]
-    board["ci_high"] = [c.high for c in cis]
+    matrix = _within_noise(store.query("SELECT * EXCLUDE (seeds, deltas) FROM mode_task_matrix "
+                                       "ORDER BY task, agent, driver, base_model, mode"))
+    board = store.query("SELECT * FROM leaderboard_ci ORDER BY task, mean_delta DESC")
     board["series"] = series_labels(board, varying)
-    board = _with_noise(board, noise)
+    pairs = store.query("SELECT p.*, r.setting_id FROM item_pairs p JOIN analysed_runs r USING (run_id)")
+    board = _with_pooled(_within_noise(board), pairs, n_boot)
     pak = _pass_at_k(board)
-    board = board.drop(columns=["deltas"])
+    board = board.drop(columns=["deltas", "seeds"])
+    run_intervals = _run_intervals(runs, pairs, n_boot)
 
     curve = store.query(
         "SELECT run_id, submission_id, agent_elapsed_s, cum_tokens, improvement_so_far FROM scaling_curve"
@@ -104,38 +130,72 @@ def load_tables(store: Any, n_boot: int = 2000, compare: tuple[str, str] | None 
     if not scaling.empty:
         scaling["series"] = series_labels(scaling, varying)
 
-    agents = runs["agent"].value_counts()
-    compare = compare or (tuple(sorted(agents.index[:2])) if len(agents) >= 2 else None)
-    paired = paired_comparison(runs, *compare, n_boot=n_boot) if compare else pd.DataFrame()
-    if not compare:
-        notes.append("Paired comparison skipped: fewer than two agents have completed runs.")
-
+    paired = _paired(runs, compare)
+    if paired.empty:
+        notes.append("Paired comparisons skipped: no two agents (or two drivers of one agent) share settings and "
+                     "seeds.")
     gaps = store.query("SELECT * FROM selection_gap")
     selection = selection_gap_summary(gaps, n_boot=n_boot) if len(gaps) else pd.DataFrame()
+    paper = {name: store.query(f"SELECT * FROM {name}") for name in PAPER_VIEWS}
+    subs = store.query("SELECT s.run_id, s.submission_id, s.agent_elapsed_s, s.split, s.status, s.score, s.route, "
+                       "s.cached, s.error FROM submissions s JOIN analysed_runs USING (run_id) ORDER BY 1, 2")
     return AnalysisTables(
-        runs=runs, matrix=matrix, leaderboard=board, pass_at_k=pak, scaling=scaling, noise=noise, paired=paired,
-        selection=selection, selection_runs=gaps,
+        runs=runs, excluded=excluded, matrix=matrix, leaderboard=board, run_intervals=run_intervals, pass_at_k=pak,
+        scaling=scaling, noise=noise, paired=paired, selection=selection, selection_runs=gaps,
         routes=store.query("SELECT * FROM route_distribution ORDER BY task, agent, mode, route"),
-        failures=store.query("SELECT * FROM failure_classes ORDER BY task, agent, mode, failure_class"),
-        notes=notes,
+        failures=store.query("SELECT * FROM failure_classes ORDER BY task, agent, mode, status, failure_class"),
+        paper=paper, submissions=subs, notes=notes,
     )  # fmt: skip
 
 
-def _noise(store: Any) -> pd.DataFrame:
-    """The test-split noise floor per (task, variant, base model), from its most-used evaluator."""
-    noise = store.query(
-        "SELECT * FROM noise_floor WHERE split = 'test' "
-        "QUALIFY row_number() OVER (PARTITION BY task, variant, base_model ORDER BY n_rows DESC, evaluator_id) = 1"
-    )
-    return noise.sort_values(["task", "variant", "base_model"]).reset_index(drop=True)
+def _paired(runs: pd.DataFrame, compare: tuple[str, str] | None) -> pd.DataFrame:
+    """Agent level (the two agents with the most runs, drivers averaged) and, for every agent run with two or more
+    drivers, driver level (its two drivers with the most runs)."""
+    frames = []
+    agents = runs["agent"].value_counts()
+    pair = compare or (tuple(sorted(agents.index[:2])) if len(agents) >= 2 else None)
+    if pair:
+        frames.append(paired_comparison(runs, "agent", *pair, averaged=("driver",)))
+    for agent, g in runs.groupby("agent"):
+        drivers = g["driver"].value_counts()
+        if len(drivers) >= 2:
+            frames.append(paired_comparison(g, "driver", *sorted(drivers.index[:2])))
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def _with_noise(frame: pd.DataFrame, noise: pd.DataFrame) -> pd.DataFrame:
-    cols = ["task", "variant", "base_model"]
-    out = frame.merge(noise[cols + ["noise_floor", "noise_floor_source"]], on=cols, how="left")
-    mean = out["mean_delta"].astype(float)
-    out["within_noise"] = (mean.abs() < out["noise_floor"].astype(float)).fillna(False).astype(bool)
-    return out
+def _within_noise(frame: pd.DataFrame) -> pd.DataFrame:
+    """|mean Δ| below the noise floor of its task and item selection (2 × the baseline's item-level SE)."""
+    mean = frame["mean_delta"].astype(float)
+    frame["within_noise"] = (mean.abs() < frame["noise_floor"].astype(float)).fillna(False).astype(bool)
+    return frame
+
+
+def _with_pooled(board: pd.DataFrame, pairs: pd.DataFrame, n_boot: int) -> pd.DataFrame:
+    """The item-level interval of each setting, pooled over its seeds (where they scored the same items)."""
+    pooled = {sid: pooled_item_interval(g["item_id"], g["base_score"], g["final_score"], n_boot=n_boot)
+              for sid, g in pairs.groupby("setting_id")}  # fmt: skip
+    board["pooled_low"] = [pooled[s].low if s in pooled else math.nan for s in board["setting_id"]]
+    board["pooled_high"] = [pooled[s].high if s in pooled else math.nan for s in board["setting_id"]]
+    board["pooled_items"] = [pooled[s].n if s in pooled else 0 for s in board["setting_id"]]
+    return board
+
+
+def _run_intervals(runs: pd.DataFrame, pairs: pd.DataFrame, n_boot: int) -> pd.DataFrame:
+    cols = ["run_id", "setting_id", "task", "agent", "driver", "mode", "seed", "delta_test", "n_items", "ci_low",
+            "ci_high", "p_value", "method", "verdict"]
+    info = runs.set_index("run_id")
+    rows = []
+    for run_id, g in pairs.groupby("run_id", sort=True):
+        if run_id not in info.index:
+            continue
+        iv = paired_item_interval(g["base_score"], g["final_score"], n_boot=n_boot)
+        r = info.loc[run_id]
+        rows.append({"run_id": run_id, "setting_id": r["setting_id"], "task": r["task"], "agent": r["agent"],
+                     "driver": r["driver"], "mode": r["mode"], "seed": r["seed"], "delta_test": r["delta_test"],
+                     "n_items": iv.n, "ci_low": iv.low, "ci_high": iv.high, "p_value": iv.p_value,
+                     "method": iv.method, "verdict": iv.label()})  # fmt: skip
+    return pd.DataFrame(rows, columns=cols)
 
 
 def _pass_at_k(board: pd.DataFrame) -> pd.DataFrame:
@@ -213,15 +273,13 @@ def scaling_curves(runs: pd.DataFrame, curve: pd.DataFrame, points: int = 40) ->
     return pd.concat(frames, ignore_index=True)
 
 
-def _notes(runs: pd.DataFrame, noise: pd.DataFrame) -> list[str]:
-    notes = []
+def _notes(runs: pd.DataFrame, excluded: pd.DataFrame) -> list[str]:
+    notes = [exclusion_note(excluded)]
     for variant, labels in runs.groupby("variant")["variant_label"].unique().items():
         notes.append(f"Data variant `{variant}`: {'; '.join(sorted(map(str, labels)))}.")
     if (runs["protocol"] == "paper").any():
         notes.append("Some runs use protocol `paper`: every submission was scored on the test set and the best kept "
                      "(selection on the test set, optimistic); they are labelled so.")
-    binomial = noise[noise["noise_floor_source"].str.startswith("binomial")] if len(noise) else noise
-    if len(binomial):
-        notes.append("Noise floor from a binomial approximation (fewer than two fresh baseline evaluations) for: "
-                     + ", ".join(sorted(set(binomial["task"]))) + ".")
+    notes.append("A seed does not fix an outcome: it sets data order and sampling, and the same setting and seed can "
+                 "give different Δ. Every Δ is reported with n and a 95% interval.")
     return notes

@@ -15,8 +15,12 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from a2rl.run_options import DEFAULT_RESULTS, resolve_results
 from a2rl.store import ResultsStore
+from matplotlib.figure import Figure
+
 from analysis.figures import (
+    Palette,
     heatmap_figure,
     leaderboard_figure,
     pass_at_k_figure,
@@ -27,15 +31,24 @@ from analysis.figures import (
 from analysis.html import Section, write_report
 from analysis.tables import PASS_AT_K, AnalysisTables, load_tables
 
-DEFAULT_RESULTS = Path("results/a2rl.duckdb")
 DEFAULT_OUT = Path("results/analysis")
-FIGURES = {
-    "heatmap": (heatmap_figure, "matrix"),
-    "leaderboard": (leaderboard_figure, "leaderboard"),
-    "scaling": (scaling_figure, "scaling"),
-    "pass_at_k": (pass_at_k_figure, "pass_at_k"),
-    "selection_gap": (selection_gap_figure, "selection_runs"),
-}
+FIGURES = ("heatmap", "leaderboard", "scaling", "pass_at_k", "selection_gap")
+TABLES = ("matrix", "leaderboard", "run_intervals", "pass_at_k", "scaling", "noise", "paired", "selection",
+          "selection_runs", "routes", "failures", "excluded", "submissions")
+DRILL_DOWN_RUNS = 30
+
+
+def draw_figures(t: AnalysisTables) -> dict[str, Figure]:
+    """Every figure of the report, with one colour per setting across them and the exclusion count on each."""
+    palette = Palette(t.leaderboard["series"]) if len(t.leaderboard) else Palette([])
+    note = t.exclusion_note
+    return {
+        "heatmap": heatmap_figure(t.matrix, note),
+        "leaderboard": leaderboard_figure(t.leaderboard, palette, note),
+        "scaling": scaling_figure(t.scaling, palette, note),
+        "pass_at_k": pass_at_k_figure(t.pass_at_k, palette, note),
+        "selection_gap": selection_gap_figure(t.selection_runs, note),
+    }
 
 
 def run_analysis(
@@ -57,17 +70,18 @@ def run_analysis(
         raise FileNotFoundError(f"no results store at {results_path}")
     out = Path(out_dir)
     tables = load_tables(ResultsStore(results_path), n_boot=n_boot, compare=compare)
-    figures = [save_png(fn(getattr(tables, attr)), out / "figures" / f"{name}.png", name)
-               for name, (fn, attr) in FIGURES.items()]  # fmt: skip
+    figures = [save_png(fig, out / "figures" / f"{name}.png", name) for name, fig in draw_figures(tables).items()]
     csvs = []
-    for name in ("matrix", "leaderboard", "pass_at_k", "scaling", "noise", "paired", "selection", "routes", "failures"):
+    frames = {name: getattr(tables, name) for name in TABLES} | tables.paper
+    for name, frame in frames.items():
         path = out / "tables" / f"{name}.csv"
         path.parent.mkdir(parents=True, exist_ok=True)
-        getattr(tables, name).to_csv(path, index=False)
+        frame.to_csv(path, index=False)
         csvs.append(path)
     summary = {
         "results": str(results_path.resolve()),
         "completed_runs": len(tables.runs),
+        "excluded_runs": dict(zip(tables.excluded["reason"], tables.excluded["n_runs"].astype(int).tolist())),
         "tasks": sorted(tables.runs["task"].unique().tolist()),
         "agents": sorted(tables.runs["agent"].unique().tolist()),
         "notes": tables.notes,
@@ -83,47 +97,121 @@ def run_analysis(
 
 
 def _sections(t: AnalysisTables, fig: dict[str, Path]) -> list[Section]:
-    board_cols = ["task", "variant", "series", "n", "mean_delta", "ci_low", "ci_high", "improve_rate", "noise_floor",
-                  "within_noise"]
-    matrix_cols = ["task", "variant", "agent", "driver", "base_model", "mode", "n", "mean_delta", "median_delta",
-                   "is_best", "is_worst", "within_noise"]
+    board_cols = ["task", "variant", "item_selection", "series", "n", "mean_delta", "ci_low", "ci_high", "interval",
+                  "pooled_low", "pooled_high", "pooled_items", "noise_se", "noise_floor", "within_noise",
+                  "n_mode_breaches", "setting_id"]
+    matrix_cols = ["task", "item_selection", "agent", "driver", "base_model", "budget_s", "mode", "n", "mean_delta",
+                   "ci_low", "ci_high", "noise_floor", "is_best", "is_worst", "within_noise"]
     pak = t.pass_at_k[t.pass_at_k["k"].isin(PASS_AT_K)]
     pak_wide = (pak.pivot_table(index=["task", "variant", "series", "n"], columns="k", values="expected_best_delta")
                 .rename(columns=lambda k: f"pass@{k}").reset_index()) if len(pak) else pak  # fmt: skip
-    n_settings = len(t.leaderboard)
+    excluded = t.exclusion_note
     return [
-        Section("Overview", f"{len(t.runs)} completed runs, {t.runs['task'].nunique()} tasks, "
-                f"{t.runs['agent'].nunique()} agents, {n_settings} settings (task × variant × protocol × agent × "
-                "driver × mode × base model). Δ = hidden-test score of the final pick − score of the base model; "
-                "runs of one setting differ only in seed."),
-        Section("Mode × task", "Mean Δ per cell over seeds; ★ best and ▲ worst mode per task within one agent "
-                "setting; † marks |Δ| below the task's noise floor.",
+        Section("Overview", f"{len(t.runs)} runs analysed, {t.runs['task'].nunique()} tasks, "
+                f"{t.runs['agent'].nunique()} agents, {len(t.leaderboard)} settings. A setting is everything but the "
+                "seed: task, variant, item selection, base model, agent, driver, mode, protocol, budget and evaluator "
+                "(decoding included); its n is its number of seeds. Δ = hidden-test score of the final pick − score "
+                f"of the base model on the same items. {excluded}",
+                tables=[("Runs left out of every figure and table, by reason", t.excluded)]),
+        *_paper_sections(t),
+        Section("Mode × task", "Mean Δ per cell with its 95% t-interval over seeds; ★ best and ▲ worst mode per task "
+                "within one agent setting; † |Δ| below the noise floor. Colours are scaled per task column. "
+                + excluded,
                 tables=[("Mode × task cells", _cols(t.matrix, matrix_cols))],
                 figures=[("Mode × task heatmap", fig["heatmap"])]),
-        Section("Leaderboard", "Mean Δ with a 95% percentile-bootstrap interval over seeds (no interval with one "
-                "seed). within_noise: |mean Δ| is below the task's noise floor.",
+        Section("Leaderboard", "Mean Δ with a 95% t-interval over seeds (n = 1: no interval) and, where the seeds "
+                "scored the same items, the item-level interval pooled over seeds. noise_se: the base model's "
+                "item-level standard error on these items (binomial, or bootstrap for graded items); noise_floor "
+                "= 2 × noise_se. " + excluded,
                 tables=[("Leaderboard", _cols(t.leaderboard, board_cols))],
                 figures=[("Leaderboard", fig["leaderboard"])]),
-        Section("Scaling", "Best-so-far improvement over the baseline on the feedback split (validation under "
-                "`heldout`), against agent time (grading excluded), cumulative LLM tokens and submissions. Each "
-                "run's curve holds its value between submissions; lines are medians over seeds, bands the IQR.",
+        Section("One run at a time", "Each run's Δ with a 95% interval from the paired per-item comparison with the "
+                "base model on the same hidden-test items (exact McNemar for right/wrong items, paired bootstrap "
+                "otherwise). `improved` only where the interval excludes 0.",
+                tables=[("Runs with per-item results", t.run_intervals)]),
+        Section("Scaling", "Best-so-far improvement over the base model on the feedback split (validation under "
+                "`heldout`), against agent time (grading excluded), cumulative LLM tokens and submissions. The base "
+                "model is always a candidate, so a curve starts at 0 and never falls below it; lines are medians "
+                "over seeds, bands the IQR. " + excluded,
                 figures=[("Scaling curves", fig["scaling"])]),
         Section("pass@k", "Expected best Δ among k runs drawn without replacement from the n runs of a setting: "
-                "sort Δ ascending, E[max of k] = Σ_{i=k..n} C(i−1,k−1)/C(n,k)·Δ_(i).",
+                "sort Δ ascending, E[max of k] = Σ_{i=k..n} C(i−1,k−1)/C(n,k)·Δ_(i). " + excluded,
                 tables=[("pass@k", pak_wide)], figures=[("pass@k", fig["pass_at_k"])]),
-        Section("Noise floor", "Baseline evaluations of one base model with one evaluator across runs; cached "
-                "evaluations repeat a stored score and are not counted as re-evaluations.",
-                tables=[("Noise floor (test split)", t.noise)]),
-        Section("Paired comparison", "Δ of agent B minus Δ of agent A on runs with the same task, mode, base model "
-                "and seed; bootstrap CI and a sign-flip randomisation p-value.",
-                tables=[("Paired comparison", t.paired)]),
+        Section("Noise floor", "The base model's item-level sampling error per task, item selection and evaluator: "
+                "re-evaluating a greedy evaluator repeats itself, so fresh re-evaluations (k_reevaluations) are only "
+                "counted.", tables=[("Noise floor (test split)", t.noise)]),
+        Section("Paired comparisons", "Agent level: Δ of agent b minus agent a on runs that agree on everything else "
+                "and the seed, each agent's drivers averaged. Driver level: the same agent with two drivers. "
+                "t-interval over the pairs and a sign-flip randomisation p-value. " + excluded,
+                tables=[("Paired comparisons", t.paired)]),
         Section("Selection gap", "heldout runs: validation gain of the best submission minus the hidden-test gain of "
-                "the final pick. A positive gap is optimism from selecting on validation.",
+                "the final pick. A positive gap is optimism from selecting on validation. " + excluded,
                 tables=[("Selection gap by task and agent", t.selection)],
                 figures=[("Selection gap", fig["selection_gap"])]),
-        Section("Routes and failure classes", tables=[("Route labels of submissions", t.routes),
-                                                       ("Failure classes of runs", t.failures)]),
+        Section("Routes and failure classes", "Failure classes count every run, the excluded ones included.",
+                tables=[("Route labels of submissions", t.routes), ("Failure classes of runs", t.failures)]),
+        _drill_down(t),
     ]  # fmt: skip
+
+
+def _paper_sections(t: AnalysisTables) -> list[Section]:
+    p = t.paper
+    scores = p["system_task_scores"]
+    wide = pd.DataFrame()
+    if len(scores):
+        def system(r: pd.Series) -> str:
+            parts = [r["agent"]] + [str(r[c]) for c in ("driver", "mode") if isinstance(r[c], str) and r[c] != "none"]
+            if isinstance(r["budget_s"], float) and r["budget_s"] == r["budget_s"]:
+                parts.append(f"{r['budget_s']:g} s")
+            return " · ".join(parts + (["paper protocol"] if r["protocol"] == "paper" else []))
+
+        scores = scores.assign(
+            system=scores.apply(system, axis=1),
+            cell=[f"{m:.1f} [{lo:.1f}, {hi:.1f}] n={n}" if hi == hi else f"{m:.1f} (n={n}, no CI)"
+                  for m, lo, hi, n in zip(scores["mean_score"], scores["ci_low"], scores["ci_high"], scores["n"])])
+        wide = scores.pivot_table(index="system", columns="task", values="cell", aggfunc="first").reset_index()
+        order = ["Baseline"] + sorted(s for s in wide["system"] if s != "Baseline")
+        wide = wide.set_index("system").loc[order].reset_index()
+    budget = p["budget_deltas"]
+    if len(budget):
+        budget = budget.assign(budget=budget["budget_fraction"].map(lambda f: f"{f:.0%} of budget"))
+    return [
+        Section("Paper tables", "System × task absolute hidden-test scores (mean [95% t-interval] over seeds; the "
+                "Baseline row's interval is its item-level sampling error). " + t.exclusion_note,
+                tables=[("System × task scores", wide), ("System × task scores (long, every setting column)", scores)]),
+        Section("Δ at fixed agent-time budgets", "Best feedback-split gain reached within 25%, 50% and 100% of the "
+                "agent-time budget, from the submission timeline (validation under `heldout`).",
+                tables=[("Δ at 25/50/100% of the budget", budget)]),
+        Section("Cost", "Driver-LLM cost per run and Δ per dollar (mean Δ / mean cost; none for free runs).",
+                tables=[("Cost per run and Δ per dollar", p["run_costs"])]),
+        Section("Final routes and mode breaches", "Which route produced the final pick, per mode, and the submissions "
+                "whose route broke the run's mode.",
+                tables=[("Final-pick route per mode", p["final_routes"]), ("Mode breaches", p["mode_breaches"])]),
+    ]  # fmt: skip
+
+
+def _drill_down(t: AnalysisTables) -> Section:
+    """Per run: its submissions, its per-item comparison, and where its transcript is (the first runs, the rest in
+    the CSVs)."""
+    runs = t.runs.head(DRILL_DOWN_RUNS)
+    tables = []
+    items = t.run_intervals.set_index("run_id") if len(t.run_intervals) else pd.DataFrame()
+    for r in runs.itertuples(index=False):
+        harness = Path(str(r.harness_dir)) if isinstance(r.harness_dir, str) else None
+        transcript = harness / "transcript.jsonl" if harness and (harness / "transcript.jsonl").exists() else None
+        iv = items.loc[r.run_id] if r.run_id in items.index else None
+        head = pd.DataFrame([{
+            "run_id": r.run_id, "setting_id": r.setting_id, "seed": r.seed, "Δ test": r.delta_test,
+            "95% item-level": f"[{iv['ci_low']:+.2f}, {iv['ci_high']:+.2f}] p={iv['p_value']:.3g} ({iv['verdict']})"
+            if iv is not None else "no per-item results",
+            "failure class": r.failure_class, "transcript": f"file://{transcript}" if transcript else "not recorded",
+        }])  # fmt: skip
+        tables.append((f"Run {r.run_id}", head))
+        tables.append((f"Run {r.run_id}: submissions", t.submissions[t.submissions["run_id"] == r.run_id]))
+    more = (f"The first {len(runs)} of {len(t.runs)} runs; every run's rows are in tables/submissions.csv and "
+            "tables/run_intervals.csv." if len(t.runs) > len(runs) else "")
+    return Section("Per-run drill-down", f"Submissions, per-item comparison and transcript of each run. {more}",
+                   tables=tables)
 
 
 def _cols(frame: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
@@ -141,13 +229,14 @@ def publish_artifacts(out_dir: Path) -> None:
     """The leaderboard as a table, the notes as markdown, each figure as an image (data URL)."""
     summary = json.loads((out_dir / "summary.json").read_text())
     board = pd.read_csv(out_dir / "tables" / "leaderboard.csv")
-    wanted = ("task", "variant", "series", "n", "mean_delta", "ci_low", "ci_high", "within_noise")
+    wanted = ("task", "variant", "item_selection", "series", "n", "mean_delta", "ci_low", "ci_high", "noise_floor",
+              "within_noise")
     cols = [c for c in wanted if c in board]
     rows = board[cols].round(3).astype(object).where(board[cols].notna(), None).to_dict("records")
     create_table_artifact(rows or [{"task": None}], key="analysis-leaderboard",
-                          description="mean Δ test ± 95% bootstrap CI")
+                          description="mean Δ test with its 95% t-interval over seeds")
     lines = [f"# a2rl analysis of `{summary['results']}`", "",
-             f"{summary['completed_runs']} completed runs; tasks {', '.join(summary['tasks']) or '-'}; "
+             f"{summary['completed_runs']} runs analysed ({sum(summary['excluded_runs'].values())} excluded); tasks {', '.join(summary['tasks']) or '-'}; "
              f"agents {', '.join(summary['agents']) or '-'}.", "", f"HTML report: `{out_dir / 'report.html'}`", ""]
     lines += [f"- {n}" for n in summary["notes"]]
     lines += ["", board[cols].to_markdown(index=False, floatfmt=".2f") if len(board) else "_no completed runs_"]
@@ -167,6 +256,7 @@ def analysis(
 ) -> list[Path]:
     """Figures, tables, an HTML report and Prefect artifacts for every completed run in a results store."""
     pair = (compare[0], compare[1]) if compare and len(compare) == 2 else None
+    results, out_dir = resolve_results(results), resolve_results(out_dir)  # a deployment's relative defaults
     paths = build_analysis(Path(results), Path(out_dir), n_boot, pair)
     publish_artifacts(Path(out_dir))
     get_run_logger().info("analysis written to %s (%d files)", out_dir, len(paths))

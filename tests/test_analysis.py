@@ -13,8 +13,18 @@ import pandas as pd
 import pytest
 
 from a2rl.store import MIGRATIONS, SCHEMA_VERSION, ResultsStore
-from analysis.stats import bootstrap_ci, noise_floor, paired_comparison, pass_at_k, pass_at_k_curve, sign_flip_pvalue
-from analysis.synthetic import VARIANT_LABEL, SyntheticSpec, write_synthetic_store
+from a2rl.intervals import (
+    baseline_se,
+    expanded_bootstrap,
+    newcombe_paired,
+    paired_item_interval,
+    pooled_item_interval,
+    seeds_interval,
+    sign_flip_pvalue,
+    t975,
+)
+from analysis.stats import bootstrap_ci, paired_comparison, pass_at_k, pass_at_k_curve
+from analysis.synthetic import VARIANT_LABEL, SyntheticSpec, demo_spec, write_synthetic_store
 from analysis.tables import load_tables
 
 SPEC = SyntheticSpec(n_seeds=5, subs_per_run=5)
@@ -66,12 +76,71 @@ def test_bootstrap_ci_width_shrinks_with_n_and_covers_the_mean():
     assert bootstrap_ci([1.0, 2.0, 3.0], seed=5) == bootstrap_ci([1.0, 2.0, 3.0], seed=5)  # reproducible
 
 
-def test_noise_floor_uses_reevaluations_and_labels_the_binomial_fallback():
-    nf = noise_floor([50.0, 51.0, 49.0, 50.0])
-    assert nf.value == pytest.approx(2 * np.std([50, 51, 49, 50], ddof=1)) and nf.source.startswith("re-eval")
-    fallback = noise_floor([50.0], n_items=100)
-    assert fallback.value == pytest.approx(2 * 100 * math.sqrt(0.25 / 100)) and fallback.source.startswith("binomial")
-    assert math.isnan(noise_floor([]).value)
+def test_baseline_se_is_binomial_for_right_wrong_items_and_never_zero():
+    assert baseline_se([1.0] * 16 + [0.0] * 16) == pytest.approx(100 * math.sqrt(0.5 * 0.5 / 36))
+    assert baseline_se([0.0] * 32) > 3  # 0 of 32 right: the old floor read 0 here
+    graded = [0.0, 0.5, 1.0, 0.5]
+    assert baseline_se(graded) == pytest.approx(100 * np.std(graded) / 2)
+    assert math.isnan(baseline_se([]))
+
+
+# ---- coverage of the intervals, by simulation (fixed seed, vectorised) ------------------------------------------------
+
+
+@pytest.mark.parametrize("n, cells", [
+    (32, (0.20, 0.05, 0.175, 0.575)),   # base 25% → final 37.5%, correlated items
+    (32, (0.00, 0.03, 0.03, 0.94)),     # rare successes, no true change: the 1-of-32 case
+    (16, (0.10, 0.10, 0.10, 0.70)),
+    (200, (0.30, 0.10, 0.15, 0.45)),
+])  # fmt: skip
+def test_single_run_item_level_interval_covers_the_true_delta(n, cells):
+    """Newcombe's paired interval for one run's Δ on n right/wrong items: coverage >= 93% at nominal 95%."""
+    rng = np.random.default_rng(7)
+    counts = rng.multinomial(n, cells, size=4000).T
+    _, low, high = newcombe_paired(*counts)
+    truth = cells[2] - cells[1]
+    assert ((low <= truth + 1e-12) & (truth <= high + 1e-12)).mean() >= 0.93
+
+
+def test_single_run_bootstrap_interval_covers_graded_items():
+    """Graded items (a judge's 0 / 0.5 / 1) on 40 items: the paired bootstrap covers >= 93% at nominal 95%."""
+    rng = np.random.default_rng(3)
+    reps, n = 3000, 40
+    base = rng.choice([0.0, 0.5, 1.0], size=(reps, n), p=[0.5, 0.2, 0.3])
+    final = np.clip(base + rng.choice([-0.5, 0.0, 0.5], size=(reps, n), p=[0.15, 0.6, 0.25]), 0, 1)
+    # E[final − base]: from 0 only up (+0.5 × 0.25), from 0.5 both ways, from 1 only down (−0.5 × 0.15).
+    truth = 0.5 * 0.125 + 0.2 * (0.5 * 0.25 - 0.5 * 0.15) + 0.3 * (-0.075)
+    hits = sum(low <= truth <= high for low, high in
+               (expanded_bootstrap(final[r] - base[r], n_boot=400, seed=r) for r in range(reps)))
+    assert hits / reps >= 0.93
+
+
+@pytest.mark.parametrize("n_seeds", [2, 3, 5])
+def test_t_interval_over_seeds_covers_the_mean_delta(n_seeds):
+    """Seeds differ by training noise and by which items the evaluation gets right: >= 93% at n = 2, 3, 5."""
+    rng = np.random.default_rng(n_seeds)
+    reps, true = 4000, 2.0
+    x = true + rng.normal(0, 1.5, (reps, n_seeds)) + (rng.binomial(32, 0.4, (reps, n_seeds)) / 32 - 0.4) * 100
+    half = t975(n_seeds - 1) * x.std(axis=1, ddof=1) / math.sqrt(n_seeds)
+    assert (np.abs(x.mean(axis=1) - true) <= half).mean() >= 0.93
+    one = seeds_interval(x[0])  # the function is the formula above
+    assert one.low == pytest.approx(x[0].mean() - half[0]) and one.method == "t-interval over seeds"
+
+
+def test_one_seed_has_no_interval_and_says_so():
+    one = seeds_interval([3.0])
+    assert one.estimate == 3.0 and math.isnan(one.low) and "no interval" in one.method
+    assert one.label() == "no significant change"
+
+
+def test_paired_item_interval_on_one_item_of_32_is_not_significant():
+    one = paired_item_interval([0.0] * 32, [1.0] + [0.0] * 31)
+    assert one.estimate == pytest.approx(3.125) and one.low < 0 < one.high and one.p_value == 1.0
+    assert one.label() == "no significant change"
+    many = paired_item_interval([0.0] * 32, [1.0] * 12 + [0.0] * 20)
+    assert many.low > 0 and many.p_value == pytest.approx(2 / 2**12) and many.label() == "improved"
+    pooled = pooled_item_interval(["a", "b", "a", "b"], [0, 0, 0, 0], [1, 0, 1, 1])
+    assert pooled.n == 2 and pooled.estimate == pytest.approx(75.0)
 
 
 def test_sign_flip_pvalue_is_exact_for_small_samples():
@@ -82,12 +151,16 @@ def test_sign_flip_pvalue_is_exact_for_small_samples():
 def test_paired_comparison_pairs_runs_by_seed_and_mode():
     runs = pd.DataFrame({
         "task": "t", "variant": "offline", "protocol": "heldout", "status": "completed", "base_model": "m",
+        "driver": "none", "item_selection": "val:16 test:32", "budget_s": 60.0, "evaluator_id": "e",
         "agent": ["a"] * 3 + ["b"] * 3 + ["b"], "mode": "free", "seed": [0, 1, 2, 0, 1, 2, 9],
         "delta_test": [1.0, 2.0, 3.0, 2.0, 4.0, 3.0, 100.0],  # seed 9 of b has no partner
     })  # fmt: skip
-    row = paired_comparison(runs, "a", "b", n_boot=200).iloc[0]
+    row = paired_comparison(runs, "agent", "a", "b").iloc[0]
     assert row["n_pairs"] == 3 and row["mean_diff"] == pytest.approx(1.0)
     assert (row["wins_b"], row["losses_b"], row["ties"]) == (2, 0, 1)
+    # A different budget is a different setting: no pairs.
+    other = runs.assign(budget_s=np.where(runs["agent"] == "b", 120.0, 60.0))
+    assert paired_comparison(other, "agent", "a", "b").empty
 
 
 # ---- the store and its views ---------------------------------------------------------------------------------------
@@ -113,19 +186,21 @@ def test_mode_task_matrix_matches_the_runs_and_marks_the_known_best_and_worst_mo
         assert cells.loc[cells["is_worst"], "mode"].tolist() == [data.truth["worst_mode"][task]]
 
 
-def test_noise_floor_view_counts_only_fresh_baseline_evaluations(synthetic):
+def test_noise_floor_view_is_the_baselines_item_level_error_and_counts_fresh_evaluations(synthetic):
     _, data, tables = synthetic
     ev = data.frames["evaluations"]
     runs = data.frames["runs"].set_index("run_id")
-    fresh = ev[(ev["kind"] == "baseline") & (ev["split"] == "test") & ~ev["cached"]]
-    for task, group in fresh.groupby(runs.loc[fresh["run_id"], "task"].to_numpy()):
+    base = ev[(ev["kind"] == "baseline") & (ev["split"] == "test")]
+    for task, group in base.groupby(runs.loc[base["run_id"], "task"].to_numpy()):
         row = tables.noise.set_index("task").loc[task]
-        assert row["k_reevaluations"] == len(group)
-        assert row["noise_floor"] == pytest.approx(2 * group["score"].std(ddof=1))
-        assert row["noise_floor_source"] == "re-evaluations (2 sd)"
-    # within_noise is |mean Δ| below the floor of its task
+        assert row["k_reevaluations"] == (~group["cached"]).sum()
+        score = group["score"].mean()
+        p = (score / 100 * 200 + 2) / 204
+        assert row["noise_se"] == pytest.approx(100 * math.sqrt(p * (1 - p) / 204))
+        assert row["noise_floor"] == pytest.approx(2 * row["noise_se"]) and row["noise_floor_source"].startswith("binom")
     board = tables.leaderboard
     assert (board["within_noise"] == (board["mean_delta"].abs() < board["noise_floor"])).all()
+    assert board["noise_se"].notna().all()  # beside every Δ
 
 
 def test_leaderboard_intervals_and_pass_at_k_come_from_the_seed_deltas(synthetic):
@@ -135,6 +210,9 @@ def test_leaderboard_intervals_and_pass_at_k_come_from_the_seed_deltas(synthetic
     assert ((board["ci_low"] <= board["mean_delta"]) & (board["mean_delta"] <= board["ci_high"])).all()
     runs = data.frames["runs"]
     one = board.iloc[0]
+    mine = runs[(runs["task"] == one["task"]) & (runs["agent"] == one["agent"]) & (runs["mode"] == one["mode"])]
+    expected = seeds_interval(mine["delta_test"].tolist())
+    assert (one["ci_low"], one["ci_high"]) == pytest.approx((expected.low, expected.high), abs=2e-3)
     deltas = runs[(runs["task"] == one["task"]) & (runs["agent"] == one["agent"]) & (runs["mode"] == one["mode"])]
     pak = tables.pass_at_k
     sel = pak[(pak["task"] == one["task"]) & (pak["agent"] == one["agent"]) & (pak["mode"] == one["mode"])]
@@ -145,7 +223,7 @@ def test_leaderboard_intervals_and_pass_at_k_come_from_the_seed_deltas(synthetic
 
 def test_paired_comparison_recovers_the_known_agent_difference(synthetic):
     _, data, tables = synthetic
-    paired = tables.paired
+    paired = tables.paired[tables.paired["compared"] == "agent"]
     assert len(paired) == len(SPEC.tasks)
     assert (paired["n_pairs"] == len(SPEC.modes) * SPEC.n_seeds).all()
     np.testing.assert_allclose(paired["mean_diff"], data.truth["paired_diff"]["agent-b"])
@@ -159,8 +237,9 @@ def test_selection_gap_and_scaling_end_points_match_the_submissions(synthetic):
     expected = gap.groupby([runs["task"], runs["agent"]]).mean()
     got = tables.selection.set_index(["task", "agent"])["mean_gap"]
     np.testing.assert_allclose(got.loc[expected.index], expected)
-    # At the end of the time axis the best-so-far is the run's best validation gain.
-    gain = runs.assign(gain=runs["best_val"] - runs["baseline_val"])
+    # At the end of the time axis the best-so-far is the run's best validation gain, or 0 where nothing beat the
+    # base model (it is always a candidate: the curve never goes below 0).
+    gain = runs.assign(gain=(runs["best_val"] - runs["baseline_val"]).clip(lower=0))
     final = gain.groupby(["task", "agent", "mode"])["gain"].median()
     for axis in ("time", "submissions", "tokens"):
         s = tables.scaling[tables.scaling["axis"] == axis]

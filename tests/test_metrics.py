@@ -10,18 +10,12 @@ from pathlib import Path
 import pytest
 
 from a2rl.grading.ledger import Ledger
-from a2rl.metrics import (
-    explain_failure,
-    failure_class,
-    ingest_run_dir,
-    label_routes,
-    narrate,
-    process_metrics,
-    render_process_markdown,
-    score_trajectory_png,
-    store_process_report,
-    summarize_process,
-)
+from a2rl.ingest import ingest_run_dir, store_process_report
+from a2rl.metrics import process_metrics, render_process_markdown, summarize_process
+from a2rl.narrative import narrate
+from a2rl.route_labels import label_routes
+from a2rl.verdicts import explain_failure, failure_class
+from analysis.run_figure import score_trajectory_png
 from a2rl.recording import CodeSnapshots
 from agents.base import LLMCallEvent, ToolCallEvent, append_jsonl
 from a2rl.records import LedgerEntry, RunConfig
@@ -254,8 +248,9 @@ def test_a_failing_narrative_call_leaves_the_facts_standing(entries, tmp_path: P
         server.fail_next(529, times=1)
         client = anthropic.Anthropic(base_url=server.base_url, api_key="test-key", max_retries=0)
         report = summarize_process(RUN, tmp_path / "harness", entries, CONFIG, SESSION, narrative_client=client)
-    assert report.narrative is None and report.failure_class == "none"
-    assert not (tmp_path / "harness" / "narrative.md").exists()
+    assert report.narrative_model == "deterministic (no LLM)" and report.failure_class == "none"
+    assert "OverloadedError" in report.narrative_note
+    assert "written from the facts, no LLM" in (tmp_path / "harness" / "narrative.md").read_text()
 
 
 def _run_dir(tmp_path: Path) -> Path:
@@ -321,3 +316,53 @@ def test_store_process_report_is_idempotent_next_to_live_writes(entries, tmp_pat
     assert store.query("SELECT route FROM submissions WHERE submission_id = 4")["route"][0] == "SFT"
     n_metrics = store.query("SELECT count(*) AS n FROM metrics")["n"][0]
     assert n_metrics == len(report.metrics) + 1  # + failure_reason
+
+
+def _write_eval(harness: Path, key: str, correct: list[bool]) -> None:
+    from a2rl.records import EvalResult, ItemResult
+
+    items = [ItemResult(item_id=f"q{i}", completion="", prediction=None, target="", correct=c)
+             for i, c in enumerate(correct)]
+    split = key.rsplit("-", 1)[1]
+    result = EvalResult(task="gsm8k", split=split, score=100 * sum(correct) / len(correct), n=len(correct),
+                        n_correct=sum(correct), evaluator_id="e", items=items)
+    (harness / "evaluations").mkdir(parents=True, exist_ok=True)
+    (harness / "evaluations" / f"{key}.json").write_text(result.model_dump_json())
+
+
+def test_one_item_of_32_is_no_significant_change_and_no_static_shortcut(tmp_path: Path, monkeypatch):
+    """1/32 vs 0/32 on test and a one-item validation gain: neither `improved` nor `static shortcut`."""
+    monkeypatch.delenv("A2RL_NARRATIVE_MODEL", raising=False)
+    harness = tmp_path / "harness"
+    ledger = Ledger(harness / "ledger.jsonl")
+    for split, score in (("validation", 0.0), ("test", 0.0)):
+        ledger.append(kind="baseline", run_id=RUN, split=split, status="scored", score=score, weights_hash="base")
+    _sub(ledger, 1, 5.0, "h1", {"status": "scored", "score": 100 / 32, "eval_seconds": 3.0})
+    ledger.append(kind="event", run_id=RUN, detail=SESSION)
+    ledger.append(kind="final", run_id=RUN, split="test", status="scored", score=100 / 32, submission_id=1)
+    _write_eval(harness, "baseline-0-test", [False] * 32)
+    _write_eval(harness, "baseline-0-validation", [False] * 32)
+    _write_eval(harness, "final-1-test", [True] + [False] * 31)
+    _write_eval(harness, "submission-1-validation", [True] + [False] * 31)
+    report = summarize_process(RUN, harness, ledger.entries(), CONFIG, SESSION, write_files=False, narrative=False)
+    m = report.metrics
+    assert m["delta_test"] == pytest.approx(3.125) and m["delta_test_ci_low"] < 0 < m["delta_test_ci_high"]
+    assert m["delta_test_p_value"] == 1.0 and m["delta_test_n_items"] == 32
+    assert m["verdict"] == "no significant change" and m["improved"] is False
+    assert report.failure_class not in ("none", "static shortcut")
+    # 12 of 32 gained, none lost: significant.
+    _write_eval(harness, "final-1-test", [True] * 12 + [False] * 20)
+    report = summarize_process(RUN, harness, ledger.entries(), CONFIG, SESSION, write_files=False, narrative=False)
+    assert report.metrics["verdict"] == "improved" and report.failure_class == "none"
+    assert "95%" in report.failure_reason
+
+
+def test_a_narrative_model_without_a_key_gives_the_deterministic_narrative_and_a_note(entries, tmp_path, monkeypatch):
+    monkeypatch.setenv("A2RL_NARRATIVE_MODEL", "claude-test")
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
+    report = summarize_process(RUN, tmp_path / "harness", entries, CONFIG, SESSION)
+    assert report.narrative_model == "deterministic (no LLM)" and "submission" in report.narrative
+    assert "unavailable" in report.narrative_note and report.failure_class == "none"
+    assert "no LLM" in (tmp_path / "harness" / "narrative.md").read_text()
+    assert "## Narrative" in render_process_markdown(report)

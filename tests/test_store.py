@@ -124,10 +124,65 @@ def test_leaderboard_means_over_completed_runs(store: ResultsStore):
     board = store.query("SELECT * FROM leaderboard WHERE agent = 'reference-sft'")
     assert len(board) == 1
     row = board.iloc[0]
-    assert row["n_runs"] == 2 and row["mean_delta_test"] == pytest.approx(6.0)
+    assert row["n"] == 2 and row["mean_delta"] == pytest.approx(6.0) and list(row["seeds"]) == [0, 1]
     assert row["mean_final_test"] == pytest.approx(16.0) and row["mean_baseline_test"] == pytest.approx(10.0)
-    assert str(board["total_submissions"].dtype) == "int64"  # not HUGEINT → float64
-    assert board.loc[0, "total_submissions"] == 6
+    # t-interval over 2 seeds: 6 ± 12.706 · sd/√2, sd of (4, 8) = 2√2
+    assert row["ci_low"] == pytest.approx(6.0 - 12.706 * 2.0) and row["ci_high"] == pytest.approx(6.0 + 12.706 * 2.0)
+    assert row["n_mode_breaches"] == 0 and str(board["n_mode_breaches"].dtype) == "int64"
+    other = store.query("SELECT n, ci_low, interval FROM leaderboard WHERE agent = 'other'").iloc[0]
+    assert other["n"] == 1 and other["ci_low"] != other["ci_low"] and other["interval"] == "n = 1: no interval"
+    excluded = store.query("SELECT * FROM excluded_runs")
+    assert excluded.values.tolist() == [["run failed", 1]]
+
+
+def test_a_setting_is_everything_but_the_seed(store: ResultsStore):
+    """A 120 s / 32-item run and two 3600 s / 300-item runs are two settings (n = 1 and n = 2), not n = 3."""
+    from a2rl.setting import SETTING_KEY, item_selection, setting_id
+
+    short = _config(seed=0, budget_s=120.0, test_limit=32)
+    longer = [_config(seed=s, budget_s=3600.0, test_limit=300) for s in (1, 2)]
+    for i, config in enumerate([short, *longer]):
+        store.start_run(f"r{i}", config, None, "offline")
+        store.record_evaluation(f"r{i}", "baseline-0-test", "baseline", _eval("test", 10.0))
+        store.finish_run(_summary(f"r{i}", config, final=12.0 + i))
+    board = store.query("SELECT budget_s, item_selection, n FROM leaderboard ORDER BY budget_s")
+    assert board.values.tolist() == [[120.0, "val:16 test:32", 1], [3600.0, "val:16 test:300", 2]]
+    keyed = store.query(f"SELECT setting_id, {', '.join(SETTING_KEY)} FROM run_settings ORDER BY run_id")
+    for _, row in keyed.iterrows():  # the SQL key and the Python key agree
+        assert row["setting_id"] == setting_id(row.to_dict())
+    assert keyed["item_selection"][0] == item_selection(16, 32) and keyed["evaluator_id"][0] == "gsm8k-v1"
+
+
+def test_item_results_are_written_with_their_evaluation_and_rewritten_idempotently(store: ResultsStore):
+    from a2rl.records import ItemResult
+
+    items = [ItemResult(item_id=f"q{i}", completion="", prediction=None, target="1", correct=i % 2 == 0,
+                        detail={"generated_tokens": 7}) for i in range(4)]
+    graded = [ItemResult(item_id="j", completion="", prediction=None, target="", correct=False, value=0.5)]
+    result = _eval("test", 50.0).model_copy(update={"items": items + graded})
+    for _ in range(2):
+        store.record_evaluation("r1", "baseline-0-test", "baseline", result)
+    rows = store.query("SELECT item_id, score, correct, coalesce(tokens, -1), split FROM item_results ORDER BY item_id")
+    assert rows.values.tolist() == [["j", 0.5, False, -1, "test"], ["q0", 1.0, True, 7, "test"],
+                                    ["q1", 0.0, False, 7, "test"], ["q2", 1.0, True, 7, "test"],
+                                    ["q3", 0.0, False, 7, "test"]]
+    store.record_evaluation("r1", "baseline-0-test", "baseline", result.model_copy(update={"items": items[:1]}))
+    assert store.query("SELECT count(*) AS n FROM item_results")["n"][0] == 1  # replaced, not appended
+
+
+def test_the_leak_audit_metric_survives_the_process_metrics(store: ResultsStore):
+    store.record_metrics("r1", {"leaked_items": 3})
+    store.record_metrics("r1", {"failure_class": "none", "n_scored": 2})
+    names = store.query("SELECT name, value FROM metrics ORDER BY name").values.tolist()
+    assert ["leaked_items", 3.0] in names and len(names) == 3
+
+
+def test_sql_t_quantiles_and_binomial_se_match_python(store: ResultsStore):
+    from a2rl.intervals import binomial_se, t975
+
+    got = store.query("SELECT t975(1) AS a, t975(2) AS b, t975(30) AS c, t975(45) AS d, binomial_se(0, 32) AS e")
+    assert got.iloc[0].tolist() == pytest.approx([t975(1), t975(2), t975(30), t975(45), binomial_se(0.0, 32)])
+    assert binomial_se(0.0, 32) > 3  # 0 of 32 right still has a sampling error
 
 
 def test_schema_version_is_one_and_reopening_does_not_migrate_again(tmp_path: Path):

@@ -1,0 +1,173 @@
+"""(Re)building a run's rows in the results store from its run directory, and writing a run's process facts."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from a2rl.metrics import ProcessReport, summarize_process
+from a2rl.records import LedgerEntry, RunConfig, RunSummary
+from a2rl.report import latest_submissions
+from a2rl.store import ITEM_COLUMNS, item_rows
+
+log = logging.getLogger(__name__)
+
+
+def store_process_report(store: Any, report: ProcessReport, harness_dir: Path | str) -> None:
+    """Write a run's process facts to the results store: metrics (+ failure class), route labels, LLM and
+    tool calls, and resource samples. Each write replaces the run's earlier rows, so calling it again is harmless."""
+    from a2rl.recording import read_llm_calls, read_resources, read_tool_calls, resource_rows
+
+    harness_dir = Path(harness_dir)
+    store.record_metrics(report.run_id, report.metrics | {"failure_reason": report.failure_reason})
+    store.record_routes(report.run_id, report.routes, report.code_shas)
+    store.replace_run_rows("llm_calls", report.run_id, read_llm_calls(harness_dir / "llm_calls.jsonl"))
+    store.replace_run_rows("tool_calls", report.run_id, read_tool_calls(harness_dir / "tool_calls.jsonl"))
+    store.replace_run_rows("resources", report.run_id, resource_rows(read_resources(harness_dir / "resources.jsonl")))
+
+
+def ingest_run_dir(store: Any, run_dir: Path | str) -> ProcessReport:
+    """(Re)build every row of one run in the results store from its run directory, in one transaction.
+
+    Reads `harness/manifest.json`, the verified ledger, `report.json` (if written), per-evaluation files,
+    the code snapshots, `resources.jsonl` and `llm_calls.jsonl`. All timestamps come from those files, so
+    ingesting the same directory twice leaves the store exactly as it was. No narrative is requested.
+    """
+    import pandas as pd
+
+    from a2rl.grading.ledger import LedgerHead, read_ledger
+    from a2rl.recording import CodeSnapshots, read_llm_calls, read_resources, read_tool_calls, resource_rows
+
+    run_dir = Path(run_dir)
+    harness = run_dir / "harness" if (run_dir / "harness").is_dir() else run_dir
+    manifest = json.loads((harness / "manifest.json").read_text())
+    run_id, config = manifest["run_id"], RunConfig.model_validate(manifest["config"])
+    report_path = harness / "report.json"
+    # The ledger must end where the results store anchored it and continue the head the report was built on.
+    recorded = json.loads(report_path.read_text()).get("ledger") if report_path.exists() else None
+    entries = read_ledger(harness / "ledger.jsonl", {"the results store": store.ledger_head(run_id)},
+                          LedgerHead(recorded["entries"], recorded["head_hash"]) if recorded else None)  # fmt: skip
+    summary = None
+    if report_path.exists():
+        summary = RunSummary.model_validate(json.loads(report_path.read_text())["summary"])
+    end = next((e for e in reversed(entries) if e.detail.get("event") == "session-end"), None)
+    detail = end.detail if end else {}
+    status = summary.status if summary else ("completed" if any(e.kind == "final" for e in entries) else "interrupted")
+    has_code = (harness / "code.git").exists()
+    snapshots = CodeSnapshots(harness, harness.parent / "workspace" / "code") if has_code else None
+    process = summarize_process(
+        run_id, harness, entries, config, detail, snapshots=snapshots, summary=summary, run_status=status,
+        run_error=summary.error if summary else None, narrative=False, write_files=False,
+    )  # fmt: skip
+    frames = {
+        "runs": pd.DataFrame([_run_row(run_id, config, summary, process, entries, status, harness)]),
+        "submissions": pd.DataFrame(_submission_rows(run_id, entries, process)),
+        "evaluations": pd.DataFrame(_evaluation_rows(run_id, entries, harness)),
+        "item_results": pd.DataFrame(_item_rows(run_id, harness), columns=list(ITEM_COLUMNS)),
+        "events": pd.DataFrame([
+            {"run_id": run_id, "seq": e.seq, "created_at": e.at, "kind": e.detail.get("event", "event"),
+             "detail_json": json.dumps(e.detail, sort_keys=True, default=str)}
+            for e in entries if e.kind == "event"
+        ]),  # fmt: skip
+        "metrics": pd.DataFrame(_metric_rows(run_id, process, harness)),
+        "llm_calls": pd.DataFrame([r | {"run_id": run_id} for r in read_llm_calls(harness / "llm_calls.jsonl")]),
+        "tool_calls": pd.DataFrame([r | {"run_id": run_id} for r in read_tool_calls(harness / "tool_calls.jsonl")]),
+        "resources": pd.DataFrame([r | {"run_id": run_id}
+                                   for r in resource_rows(read_resources(harness / "resources.jsonl"))]),
+    }
+    store.replace_run(run_id, frames)
+    return process
+
+
+def _run_row(run_id: str, config: RunConfig, summary: RunSummary | None, process: ProcessReport,
+             entries: list[LedgerEntry], status: str, harness: Path) -> dict[str, Any]:
+    m = process.metrics
+    base = {e.split: e.score for e in entries if e.kind == "baseline" and e.split}
+    last_at = entries[-1].at if entries else None
+    row: dict[str, Any] = {
+        "run_id": run_id, "config_hash": config.config_hash(), "task": config.task, "variant": config.variant,
+        "variant_label": summary.variant_label if summary else config.variant, "agent": config.agent,
+        "driver": config.driver, "mode": config.mode, "base_model": config.base_model, "seed": config.seed,
+        "budget_s": config.budget_s, "protocol": config.protocol, "status": status,
+        "started_at": entries[0].at if entries else None, "finished_at": last_at if status != "running" else None,
+        "baseline_val": base.get("validation"), "baseline_test": base.get("test"),
+        "best_val": m["best_feedback"] if m["feedback_split"] == "validation" else None,
+        "best_submission_id": m["best_submission_id"], "final_submission_id": m["final_submission_id"],
+        "final_test": m["final_test"], "delta_test": m["delta_test"], "n_submissions": m["n_submissions"],
+        "n_scored": m["n_scored"], "agent_seconds": m["agent_seconds"], "grading_seconds": m["grading_seconds"],
+        "error": None, "config_json": config.model_dump_json(), "harness_dir": str(harness),
+        "failure_class": process.failure_class, "updated_at": last_at,
+    }  # fmt: skip
+    if summary is not None:  # the report's numbers are the run's own word where it wrote one
+        row |= {k: getattr(summary, k) for k in (
+            "baseline_val", "baseline_test", "best_val", "best_submission_id", "final_submission_id", "final_test",
+            "delta_test", "n_submissions", "n_scored", "agent_seconds", "grading_seconds", "wall_seconds", "error")}
+        row["phase_seconds_json"] = json.dumps(summary.phase_seconds)
+    return row
+
+
+def _submission_rows(run_id: str, entries: list[LedgerEntry], process: ProcessReport) -> list[dict[str, Any]]:
+    first_at: dict[int, Any] = {}
+    for e in entries:
+        if e.kind == "submission" and e.submission_id is not None:
+            first_at.setdefault(e.submission_id, e.at)
+    return [
+        {"run_id": run_id, "submission_id": e.submission_id, "created_at": first_at[e.submission_id],
+         "model_path": e.model_path, "weights_hash": e.weights_hash, "size_bytes": e.size_bytes, "status": e.status,
+         "split": e.split, "score": e.score, "cached": e.cached, "eval_seconds": e.eval_seconds,
+         "agent_elapsed_s": e.agent_elapsed_s, "error": e.error, "route": process.routes.get(e.submission_id),
+         "code_sha": process.code_shas.get(e.submission_id)}
+        for e in latest_submissions(entries)
+    ]  # fmt: skip
+
+
+def _evaluation_rows(run_id: str, entries: list[LedgerEntry], harness: Path) -> list[dict[str, Any]]:
+    """One row per scored evaluation, keyed as the live flow keys them (`<kind>-<submission or 0>-<split>`)."""
+    from a2rl.records import EvalResult
+
+    rows: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        if e.kind not in ("baseline", "submission", "final") or e.status != "scored" or e.score is None:
+            continue
+        key = f"{e.kind}-{e.submission_id or 0}-{e.split}"
+        saved = harness / "evaluations" / f"{key}.json"
+        result = EvalResult.model_validate_json(saved.read_text()) if saved.exists() else None
+        rows[key] = {
+            "run_id": run_id, "eval_key": key, "kind": e.kind, "submission_id": e.submission_id, "split": e.split,
+            "score": e.score, "n": result.n if result else None, "n_correct": result.n_correct if result else None,
+            "evaluator_id": result.evaluator_id if result else None, "weights_hash": e.weights_hash,
+            "generated_tokens": result.generated_tokens if result else None,
+            "duration_s": result.duration_s if result else e.eval_seconds, "cached": e.cached, "created_at": e.at,
+        }  # fmt: skip
+    return list(rows.values())
+
+
+def _metric_rows(run_id: str, process: ProcessReport, harness: Path) -> list[dict[str, Any]]:
+    from a2rl.store import metric_cells
+
+    values = process.metrics | {"failure_reason": process.failure_reason}
+    audit = harness / "leak_audit.json"
+    if audit.exists():  # the leak audit's count is a metric of its own step; re-ingesting keeps it
+        try:
+            values["leaked_items"] = int(json.loads(audit.read_text())["leaked_items"])
+        except (ValueError, KeyError, TypeError) as e:
+            log.warning("leak audit %s unreadable: %s", audit, e)
+    return [{"run_id": run_id, "name": k, "value": v, "text": t}
+            for k, (v, t) in ((k, metric_cells(v)) for k, v in values.items())]
+
+
+def _item_rows(run_id: str, harness: Path) -> list[dict[str, Any]]:
+    """Per-item results of every evaluation file the run wrote (`harness/evaluations/<eval_key>.json`)."""
+    from a2rl.records import EvalResult
+
+    rows: list[dict[str, Any]] = []
+    for saved in sorted((harness / "evaluations").glob("*.json")):
+        try:
+            result = EvalResult.model_validate_json(saved.read_text())
+        except ValueError as e:  # one damaged file must not lose the run's other rows
+            log.warning("per-item results skipped: %s is not an evaluation (%s)", saved, e)
+            continue
+        rows += item_rows(run_id, saved.stem, result)
+    return rows

@@ -1,0 +1,132 @@
+"""Failure class of a run: an operational label, like the paper's A.11 labels, with its reason.
+
+Failure class (first rule that matches wins; operational, not semantic, like the paper's A.11 labels):
+
+| # | class | rule |
+|---|---|---|
+| 1 | `none` | the run improved: the 95% item-level interval of Δ test is above 0 (or, with no final test score, the best feedback score's) |
+| 2 | `infrastructure failure` | the agent could not be launched; or no baseline was recorded; or the session was interrupted by a harness crash; or the run failed (a harness error), or was interrupted before the agent session ended; or every submission failed with a grader-side error (`INFRA_ERROR_MARKERS`) |
+| 3 | `static shortcut` | every scored submission has the base model's weights (route `copy`) |
+| 4 | `early coding failure` | no submission was scored: the agent never closed one train → submit → score cycle |
+| 5 | `static shortcut` | heldout: the validation score improved significantly but the hidden test score did not (no transfer) |
+| 6 | `training collapse` | the best scored submission is below baseline by more than max(1 point, 10% of baseline), and significantly |
+| 7 | `rollout construction failure` | an RL route (GRPO, PPO, RLOO, RL, SFT+RL) was submitted, and every RL submission errored or scored exactly the baseline (the policy never moved) |
+| 8 | `reward/data design failure` | otherwise: models trained and scored, near the baseline, without improving |
+
+"Significantly": the 95% interval from the paired per-item comparison with the base model on the same items
+(`a2rl.intervals.paired_item_interval`) excludes 0. Runs without per-item results fall back to the sign, and the
+reason says the change was not tested. Infrastructure failure is kept apart from the agent's failures: it says the harness, not the agent, failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, NamedTuple
+
+FailureClass = Literal[
+    "none",
+    "infrastructure failure",
+    "early coding failure",
+    "static shortcut",
+    "training collapse",
+    "rollout construction failure",
+    "reward/data design failure",
+]
+RL_ROUTES = frozenset({"GRPO", "PPO", "RLOO", "RL", "SFT+RL"})  # as a2rl.routes.RL_LABELS
+# Error texts of failed evaluations that point at the grader or the machine, not at the agent's checkpoint.
+INFRA_ERROR_MARKERS = ("grader crash", "cuda out of memory", "no space left on device", "cuda error",
+                       "nccl", "evaluator error", "connection refused")  # fmt: skip
+COLLAPSE_MIN_POINTS = 1.0
+COLLAPSE_FRACTION = 0.10
+
+
+class FailureVerdict(NamedTuple):
+    label: FailureClass
+    reason: str
+
+
+def explain_failure(
+    metrics: Mapping[str, Any], routes: Mapping[int, str], session_detail: Mapping[str, Any]
+) -> FailureVerdict:
+    """Apply the rule table of the module docstring. `session_detail` may also carry `run_status` and
+    `run_error` (the run's final status and harness error) and `submission_errors` (error texts)."""
+    m = metrics
+    n, n_scored = m.get("n_submissions") or 0, m.get("n_scored") or 0
+    base = m.get("baseline_feedback")
+    if session_detail.get("run_status") == "failed":  # a harness error is never the agent's result
+        return FailureVerdict("infrastructure failure", f"the run failed: {session_detail.get('run_error')}")
+    if _significant(m, "delta_test", above=True):
+        what = f"Δ test = {m['delta_test']:+.2f}" if m.get("delta_test") is not None else (
+            f"best {m.get('feedback_split')} score {m.get('best_feedback')} > baseline {base}")
+        return FailureVerdict("none", f"improved: {what}{_ci(m, 'delta_test')}")
+    errors = [str(x).lower() for x in session_detail.get("submission_errors", [])]
+    if session_detail.get("ended_by") == "launch-error":
+        why = f"the agent could not be launched: {session_detail.get('error')}"
+        return FailureVerdict("infrastructure failure", why)
+    if base is None:
+        return FailureVerdict("infrastructure failure", "no baseline score was recorded")
+    if session_detail.get("ended_by") == "interrupted":
+        why = f"the session was interrupted by a harness crash: {session_detail.get('error')}"
+        return FailureVerdict("infrastructure failure", why)
+    if session_detail.get("run_status") in ("failed", "interrupted") and not session_detail.get("ended_by"):
+        why = f"the run {session_detail['run_status']} before the agent session ended"
+        return FailureVerdict("infrastructure failure", f"{why}: {session_detail.get('run_error')}")
+    if n_scored == 0 and errors and all(any(k in x for k in INFRA_ERROR_MARKERS) for x in errors):
+        return FailureVerdict("infrastructure failure", "every submission failed with a grader-side error")
+    scored_ids = m.get("scored_submission_ids") or []
+    if scored_ids and all(routes.get(sid) == "copy" for sid in scored_ids):
+        return FailureVerdict("static shortcut", "every scored submission is the base model (weights or route `copy`)")
+    if n_scored == 0:
+        why = "no submission" if n == 0 else f"{n} submission(s), none scored"
+        return FailureVerdict("early coding failure", f"{why}: no train → submit → score cycle completed")
+    if m.get("delta_test") is not None and _significant(m, "improvement_feedback", above=True):
+        return FailureVerdict(
+            "static shortcut",
+            f"validation improved by {m['improvement_feedback']:+.2f}{_ci(m, 'improvement_feedback')} but the hidden "
+            f"test by {m['delta_test']:+.2f}{_ci(m, 'delta_test')}, not significantly",
+        )
+    tol = max(COLLAPSE_MIN_POINTS, COLLAPSE_FRACTION * abs(base))
+    best = m.get("best_feedback")
+    if best is not None and best < base - tol and _significant(m, "improvement_feedback", above=False):
+        return FailureVerdict("training collapse", f"best score {best:.2f} is below baseline {base:.2f} by > {tol:.2f}")
+    trajectory = m.get("score_trajectory") or []
+    rl = [sid for sid, label in routes.items() if label in RL_ROUTES]
+    if rl:
+        scores = dict(zip(m.get("submission_ids") or [], trajectory))
+        rl_scores = [scores.get(sid) for sid in rl]
+        if all(s is None or s == base for s in rl_scores):
+            return FailureVerdict(
+                "rollout construction failure",
+                f"RL submissions {rl} errored or scored exactly the baseline: the policy never moved",
+            )
+    routes_seen = sorted(set(routes.values())) or ["unlabelled"]
+    return FailureVerdict(
+        "reward/data design failure",
+        f"trained models scored near the baseline (best {best}, baseline {base}) with routes {routes_seen}",
+    )
+
+
+def failure_class(
+    metrics: Mapping[str, Any], routes: Mapping[int, str], session_detail: Mapping[str, Any]
+) -> FailureClass:
+    """The failure class label alone (see `explain_failure`)."""
+    return explain_failure(metrics, routes, session_detail).label
+
+
+def _significant(m: Mapping[str, Any], name: str, above: bool) -> bool:
+    """Whether metric `name` is above (or below) 0 beyond its 95% item-level interval. Without per-item results
+    (older runs, hand-built ledgers) only the sign can be used; the reason then says it was not tested."""
+    low, high = m.get(f"{name}_ci_low"), m.get(f"{name}_ci_high")
+    if low is not None and high is not None and low == low:
+        return low > 0 if above else high < 0
+    value = m.get(name)
+    if name == "delta_test" and value is None:  # no final test score: the best feedback score decides
+        value = m.get("improvement_feedback")
+    return value is not None and (value > 0 if above else value < 0)
+
+
+def _ci(m: Mapping[str, Any], name: str) -> str:
+    low, high = m.get(f"{name}_ci_low"), m.get(f"{name}_ci_high")
+    if low is not None and high is not None and low == low:
+        return f" [95% {low:+.2f}, {high:+.2f}, n={m.get(f'{name}_n_items')} items]"
+    return " (not tested for significance: no item-level results)"
