@@ -35,6 +35,7 @@ from a2rl.run_options import DEFAULT_RESULTS, GRACE_S, resolve_results
 from a2rl.leak_audit import LeakReport, audit_leaks, hidden_texts
 from a2rl.preflight import check_run
 from a2rl.gpu_slots import hold_gpu_slot
+from a2rl.procs import end_earlier_attempts
 from a2rl.progress import RUN_LOG, ProgressWriter, note_phase
 from a2rl.recording import read_llm_calls
 from a2rl.sandbox import SandboxPolicy, sandbox_label
@@ -81,6 +82,7 @@ def agent_session(
     what remains of the agent's budget (`on_resume="continue"`) or is recorded as interrupted.
     """
     logger = get_run_logger()
+    end_earlier_attempt(ctx)
     entries = ledger_of(ctx).entries()
     if (done := last_event(entries, "session-end")) is not None:
         logger.info("agent session already finished (%s); reusing its outcome", done.detail.get("ended_by"))
@@ -153,6 +155,14 @@ def agent_session(
     service.record_event("session-end", **outcome.model_dump(), grading_seconds=round(service.grading_seconds, 3))
     logger.info("agent %s after %.0f s (exit code %s)", outcome.ended_by, outcome.agent_seconds, outcome.exit_code)
     return outcome
+
+
+def end_earlier_attempt(ctx: RunContext) -> None:
+    """A retried run first ends every process an earlier attempt left on its workspace (recorded in the harness
+    dir), checked gone; raises ProcessesSurvived (the run fails, no second agent starts) where it cannot."""
+    if ended := end_earlier_attempts(ctx.paths.harness_dir):
+        logging.getLogger(__name__).warning("ended %d processes of an earlier attempt of this run: %s",
+                                            len(ended), ended)  # fmt: skip
 
 
 def leak_audit(ctx: RunContext) -> LeakReport:
@@ -326,6 +336,7 @@ def benchmark_run(
         try:
             t = time.perf_counter()
             progress.update(phase=phase)
+            end_earlier_attempt(ctx)  # one attempt at a time: before anything else of this one
             # What the CLI checked, again for runs started elsewhere (deployments, sweeps); nothing slow.
             check_run(config, results, runs_dir, probe=False)
             phases[phase] = time.perf_counter() - t
