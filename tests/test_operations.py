@@ -189,3 +189,49 @@ def test_status_lists_top_level_runs_by_flow_name_elapsed_time_and_the_true_stat
     assert "GPU slots:" in out
     row = next(line for line in lines if run_id in line)
     assert f"crashed (row not finished): a2rl retry {crashed}" in row
+
+
+# -- clean stops ----------------------------------------------------------------------------------------
+# A worker like `prefect worker start`, whose flow run (a child) needs a moment after SIGTERM to record its
+# end, and writes down whether its worker was still up at that time (it must be: the run reports to Prefect).
+WORKER_WITH_A_RUN = '''
+import os, signal, subprocess, sys, time
+log = sys.argv[1]
+run = subprocess.Popen([sys.executable, "-c", """
+import os, signal, sys, time
+def on_term(sig, frame):
+    time.sleep(1.0)  # recording `interrupted` and the report
+    open(sys.argv[1], "a").write("run recorded; worker alive: %s\\\\n" % (os.getppid() != 1))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+open(sys.argv[1], "a").write("run ready\\\\n")
+while True:
+    time.sleep(0.1)
+""", log])
+terms = []
+def on_term(sig, frame):
+    terms.append(sig)
+    if len(terms) == 2:
+        run.kill()  # what a Prefect worker does to its runs on the second SIGTERM
+        sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+while True:
+    time.sleep(0.1)
+'''
+
+
+def test_stopping_a_worker_lets_its_flow_runs_record_their_end_first(tmp_path):
+    import sys
+
+    script, log = tmp_path / "worker.py", tmp_path / "events.log"
+    script.write_text(WORKER_WITH_A_RUN)
+    proc = ops._spawn([sys.executable, str(script), str(log)], env={"PATH": "/usr/bin:/bin"}, log=tmp_path / "out.log")
+    for _ in range(600):
+        if "run ready" in (log.read_text() if log.exists() else ""):
+            break
+        threading.Event().wait(0.05)
+    worker = ops.ManagedProcess("worker", proc.pid, psutil.Process(proc.pid).create_time(), str(log))
+    ops._write_state(worker, ops.WORKER_STATE, tmp_path)
+    assert ops.stop_worker(tmp_path, timeout_s=20, flow_run_grace_s=30) is True
+    assert "run recorded; worker alive: True" in log.read_text()
+    assert not worker.alive()
