@@ -34,6 +34,7 @@ from a2rl.run_options import DEFAULT_RESULTS, GRACE_S, resolve_results
 from a2rl.leak_audit import LeakReport, audit_leaks, hidden_texts
 from a2rl.preflight import check_run
 from a2rl.gpu_slots import hold_gpu_slot
+from a2rl.housekeeping import clean_stale_temp
 from a2rl.progress import RUN_LOG, ProgressWriter, note_phase
 from a2rl.recording import read_llm_calls
 from a2rl.sandbox import SandboxPolicy, sandbox_label
@@ -314,6 +315,11 @@ def benchmark_run(
         return done
     phases: dict[str, float] = {}
     t = time.perf_counter()
+    try:  # what killed runs left in the caches (never the reason this run fails)
+        if removed := clean_stale_temp():
+            get_run_logger().info("removed %d file(s) killed runs left in the caches", len(removed))
+    except OSError:
+        pass
     ctx = open_run(config, results, runs_dir)
     phases["open"] = time.perf_counter() - t
     progress = ProgressWriter(ctx.run_id, ctx.paths.harness_dir, config.budget_s)

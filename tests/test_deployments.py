@@ -181,7 +181,7 @@ def test_a2rl_status_shows_the_server_and_its_flow_runs(live, monkeypatch, capsy
     monkeypatch.setenv("PREFECT_API_URL", live.url)
     assert main(["status", "--results", str(live.home / "none.duckdb")]) == 0
     out = capsys.readouterr().out
-    assert f"server {live.url}: up" in out and "recent flow runs" in out
+    assert f"server {live.url}: up" in out and f"flow runs on {live.url}" in out and "GPU slots:" in out
 
 
 # ---- helpers -----------------------------------------------------------------------------------------

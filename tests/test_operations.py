@@ -235,3 +235,31 @@ def test_stopping_a_worker_lets_its_flow_runs_record_their_end_first(tmp_path):
     assert ops.stop_worker(tmp_path, timeout_s=20, flow_run_grace_s=30) is True
     assert "run recorded; worker alive: True" in log.read_text()
     assert not worker.alive()
+
+
+# -- what kills leave behind ----------------------------------------------------------------------------
+def test_temporaries_of_killed_processes_are_removed_and_live_ones_kept(tmp_path):
+    import fcntl
+    import subprocess
+    import sys
+
+    from a2rl.housekeeping import clean_stale_temp
+
+    models, cache = tmp_path / "models", tmp_path / "eval-cache"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid, me = int(dead.stdout), os.getpid()
+    abandoned = models / ".smollm2.tmp-abc123"
+    building = models / ".qwen.tmp-def456"
+    for d in (abandoned, building):
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(b"x" * 1024)
+    cache.mkdir()
+    stale = [cache / f"run-{dead_pid}-1795697499776996935.json", cache / f"abc.{dead_pid}.140001.tmp"]
+    live = [cache / f"run-{me}-1795697499776996935.json", cache / f"abc.{me}.140001.tmp", cache / "abc.json"]
+    for f in stale + live:
+        f.write_text("{}")
+    with open(models / ".qwen.lock", "a") as lock:  # a conversion of qwen is in progress
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        removed = clean_stale_temp(models, cache)
+    assert sorted(removed) == sorted([abandoned, *stale])
+    assert building.exists() and all(f.exists() for f in live)
