@@ -309,7 +309,7 @@ def benchmark_run(
     config = RunConfig(**{name: given[name] for name in RunConfig.model_fields})
     results = resolve_results(results)
     runs_dir = resolve_results(runs_dir) if runs_dir else results.parent / "runs"
-    if (done := completed_before(config, results, runs_dir)) is not None:
+    if (done := completed_before(config, results, runs_dir, prefect_flow_run.get_id())) is not None:
         get_run_logger().warning("run %s had already completed: a retry changes nothing (its row, report and "
                                  "timings stay as they were)", done.run_id)  # fmt: skip
         return done
@@ -368,10 +368,12 @@ def benchmark_run(
     return summary
 
 
-def completed_before(config: RunConfig, results: Path, runs_dir: Path) -> RunSummary | None:
+def completed_before(config: RunConfig, results: Path, runs_dir: Path, flow_run_id: str | None) -> RunSummary | None:
     """The summary of this flow run's benchmark run if an earlier attempt completed it (a Retry pressed on a
     completed run), else None."""
-    run_id = make_run_id(config, prefect_flow_run.get_id())
+    if flow_run_id is None:  # called outside a flow run: a new run every time
+        return None
+    run_id = make_run_id(config, flow_run_id)
     report = RunPaths.for_run(runs_dir, run_id).harness_dir / "report.json"
     if not results.exists() or not report.exists():
         return None

@@ -263,3 +263,58 @@ def test_temporaries_of_killed_processes_are_removed_and_live_ones_kept(tmp_path
         removed = clean_stale_temp(models, cache)
     assert sorted(removed) == sorted([abandoned, *stale])
     assert building.exists() and all(f.exists() for f in live)
+
+
+def test_a_retry_of_a_completed_run_returns_its_summary_and_changes_nothing(tmp_path):
+    from a2rl.records import RunConfig, RunSummary
+    from a2rl.run import make_run_id
+    from a2rl.store import ResultsStore
+    from flows.benchmark_run import completed_before
+
+    config, flow_run_id = RunConfig(), str(uuid.uuid4())
+    run_id = make_run_id(config, flow_run_id)
+    results, runs_dir = tmp_path / "a2rl.duckdb", tmp_path / "runs"
+    summary = RunSummary(
+        run_id=run_id, config=config, status="completed", protocol="heldout", variant_label="offline",
+        baseline_val=0.0, baseline_test=0.0, best_val=12.5, best_submission_id=1, final_submission_id=1,
+        final_test=6.25, delta_test=6.25, n_submissions=2, n_scored=2, agent_seconds=118.0, grading_seconds=90.0,
+        wall_seconds=310.0,
+    )  # fmt: skip
+    store = ResultsStore(results)
+    store.start_run(run_id, config, None, "offline")
+    assert completed_before(config, results, runs_dir, flow_run_id) is None  # running: a retry resumes it
+    store.finish_run(summary)
+    harness = runs_dir / run_id / "harness"
+    harness.mkdir(parents=True)
+    (harness / "report.json").write_text(json.dumps({"summary": json.loads(summary.model_dump_json())}))
+    before = store.query("SELECT finished_at, wall_seconds FROM runs").to_dict("records")
+    assert completed_before(config, results, runs_dir, flow_run_id) == summary
+    assert completed_before(config, results, runs_dir, str(uuid.uuid4())) is None  # another flow run: a new run
+    assert store.query("SELECT finished_at, wall_seconds FROM runs").to_dict("records") == before
+
+
+def test_a_sweep_through_deployments_before_a2rl_deploy_says_deploy_first(api_url, monkeypatch, capsys):
+    from a2rl.cli import main
+
+    monkeypatch.setenv("PREFECT_API_URL", api_url)
+    assert main(["sweep", "--deployment", "--seeds", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"a2rl: deploy first: a2rl deploy (no deployment 'benchmark-run/benchmark-run' on {api_url})"]
+
+
+def test_a_sweep_stops_watching_after_its_timeout_and_names_the_runs_still_going(api_url):
+    from prefect import flow
+
+    from a2rl.records import RunConfig
+    from flows.sweep import SweepItem, watch_runs
+
+    waiting = _flow_run_in("SCHEDULED")  # no worker will ever take it
+
+    @flow(name="watch-test")
+    def watch() -> SweepItem:
+        item = SweepItem(config=RunConfig(), parameters={}, status="launched", flow_run_id=waiting)
+        watch_runs([item], poll_s=0.2, timeout_s=1.0)
+        return item
+
+    item = watch()
+    assert item.status == "launched" and item.detail.startswith("still Scheduled when the sweep stopped watching")
