@@ -9,6 +9,7 @@ import re
 import os
 import socket
 import threading
+import time
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -256,8 +257,13 @@ def test_temporaries_of_killed_processes_are_removed_and_live_ones_kept(tmp_path
     cache.mkdir()
     stale = [cache / f"run-{dead_pid}-1795697499776996935.json", cache / f"abc.{dead_pid}.140001.tmp"]
     live = [cache / f"run-{me}-1795697499776996935.json", cache / f"abc.{me}.140001.tmp", cache / "abc.json"]
+    recent = cache / f"run-{dead_pid}-1795697499776996936.json"  # maybe another container's live evaluation
+    live.append(recent)
     for f in stale + live:
         f.write_text("{}")
+    hours_ago = time.time() - 3 * 3600
+    for f in stale + live[:-1]:
+        os.utime(f, (hours_ago, hours_ago))
     with open(models / ".qwen.lock", "a") as lock:  # a conversion of qwen is in progress
         fcntl.flock(lock, fcntl.LOCK_EX)
         removed = clean_stale_temp(models, cache)
