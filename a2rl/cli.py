@@ -289,6 +289,8 @@ def cmd_server(args: argparse.Namespace) -> int:
     from a2rl import ops
 
     if args.action == "stop":
+        print(f"stopping: the worker's flow runs first (each records 'interrupted' with its report; up to "
+              f"{ops.FLOW_RUN_GRACE_S:.0f} s), then the worker and the server ...", flush=True)
         worker, server = ops.stop_worker(), ops.stop_server()
         said = {True: "stopped", False: "was not running"}
         print(f"worker {said[worker]}; server {said[server]}")

@@ -36,6 +36,7 @@ from a2rl.leak_audit import LeakReport, audit_leaks, hidden_texts
 from a2rl.preflight import check_run
 from a2rl.gpu_slots import hold_gpu_slot
 from a2rl.procs import end_earlier_attempts
+from a2rl.housekeeping import clean_stale_temp
 from a2rl.progress import RUN_LOG, ProgressWriter, note_phase
 from a2rl.recording import read_llm_calls
 from a2rl.sandbox import SandboxPolicy, sandbox_label
@@ -321,12 +322,17 @@ def benchmark_run(
     config = RunConfig(**{name: given[name] for name in RunConfig.model_fields})
     results = resolve_results(results)
     runs_dir = resolve_results(runs_dir) if runs_dir else results.parent / "runs"
-    if (done := completed_before(config, results, runs_dir)) is not None:
+    if (done := completed_before(config, results, runs_dir, prefect_flow_run.get_id())) is not None:
         get_run_logger().warning("run %s had already completed: a retry changes nothing (its row, report and "
                                  "timings stay as they were)", done.run_id)  # fmt: skip
         return done
     phases: dict[str, float] = {}
     t = time.perf_counter()
+    try:  # what killed runs left in the caches (never the reason this run fails)
+        if removed := clean_stale_temp():
+            get_run_logger().info("removed %d file(s) killed runs left in the caches", len(removed))
+    except OSError:
+        pass
     ctx = open_run(config, results, runs_dir)
     phases["open"] = time.perf_counter() - t
     progress = ProgressWriter(ctx.run_id, ctx.paths.harness_dir, config.budget_s)
@@ -376,10 +382,12 @@ def benchmark_run(
     return summary
 
 
-def completed_before(config: RunConfig, results: Path, runs_dir: Path) -> RunSummary | None:
+def completed_before(config: RunConfig, results: Path, runs_dir: Path, flow_run_id: str | None) -> RunSummary | None:
     """The summary of this flow run's benchmark run if an earlier attempt completed it (a Retry pressed on a
     completed run), else None."""
-    run_id = make_run_id(config, prefect_flow_run.get_id())
+    if flow_run_id is None:  # called outside a flow run: a new run every time
+        return None
+    run_id = make_run_id(config, flow_run_id)
     report = RunPaths.for_run(runs_dir, run_id).harness_dir / "report.json"
     if not results.exists() or not report.exists():
         return None
