@@ -141,6 +141,8 @@ def test_paired_item_interval_on_one_item_of_32_is_not_significant():
     assert many.low > 0 and many.p_value == pytest.approx(2 / 2**12) and many.label() == "improved"
     pooled = pooled_item_interval(["a", "b", "a", "b"], [0, 0, 0, 0], [1, 0, 1, 1])
     assert pooled.n == 2 and pooled.estimate == pytest.approx(75.0)
+    still = pooled_item_interval(["a", "b", "a", "b"], [0, 1, 0, 1], [0, 1, 0, 1])
+    assert math.isnan(still.low) and "no spread" in still.method  # never a [0, 0] interval from nothing moving
 
 
 def test_sign_flip_pvalue_is_exact_for_small_samples():
