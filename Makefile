@@ -42,7 +42,9 @@ OPENHANDS_STAMP := $(OPENHANDS)/.a2rl-installed
 OPENHANDS_VERSION := 1.16.0
 
 $(OPENHANDS_STAMP): Makefile
-	py=$$(command -v python3.12 || command -v python3.13 || ls $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[23]*/bin/python 2>/dev/null | head -1); \
+	# A pyenv shim answers `command -v python3.12` even where it cannot run, so each candidate must run.
+	py=; for c in python3.12 python3.13 $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[23]*/bin/python; do \
+	  "$$c" -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null && { py=$$c; break; }; done; \
 	  test -n "$$py" || { echo "openhands needs python3.12 or newer (apt-get install python3.12, or pyenv)"; exit 1; }; \
 	  $$py -m venv $(OPENHANDS) && $(OPENHANDS)/bin/pip install -q openhands==$(OPENHANDS_VERSION)
 	touch $@

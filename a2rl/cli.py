@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-DEFAULT_RESULTS = "results/a2rl.duckdb"
+from a2rl.run_options import DEFAULT_RESULTS
 
 
 def _quiet_defaults() -> None:
@@ -28,6 +28,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The whole command line; `argv` (when given) lets commands other than `drivers` skip importing Prefect."""
     from a2rl.cli_catalog import add_driver_parsers, agents_help
     from a2rl.records import RunConfig
+    from a2rl.run_options import add_config_options
 
     d = RunConfig()
     parser = argparse.ArgumentParser(
@@ -46,33 +47,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         "unless PREFECT_API_URL is set.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    run.add_argument("--task", default=d.task, help="benchmark task id (see `a2rl tasks`)")
-    run.add_argument("--agent", default=d.agent, help=f"agent under test: {agents_help() or 'see a2rl agents'}")
-    run.add_argument("--budget", type=float, default=d.budget_s, help="agent wall-clock budget in seconds (grading excluded)")
-    run.add_argument("--seed", type=int, default=d.seed, help="seed given to the agent")
-    run.add_argument("--results", default=DEFAULT_RESULTS, help="DuckDB results file (created if missing)")
+    add_config_options(run, help_extra={"agent": f": {agents_help()}" if agents_help() else ""})
+    run.add_argument("--results", default=str(DEFAULT_RESULTS), help="DuckDB results file (created if missing)")
     run.add_argument("--runs-dir", default=None, help="where run directories go (default: <results dir>/runs)")
-    run.add_argument("--variant", default="offline", choices=["offline", "full"],
-                     help="task data: offline (ships in pinned packages) or full (the paper's data; needs internet)")
-    run.add_argument("--base-model", default=d.base_model,
-                     help="base model: a registry key, a local HF checkpoint dir, or an HF id (needs internet)")
-    run.add_argument("--protocol", default="heldout", choices=["heldout", "paper"],
-                     help="heldout: validation feedback, one hidden-test evaluation; paper: test feedback")
-    run.add_argument("--mode", default=d.mode, choices=["free", "sft-only", "rl-only"],
-                     help="training mode, checked on the agent's code at every submission")
-    run.add_argument("--driver", default=d.driver,
-                     help="driver LLM of an LLM agent: a saved DriverConfig block, or a model id used with "
-                          "ANTHROPIC_API_KEY (and ANTHROPIC_BASE_URL for a compatible endpoint)")
-    run.add_argument("--val-limit", type=int, default=d.val_limit, help="evaluate the first N validation items (0 = all)")
-    run.add_argument("--test-limit", type=int, default=d.test_limit, help="evaluate the first N hidden-test items (0 = all)")
-    run.add_argument("--sandbox", default=d.sandbox, choices=["auto", "required", "off"],
-                     help="bubblewrap sandbox for the agent: auto falls back to a visibly weaker mode where it "
-                          "cannot run; required refuses to start without it")
-    run.add_argument("--eval-backend", default=d.eval_backend, choices=["transformers", "vllm"],
-                     help="inference backend of the grader (vllm: optional GPU extra)")
-    run.add_argument("--max-submissions", type=int, default=d.max_submissions, help="submission cap")
-    run.add_argument("--strict-mode", action="store_true",
-                     help="refuse submissions whose code breaks --mode (default: accept and flag them)")
     run.add_argument("--log-level", default="off", choices=LOG_LEVELS,
                      help="Prefect's log lines on the terminal (they always go to the run's harness/run.log)")
     run.add_argument("--debug", action="store_true", default=debug_enabled(),
@@ -83,7 +60,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     tasks.add_argument("task_id", nargs="?")
 
     results = sub.add_parser("results", help="show the latest runs in a results file")
-    results.add_argument("--results", default=DEFAULT_RESULTS)
+    results.add_argument("--results", default=str(DEFAULT_RESULTS))
     results.add_argument("--limit", type=int, default=10)
 
     analyze = sub.add_parser(
@@ -94,7 +71,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         "summary.json and report.html (self-contained) under --out.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    analyze.add_argument("--results", default=DEFAULT_RESULTS, help="DuckDB results file")
+    analyze.add_argument("--results", default=str(DEFAULT_RESULTS), help="DuckDB results file")
     analyze.add_argument("--out", default="results/analysis", help="output directory")
     analyze.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples per confidence interval")
     analyze.add_argument("--compare", nargs=2, metavar=("AGENT_A", "AGENT_B"), default=None,
@@ -112,15 +89,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Check everything that can be checked (exit 2, one line, no server started), then run the flow under a
     progress display. A failed run gives one line with its phase, report and log, and exit code 1."""
     from a2rl.preflight import PreflightError, check_run
-    from a2rl.records import RunConfig
+    from a2rl.run_options import config_from_args
 
     try:
-        config = RunConfig(
-            task=args.task, agent=args.agent, budget_s=args.budget, seed=args.seed, variant=args.variant,
-            base_model=args.base_model, protocol=args.protocol, mode=args.mode, driver=args.driver,
-            val_limit=args.val_limit or None, test_limit=args.test_limit or None, max_submissions=args.max_submissions,
-            sandbox=args.sandbox, eval_backend=args.eval_backend, strict_mode=args.strict_mode,
-        )  # fmt: skip
+        config = config_from_args(args)
     except ValueError as e:
         raise PreflightError(" ".join(str(e).split())) from e
     results, runs_dir = Path(args.results), Path(args.runs_dir) if args.runs_dir else None
@@ -145,13 +117,8 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
     start = time.perf_counter()
     try:
         with RunDisplay(announce):
-            summary = benchmark_run(
-                task=config.task, agent=config.agent, budget_s=config.budget_s, seed=config.seed, results=results,
-                runs_dir=runs_dir, variant=config.variant, base_model=config.base_model, protocol=config.protocol,
-                mode=config.mode, driver=config.driver, val_limit=config.val_limit, test_limit=config.test_limit,
-                max_submissions=config.max_submissions, sandbox=config.sandbox, eval_backend=config.eval_backend,
-                strict_mode=config.strict_mode,
-            )  # fmt: skip
+            summary = benchmark_run(**config.model_dump(), results=results.resolve(),
+                                    runs_dir=runs_dir.resolve() if runs_dir else None)
     except KeyboardInterrupt:
         # The flow has already written the run's row (status interrupted) and its ledger; no traceback.
         print(f"\na2rl: interrupted after {time.perf_counter() - start:.0f} s; the run is recorded as "
@@ -274,6 +241,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 def add_ops_parsers(sub, d) -> None:
     """`a2rl server`, `a2rl deploy`, `a2rl sweep`, `a2rl status`."""
     from a2rl import ops
+    from a2rl.run_options import add_config_options
 
     fmt = argparse.ArgumentDefaultsHelpFormatter
     server = sub.add_parser(
@@ -288,7 +256,9 @@ def add_ops_parsers(sub, d) -> None:
     server.add_argument("--port", type=int, default=ops.DEFAULT_PORT)
     server.add_argument("--pool", default=ops.DEFAULT_POOL, help="process work pool of the worker")
     server.add_argument("--no-worker", action="store_true", help="start the server only")
-    server.add_argument("--worker-limit", type=int, default=None, help="most flow runs the worker runs at once")
+    server.add_argument("--worker-limit", type=int, default=None,
+                        help="most benchmark runs at once on the pool (a limit on its `default` queue; sweeps, on "
+                             "the `sweeps` queue, are not counted, so a sweep never holds the place its runs need)")
 
     deploy = sub.add_parser(
         "deploy", help="register the deployments of prefect.yaml on the server",
@@ -306,20 +276,9 @@ def add_ops_parsers(sub, d) -> None:
         "runs of the `benchmark-run` deployment on the server's workers, GPU sessions limited by --gpu-slots.",
         formatter_class=fmt,
     )  # fmt: skip
-    sweep.add_argument("--tasks", nargs="+", default=[d.task])
-    sweep.add_argument("--agents", nargs="+", default=[d.agent])
-    sweep.add_argument("--drivers", nargs="+", default=[d.driver], help="driver LLMs (`none` for scripted agents)")
-    sweep.add_argument("--modes", nargs="+", default=[d.mode], choices=["free", "sft-only", "rl-only"])
-    sweep.add_argument("--seeds", nargs="+", type=int, default=[0])
-    sweep.add_argument("--budget", type=float, default=d.budget_s, help="agent budget per run, seconds")
-    sweep.add_argument("--results", default=DEFAULT_RESULTS)
+    add_config_options(sweep, matrix=True)
+    sweep.add_argument("--results", default=str(DEFAULT_RESULTS))
     sweep.add_argument("--runs-dir", default=None)
-    sweep.add_argument("--variant", default=d.variant, choices=["offline", "full"])
-    sweep.add_argument("--base-model", default=d.base_model)
-    sweep.add_argument("--protocol", default=d.protocol, choices=["heldout", "paper"])
-    sweep.add_argument("--val-limit", type=int, default=d.val_limit, help="0 = all")
-    sweep.add_argument("--test-limit", type=int, default=d.test_limit, help="0 = all")
-    sweep.add_argument("--max-submissions", type=int, default=d.max_submissions)
     sweep.add_argument("--force", action="store_true", help="also run configurations already completed")
     sweep.add_argument("--deployment", action="store_true",
                        help="fan out through the server (each run its own flow run, retryable in the UI)")
@@ -327,8 +286,15 @@ def add_ops_parsers(sub, d) -> None:
     sweep.add_argument("--no-wait", action="store_true", help="with --deployment: start the runs and return")
     sweep.add_argument("--dry-run", action="store_true", help="show what would run and what is skipped")
 
+    retry = sub.add_parser(
+        "retry", help="retry a crashed/failed flow run so that it takes (waits for the crash to settle, verifies)",
+        formatter_class=fmt,
+    )  # fmt: skip
+    retry.add_argument("flow_run_id", help="the flow run's id (UI, or `a2rl status`)")
+    retry.add_argument("--settle", type=float, default=10.0, help="seconds the crashed state must be unchanged")
+
     status = sub.add_parser("status", help="server, recent flow runs and the latest runs in the results store")
-    status.add_argument("--results", default=DEFAULT_RESULTS)
+    status.add_argument("--results", default=str(DEFAULT_RESULTS))
     status.add_argument("--limit", type=int, default=8)
 
 
@@ -345,8 +311,12 @@ def cmd_server(args: argparse.Namespace) -> int:
     print(f"starting a Prefect server on {args.host}:{args.port} (PREFECT_HOME={ops.prefect_home()}) ...", flush=True)
     server = ops.start_server(args.host, args.port)
     print(f"server up: {server.url} (pid {server.pid}, log {server.log})")
+    from a2rl import gpu_slots
+
+    if freed := gpu_slots.reconcile(server.url, ops.prefect_home()):
+        print(f"freed {freed} GPU slot(s) that no live lease held (left by a server stopped during a run)")
     if not args.no_worker:
-        worker = ops.start_worker(server.url, pool=args.pool, limit=args.worker_limit)
+        worker = ops.start_worker(server.url, pool=args.pool, run_limit=args.worker_limit)
         print(f"worker polling pool {args.pool!r} (pid {worker.pid}, log {worker.log})")
     print(f"UI: {server.url.removesuffix('/api')}\nin other shells: export PREFECT_API_URL={server.url}")
     return 0
@@ -369,17 +339,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from a2rl import ops
 
     url = _require_api_url() if args.deployment else ops.resolve_api_url()
+    if args.deployment and not ops.deployment_exists(url, ops.RUN_DEPLOYMENT):
+        print(f"a2rl: deploy first: a2rl deploy (no deployment {ops.RUN_DEPLOYMENT!r} on {url})", file=sys.stderr)
+        return 2
     if url:
         os.environ["PREFECT_API_URL"] = url
+    from a2rl.run_options import GRACE_S, common_from_args
     from flows.sweep import completed_hashes, expand_matrix, plan_sweep, sweep
 
-    common = dict(budget_s=args.budget, variant=args.variant, base_model=args.base_model, protocol=args.protocol,
-                  val_limit=args.val_limit or None, test_limit=args.test_limit or None,
-                  max_submissions=args.max_submissions)  # fmt: skip
+    common = common_from_args(args)
+    matrix = dict(tasks=args.task, agents=args.agent, drivers=args.driver, modes=args.mode, seeds=args.seed)
     if args.dry_run:
-        configs = expand_matrix(args.tasks, args.agents, args.drivers, args.modes, args.seeds, **common)
+        configs = expand_matrix(*matrix.values(), **common)
         items = plan_sweep(configs, completed_hashes(Path(args.results)), args.force, args.results, args.runs_dir,
-                           30.0)  # fmt: skip
+                           GRACE_S)  # fmt: skip
         for item in items:
             print(f"{'skip' if item.status == 'skipped' else 'run ':4}  {item.config.config_hash()}  {item.label}")
         n_skipped = sum(i.status == "skipped" for i in items)
@@ -388,7 +361,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     where = f"through {url}" if args.deployment else f"here, one run after another ({url or 'ephemeral Prefect'})"
     print(f"sweep {where}; progress below (one line per run and state change)", flush=True)
     state = sweep(
-        tasks=args.tasks, agents=args.agents, drivers=args.drivers, modes=args.modes, seeds=args.seeds,
+        **matrix,
         # Absolute paths: with --deployment the runs start in the deployment's directory, not this one.
         results=Path(args.results).resolve(), runs_dir=Path(args.runs_dir).resolve() if args.runs_dir else None,
         local=not args.deployment, force=args.force, gpu_slots=args.gpu_slots, wait=not args.no_wait,
@@ -402,39 +375,56 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """Server and worker, top-level flow runs (flow / name, true state, elapsed), GPU slots and their holders,
+    the next scheduled runs, and the latest store rows with the state their flow run is really in."""
     rc = _print_server_status()
+    from a2rl import gpu_slots, ops, status
+
+    flow_runs: dict[str, status.FlowRunRow] = {}
+    results = Path(args.results)
+    rows = status.store_rows(results, args.limit) if results.exists() else []
+    if (url := ops.resolve_api_url()) and rc == 0:
+        try:
+            runs = status.top_level_flow_runs(url, args.limit)
+            upcoming = status.scheduled_flow_runs(url, 3)
+            slots = gpu_slots.describe(url, ops.prefect_home(), status.flow_run_label(url))
+            flow_runs = status.flow_runs_by_suffix(url, [status.run_id_suffix(r["run_id"]) for r in rows])
+        except httpx_errors() as e:  # the server may be starting or going; the store below is still worth showing
+            print(f"cannot list flow runs: {type(e).__name__}: {_one_line(e)}")
+        else:
+            _print_table(f"flow runs on {url} (newest first; subflows not listed)",
+                         ["flow / flow run", "state", "start (UTC)", "elapsed", "id"], [r.cells() for r in runs])
+            print("\n".join(slots))
+            for r in upcoming:
+                print(f"scheduled: {r.flow} / {r.name} at {r.start} UTC ({r.state})")
+    if not results.exists():
+        print(f"no results store at {results.resolve()}")
+        return rc
+    from a2rl.progress import running_label
+
+    for row in rows:  # `running`: still on it, waiting for a slot, crashed, or died without a trace?
+        fr = flow_runs.get(status.run_id_suffix(row["run_id"]))
+        row["status"] = status.true_status(row["status"], fr, running_label(row.pop("harness_dir")))
+    columns = list(rows[0]) if rows else ["run_id", "status"]
+    _print_table(f"latest runs in {results.resolve()}", columns,
+                 [["-" if v is None or v != v else str(v) for v in row.values()] for row in rows])
+    return rc
+
+
+def httpx_errors() -> tuple[type[Exception], ...]:
+    import httpx
+
+    return (httpx.HTTPError, ValueError, KeyError)
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
     from a2rl import ops
 
-    if url := ops.resolve_api_url():
-        try:
-            runs, upcoming = ops.recent_flow_runs(url, args.limit), ops.recent_flow_runs(url, 3, scheduled=True)
-        except Exception as e:  # the server may be starting or gone; the store below is still worth showing
-            print(f"cannot list flow runs: {e}")
-        else:
-            _print_table(f"recent flow runs on {url}", ["flow run", "state", "start (UTC)", "run time", "id"],
-                         [[r["name"], r["state_name"] or "-", (r["start_time"] or r["expected_start_time"] or "")[:19],
-                           f"{r['total_run_time']:.0f} s", r["id"]] for r in runs])  # fmt: skip
-            for r in upcoming:
-                print(f"scheduled: {r['name']} at {r['expected_start_time'][:19]} UTC")
-    if Path(args.results).exists():
-        from a2rl.store import ResultsStore
-
-        df = ResultsStore(Path(args.results)).query(
-            "SELECT run_id, status, task, agent, mode, (SELECT count(*) FROM mode_violations v "
-            "WHERE v.run_id = runs.run_id) AS mode_breaches, seed, round(delta_test, 2) AS delta_test, "
-            "strftime(started_at, '%Y-%m-%d %H:%M') AS started, harness_dir FROM runs ORDER BY started_at DESC LIMIT ?",
-            [args.limit],
-        )
-        from a2rl.progress import running_label
-
-        # `running`: still on it, or died without a trace (the row could not be finished)?
-        df["status"] = [running_label(h) if s == "running" else s for s, h in zip(df["status"], df["harness_dir"])]
-        df = df.drop(columns=["harness_dir"])
-        _print_table(f"latest runs in {args.results}", list(df.columns),
-                     [["-" if v is None or v != v else str(v) for v in row] for row in df.itertuples(index=False)])
-    else:
-        print(f"no results store at {args.results}")
-    return rc
+    url = _require_api_url()
+    print(f"retrying flow run {args.flow_run_id} once its crash has settled ({args.settle:.0f} s) ...", flush=True)
+    state = ops.retry_flow_run(url, args.flow_run_id, settle_s=args.settle)
+    print(f"flow run {args.flow_run_id}: {state}; a worker on its pool picks it up (`a2rl status`)")
+    return 0
 
 
 def _print_server_status() -> int:
@@ -462,12 +452,13 @@ def _print_table(title: str, columns: list[str], rows: list[list]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left")
+    print(title)  # not a table title: rich would pad it to the console's width
+    table = Table()
     for c in columns:
         table.add_column(c)
     for row in rows:
         table.add_row(*[str(v) for v in row])
-    Console(width=None if sys.stdout.isatty() else 200).print(table)  # a log file gets whole lines
+    Console(width=None if sys.stdout.isatty() else 1000).print(table)  # a log file gets whole lines, unwrapped
 
 
 def _require_api_url() -> str:
@@ -481,7 +472,8 @@ def _require_api_url() -> str:
     return url
 
 
-OPS_HANDLERS = {"server": cmd_server, "deploy": cmd_deploy, "sweep": cmd_sweep, "status": cmd_status}
+OPS_HANDLERS = {"server": cmd_server, "deploy": cmd_deploy, "sweep": cmd_sweep, "status": cmd_status,
+                "retry": cmd_retry}
 
 
 LOG_LEVELS = ["off", "error", "warning", "info", "debug"]
@@ -495,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     """Every mistake a user can make answers with one line on stderr: exit 2 for a setting that cannot work,
     1 for a failure; the traceback only with --debug or A2RL_DEBUG=1."""
     from a2rl.cli_catalog import cmd_agents, cmd_drivers
+    from a2rl.ops import OpsError
     from a2rl.preflight import PreflightError
 
     _quiet_defaults()
@@ -509,6 +502,10 @@ def main(argv: list[str] | None = None) -> int:
         _traceback_if(debug)
         print(f"a2rl: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
+    except OpsError as e:  # server, worker, deployment or retry: the message says what to do
+        _traceback_if(debug)
+        print(f"a2rl: {_one_line(e)}", file=sys.stderr)
+        return 1
     except Exception as e:
         _traceback_if(debug)
         hint = "" if debug else " (A2RL_DEBUG=1 shows the traceback)"

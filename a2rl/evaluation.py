@@ -1,8 +1,8 @@
 """Evaluate one checkpoint on one split of a task: prompts → batched generation → per-item scores.
 
 `evaluate_in_subprocess` runs the evaluation in its own process so that a crash or an
-out-of-memory kill costs that evaluation only; results are cached by content hash of the weights,
-the evaluator id and the split selection.
+out-of-memory kill costs that evaluation only (its stderr goes to the harness log, never to the agent);
+results are cached by content hash of the weights, the evaluator id and the split selection.
 """
 
 from __future__ import annotations
@@ -45,11 +45,20 @@ class EvalSpec:
 
 
 class EvaluationFailed(RuntimeError):
-    """The evaluation process crashed, timed out or produced no result; never counted as a score."""
+    """The evaluation process crashed, timed out or produced no result; never counted as a score.
+
+    The message is the full text (stderr tail) for the harness log; `kind` is an
+    `a2rl.grading.errors.FailureKind` value, the only part the agent sees."""
+
+    def __init__(self, message: str, kind: str = "crash"):
+        super().__init__(message)
+        self.kind = kind
 
 
 def evaluate(model_dir: Path, spec: EvalSpec) -> EvalResult:
-    """Run the evaluation in this process."""
+    """Run the evaluation in this process. Prompts are rendered with the tokenizer and chat template in
+    `model_dir`: for a submission that is the grader's snapshot, whose tokenizer files are the base model's
+    (a2rl.grading.checkpoint.write_snapshot), never the agent's."""
     from a2rl.generation import generate
     from benchmarks import get_task
 
@@ -155,13 +164,17 @@ def evaluate_in_subprocess(
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # it shares the CPU with the agent's training
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
+    from a2rl.grading.errors import FailureKind, classify_failure
+
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired as e:
-        raise EvaluationFailed(f"evaluation timed out after {timeout_s:.0f} s") from e
+        raise EvaluationFailed(f"evaluation timed out after {timeout_s:.0f} s", FailureKind.TIMEOUT) from e
     if proc.returncode != 0 or not out_file.exists():
-        tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-8:]
-        raise EvaluationFailed(f"evaluation process exited with {proc.returncode}: " + "\n".join(tail))
+        text = (proc.stderr or proc.stdout or "").strip()
+        tail = text.splitlines()[-40:]
+        raise EvaluationFailed(f"evaluation process exited with {proc.returncode}: " + "\n".join(tail),
+                               classify_failure(text, proc.returncode))
     try:
         return EvalResult.model_validate_json(out_file.read_text())
     finally:

@@ -3,10 +3,16 @@
 Prompts are rendered with the checkpoint's chat template, sorted by length (less padding), left-padded
 (decoder-only models continue from the right end) and generated in batches; the original order is restored.
 `batch_size=1` runs the very same code one prompt at a time and is the baseline batching is measured against.
+
+Greedy batches go through `a2rl.decode_engine` where it pays: on CUDA always (static cache + CUDA graph), on
+CPU when the prompts share a long token prefix (few-shot exemplars), which is then prefilled once per call.
+Its outputs are cut exactly like `generate`'s; any engine failure falls back to `generate` with a warning.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,7 +24,16 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+log = logging.getLogger(__name__)
+
 Conversation = list[dict[str, str]]
+
+ENGINES = ("auto", "generate", "static", "graph")
+"""`auto`: the engine on CUDA, or on CPU when prompts share a prefix; `generate`: plain transformers;
+`static`: the engine without CUDA graphs; `graph`: the engine with them (CUDA only, else as `static`)."""
+
+MIN_SHARED_PREFIX = 32
+"""Shortest common token prefix worth prefilling once (shorter ones are re-read with each prompt)."""
 
 
 class GenerationOutput(BaseModel):
@@ -68,9 +83,16 @@ def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenize
     return tokenizer
 
 
+def render_prompt(tokenizer: PreTrainedTokenizerBase, conversation: Conversation | str) -> str:
+    """The checkpoint's chat template applied to a conversation, with the assistant turn opened."""
+    if isinstance(conversation, str):
+        return conversation
+    return tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+
+
 def generate(
     model_dir: str | Path | LoadedModel | tuple[PreTrainedModel, PreTrainedTokenizerBase],
-    conversations: Sequence[Conversation],
+    conversations: Sequence[Conversation | str],
     *,
     max_new_tokens: int,
     temperature: float = 0.0,
@@ -80,12 +102,14 @@ def generate(
     device: str | torch.device | None = None,
     seed: int | None = None,
     num_threads: int | None = None,
+    engine: str | None = None,
 ) -> GenerationOutput:
     """Generate one assistant reply per conversation; greedy when `temperature == 0`.
 
     Args:
         model_dir: A checkpoint directory, or an already loaded `(model, tokenizer)`.
-        conversations: Chat messages (`{"role", "content"}`) per prompt; a generation prompt is appended.
+        conversations: Chat messages (`{"role", "content"}`) per prompt; a generation prompt is appended. A
+            `str` is a prompt already rendered with the chat template (what a remote worker receives).
         max_new_tokens: Upper bound on generated tokens per completion.
         temperature: 0 for greedy decoding, otherwise plain temperature sampling (with `top_p`).
         stop: Completions are cut before the first of these strings; a batch ends early once every row
@@ -98,6 +122,8 @@ def generate(
             op: 1 thread, or OMP_WAIT_POLICY=PASSIVE set before torch starts, can be several times faster
             than the default 2 (tiny model: 0.06 s vs 0.4-4 s per call; SmolLM2 batch 16 on the loaded
             2-core machine: 54 tok/s with 1 thread, 28 with 2 + PASSIVE, 8 with 2).
+        engine: One of `ENGINES`; None reads A2RL_DECODE_ENGINE (default `auto`). Sampling always uses
+            `generate`.
     """
     import torch
 
@@ -106,6 +132,9 @@ def generate(
     stop = tuple(stop)
     if "" in stop:
         raise ValueError("an empty stop string would cut every completion to nothing")
+    engine = engine or os.environ.get("A2RL_DECODE_ENGINE") or "auto"
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES} (got {engine!r})")
     if not conversations:
         return GenerationOutput(completions=[], completion_tokens=[], generated_tokens=0, seconds=0.0)
     model, tokenizer = model_dir if isinstance(model_dir, tuple) else load_model(model_dir, device)
@@ -116,7 +145,9 @@ def generate(
     if num_threads:
         torch.set_num_threads(num_threads)
     try:
-        return _generate_all(model, tokenizer, conversations, max_new_tokens, temperature, top_p, stop, batch_size)
+        return _generate_all(
+            model, tokenizer, conversations, max_new_tokens, temperature, top_p, stop, batch_size, engine
+        )
     finally:
         torch.set_num_threads(threads_before)
 
@@ -124,25 +155,33 @@ def generate(
 def _generate_all(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    conversations: Sequence[Conversation],
+    conversations: Sequence[Conversation | str],
     max_new_tokens: int,
     temperature: float,
     top_p: float,
     stop: tuple[str, ...],
     batch_size: int,
+    engine: str = "auto",
 ) -> GenerationOutput:
     started = time.perf_counter()
-    prompts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
-    lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+    prompts = [render_prompt(tokenizer, c) for c in conversations]
+    token_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    lengths = [len(ids) for ids in token_ids]
     # Longest first: similar lengths share a batch (less padding), and a too-long batch fails at once.
     order = sorted(range(len(prompts)), key=lambda i: -lengths[i])
     completions: list[str] = [""] * len(prompts)
     counts: list[int] = [0] * len(prompts)
     options = _decoding_options(tokenizer, max_new_tokens, temperature, top_p, stop)
     eos_ids = _eos_ids(model, tokenizer)
+    fast = _EngineRun.plan(model, engine, temperature, token_ids) if temperature == 0 else None
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
-        texts, tokens = _generate_batch(model, tokenizer, [prompts[i] for i in rows], options, stop, eos_ids)
+        new_tokens = None
+        if fast is not None:
+            new_tokens = fast.try_batch([token_ids[i] for i in rows], max_new_tokens, tokenizer, stop, eos_ids)
+        if new_tokens is None:
+            new_tokens = _generate_batch(model, tokenizer, [prompts[i] for i in rows], options)
+        texts, tokens = _finish_rows(new_tokens, tokenizer, stop, eos_ids)
         for row, text, count in zip(rows, texts, tokens):
             completions[row], counts[row] = text, count
     return GenerationOutput(
@@ -172,15 +211,20 @@ def _generate_batch(
     tokenizer: PreTrainedTokenizerBase,
     prompts: list[str],
     options: dict,
-    stop: tuple[str, ...],
-    eos_ids: set[int],
-) -> tuple[list[str], list[int]]:
+) -> list[list[int]]:
+    """New tokens per prompt from `model.generate` (rows that ended early are padded)."""
     import torch
 
     batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
     with torch.inference_mode():
         output = model.generate(**batch, **options)
-    new_tokens = output[:, batch["input_ids"].shape[1] :].tolist()
+    return output[:, batch["input_ids"].shape[1] :].tolist()
+
+
+def _finish_rows(
+    new_tokens: list[list[int]], tokenizer: PreTrainedTokenizerBase, stop: tuple[str, ...], eos_ids: set[int]
+) -> tuple[list[str], list[int]]:
+    """Each row cut at its first EOS or stop string: the completion text and its real token count."""
     texts, counts = [], []
     for ids in new_tokens:
         ids = ids[: _real_length(ids, tokenizer, stop, eos_ids)]
@@ -224,3 +268,78 @@ def _has_stop(text: str, stop: tuple[str, ...]) -> bool:
 def _cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
     cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))
     return text[:cut]
+
+
+def _shared_prefix(token_ids: Sequence[Sequence[int]]) -> list[int]:
+    """The longest token prefix of every prompt, leaving each prompt at least one token of its own."""
+    if len(token_ids) < 2:
+        return []
+    first, n = token_ids[0], min(len(ids) for ids in token_ids) - 1
+    length = 0
+    while length < n and all(ids[length] == first[length] for ids in token_ids):
+        length += 1
+    return list(first[:length])
+
+
+class _EngineRun:
+    """The decode engine for one `generate` call: which decoder, which shared prefix, fallback on failure."""
+
+    def __init__(self, decoder, prefix_ids: list[int]):
+        self.decoder = decoder
+        self.prefix_ids = prefix_ids
+        self.prefix = None
+
+    @classmethod
+    def plan(cls, model: PreTrainedModel, engine: str, temperature: float, token_ids) -> _EngineRun | None:
+        if engine == "generate" or temperature > 0:
+            return None
+        prefix = _shared_prefix(token_ids)
+        if len(prefix) < MIN_SHARED_PREFIX:
+            prefix = []
+        on_cuda = model.device.type == "cuda"
+        if engine == "auto" and not on_cuda and not prefix:
+            return None  # on CPU without a shared prefix the engine saves nothing over `generate`
+        use_graph = on_cuda and engine in ("auto", "graph")
+        decoder = _decoder_for(model, use_graph)
+        return cls(decoder, prefix) if decoder is not None else None
+
+    def try_batch(self, rows, max_new_tokens, tokenizer, stop, eos_ids) -> list[list[int]] | None:
+        """New tokens per row from the engine, or None (after one warning) to use `generate` instead."""
+        if self.decoder is None:
+            return None
+        p = len(self.prefix_ids)
+
+        def finished(tokens: list[int]) -> bool:
+            if any(t in eos_ids for t in tokens):
+                return True
+            return bool(stop) and _has_stop(tokenizer.decode(tokens, skip_special_tokens=True), stop)
+
+        try:
+            if p and self.prefix is None:
+                self.prefix = self.decoder.cached_prefix(self.prefix_ids)
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+            return self.decoder.decode([r[p:] for r in rows], max_new_tokens, finished, pad, self.prefix)
+        except Exception as e:  # noqa: BLE001 - any engine failure: same outputs from `generate`
+            log.warning("decode engine failed (%s: %s); falling back to transformers generate", type(e).__name__, e)
+            _disable_decoder(self.decoder.model)
+            self.decoder = None
+            return None
+
+
+def _decoder_for(model: PreTrainedModel, use_graph: bool):
+    """The model's decoder (kept on the model: its caches and graphs serve later calls), or None."""
+    from a2rl.decode_engine import EngineUnsupported, GreedyDecoder
+
+    decoders = model.__dict__.setdefault("_a2rl_decoders", {})
+    if use_graph not in decoders:
+        try:
+            chunk = 32 if model.device.type == "cuda" else 4  # host checks: cheap on CPU, a sync on CUDA
+            decoders[use_graph] = GreedyDecoder(model, use_graph=use_graph, chunk=chunk)
+        except EngineUnsupported as e:
+            log.info("decode engine not used: %s", e)
+            decoders[use_graph] = None
+    return decoders[use_graph]
+
+
+def _disable_decoder(model: PreTrainedModel) -> None:
+    model.__dict__["_a2rl_decoders"] = {True: None, False: None}

@@ -37,15 +37,18 @@ def ingest_run_dir(store: Any, run_dir: Path | str) -> ProcessReport:
     """
     import pandas as pd
 
-    from a2rl.grading.ledger import read_ledger
+    from a2rl.grading.ledger import LedgerHead, read_ledger
     from a2rl.recording import CodeSnapshots, read_llm_calls, read_resources, read_tool_calls, resource_rows
 
     run_dir = Path(run_dir)
     harness = run_dir / "harness" if (run_dir / "harness").is_dir() else run_dir
     manifest = json.loads((harness / "manifest.json").read_text())
     run_id, config = manifest["run_id"], RunConfig.model_validate(manifest["config"])
-    entries = read_ledger(harness / "ledger.jsonl")
     report_path = harness / "report.json"
+    # The ledger must end where the results store anchored it and continue the head the report was built on.
+    recorded = json.loads(report_path.read_text()).get("ledger") if report_path.exists() else None
+    entries = read_ledger(harness / "ledger.jsonl", {"the results store": store.ledger_head(run_id)},
+                          LedgerHead(recorded["entries"], recorded["head_hash"]) if recorded else None)  # fmt: skip
     summary = None
     if report_path.exists():
         summary = RunSummary.model_validate(json.loads(report_path.read_text())["summary"])

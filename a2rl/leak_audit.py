@@ -13,14 +13,14 @@ Time is bounded on large workspaces: binary files (a NUL byte near the start, or
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from a2rl import safefs
 from benchmarks.contamination import DEFAULT_NGRAM, tokens
 
 BINARY_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".npy", ".npz", ".pyc", ".so",
@@ -121,9 +121,9 @@ def audit_leaks(
     found: set[int] = set()
     seen_content: set[str] = set()
     sources = [(Path(t), _read_chunks(Path(t), max_file_bytes)) for t in transcripts]
-    skip = [Path(workspace) / e for e in exclude]
-    sources += [(p, _read_whole(p, max_file_bytes)) for p in _files(Path(workspace))
-                if not any(p == d or d in p.parents for d in skip)]
+    skip = {str(PurePosixPath(e)) for e in exclude}
+    sources += [(Path(workspace, entry.rel), _read_whole(entry, max_file_bytes))
+                for entry in _files(Path(workspace), skip)]
     for path, chunks in sources:
         if report.bytes_scanned > max_total_bytes or time.monotonic() - start > max_seconds:
             report.truncated = True
@@ -167,24 +167,21 @@ def hidden_texts(items: Iterable[dict], fields: tuple[str, ...] = ("question",))
 _UNREADABLE: list[str] = []
 
 
-def _files(root: Path) -> Iterator[Path]:
-    for dirpath, dirnames, filenames in os.walk(root):  # symlinks are not followed
-        dirnames.sort()
-        for name in sorted(filenames):
-            path = Path(dirpath) / name
-            if not path.is_symlink():
-                yield path
+def _files(root: Path, skip: set[str]) -> Iterator[safefs.Entry]:
+    """Regular files under `root` but not under `skip`, walked without following links (even swapped-in ones)."""
+    if not root.is_dir() or root.is_symlink():
+        return
+    for entry in safefs.walk(root, prune=lambda e: e.rel in skip):
+        if entry.is_file and entry.rel not in skip:
+            yield entry
 
 
-def _read_whole(path: Path, max_bytes: int) -> list[str]:
-    """The file's text as one chunk; _UNREADABLE for binary, oversized or unreadable files."""
-    if path.suffix.lower() in BINARY_SUFFIXES:
+def _read_whole(entry: safefs.Entry, max_bytes: int) -> list[str]:
+    """The file's text as one chunk; _UNREADABLE for binary, oversized, unreadable or non-regular files."""
+    if PurePosixPath(entry.name).suffix.lower() in BINARY_SUFFIXES:
         return _UNREADABLE
-    try:
-        if path.stat().st_size > max_bytes:
-            return _UNREADABLE
-        data = path.read_bytes()
-    except OSError:
+    data = safefs.read_file(entry, max_bytes)
+    if data is None:
         return _UNREADABLE
     return _UNREADABLE if b"\x00" in data[:8192] else [data.decode("utf-8", errors="replace")]
 

@@ -9,6 +9,7 @@ their own modules: route labels (`a2rl.route_labels`), failure classes (`a2rl.ve
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,6 +23,8 @@ from a2rl.records import LedgerEntry, RunConfig, RunSummary
 from a2rl.report import latest_submissions
 from a2rl.route_labels import label_routes
 from a2rl.verdicts import FailureClass, explain_failure
+
+log = logging.getLogger(__name__)
 
 
 class ProcessReport(BaseModel):
@@ -201,9 +204,12 @@ def summarize_process(
     if write_files:
         harness_dir.mkdir(parents=True, exist_ok=True)
         (harness_dir / "process.json").write_text(report.model_dump_json(indent=2))
-        from analysis.run_figure import score_trajectory_png  # matplotlib only where a figure is drawn
+        try:
+            from analysis.run_figure import score_trajectory_png  # matplotlib only where a figure is drawn
 
-        score_trajectory_png(entries, harness_dir / "score_trajectory.png")
+            score_trajectory_png(entries, harness_dir / "score_trajectory.png")
+        except ImportError as error:  # matplotlib is optional (e.g. a GPU image without it): only the figure is lost
+            log.warning("score trajectory figure skipped: %s", error)
         if report.narrative:
             (harness_dir / "narrative.md").write_text(_narrative_md(report))
     return report

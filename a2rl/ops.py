@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -20,9 +19,15 @@ from typing import Any
 import httpx
 import psutil
 
+from a2rl import procs
+from a2rl.gpu_slots import LEASE_STORAGE, LEASE_STORAGE_ENV
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4200
 DEFAULT_POOL = "a2rl-local"
+RUN_DEPLOYMENT = "benchmark-run/benchmark-run"
+RUNS_QUEUE = "default"
+"""The work queue of benchmark runs (prefect.yaml); sweeps go to `sweeps`, so a runs-only limit never blocks them."""
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SERVER_STATE = "a2rl-server.json"
 WORKER_STATE = "a2rl-worker.json"
@@ -118,15 +123,24 @@ def start_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, home: Path 
     """
     home = home or prefect_home()
     home.mkdir(parents=True, exist_ok=True)
-    if (running := read_state(SERVER_STATE, home)) and running.alive():
-        return running
     url = api_url_of(host, port)
+    if (running := read_state(SERVER_STATE, home)) and running.alive():
+        if running.url != url:
+            raise OpsError(f"a server started by a2rl already runs on {running.url} with PREFECT_HOME={home}; "
+                           f"use it, or stop it first (`a2rl server stop`) to start one on {url}")
+        return running
     if server_healthy(url):
         raise OpsError(f"another Prefect server already answers on {url}; stop it or pick another --port")
+    if reason := _port_taken(host, port):
+        raise OpsError(f"port {port} on {host} is in use by another program ({reason}); pick another --port")
+    if (other := _background_server_pid(home)) is not None:
+        raise OpsError(f"a Prefect server started with `prefect server start --background` (pid {other}) uses "
+                       f"PREFECT_HOME={home}; stop it (`prefect server stop`) or set another PREFECT_HOME")
     log = home / "a2rl-server.log"
     cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port),
            "--analytics-off"]  # fmt: skip
-    server_env = prefect_env(None, {"PREFECT_HOME": str(home), **(env or {})})
+    # Leases of the GPU slots on disk, so a restarted server still knows (and can expire) them.
+    server_env = prefect_env(None, {"PREFECT_HOME": str(home), LEASE_STORAGE_ENV: LEASE_STORAGE, **(env or {})})
     server_env.pop("PREFECT_API_URL", None)  # the server must not try to talk to another API
     proc = _spawn(cmd, server_env, log)
     server = ManagedProcess("server", proc.pid, psutil.Process(proc.pid).create_time(), str(log), url=url)
@@ -135,12 +149,43 @@ def start_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, home: Path 
     while not server_healthy(url):
         if proc.poll() is not None:
             (home / SERVER_STATE).unlink(missing_ok=True)
-            raise OpsError(f"the Prefect server exited with code {proc.returncode}; see {log}:\n{_tail(log)}")
+            raise OpsError(f"the Prefect server exited with code {proc.returncode} ({_last_error(log)}); see {log}")
         if time.monotonic() > deadline:
             stop_server(home)
             raise OpsError(f"the Prefect server did not answer on {url} within {timeout_s:.0f} s; see {log}")
         time.sleep(0.5)
     return server
+
+
+def _port_taken(host: str, port: int) -> str | None:
+    """Why `port` cannot be listened on (None when it can)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
+
+
+def _background_server_pid(home: Path) -> int | None:
+    """The pid of a live `prefect server start --background` server of this PREFECT_HOME, if any."""
+    try:
+        pid = int((home / "server.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        return pid if "server" in " ".join(psutil.Process(pid).cmdline()) else None  # not a reused pid
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def _last_error(log: Path) -> str:
+    """The line of a log that says what went wrong (its last error line), for a one-line message."""
+    lines = [line.strip() for line in _tail(log, 200).splitlines() if line.strip()]
+    errors = [line for line in lines if "Error" in line or "error" in line]
+    return (errors or lines or ["no output"])[-1][:300]
 
 
 def stop_server(home: Path | None = None, timeout_s: float = 30) -> bool:
@@ -172,11 +217,13 @@ def ensure_work_pool(api_url: str, pool: str = DEFAULT_POOL, pool_type: str = "p
 
 def start_worker(api_url: str, pool: str = DEFAULT_POOL, home: Path | None = None, queues: tuple[str, ...] = (),
                  limit: int | None = None, env: dict[str, str] | None = None,
-                 timeout_s: float = 60) -> ManagedProcess:
+                 timeout_s: float = 60, run_limit: int | None = None) -> ManagedProcess:
     """Start a process worker on `pool` (created if missing) in its own session; wait until it polls.
 
     `queues` restricts it to some work queues (default: all of the pool's); `limit` caps concurrent flow
-    runs; `env` is added to the worker's environment, which its flow runs inherit.
+    runs of this worker, sweeps included (a sweep waiting for its runs then holds a place they need: prefer
+    `run_limit`, which caps the pool's `default` queue, where benchmark runs go); `env` is added to the
+    worker's environment, which its flow runs inherit.
     """
     home = home or prefect_home()
     if (running := read_state(WORKER_STATE, home)) and running.alive():
@@ -189,6 +236,8 @@ def start_worker(api_url: str, pool: str = DEFAULT_POOL, home: Path | None = Non
         cmd += ["--work-queue", q]
     if limit:
         cmd += ["--limit", str(limit)]
+    if run_limit:  # on the runs' queue only: a sweep (queue `sweeps`) never takes a place its runs need
+        set_queue_limit(api_url, pool, RUNS_QUEUE, run_limit)
     proc = _spawn(cmd, prefect_env(api_url, {"PREFECT_HOME": str(home), **(env or {})}), log)
     worker = ManagedProcess("worker", proc.pid, psutil.Process(proc.pid).create_time(), str(log), url=api_url,
                             pool=pool)  # fmt: skip
@@ -202,6 +251,16 @@ def start_worker(api_url: str, pool: str = DEFAULT_POOL, home: Path | None = Non
             raise OpsError(f"the worker did not poll pool {pool!r} within {timeout_s:.0f} s; see {log}")
         time.sleep(0.5)
     return worker
+
+
+def set_queue_limit(api_url: str, pool: str, queue: str, limit: int | None) -> None:
+    """Most flow runs of `queue` in `pool` running at once, across all workers (None: no limit)."""
+    r = httpx.patch(f"{api_url}/work_pools/{pool}/queues/{queue}", json={"concurrency_limit": limit}, timeout=10)
+    if r.status_code == 404:
+        httpx.post(f"{api_url}/work_pools/{pool}/queues/", json={"name": queue, "concurrency_limit": limit},
+                   timeout=10).raise_for_status()  # fmt: skip
+        return
+    r.raise_for_status()
 
 
 def stop_worker(home: Path | None = None, timeout_s: float = 30) -> bool:
@@ -244,6 +303,15 @@ def deploy(api_url: str, names: list[str] | None = None, root: Path = REPO_ROOT,
     return out.stdout
 
 
+def deployment_exists(api_url: str, name: str) -> bool:
+    """Whether `flow/deployment` is registered on the server."""
+    r = httpx.get(f"{api_url}/deployments/name/{name}", timeout=10)
+    if r.status_code == 404:
+        return False
+    r.raise_for_status()
+    return True
+
+
 def recent_flow_runs(api_url: str, limit: int = 10, scheduled: bool = False) -> list[dict[str, Any]]:
     """The latest flow runs that are not waiting for their time (newest first); with `scheduled`, the next
     scheduled ones instead (soonest first)."""
@@ -255,80 +323,94 @@ def recent_flow_runs(api_url: str, limit: int = 10, scheduled: bool = False) -> 
     return r.json()
 
 
-def retry_flow_run(api_url: str, flow_run_id: str) -> None:
-    """What the UI's Retry button does: force the run back to Scheduled/AwaitingRetry; a worker re-runs it
-    with the same id and parameters."""
-    state = {"type": "SCHEDULED", "name": "AwaitingRetry", "message": "Retry from the UI"}
+RETRYABLE = {"CRASHED", "FAILED", "CANCELLED"}
+
+
+def retry_flow_run(api_url: str, flow_run_id: str, settle_s: float = 10.0, verify_s: float = 10.0,
+                   timeout_s: float = 120.0, poll_s: float = 1.0) -> str:
+    """What the UI's Retry button does (force the run to Scheduled/AwaitingRetry; a worker re-runs it with the
+    same id and parameters), made to take:
+
+    * a completed run is refused (its results stand; a retry could only rewrite its timings);
+    * it waits until the run's state has not changed for `settle_s`: a process worker reports a crash twice,
+      and a Retry that lands between the two reports is overwritten by the second;
+    * it then checks for `verify_s` that the run stays Scheduled/Pending/Running (or ends), and presses again
+      if a late crash report undid it. Returns the state name the run was left in."""
+    deadline = time.monotonic() + timeout_s
+    run = _read_flow_run(api_url, flow_run_id)
+    state = (run.get("state") or {}).get("type")
+    if state == "COMPLETED":
+        raise OpsError(f"flow run {run['name']} completed: a retry is refused (its results and timings stand); "
+                       "start a new run of the deployment to repeat it")  # fmt: skip
+    if state not in RETRYABLE:
+        raise OpsError(f"flow run {run['name']} is {run.get('state_name')}: only a crashed, failed or cancelled run "
+                       "can be retried (a run whose process is gone but still reads Running: mark it crashed first)")
+    while True:
+        run = _settled(api_url, flow_run_id, settle_s, deadline, poll_s)
+        if (run.get("state") or {}).get("type") not in RETRYABLE:  # someone else retried it meanwhile
+            return run.get("state_name") or "?"
+        _set_state(api_url, flow_run_id, {"type": "SCHEDULED", "name": "AwaitingRetry", "message": "Retry (a2rl)"})
+        if (after := _holds(api_url, flow_run_id, verify_s, poll_s, run.get("run_count", 0))) is not None:
+            return after
+        if time.monotonic() > deadline:
+            raise OpsError(f"flow run {flow_run_id}: the retry was overwritten by crash reports for {timeout_s:.0f} s; "
+                           "is its worker still reporting on it? (`a2rl status`)")  # fmt: skip
+
+
+def _read_flow_run(api_url: str, flow_run_id: str) -> dict[str, Any]:
+    r = httpx.get(f"{api_url}/flow_runs/{flow_run_id}", timeout=10)
+    if r.status_code == 404:
+        raise OpsError(f"no flow run {flow_run_id} on {api_url}")
+    r.raise_for_status()
+    return r.json()
+
+
+def _set_state(api_url: str, flow_run_id: str, state: dict[str, Any]) -> None:
     r = httpx.post(f"{api_url}/flow_runs/{flow_run_id}/set_state", json={"state": state, "force": True}, timeout=10)
     r.raise_for_status()
+
+
+def _settled(api_url: str, flow_run_id: str, settle_s: float, deadline: float, poll_s: float) -> dict[str, Any]:
+    """The flow run once its state is at least `settle_s` old (or at the deadline)."""
+    from datetime import datetime, timezone
+
+    while True:
+        run = _read_flow_run(api_url, flow_run_id)
+        stamp = (run.get("state") or {}).get("timestamp")
+        age = (datetime.now(timezone.utc) - datetime.fromisoformat(stamp)).total_seconds() if stamp else settle_s
+        if age >= settle_s or time.monotonic() > deadline:
+            return run
+        time.sleep(min(poll_s, settle_s - age))
+
+
+def _holds(api_url: str, flow_run_id: str, verify_s: float, poll_s: float, run_count: int) -> str | None:
+    """The run's state name if the retry held for `verify_s`, else None: Crashed/Failed/Cancelled again before
+    the run started once more (its run count unchanged) is a late report of the old crash, not a new outcome."""
+    end = time.monotonic() + verify_s
+    while True:
+        run = _read_flow_run(api_url, flow_run_id)
+        if (run.get("state") or {}).get("type") in RETRYABLE:
+            return run.get("state_name") if run.get("run_count", 0) > run_count else None
+        if time.monotonic() >= end:
+            return run.get("state_name") or "?"
+        time.sleep(poll_s)
 
 
 # ---- processes ---------------------------------------------------------------------------------------
 
 
 def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    """Start `cmd` as the leader of a new session (so its whole group can be stopped), output to `log`."""
+    """Start `cmd` as the leader of a new session (so its whole group can be stopped), output to `log`. It
+    outlives this command (`a2rl server start` returns), so it gets no parent-death signal."""
     with log.open("ab") as out:
-        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=REPO_ROOT)  # fmt: skip
+        return procs.start(cmd, group="session", die_with_parent=False, env=env, stdout=out,
+                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT)  # fmt: skip
 
 
 def _stop_group(proc: ManagedProcess, term_signals: int, timeout_s: float) -> None:
-    """SIGTERM the leader `term_signals` times (a few seconds apart), then SIGTERM and finally SIGKILL
-    whatever is left of its process group and descendants (flow runs, their agents)."""
-    if not proc.alive():
-        _kill_leftovers(proc.pid, [])
-        return
-    leader = psutil.Process(proc.pid)
-    family = _descendants(leader)
-    deadline = time.monotonic() + timeout_s
-    for i in range(term_signals):
-        _signal(leader, signal.SIGTERM)
-        if _wait_gone([leader], min(deadline, time.monotonic() + (3 if i < term_signals - 1 else timeout_s))):
-            break
-    _kill_leftovers(proc.pid, family + _descendants(leader))
-
-
-def _kill_leftovers(pgid: int, known: list[psutil.Process]) -> None:
-    left = {p.pid: p for p in known + _group_members(pgid) if p.is_running()}
-    if not left:
-        return
-    for p in left.values():
-        _signal(p, signal.SIGTERM)
-    gone, alive = psutil.wait_procs(list(left.values()), timeout=10)
-    for p in alive:
-        _signal(p, signal.SIGKILL)
-    psutil.wait_procs(alive, timeout=5)
-
-
-def _descendants(proc: psutil.Process) -> list[psutil.Process]:
-    try:
-        return proc.children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _group_members(pgid: int) -> list[psutil.Process]:
-    members = []
-    for p in psutil.process_iter():
-        try:
-            if os.getpgid(p.pid) == pgid:
-                members.append(p)
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            continue
-    return members
-
-
-def _signal(p: psutil.Process, sig: int) -> None:
-    try:
-        p.send_signal(sig)
-    except psutil.NoSuchProcess:
-        pass
-
-
-def _wait_gone(procs: list[psutil.Process], deadline: float) -> bool:
-    _, alive = psutil.wait_procs(procs, timeout=max(0.0, deadline - time.monotonic()))
-    return not alive
+    """SIGTERM the leader `term_signals` times, then SIGTERM and finally SIGKILL whatever is left of its process
+    group and descendants (flow runs, their agents): a2rl.procs.stop_tree."""
+    procs.stop_tree(proc.pid, proc.create_time, term_signals=term_signals, timeout_s=timeout_s)
 
 
 def _tail(path: Path, lines: int = 30) -> str:

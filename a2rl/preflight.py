@@ -120,6 +120,8 @@ def check_base_model(name: str, *, probe: bool = True) -> None:
                 raise PreflightError(str(e)) from e
         return
     path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return  # converted once into the model cache (a2rl.models.convert_gguf_file)
     if path.exists():
         if not (path / "config.json").is_file():
             raise PreflightError(f"--base-model {name}: not a Hugging Face checkpoint directory (no config.json); "

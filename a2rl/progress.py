@@ -27,6 +27,7 @@ PHASE_LABELS = {
     "preflight": "checking the configuration",
     "provision": "preparing data, base model and workspace",
     "baseline": "evaluating the base model",
+    "waiting_gpu": "waiting for a GPU slot",
     "agent_session": "agent session",
     "final_grading": "final evaluation on the hidden test set",
     "summary": "writing the report",
@@ -96,6 +97,17 @@ class ProgressWriter:
             _write_atomic(self.path, self.state.model_dump_json())
         except OSError:  # progress is a convenience: never the reason a run fails
             pass
+
+
+def note_phase(harness_dir: Path, phase: str) -> None:
+    """Set the phase in a run's progress file from another part of the flow (e.g. waiting for a GPU slot)."""
+    path = Path(harness_dir) / PROGRESS_FILE
+    if (progress := read_announced(path)) is None or progress.phase == phase:
+        return
+    try:
+        _write_atomic(path, progress.model_copy(update={"phase": phase, "phase_started_at": time.time()}).model_dump_json())
+    except OSError:  # progress is a convenience: never the reason a run fails
+        pass
 
 
 def _write_atomic(path: Path, text: str) -> None:

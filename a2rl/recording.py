@@ -18,9 +18,10 @@ import io
 import json
 import logging
 import os
-import stat
+import shutil
 import subprocess
 import tarfile
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,6 +32,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from a2rl import safefs
 from a2rl.records import utcnow
 
 log = logging.getLogger(__name__)
@@ -96,8 +98,12 @@ class CodeSnapshots:
         """
         with self._lock:
             self._init()
-            files, skipped = self._collect()
-            tree = self._write_tree(files)
+            staging = Path(tempfile.mkdtemp(prefix="snapshot-", dir=self.harness_dir))
+            try:
+                files, skipped = self._collect(staging)
+                tree = self._write_tree(files, staging)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
             head = self._head()
             changed = head is None or self._git("rev-parse", f"{head}^{{tree}}").strip() != tree
             sha = self._commit(tree, head, label, skipped) if changed else head
@@ -170,41 +176,49 @@ class CodeSnapshots:
             check=True, capture_output=True, env=self._env(),
         )  # fmt: skip
 
-    def _collect(self) -> tuple[list[str], list[str]]:
-        """Relative paths to snapshot (regular files and symlinks under the caps) and the ones left out."""
+    def _collect(self, staging: Path) -> tuple[list[str], list[str]]:
+        """Copy what to snapshot (regular files and links under the caps) into `staging`, a harness-owned
+        directory git then reads: git never resolves a path in the agent's directory, where a directory swapped
+        for a link would make it read host files. Returns the relative paths kept and the ones left out."""
         keep: list[str] = []
         skipped: list[str] = []
-        if not self.code_dir.is_dir():
+        if not self.code_dir.is_dir() or self.code_dir.is_symlink():
             return keep, skipped
-        for root, dirs, names in os.walk(self.code_dir, followlinks=False):
-            # A symlink to a directory is recorded as a link, never followed out of the code directory.
-            linked = [d for d in dirs if os.path.islink(os.path.join(root, d))]
-            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and d not in linked)
-            rel_root = os.path.relpath(root, self.code_dir)
-            for name in sorted(names + linked):
-                rel = name if rel_root == "." else os.path.join(rel_root, name)
-                try:
-                    mode_size = os.lstat(os.path.join(root, name))
-                except OSError:  # deleted while we walk
-                    continue
-                if not (stat.S_ISREG(mode_size.st_mode) or stat.S_ISLNK(mode_size.st_mode)):
-                    skipped.append(f"{rel} (not a regular file)")
-                elif mode_size.st_size > self.max_file_bytes:
-                    skipped.append(f"{rel} ({mode_size.st_size} bytes > {self.max_file_bytes})")
-                elif len(keep) >= self.max_files:
-                    skipped.append(f"{rel} (over {self.max_files} files)")
-                else:
-                    keep.append(rel)
+        for entry in safefs.walk(self.code_dir, prune=lambda e: e.name in SKIP_DIRS):
+            if entry.is_dir:
+                continue
+            if not (entry.is_file or entry.is_link):
+                skipped.append(f"{entry.rel} (not a regular file)")
+            elif entry.st.st_size > self.max_file_bytes:
+                skipped.append(f"{entry.rel} ({entry.st.st_size} bytes > {self.max_file_bytes})")
+            elif len(keep) >= self.max_files:
+                skipped.append(f"{entry.rel} (over {self.max_files} files)")
+            elif self._stage(entry, staging / entry.rel):  # a link is recorded as a link, never followed
+                keep.append(entry.rel)
         return sorted(keep), skipped
 
-    def _write_tree(self, files: list[str]) -> str:
+    def _stage(self, entry: safefs.Entry, dest: Path) -> bool:
+        """False when the entry changed kind since it was listed (deleted or swapped while we walk)."""
+        content = safefs.read_link(entry) if entry.is_link else safefs.read_file(entry, self.max_file_bytes)
+        if content is None:
+            return False
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if entry.is_link:
+            os.symlink(content, dest)
+        else:
+            dest.write_bytes(content)
+            if entry.st.st_mode & 0o100:
+                dest.chmod(0o755)
+        return True
+
+    def _write_tree(self, files: list[str], staging: Path) -> str:
         index = self.git_dir / "snapshot.index"
         index.unlink(missing_ok=True)
         env = self._env() | {"GIT_INDEX_FILE": str(index)}
         if files:
             payload = "\0".join(files).encode() + b"\0"
             proc = subprocess.run(
-                self._cmd("update-index", "--add", "-z", "--stdin", work_tree=True),
+                self._cmd("update-index", "--add", "-z", "--stdin", work_tree=staging),
                 input=payload, capture_output=True, env=env,
             )
             if proc.returncode != 0:
@@ -225,9 +239,9 @@ class CodeSnapshots:
         )  # fmt: skip
         return proc.stdout.strip() or None
 
-    def _cmd(self, *args: str, work_tree: bool = False) -> list[str]:
-        # Only reading files into the index needs the work tree (which may not exist yet).
-        tree = [f"--work-tree={self.code_dir}"] if work_tree else []
+    def _cmd(self, *args: str, work_tree: Path | None = None) -> list[str]:
+        # Only reading files into the index needs a work tree: the harness-owned staging copy.
+        tree = [f"--work-tree={work_tree}"] if work_tree else []
         return ["git", f"--git-dir={self.git_dir}", *tree, *args]
 
     def _git(self, *args: str, input: str | None = None, env: dict[str, str] | None = None) -> str:
@@ -409,14 +423,10 @@ def _count_lines(path: Path) -> int:
 
 
 def _disk_usage(root: Path) -> int:
-    total = 0
-    for dirpath, _, names in os.walk(root, followlinks=False):
-        for name in names:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-            except OSError:
-                continue
-    return total
+    try:
+        return safefs.disk_usage(root)
+    except OSError:  # no workspace (yet), or it is a link
+        return 0
 
 
 def _nvml() -> Any:

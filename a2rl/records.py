@@ -11,7 +11,7 @@ import json
 from datetime import datetime, timezone
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Split = Literal["validation", "test"]
 Protocol = Literal["heldout", "paper"]
@@ -25,39 +25,61 @@ def utcnow() -> datetime:
 
 
 class RunConfig(BaseModel):
-    """What defines a run. `config_hash` covers every field that changes what is measured."""
+    """What defines a run. `config_hash` covers every field that changes what is measured.
+
+    The single source of a run's settings: the CLI's options (a2rl/run_options.py), the flow parameters of
+    `benchmark-run` and `sweep`, and prefect.yaml's deployment parameters are derived from these fields or
+    checked against them (tests/test_run_config.py). Each field's docstring is its help text."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
 
     task: str = "gsm8k"
-    """Benchmark task id (see `a2rl tasks`)."""
+    """benchmark task id (see `a2rl tasks`)"""
     variant: Literal["offline", "full"] = "offline"
-    """Data variant: `offline` ships in pinned packages, `full` loads the paper's data by public id."""
+    """task data: offline (ships in pinned packages) or full (the paper's data by public id; needs internet)"""
     agent: str = "reference-sft"
-    """Agent scaffold id (see agents/)."""
+    """agent under test (see `a2rl agents`)"""
     driver: str = "none"
-    """Driver LLM of the agent: a saved DriverConfig block's name or a model id; `none` for scripted agents."""
+    """driver LLM of an LLM agent: a saved DriverConfig block, or a model id used with ANTHROPIC_API_KEY (and
+    ANTHROPIC_BASE_URL for a compatible endpoint); `none` for scripted agents"""
     mode: Mode = "free"
+    """training mode, checked on the agent's code at every submission"""
     strict_mode: bool = False
-    """Refuse submissions whose code breaks the mode (default: accept and flag them)."""
+    """refuse submissions whose code breaks the mode (default: accept and flag them)"""
     base_model: str = "smollm2-135m-instruct"
-    """A base model key from a2rl.models, or a local HF checkpoint directory."""
+    """base model: a registry key, a local HF checkpoint dir, a local .gguf file, or an HF id (needs internet)"""
     seed: int = 0
+    """seed given to the agent"""
     budget_s: float = 120.0
-    """Agent wall-clock budget in seconds; grading time does not count."""
+    """agent wall-clock budget in seconds (grading excluded)"""
     protocol: Protocol = "heldout"
+    """heldout: validation feedback, one hidden-test evaluation; paper: test feedback"""
     max_submissions: int = 20
+    """submission cap"""
     val_limit: int | None = 16
-    """Evaluate only the first N validation items (None = all). The report says so."""
+    """evaluate the first N validation items (0 or None = all); the report says so"""
     test_limit: int | None = 32
-    """Evaluate only the first N hidden-test items (None = all). The report says so."""
-    eval_batch_size: int = 16
+    """evaluate the first N hidden-test items (0 or None = all); the report says so"""
+    eval_batch_size: int = Field(default=16, ge=1)
+    """prompts per generate call in the grader (interactive tasks: episodes stepped together); on a GPU raise it,
+    e.g. 160 for alfworld's 134 test games"""
     eval_backend: Literal["transformers", "vllm"] = "transformers"
+    """inference backend of the grader (vllm: optional GPU extra)"""
     sandbox: Literal["auto", "required", "off"] = "auto"
-    """bubblewrap around the agent: `auto` falls back to a visibly weaker mode (rlimits, scrubbed environment,
-    quota) where bubblewrap cannot run; `required` refuses to start without it."""
+    """bubblewrap sandbox for the agent: auto falls back to a visibly weaker mode (rlimits, scrubbed
+    environment, quota) where it cannot run; required refuses to start without it"""
     max_workspace_bytes: int = 100 * 1024**3
+    """disk quota of the agent's workspace, bytes"""
     grading_workers: int = 1
-    """Parallel evaluations; on a GPU machine each worker gets its own GPU."""
+    """parallel evaluations; on a GPU machine each worker gets its own GPU"""
     max_checkpoint_bytes: int = 64 * 1024**3
+    """largest checkpoint a submission may be, bytes"""
+
+    @field_validator("val_limit", "test_limit")
+    @classmethod
+    def _zero_is_all(cls, v: int | None) -> int | None:
+        # `0` from a command line or a deployment form means "all", as None does: one config, one hash.
+        return v or None
 
     def config_hash(self) -> str:
         blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)

@@ -73,12 +73,32 @@ def build_summary(
     )
 
 
+def ledger_integrity(ctx: RunContext) -> dict:
+    """The ledger's head as this report is built from it, checked against the head the results store
+    anchored at every append: an edited last entry or a cut-off end shows up here."""
+    from a2rl.grading.ledger import Ledger
+    from a2rl.store import ResultsStore
+
+    ledger = Ledger(ctx.paths.harness_dir / "ledger.jsonl")
+    head = ledger.head()
+    anchored = ResultsStore(ctx.results_path).ledger_head(ctx.run_id)
+    problems = [p for p in [ledger.check_head(anchored, "the results store") if anchored else None] if p]
+    if anchored is None:
+        problems.append("no head anchored in the results store for this run")
+    if ledger.torn_tail is not None:
+        problems.append(str(ledger.torn_tail))
+    return {"entries": head.entries, "head_hash": head.hash, "anchored": anchored is not None, "problems": problems}
+
+
 def write_report(ctx: RunContext, summary: RunSummary, entries: list[LedgerEntry], notes: list[str]) -> Path:
     out = ctx.paths.harness_dir
     subs = latest_submissions(entries)
+    integrity = ledger_integrity(ctx)
+    notes = [f"LEDGER INTEGRITY: {p}" for p in integrity["problems"]] + notes
     data = {
         "summary": json.loads(summary.model_dump_json()),
         "submissions": [json.loads(e.model_dump_json()) for e in subs],
+        "ledger": integrity,
         "notes": notes,
     }
     (out / "report.json").write_text(json.dumps(data, indent=2))

@@ -29,15 +29,18 @@ import io
 import json
 import re
 import tokenize
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 from pydantic import BaseModel, Field
+
+from a2rl import safefs
 
 RL_METHODS = frozenset({"GRPO", "PPO", "RLOO", "RL"})
 RL_LABELS = frozenset(RL_METHODS | {"SFT+RL"})
 LABELS = ("SFT", "GRPO", "PPO", "RLOO", "RL", "DPO", "SFT+RL", "SFT+DPO", "copy", "none")
 MAX_FILE_BYTES = 2_000_000
+SCRIPT_SUFFIXES = (".py", ".ipynb", ".sh", ".bash")
 SKIP_DIRS = {"__pycache__", ".git", ".ipynb_checkpoints", "node_modules", ".venv", "venv", "wandb"}
 
 TRAINER_METHODS = {
@@ -104,16 +107,12 @@ def analyze_routes(code_dir: Path) -> RouteAnalysis:
     code_dir = Path(code_dir)
     found: list[Evidence] = []
     scanned = 0
-    for path in sorted(_candidate_files(code_dir)):
-        rel = str(path.relative_to(code_dir))
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            continue
+    for rel, text in _candidate_files(code_dir):
         scanned += 1
-        if path.suffix == ".py":
+        suffix = PurePosixPath(rel).suffix
+        if suffix == ".py":
             found += analyze_python(text, rel)
-        elif path.suffix == ".ipynb":
+        elif suffix == ".ipynb":
             found += _analyze_notebook(text, rel)
         else:
             found += analyze_shell(text, rel)
@@ -180,26 +179,25 @@ def check_snapshot(code_dir: Path, mode: str, dpo_counts_as_rl: bool = False) ->
 # -- files -------------------------------------------------------------------------------------------------
 
 
-def _candidate_files(root: Path):
-    if not root.is_dir():
-        return
-    for path in root.rglob("*"):
-        if any(part in SKIP_DIRS for part in path.relative_to(root).parts[:-1]) or not path.is_file():
+def _candidate_files(root: Path) -> list[tuple[str, str]]:
+    """(relative path, text) of the scripts under `root`, sorted. Read while the agent may still run: each file
+    is opened relative to its held directory without following links, and must be a regular file (a FIFO or a
+    link swapped in meanwhile is skipped, not waited on or followed)."""
+    found: list[tuple[str, str]] = []
+    if not root.is_dir() or root.is_symlink():
+        return found
+    for entry in safefs.walk(root, prune=lambda e: e.name in SKIP_DIRS):
+        suffix = PurePosixPath(entry.rel).suffix
+        if not entry.is_file or entry.st.st_size > MAX_FILE_BYTES or (suffix and suffix not in SCRIPT_SUFFIXES):
             continue
-        if path.is_symlink() or path.stat().st_size > MAX_FILE_BYTES:
-            continue
-        if path.suffix in (".py", ".ipynb", ".sh", ".bash") or _has_shell_shebang(path):
-            yield path
+        data = safefs.read_file(entry, MAX_FILE_BYTES)
+        if data is not None and (suffix or _has_shell_shebang(data)):
+            found.append((entry.rel, data.decode("utf-8", errors="replace")))
+    return sorted(found)
 
 
-def _has_shell_shebang(path: Path) -> bool:
-    if path.suffix:
-        return False
-    try:
-        with path.open("rb") as f:
-            head = f.read(64)
-    except OSError:
-        return False
+def _has_shell_shebang(data: bytes) -> bool:
+    head = data[:64]
     return head.startswith(b"#!") and (b"sh" in head.split(b"\n")[0])
 
 

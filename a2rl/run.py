@@ -42,7 +42,7 @@ def write_manifest(ctx: RunContext) -> dict:
         "packages": {name: _version(name) for name in MANIFEST_PACKAGES},
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "machine": {"cpu_count": _cpu_count(), "gpus": _gpus()},
+        "machine": {"cpu_count": _cpu_count(), "gpus": gpu_names()},
         "harness_git_revision": _git_revision(),
     }
     (ctx.paths.harness_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
@@ -76,7 +76,8 @@ def visible_gpus() -> tuple[str, ...]:
         return ()
 
 
-def _gpus() -> list[str]:
+def gpu_names() -> list[str]:
+    """Names of the GPUs this process sees (empty without torch or a driver)."""
     try:
         import torch
 

@@ -403,32 +403,13 @@ def _inside(path: Path, roots: list[Path]) -> bool:
 
 # -- quota --------------------------------------------------------------------------------------------------
 def workspace_bytes(workspace: Path, exclude: tuple[Path, ...] = (), stop_above: int | None = None) -> int:
-    """Disk blocks used under `workspace` (sparse files count what they occupy; hard links once; symlinks
-    not followed). Stops counting once past `stop_above`."""
-    total, seen = 0, set()
-    skip = {str(Path(p)) for p in exclude}
-    stack = [str(workspace)]
-    while stack:
-        try:
-            entries = os.scandir(stack.pop())
-        except OSError:
-            continue
-        with entries:
-            for entry in entries:
-                if entry.path in skip:
-                    continue
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                if (st.st_dev, st.st_ino) not in seen:
-                    seen.add((st.st_dev, st.st_ino))
-                    total += st.st_blocks * 512
-                if stop_above is not None and total > stop_above:
-                    return total
-    return total
+    """Disk blocks used under `workspace` (sparse files count what they occupy; hard links once; links never
+    followed, not even one swapped in while counting). Stops counting once past `stop_above`."""
+    skip = {os.path.relpath(p, workspace) for p in exclude}
+    try:
+        return _sibling("safefs").disk_usage(workspace, prune=lambda e: e.rel in skip, stop_above=stop_above)
+    except OSError:  # no workspace, or a link where it should be
+        return 0
 
 
 def workspace_over_quota(workspace: Path, max_bytes: int, exclude: tuple[Path, ...] = ()) -> bool:
@@ -470,19 +451,34 @@ def _remove_stale_runtimes(tmp: Path) -> None:
 def _give_workspace(cfg: dict) -> None:
     """Root harness: the agent uid owns what it may change. The workspace root stays root's, group-writable with
     the sticky bit, so the agent can add files there but not rename or delete the harness's (`models/`, `data/`,
-    the .md files): a `models/` swapped for a link would be followed on a retry. Links are never followed."""
+    the .md files): a `models/` swapped for a link would be followed on a retry. The walk holds each directory
+    open and never follows a link (agent processes of earlier tool calls may still run and swap one in)."""
     uid, ws = cfg["uid"], cfg["workspace"]
-    read_only = set(cfg["read_only"])
-    parents = {str(p) for r in read_only for p in Path(r).parents}
-    os.lchown(ws, 0, uid)
-    os.chmod(ws, 0o1770)
-    for root, dirs, files in os.walk(ws):
-        dirs[:] = [d for d in dirs if os.path.join(root, d) not in read_only]
-        for name in dirs + files:
-            path = os.path.join(root, name)
-            harness_file = root == ws and name in files and os.lstat(path).st_uid == 0
-            if path not in parents and not harness_file:
-                os.lchown(path, uid, uid)
+    read_only = {os.path.relpath(r, ws) for r in cfg["read_only"]}
+    parents = {str(p) for r in read_only for p in Path(r).parents if str(p) != "."}
+    fs = _sibling("safefs")
+    fs.chown_root(ws, 0, uid, mode=0o1770)
+    harness_file = lambda e: "/" not in e.rel and not e.is_dir and e.st.st_uid == 0  # noqa: E731
+    fs.chown_tree(ws, uid, uid, prune=lambda e: e.rel in read_only,
+                  keep=lambda e: e.rel in parents or harness_file(e))  # fmt: skip
+
+
+@functools.cache
+def _sibling(name: str):
+    """a2rl.<name> (safefs, procs: standard library only); loaded by path when this file runs as the shim's
+    script (`python -I -S`: no package to import from)."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"a2rl.{name}")
+    except ImportError:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(f"a2rl_{name}", Path(__file__).with_name(f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+        spec.loader.exec_module(module)
+        return module
 
 
 def _start_bridges(cfg: dict) -> None:
@@ -548,12 +544,15 @@ def _shim(cfg: dict) -> int:
         # The child gets its own process group, so the harness's group SIGTERM reaches only this shim, which
         # passes it on: sandboxed, to the launcher inside (it signals the agent and keeps the grader reachable
         # during the grace period); unsandboxed, to the launcher's group, which the agent shares.
-        child = subprocess.Popen(cfg["child"], env=env, cwd=cfg["workspace"], process_group=0,
-                                 pass_fds=cfg.get("pass_fds", ()))  # fmt: skip
+        # A parent-death signal as well: should this shim be SIGKILLed, its child (bubblewrap, which then ends
+        # the sandbox's PID namespace, or the unsandboxed launcher) goes with it.
+        procs = _sibling("procs")
+        child = procs.start(cfg["child"], group="group", env=env, cwd=cfg["workspace"],
+                            pass_fds=cfg.get("pass_fds", ()))  # fmt: skip
 
         def forward(signum, frame) -> None:
             if not sandboxed:
-                _killpg(child.pid, signum)
+                procs.signal_group(child.pid, signum)
             elif (pid := _launcher_pid(child.pid)) is not None:
                 os.kill(pid, signum)
 
@@ -584,14 +583,7 @@ def _kill_all(child: subprocess.Popen, sandboxed: bool) -> None:
     if sandboxed:  # bubblewrap's death ends its PID namespace, and with it every process of the agent
         child.kill()
     else:
-        _killpg(child.pid, signal.SIGKILL)
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
+        _sibling("procs").signal_group(child.pid, signal.SIGKILL)
 
 
 def describe(policy: SandboxPolicy) -> dict:

@@ -712,6 +712,33 @@ class ResultsStore:
         with self._transaction() as con:
             _upsert(con, "events", ("run_id", "seq"), row)
 
+    # -- ledger anchors: the head of each run's ledger after every append (a2rl.grading.ledger) --------------
+    # Created on first use, not by a migration: an addition that stays out of the schema-version sequence.
+    _LEDGER_HEADS = """CREATE TABLE IF NOT EXISTS ledger_heads (
+        run_id VARCHAR, seq BIGINT, line_hash VARCHAR, recorded_at TIMESTAMPTZ, PRIMARY KEY (run_id, seq))"""
+
+    def record_ledger_head(self, run_id: str, seq: int, line_hash: str) -> None:
+        """Anchor: the ledger's entry `seq` hashes to `line_hash`. Append-only: a row once written is kept
+        (a different hash for the same entry later means the ledger was rewritten, which `ledger_head` shows)."""
+        with self._transaction() as con:
+            con.execute(self._LEDGER_HEADS)
+            con.execute("INSERT INTO ledger_heads VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                        [run_id, seq, line_hash, utcnow()])  # fmt: skip
+
+    def ledger_head(self, run_id: str) -> Any:
+        """The last anchored head of a run's ledger (an `a2rl.grading.ledger.LedgerHead`), or None."""
+        from a2rl.grading.ledger import LedgerHead
+
+        with self._transaction() as con:
+            con.execute(self._LEDGER_HEADS)
+            row = con.execute("SELECT seq, line_hash FROM ledger_heads WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
+                              [run_id]).fetchone()  # fmt: skip
+        return LedgerHead(row[0] + 1, row[1]) if row else None
+
+    def ledger_anchor(self, run_id: str):
+        """A `Ledger(anchor=...)` callback that records every new head here."""
+        return lambda entry, line_hash: self.record_ledger_head(run_id, entry.seq, line_hash)
+
     def delete_run_children(self, run_id: str) -> None:
         """Drop a run's submissions, evaluations (and their items) and events (the run row stays), before a clean re-ingest."""
         with self._transaction() as con:

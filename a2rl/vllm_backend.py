@@ -2,6 +2,9 @@
 
 Prompts are rendered with the checkpoint's own chat template, exactly as the transformers backend does, and
 decoded greedily (temperature 0) with the task's stop strings, so the two backends grade the same thing.
+vLLM pins its own torch and transformers, so it usually lives in its own environment: with A2RL_VLLM_PYTHON
+(that environment's interpreter) or A2RL_GENERATION_URL (a `vllm serve` of the checkpoint) set, generation
+goes there (`a2rl.remote_generation`); otherwise vllm is imported here.
 """
 
 from __future__ import annotations
@@ -26,12 +29,18 @@ def generate_vllm(
     stop: Sequence[str] = (),
     gpu_memory_utilization: float = 0.85,
 ) -> GenerationOutput:
+    from a2rl.remote_generation import RemoteSettings, generate_remote
+
+    if RemoteSettings.from_env().configured:
+        return generate_remote(model_dir, conversations, max_new_tokens=max_new_tokens, temperature=temperature,
+                               stop=stop)
     try:
         from vllm import LLM, SamplingParams
     except ImportError as e:
         raise VLLMUnavailable(
-            "eval_backend='vllm' needs vllm, an optional extra for GPU machines: pip install 'a2rl[vllm]' "
-            "(in its own environment: vllm pins its own torch and transformers)"
+            "eval_backend='vllm' needs vllm: set A2RL_VLLM_PYTHON to the python of an environment with vllm "
+            "(python -m venv vllm-env && vllm-env/bin/pip install vllm; it pins its own torch and transformers), "
+            "or A2RL_GENERATION_URL to a `vllm serve` of the checkpoint, or pip install 'a2rl[vllm]' here"
         ) from e
     llm = LLM(model=str(model_dir), gpu_memory_utilization=gpu_memory_utilization, seed=0)
     tokenizer = llm.get_tokenizer()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import abc
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,8 +15,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from a2rl import procs
 from a2rl.grading.clock import BudgetClock
-from a2rl.sandbox import SandboxPolicy
+from a2rl.sandbox import SandboxPolicy, agent_uid, sandbox_mode
 from a2rl.sandbox import describe as describe_sandbox
 from a2rl.sandbox import wrap as wrap_in_sandbox
 
@@ -260,38 +260,35 @@ def run_agent(
             child_env[f"{HARNESS_ENV_PREFIX}SANDBOX"] = json.dumps(describe_sandbox(sandbox))
         else:
             command, child_env = wrap_in_sandbox(command, child_env, sandbox)
+    # Root harness with bubblewrap: every process of the agent runs under this uid (recorded for retries).
+    uid = agent_uid(sandbox) if sandbox is not None and sandbox_mode(sandbox) == "bwrap-root" else None
     clock.start()
     with log_path.open("ab") as log:
         try:
-            proc = subprocess.Popen(
-                command,
-                cwd=env.workspace,
-                env=child_env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+            # Its own session (the harness's group signals do not reach it) and a parent-death signal: a
+            # harness that is SIGKILLed or OOM-killed takes the agent down with it.
+            proc = procs.start(command, group="session", cwd=env.workspace, env=child_env, stdout=log,
+                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
         except OSError as e:
             clock.stop()
             return SessionOutcome(exit_code=None, ended_by="launch-error", agent_seconds=0.0,
                                   wall_seconds=time.monotonic() - start, error=str(e))
+        _record_session(env, proc, uid)
         ended_by: Literal["exited", "budget"] = "exited"
         try:
             while proc.poll() is None:
                 if clock.expired:
                     ended_by = "budget"
-                    _stop_group(proc, grace_s)
+                    procs.stop_group(proc, grace_s)
                     break
                 time.sleep(poll_s)
         except BaseException:
             # The harness itself is going down (signal, crash): the agent must not outlive it.
-            _stop_group(proc, grace_s=2.0)
+            procs.stop_group(proc, grace_s=2.0)
             raise
         # Whatever the leader did, no process of the agent's group, nor of its session (process groups a
         # tool runner made for its commands), survives the session.
-        _signal_group(proc, signal.SIGKILL)
-        _stop_session(proc.pid, grace_s=0.0)
+        procs.end_session_of(proc)
     clock.stop()
     return SessionOutcome(
         exit_code=proc.returncode,
@@ -301,56 +298,7 @@ def run_agent(
     )
 
 
-def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
-    _signal_group(proc, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        pass
-    # Kill the whole group even if the leader exited: children must not outlive the budget.
-    _signal_group(proc, signal.SIGKILL)
-    proc.wait()
-    # Process groups the agent made inside its session (a tool runner gives each command its own).
-    _stop_session(proc.pid, grace_s=0.0)
-
-
-def session_members(sid: int) -> list[int]:
-    """Pids of the live processes of session `sid` (Linux /proc; empty where there is none)."""
-    members = []
-    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # Fields after the parenthesised command name: state ppid pgrp session ...
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 3 and int(fields[3]) == sid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
-
-
-def _stop_session(sid: int, grace_s: float) -> None:
-    """SIGTERM, then after `grace_s` SIGKILL, every process still in the agent's session."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
-        pids = session_members(sid)
-        if not pids:
-            return
-        if sig == signal.SIGTERM and grace_s <= 0:
-            continue
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait_s
-        while wait_s and time.monotonic() < deadline and session_members(sid):
-            time.sleep(0.1)
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
+def _record_session(env: AgentEnv, proc: subprocess.Popen, uid: int | None) -> None:
+    """The session's processes, for a retry of this run to end them should this harness die (a2rl.procs)."""
+    if env.harness_path.is_dir():
+        procs.record_session(env.harness_path, procs.SessionRecord.of(proc.pid, agent_uid=uid))

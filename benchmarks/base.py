@@ -58,6 +58,15 @@ class PreparedData(NamedTuple):
     manifest: dict
 
 
+GRADING_SECTION = """## How submissions are graded
+The grader renders every prompt with the base model's tokenizer and chat template (the files in
+`models/base`) and decodes with the task's fixed settings, whatever tokenizer, chat template or generation
+config files your checkpoint contains: only your weights and `config.json` are used. A checkpoint must keep the
+base model's architecture and vocabulary size. A failed evaluation is reported as a short category (for
+example "could not load the weights" or "evaluation ran out of memory"), not as the evaluator's output.
+"""
+
+
 @dataclass
 class BenchmarkTask(abc.ABC):
     """One benchmark task. Subclasses fill in the data loader, prompt and per-item scoring."""
@@ -128,7 +137,7 @@ class BenchmarkTask(abc.ABC):
         text = (self.package_dir / "description.md").read_text()
         if self.ships_demonstrations:
             text = text.rstrip("\n") + "\n\n" + DEMONSTRATIONS_SECTION
-        return text
+        return text.rstrip("\n") + "\n\n" + GRADING_SECTION
 
     def evaluator_id(self) -> str:
         d = self.decoding

@@ -15,6 +15,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from a2rl.run_options import DEFAULT_RESULTS, resolve_results
 from a2rl.store import ResultsStore
 from matplotlib.figure import Figure
 
@@ -30,7 +31,6 @@ from analysis.figures import (
 from analysis.html import Section, write_report
 from analysis.tables import PASS_AT_K, AnalysisTables, load_tables
 
-DEFAULT_RESULTS = Path("results/a2rl.duckdb")
 DEFAULT_OUT = Path("results/analysis")
 FIGURES = ("heatmap", "leaderboard", "scaling", "pass_at_k", "selection_gap")
 TABLES = ("matrix", "leaderboard", "run_intervals", "pass_at_k", "scaling", "noise", "paired", "selection",
@@ -256,6 +256,7 @@ def analysis(
 ) -> list[Path]:
     """Figures, tables, an HTML report and Prefect artifacts for every completed run in a results store."""
     pair = (compare[0], compare[1]) if compare and len(compare) == 2 else None
+    results, out_dir = resolve_results(results), resolve_results(out_dir)  # a deployment's relative defaults
     paths = build_analysis(Path(results), Path(out_dir), n_boot, pair)
     publish_artifacts(Path(out_dir))
     get_run_logger().info("analysis written to %s (%d files)", out_dir, len(paths))

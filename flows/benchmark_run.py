@@ -7,6 +7,7 @@ ledger and the DuckDB results store as it happens, so a retried flow run resumes
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import time
 import traceback
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from prefect import flow, get_run_logger
-from prefect.concurrency.sync import concurrency
+from prefect.runtime import flow_run as prefect_flow_run
 from prefect.exceptions import TerminationSignal
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 
@@ -28,10 +29,13 @@ from a2rl.recording import CodeSnapshots, ResourceSampler, workspace_pids
 from a2rl.grading.service import grading_devices
 from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
 from a2rl.report import build_summary, latest_submissions, write_report
-from a2rl.run import RunContext, visible_gpus
+from a2rl.run import RunContext, gpu_names, make_run_id, visible_gpus
+from a2rl.workspace import RunPaths
+from a2rl.run_options import DEFAULT_RESULTS, GRACE_S, resolve_results
 from a2rl.leak_audit import LeakReport, audit_leaks, hidden_texts
 from a2rl.preflight import check_run
-from a2rl.progress import RUN_LOG, ProgressWriter
+from a2rl.gpu_slots import hold_gpu_slot
+from a2rl.progress import RUN_LOG, ProgressWriter, note_phase
 from a2rl.recording import read_llm_calls
 from a2rl.sandbox import SandboxPolicy, sandbox_label
 from a2rl.store import ResultsStore
@@ -49,7 +53,6 @@ from tasks.run_steps import (
     record_evaluation,
 )
 
-DEFAULT_RESULTS = Path("results/a2rl.duckdb")
 DEFAULTS = RunConfig()
 ResumePolicy = Literal["continue", "interrupted"]
 INTERRUPTIONS = (KeyboardInterrupt, SystemExit, TerminationSignal)
@@ -106,7 +109,8 @@ def agent_session(
 
     service = GradingService(
         GradingContext(ctx.run_id, ctx.config, ctx.paths.workspace, ctx.paths.harness_dir, baseline,
-                       base_model_dir=base_model_dir, devices=grading_devices(ctx.config.grading_workers)),
+                       base_model_dir=base_model_dir, devices=grading_devices(ctx.config.grading_workers),
+                       ledger_anchor=store.ledger_anchor(ctx.run_id)),
         clock,
         on_entry=on_entry,
         on_evaluation=lambda entry, result: record_evaluation(store, ctx, entry, result),
@@ -120,12 +124,19 @@ def agent_session(
         return outcome
     agent = get_agent(ctx.config.agent, driver=resolve_driver(ctx.config.driver))
     # One GPU slot per agent session (global concurrency limit `gpu`, made by sweeps; a no-op without it).
-    # A short lease frees a dead run's slot within a minute.
-    with concurrency("gpu", occupy=1, lease_duration=60), \
+    # A short lease frees a dead run's slot within a minute; a run that waits says so (log and progress).
+    def waiting(line: str) -> None:
+        logger.warning(line)
+        note_phase(ctx.paths.harness_dir, "waiting_gpu")
+
+    holder = prefect_flow_run.get_parent_flow_run_id() or prefect_flow_run.get_id()  # the benchmark-run
+    with hold_gpu_slot(holder, waiting), \
             GradingServer(service, request_log=ctx.paths.harness_dir / "requests.jsonl") as server:
+        note_phase(ctx.paths.harness_dir, "agent_session")
         policy, sandbox = sandbox_for(ctx, server.url, agent.uses_llm)
         service.record_event("session-resumed" if interrupted else "session-start", url=server.url,
-                             budget_s=ctx.config.budget_s, already_used_s=used_s, sandbox=sandbox)
+                             budget_s=ctx.config.budget_s, already_used_s=used_s, sandbox=sandbox,
+                             gpus=gpu_names())
         logger.info("grading service on %s; agent %s %s with %.0f s left", server.url, agent.id,
                     "resumes" if interrupted else "starts", clock.remaining())
         env = AgentEnv(ctx.config.task, ctx.config.base_model, ctx.paths.workspace, server.url, server.token,
@@ -284,21 +295,28 @@ def benchmark_run(
     max_submissions: int = DEFAULTS.max_submissions,
     sandbox: str = DEFAULTS.sandbox,
     eval_backend: str = DEFAULTS.eval_backend,
-    grace_s: float = 30.0,
+    grace_s: float = GRACE_S,
     on_resume: ResumePolicy = "continue",
     strict_mode: bool = DEFAULTS.strict_mode,
+    eval_batch_size: int = DEFAULTS.eval_batch_size,
+    max_workspace_bytes: int = DEFAULTS.max_workspace_bytes,
+    grading_workers: int = DEFAULTS.grading_workers,
+    max_checkpoint_bytes: int = DEFAULTS.max_checkpoint_bytes,
 ) -> RunSummary:
     """One benchmark run: (task, variant, agent, mode, base model, seed, budget) → scores, report, DuckDB rows.
 
-    The row ends `completed`, or `failed`/`interrupted` with the error (also when recording the failure fails
-    again); the traceback goes to `harness/run.log`, the phase reached to `harness/progress.json`."""
-    config = RunConfig(
-        task=task, agent=agent, budget_s=budget_s, seed=seed, variant=variant, base_model=base_model,
-        protocol=protocol, mode=mode, driver=driver, val_limit=val_limit, test_limit=test_limit, max_submissions=max_submissions,
-        sandbox=sandbox, eval_backend=eval_backend, strict_mode=strict_mode,
-    )  # fmt: skip
-    results = Path(results)
-    runs_dir = Path(runs_dir) if runs_dir else results.parent / "runs"
+    Every RunConfig field is a parameter of the same name (tests/test_run_config.py); a relative `results`
+    (a deployment's default) is taken from the repository root. The row ends `completed`, or
+    `failed`/`interrupted` with the error (also when recording the failure fails again); the traceback goes to
+    `harness/run.log`, the phase reached to `harness/progress.json`."""
+    given = locals()
+    config = RunConfig(**{name: given[name] for name in RunConfig.model_fields})
+    results = resolve_results(results)
+    runs_dir = resolve_results(runs_dir) if runs_dir else results.parent / "runs"
+    if (done := completed_before(config, results, runs_dir)) is not None:
+        get_run_logger().warning("run %s had already completed: a retry changes nothing (its row, report and "
+                                 "timings stay as they were)", done.run_id)  # fmt: skip
+        return done
     phases: dict[str, float] = {}
     t = time.perf_counter()
     ctx = open_run(config, results, runs_dir)
@@ -347,6 +365,19 @@ def benchmark_run(
             raise
     progress.update(phase="done")
     return summary
+
+
+def completed_before(config: RunConfig, results: Path, runs_dir: Path) -> RunSummary | None:
+    """The summary of this flow run's benchmark run if an earlier attempt completed it (a Retry pressed on a
+    completed run), else None."""
+    run_id = make_run_id(config, prefect_flow_run.get_id())
+    report = RunPaths.for_run(runs_dir, run_id).harness_dir / "report.json"
+    if not results.exists() or not report.exists():
+        return None
+    rows = ResultsStore(results).query("SELECT status FROM runs WHERE run_id = ?", [run_id])
+    if list(rows["status"]) != ["completed"]:
+        return None
+    return RunSummary.model_validate(json.loads(report.read_text())["summary"])
 
 
 class AgentDidNotStart(RuntimeError):

@@ -24,14 +24,16 @@ from prefect.exceptions import ObjectNotFound
 from prefect.runtime import flow_run
 from pydantic import BaseModel
 
+from a2rl.ops import RUN_DEPLOYMENT
 from a2rl.records import RunConfig
+from a2rl.run_options import DEFAULT_RESULTS, GRACE_S, MATRIX_FIELDS, resolve_results
 from a2rl.store import ResultsStore
 
-GPU_LIMIT = "gpu"
-RUN_DEPLOYMENT = "benchmark-run/benchmark-run"
-DEFAULT_RESULTS = Path("results/a2rl.duckdb")
+from a2rl.gpu_slots import GPU_LIMIT  # noqa: E402
 DEFAULTS = RunConfig()
 FINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+STALL_S = 600.0
+"""A sweep whose runs have all been waiting this long says that no worker seems to take them."""
 
 SweepStatus = Literal["skipped", "planned", "launched", "completed", "failed"]
 
@@ -76,18 +78,10 @@ def expand_matrix(
 
 
 def run_parameters(config: RunConfig, results: Path | str, runs_dir: Path | str | None, grace_s: float) -> dict:
-    """The `benchmark-run` parameters whose RunConfig (and so `config_hash`) equals `config`.
-    `driver` is passed only when it is not the default, since the flow may not take it yet."""
-    params: dict[str, Any] = {
-        "task": config.task, "agent": config.agent, "budget_s": config.budget_s, "seed": config.seed,
-        "results": str(results), "variant": config.variant, "base_model": config.base_model,
-        "protocol": config.protocol, "mode": config.mode, "val_limit": config.val_limit,
-        "test_limit": config.test_limit, "max_submissions": config.max_submissions, "grace_s": grace_s,
-    }  # fmt: skip
+    """The `benchmark-run` parameters whose RunConfig (and so `config_hash`) equals `config`: every field."""
+    params: dict[str, Any] = {**config.model_dump(mode="json"), "results": str(results), "grace_s": grace_s}
     if runs_dir is not None:
         params["runs_dir"] = str(runs_dir)
-    if config.driver != DEFAULTS.driver:
-        params["driver"] = config.driver
     return params
 
 
@@ -115,8 +109,8 @@ def check_parameters(items: list[SweepItem], accepted: set[str]) -> None:
     for item in items:
         if missing := set(item.parameters) - accepted:
             raise ValueError(
-                f"{item.label}: benchmark-run takes no parameter(s) {sorted(missing)}; "
-                "drivers other than 'none' need a `driver` parameter on the flow"
+                f"{item.label}: benchmark-run takes no parameter(s) {sorted(missing)}; the deployment is older "
+                "than this code: register it again with `a2rl deploy`"
             )
 
 
@@ -163,10 +157,20 @@ def watch_runs(items: list[SweepItem], poll_s: float, timeout_s: float | None) -
     if not launched:
         return
     progress = create_progress_artifact(0.0, description=f"sweep: {len(launched)} benchmark runs")
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = None if timeout_s is None else started + timeout_s
+    stall_warned = False
     with get_client(sync_client=True) as client:
         while True:
             runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(launched))))
+            waiting = [fr for fr in runs if fr.state_type and fr.state_type.value in ("SCHEDULED", "PENDING")]
+            if not stall_warned and len(waiting) == len(runs) and time.monotonic() - started > STALL_S:
+                stall_warned = True
+                logger.warning(
+                    "none of the %d run(s) has started after %.0f s: is a worker polling the runs' work queue "
+                    "with a free place? A worker whose --limit this sweep fills cannot start them "
+                    "(docs/scale-out.md: sweeps and runs on separate queues)", len(runs), STALL_S,
+                )  # fmt: skip
             for fr in runs:
                 item = launched[str(fr.id)]
                 if fr.state_name != item.state:
@@ -182,6 +186,10 @@ def watch_runs(items: list[SweepItem], poll_s: float, timeout_s: float | None) -
             if deadline is not None and time.monotonic() > deadline:
                 logger.warning("stopped watching after %.0f s; %d run(s) still going", timeout_s,
                                len(launched) - len(finished))  # fmt: skip
+                for fr in runs:
+                    if not (fr.state_type and fr.state_type.value in FINAL_STATES):
+                        item = launched[str(fr.id)]
+                        item.detail = f"still {fr.state_name} when the sweep stopped watching (it goes on)"
                 return
             time.sleep(poll_s)
 
@@ -217,8 +225,15 @@ def benchmark_run_parameters(local: bool, deployment: str) -> set[str]:
 
         return set(inspect.signature(benchmark_run.fn).parameters)
     with get_client(sync_client=True) as client:
-        schema = client.read_deployment_by_name(deployment).parameter_openapi_schema or {}
+        try:
+            schema = client.read_deployment_by_name(deployment).parameter_openapi_schema or {}
+        except ObjectNotFound:
+            raise DeployFirst(f"deploy first: a2rl deploy (the server has no deployment {deployment!r})") from None
     return set(schema.get("properties", {}))
+
+
+class DeployFirst(LookupError):
+    """A sweep through deployments on a server where they were never registered."""
 
 
 @flow(name="sweep")
@@ -237,7 +252,14 @@ def sweep(
     val_limit: int | None = DEFAULTS.val_limit,
     test_limit: int | None = DEFAULTS.test_limit,
     max_submissions: int = DEFAULTS.max_submissions,
-    grace_s: float = 30.0,
+    strict_mode: bool = DEFAULTS.strict_mode,
+    eval_batch_size: int = DEFAULTS.eval_batch_size,
+    eval_backend: str = DEFAULTS.eval_backend,
+    sandbox: str = DEFAULTS.sandbox,
+    max_workspace_bytes: int = DEFAULTS.max_workspace_bytes,
+    grading_workers: int = DEFAULTS.grading_workers,
+    max_checkpoint_bytes: int = DEFAULTS.max_checkpoint_bytes,
+    grace_s: float = GRACE_S,
     local: bool = False,
     force: bool = False,
     gpu_slots: int = 1,
@@ -255,15 +277,18 @@ def sweep(
             through `deployment` on its work pool and (with `wait`) follow them until they end.
         gpu_slots: slots of the global concurrency limit `gpu`, i.e. agent sessions at once across workers.
         job_variables: per-run infrastructure overrides for the deployment (e.g. {"env": {...}}).
-        watch_timeout_s: stop following after this long (the runs go on); None = until all end.
+        watch_timeout_s: stop following after this long (the runs go on, the sweep fails saying so); None =
+            a bound from the matrix: each run's budget three times over plus an hour, per run.
     """
     logger = get_run_logger()
+    # Every RunConfig field that is not an axis of the matrix is a parameter of this flow of the same name.
+    given = locals()
+    common = {name: given[name] for name in RunConfig.model_fields if name not in MATRIX_FIELDS}
     configs = expand_matrix(
         tasks or [DEFAULTS.task], agents or [DEFAULTS.agent], drivers or [DEFAULTS.driver],
-        modes or [DEFAULTS.mode], seeds or [DEFAULTS.seed], budget_s=budget_s, variant=variant,
-        base_model=base_model, protocol=protocol, val_limit=val_limit, test_limit=test_limit,
-        max_submissions=max_submissions,
+        modes or [DEFAULTS.mode], seeds or [DEFAULTS.seed], **common,
     )  # fmt: skip
+    results = resolve_results(results)
     items = plan_sweep(configs, completed_hashes(Path(results)), force, results, runs_dir, grace_s)
     planned = [i for i in items if i.status == "planned"]
     logger.info("sweep of %d configuration(s): %d to run, %d already completed", len(items), len(planned),
@@ -276,6 +301,8 @@ def sweep(
             ensure_gpu_limit(gpu_slots)
             launch_runs(planned, deployment, job_variables)
             if wait:
+                if watch_timeout_s is None:
+                    watch_timeout_s = len(planned) * (3 * budget_s + 3600)
                 watch_runs(planned, poll_s, watch_timeout_s)
     create_table_artifact(
         [{"run": i.label, "config_hash": i.config.config_hash(), "status": i.status, "state": i.state,
@@ -284,4 +311,7 @@ def sweep(
     )  # fmt: skip
     if failed := [i.label for i in items if i.status == "failed"]:
         raise RuntimeError(f"{len(failed)} of {len(items)} run(s) did not complete: {', '.join(failed)}")
+    if wait and (going := [i.label for i in items if i.status == "launched"]):
+        raise TimeoutError(f"{len(going)} run(s) still going after watch_timeout_s={watch_timeout_s:.0f} s: "
+                           f"{', '.join(going)} (follow them in the UI or `a2rl status`)")
     return items

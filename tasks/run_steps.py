@@ -45,7 +45,8 @@ def run_logger() -> logging.Logger | logging.LoggerAdapter:
 
 
 def ledger_of(ctx: RunContext) -> Ledger:
-    return Ledger(ctx.paths.harness_dir / "ledger.jsonl")
+    # Every append anchors the new head in the results store (the ledger's end is checked against it).
+    return Ledger(ctx.paths.harness_dir / "ledger.jsonl", anchor=ResultsStore(ctx.results_path).ledger_anchor(ctx.run_id))
 
 
 @task(name="open-run", cache_policy=NO_CACHE)

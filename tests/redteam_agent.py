@@ -43,6 +43,8 @@ ATTEMPTS = (
     "submit_outside_workspace",
     "submit_symlink_escape",
     "submit_symlinked_file_in_checkpoint",
+    "submit_fifo_checkpoint",
+    "chunked_body_bomb",
     "tamper_ledger",
     "write_read_only_inputs",
     "swap_read_only_dir",
@@ -253,6 +255,43 @@ class Hostile:
         leaked = self.a.canary in bodies
         refused = 400 <= validate < 500 and 400 <= submit < 500
         return refused and not leaked, f"/validate {validate}, /submit {submit}; canary in a response: {leaked}"
+
+    def submit_fifo_checkpoint(self):
+        """FIFOs named model.safetensors and config.json: opening them for reading would block the grader."""
+        ckpt = self.ws / "output" / "fifo"
+        ckpt.mkdir(parents=True, exist_ok=True)
+        for name in ("config.json", "model.safetensors"):
+            if not (ckpt / name).exists():
+                os.mkfifo(ckpt / name)
+        start = time.monotonic()
+        codes = [self.http("POST", route, {"model_path": "output/fifo"})[0]
+                 for _ in range(3) for route in ("/validate", "/submit")]  # fmt: skip
+        health, _ = self.http("GET", "/health")
+        seconds = time.monotonic() - start
+        refused = all(400 <= c < 500 for c in codes) and health == 200 and seconds < 20
+        return refused, f"answers {codes} in {seconds:.1f} s, then /health {health}"
+
+    def chunked_body_bomb(self):
+        """200 MB of chunked JSON with no Content-Length: the grader must read at most its 64 KiB limit."""
+        import http.client
+        import urllib.parse
+
+        url = urllib.parse.urlparse(self.url)
+        answers = []
+        for token in (None, self.token):
+            conn = http.client.HTTPConnection(url.hostname, url.port, timeout=20)
+            headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+            try:
+                conn.request("POST", "/submit", body=(b"x" * (1 << 20) for _ in range(200)), headers=headers,
+                             encode_chunked=True)  # fmt: skip
+                answers.append(conn.getresponse().status)
+            except OSError as e:  # the grader closed the connection after answering: also a refusal
+                answers.append(type(e).__name__)
+            finally:
+                conn.close()
+        health, _ = self.http("GET", "/health")
+        refused = answers[0] in (401, "BrokenPipeError", "ConnectionResetError") and answers[1] != 200 and health == 200
+        return refused, f"without token: {answers[0]}, with token: {answers[1]}; /health {health}"
 
     # -- tampering ------------------------------------------------------------------------------------
     def tamper_ledger(self):

@@ -11,8 +11,9 @@ import httpx
 import pytest
 
 from a2rl.evaluation import EvalSpec
+from a2rl.grading.ledger import LedgerHead, read_ledger
 from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService, Ledger, LedgerCorrupted
-from a2rl.grading.checkpoint import SubmissionRejected, check_checkpoint, resolve_in_workspace
+from a2rl.grading.checkpoint import SubmissionRejected, check_directory, resolve_in_workspace
 from a2rl.records import EvalResult, RunConfig
 
 
@@ -53,15 +54,44 @@ def test_ledger_detects_a_deleted_entry(tmp_path):
         Ledger(path)
 
 
-def test_ledger_drops_a_torn_last_line_from_a_crash(tmp_path):
+def test_a_torn_last_line_is_reported_not_dropped_and_readers_never_rewrite(tmp_path):
     path = tmp_path / "ledger.jsonl"
     Ledger(path).append(run_id="r", kind="event", detail={"ok": True})
     with path.open("a") as f:
         f.write('{"seq": 1, "kind": "subm')  # the process died mid-write
+    before = path.read_bytes()
     ledger = Ledger(path)
-    assert len(ledger.entries()) == 1
-    ledger.append(run_id="r", kind="event", detail={"after": "restart"})
-    assert Ledger(path).verify() == 2
+    assert len(ledger.entries()) == 1 and str(ledger.torn_tail) == "torn tail: 24 bytes after entry 1"
+    assert read_ledger(path) and path.read_bytes() == before  # reading changes nothing
+    ledger.append(run_id="r", kind="event", detail={"after": "restart"})  # the writer sets it aside, on record
+    entries = Ledger(path).entries()
+    assert [e.detail.get("event") for e in entries] == [None, "torn-tail", None]
+    assert entries[1].detail["bytes"] == 24 and (tmp_path / "ledger.jsonl.torn-1").read_bytes() == before[-24:]
+
+
+def _anchored(tmp_path, n: int = 3):
+    path, heads = tmp_path / "ledger.jsonl", []
+    ledger = Ledger(path, anchor=lambda entry, line_hash: heads.append(LedgerHead(entry.seq + 1, line_hash)))
+    for i in range(n):
+        ledger.append(run_id="r", kind="final" if i == n - 1 else "event", score=3.125 if i == n - 1 else None)
+    assert heads[-1] == ledger.head()
+    return path, heads[-1]
+
+
+def test_an_edited_last_entry_is_caught_by_the_anchored_head(tmp_path):
+    path, head = _anchored(tmp_path)
+    path.write_text(path.read_text().replace('"score":3.125', '"score":93.125'))
+    assert Ledger(path).verify() == 3  # the chain alone cannot see its own end
+    with pytest.raises(LedgerCorrupted, match="last entry .* was edited"):
+        read_ledger(path, {"the results store": head})
+
+
+def test_a_truncated_ledger_is_caught_by_the_anchored_head(tmp_path):
+    path, head = _anchored(tmp_path)
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:-1]))
+    with pytest.raises(LedgerCorrupted, match="cut off its end"):
+        read_ledger(path, {"the report": head})
+    assert read_ledger(path, {"the report": None})  # nothing recorded: nothing to compare
 
 
 # -- budget clock ------------------------------------------------------------------------------
@@ -97,19 +127,18 @@ def test_unmerged_lora_adapter_is_refused_with_a_merge_hint(tmp_path):
     (tmp_path / "adapter_config.json").write_text("{}")
     (tmp_path / "adapter_model.safetensors").write_bytes(b"x")
     with pytest.raises(SubmissionRejected, match="merge"):
-        check_checkpoint(tmp_path)
+        check_directory(tmp_path)
 
 
 def test_incomplete_checkpoints_are_refused(tiny_model_dir, tmp_path):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(tiny_model_dir, ckpt)
-    assert check_checkpoint(ckpt)["size_bytes"] > 0
-    (ckpt / "tokenizer.json").unlink()
-    with pytest.raises(SubmissionRejected, match="tokenizer"):
-        check_checkpoint(ckpt)
+    assert check_directory(ckpt)["size_bytes"] > 0
+    (ckpt / "tokenizer.json").unlink()  # grading uses the base model's tokenizer: not needed
+    assert check_directory(ckpt)["size_bytes"] > 0
     (ckpt / "config.json").unlink()
     with pytest.raises(SubmissionRejected, match="config.json"):
-        check_checkpoint(ckpt)
+        check_directory(ckpt)
 
 
 # -- HTTP API ----------------------------------------------------------------------------------
@@ -201,3 +230,18 @@ def test_mode_is_checked_on_the_agents_code_at_every_submission(tmp_path, tiny_m
             assert detail["route"] == "SFT" and detail["mode_ok"] is False
     finally:
         svc.close(drain_timeout_s=5)
+
+
+def test_the_results_store_anchors_every_head_and_catches_an_edited_final_score(tmp_path):
+    from a2rl.store import ResultsStore
+
+    store = ResultsStore(tmp_path / "results.duckdb")
+    path = tmp_path / "ledger.jsonl"
+    ledger = Ledger(path, anchor=store.ledger_anchor("r"))
+    ledger.append(run_id="r", kind="event", detail={"event": "session-start"})
+    ledger.append(run_id="r", kind="final", split="test", status="scored", score=3.125)
+    assert store.ledger_head("r") == ledger.head()
+    assert len(read_ledger(path, {"the results store": store.ledger_head("r")})) == 2
+    path.write_text(path.read_text().replace('"score":3.125', '"score":93.125'))
+    with pytest.raises(LedgerCorrupted, match="edited"):
+        read_ledger(path, {"the results store": store.ledger_head("r")})

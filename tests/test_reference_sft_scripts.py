@@ -195,3 +195,23 @@ def test_submission_paths_are_relative_to_the_workspace(tmp_path):
     assert agent.relative_to_workspace(tmp_path / "ws" / "output" / "v2", tmp_path / "ws") == "output/v2"
     assert agent.relative_to_workspace(tmp_path / "ws" / "output" / "v2", tmp_path / "link") == "output/v2"
     assert agent.relative_to_workspace(tmp_path / "elsewhere", tmp_path / "ws") == str(tmp_path / "elsewhere")
+
+
+def test_training_precision_is_bf16_on_a_gpu_and_fp32_on_cpu(tiny_model_dir):
+    """The reference scripts' dtype rule (agents/reference_sft/train_precision.py, copied beside them)."""
+    from agents.reference_sft.train_precision import choose_precision, count_parameters, load_for_training
+
+    cpu = choose_precision(7_000_000_000, lora=True, cuda=False, bf16_supported=False)
+    assert (cpu.load_dtype, cpu.bf16, cpu.gradient_checkpointing) == ("float32", False, False)
+    assert cpu.trainer_kwargs() == {"bf16": False, "fp16": False, "gradient_checkpointing": False}
+    big = choose_precision(7_000_000_000, lora=True, cuda=True, bf16_supported=True)
+    assert (big.load_dtype, big.bf16, big.gradient_checkpointing) == ("bfloat16", True, True)
+    assert big.trainer_kwargs()["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
+    small_full = choose_precision(135_000_000, lora=False, cuda=True, bf16_supported=True)
+    assert (small_full.load_dtype, small_full.bf16, small_full.gradient_checkpointing) == ("float32", True, False)
+    assert not choose_precision(500_000_000, lora=True, cuda=True, bf16_supported=False).bf16  # e.g. a V100
+
+    model, n_params, use_lora, precision = load_for_training(str(tiny_model_dir), None, 10**9)
+    assert n_params == count_parameters(str(tiny_model_dir)) == sum(p.numel() for p in model.parameters())
+    assert not use_lora and precision.load_dtype == "float32" and next(model.parameters()).dtype.is_floating_point
+    assert str(next(model.parameters()).dtype) == "torch.float32"  # this machine has no GPU

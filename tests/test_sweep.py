@@ -41,7 +41,7 @@ def test_run_parameters_give_the_benchmark_run_the_same_config_hash():
     # benchmark-run builds its RunConfig from exactly these fields.
     rebuilt = RunConfig(**{k: v for k, v in params.items() if k in RunConfig.model_fields})
     assert rebuilt.config_hash() == config.config_hash()
-    assert "driver" not in params
+    assert set(RunConfig.model_fields) <= set(params)  # every field, so a deployment's own defaults never apply
     assert run_parameters(config.model_copy(update={"driver": "claude-x"}), "r", None, 10)["driver"] == "claude-x"
 
 
@@ -74,13 +74,16 @@ def test_a_local_sweep_runs_the_rest_one_after_another_and_reports_failures(
                  results: Path = Path("r.duckdb"), runs_dir: Path | None = None, variant: str = d.variant,
                  base_model: str = d.base_model, protocol: str = d.protocol, mode: str = d.mode,
                  val_limit: int | None = d.val_limit, test_limit: int | None = d.test_limit,
-                 max_submissions: int = d.max_submissions, grace_s: float = 30.0) -> None:  # fmt: skip
+                 max_submissions: int = d.max_submissions, grace_s: float = 30.0, driver: str = d.driver,
+                 strict_mode: bool = d.strict_mode, eval_batch_size: int = d.eval_batch_size,
+                 eval_backend: str = d.eval_backend, sandbox: str = d.sandbox,
+                 max_workspace_bytes: int = d.max_workspace_bytes, grading_workers: int = d.grading_workers,
+                 max_checkpoint_bytes: int = d.max_checkpoint_bytes) -> None:  # fmt: skip
         calls.append(seed)
         if seed == 1:
             raise RuntimeError("the agent broke")
-        config = RunConfig(task=task, agent=agent, budget_s=budget_s, seed=seed, variant=variant,
-                           base_model=base_model, protocol=protocol, mode=mode, val_limit=val_limit,
-                           test_limit=test_limit, max_submissions=max_submissions)  # fmt: skip
+        given = locals()
+        config = RunConfig(**{name: given[name] for name in RunConfig.model_fields})
         _complete(Path(results), config, f"run-{seed}")
 
     monkeypatch.setattr(flows.benchmark_run, "benchmark_run", stand_in)

@@ -1,6 +1,6 @@
 """The grading service: ledger, budget clock, checkpoint checks, evaluation queue and HTTP API."""
 
-from a2rl.grading.checkpoint import SubmissionRejected
+from a2rl.grading.errors import SubmissionRejected
 from a2rl.grading.clock import BudgetClock
 from a2rl.grading.ledger import Ledger, LedgerCorrupted
 from a2rl.grading.server import GradingServer

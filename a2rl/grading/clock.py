@@ -14,30 +14,40 @@ from pathlib import Path
 
 
 class BudgetClock:
+    """Agent time runs only between `start()` and `stop()` and while nothing is being graded.
+
+    It is kept as a sum of running stretches, so it only moves forward: a pause before `start()` (a resumed
+    run re-grading a pending submission) or after `stop()` (the final drain) takes nothing off the agent's
+    time, and `already_used_s` (restored on resume) is counted from the first moment.
+    """
+
     def __init__(self, budget_s: float, already_used_s: float = 0.0):
         self.budget_s = float(budget_s)
-        self._used_before_start = already_used_s
         self._lock = threading.Lock()
-        self._started_at: float | None = None
+        self._used = max(0.0, float(already_used_s))  # closed running stretches, restored time included
+        self._running_since: float | None = None  # start of the current running stretch
+        self._started = self._stopped = False
         self._pauses = 0  # nested: several evaluations may be in flight at once
         self._paused_at = 0.0
         self._paused_total = 0.0
-        self._stopped_at: float | None = None
 
     def start(self) -> None:
         with self._lock:
-            if self._started_at is None:
-                self._started_at = time.monotonic()
+            if not self._started:
+                self._started = True
+                self._run_if_free(time.monotonic())
 
     def stop(self) -> None:
         with self._lock:
-            if self._stopped_at is None:
-                self._stopped_at = time.monotonic()
+            self._close_stretch(time.monotonic())
+            self._stopped = True
 
     def pause(self) -> None:
         with self._lock:
+            now = time.monotonic()
             if self._pauses == 0:
-                self._paused_at = time.monotonic()
+                self._paused_at = now
+                self._close_stretch(now)
             self._pauses += 1
 
     def resume(self) -> None:
@@ -46,16 +56,15 @@ class BudgetClock:
                 return
             self._pauses -= 1
             if self._pauses == 0:
-                self._paused_total += time.monotonic() - self._paused_at
+                now = time.monotonic()
+                self._paused_total += now - self._paused_at
+                self._run_if_free(now)
 
     def elapsed(self) -> float:
-        """Agent seconds used so far (grading pauses excluded)."""
+        """Agent seconds used so far (grading pauses excluded); never decreases."""
         with self._lock:
-            if self._started_at is None:
-                return self._used_before_start
-            now = self._stopped_at or time.monotonic()
-            paused = self._paused_total + (now - self._paused_at if self._pauses else 0.0)
-            return self._used_before_start + (now - self._started_at) - paused
+            running = time.monotonic() - self._running_since if self._running_since is not None else 0.0
+            return self._used + running
 
     def paused_seconds(self) -> float:
         with self._lock:
@@ -72,6 +81,15 @@ class BudgetClock:
     @property
     def expired(self) -> bool:
         return self.remaining() <= 0.0
+
+    def _run_if_free(self, now: float) -> None:
+        if self._started and not self._stopped and self._pauses == 0 and self._running_since is None:
+            self._running_since = now
+
+    def _close_stretch(self, now: float) -> None:
+        if self._running_since is not None:
+            self._used += now - self._running_since
+            self._running_since = None
 
 
 class ClockRecorder:

@@ -1,7 +1,12 @@
-"""The grading ledger: append-only JSONL outside the workspace, fsynced, hash-chained.
+"""The grading ledger: append-only JSONL outside the workspace, fsynced, hash-chained, its end anchored.
 
-Each line carries the sha256 of the previous line, so an edited, reordered or deleted entry is
-detected by `verify()`. The ledger is the source of truth for scores; DuckDB is a view of it.
+Each line carries the sha256 of the previous line, so an edited, reordered or deleted entry is detected by
+`verify()`. The chain alone cannot see its own end (edit the last line, or cut lines off): so every append
+also hands the new head (entry count, hash of the last line) to an `anchor` the writer controls (the results
+store's `ledger_heads` table), and the run report records the head it was built from; `check_head` compares.
+Readers never rewrite the file: a torn last line (a crash mid-write) is reported ("torn tail: N bytes after
+entry K"); only the next append moves it aside into `ledger.jsonl.torn-<K>` and records a `torn-tail` event.
+The ledger is the source of truth for scores; DuckDB is a view of it.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ import hashlib
 import json
 import os
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,26 +27,101 @@ class LedgerCorrupted(RuntimeError):
     """The ledger file does not verify: a line was edited, removed or is not valid JSON."""
 
 
+@dataclass(frozen=True)
+class LedgerHead:
+    """Where the ledger ended: how many entries, and the sha256 of the last line ("" when empty)."""
+
+    entries: int
+    hash: str
+
+
+@dataclass(frozen=True)
+class TornTail:
+    """Bytes after the last complete line: a write a crash interrupted (never acknowledged to anyone)."""
+
+    after_entries: int
+    size: int
+
+    def __str__(self) -> str:
+        return f"torn tail: {self.size} bytes after entry {self.after_entries}"
+
+
+Anchor = Callable[[LedgerEntry, str], None]
+"""Called after every append with the entry and its line's hash (the new head)."""
+
+
 class Ledger:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, anchor: Anchor | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.anchor = anchor
         self._lock = threading.Lock()
+        self.torn_tail: TornTail | None = None
+        self._hashes: list[str] = []  # sha256 of each entry's line
         self._entries: list[LedgerEntry] = self._load() if self.path.exists() else []
-        self._last_hash = _line_hash(self._last_line()) if self._entries else ""
+        self._last_hash = self._hashes[-1] if self._entries else ""
 
     def append(self, **fields: Any) -> LedgerEntry:
-        """Write one entry durably (fsync) and return it."""
+        """Write one entry durably (fsync), anchor the new head, and return it."""
         with self._lock:
-            entry = LedgerEntry(seq=len(self._entries), prev_hash=self._last_hash, **fields)
-            line = entry.model_dump_json()
-            with self.path.open("a") as f:
-                f.write(line + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            self._entries.append(entry)
-            self._last_hash = _line_hash(line)
-            return entry
+            if self.torn_tail is not None:
+                self._set_torn_tail_aside()
+            entry = self._write(LedgerEntry(seq=len(self._entries), prev_hash=self._last_hash, **fields))
+        if self.anchor is not None:
+            self.anchor(entry, self._last_hash_of(entry))
+        return entry
+
+    def head(self) -> LedgerHead:
+        with self._lock:
+            return LedgerHead(len(self._entries), self._last_hash)
+
+    def check_head(self, expected: LedgerHead, where: str, complete: bool = True) -> str | None:
+        """None if the ledger still ends where `where` (the results store, a report) saw it end; with
+        `complete=False` (a report written mid-run) later entries are allowed after that head."""
+        here = self.head()
+        if here == expected:
+            return None
+        if here.entries < expected.entries:
+            return (f"ledger has {here.entries} entries but {where} recorded {expected.entries}: "
+                    "entries were cut off its end")  # fmt: skip
+        if here.entries == expected.entries:
+            return f"ledger's last entry (seq {here.entries - 1}) differs from the one {where} recorded: it was edited"
+        if expected.entries and self._hashes[expected.entries - 1] != expected.hash:
+            return f"ledger entry seq {expected.entries - 1} differs from the one {where} recorded: it was edited"
+        if not complete:
+            return None
+        return f"ledger has {here.entries - expected.entries} entries after the head {where} recorded"
+
+    def _write(self, entry: LedgerEntry) -> LedgerEntry:
+        line = entry.model_dump_json()
+        with self.path.open("a") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self._entries.append(entry)
+        self._last_hash = _line_hash(line)
+        self._hashes.append(self._last_hash)
+        return entry
+
+    def _last_hash_of(self, entry: LedgerEntry) -> str:
+        return self._hashes[entry.seq]
+
+    def _set_torn_tail_aside(self) -> None:
+        """The writer's repair before its next append: the torn bytes are kept beside the ledger, cut from
+        it, and the cut is itself recorded in the chain."""
+        torn = self.torn_tail
+        raw = self.path.read_bytes()
+        keep = len(raw) - torn.size
+        aside = self.path.with_name(f"{self.path.name}.torn-{torn.after_entries}")
+        aside.write_bytes(raw[keep:])
+        with self.path.open("r+b") as f:
+            f.truncate(keep)
+            os.fsync(f.fileno())
+        self.torn_tail = None
+        self._write(LedgerEntry(seq=len(self._entries), prev_hash=self._last_hash, run_id=self._entries[-1].run_id
+                                if self._entries else "", kind="event",
+                                detail={"event": "torn-tail", "bytes": torn.size, "after_entries": torn.after_entries,
+                                        "saved_to": aside.name}))  # fmt: skip
 
     def entries(self) -> list[LedgerEntry]:
         with self._lock:
@@ -49,20 +131,17 @@ class Ledger:
         """Re-read the file and check the hash chain; return the number of entries."""
         return len(self._load())
 
-    def _last_line(self) -> str:
-        with self.path.open() as f:
-            lines = [line.rstrip("\n") for line in f if line.strip()]
-        return lines[-1]
-
     def _load(self) -> list[LedgerEntry]:
         entries: list[LedgerEntry] = []
+        self._hashes: list[str] = []
         prev = ""
         with self.path.open() as f:
             raw_lines = f.read().split("\n")
-        # A crash during a write can leave a torn last line (no trailing newline): it was never
-        # acknowledged to anyone, so it is dropped and rewritten away rather than failing the run.
-        if raw_lines and raw_lines[-1].strip():
-            self._truncate_torn_tail(raw_lines)
+        # A crash during a write can leave a torn last line (no trailing newline). Reported, never rewritten
+        # here; the next append sets it aside.
+        if raw_lines and raw_lines[-1]:
+            complete = [x for x in raw_lines[:-1] if x.strip()]
+            self.torn_tail = TornTail(len(complete), len(raw_lines[-1].encode()))
             raw_lines = raw_lines[:-1]
         for n, line in enumerate(x for x in raw_lines if x.strip()):
             try:
@@ -75,24 +154,28 @@ class Ledger:
                     "an entry was edited, removed or reordered"
                 )
             prev = _line_hash(line)
+            self._hashes.append(prev)
             entries.append(entry)
         return entries
-
-    def _truncate_torn_tail(self, raw_lines: list[str]) -> None:
-        keep = "\n".join(raw_lines[:-1])
-        keep = keep + "\n" if keep and not keep.endswith("\n") else keep
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(keep)
-        os.replace(tmp, self.path)
 
 
 def _line_hash(line: str) -> str:
     return hashlib.sha256(line.encode()).hexdigest()
 
 
-def read_ledger(path: Path) -> list[LedgerEntry]:
-    """Verified entries of a ledger file (raises LedgerCorrupted)."""
-    return Ledger(path).entries()
+def read_ledger(path: Path, expected: dict[str, LedgerHead | None] | None = None,
+                report_head: LedgerHead | None = None) -> list[LedgerEntry]:  # fmt: skip
+    """Verified entries of a ledger file. Raises LedgerCorrupted on a broken chain, or when the ledger does
+    not end where a recorded head says it ended (`expected`: where -> head, e.g. the results store; the
+    `report_head` may be followed by later entries)."""
+    ledger = Ledger(path)
+    checks = [(where, head, True) for where, head in (expected or {}).items()]
+    checks.append(("the run report", report_head, False))
+    problems = [p for where, head, complete in checks if head is not None
+                and (p := ledger.check_head(head, where, complete))]  # fmt: skip
+    if problems:
+        raise LedgerCorrupted(f"{path}: " + "; ".join(problems))
+    return ledger.entries()
 
 
 def dump_entries(entries: list[LedgerEntry]) -> list[dict]:

@@ -13,60 +13,154 @@ import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from a2rl.grading.checkpoint import SubmissionRejected
+from a2rl.grading.errors import SubmissionRejected
 from a2rl.grading.service import GradingService
 
 MAX_BODY_BYTES = 64 * 1024
+PUBLIC_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+"""Everything else needs the bearer token, checked before a byte of the body is read."""
+
+
+def _error(description: str) -> dict:
+    return {"description": description, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+
+
+class Error(BaseModel):
+    detail: str = Field(description="One harness-written line saying what was wrong.")
+
+
+COMMON_RESPONSES: dict[int | str, dict] = {
+    400: _error("Malformed request (bad Content-Length) or a refused checkpoint"),
+    401: _error("Missing or wrong bearer token (checked before the body is read)"),
+    413: _error(f"Request body over {MAX_BODY_BYTES} bytes, declared or streamed (chunked)"),
+}
+SUBMISSION_RESPONSES: dict[int | str, dict] = {
+    403: _error("The session is over, or the checkpoint breaks the run's mode (strict mode)"),
+    404: _error("model_path does not exist"),
+    408: _error("Checking or copying the checkpoint ran past its time limit"),
+    409: _error("A checkpoint file changed while it was being copied"),
+    413: _error("Request body too large, or checkpoint over the size cap"),
+    429: _error("Submission cap reached"),
+}
 
 
 class PathRequest(BaseModel):
-    model_path: str = Field(description="Checkpoint directory, relative to the workspace (e.g. output/v1).")
+    model_config = ConfigDict(strict=True)  # no coercion: `true` is not submission 1, `0` not `false`
+
+    model_path: str = Field(description="Checkpoint directory, relative to the workspace (e.g. output/v1).",
+                            min_length=1, examples=["output/v1"])
 
 
 class FinalRequest(BaseModel):
+    model_config = ConfigDict(strict=True)  # no coercion: `true` is not submission 1, `0` not `false`
+
     submission_id: int = Field(description="The submission to evaluate on the hidden test set after the session.")
 
 
 class SubmitRequest(BaseModel):
-    model_path: str = Field(description="Checkpoint directory, relative to the workspace (e.g. output/v1).")
+    model_config = ConfigDict(strict=True)  # no coercion: `true` is not submission 1, `0` not `false`
+
+    model_path: str = Field(description="Checkpoint directory, relative to the workspace (e.g. output/v1).",
+                            min_length=1, examples=["output/v1"])
     wait: bool = Field(default=False, description="Block until graded and return the score (original's sync mode).")
 
 
+class RequestGuard:
+    """Outermost ASGI layer: the bearer token is checked before the body is read (public paths excepted),
+    at most MAX_BODY_BYTES of the body are ever read, declared or chunked (the rest stays unread and the
+    connection is closed), and every request is logged to the harness's request log."""
+
+    def __init__(self, app, token: str, request_log: Path | None):
+        self.app, self.token, self.request_log = app, token.encode(), request_log
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+        status: list[int] = []
+
+        async def logged_send(message) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        try:
+            await self._guarded(scope, receive, logged_send)
+        finally:
+            self._log(scope, status[0] if status else 0, time.perf_counter() - start)
+
+    async def _guarded(self, scope, receive, send) -> None:
+        headers = dict(scope.get("headers") or [])
+        if scope["path"] not in PUBLIC_PATHS and not self._authorized(headers.get(b"authorization", b"")):
+            return await _answer(send, 401, "missing or wrong bearer token", [(b"www-authenticate", b"Bearer")])
+        declared = headers.get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                return await _answer(send, 400, "bad Content-Length header")
+            if int(declared) > MAX_BODY_BYTES:
+                return await _answer(send, 413, f"request body over {MAX_BODY_BYTES} bytes")
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > MAX_BODY_BYTES:  # a chunked body declares nothing: cap what is read
+                return await _answer(send, 413, f"request body over {MAX_BODY_BYTES} bytes")
+            if not message.get("more_body"):
+                break
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    def _authorized(self, header: bytes) -> bool:
+        scheme, _, credentials = header.partition(b" ")
+        return scheme.lower() == b"bearer" and secrets.compare_digest(credentials.strip(), self.token)
+
+    def _log(self, scope, status: int, seconds: float) -> None:
+        if self.request_log is None:
+            return
+        line = {"at": time.time(), "method": scope.get("method"), "route": scope.get("path"), "status": status,
+                "latency_s": round(seconds, 4)}  # fmt: skip
+        with self.request_log.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+async def _answer(send, status: int, detail: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"), *headers]})  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
+
+
 def create_app(service: GradingService, token: str, request_log: Path | None = None) -> FastAPI:
-    app = FastAPI(title="a2rl grading service", version="1")
+    app = FastAPI(title="a2rl grading service", version="1", responses=COMMON_RESPONSES)
     bearer = HTTPBearer(auto_error=False)
 
     def authorized(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        # RequestGuard already checked the token; this declares the scheme in the OpenAPI document.
         if creds is None or not secrets.compare_digest(creds.credentials, token):
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
-    @app.middleware("http")
-    async def log_and_limit(request: Request, call_next):
-        start = time.perf_counter()
-        if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
-            response = JSONResponse({"detail": f"request body over {MAX_BODY_BYTES} bytes"}, status_code=413)
-        else:
-            response = await call_next(request)
-        if request_log is not None:
-            line = {
-                "at": time.time(),
-                "method": request.method,
-                "route": request.url.path,
-                "status": response.status_code,
-                "latency_s": round(time.perf_counter() - start, 4),
-            }
-            with request_log.open("a") as f:
-                f.write(json.dumps(line) + "\n")
-        return response
+    app.add_middleware(RequestGuard, token=token, request_log=request_log)
 
     @app.exception_handler(SubmissionRejected)
     async def rejected(request: Request, exc: SubmissionRejected):
         return JSONResponse({"detail": str(exc)}, status_code=exc.status_code)
 
+    # async: answered on the event loop, so it stays up even when every worker thread is busy.
     @app.get("/health")
-    def health() -> dict:
+    async def health() -> dict:
         return {"status": "ok", "task": service.ctx.config.task, "protocol": service.ctx.config.protocol}
 
     @app.get("/budget", dependencies=[Depends(authorized)])
@@ -74,16 +168,17 @@ def create_app(service: GradingService, token: str, request_log: Path | None = N
         return service.budget()
 
     # Sync endpoints run in FastAPI's thread pool, so a waiting /submit does not block others.
-    @app.post("/submit", dependencies=[Depends(authorized)])
+    @app.post("/submit", dependencies=[Depends(authorized)], responses=SUBMISSION_RESPONSES)
     def submit(body: SubmitRequest) -> dict:
         return service.submit(body.model_path, wait=body.wait)
 
-    @app.post("/validate", dependencies=[Depends(authorized)])
+    @app.post("/validate", dependencies=[Depends(authorized)], responses=SUBMISSION_RESPONSES)
     def validate(body: PathRequest) -> dict:
-        """Pre-check a checkpoint (path, config, tokenizer, weights, LoRA, architecture); spends nothing."""
+        """Pre-check a checkpoint (path, config, weights, LoRA, architecture, vocabulary); spends nothing."""
         return service.validate(body.model_path)
 
-    @app.post("/final", dependencies=[Depends(authorized)])
+    @app.post("/final", dependencies=[Depends(authorized)],
+              responses={404: _error("No such submission"), 409: _error("That submission failed grading")})
     def final(body: FinalRequest) -> dict:
         """Declare the final pick (heldout protocol); default is the best submission on validation."""
         return service.declare_final(body.submission_id)
@@ -92,7 +187,8 @@ def create_app(service: GradingService, token: str, request_log: Path | None = N
     def submissions() -> list[dict]:
         return [service.response(e.submission_id) for e in service.submissions()]
 
-    @app.get("/submissions/{submission_id}", dependencies=[Depends(authorized)])
+    @app.get("/submissions/{submission_id}", dependencies=[Depends(authorized)],
+             responses={404: _error("No such submission")})
     def submission(submission_id: int) -> dict:
         return service.response(submission_id)
 
@@ -101,7 +197,21 @@ def create_app(service: GradingService, token: str, request_log: Path | None = N
         b = service.best()
         return service.response(b.submission_id) if b else {"best": None}
 
+    _add_error_schema(app)
     return app
+
+
+def _add_error_schema(app: FastAPI) -> None:
+    """Put the `Error` body (referenced by every documented 4xx) into the OpenAPI document."""
+    make = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = make()
+            schema.setdefault("components", {}).setdefault("schemas", {})["Error"] = Error.model_json_schema()
+        return app.openapi_schema
+
+    app.openapi = openapi
 
 
 class GradingServer:

@@ -9,25 +9,34 @@ crash interrupted.
 
 from __future__ import annotations
 
+import json
+import logging
 import queue
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from a2rl.evaluation import EvalCache, EvalSpec, EvaluationFailed, evaluate_cached
 from a2rl.grading.checkpoint import (
-    SubmissionRejected,
+    CheckedCheckpoint,
     check_checkpoint,
     check_compatible,
-    resolve_in_workspace,
+    open_checkpoint,
+    snapshot_base_files,
+    write_snapshot,
 )
 from a2rl.grading.clock import BudgetClock
+from a2rl.grading.errors import FailureKind, SubmissionRejected, public_failure
+from a2rl.grading.files import Deadline
 from a2rl.grading.ledger import Ledger
-from a2rl.models import checkpoint_files, weights_hash
+from a2rl.models import weights_hash
 from a2rl.records import EvalResult, LedgerEntry, RunConfig, Split
+
+log = logging.getLogger("a2rl.grading")
 
 Evaluate = Callable[..., EvalResult]
 """(checkpoint dir, weights hash, spec, device=...) -> result; raises EvaluationFailed."""
@@ -47,6 +56,8 @@ class GradingContext:
     """Submissions must match its architecture and vocabulary."""
     devices: list[str | None] = field(default_factory=lambda: [None])
     """One evaluation worker per entry; "0", "1", ... pin a worker to a GPU, None = default device."""
+    ledger_anchor: Callable[[LedgerEntry, str], None] | None = None
+    """Receives every new ledger head (e.g. `ResultsStore.ledger_anchor(run_id)`), so the end is anchored."""
 
 
 def grading_devices(workers: int) -> list[str | None]:
@@ -80,13 +91,18 @@ class GradingService:
         self._evaluate = evaluate
         self._on_entry = on_entry or (lambda e: None)
         self._on_evaluation = on_evaluation or (lambda e, r: None)
-        self.ledger = Ledger(ctx.harness_dir / "ledger.jsonl")
+        self.ledger = Ledger(ctx.harness_dir / "ledger.jsonl", anchor=ctx.ledger_anchor)
         self.snapshots = ctx.harness_dir / "snapshots"
+        # The base model's tokenizer, chat template and generation config, copied once into the harness dir:
+        # every snapshot renders prompts with these, never with files a submission brings.
+        self.base_files = (snapshot_base_files(ctx.base_model_dir, ctx.harness_dir / "base-tokenizer")
+                           if ctx.base_model_dir else None)  # fmt: skip
         self._cache = EvalCache()
         self._queue: queue.Queue[LedgerEntry | None] = queue.Queue()
         self._done: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
         self.closed = False
+        self.closing = threading.Event()
         self.grading_seconds = 0.0
         self._workers = [
             threading.Thread(target=self._work, args=(device,), daemon=True, name=f"grader-{i}")
@@ -104,8 +120,9 @@ class GradingService:
 
     def validate(self, model_path: str) -> dict:
         """All checks a submission gets, without spending an evaluation or a submission."""
-        _, facts = self._checked(model_path)
-        return {"ok": True, "model_path": model_path, **facts}
+        checked = self._checked(model_path, Deadline())
+        checked.close()
+        return {"ok": True, "model_path": model_path, **checked.facts}
 
     def _check_mode(self) -> dict:
         """Route label of the agent's code now, and whether it keeps to the run's mode; in strict mode a
@@ -117,37 +134,66 @@ class GradingService:
             raise SubmissionRejected(verdict.message, 403)
         return {"route": analysis.label, "mode_ok": verdict.ok, "mode_message": verdict.message}
 
-    def _checked(self, model_path: str) -> tuple[Path, dict]:
-        resolved = resolve_in_workspace(self.ctx.workspace, model_path)
-        facts = check_checkpoint(resolved, self.ctx.config.max_checkpoint_bytes)
-        if self.ctx.base_model_dir:
-            check_compatible(resolved, self.ctx.base_model_dir)
-        return resolved, facts
+    def _checked(self, model_path: str, deadline: Deadline) -> CheckedCheckpoint:
+        """Open the checkpoint by fd (no links followed) and run every check; the caller closes it."""
+        ckpt = open_checkpoint(self.ctx.workspace, model_path)
+        try:
+            checked = check_checkpoint(ckpt, self.ctx.config.max_checkpoint_bytes, deadline)
+            if self.ctx.base_model_dir:
+                check_compatible(checked, self.ctx.base_model_dir, deadline)
+        except BaseException:
+            ckpt.close()
+            raise
+        return checked
+
+    def _checked_copy(self, model_path: str) -> tuple[Path, dict]:
+        """Check the checkpoint and copy it into a pending snapshot, from the very fds that were checked.
+        Runs outside the service lock: a slow or hostile checkpoint never holds up other requests."""
+        deadline = Deadline()
+        checked = self._checked(model_path, deadline)
+        pending = self.snapshots / f".pending-{uuid.uuid4().hex}"
+        try:
+            write_snapshot(checked, pending, self.base_files, deadline)
+        except BaseException:
+            shutil.rmtree(pending, ignore_errors=True)
+            raise
+        finally:
+            checked.close()
+        return pending, checked.facts
 
     def submit(self, model_path: str, wait: bool = False, timeout_s: float = 6 * 3600) -> dict:
-        if self.closed:
+        if self.closed:  # fail fast; the authoritative check is under the lock below
             raise SubmissionRejected("the session is over: no more submissions are accepted", 403)
-        with self._lock:
-            used = len(self.submissions())
-            if used >= self.ctx.config.max_submissions:
-                raise SubmissionRejected(f"submission cap reached ({self.ctx.config.max_submissions} per run)", 429)
-            resolved, facts = self._checked(model_path)
+        if len(self.submissions()) >= self.ctx.config.max_submissions:
+            raise SubmissionRejected(f"submission cap reached ({self.ctx.config.max_submissions} per run)", 429)
+        pending, facts = self._checked_copy(model_path)
+        try:
             route = self._check_mode()
-            submission_id = used + 1
-            snapshot = self._snapshot(resolved, submission_id)
-            whash = weights_hash(snapshot)
-            entry = self._append(
-                kind="submission", submission_id=submission_id, model_path=model_path,
-                resolved_path=str(snapshot), weights_hash=whash, size_bytes=facts["size_bytes"],
-                split=self.feedback_split, status="queued", agent_elapsed_s=round(self.clock.elapsed(), 3),
-                detail={"workspace_path": str(resolved), **route},
-            )  # fmt: skip
-            self._done[submission_id] = threading.Event()
-            hit = self._cache.lookup(whash, self._spec(entry.split))
+            whash = weights_hash(pending)
+            with self._lock:
+                # Checked under the lock that close() takes: a submission is either accepted before the session
+                # closes (and then graded before close() returns) or refused with this answer, never lost.
+                if self.closed:
+                    raise SubmissionRejected("the session is over: no more submissions are accepted", 403)
+                used = len(self.submissions())
+                if used >= self.ctx.config.max_submissions:
+                    raise SubmissionRejected(f"submission cap reached ({self.ctx.config.max_submissions} per run)", 429)
+                submission_id = used + 1
+                snapshot = self._snapshot(pending, submission_id)
+                entry = self._append(
+                    kind="submission", submission_id=submission_id, model_path=model_path,
+                    resolved_path=str(snapshot), weights_hash=whash, size_bytes=facts["size_bytes"],
+                    split=self.feedback_split, status="queued", agent_elapsed_s=round(self.clock.elapsed(), 3),
+                    detail={"workspace_path": str(self.ctx.workspace / model_path), **route},
+                )  # fmt: skip
+                self._done[submission_id] = threading.Event()
+                hit = self._cache.lookup(whash, self._spec(entry.split))
+                if hit is None:  # queued under the lock: before close() can send the workers their stop marks
+                    self._queue.put(entry)
+        finally:
+            shutil.rmtree(pending, ignore_errors=True)
         if hit is not None:  # identical weights, same evaluator: answered at once, still on the ledger
             self._finish(entry, hit)
-        else:
-            self._queue.put(entry)
         if wait:
             self._done[submission_id].wait(timeout_s)
         return self.response(submission_id)
@@ -215,10 +261,16 @@ class GradingService:
         return self._append(kind="event", detail={"event": name, **detail})
 
     def close(self, drain_timeout_s: float = 6 * 3600) -> None:
-        """Stop accepting submissions and wait for queued evaluations to finish."""
-        self.closed = True
+        """Stop accepting submissions and wait for every accepted one to be graded.
+
+        `closing` is set first (a submission being accepted right now finishes, one after is refused); then
+        `closed` and the list to wait for are taken under the submission lock, so nothing accepted is missed."""
+        self.closing.set()
+        with self._lock:
+            self.closed = True
+            pending = list(self._done.values())
         deadline = time.monotonic() + drain_timeout_s
-        for ev in list(self._done.values()):
+        for ev in pending:
             ev.wait(max(0.0, deadline - time.monotonic()))
         for _ in self._workers:
             self._queue.put(None)
@@ -227,17 +279,12 @@ class GradingService:
     def _spec(self, split: Split) -> EvalSpec:
         return EvalSpec.for_run(self.ctx.config, split)
 
-    def _snapshot(self, src: Path, submission_id: int) -> Path:
-        """Copy the checkpoint's files out of the workspace: what was submitted is what is graded."""
+    def _snapshot(self, pending: Path, submission_id: int) -> Path:
+        """Give a checked copy its submission's name: what was submitted is what is graded."""
         dst = self.snapshots / f"s{submission_id}"
         if dst.exists():
             shutil.rmtree(dst)
-        tmp = self.snapshots / f".s{submission_id}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for f in checkpoint_files(src):
-            shutil.copyfile(f, tmp / f.name)
-        tmp.rename(dst)
+        pending.rename(dst)
         return dst
 
     def _recover(self) -> None:
@@ -250,7 +297,7 @@ class GradingService:
                 self.record_event("evaluation-resumed", submission_id=e.submission_id)
                 self._queue.put(e)
             else:
-                self._record_failure(e, "interrupted by a grader crash; its snapshot is gone", 0.0)
+                self._record_failure(e, FailureKind.INTERRUPTED.reason, 0.0, "snapshot missing after a grader crash")
 
     def _append(self, **fields) -> LedgerEntry:
         entry = self.ledger.append(run_id=self.ctx.run_id, **fields)
@@ -270,9 +317,10 @@ class GradingService:
         try:
             result = self._evaluate(Path(queued.resolved_path), queued.weights_hash, self._spec(queued.split),
                                     device=device)
-        except (EvaluationFailed, OSError, ValueError) as e:
-            # A failed evaluation is recorded as an error and never counted as a score.
-            self._record_failure(queued, str(e), time.monotonic() - start)
+        except (EvaluationFailed, OSError, ValueError, MemoryError) as e:
+            # A failed evaluation is recorded as an error and never counted as a score. Its text ran over
+            # hidden items: the agent gets a fixed category, the full text goes to the harness log only.
+            self._record_failure(queued, public_failure(e), time.monotonic() - start, f"{type(e).__name__}: {e}")
             return
         finally:
             self.clock.resume()
@@ -287,9 +335,13 @@ class GradingService:
         if queued.submission_id in self._done:
             self._done[queued.submission_id].set()
 
-    def _record_failure(self, queued: LedgerEntry, error: str, seconds: float) -> None:
+    def _record_failure(self, queued: LedgerEntry, public_reason: str, seconds: float, full_text: str) -> None:
+        """`public_reason` is harness-written (agent-visible); `full_text` goes to the harness log only."""
+        log.warning("submission %s evaluation failed: %s", queued.submission_id, full_text)
+        with (self.ctx.harness_dir / "evaluation-errors.jsonl").open("a") as f:
+            f.write(json.dumps({"at": time.time(), "submission_id": queued.submission_id, "error": full_text}) + "\n")
         fields = _carry(queued)
-        fields.update(status="error", error=error[-2000:], eval_seconds=round(seconds, 3))
+        fields.update(status="error", error=public_reason, eval_seconds=round(seconds, 3))
         self._append(kind="submission", **fields)
         if queued.submission_id in self._done:
             self._done[queued.submission_id].set()

@@ -70,8 +70,10 @@ async def main(argv: list[str]) -> int:
         ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     # --signals: the agent gets its own group; we pass SIGTERM on and keep forwarding for its last submission.
     forward = "--signals" in opts
+    libc = ctypes.CDLL(None)  # the command gets SIGKILL if we die (PR_SET_PDEATHSIG): nothing outlives its launcher
     try:
-        proc = subprocess.Popen(cmd, process_group=0 if forward else None)
+        proc = subprocess.Popen(cmd, process_group=0 if forward else None,
+                                preexec_fn=lambda: libc.prctl(1, signal.SIGKILL, 0, 0, 0))
     except OSError as e:
         print(f"[sandbox] cannot start {cmd[:1]}: {e}", file=sys.stderr)
         return 127

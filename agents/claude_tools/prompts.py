@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from a2rl import safefs
+
 SYSTEM_PROMPT = """\
 You are an autonomous machine-learning engineer. You are given a base language model, a task and a time \
 budget, and your job is to post-train the model so that it scores as high as possible on the task's hidden \
@@ -75,12 +77,13 @@ def task_prompt(workspace: Path, env: dict[str, str] | None = None, grading_tool
 
 def _listing(workspace: Path, max_entries: int = 60) -> str:
     lines = []
-    for path in sorted(workspace.rglob("*")):
-        rel = path.relative_to(workspace)
-        if len(rel.parts) > 2 or any(p.startswith(".") for p in rel.parts):
+    # The runner has the harness's rights: links are listed as what they are, never followed.
+    hidden = lambda e: e.name.startswith(".")  # noqa: E731
+    for entry in safefs.walk(workspace, prune=hidden, max_depth=2):
+        if hidden(entry):
             continue
-        size = f"{path.stat().st_size:>12,d}" if path.is_file() else f"{'<dir>':>12}"
-        lines.append(f"{size}  {rel}{'/' if path.is_dir() else ''}")
+        size = f"{'<dir>':>12}" if entry.is_dir else f"{'<link>':>12}" if entry.is_link else f"{entry.st.st_size:>12,d}"
+        lines.append(f"{size}  {entry.rel}{'/' if entry.is_dir else ''}")
         if len(lines) >= max_entries:
             lines.append("... (more)")
             break

@@ -25,6 +25,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from a2rl import procs
 from a2rl.sandbox import SandboxPolicy, SandboxUnavailable, agent_uid, sandbox_mode, wrap
 
 UNSANDBOXED_NOTE = "[note: no sandbox policy: commands run on the host with the harness's rights]"
@@ -159,7 +160,7 @@ class Toolbox:
     # -- commands ---------------------------------------------------------------------------------------
     def tool_bash(self, command: str, timeout_s: float | None = None) -> ToolResult:
         timeout = min(float(timeout_s or self.command_timeout_s), self.max_command_timeout_s)
-        self.groups = {pid: p for pid, p in self.groups.items() if _running(p)}  # reaps sandboxes that ended
+        self.groups = {pid: p for pid, p in self.groups.items() if procs.group_running(p)}  # reaps sandboxes that ended
         # Output goes to a file, not a pipe: a background job holding a pipe open would block the call.
         with tempfile.TemporaryFile() as out:
             proc, report = self._start(command, out)
@@ -167,14 +168,14 @@ class Toolbox:
             try:
                 rc = _wait(proc, report, timeout)
             except BaseException:  # interrupted (session stop): take the command down with us
-                _kill_tree(proc.pid)
+                procs.kill_tree(proc.pid)
                 raise
             finally:
                 if report is not None:
                     os.close(report)
             timed_out = rc is None
             if timed_out:  # the command (sandboxed: its whole sandbox) with everything it started
-                _kill_tree(proc.pid)
+                procs.kill_tree(proc.pid)
                 rc = proc.wait()
                 del self.groups[proc.pid]
             text = _read_head_tail(out, self.output_limit)
@@ -191,8 +192,9 @@ class Toolbox:
         try:
             if self.sandbox is not None:
                 cmd, env = wrap(cmd, env, self.sandbox, report_fd=w)
-            proc = subprocess.Popen(cmd, cwd=self.workspace, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, process_group=0, pass_fds=() if w is None else (w,))  # fmt: skip
+            # Dies with the runner (parent-death signal): a runner killed with the harness leaves no command.
+            proc = procs.start(cmd, group="group", cwd=self.workspace, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                               stderr=subprocess.STDOUT, pass_fds=() if w is None else (w,))  # fmt: skip
         except BaseException:
             if report is not None:
                 os.close(report)
@@ -327,13 +329,13 @@ class Toolbox:
     def close(self, grace_s: float = 2.0) -> None:
         """SIGTERM every command's process group (a sandbox's shim passes it on to the command inside), SIGKILL
         what is left after `grace_s`."""
-        live = [p for p in self.groups.values() if _kill_group(p.pid, signal.SIGTERM)]
+        live = [p for p in self.groups.values() if procs.signal_group(p.pid, signal.SIGTERM)]
         deadline = time.monotonic() + grace_s
         while live and time.monotonic() < deadline:
-            live = [p for p in live if _running(p)]
+            live = [p for p in live if procs.group_running(p)]
             time.sleep(0.05)
         for p in live:
-            _kill_tree(p.pid)
+            procs.kill_tree(p.pid)
             p.wait()
         self.groups.clear()
 
@@ -352,35 +354,6 @@ def _wait(proc: subprocess.Popen, report: int | None, timeout: float) -> int | N
     if not data:
         return proc.wait()
     return int(data) if data.lstrip(b"-").isdigit() else -1  # the command itself wrote there: its own loss
-
-
-def _kill_group(pgid: int, sig: int) -> bool:
-    try:
-        os.killpg(pgid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL the process group of `pid` and those of its children: for a sandbox, the shim's and bubblewrap's
-    (whose end ends the sandbox's PID namespace) or, in the unsandboxed fallback, the launcher's with the command."""
-    try:
-        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        children = []
-    for group in (pid, *children):
-        _kill_group(group, signal.SIGKILL)
-
-
-def _running(proc: subprocess.Popen) -> bool:
-    """The command (a sandbox: its shim, reaped by `poll` once it ended) or its process group has a live member."""
-    if proc.poll() is not None:
-        try:
-            os.killpg(proc.pid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-    return True
 
 
 def _read_head_tail(f, limit: int) -> str:

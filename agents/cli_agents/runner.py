@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlparse
 
+from a2rl import procs
 from a2rl.sandbox import SandboxPolicy, wrap
 from agents.base import LLM_CALLS_FILE, TOOL_CALLS_FILE, TRANSCRIPT_FILE, AgentOptions, LLMDriver, append_jsonl
 from agents.claude_tools.prompts import task_prompt
@@ -220,8 +221,9 @@ def main() -> int:
         if policy is not None:
             argv, env = sandboxed(argv, env, policy, proxy)
         # Same process group as this runner (no new session): the harness's group signals reach the CLI (the
-        # sandbox's shim passes them on inside).
-        proc = subprocess.Popen(argv, cwd=workspace, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+        # sandbox's shim passes them on inside). It dies with the runner (parent-death signal).
+        proc = procs.start(argv, group="inherit", cwd=workspace, env=env, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE)  # fmt: skip
         try:
             pump(proc, parser, harness)
             code = proc.wait()

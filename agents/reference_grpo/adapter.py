@@ -20,7 +20,8 @@ class ReferenceGRPO(Agent):
     def files(self) -> dict[str, Path]:
         """Workspace file name -> source. The loop helpers are reference-sft's `agent.py`, as `round_loop.py`."""
         files = {"agent.py": HERE / "agent.py", "train_grpo.py": HERE / "train_grpo.py",
-                 "train_grpo_env.py": HERE / "train_grpo_env.py", "round_loop.py": REFERENCE_SFT / "agent.py"}  # fmt: skip
+                 "train_grpo_env.py": HERE / "train_grpo_env.py", "round_loop.py": REFERENCE_SFT / "agent.py",
+                 "train_precision.py": REFERENCE_SFT / "train_precision.py"}  # fmt: skip
         if self.sft_warmup:
             files["train_sft.py"] = REFERENCE_SFT / "train_sft.py"
         return files

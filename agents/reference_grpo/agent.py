@@ -202,6 +202,18 @@ class Session:
                 f.write(f"\nAfter {self.rounds} rounds: best {best}, validation score {self.best_score}.\n")
 
 
+def interactive_session():
+    """reference-sft-grpo's in-process session for interactive tasks (`sft_grpo_session.py`), if installed."""
+    try:  # in a workspace: the copy beside this file
+        import sft_grpo_session
+    except ImportError:
+        try:  # in the harness's source tree
+            from agents.reference_sft_grpo import sft_grpo_session
+        except ImportError:
+            return None
+    return sft_grpo_session
+
+
 def main(argv: list[str] | None = None) -> int:
     """Train, submit, repeat while the budget allows; exits 0 after logging whatever went wrong."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -216,7 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         budget = client.budget()
         loop.log(f"budget: {json.dumps(budget)}")
-        Session(settings, GRPOSettings.from_env(), client, budget, args.sft_warmup).run()
+        interactive = interactive_session() if args.sft_warmup else None
+        if interactive is not None and interactive.applies(settings.data_path):
+            # Worked examples and environments: one process, SFT rounds, then GRPO with online rollouts.
+            interactive.InteractiveSession(settings, interactive.Knobs.from_env(), client, budget).run()
+        else:
+            Session(settings, GRPOSettings.from_env(), client, budget, args.sft_warmup).run()
     except Stopped as stop:
         loop.log(f"stopped by {stop}")
     except (OSError, RuntimeError, urllib.error.URLError) as error:

@@ -149,10 +149,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def grpo_config(args: argparse.Namespace, lr: float, output_dir: Path):
-    """TRL settings that work on a CPU-only machine as well as on a GPU (fp32, no vLLM, no checkpointing)."""
+def grpo_config(args: argparse.Namespace, lr: float, output_dir: Path, precision=None):
+    """TRL settings that work on a CPU-only machine (fp32) as well as on a GPU (bf16: `train_precision`; no vLLM)."""
     import torch
     from trl import GRPOConfig
+
+    precision = precision or train_precision().Precision("float32", bf16=False, gradient_checkpointing=False)
 
     use_cuda = torch.cuda.is_available()
     return GRPOConfig(
@@ -169,9 +171,7 @@ def grpo_config(args: argparse.Namespace, lr: float, output_dir: Path):
         logging_steps=1,
         save_strategy="no",
         report_to="none",
-        bf16=False,
-        fp16=False,
-        gradient_checkpointing=False,
+        **precision.trainer_kwargs(),
         use_cpu=not use_cuda,
         dataloader_pin_memory=use_cuda,
         disable_tqdm=True,
@@ -219,19 +219,36 @@ def save_checkpoint(model, tokenizer, out: Path) -> None:
     os.rename(tmp, out)
 
 
+def train_precision():
+    """`train_precision.py`: beside this script in a workspace, in `agents/reference_sft/` in the repository."""
+    import importlib.util
+
+    if "train_precision" in sys.modules:
+        return sys.modules["train_precision"]
+    here = Path(__file__).resolve().parent
+    path = next(p for p in (here, here.parent / "reference_sft") if (p / "train_precision.py").exists())
+    spec = importlib.util.spec_from_file_location("train_precision", path / "train_precision.py")
+    module = sys.modules["train_precision"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
+    spec.loader.exec_module(module)
+    return module
+
+
 def load_policy(args: argparse.Namespace, padding_side: str | None = None):
-    """(tokenizer, fp32 model, use LoRA?, learning rate) for `--init`, `--lora` and `--lr`."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """(tokenizer, model, use LoRA?, learning rate) for `--init`, `--lora` and `--lr`; the model in the dtype
+    `train_precision` picks (bf16 for LoRA on a GPU, fp32 on CPU): `policy_precision` says which."""
+    from transformers import AutoTokenizer
 
     kwargs = {"padding_side": padding_side} if padding_side else {}
     tokenizer = AutoTokenizer.from_pretrained(args.init, **kwargs)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(args.init, dtype=torch.float32)
-    n_params = sum(p.numel() for p in model.parameters())
-    use_lora = args.lora if args.lora is not None else n_params > LORA_AUTO_MIN_PARAMS
+    model, _, use_lora, _ = train_precision().load_for_training(args.init, args.lora, LORA_AUTO_MIN_PARAMS)
     return tokenizer, model, use_lora, args.lr if args.lr is not None else (5e-5 if use_lora else 5e-6)
+
+
+def policy_precision(model, use_lora: bool):
+    """The `train_precision.Precision` that `load_policy` loaded `model` for (its trainer flags)."""
+    return train_precision().choose_precision(sum(p.numel() for p in model.parameters()), use_lora)
 
 
 def train_and_save(trainer, tokenizer, out: Path, use_lora: bool):
@@ -305,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=[correctness_reward, format_reward],
-        args=grpo_config(args, lr, trainer_dir),
+        args=grpo_config(args, lr, trainer_dir, policy_precision(model, use_lora)),
         train_dataset=datasets.Dataset.from_list(prompts),
         processing_class=tokenizer,
         peft_config=lora_config(model, args) if use_lora else None,

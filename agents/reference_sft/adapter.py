@@ -8,7 +8,7 @@ from pathlib import Path
 
 from agents.base import Agent
 
-SCRIPTS = ("agent.py", "train_sft.py")
+SCRIPTS = ("agent.py", "train_sft.py", "train_precision.py")
 
 
 class ReferenceSFT(Agent):

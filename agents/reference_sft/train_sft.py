@@ -148,10 +148,13 @@ def lora_config(model, args: argparse.Namespace):
     )
 
 
-def sft_config(args: argparse.Namespace, lr: float, output_dir: Path):
-    """TRL settings that work on a CPU-only machine as well as on a GPU (fp32, no checkpointing, no saving)."""
+def sft_config(args: argparse.Namespace, lr: float, output_dir: Path, precision=None):
+    """TRL settings that work on a CPU-only machine (fp32) as well as on a GPU (bf16: `train_precision`)."""
     import torch
     from trl import SFTConfig
+    from train_precision import Precision
+
+    precision = precision or Precision("float32", bf16=False, gradient_checkpointing=False)
 
     use_cuda = torch.cuda.is_available()
     return SFTConfig(
@@ -167,9 +170,7 @@ def sft_config(args: argparse.Namespace, lr: float, output_dir: Path):
         logging_steps=max(1, args.max_steps // 8),
         save_strategy="no",
         report_to="none",
-        bf16=False,
-        fp16=False,
-        gradient_checkpointing=False,
+        **precision.trainer_kwargs(),
         use_cpu=not use_cuda,
         dataloader_pin_memory=use_cuda,
         disable_tqdm=True,
@@ -224,18 +225,16 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import datasets
-    import torch
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+    from train_precision import load_for_training
     from trl import SFTTrainer
 
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
     transformers.set_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(args.init)
-    model = AutoModelForCausalLM.from_pretrained(args.init, dtype=torch.float32)
-    n_params = sum(p.numel() for p in model.parameters())
-    use_lora = args.lora if args.lora is not None else n_params > LORA_AUTO_MIN_PARAMS
+    model, n_params, use_lora, precision = load_for_training(args.init, args.lora, LORA_AUTO_MIN_PARAMS)
     lr = args.lr if args.lr is not None else (2e-4 if use_lora else 2e-5)
     t_loaded = time.monotonic()
 
@@ -248,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"init={args.init} params={n_params:,} lora={use_lora} lr={lr} steps={args.max_steps} "
         f"batch={args.batch_size}x{args.grad_accum} max_length={args.max_length} examples={len(examples)}/{len(rows)} "
+        f"dtype={precision.load_dtype} bf16={precision.bf16} checkpointing={precision.gradient_checkpointing} "
         f"time_limit={args.time_limit} load_s={t_loaded - t_start:.1f}",
         flush=True,
     )
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer_dir = out.parent / f".{out.name}.trainer-{os.getpid()}"
     trainer = SFTTrainer(
         model=model,
-        args=sft_config(args, lr, trainer_dir),
+        args=sft_config(args, lr, trainer_dir, precision),
         train_dataset=datasets.Dataset.from_list(examples),
         processing_class=tokenizer,
         peft_config=lora_config(model, args) if use_lora else None,

@@ -1,1 +1,1 @@
-"""reference-sft-grpo: one SFT warm-up round, then GRPO rounds from it (scripted, no LLM)."""
+"""reference-sft-grpo: SFT, then GRPO from it (scripted, no LLM); in-process rounds on interactive tasks."""

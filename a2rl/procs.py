@@ -1,0 +1,336 @@
+"""The one process supervisor: every process the harness starts on the host, and how it ends.
+
+- `start` runs a command as the leader of its own session (or process group) with a parent-death signal, so
+  that a harness that is SIGKILLed or OOM-killed takes it down with it (bubblewrap's `--die-with-parent` then
+  takes the sandbox's whole PID namespace).
+- `stop_group` / `stop_session` / `kill_tree` / `stop_tree` end what was started: SIGTERM with a grace period,
+  then SIGKILL, and check that nothing is left.
+- `SessionRecord` / `end_earlier_attempts`: each agent session's processes are recorded in the run's harness
+  directory (pid with its start time, so a reused pid is never mistaken for ours); a retried run first ends
+  every process an earlier attempt left on its workspace, and checks they are gone, before it does anything.
+
+Standard library only at module level: the sandbox shim (run as `python -I -S`) loads this file by path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+PR_SET_PDEATHSIG = 1
+RECORD_FILE = "session-procs.jsonl"
+"""In the run's harness directory: one line per agent session started (`SessionRecord`)."""
+
+
+class ProcessesSurvived(RuntimeError):
+    """Processes of an earlier attempt could not be ended; the run must not start another agent beside them."""
+
+
+# -- starting -----------------------------------------------------------------------------------------------
+def parent_death_signal(sig: int = signal.SIGKILL) -> Callable[[], None]:
+    """A `preexec_fn` giving the child `sig` when the thread that started it ends (the harness killed). prctl is
+    looked up before the fork; a parent that died between fork and prctl is caught by comparing the ppid."""
+    parent, prctl = os.getpid(), _prctl()
+
+    def preexec() -> None:
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+
+    return preexec
+
+
+def _prctl():
+    try:
+        import ctypes
+
+        fn = ctypes.CDLL(None, use_errno=True).prctl
+        fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+        return fn
+    except (OSError, AttributeError):  # not Linux: no parent-death signal, group stops still apply
+        return None
+
+
+def start(cmd: list[str], group: Literal["session", "group", "inherit"] = "session", die_with_parent: bool = True,
+          **popen_kwargs) -> subprocess.Popen:  # fmt: skip
+    """`subprocess.Popen(cmd, **popen_kwargs)` that dies with this harness (unless `die_with_parent` is False: a
+    server meant to outlive the command that started it): as the leader of a new session (the harness's group
+    signals do not reach it; `stop_group` / `stop_session` do), of a new process group in this session, or in
+    the caller's group ("inherit": the caller's group signals reach it)."""
+    if group == "session":
+        popen_kwargs["start_new_session"] = True
+    elif group == "group":
+        popen_kwargs["process_group"] = 0
+    preexec = parent_death_signal() if die_with_parent else None
+    return subprocess.Popen(cmd, preexec_fn=preexec, **popen_kwargs)
+
+
+# -- looking ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    start_ticks: int
+    """Start time in clock ticks after boot: with the pid, identifies one process for good."""
+    uid: int | None = None
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """The process `pid` as /proc shows it, or None when there is none (or only a zombie)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    fields = raw[raw.rfind(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return ProcStat(pid, int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]))
+
+
+def all_procs(with_uid: bool = False) -> list[ProcStat]:
+    out = []
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else []:
+        if entry.name.isdigit() and (st := proc_stat(int(entry.name))) is not None:
+            if with_uid:
+                try:
+                    st = ProcStat(**{**asdict(st), "uid": os.stat(entry.path).st_uid})
+                except OSError:
+                    continue
+            out.append(st)
+    return out
+
+
+def session_members(sid: int) -> list[int]:
+    """Pids of the live processes of session `sid`."""
+    return [p.pid for p in all_procs() if p.sid == sid]
+
+
+def group_members(pgid: int) -> list[int]:
+    return [p.pid for p in all_procs() if p.pgid == pgid]
+
+
+def descendants(pid: int, procs: list[ProcStat] | None = None) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for p in procs if procs is not None else all_procs():
+        children.setdefault(p.ppid, []).append(p.pid)
+    out, queue = [], list(children.get(pid, []))
+    while queue:
+        child = queue.pop()
+        out.append(child)
+        queue += children.get(child, [])
+    return out
+
+
+def alive(pid: int, start_ticks: int | None = None) -> bool:
+    st = proc_stat(pid)
+    return st is not None and (start_ticks is None or st.start_ticks == start_ticks)
+
+
+# -- ending -------------------------------------------------------------------------------------------------
+def signal_group(pgid: int, sig: int) -> bool:
+    """Signal a process group; False when it has no member (or none we may signal)."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def signal_pids(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def wait_gone(pids: Iterable[int], timeout_s: float, interval_s: float = 0.05) -> list[int]:
+    """The pids still alive after up to `timeout_s` seconds (children of ours are reaped as they end)."""
+    left = list(pids)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for pid in left:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        left = [p for p in left if alive(p)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(interval_s)
+
+
+def stop_session(sid: int, grace_s: float = 0.0) -> None:
+    """SIGTERM, then after `grace_s` SIGKILL, every process still in session `sid`."""
+    if grace_s > 0 and (pids := session_members(sid)):
+        signal_pids(pids, signal.SIGTERM)
+        wait_gone(pids, grace_s, interval_s=0.1)
+    signal_pids(session_members(sid), signal.SIGKILL)
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM the process group led by `proc`, SIGKILL it after `grace_s` (the leader may have exited: its
+    children must not outlive it), then end what is left of its session (groups a tool runner made)."""
+    signal_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    end_session_of(proc)
+
+
+def end_session_of(proc: subprocess.Popen) -> None:
+    """SIGKILL the group and the session led by `proc` (started with group="session") and reap it."""
+    signal_group(proc.pid, signal.SIGKILL)
+    proc.wait()
+    stop_session(proc.pid)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL the process group of `pid` and those of its children: for a sandbox, the shim's and bubblewrap's
+    (whose end ends the sandbox's PID namespace) or, unsandboxed, the launcher's with the command."""
+    try:
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        children = []
+    for group in (pid, *children):
+        signal_group(group, signal.SIGKILL)
+
+
+def group_running(proc: subprocess.Popen) -> bool:
+    """The command (reaped by `poll` once it ended) or its process group has a live member."""
+    return proc.poll() is None or signal_group(proc.pid, 0)
+
+
+def stop_tree(pid: int, start_time: float, term_signals: int, timeout_s: float) -> None:
+    """End a long-lived leader we started (a server, a worker) with everything below it: SIGTERM the leader
+    `term_signals` times (a few seconds apart), then SIGTERM and finally SIGKILL whatever is left of its
+    process group and its descendants (flow runs, their agents). `start_time`: psutil's create_time, so that
+    a reused pid is left alone."""
+    import psutil
+
+    try:
+        leader = psutil.Process(pid)
+        ours = abs(leader.create_time() - start_time) < 1.0 and leader.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        ours = False
+    family: list[int] = []
+    if ours:
+        family = descendants(pid)
+        deadline = time.monotonic() + timeout_s
+        for i in range(term_signals):
+            signal_pids([pid], signal.SIGTERM)
+            wait_s = 3 if i < term_signals - 1 else timeout_s
+            if not wait_gone([pid], max(0.0, min(deadline, time.monotonic() + wait_s) - time.monotonic())):
+                break
+        family += descendants(pid)
+    _term_then_kill([p for p in {*family, *group_members(pid)} if p != os.getpid()])
+
+
+def _term_then_kill(pids: list[int], grace_s: float = 10.0) -> None:
+    left = [p for p in pids if alive(p)]
+    if not left:
+        return
+    signal_pids(left, signal.SIGTERM)
+    left = wait_gone(left, grace_s)
+    signal_pids(left, signal.SIGKILL)
+    wait_gone(left, 5.0)
+
+
+# -- records of agent sessions, for retries ----------------------------------------------------------------
+@dataclass(frozen=True)
+class SessionRecord:
+    """One agent session's processes, as the harness started them."""
+
+    leader: int
+    """The session's leader (a sandbox shim or a harness-side runner), started with group="session"."""
+    leader_start: int
+    harness: int
+    """The harness process that started it (the flow run's process)."""
+    harness_start: int
+    agent_uid: int | None = None
+    """Root harness with bubblewrap: the uid every process of the agent runs under (one per workspace)."""
+
+    @classmethod
+    def of(cls, leader: int, agent_uid: int | None = None) -> SessionRecord:
+        me = proc_stat(os.getpid())
+        lead = proc_stat(leader)
+        return cls(leader, lead.start_ticks if lead else -1, os.getpid(), me.start_ticks if me else -1, agent_uid)
+
+
+def record_session(harness_dir: Path, record: SessionRecord) -> None:
+    with (Path(harness_dir) / RECORD_FILE).open("a") as f:
+        f.write(json.dumps(asdict(record)) + "\n")
+
+
+def read_records(harness_dir: Path) -> list[SessionRecord]:
+    path = Path(harness_dir) / RECORD_FILE
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(SessionRecord(**json.loads(line)))
+        except (ValueError, TypeError):  # a torn last line from a crash
+            continue
+    return out
+
+
+def earlier_attempt_pids(records: list[SessionRecord]) -> list[int]:
+    """Live processes of the recorded sessions: the harness that started them (unless it is this process or one
+    of its ancestors), the leader's descendants and session, and every process of the agent's uid."""
+    procs = all_procs(with_uid=any(r.agent_uid is not None for r in records))
+    by_pid = {p.pid: p for p in procs}
+    spared = {os.getpid(), *_ancestors(os.getpid(), by_pid)}
+    found: set[int] = set()
+    for r in records:
+        harness = by_pid.get(r.harness)
+        if harness is not None and harness.start_ticks == r.harness_start and r.harness not in spared:
+            found.add(r.harness)
+        leader = by_pid.get(r.leader)
+        if leader is not None and leader.start_ticks != r.leader_start:
+            leader = None  # the pid was reused: the recorded session is empty (Linux keeps an sid while used)
+        elif leader is not None:
+            found |= {r.leader, *descendants(r.leader, procs)}
+        if r.leader not in by_pid or leader is not None:
+            found |= {p.pid for p in procs if p.sid == r.leader and p.start_ticks >= r.leader_start}
+        if r.agent_uid is not None:
+            found |= {p.pid for p in procs if p.uid == r.agent_uid}
+    return sorted(found - spared)
+
+
+def _ancestors(pid: int, by_pid: dict[int, ProcStat]) -> list[int]:
+    out = []
+    while (p := by_pid.get(pid)) is not None and p.ppid not in out and p.ppid > 0:
+        out.append(p.ppid)
+        pid = p.ppid
+    return out
+
+
+def end_earlier_attempts(harness_dir: Path, timeout_s: float = 15.0) -> list[int]:
+    """End every process an earlier attempt of this run left (SIGKILL: its session is over; a frozen harness
+    is ended too), and check they are gone; raise ProcessesSurvived otherwise. Returns the pids ended."""
+    records = read_records(harness_dir)
+    if not records:
+        return []
+    ended: list[int] = []
+    for _ in range(3):  # a process forking while we kill: look again
+        pids = earlier_attempt_pids(records)
+        if not pids:
+            break
+        signal_pids(pids, signal.SIGKILL)
+        ended += pids
+        if left := wait_gone(pids, timeout_s):
+            raise ProcessesSurvived(f"processes of an earlier attempt still run after SIGKILL: {left}")
+    else:
+        if left := earlier_attempt_pids(records):
+            raise ProcessesSurvived(f"processes of an earlier attempt keep appearing: {left}")
+    return sorted(set(ended))

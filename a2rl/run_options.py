@@ -1,0 +1,91 @@
+"""RunConfig as command-line options and flow parameters, derived from its fields (one list, one set of
+defaults and choices): a field added to RunConfig is an option of `a2rl run` and `a2rl sweep`, a parameter
+of both flows (checked by tests/test_run_config.py) and of prefect.yaml's `benchmark-run`."""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+from a2rl.records import RunConfig
+
+DEFAULT_RESULTS = Path("results/a2rl.duckdb")
+"""The results store every entry point uses unless told otherwise (relative: see `resolve_results`)."""
+MATRIX_FIELDS = ("task", "agent", "driver", "mode", "seed")
+"""The axes of a sweep: `a2rl sweep` takes several values of each (`--tasks`, ...)."""
+FLAG_NAMES = {"budget_s": "budget"}
+"""Options whose name is not the field's (kept short where users type them)."""
+GRACE_S = 30.0
+"""Seconds an agent gets after its budget to save and submit, before it is stopped (not part of the config)."""
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def resolve_results(path: Path | str) -> Path:
+    """A flow's results path: absolute as given; a relative one (a deployment's default `results/...`) is taken
+    from the repository root, where `a2rl deploy` registered the deployments and `a2rl status` looks, not from
+    the temporary directory a process worker runs the flow in. The CLI passes absolute paths."""
+    path = Path(path).expanduser()
+    return path if path.is_absolute() else repo_root() / path
+
+
+def field_choices(name: str) -> list[Any] | None:
+    """The values a Literal field allows, else None."""
+    ann = _unwrap_optional(RunConfig.model_fields[name].annotation)
+    return list(typing.get_args(ann)) if typing.get_origin(ann) is Literal else None
+
+
+def field_type(name: str) -> type:
+    ann = _unwrap_optional(RunConfig.model_fields[name].annotation)
+    if typing.get_origin(ann) is Literal:
+        return type(typing.get_args(ann)[0])
+    return ann if isinstance(ann, type) else str
+
+
+def option_name(name: str, plural: bool = False) -> str:
+    return "--" + (FLAG_NAMES.get(name, name) + ("s" if plural else "")).replace("_", "-")
+
+
+def add_config_options(parser: argparse.ArgumentParser, matrix: bool = False,
+                       help_extra: dict[str, str] | None = None) -> None:
+    """One option per RunConfig field, default and choices from the field, help from its docstring (plus
+    `help_extra[field]`). With `matrix` (a sweep), the MATRIX_FIELDS take one or more values (`--tasks a b`)."""
+    for name, info in RunConfig.model_fields.items():
+        default, kind, choices = info.default, field_type(name), field_choices(name)
+        help_text = " ".join(((info.description or "") + (help_extra or {}).get(name, "")).split())
+        if matrix and name in MATRIX_FIELDS:
+            parser.add_argument(option_name(name, plural=True), dest=name, nargs="+", type=kind, default=[default],
+                                choices=choices, help=help_text)  # fmt: skip
+        elif kind is bool:
+            parser.add_argument(option_name(name), dest=name, action=argparse.BooleanOptionalAction,
+                                default=default, help=help_text)  # fmt: skip
+        else:
+            parser.add_argument(option_name(name), dest=name, type=kind, default=default, choices=choices,
+                                help=help_text)  # fmt: skip
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The RunConfig of `a2rl run`'s options (ValueError with pydantic's message on a bad value)."""
+    return RunConfig(**{name: getattr(args, name) for name in RunConfig.model_fields})
+
+
+def common_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The non-matrix fields of `a2rl sweep`'s options: the settings every run of the matrix shares."""
+    return {name: getattr(args, name) for name in RunConfig.model_fields if name not in MATRIX_FIELDS}
+
+
+def config_from_parameters(parameters: dict[str, Any]) -> RunConfig:
+    """The RunConfig of a set of `benchmark-run` parameters (a deployment's, a sweep item's)."""
+    return RunConfig(**{k: v for k, v in parameters.items() if k in RunConfig.model_fields})
+
+
+def _unwrap_optional(ann: Any) -> Any:
+    if typing.get_origin(ann) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(ann) if a is not type(None)]
+        return args[0] if len(args) == 1 else ann
+    return ann

@@ -1,0 +1,333 @@
+"""reference-sft-grpo on an interactive task that ships worked examples (``data/sft.jsonl``) and its environments
+(``data/envlib.zip``): one process, one loaded model, rounds of (train, save, submit).
+
+1. SFT rounds: full fine-tuning on the worked examples (``sft_torch.py``), each round submitted, until the
+   validation score stops rising (``sft_finished``).
+2. GRPO rounds from the best checkpoint so far: online rollouts on training goals with a loop penalty
+   (``grpo_env_torch.py``), each round submitted; a round that does not beat the best is rolled back.
+In mode ``sft-only`` (read from ``instructions.md``) the RL code is removed from ``code/`` first and the SFT
+rounds go on from the best checkpoint at half the learning rate instead of GRPO.
+
+Only training goals and the grader's validation feedback are used. Knobs: ``A2RL_SFT_*`` / ``A2RL_GRPO_*``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+try:  # in a workspace: the copies beside this file
+    import round_loop as loop
+    import sft_torch
+except ImportError:  # in the harness's source tree
+    from agents.reference_sft import agent as loop
+    from agents.reference_sft_grpo import sft_torch
+
+RL_FILES = ("train_grpo.py", "train_grpo_env.py", "grpo_env_torch.py")
+"""Files of ``code/`` that hold RL code: removed in mode sft-only, so every snapshot is SFT only."""
+_MODE_LINE = re.compile(r"^- Mode: `([a-z-]+)`", re.MULTILINE)
+
+
+def read_mode(workspace: Path) -> str:
+    """The run's mode as ``instructions.md`` states it (``free`` when it says nothing)."""
+    try:
+        text = (workspace / "instructions.md").read_text(encoding="utf-8")
+    except OSError:
+        return "free"
+    match = _MODE_LINE.search(text)
+    return match.group(1) if match else "free"
+
+
+def sft_finished(scores: list[float | None], baseline: float | None, max_rounds: int, patience: int = 1) -> bool:
+    """Whether to stop SFT after these validation scores (one per SFT round, None when not scored).
+
+    SFT stops when the last `patience` rounds did not beat the best score before them, once that best is above
+    the baseline (until SFT has lifted the model at all, more SFT is the better bet), or after `max_rounds`.
+    """
+    if len(scores) >= max_rounds:
+        return True
+    if len(scores) <= patience:
+        return False
+    known = [s for s in scores[:-patience] if s is not None]
+    if not known:
+        return False
+    best_before = max(known)
+    if baseline is not None and best_before <= baseline:
+        return False
+    return all(s is None or s <= best_before for s in scores[-patience:])
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """What the session reads from ``A2RL_SFT_*`` / ``A2RL_GRPO_*`` (defaults: SmolLM2-135M on one GPU)."""
+
+    sft_lr: float
+    sft_batch_size: int
+    sft_max_length: int
+    sft_round_s: float | None
+    """Training seconds per SFT round (default: a sixth of the budget, 20 to 120 s)."""
+    sft_max_steps: int | None
+    """Cap on steps per SFT round (tests)."""
+    sft_max_rounds: int
+    grpo_lr: float
+    grpo_round_s: float | None
+    grpo_max_steps: int | None
+    goals_per_step: int
+    group_size: int
+    max_episode_steps: int
+    temperature: float
+    loop_penalty: float
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Knobs:
+        env = dict(os.environ if env is None else env)
+
+        def opt(name: str, kind):
+            return kind(env[name]) if env.get(name) else None
+
+        return cls(
+            sft_lr=float(env.get("A2RL_SFT_LR") or 1e-4),
+            sft_batch_size=int(env.get("A2RL_SFT_BATCH_SIZE") or 32),
+            sft_max_length=int(env.get("A2RL_SFT_MAX_LENGTH") or 1024),
+            sft_round_s=opt("A2RL_SFT_ROUND_S", float),
+            sft_max_steps=opt("A2RL_SFT_MAX_STEPS", int),
+            sft_max_rounds=int(env.get("A2RL_SFT_MAX_ROUNDS") or 6),
+            grpo_lr=float(env.get("A2RL_GRPO_LR") or 1e-5),
+            grpo_round_s=opt("A2RL_GRPO_ROUND_S", float),
+            grpo_max_steps=opt("A2RL_GRPO_MAX_STEPS", int),
+            goals_per_step=int(env.get("A2RL_GRPO_GOALS_PER_STEP") or 8),
+            group_size=int(env.get("A2RL_GRPO_NUM_GENERATIONS") or 4),
+            max_episode_steps=int(env.get("A2RL_GRPO_MAX_EPISODE_STEPS") or 25),
+            temperature=float(env.get("A2RL_GRPO_TEMPERATURE") or 1.0),
+            loop_penalty=float(env.get("A2RL_GRPO_LOOP_PENALTY") or 0.5),
+        )
+
+
+def default_round_s(budget_s: float) -> float:
+    return min(120.0, max(20.0, budget_s / 6))
+
+
+@dataclass
+class Round:
+    n: int
+    method: str
+    init: str
+    steps: int
+    loss: float
+    train_s: float
+    submission: str = "-"
+    score: float | None = None
+    note: str = ""
+    detail: str = ""
+
+
+class InteractiveSession:
+    """SFT rounds until validation stops rising, then GRPO rounds (or more SFT in mode sft-only)."""
+
+    SAVE_S = 5.0
+    """Guess for saving and submitting a checkpoint, before one has been timed."""
+
+    def __init__(self, settings: loop.Settings, knobs: Knobs, client: loop.GradingClient, budget: dict):
+        self.s, self.k, self.client, self.budget = settings, knobs, client, budget
+        self.mode = read_mode(settings.workspace)
+        self.task = os.environ.get("TASK", "")
+        self.notes = settings.workspace / "code" / "NOTES.md"
+        self.margin_s = 5.0 + 0.02 * float(budget["budget_s"])
+        self.save_s = self.SAVE_S
+        self.phase = "SFT"
+        self.sft_scores: list[float | None] = []
+        self.baseline: float | None = None
+        self.best_score: float | None = None
+        self.best_path: Path | None = None
+        self.current_path: Path | None = None
+        self.rounds: list[Round] = []
+        self.failures_in_a_row = 0
+        self.model = self.tokenizer = self.sft = self.grpo = None
+
+    # -- set-up ------------------------------------------------------------------------------------------
+    def respect_mode(self) -> None:
+        if self.mode == "sft-only":
+            for name in RL_FILES:
+                (self.s.workspace / "code" / name).unlink(missing_ok=True)
+            loop.log("mode sft-only: RL code removed from code/; SFT rounds only")
+
+    def load(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        t0 = time.monotonic()
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.tokenizer = AutoTokenizer.from_pretrained(self.s.model_path)
+        self.tokenizer.padding_side = "left"  # generation; SFT pads on the right by itself
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        torch.manual_seed(self.s.seed)
+        self.model = AutoModelForCausalLM.from_pretrained(self.s.model_path, dtype=torch.float32).to(device)
+        self.model.eval()
+        examples, rows = sft_torch.load_examples(self.s.train_file, self.tokenizer, self.k.sft_max_length)
+        self.sft = sft_torch.SFTRounds(self.model, self.tokenizer, examples, lr=self.k.sft_lr,
+                                       batch_size=self.k.sft_batch_size, seed=self.s.seed)  # fmt: skip
+        loop.log(f"loaded {self.s.model_path} on {device} ({sum(p.numel() for p in self.model.parameters()):,} "
+                 f"params), {len(examples)}/{rows} worked examples fit {self.k.sft_max_length} tokens, "
+                 f"mode {self.mode}, {time.monotonic() - t0:.1f}s")  # fmt: skip
+
+    def make_grpo(self):
+        try:
+            import grpo_env_torch
+        except ImportError:
+            from agents.reference_sft_grpo import grpo_env_torch
+        k = self.k
+        envlib = grpo_env_torch.import_envlib(self.s.data_path)
+        return grpo_env_torch.GRPOEnv(
+            self.model, self.tokenizer, envlib, self.task, self.s.data_path, lr=k.grpo_lr,
+            goals_per_step=k.goals_per_step, group_size=k.group_size, max_episode_steps=k.max_episode_steps,
+            temperature=k.temperature, loop_penalty=k.loop_penalty, seed=self.s.seed,
+        )  # fmt: skip
+
+    # -- rounds ------------------------------------------------------------------------------------------
+    def round_seconds(self) -> float:
+        budget_s = float(self.budget["budget_s"])
+        wanted = (self.k.sft_round_s if self.phase != "GRPO" else self.k.grpo_round_s) or default_round_s(budget_s)
+        usable = float(self.budget["remaining_s"]) - self.margin_s - self.save_s
+        return min(wanted, usable)
+
+    def can_start(self) -> tuple[bool, float, str]:
+        cap = self.budget.get("max_submissions")
+        if cap is not None and self.budget.get("submissions_used", 0) >= cap:
+            return False, 0.0, "submission cap reached"
+        if self.failures_in_a_row >= loop.MAX_FAILURES_IN_A_ROW:
+            return False, 0.0, f"{self.failures_in_a_row} failed rounds in a row"
+        seconds = self.round_seconds()
+        if seconds < loop.MIN_TRAIN_S and self.rounds:
+            return False, 0.0, f"{self.budget['remaining_s']:.0f}s left, too little for another round"
+        return True, max(1.0, seconds), "round"
+
+    def train_round(self, seconds: float) -> Round:
+        n = len(self.rounds) + 1
+        init = loop.relative_to_workspace(self.current_path or self.s.model_path, self.s.workspace)
+        if self.phase == "GRPO":
+            if self.grpo is None:
+                self.grpo = self.make_grpo()
+            steps, stats, train_s = self.grpo.train(seconds, self.k.grpo_max_steps)
+            episodes = sum(x.episodes for x in stats)
+            detail = (f"{episodes} episodes, {sum(x.wins for x in stats)} won, shaped reward "
+                      f"{sum(x.mean_reward * x.episodes for x in stats) / max(1, episodes):.3f}, repeats "
+                      f"{sum(x.mean_repeat * x.episodes for x in stats) / max(1, episodes):.2f}")  # fmt: skip
+            loss = stats[-1].loss if stats else 0.0
+            return Round(n, "GRPO", init, steps, loss, train_s, detail=detail)
+        st = self.sft.train(seconds, self.k.sft_max_steps)
+        detail = f"{st.examples} examples, {st.tokens} tokens, {st.tokens / max(st.train_s, 1e-9):.0f} tok/s"
+        return Round(n, self.phase, init, st.steps, st.loss, st.train_s, detail=detail)
+
+    def save(self) -> Path:
+        try:
+            from train_sft import save_checkpoint
+        except ImportError:
+            from agents.reference_sft.train_sft import save_checkpoint
+        out = self.s.output_dir / f"v{loop.next_version(self.s.output_dir)}"
+        self.s.output_dir.mkdir(parents=True, exist_ok=True)
+        save_checkpoint(self.model, self.tokenizer, out)
+        return out
+
+    def restore_best(self) -> None:
+        """Load the best checkpoint's weights into the model (the optimizers keep their state)."""
+        from safetensors.torch import load_file
+
+        if self.best_path is None or self.current_path == self.best_path:
+            return
+        state = load_file(str(self.best_path / "model.safetensors"), device=str(next(self.model.parameters()).device))
+        missing, _ = self.model.load_state_dict(state, strict=False)
+        if [m for m in missing if not m.endswith("lm_head.weight")]:  # tied embeddings are saved once
+            raise RuntimeError(f"{self.best_path} lacks weights: {missing[:3]}")
+        self.current_path = self.best_path
+        loop.log(f"restored the best checkpoint {loop.relative_to_workspace(self.best_path, self.s.workspace)}")
+
+    def play_round(self, seconds: float) -> bool:
+        """Train, save, submit, decide the next phase; False when the grader refuses further submissions."""
+        r = self.train_round(seconds)
+        charged_before = float(self.client.budget()["elapsed_s"])
+        out = self.save()
+        self.current_path = out
+        r.submission = loop.relative_to_workspace(out, self.s.workspace)
+        status, reply = self.client.submit(r.submission)
+        # What saving and submitting cost on the agent's clock (grading itself is not charged).
+        self.save_s = max(self.SAVE_S, float(self.client.budget()["elapsed_s"]) - charged_before)
+        self.rounds.append(r)
+        if status != 200 or reply.get("status") != "scored":
+            r.note = f"submit {status}: {reply.get('detail') or reply.get('error')}"
+            self.failures_in_a_row += 1
+            self.note(r)
+            return status not in (403, 429)
+        self.failures_in_a_row = 0
+        r.score = reply.get("score")
+        if reply.get("baseline_score") is not None:
+            self.baseline = reply["baseline_score"]
+        if loop.is_better(r.score, self.best_score):
+            self.best_score, self.best_path = r.score, out
+            r.note = "new best"
+        loop.log(f"round {r.n} {r.method}: {r.steps} steps in {r.train_s}s, loss {r.loss}, {r.detail}; "
+                 f"score {r.score} (baseline {self.baseline}, best {self.best_score})")  # fmt: skip
+        self.next_phase(r)
+        self.note(r)
+        return True
+
+    def next_phase(self, r: Round) -> None:
+        if r.method == "SFT":
+            self.sft_scores.append(r.score)
+            if sft_finished(self.sft_scores, self.baseline, self.k.sft_max_rounds):
+                self.phase = "SFT-anneal" if self.mode == "sft-only" else "GRPO"
+                r.note = (r.note + "; " if r.note else "") + f"SFT stops rising: next {self.phase}"
+                if self.phase == "SFT-anneal":
+                    self.sft.set_lr(self.k.sft_lr / 2)
+        elif r.method == "SFT-anneal" and r.note != "new best":
+            self.sft.set_lr(self.sft.lr / 2)
+        if r.note.startswith("new best"):
+            return
+        self.restore_best()
+
+    # -- notes ---------------------------------------------------------------------------------------------
+    def note(self, r: Round) -> None:
+        row = [r.n, r.method, r.init, r.steps, r.loss, r.train_s, r.submission,
+               "-" if r.score is None else r.score, r.note, r.detail]  # fmt: skip
+        with self.notes.open("a", encoding="utf-8") as f:
+            f.write("| " + " | ".join(str(x) for x in row) + " |\n")
+
+    def run(self) -> None:
+        self.respect_mode()
+        self.notes.parent.mkdir(parents=True, exist_ok=True)
+        self.notes.write_text(
+            "# reference-sft-grpo notes\n\nOne process: full fine-tuning on data/sft.jsonl in rounds until the "
+            "validation score stops rising, then "
+            + ("more SFT at half the learning rate (mode sft-only)" if self.mode == "sft-only" else
+               "GRPO with online rollouts on training goals (loop penalty)")
+            + f", one submission per round.\n\n- knobs: {json.dumps(asdict(self.k))}\n\n"
+            "| round | method | init | steps | loss | train s | submission | score | note | detail |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n",
+            encoding="utf-8",
+        )  # fmt: skip
+        try:
+            self.load()
+            while True:
+                self.budget = self.client.budget()
+                start, seconds, reason = self.can_start()
+                if not start:
+                    loop.log(f"stopping: {reason}")
+                    break
+                loop.log(f"round {len(self.rounds) + 1} {self.phase}: {seconds:.0f}s of training")
+                if not self.play_round(seconds):
+                    break
+        finally:
+            best = loop.relative_to_workspace(self.best_path, self.s.workspace) if self.best_path else "none"
+            summary = f"best {best}, validation {self.best_score} (baseline {self.baseline})"
+            loop.log(f"done after {len(self.rounds)} rounds; {summary}")
+            with self.notes.open("a", encoding="utf-8") as f:
+                f.write(f"\nAfter {len(self.rounds)} rounds: {summary}.\n")
+
+
+def applies(data_path: Path) -> bool:
+    """Whether the task ships what this session needs: environments and worked examples."""
+    return (data_path / "envlib.zip").is_file() and (data_path / loop.DEMONSTRATIONS).is_file()

@@ -1,0 +1,166 @@
+"""Full fine-tuning on worked examples in plain PyTorch, in time-limited rounds of one loaded model.
+
+The examples are the task's ``sft.jsonl`` (prompt-completion conversations in the evaluator's own prompt
+format); the loss is on the completion only (the reply and its end-of-turn). On CUDA the forward pass runs
+under bf16 autocast with fp32 master weights; on CPU everything is fp32.
+
+Stand-alone: copied into the workspace's ``code/`` and imported by the agent; imports nothing from the harness.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+IGNORE = -100
+"""Label of a token that carries no loss (the prompt, the padding)."""
+
+
+@dataclass
+class Example:
+    input_ids: list[int]
+    labels: list[int]
+    """`IGNORE` over the prompt, the token ids over the completion."""
+
+
+@dataclass
+class RoundStats:
+    steps: int
+    examples: int
+    tokens: int
+    loss: float
+    """Mean training loss of the round's steps."""
+    train_s: float
+
+
+def completion_example(tokenizer, prompt: list[dict], completion: list[dict], max_length: int) -> Example | None:
+    """Token ids of one conversation with the loss on the completion only; None if it is longer than
+    `max_length` (skipped, not truncated) or the chat template does not render the prompt as a prefix."""
+    before = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    full = tokenizer.apply_chat_template(prompt + completion, tokenize=False, add_generation_prompt=False)
+    if not full.startswith(before):
+        return None
+    prompt_ids = tokenizer(before, add_special_tokens=False)["input_ids"]
+    reply_ids = tokenizer(full[len(before) :], add_special_tokens=False)["input_ids"]
+    if not reply_ids or len(prompt_ids) + len(reply_ids) > max_length:
+        return None
+    return Example(prompt_ids + reply_ids, [IGNORE] * len(prompt_ids) + reply_ids)
+
+
+def load_examples(path: Path, tokenizer, max_length: int) -> tuple[list[Example], int]:
+    """(examples that fit, rows read) of a prompt-completion JSONL file."""
+    examples, rows = [], 0
+    with Path(path).open(encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if not (isinstance(row.get("prompt"), list) and isinstance(row.get("completion"), list)):
+                continue
+            rows += 1
+            if (ex := completion_example(tokenizer, row["prompt"], row["completion"], max_length)) is not None:
+                examples.append(ex)
+    return examples, rows
+
+
+def epoch_batches(n: int, batch_size: int, rng: random.Random, lengths: list[int]) -> list[list[int]]:
+    """One epoch of index batches: shuffled, then sorted by length within windows of 16 batches (less
+    padding), and the batches shuffled again. Every index appears exactly once."""
+    order = list(range(n))
+    rng.shuffle(order)
+    window = batch_size * 16
+    batches = []
+    for start in range(0, n, window):
+        chunk = sorted(order[start : start + window], key=lambda i: lengths[i])
+        batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(examples: list[Example], pad_id: int, device):
+    """Right-padded tensors: input ids, attention mask, labels."""
+    import torch
+
+    width = max(len(e.input_ids) for e in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), IGNORE, dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, e in enumerate(examples):
+        ids[row, : len(e.input_ids)] = torch.tensor(e.input_ids)
+        labels[row, : len(e.labels)] = torch.tensor(e.labels)
+        mask[row, : len(e.input_ids)] = 1
+    return ids.to(device), mask.to(device), labels.to(device)
+
+
+def autocast(device):
+    """bf16 autocast on CUDA (fp32 master weights), nothing on CPU."""
+    import contextlib
+
+    import torch
+
+    if getattr(device, "type", str(device)) == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+class SFTRounds:
+    """One optimizer over the whole session: each `train` call continues where the last one stopped."""
+
+    def __init__(self, model, tokenizer, examples: list[Example], *, lr: float, batch_size: int, seed: int,
+                 warmup_steps: int = 10, max_grad_norm: float = 1.0):  # fmt: skip
+        import torch
+
+        if not examples:
+            raise ValueError("no worked example fits; nothing to train on")
+        self.model, self.tokenizer, self.examples = model, tokenizer, examples
+        self.batch_size, self.lr, self.warmup_steps, self.max_grad_norm = batch_size, lr, warmup_steps, max_grad_norm
+        self.device = next(model.parameters()).device
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        self.rng = random.Random(seed)
+        self.lengths = [len(e.input_ids) for e in examples]
+        self.queue: list[list[int]] = []
+        self.steps = 0
+
+    def set_lr(self, lr: float) -> None:
+        self.lr = lr
+
+    def next_batch(self) -> list[Example]:
+        if not self.queue:
+            self.queue = epoch_batches(len(self.examples), self.batch_size, self.rng, self.lengths)
+        return [self.examples[i] for i in self.queue.pop()]
+
+    def train(self, seconds: float, max_steps: int | None = None) -> RoundStats:
+        """Steps until the next one would end past `seconds` (judged by the last step's time) or `max_steps`."""
+        import torch
+
+        self.model.train()
+        t0 = last = time.monotonic()
+        steps = examples = tokens = 0
+        loss_sum = 0.0
+        while max_steps is None or steps < max_steps:
+            batch = self.next_batch()
+            ids, mask, labels = collate(batch, self.pad_id, self.device)
+            scale = min(1.0, (self.steps + 1) / max(1, self.warmup_steps))
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.lr * scale
+            with autocast(self.device):
+                loss = self.model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.steps += 1
+            steps += 1
+            examples += len(batch)
+            tokens += int(mask.sum())
+            loss_sum += float(loss.detach())
+            now = time.monotonic()
+            if now - t0 + (now - last) > seconds:
+                break
+            last = now
+        self.model.eval()
+        return RoundStats(steps, examples, tokens, round(loss_sum / max(1, steps), 4), round(time.monotonic() - t0, 1))
