@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -151,6 +152,17 @@ def _one_line(e: object) -> str:
     return " ".join(str(e).split())
 
 
+def _delta_interval(harness: Path) -> str:
+    """' [95% lo, hi] over n items, p=…: verdict' from the run's process.json, or '' when it has none."""
+    try:
+        m = json.loads((harness / "process.json").read_text())["metrics"]
+        low, high = m["delta_test_ci_low"], m["delta_test_ci_high"]
+        return (f" [95% {low:+.2f}, {high:+.2f}; paired over {m['delta_test_n_items']} items, "
+                f"p={m['delta_test_p_value']:.2g}: {m['verdict']}]")
+    except (OSError, ValueError, KeyError, TypeError):
+        return " (no per-item results: no interval)"
+
+
 def render_summary(s, results: str, wall_s: float) -> str:
     def f(x):
         return "n/a" if x is None else f"{x:.2f}"
@@ -162,7 +174,8 @@ def render_summary(s, results: str, wall_s: float) -> str:
         f"   task {s.config.task} ({s.variant_label}), agent {s.config.agent}, protocol {s.protocol}",
         f"   baseline   validation {f(s.baseline_val)}   hidden test {f(s.baseline_test)}",
         f"   best validation {f(s.best_val)} (submission {s.best_submission_id or '-'})",
-        f"   final hidden test {f(s.final_test)}   Δ test {f(s.delta_test)}",
+        f"   final hidden test {f(s.final_test)}   Δ test {f(s.delta_test)}{_delta_interval(harness)}",
+        "   one seed: the same config and seed can give another Δ (data order and sampling), so read the interval",
         f"   mode {s.config.mode}{' (strict)' if s.config.strict_mode else ''}: "
         + (f"{s.mode_breaches} of {s.n_submissions} submissions BROKE THE MODE" if s.mode_breaches else "no breach"),
         f"   submissions {s.n_submissions} ({s.n_scored} scored); agent time {s.agent_seconds:.0f} / "

@@ -229,18 +229,20 @@ def write_summary(
     )
     report = write_report(ctx, summary, entries, notes)
     store = ResultsStore(ctx.results_path)
-    store.record_metrics(ctx.run_id, {"leaked_items": leaks.leaked_items})
     # Process metrics, route labels and the failure class sit beside the scores, in the report and the store.
     process = summarize_process(
         ctx.run_id, ctx.paths.harness_dir, entries, ctx.config, detail,
         snapshots=CodeSnapshots(ctx.paths.harness_dir, ctx.paths.workspace / "code"),
         summary=summary, run_status=status, run_error=error,
     )  # fmt: skip
-    store_process_report(store, process, ctx.paths.harness_dir)
     with report.open("a") as f:
         f.write("\n" + render_process_markdown(process))
-    # The final status last: a run whose summary step breaks must not read `completed`.
-    store.finish_run(summary)
+    # One connection and one transaction for the run's summary rows; the final status last inside it, so a run
+    # whose summary step breaks never reads `completed`.
+    with store.batch():
+        store.record_metrics(ctx.run_id, {"leaked_items": leaks.leaked_items})
+        store_process_report(store, process, ctx.paths.harness_dir)
+        store.finish_run(summary)
     return summary, report
 
 
