@@ -22,7 +22,6 @@ slots `[0, P)`; each row's own suffix then sits left-padded in `[P, P+S)`.
 from __future__ import annotations
 
 import inspect
-import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +31,6 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel
 
-log = logging.getLogger(__name__)
 
 GROUPED_ATTENTION = "a2rl_grouped_sdpa"
 """Attention used for decode steps: each KV head's query group as a block of queries (no GQA copy of the cache)."""
