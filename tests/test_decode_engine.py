@@ -144,3 +144,16 @@ def test_gsm8k_grading_is_identical_with_prefix_reuse(tiny_model_dir: Path, monk
     assert [i.completion for i in reused.items] == [i.completion for i in plain.items]
     assert (reused.score, reused.n_correct, reused.generated_tokens) == (
         plain.score, plain.n_correct, plain.generated_tokens)
+
+
+def test_interactive_episodes_are_identical_with_prefix_reuse(tiny_model_dir: Path, monkeypatch) -> None:
+    """Lockstep episodes share their instructions: each step prefills them once (kept across steps)."""
+    from a2rl.evaluation import EvalSpec, evaluate
+
+    spec = EvalSpec("webshop", "offline", "validation", limit=2, batch_size=2)
+    monkeypatch.setenv("A2RL_DECODE_ENGINE", "generate")
+    plain = evaluate(tiny_model_dir, spec)
+    monkeypatch.setenv("A2RL_DECODE_ENGINE", "auto")
+    reused = evaluate(tiny_model_dir, spec)
+    assert [i.detail.get("turns") for i in reused.items] == [i.detail.get("turns") for i in plain.items]
+    assert (reused.score, reused.generated_tokens) == (plain.score, plain.generated_tokens)
