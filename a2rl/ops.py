@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -291,10 +292,10 @@ def interrupt_flow_runs(worker: ManagedProcess, grace_s: float) -> list[int]:
         runs = psutil.Process(worker.pid).children(recursive=False)
     except psutil.NoSuchProcess:
         return []
-    for p in runs:
-        _signal(p, signal.SIGTERM)
-    _wait_gone(runs, time.monotonic() + grace_s)
-    return [p.pid for p in runs]
+    pids = [p.pid for p in runs]
+    procs.signal_pids(pids, signal.SIGTERM)
+    procs.wait_gone(pids, grace_s)
+    return pids
 
 
 def _worker_polling(api_url: str, pool: str, since: float) -> bool:
