@@ -69,7 +69,8 @@ def start(cmd: list[str], group: Literal["session", "group", "inherit"] = "sessi
     """`subprocess.Popen(cmd, **popen_kwargs)` that dies with this harness (unless `die_with_parent` is False: a
     server meant to outlive the command that started it): as the leader of a new session (the harness's group
     signals do not reach it; `stop_group` / `stop_session` do), of a new process group in this session, or in
-    the caller's group ("inherit": the caller's group signals reach it)."""
+    the caller's group ("inherit": the caller's group signals reach it). The signal comes when the *thread* that
+    called `start` ends: call it from the thread that waits for the process, not from a short-lived one."""
     if group == "session":
         popen_kwargs["start_new_session"] = True
     elif group == "group":
@@ -354,7 +355,7 @@ def earlier_attempt_pids(records: list[SessionRecord]) -> list[int]:
             leader = None  # the pid was reused: the recorded session is empty (Linux keeps an sid while used)
         elif leader is not None:
             found |= {r.leader, *descendants(r.leader, procs)}
-        if r.leader not in by_pid or leader is not None:
+        if (r.leader not in by_pid and r.leader_start >= 0) or leader is not None:
             found |= {p.pid for p in procs if p.sid == r.leader and p.start_ticks >= r.leader_start}
         if r.agent_uid is not None:
             found |= {p.pid for p in procs if p.uid == r.agent_uid}
