@@ -81,7 +81,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                          "failures included; offline stand-in data, labelled so) at --results, which must not exist")
     sub.add_parser("agents", help="list the agents and what each needs (driver API, CLI, key)")
     add_driver_parsers(sub, with_fields=argv is None or "drivers" in argv)
-    add_ops_parsers(sub, d)
+    add_ops_parsers(sub)
     return parser
 
 
@@ -238,8 +238,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 # ---- operations: server, deploy, sweep, status ---------------------------------------------------------
 
 
-def add_ops_parsers(sub, d) -> None:
-    """`a2rl server`, `a2rl deploy`, `a2rl sweep`, `a2rl status`."""
+def add_ops_parsers(sub) -> None:
+    """`a2rl server`, `a2rl deploy`, `a2rl sweep`, `a2rl retry`, `a2rl status`."""
     from a2rl import ops
     from a2rl.run_options import add_config_options
 

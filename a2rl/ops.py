@@ -258,7 +258,7 @@ def set_queue_limit(api_url: str, pool: str, queue: str, limit: int | None) -> N
     """Most flow runs of `queue` in `pool` running at once, across all workers (None: no limit)."""
     r = httpx.patch(f"{api_url}/work_pools/{pool}/queues/{queue}", json={"concurrency_limit": limit}, timeout=10)
     if r.status_code == 404:
-        httpx.post(f"{api_url}/work_pools/{pool}/queues/", json={"name": queue, "concurrency_limit": limit},
+        httpx.post(f"{api_url}/work_pools/{pool}/queues", json={"name": queue, "concurrency_limit": limit},
                    timeout=10).raise_for_status()  # fmt: skip
         return
     r.raise_for_status()

@@ -148,10 +148,18 @@ def test_a_worker_stopped_mid_session_records_the_run_interrupted_and_one_retry_
     its report and reports Crashed before the worker goes, no process of it survives, and a Retry pressed at
     once (a2rl's helper waits for the crash to settle) resumes it to one completed run with graded submissions
     only and a monotone agent clock. A Retry of the completed run is refused."""
+    from a2rl import gpu_slots
     from a2rl.recording import workspace_pids
 
+    if gpu_slots.read_limit(live.url) is None:  # as a sweep makes it: the session holds one of its slots
+        httpx.post(f"{live.url}/v2/concurrency_limits/", json={"name": gpu_slots.GPU_LIMIT, "limit": 1},
+                   timeout=10).raise_for_status()  # fmt: skip
     fr, params, ledger = _run_until_the_agent_trains(live, tiny_model_dir, tmp_path)
+    limit = gpu_slots.read_limit(live.url)
+    holders = [lease.holder for lease in gpu_slots.read_leases(live.home, limit.id) if not lease.expired]
+    assert holders == [str(fr.id)]  # on disk, in Prefect's own file format, naming the benchmark-run
     assert ops.stop_worker(live.home, flow_run_grace_s=90)
+    assert gpu_slots.read_limit(live.url).active_slots == 0  # the stopped run gave its slot back
 
     assert _flow_run(live.url, fr.id)["state_type"] == "CRASHED"  # reported before the worker went
     with duckdb.connect(params["results"], read_only=True) as con:

@@ -324,3 +324,13 @@ def test_a_sweep_stops_watching_after_its_timeout_and_names_the_runs_still_going
 
     item = watch()
     assert item.status == "launched" and item.detail.startswith("still Scheduled when the sweep stopped watching")
+
+
+def test_the_run_limit_is_on_the_runs_queue_so_a_sweep_never_takes_a_place_its_runs_need(api_url):
+    pool = f"pool-{uuid.uuid4().hex[:8]}"
+    httpx.post(f"{api_url}/work_pools/", json={"name": pool, "type": "process"}, timeout=10).raise_for_status()
+    ops.set_queue_limit(api_url, pool, ops.RUNS_QUEUE, 1)
+    ops.set_queue_limit(api_url, pool, "sweeps", None)  # created on the way, without a limit
+    queues = {q["name"]: q["concurrency_limit"] for q in httpx.post(
+        f"{api_url}/work_pools/{pool}/queues/filter", json={}, timeout=10).json()}  # fmt: skip
+    assert queues == {"default": 1, "sweeps": None}
