@@ -341,7 +341,8 @@ def _still_healthy(server: GradingServer) -> None:
     """The service answers and grades an honest submission after the attack."""
     auth = {"Authorization": f"Bearer {server.token}"}
     assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
-    r = httpx.post(f"{server.url}/submit", json={"model_path": "output/honest", "wait": True}, headers=auth, timeout=300)
+    body = {"model_path": "output/honest", "wait": True}
+    r = httpx.post(f"{server.url}/submit", json=body, headers=auth, timeout=300)
     assert r.status_code == 200 and r.json()["status"] == "scored", r.text
 
 
@@ -371,8 +372,10 @@ def test_a_chat_template_cannot_carry_hidden_items_out(tmp_path, tiny_model_dir)
         assert r.json()["status"] == "scored", r.text  # the agent's template never ran
         assert not any(q in bodies for q in hidden) and "LEAK:" not in bodies
         snapshot = paths.harness_dir / "snapshots" / "s1"
-        assert (snapshot / "tokenizer_config.json").read_bytes() == (tiny_model_dir / "tokenizer_config.json").read_bytes()
-        assert "LEAK" not in "".join(f.read_text(errors="replace") for f in snapshot.iterdir() if f.suffix != ".safetensors")
+        base_config = (tiny_model_dir / "tokenizer_config.json").read_bytes()
+        assert (snapshot / "tokenizer_config.json").read_bytes() == base_config
+        texts = [f.read_text(errors="replace") for f in snapshot.iterdir() if f.suffix != ".safetensors"]
+        assert not any("LEAK" in t for t in texts)
         _still_healthy(server)
     service.close(30)
 
@@ -392,7 +395,8 @@ def test_fifo_checkpoints_answer_4xx_at_once_and_block_nothing(tmp_path, tiny_mo
 
         def attack(i: int) -> int:
             route = "/validate" if i % 2 else "/submit"
-            return httpx.post(f"{server.url}{route}", json={"model_path": "output/fifo"}, headers=auth, timeout=20).status_code
+            body = {"model_path": "output/fifo"}
+            return httpx.post(f"{server.url}{route}", json=body, headers=auth, timeout=20).status_code
 
         start = time.monotonic()
         with ThreadPoolExecutor(60) as pool:
@@ -418,11 +422,12 @@ def test_a_chunked_body_bomb_is_cut_at_the_limit_before_authentication(tmp_path,
         for headers in ({}, {"Authorization": f"Bearer {server.token}"}):
             body = (b"x" * MiB for _ in range(200))
             try:
-                codes.append(httpx.post(f"{server.url}/submit", content=body, timeout=60,
-                                        headers={**headers, "content-type": "application/json"}).status_code)  # fmt: skip
+                headers = {**headers, "content-type": "application/json"}
+                codes.append(httpx.post(f"{server.url}/submit", content=body, timeout=60, headers=headers).status_code)
             except httpx.HTTPError as e:  # closed after the answer, while the client still sent
                 codes.append(type(e).__name__)
-        assert codes[0] in (401, "WriteError", "RemoteProtocolError") and codes[1] in (413, "WriteError", "RemoteProtocolError"), codes
+        cut = ("WriteError", "RemoteProtocolError")  # closed after the answer while the client still sent
+        assert codes[0] in (401, *cut) and codes[1] in (413, *cut), codes
         assert rss_mb() - before < 64, (before, rss_mb())
         _still_healthy(server)
     service.close(10)

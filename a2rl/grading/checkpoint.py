@@ -8,7 +8,6 @@ nothing the agent wrote runs over hidden prompts except the weights themselves.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import stat
 from dataclasses import dataclass, field
@@ -98,8 +97,9 @@ def check_checkpoint(ckpt: CheckpointDir, max_bytes: int = MAX_CHECKPOINT_BYTES,
                                  "submit regular files only")  # fmt: skip
     odd = sorted(n for n, st in entries.items() if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)))
     if odd:
-        raise SubmissionRejected(f"checkpoint contains files that are not regular files ({', '.join(map(shown, odd[:5]))}):"
-                                 " FIFOs, sockets and devices are refused")  # fmt: skip
+        names = ", ".join(map(shown, odd[:5]))
+        raise SubmissionRejected(f"checkpoint contains files that are not regular files ({names}): FIFOs, sockets "
+                                 "and devices are refused")  # fmt: skip
     if "adapter_config.json" in entries and "config.json" not in entries:
         raise SubmissionRejected(
             "this is an unmerged LoRA adapter (adapter_config.json without config.json): merge it into "

@@ -60,7 +60,8 @@ def refusal(err: OSError, what: str) -> SubmissionRejected:
         errno.EPERM: (f"{what} cannot be read by the grader (permissions)", 400),
         errno.ENXIO: (f"{what} is not a regular file (a socket or device)", 400),
     }
-    message, status = reasons.get(err.errno, (f"{what} cannot be opened ({errno.errorcode.get(err.errno, 'error')})", 400))
+    fallback = (f"{what} cannot be opened ({errno.errorcode.get(err.errno, 'error')})", 400)
+    message, status = reasons.get(err.errno, fallback)
     return SubmissionRejected(message, status)
 
 

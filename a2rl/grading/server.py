@@ -28,7 +28,8 @@ PUBLIC_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-red
 
 
 def _error(description: str) -> dict:
-    return {"description": description, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    schema = {"$ref": "#/components/schemas/Error"}
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
 class Error(BaseModel):

@@ -54,7 +54,9 @@ class GradingContext:
     baseline: dict[str, float] = field(default_factory=dict)
     """split -> base model score, computed by the harness before the session."""
     base_model_dir: Path | None = None
-    """Submissions must match its architecture and vocabulary."""
+    """Submissions must match its architecture and vocabulary, and its tokenizer, chat template and generation
+    config (copied to harness/base-tokenizer) render every prompt. Without it (tests with a stand-in evaluator)
+    snapshots carry no tokenizer at all: never a submission's."""
     devices: list[str | None] = field(default_factory=lambda: [None])
     """One evaluation worker per entry; "0", "1", ... pin a worker to a GPU, None = default device."""
     ledger_anchor: Callable[[LedgerEntry, str], None] | None = None
