@@ -56,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="runs started together on the one GPU")  # fmt: skip
     p.add_argument("--deadline-s", type=float, default=290.0,
                    help="wall seconds from start after which running runs are interrupted (recorded as such)")
+    p.add_argument("--parallel", action="store_true",
+                   help="start the modes' runs together on the one GPU (default: one after the other)")
     p.add_argument("--sandbox", default="off", choices=["auto", "required", "off"])
     p.add_argument("--python", default=sys.executable)
     return p.parse_args(argv)
@@ -203,13 +205,16 @@ def merge_stores(stores: list[Path], dest: Path) -> None:
     existing = [s for s in stores if s.is_file()]
     if not existing:
         return
-    shutil.copyfile(existing[0], dest)
+    # Attach each source (which replays its write-ahead log: a copied .duckdb file alone can miss the last
+    # writes of a run that just ended) and copy its rows into one fresh file.
+    dest.unlink(missing_ok=True)
     con = duckdb.connect(str(dest))
     try:
-        for i, other in enumerate(existing[1:]):
+        for i, other in enumerate(existing):
             con.execute(f"ATTACH '{other}' AS s{i} (READ_ONLY)")
             for table in STORE_TABLES:
-                con.execute(f"INSERT INTO main.{table} SELECT * FROM s{i}.main.{table}")
+                verb = f"CREATE TABLE main.{table} AS" if i == 0 else f"INSERT INTO main.{table}"
+                con.execute(f"{verb} SELECT * FROM s{i}.main.{table}")
             con.execute(f"DETACH s{i}")
     finally:
         con.close()
@@ -277,12 +282,25 @@ def main(argv: list[str] | None = None) -> int:
         log(f"baseline precompute failed ({' '.join(str(error).split())[-400:]}); the runs will evaluate it", t0)
         eval_s = {"validation": 60.0, "test": 90.0}
     timings["baseline_s"] = {k: round(v, 1) for k, v in eval_s.items()}
-    args.budget, args.max_submissions, args.round_s = plan_budget(args, eval_s, time.monotonic() - t0)
-    log(f"model {base}; starting {', '.join(args.modes)} with budget {args.budget:.0f}s, "
-        f"{args.max_submissions} submissions, {args.round_s:.0f}s of training per round", t0)
+    # One run at a time unless --parallel: two full fine-tunes of batch 32 x 1,024 tokens on one 80 GB card
+    # (each ~30-45 GB with its fp32 logits) ran out of memory together on an H100 (BENCHMARKS.md).
+    slots = 1 if args.parallel else len(args.modes)
+    share = (args.deadline_s - (time.monotonic() - t0)) * slots / len(args.modes)
+    plan = argparse.Namespace(**{**vars(args), "deadline_s": share + (time.monotonic() - t0)})
+    args.budget, args.max_submissions, args.round_s = plan_budget(plan, eval_s, time.monotonic() - t0)
+    log(f"model {base}; starting {', '.join(args.modes)} ({'together' if args.parallel else 'one after the other'}) "
+        f"with budget {args.budget:.0f}s, {args.max_submissions} submissions, {args.round_s:.0f}s of training "
+        f"per round", t0)  # fmt: skip
     t_runs = time.monotonic()
-    started = {mode: start_run(args, mode, base) for mode in args.modes}
-    codes = wait_all({m: p for m, (p, _) in started.items()}, deadline, t0)
+    started, codes = {}, {}
+    if args.parallel:
+        started = {mode: start_run(args, mode, base) for mode in args.modes}
+        codes = wait_all({m: p for m, (p, _) in started.items()}, deadline, t0)
+    else:
+        for k, mode in enumerate(args.modes):
+            started[mode] = start_run(args, mode, base)
+            until = min(deadline, time.monotonic() + (deadline - time.monotonic()) / (len(args.modes) - k))
+            codes |= wait_all({mode: started[mode][0]}, until, t0)
     timings["runs_s"] = round(time.monotonic() - t_runs, 1)
     log(f"runs ended: {codes}", t0)
     stores = [results for _, results in started.values()]
