@@ -543,9 +543,6 @@ MIGRATIONS: list[str] = [
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-# Write-ahead-log size at which DuckDB folds the log into the file (bounds what each reader replays on open).
-CHECKPOINT_THRESHOLD = "16MB"  # DuckDB's default; at 4MB a run's batched summary already forced a checkpoint
-
 # Metrics written by a step of their own (the leak audit), which a later `record_metrics` must not delete.
 KEPT_METRICS = ("leaked_items",)
 
@@ -574,10 +571,8 @@ class StoreLockTimeout(StoreError, TimeoutError):
 class ResultsStore:
     """One DuckDB results file; each method is a short, locked transaction."""
 
-    def __init__(self, path: Path | str, lock_timeout_s: float = 120.0, defer_checkpoints: bool = True) -> None:
-        """`defer_checkpoints=False` restores DuckDB's checkpoint on every close (for the write benchmark)."""
+    def __init__(self, path: Path | str, lock_timeout_s: float = 120.0) -> None:
         self.path = Path(path).expanduser().resolve()
-        self.defer_checkpoints = defer_checkpoints
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self.lock_timeout_s = lock_timeout_s
         self._batch: duckdb.DuckDBPyConnection | None = None
@@ -891,15 +886,11 @@ class ResultsStore:
             self.path.unlink()
         while True:
             try:
-                con = duckdb.connect(str(self.path), read_only=read_only)
-                if not read_only and self.defer_checkpoints:
-                    # By default DuckDB checkpoints on every close, rewriting whole blocks of each table a write
-                    # touched: ~0.8 MB per small write, GBs for a sweep. Left in the write-ahead log, a write costs
-                    # its own bytes; DuckDB folds the log into the file once it passes the threshold, and readers
-                    # replay it (see bench/bench_store_writes.py and BENCHMARKS.md).
-                    con.execute("PRAGMA disable_checkpoint_on_shutdown")
-                    con.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
-                return con
+                # DuckDB checkpoints on every close, rewriting the blocks (and key indexes) of each table a write
+                # touched, so bytes written grow with the number of connections that write: `batch()` groups a
+                # run's rows into one. Leaving writes in the WAL instead was measured and rejected: every open
+                # replays the log, and opens grew to seconds (BENCHMARKS.md, "Results store writes").
+                return duckdb.connect(str(self.path), read_only=read_only)
             except duckdb.IOException as e:
                 # A process that bypasses our lock (a notebook, the CLI) still holds DuckDB's own file lock.
                 if "Could not set lock" not in str(e):
