@@ -244,3 +244,21 @@ def test_empty_file_is_initialised_as_a_new_store(tmp_path: Path):
     path = tmp_path / "results.duckdb"
     path.touch()
     assert ResultsStore(path).query("SELECT max(version) AS v FROM schema_version")["v"][0] == SCHEMA_VERSION
+
+
+def test_a_batch_writes_through_one_connection_all_or_nothing(store: ResultsStore, monkeypatch):
+    config = _config()
+    store.start_run("r1", config, None, "offline")
+    opened = []
+    real_open = store._open
+    monkeypatch.setattr(store, "_open", lambda *a: opened.append(a) or real_open(*a))
+    with store.batch():
+        store.record_metrics("r1", {"leaked_items": 0, "n_scored": 2})
+        store.record_routes("r1", {1: "SFT"})
+        store.finish_run(_summary("r1", config))
+        assert store.get_run("r1")["status"] == "completed"  # reads inside the batch see its writes
+    assert len(opened) == 1
+    with pytest.raises(RuntimeError, match="boom"), store.batch():
+        store.record_metrics("r1", {"n_scored": 99})
+        raise RuntimeError("boom")
+    assert store.query("SELECT value FROM metrics WHERE name = 'n_scored'")["value"][0] == 2  # rolled back
