@@ -4,8 +4,9 @@ Each run: start, two baseline evaluations (16 + 32 items), S submissions (queued
 the final evaluation (32 items), then the summary rows (leak audit, process metrics, route labels, LLM calls, tool
 calls, resource samples, the final row).
 
-- before: one connection (and so one DuckDB checkpoint) per call, as the store did;
-- after:  the summary rows in one `ResultsStore.batch()` (one connection, one transaction, one checkpoint).
+- before: DuckDB's default 256 KB blocks and one connection (so one checkpoint) per call, as the store did;
+- after:  a store created with `a2rl.store.STORE_BLOCK_SIZE` blocks, and the summary rows in one
+          `ResultsStore.batch()` (one connection, one transaction, one checkpoint).
 
 Bytes are the process's `write_bytes` (block I/O) and `wchar` (bytes passed to write calls) from /proc/self/io.
 Usage (repository root): python bench/bench_store_writes.py --runs 1000 [--before-runs 1000]
@@ -22,6 +23,8 @@ import platform
 import tempfile
 import time
 from pathlib import Path
+
+import duckdb
 
 from a2rl.records import EvalResult, ItemResult, LedgerEntry, RunConfig, RunSummary
 from a2rl.store import ResultsStore
@@ -83,6 +86,8 @@ def write_run(store: ResultsStore, k: int, subs: int, batched: bool) -> None:
 def measure(runs: int, subs: int, after: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="a2rl-bench-store-") as tmp:
         path = Path(tmp) / "results.duckdb"
+        if not after:  # an existing file keeps its block size: DuckDB's default, as stores were made before
+            duckdb.connect(str(path)).close()
         store = ResultsStore(path)
         w0, c0, t0 = *_io(), time.perf_counter()
         for k in range(runs):
