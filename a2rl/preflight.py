@@ -178,7 +178,8 @@ def check_agent(c: RunConfig, *, probe: bool = True) -> None:
     agent = get_agent(c.agent, driver=resolve_run_driver(c.driver))
     _check_launch(agent, c)
     if probe and (program := getattr(agent, "executable", None)):
-        _check_runs(program)
+        found = agent.find() if hasattr(agent, "find") else None  # on PATH or in the project's .tools prefix
+        _check_runs(str(found or program))
 
 
 def resolve_run_driver(name: str):

@@ -375,13 +375,24 @@ def benchmark_run(
             # flow run failed and it can be retried. The phase it stopped in counts up to now (wall time).
             phases[phase] = time.perf_counter() - t
             status: RunStatus = "interrupted" if isinstance(e, INTERRUPTIONS) else "failed"
-            error = f"{type(e).__name__} in {phase}: {' '.join(str(e).split())}"
+            error = f"{type(e).__name__} in {phase}: {one_line_error(e)}"
             _log_traceback(run_log, f"run {status} in phase {phase}")
             progress.update(error=error)
             record_failure(ctx, status, phases, error, run_log)
             raise
     progress.update(phase="done")
     return summary
+
+
+def one_line_error(e: BaseException) -> str:
+    """The error as one line for the row and the terminal: a child process's traceback (an evaluation's stderr)
+    shrinks to its exception line; the whole text is in the run log."""
+    text = str(e)
+    head, marker, tb = text.partition("Traceback (most recent call last):")
+    if marker:
+        last = [line for line in tb.splitlines() if line.strip() and not line.startswith((" ", "\t"))][-1:]
+        text = f"{head}{last[0] if last else ''} (traceback in the run log)"
+    return " ".join(text.split())
 
 
 def completed_before(config: RunConfig, results: Path, runs_dir: Path, flow_run_id: str | None) -> RunSummary | None:

@@ -66,7 +66,8 @@ PREFLIGHT_ROWS = {
     "driver without key or block": (["--agent", "claude-tools", "--driver", "claude-sonnet-4-5"], {},
                                     ["ANTHROPIC_API_KEY", "a2rl drivers add"]),
     "LLM agent without driver": (["--agent", "claude-tools"], {}, ["needs a driver LLM", "--driver"]),
-    "claude-code without claude": (["--agent", "claude-code", "--driver", "m"], {"ANTHROPIC_API_KEY": "k"},
+    "claude-code without claude": (["--agent", "claude-code", "--driver", "m"],
+                                   {"ANTHROPIC_API_KEY": "k", "A2RL_TOOLS_DIR": "/nonexistent-a2rl-tools"},
                                    ["`claude`", "npm install"]),
     "codex with an Anthropic driver": (["--agent", "codex", "--driver", "m"], {"ANTHROPIC_API_KEY": "k"},
                                        ["openai", "anthropic"]),
@@ -151,6 +152,9 @@ def test_drivers_add_list_rm_round_trip(prefect_harness, tmp_path, monkeypatch, 
     monkeypatch.setenv("MY_KEY", "sk-test-SECRET-42")
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:/usr/bin:/bin")
+    from agents.cli_agents import install
+
+    monkeypatch.setattr(install, "LOCAL_BINS", (tmp_path / "no-prefix",))  # nor in the project's .tools prefix
     add = ["drivers", "add", "sonnet", "--model", "claude-sonnet-4-5", "--key-env", "MY_KEY",
            "--input-usd-per-mtok", "3", "--output-usd-per-mtok", "15"]  # fmt: skip
     assert main(add) == 0
@@ -230,6 +234,9 @@ def test_an_agent_that_never_started_makes_the_run_failed(prefect_harness, tiny_
 
     monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:/usr/bin:/bin")
+    from agents.cli_agents import install
+
+    monkeypatch.setattr(install, "LOCAL_BINS", (tmp_path / "no-prefix",))  # nor in the project's .tools prefix
     results = tmp_path / "a.duckdb"
     with pytest.raises(PreflightError, match="`claude`"):
         benchmark_run(agent="claude-code", driver="m", base_model=str(tiny_model_dir), results=results,

@@ -18,9 +18,11 @@ from dataclasses import replace
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-LOCAL_PREFIX = PROJECT_ROOT / ".tools" / "npm"
-"""The project-local npm prefix (git-ignored) that the Makefile installs the pinned CLIs into."""
-LOCAL_BINS = (LOCAL_PREFIX / "node_modules" / ".bin", PROJECT_ROOT / ".tools" / "openhands" / "bin")
+TOOLS_DIR = Path(os.environ.get("A2RL_TOOLS_DIR") or PROJECT_ROOT / ".tools")
+"""Where `make tools` installs the pinned CLIs (git-ignored); A2RL_TOOLS_DIR points elsewhere (a shared install)."""
+LOCAL_PREFIX = TOOLS_DIR / "npm"
+"""The project-local npm prefix that the Makefile installs the pinned CLIs into."""
+LOCAL_BINS = (LOCAL_PREFIX / "node_modules" / ".bin", TOOLS_DIR / "openhands" / "bin")
 """Where the project-local installs put their commands (npm's bin links; OpenHands' own venv)."""
 
 
