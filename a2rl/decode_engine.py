@@ -22,7 +22,6 @@ slots `[0, P)`; each row's own suffix then sits left-padded in `[P, P+S)`.
 from __future__ import annotations
 
 import inspect
-import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +31,6 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel
 
-log = logging.getLogger(__name__)
 
 GROUPED_ATTENTION = "a2rl_grouped_sdpa"
 """Attention used for decode steps: each KV head's query group as a block of queries (no GQA copy of the cache)."""
@@ -215,8 +213,9 @@ class GreedyDecoder:
     ) -> list[list[int]]:
         """Greedy continuation of each row (`prefix + row` is its prompt); returns every row's new tokens.
 
-        All rows get the same number of tokens: up to `max_new_tokens`, fewer once `finished(tokens)` holds
-        for every row at a chunk boundary. A row's tokens after its own end are whatever it decoded next.
+        A row's tokens end at the first chunk boundary where `finished(tokens)` holds (or at `max_new_tokens`);
+        tokens past its real end (up to the boundary) are whatever it decoded next. Without a graph, finished
+        rows leave the batch, so the long rows do not carry the finished ones.
         """
         import torch
 
@@ -257,19 +256,39 @@ class GreedyDecoder:
                 state.cache.update(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1), layer)
         self._prefill(state, p, s)
         start = p + s  # slot of the first generated token
-        done_rows = [False] * batch
+        alive = list(range(batch))  # original row of each row of `state`
+        results: list[list[int] | None] = [None] * batch
         produced = 1
         steps_left = max_new_tokens - 1
         while True:
             tokens = state.seq[:, start : start + produced].tolist()  # the host sync, once per chunk
-            for i, t in enumerate(tokens):
-                done_rows[i] = done_rows[i] or finished(t)
-            if all(done_rows) or steps_left == 0:
-                return tokens
+            for row, t in zip(alive, tokens):
+                if results[row] is None and (steps_left == 0 or finished(t)):
+                    results[row] = t  # a finished row's tokens are final: later ones are cut anyway
+            if all(r is not None for r in results):
+                return results
+            if not self.use_graph:
+                keep = [j for j, row in enumerate(alive) if results[row] is None]
+                if len(keep) < len(alive):  # no compute for finished rows (a graph keeps its batch instead)
+                    state = self._compacted(state, keep)
+                    alive = [alive[j] for j in keep]
             n = min(self.chunk, steps_left)
             self._steps(state, n)
             produced += n
             steps_left -= n
+
+    def _compacted(self, state: _DecodeState, keep: list[int]) -> _DecodeState:
+        """A state holding only the rows `keep` (same slots, same cache contents up to the current slot)."""
+        import torch
+        from transformers import StaticCache
+
+        index = torch.tensor(keep, device=self.device)
+        written = int(state.slot.item())  # cache slots [0, slot) hold keys and values
+        cache = StaticCache(config=self.model.config, max_cache_len=state.seq.shape[1])
+        for layer_idx, layer in enumerate(state.cache.layers):
+            cache.update(layer.keys[index, :, :written], layer.values[index, :, :written], layer_idx)
+        return _DecodeState(cache=cache, seq=state.seq[index], key_valid=state.key_valid[index],
+                            slot=state.slot.clone())
 
     def _state(self, batch: int, slots: int) -> _DecodeState:
         import torch

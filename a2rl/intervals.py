@@ -243,6 +243,8 @@ def pooled_item_interval(item_ids: Sequence[str], base: Sequence[float], final: 
     n = len(per_item)
     if n < 2:
         return _none(100 * float(per_item.mean()) if n else math.nan, n, "fewer than 2 shared items")
+    if np.ptp(per_item) == 0:  # every item moved alike (often: none moved): resampling items says nothing
+        return _none(100 * float(per_item[0]), n, "every item changed alike: no spread to resample")
     low, high = expanded_bootstrap(per_item, n_boot=n_boot, seed=seed)
     return Interval(100 * float(per_item.mean()), 100 * low, 100 * high, n, sign_flip_pvalue(per_item),
                     "pooled over seeds, bootstrap over shared items")

@@ -196,15 +196,17 @@ def convert_gguf_file(gguf: Path) -> Path:
 
 def _dequantize_gguf(gguf: Path, out: Path) -> None:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kwargs = {"gguf_file": gguf.name}
+    kwargs: dict = {"gguf_file": gguf.name}
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
     # dequantize=True gives plain nn.Linear weights that save_pretrained can write (packed GGUF
-    # layers are not serializable), whether or not a GGUF matmul kernel is installed.
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True), **kwargs
-    )
+    # layers are not serializable), whether or not a GGUF matmul kernel is installed. Versions without
+    # GgufConfig (e.g. the transformers of a GPU image) always dequantize GGUF weights at load.
+    if (gguf_config := getattr(transformers, "GgufConfig", None)) is not None:
+        kwargs["quantization_config"] = gguf_config(dequantize=True)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -257,23 +258,44 @@ def set_queue_limit(api_url: str, pool: str, queue: str, limit: int | None) -> N
     """Most flow runs of `queue` in `pool` running at once, across all workers (None: no limit)."""
     r = httpx.patch(f"{api_url}/work_pools/{pool}/queues/{queue}", json={"concurrency_limit": limit}, timeout=10)
     if r.status_code == 404:
-        httpx.post(f"{api_url}/work_pools/{pool}/queues/", json={"name": queue, "concurrency_limit": limit},
+        httpx.post(f"{api_url}/work_pools/{pool}/queues", json={"name": queue, "concurrency_limit": limit},
                    timeout=10).raise_for_status()  # fmt: skip
         return
     r.raise_for_status()
 
 
-def stop_worker(home: Path | None = None, timeout_s: float = 30) -> bool:
-    """Stop the worker: it ignores the first SIGTERM (it only asks its loop to stop), so it gets two; flow
-    runs it started are stopped with it (SIGTERM, then SIGKILL) so that nothing is left behind."""
+FLOW_RUN_GRACE_S = 120.0
+"""How long a flow run may take, after SIGTERM, to record itself `interrupted` with its report."""
+
+
+def stop_worker(home: Path | None = None, timeout_s: float = 30, flow_run_grace_s: float = FLOW_RUN_GRACE_S) -> bool:
+    """Stop the worker. Its flow runs go first, one SIGTERM each, while the worker and the server are still up:
+    each records its run `interrupted` with a report and reports Crashed to Prefect, which a Retry resumes.
+    Then the worker, which ignores the first SIGTERM (it only asks its loop to stop) and forwards a second one
+    to its runs as SIGKILL, gets two; whatever is left (SIGTERM, then SIGKILL) goes with it."""
     home = home or prefect_home()
     worker = read_state(WORKER_STATE, home)
     if worker is None:
         return False
     alive = worker.alive()
+    if alive:
+        interrupt_flow_runs(worker, flow_run_grace_s)
     _stop_group(worker, term_signals=2, timeout_s=timeout_s)
     (home / WORKER_STATE).unlink(missing_ok=True)
     return alive
+
+
+def interrupt_flow_runs(worker: ManagedProcess, grace_s: float) -> list[int]:
+    """SIGTERM the worker's flow-run processes (its children) and wait up to `grace_s` for them to end.
+    Returns their pids."""
+    try:
+        runs = psutil.Process(worker.pid).children(recursive=False)
+    except psutil.NoSuchProcess:
+        return []
+    pids = [p.pid for p in runs]
+    procs.signal_pids(pids, signal.SIGTERM)
+    procs.wait_gone(pids, grace_s)
+    return pids
 
 
 def _worker_polling(api_url: str, pool: str, since: float) -> bool:

@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -25,6 +26,10 @@ from pathlib import Path
 from typing import Literal
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+SUPERVISOR_DEATH_SIGNAL = signal.SIGUSR1
+"""What a supervisor gets when its parent (the harness) dies: catchable, unlike SIGKILL, so it can end first
+every process below it, then itself."""
 RECORD_FILE = "session-procs.jsonl"
 """In the run's harness directory: one line per agent session started (`SessionRecord`)."""
 
@@ -60,16 +65,17 @@ def _prctl():
 
 
 def start(cmd: list[str], group: Literal["session", "group", "inherit"] = "session", die_with_parent: bool = True,
-          **popen_kwargs) -> subprocess.Popen:  # fmt: skip
+          death_signal: int = signal.SIGKILL, **popen_kwargs) -> subprocess.Popen:  # fmt: skip
     """`subprocess.Popen(cmd, **popen_kwargs)` that dies with this harness (unless `die_with_parent` is False: a
     server meant to outlive the command that started it): as the leader of a new session (the harness's group
     signals do not reach it; `stop_group` / `stop_session` do), of a new process group in this session, or in
-    the caller's group ("inherit": the caller's group signals reach it)."""
+    the caller's group ("inherit": the caller's group signals reach it). The signal comes when the *thread* that
+    called `start` ends: call it from the thread that waits for the process, not from a short-lived one."""
     if group == "session":
         popen_kwargs["start_new_session"] = True
     elif group == "group":
         popen_kwargs["process_group"] = 0
-    preexec = parent_death_signal() if die_with_parent else None
+    preexec = parent_death_signal(death_signal) if die_with_parent else None
     return subprocess.Popen(cmd, preexec_fn=preexec, **popen_kwargs)
 
 
@@ -190,7 +196,9 @@ def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
 
 
 def end_session_of(proc: subprocess.Popen) -> None:
-    """SIGKILL the group and the session led by `proc` (started with group="session") and reap it."""
+    """SIGKILL everything below `proc` (a supervisor's adopted orphans included), its group and the session it
+    leads (started with group="session"), and reap it."""
+    signal_pids(descendants(proc.pid), signal.SIGKILL)
     signal_group(proc.pid, signal.SIGKILL)
     proc.wait()
     stop_session(proc.pid)
@@ -247,6 +255,53 @@ def _term_then_kill(pids: list[int], grace_s: float = 10.0) -> None:
     wait_gone(left, 5.0)
 
 
+# -- a supervisor for commands that run on the host ------------------------------------------------------------
+def supervised(cmd: list[str], python: str) -> list[str]:
+    """`cmd` under a supervisor (this file run as a script): start it with group="session" and
+    death_signal=SUPERVISOR_DEATH_SIGNAL."""
+    return [python, "-I", "-S", str(Path(__file__).resolve()), "--supervise", "--", *cmd]
+
+
+def supervise(cmd: list[str]) -> int:
+    """Run `cmd` and outlive everything it starts: as a child subreaper, orphans (a daemon that left its session
+    included) become our children, not init's. When the harness dies (SUPERVISOR_DEATH_SIGNAL) or `cmd` exits,
+    every process below us is killed. Group signals (the budget's SIGTERM) reach `cmd` directly; we ignore them.
+    `cmd`'s exit status is ours (a death by signal N too)."""
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+    def end_all(signum=None, frame=None) -> None:
+        for _ in range(3):
+            signal_pids(descendants(os.getpid()), signal.SIGKILL)
+        if signum is not None:
+            os._exit(128 + signum)
+
+    signal.signal(SUPERVISOR_DEATH_SIGNAL, end_all)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda s, f: None)  # a handler, not SIG_IGN: `cmd` must not inherit "ignored"
+    try:
+        child = start(cmd, group="inherit")
+    except OSError as e:
+        print(f"[supervisor] cannot start {cmd[:1]}: {e}", file=sys.stderr, flush=True)
+        return 127
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        if pid == child.pid:
+            child.returncode = os.waitstatus_to_exitcode(status)
+            break
+    end_all()
+    code = child.returncode
+    if code is not None and code < 0:  # die the same way, so the harness sees what ended the command
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code if code is not None else 1
+
+
 # -- records of agent sessions, for retries ----------------------------------------------------------------
 @dataclass(frozen=True)
 class SessionRecord:
@@ -300,7 +355,7 @@ def earlier_attempt_pids(records: list[SessionRecord]) -> list[int]:
             leader = None  # the pid was reused: the recorded session is empty (Linux keeps an sid while used)
         elif leader is not None:
             found |= {r.leader, *descendants(r.leader, procs)}
-        if r.leader not in by_pid or leader is not None:
+        if (r.leader not in by_pid and r.leader_start >= 0) or leader is not None:
             found |= {p.pid for p in procs if p.sid == r.leader and p.start_ticks >= r.leader_start}
         if r.agent_uid is not None:
             found |= {p.pid for p in procs if p.uid == r.agent_uid}
@@ -334,3 +389,7 @@ def end_earlier_attempts(harness_dir: Path, timeout_s: float = 15.0) -> list[int
         if left := earlier_attempt_pids(records):
             raise ProcessesSurvived(f"processes of an earlier attempt keep appearing: {left}")
     return sorted(set(ended))
+
+
+if __name__ == "__main__" and sys.argv[1:3] == ["--supervise", "--"]:
+    sys.exit(supervise(sys.argv[3:]))

@@ -105,7 +105,8 @@ def note_phase(harness_dir: Path, phase: str) -> None:
     if (progress := read_announced(path)) is None or progress.phase == phase:
         return
     try:
-        _write_atomic(path, progress.model_copy(update={"phase": phase, "phase_started_at": time.time()}).model_dump_json())
+        updated = progress.model_copy(update={"phase": phase, "phase_started_at": time.time()})
+        _write_atomic(path, updated.model_dump_json())
     except OSError:  # progress is a convenience: never the reason a run fails
         pass
 

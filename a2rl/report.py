@@ -85,7 +85,11 @@ def ledger_integrity(ctx: RunContext) -> dict:
 
     ledger = Ledger(ctx.paths.harness_dir / "ledger.jsonl")
     head = ledger.head()
-    anchored = ResultsStore(ctx.results_path).ledger_head(ctx.run_id)
+    try:
+        anchored = ResultsStore(ctx.results_path).ledger_head(ctx.run_id)
+    except Exception as e:  # noqa: BLE001 - a report must still be written; it says what could not be checked
+        return {"entries": head.entries, "head_hash": head.hash, "anchored": False,
+                "problems": [f"the results store could not be read to check the ledger's end ({type(e).__name__})"]}
     problems = [p for p in [ledger.check_head(anchored, "the results store") if anchored else None] if p]
     if anchored is None:
         problems.append("no head anchored in the results store for this run")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,10 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 MAX_DEPTH = 256
 """Deeper directories are not entered (an agent can nest far deeper than there are descriptors)."""
+
+
+class UnsafePath(OSError):
+    """A path the harness was to write through is not what it should be (a link where a directory belongs)."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +155,8 @@ def chown_tree(root: str | os.PathLike, uid: int, gid: int, prune: Callable[[Ent
     for entry in walk(root, prune=prune):
         if (keep is not None and keep(entry)) or (prune is not None and entry.is_dir and prune(entry)):
             continue
+        if (entry.st.st_uid, entry.st.st_gid) == (uid, gid):  # the usual case on later walks: nothing to open
+            continue
         if entry.is_link:
             _quiet(os.chown, entry.name, uid, gid, dir_fd=entry.dir_fd, follow_symlinks=False)
             report.changed += 1
@@ -252,6 +259,29 @@ def disk_usage(root: str | os.PathLike, prune: Callable[[Entry], bool] | None = 
             if stop_above is not None and total > stop_above:
                 break
     return total
+
+
+def replace_file(dir_path: str | os.PathLike, name: str, data: bytes, mode: int = 0o644) -> None:
+    """Write `name` in the directory `dir_path` as a new file replacing whatever has that name: a link there is
+    replaced, never written through (a harness writing its files into an agent-owned `code/` on a retry). The
+    directory itself must not be a link (UnsafePath)."""
+    try:
+        fd = open_dir(dir_path)
+    except OSError as e:
+        raise UnsafePath(f"{dir_path} is not a plain directory ({e.strerror}; a link left by the agent?): refusing "
+                         f"to write {name} there") from e  # fmt: skip
+    try:
+        tmp = f".{name}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
+        try:
+            with os.fdopen(out, "wb") as f:
+                f.write(data)
+            os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except BaseException:
+            _quiet(os.unlink, tmp, dir_fd=fd)
+            raise
+    finally:
+        os.close(fd)
 
 
 def read_link(entry: Entry) -> str | None:

@@ -220,7 +220,8 @@ def wrap(cmd: list[str], env: dict[str, str], policy: SandboxPolicy, report_fd: 
     }
     if mode == "none":
         report = ["--report", str(report_fd)] if report_fd is not None else []
-        config["child"] = [sys.executable, "-I", "-S", str(FORWARDER), *policy.limits.as_args(), *report, "--", *cmd]
+        launcher = [sys.executable, "-I", "-S", str(FORWARDER), *policy.limits.as_args(), *report, "--", *cmd]
+        config["child"] = _sibling("procs").supervised(launcher, sys.executable)  # nothing outlives the shim
     else:
         config["child"] = bwrap_argv(cmd, policy, mode, runtime, report_fd)
     shim = [sys.executable, "-I", "-S", str(Path(__file__).resolve()), "--shim", json.dumps(config)]
@@ -547,7 +548,8 @@ def _shim(cfg: dict) -> int:
         # A parent-death signal as well: should this shim be SIGKILLed, its child (bubblewrap, which then ends
         # the sandbox's PID namespace, or the unsandboxed launcher) goes with it.
         procs = _sibling("procs")
-        child = procs.start(cfg["child"], group="group", env=env, cwd=cfg["workspace"],
+        death = signal.SIGKILL if sandboxed else procs.SUPERVISOR_DEATH_SIGNAL
+        child = procs.start(cfg["child"], group="group", death_signal=death, env=env, cwd=cfg["workspace"],
                             pass_fds=cfg.get("pass_fds", ()))  # fmt: skip
 
         def forward(signum, frame) -> None:
@@ -582,8 +584,10 @@ def _shim(cfg: dict) -> int:
 def _kill_all(child: subprocess.Popen, sandboxed: bool) -> None:
     if sandboxed:  # bubblewrap's death ends its PID namespace, and with it every process of the agent
         child.kill()
-    else:
-        _sibling("procs").signal_group(child.pid, signal.SIGKILL)
+    else:  # the supervisor, with everything below it (it adopts orphans)
+        procs = _sibling("procs")
+        procs.signal_pids(procs.descendants(child.pid), signal.SIGKILL)
+        procs.signal_group(child.pid, signal.SIGKILL)
 
 
 def describe(policy: SandboxPolicy) -> dict:

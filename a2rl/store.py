@@ -541,6 +541,9 @@ MIGRATIONS: list[str] = [
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
+# Write-ahead-log size at which DuckDB folds the log into the file (bounds what each reader replays on open).
+CHECKPOINT_THRESHOLD = "16MB"  # DuckDB's default; at 4MB a run's batched summary already forced a checkpoint
+
 # Metrics written by a step of their own (the leak audit), which a later `record_metrics` must not delete.
 KEPT_METRICS = ("leaked_items",)
 
@@ -569,10 +572,13 @@ class StoreLockTimeout(StoreError, TimeoutError):
 class ResultsStore:
     """One DuckDB results file; each method is a short, locked transaction."""
 
-    def __init__(self, path: Path | str, lock_timeout_s: float = 120.0) -> None:
+    def __init__(self, path: Path | str, lock_timeout_s: float = 120.0, defer_checkpoints: bool = True) -> None:
+        """`defer_checkpoints=False` restores DuckDB's checkpoint on every close (for the write benchmark)."""
         self.path = Path(path).expanduser().resolve()
+        self.defer_checkpoints = defer_checkpoints
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self.lock_timeout_s = lock_timeout_s
+        self._batch: duckdb.DuckDBPyConnection | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._transaction() as con:
             _migrate(con, self.path)
@@ -816,6 +822,10 @@ class ResultsStore:
     # ---- reads --------------------------------------------------------------------------------------
 
     def get_run(self, run_id: str) -> dict[str, Any] | None:
+        if self._batch is not None:
+            cur = self._batch.execute("SELECT * FROM runs WHERE run_id = ?", [run_id])
+            row = cur.fetchone()
+            return None if row is None else dict(zip([d[0] for d in cur.description], row))
         with self._connect(read_only=True) as con:
             cur = con.execute("SELECT * FROM runs WHERE run_id = ?", [run_id])
             row = cur.fetchone()
@@ -828,13 +838,35 @@ class ResultsStore:
 
     def query(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pd.DataFrame:
         """Run SQL on a read-only connection and return a DataFrame."""
+        if self._batch is not None:
+            return self._batch.execute(sql, params).df()
         with self._connect(read_only=True) as con:
             return con.execute(sql, params).df()
 
     # ---- connections --------------------------------------------------------------------------------
 
     @contextmanager
+    def batch(self) -> Iterator[ResultsStore]:
+        """Every write inside the block goes through one connection and one transaction (all or nothing), so a
+        run's summary rows cost one open, one commit and one lock instead of one each. Reads inside the block see
+        the batch's writes. Keep the block short: other processes wait for the lock meanwhile."""
+        if self._batch is not None:  # nested: the outer batch already holds the connection
+            yield self
+            return
+        with self._connect(read_only=False) as con:
+            con.execute("BEGIN TRANSACTION")
+            self._batch = con
+            try:
+                yield self
+                con.execute("COMMIT")
+            finally:
+                self._batch = None
+
+    @contextmanager
     def _transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        if self._batch is not None:
+            yield self._batch
+            return
         # Closing without COMMIT (on an exception) rolls the transaction back.
         with self._connect(read_only=False) as con:
             con.execute("BEGIN TRANSACTION")
@@ -858,7 +890,15 @@ class ResultsStore:
             self.path.unlink()
         while True:
             try:
-                return duckdb.connect(str(self.path), read_only=read_only)
+                con = duckdb.connect(str(self.path), read_only=read_only)
+                if not read_only and self.defer_checkpoints:
+                    # By default DuckDB checkpoints on every close, rewriting whole blocks of each table a write
+                    # touched: ~0.8 MB per small write, GBs for a sweep. Left in the write-ahead log, a write costs
+                    # its own bytes; DuckDB folds the log into the file once it passes the threshold, and readers
+                    # replay it (see bench/bench_store_writes.py and BENCHMARKS.md).
+                    con.execute("PRAGMA disable_checkpoint_on_shutdown")
+                    con.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
+                return con
             except duckdb.IOException as e:
                 # A process that bypasses our lock (a notebook, the CLI) still holds DuckDB's own file lock.
                 if "Could not set lock" not in str(e):

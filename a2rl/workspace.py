@@ -12,6 +12,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from a2rl import safefs
+
 INSTRUCTIONS_TEMPLATE = Path(__file__).parent / "templates" / "instructions.md"
 
 
@@ -41,8 +43,9 @@ def build_workspace(
     """Fill the workspace. Idempotent, so a retried provisioning step can run again safely."""
     paths.create()
     ws = paths.workspace
-    (ws / "description.md").write_text(description)
-    (ws / "instructions.md").write_text(instructions)
+    # Replaced, never written through a link (a retry provisions a workspace an agent has used).
+    safefs.replace_file(ws, "description.md", description.encode())
+    safefs.replace_file(ws, "instructions.md", instructions.encode())
     for src in Path(public_data_dir).iterdir():
         if src.is_file():
             shutil.copy2(src, ws / "data" / src.name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -255,13 +256,18 @@ def run_agent(
             command, child_env = wrap_in_sandbox(command, child_env, sandbox)
     # Root harness with bubblewrap: every process of the agent runs under this uid (recorded for retries).
     uid = agent_uid(sandbox) if sandbox is not None and sandbox_mode(sandbox) == "bwrap-root" else None
+    # What runs on the host (an LLM agent's runner, an agent without sandbox) runs under a supervisor that ends
+    # all of it, daemons included, should the harness die; a sandbox's shim does that for what runs inside.
+    death_signal = signal.SIGKILL
+    if sandbox is None or agent.uses_llm:
+        command, death_signal = procs.supervised(command, sys.executable), procs.SUPERVISOR_DEATH_SIGNAL
     clock.start()
     with log_path.open("ab") as log:
         try:
             # Its own session (the harness's group signals do not reach it) and a parent-death signal: a
             # harness that is SIGKILLed or OOM-killed takes the agent down with it.
-            proc = procs.start(command, group="session", cwd=env.workspace, env=child_env, stdout=log,
-                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+            proc = procs.start(command, group="session", death_signal=death_signal, cwd=env.workspace, env=child_env,
+                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
         except OSError as e:
             clock.stop()
             return SessionOutcome(exit_code=None, ended_by="launch-error", agent_seconds=0.0,

@@ -173,8 +173,12 @@ def _within_noise(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _with_pooled(board: pd.DataFrame, pairs: pd.DataFrame, n_boot: int) -> pd.DataFrame:
     """The item-level interval of each setting, pooled over its seeds (where they scored the same items)."""
-    pooled = {sid: pooled_item_interval(g["item_id"], g["base_score"], g["final_score"], n_boot=n_boot)
-              for sid, g in pairs.groupby("setting_id")}  # fmt: skip
+    def interval(g: pd.DataFrame):
+        if g["run_id"].nunique() == 1:  # one seed: its own paired interval (exact for right/wrong items)
+            return paired_item_interval(g["base_score"], g["final_score"], n_boot=n_boot)
+        return pooled_item_interval(g["item_id"], g["base_score"], g["final_score"], n_boot=n_boot)
+
+    pooled = {sid: interval(g) for sid, g in pairs.groupby("setting_id")}
     board["pooled_low"] = [pooled[s].low if s in pooled else math.nan for s in board["setting_id"]]
     board["pooled_high"] = [pooled[s].high if s in pooled else math.nan for s in board["setting_id"]]
     board["pooled_items"] = [pooled[s].n if s in pooled else 0 for s in board["setting_id"]]

@@ -137,7 +137,7 @@ def engine_state(loaded) -> str:
 def identity_check(torch, device, prompt_tokens: int, new_tokens: int) -> dict:
     """135M shape in fp32: the engine's (graph) tokens against greedy `generate`'s, row by row up to EOS."""
     from a2rl.decode_engine import GreedyDecoder
-    from a2rl.generation import _generate_batch
+    from a2rl.generation import _eos_ids, _generate_batch
 
     loaded = build("135m" if device.type == "cuda" else "tiny", device, torch.float32)
     tok = loaded.tokenizer
@@ -147,16 +147,16 @@ def identity_check(torch, device, prompt_tokens: int, new_tokens: int) -> dict:
     options = {"max_new_tokens": new_tokens, "do_sample": False, "pad_token_id": tok.pad_token_id}
     reference = _generate_batch(loaded.model, tok, prompts, options)
     decoder = GreedyDecoder(loaded.model, use_graph=True, chunk=32)
-    eos = tok.eos_token_id
-    ours = decoder.decode(rows, new_tokens, lambda t: eos in t, tok.pad_token_id)
+    ends = _eos_ids(loaded.model, tok)  # generate stops (and pads) at the generation config's EOS too
+    ours = decoder.decode(rows, new_tokens, lambda t: any(x in ends for x in t), tok.pad_token_id)
     same = 0
     first_diff = None
     for i, (ref, got) in enumerate(zip(reference, ours)):
-        n = ref.index(eos) + 1 if eos in ref else len(ref)
+        n = next((j + 1 for j, x in enumerate(ref) if x in ends), len(ref))
         if got[:n] == ref[:n]:
             same += 1
         elif first_diff is None:
-            first_diff = {"row": i, "step": next(j for j in range(n) if got[j] != ref[j])}
+            first_diff = {"row": i, "step": next((j for j in range(n) if j >= len(got) or got[j] != ref[j]), n)}
     del loaded, decoder
     return {"shape": "135m" if device.type == "cuda" else "tiny", "dtype": "fp32", "rows": len(rows),
             "rows_identical": same, "new_tokens": new_tokens, "first_difference": first_diff}  # fmt: skip

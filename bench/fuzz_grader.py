@@ -4,9 +4,9 @@
 
 Starts a real `GradingServer` on a workspace holding a valid tiny checkpoint (`output/v1`, the schema's
 example path) next to hostile entries (a FIFO named like a checkpoint, a link loop, a link out of the
-workspace), then runs `schemathesis run` with every check (but positive_data_acceptance) for `--seconds`, authenticated with the run's
-token. Evaluation is an offline stand-in (a constant scorer): the fuzzer tests the HTTP layer and the
-checkpoint checks, not model inference. The grader's own request log is the count: requests, 5xx, and
+workspace), then runs `schemathesis run` with every check (but positive_data_acceptance) for `--seconds`,
+authenticated with the run's token. Evaluation is an offline stand-in (a constant scorer): the fuzzer tests
+the HTTP layer and the checkpoint checks, not model inference. The grader's own request log is the count: requests, 5xx, and
 statuses that the OpenAPI document does not list for that operation. Prints one table; exit 1 if any 5xx or
 undocumented status (or schemathesis itself failed).
 """
@@ -106,15 +106,16 @@ def run_fuzz(seconds: float, max_examples: int | None = None, workdir: Path | No
         ws = _workspace(root, tiny)
         harness = root / "harness"
         config = RunConfig(max_submissions=5)
-        service = GradingService(GradingContext("fuzz-run", config, ws, harness, {"validation": 10.0},
-                                                base_model_dir=tiny), BudgetClock(3600), evaluate=_constant)  # fmt: skip
+        ctx = GradingContext("fuzz-run", config, ws, harness, {"validation": 10.0}, base_model_dir=tiny)
+        service = GradingService(ctx, BudgetClock(3600), evaluate=_constant)
         service.clock.start()
         log = harness / "requests.jsonl"
         start = time.perf_counter()
         with GradingServer(service, request_log=log) as server:
             schema = httpx.get(server.url + "/openapi.json").json()
             cmd = [str(Path(sys.executable).with_name("schemathesis")), "run", server.url + "/openapi.json",
-                   "-H", f"Authorization: Bearer {server.token}", "--checks", CHECKS, "--exclude-checks", EXCLUDED_CHECKS, "--max-time", str(int(seconds)),
+                   "-H", f"Authorization: Bearer {server.token}", "--checks", CHECKS,
+                   "--exclude-checks", EXCLUDED_CHECKS, "--max-time", str(int(seconds)),
                    "--request-timeout", "20", "--workers", "2", "--continue-on-failure", "--no-color"]  # fmt: skip
             if max_examples:
                 cmd += ["--max-examples", str(max_examples)]
@@ -137,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     r = run_fuzz(args.seconds, args.max_examples)
     if args.verbose or r.schemathesis_rc != 0:
         print(r.schemathesis_tail)
-    print(f"| requests | 5xx | undocumented statuses | statuses seen | schemathesis exit | seconds |")
-    print(f"|---|---|---|---|---|---|")
+    print("| requests | 5xx | undocumented statuses | statuses seen | schemathesis exit | seconds |")
+    print("|---|---|---|---|---|---|")
     print(f"| {r.requests} | {r.server_errors} | {len(r.undocumented)} | "
           f"{', '.join(f'{k}: {v}' for k, v in r.statuses.items())} | {r.schemathesis_rc} | {r.seconds:.0f} |")
     for u in r.undocumented[:20]:

@@ -163,9 +163,11 @@ def start_run(args: argparse.Namespace, mode: str, base: Path) -> tuple[subproce
         # The last submission is GRPO's (mode free) or a second, annealed SFT phase's (mode sft-only).
         "A2RL_SFT_MAX_ROUNDS": str(max(1, args.max_submissions - 1)),
         "PYTHONUNBUFFERED": "1",
+        # Two ephemeral servers start at once next to the baseline's processes: give them more than 20 s.
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
     }
     env.pop("PREFECT_API_URL", None)
-    cmd = [args.python, "-c", "from a2rl.cli import main; main()", "run", "--task", "alfworld",
+    cmd = [args.python, "-c", "import sys; from a2rl.cli import main; sys.exit(main())", "run", "--task", "alfworld",
            "--agent", "reference-sft-grpo", "--base-model", str(base), "--budget", str(args.budget),
            "--seed", str(args.seed), "--mode", mode, "--val-limit", str(args.val_limit),
            "--test-limit", str(args.test_limit), "--eval-batch-size", str(args.eval_batch_size),
@@ -270,7 +272,11 @@ def main(argv: list[str] | None = None) -> int:
 
     get_task("alfworld").prepare("offline")  # once, before two runs would race for it
     timings: dict = {"setup_s": round(time.monotonic() - t0, 1)}
-    eval_s = precompute_baseline(base, args, t0)
+    try:
+        eval_s = precompute_baseline(base, args, t0)
+    except Exception as error:  # the runs evaluate the baseline themselves; plan with slow evaluations
+        log(f"baseline precompute failed ({' '.join(str(error).split())[-400:]}); the runs will evaluate it", t0)
+        eval_s = {"validation": 60.0, "test": 90.0}
     timings["baseline_s"] = {k: round(v, 1) for k, v in eval_s.items()}
     args.budget, args.max_submissions, args.round_s = plan_budget(args, eval_s, time.monotonic() - t0)
     log(f"model {base}; starting {', '.join(args.modes)} with budget {args.budget:.0f}s, "
@@ -284,10 +290,15 @@ def main(argv: list[str] | None = None) -> int:
     merge_stores(stores, args.out / "a2rl.duckdb")
     for results in stores:
         copy_artifacts(results, args.out)
-    (args.out / "facts.json").write_text(json.dumps({**facts, **timings, "exit_codes": codes,
-                                                     "args": {k: str(v) for k, v in vars(args).items()}}, indent=1))  # fmt: skip
+    record = {**facts, **timings, "exit_codes": codes, "args": {k: str(v) for k, v in vars(args).items()}}
+    (args.out / "facts.json").write_text(json.dumps(record, indent=1))
     if (args.out / "a2rl.duckdb").is_file():
         print_table(args.out / "a2rl.duckdb", args.out / "table.txt")
+    else:
+        log("no run wrote a results store; see run-*.log", t0)
+    for mode in args.modes:
+        tail = (args.out / f"run-{mode}.log").read_text(errors="replace").strip().splitlines()[-12:]
+        print(f"--- run-{mode}.log (last lines)\n" + "\n".join(tail), flush=True)
     log(f"done; {timings}", t0)
     return 0 if all(c == 0 for c in codes.values()) else 1
 

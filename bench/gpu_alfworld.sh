@@ -9,6 +9,8 @@
 # not see it: the image's python3 is itself a venv, /opt/torch/.venv, whose packages are not "system" ones.)
 # The agent's processes get no PYTHONPATH and need only what the image has (torch, transformers, safetensors,
 # numpy); the flow, the Prefect server and the grader's evaluation processes inherit it.
+# CPU check with the installed packages and the test model: WHEELS= PY=.venv/bin/python bash bench/gpu_alfworld.sh
+#   <tiny model dir> --val-limit 3 --test-limit 4 --eval-batch-size 8 --deadline-s 1200
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=${WHEELS:-.whl}            # one or more folders of wheels (space-separated), e.g. ".gpu/whl-a .gpu/whl-b"
@@ -18,9 +20,18 @@ OUT=${OUT:-$PWD/gpu-out}
 export OUT
 mkdir -p "$OUT"
 t0=$(date +%s)
+# Staged carries (bench/gpu_alfworld_stage.sh) vanish when the machine went cold between calls: say so at once.
+for a in "$@"; do
+  case "$a" in -*) break ;; esac
+  [ -e "$a" ] || { echo "model part $a is missing here (machine restarted since it was carried?)"; exit 4; }
+done
 wheels=()
 for d in $WHEELS; do
+  n_before=${#wheels[@]}
   for w in "$d"/*.whl; do [ -f "$w" ] && wheels+=("$w"); done
+  if [ "$WHEELS" != ".whl" ] && [ ${#wheels[@]} -eq "$n_before" ]; then
+    echo "no wheels in $d (machine restarted since it was carried?)"; exit 4
+  fi
 done
 if [ ${#wheels[@]} -gt 0 ]; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "${wheels[@]}" \

@@ -35,6 +35,8 @@ from a2rl.run_options import DEFAULT_RESULTS, GRACE_S, resolve_results
 from a2rl.leak_audit import LeakReport, audit_run
 from tasks.preflight import check_run
 from a2rl.gpu_slots import hold_gpu_slot
+from a2rl.procs import end_earlier_attempts
+from a2rl.housekeeping import clean_stale_temp
 from a2rl.progress import RUN_LOG, ProgressWriter, note_phase
 from a2rl.recording import read_llm_calls
 from a2rl.store import ResultsStore
@@ -81,6 +83,7 @@ def agent_session(
     what remains of the agent's budget (`on_resume="continue"`) or is recorded as interrupted.
     """
     logger = get_run_logger()
+    end_earlier_attempt(ctx)
     entries = ledger_of(ctx).entries()
     if (done := last_event(entries, "session-end")) is not None:
         logger.info("agent session already finished (%s); reusing its outcome", done.detail.get("ended_by"))
@@ -155,6 +158,14 @@ def agent_session(
     return outcome
 
 
+def end_earlier_attempt(ctx: RunContext) -> None:
+    """A retried run first ends every process an earlier attempt left on its workspace (recorded in the harness
+    dir), checked gone; raises ProcessesSurvived (the run fails, no second agent starts) where it cannot."""
+    if ended := end_earlier_attempts(ctx.paths.harness_dir):
+        logging.getLogger(__name__).warning("ended %d processes of an earlier attempt of this run: %s",
+                                            len(ended), ended)  # fmt: skip
+
+
 def leak_audit(ctx: RunContext) -> LeakReport:
     """No hidden validation or test item may appear in what the agent wrote or said (long n-gram overlap)."""
     bench, variant = get_task(ctx.config.task), ctx.config.variant
@@ -192,18 +203,20 @@ def write_summary(
     )
     report = write_report(ctx, summary, entries, notes)
     store = ResultsStore(ctx.results_path)
-    store.record_metrics(ctx.run_id, {"leaked_items": leaks.leaked_items})
     # Process metrics, route labels and the failure class sit beside the scores, in the report and the store.
     process = summarize_process(
         ctx.run_id, ctx.paths.harness_dir, entries, ctx.config, detail,
         snapshots=CodeSnapshots(ctx.paths.harness_dir, ctx.paths.workspace / "code"),
         summary=summary, run_status=status, run_error=error,
     )  # fmt: skip
-    store_process_report(store, process, ctx.paths.harness_dir)
     with report.open("a") as f:
         f.write("\n" + render_process_markdown(process))
-    # The final status last: a run whose summary step breaks must not read `completed`.
-    store.finish_run(summary)
+    # One connection and one transaction for the run's summary rows; the final status last inside it, so a run
+    # whose summary step breaks never reads `completed`.
+    with store.batch():
+        store.record_metrics(ctx.run_id, {"leaked_items": leaks.leaked_items})
+        store_process_report(store, process, ctx.paths.harness_dir)
+        store.finish_run(summary)
     return summary, report
 
 
@@ -274,12 +287,17 @@ def benchmark_run(
     config = RunConfig(**{name: given[name] for name in RunConfig.model_fields})
     results = resolve_results(results)
     runs_dir = resolve_results(runs_dir) if runs_dir else results.parent / "runs"
-    if (done := completed_before(config, results, runs_dir)) is not None:
+    if (done := completed_before(config, results, runs_dir, prefect_flow_run.get_id())) is not None:
         get_run_logger().warning("run %s had already completed: a retry changes nothing (its row, report and "
                                  "timings stay as they were)", done.run_id)  # fmt: skip
         return done
     phases: dict[str, float] = {}
     t = time.perf_counter()
+    try:  # what killed runs left in the caches (never the reason this run fails)
+        if removed := clean_stale_temp():
+            get_run_logger().info("removed %d file(s) killed runs left in the caches", len(removed))
+    except OSError:
+        pass
     ctx = open_run(config, results, runs_dir)
     phases["open"] = time.perf_counter() - t
     progress = ProgressWriter(ctx.run_id, ctx.paths.harness_dir, config.budget_s)
@@ -289,6 +307,7 @@ def benchmark_run(
         try:
             t = time.perf_counter()
             progress.update(phase=phase)
+            end_earlier_attempt(ctx)  # one attempt at a time: before anything else of this one
             # What the CLI checked, again for runs started elsewhere (deployments, sweeps); nothing slow.
             check_run(config, results, runs_dir, probe=False)
             phases[phase] = time.perf_counter() - t
@@ -328,10 +347,12 @@ def benchmark_run(
     return summary
 
 
-def completed_before(config: RunConfig, results: Path, runs_dir: Path) -> RunSummary | None:
+def completed_before(config: RunConfig, results: Path, runs_dir: Path, flow_run_id: str | None) -> RunSummary | None:
     """The summary of this flow run's benchmark run if an earlier attempt completed it (a Retry pressed on a
     completed run), else None."""
-    run_id = make_run_id(config, prefect_flow_run.get_id())
+    if flow_run_id is None:  # called outside a flow run: a new run every time
+        return None
+    run_id = make_run_id(config, flow_run_id)
     report = RunPaths.for_run(runs_dir, run_id).harness_dir / "report.json"
     if not results.exists() or not report.exists():
         return None

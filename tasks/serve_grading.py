@@ -26,7 +26,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workspace", type=Path, required=True, help="run's workspace")
     parser.add_argument("--config", type=Path, required=True, help="RunConfig as JSON")
     parser.add_argument("--run-id", required=True)
-    parser.add_argument("--base-model-dir", type=Path, default=None)
+    parser.add_argument("--base-model-dir", type=Path, required=True,
+                        help="the run's base model: submissions must match it, and its tokenizer and chat template "
+                             "render every prompt (a submission's own are never used)")  # fmt: skip
     parser.add_argument("--token-file", type=Path, required=True, help="file holding the bearer token")
     parser.add_argument("--port-file", type=Path, required=True, help="the chosen port is written here")
     args = parser.parse_args(argv)

@@ -141,6 +141,8 @@ def test_paired_item_interval_on_one_item_of_32_is_not_significant():
     assert many.low > 0 and many.p_value == pytest.approx(2 / 2**12) and many.label() == "improved"
     pooled = pooled_item_interval(["a", "b", "a", "b"], [0, 0, 0, 0], [1, 0, 1, 1])
     assert pooled.n == 2 and pooled.estimate == pytest.approx(75.0)
+    still = pooled_item_interval(["a", "b", "a", "b"], [0, 1, 0, 1], [0, 1, 0, 1])
+    assert math.isnan(still.low) and "no spread" in still.method  # never a [0, 0] interval from nothing moving
 
 
 def test_sign_flip_pvalue_is_exact_for_small_samples():
@@ -308,10 +310,9 @@ def test_a_version_1_store_migrates_and_keeps_its_rows(tmp_path: Path):
 def analysed(tmp_path_factory):
     from a2rl.cli import main
 
-    root = tmp_path_factory.mktemp("analysed")
-    write_synthetic_store(root / "results.duckdb", SMALL)
-    assert main(["analyze", "--results", str(root / "results.duckdb"), "--out", str(root / "out"),
-                 "--n-boot", "200"]) == 0
+    root = tmp_path_factory.mktemp("analysed")  # 250 runs, failed, interrupted and infrastructure failures included
+    assert main(["analyze", "--synthetic", "250", "--results", str(root / "results.duckdb"), "--out",
+                 str(root / "out"), "--n-boot", "200"]) == 0
     return root / "out"
 
 
@@ -362,3 +363,71 @@ def test_analysis_flow_publishes_artifacts(prefect_harness, tmp_path: Path):
     assert board is not None and board.type == "table"
     assert Artifact.get("analysis-report").type == "markdown"
     assert Artifact.get("analysis-figure-heatmap").type == "image"
+
+
+# ---- what the report promises: exclusions, no overlapping text, no silently dropped series ---------------------------
+
+
+def test_the_report_excludes_broken_runs_and_carries_the_papers_tables(analysed: Path):
+    summary = json.loads((analysed / "summary.json").read_text())
+    assert summary["completed_runs"] + sum(summary["excluded_runs"].values()) == 250
+    assert set(summary["excluded_runs"]) == {"run failed", "run interrupted", "run running", "infrastructure failure"}
+    board = pd.read_csv(analysed / "tables" / "leaderboard.csv")
+    assert board["n"].sum() == summary["completed_runs"]  # nothing excluded reaches a leaderboard row
+    text = (analysed / "report.html").read_text()
+    excluded = sum(summary["excluded_runs"].values())
+    assert text.count(f"{excluded} runs excluded (not agent results)") >= 6
+    for caption in ("System × task scores", "Δ at 25/50/100% of the budget", "Cost per run and Δ per dollar",
+                    "Final-pick route per mode", "Mode breaches", "Per-run drill-down", "Run run-0: submissions"):
+        assert caption in text, caption
+    assert "<td class=\"text\">Baseline</td>" in text
+    paired = pd.read_csv(analysed / "tables" / "paired.csv")
+    assert set(paired["compared"]) == {"agent", "driver"}  # driver-level comparisons next to agent-level ones
+    scaling = pd.read_csv(analysed / "tables" / "scaling.csv")
+    start = scaling[(scaling["i"] == 0) & (scaling["axis"] != "tokens")]  # before any submission: the base model
+    assert (scaling["median"] >= 0).all() and (start["median"] == 0).all()
+
+
+def _figures_of(path: Path, n_boot: int = 100) -> dict:
+    from flows.analysis import draw_figures
+
+    return draw_figures(load_tables(ResultsStore(path), n_boot=n_boot))
+
+
+def test_figures_of_a_single_run_have_no_overlapping_text(tmp_path: Path):
+    from analysis.figures import text_overlaps
+
+    write_synthetic_store(tmp_path / "one.duckdb", SyntheticSpec(tasks=("gsm8k",), agents=("agent-a",),
+                                                                 modes=("free",), n_runs=1, n_items=32))
+    for name, fig in _figures_of(tmp_path / "one.duckdb").items():
+        assert text_overlaps(fig) == [], name
+        assert "No runs excluded." in fig.get_supxlabel(), name
+
+
+def test_figures_of_a_thousand_runs_have_no_overlapping_text_and_say_what_they_leave_out(tmp_path: Path):
+    """~1,000 runs (6 tasks × 8 agents × 3 modes × 7 seeds, broken runs included): the slowest test here (~25 s)
+    because it draws every figure at full size, which is what it checks."""
+    from analysis.figures import MAX_ROWS, MAX_SERIES, text_overlaps
+
+    spec = SyntheticSpec(tasks=("gsm8k", "humaneval", "alfworld", "webshop", "alpacaeval", "deepsearchqa"),
+                         agents=tuple(f"agent-{c}" for c in "abcdefgh"), n_seeds=7, n_items=16, broken_every=25)
+    write_synthetic_store(tmp_path / "many.duckdb", spec)
+    figures = _figures_of(tmp_path / "many.duckdb", n_boot=50)
+    for name, fig in figures.items():
+        assert text_overlaps(fig) == [], name
+        assert "runs excluded (not agent results)" in fig.get_supxlabel(), name
+    titles = [ax.get_title(loc=loc) for ax in figures["leaderboard"].axes for loc in ("center", "left")]
+    assert any(f"top {MAX_ROWS} of 24 settings" in t for t in titles)
+    titles = [ax.get_title(loc="left") for ax in figures["scaling"].axes]
+    assert any(f"top {MAX_SERIES} of 24" in t.replace("\n", " ") for t in titles)
+    assert "Showing 6 of 8 agent settings" in figures["heatmap"].get_supxlabel().replace("\n", " ")
+
+
+def test_driver_level_comparison_recovers_the_known_driver_effect(tmp_path: Path):
+    spec = SyntheticSpec(tasks=("gsm8k",), agents=("agent-a",), drivers=("driver-x", "driver-y"), n_seeds=4)
+    data = write_synthetic_store(tmp_path / "d.duckdb", spec)
+    paired = load_tables(ResultsStore(tmp_path / "d.duckdb"), n_boot=100).paired
+    row = paired[paired["compared"] == "driver"].iloc[0]
+    assert (row["a"], row["b"], row["agent"]) == ("driver-x", "driver-y", "agent-a")
+    assert row["mean_diff"] == pytest.approx(data.truth["driver_diff"]["driver-y"])
+    assert row["n_pairs"] == len(spec.modes) * spec.n_seeds and row["ci_low"] < row["mean_diff"] < row["ci_high"]

@@ -145,3 +145,38 @@ def test_gsm8k_grading_is_identical_with_prefix_reuse(tiny_model_dir: Path, monk
     assert [i.completion for i in reused.items] == [i.completion for i in plain.items]
     assert (reused.score, reused.n_correct, reused.generated_tokens) == (
         plain.score, plain.n_correct, plain.generated_tokens)
+
+
+def test_interactive_episodes_are_identical_with_prefix_reuse(tiny_model_dir: Path, monkeypatch) -> None:
+    """Lockstep episodes share their instructions: each step prefills them once (kept across steps)."""
+    from a2rl.evaluation import EvalSpec, evaluate
+
+    spec = EvalSpec("webshop", "offline", "validation", limit=2, batch_size=2)
+    monkeypatch.setenv("A2RL_DECODE_ENGINE", "generate")
+    plain = evaluate(tiny_model_dir, spec)
+    monkeypatch.setenv("A2RL_DECODE_ENGINE", "auto")
+    reused = evaluate(tiny_model_dir, spec)
+    assert [i.detail.get("turns") for i in reused.items] == [i.detail.get("turns") for i in plain.items]
+    assert (reused.score, reused.generated_tokens) == (plain.score, plain.generated_tokens)
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _has_cuda(), reason="needs a CUDA device (the graph path)")
+def test_graph_engine_equals_generate_on_cuda(tiny_model_dir: Path, conversations) -> None:
+    cuda = load_model(tiny_model_dir, "cuda")
+    cuda.model.float()  # fp32: the identity check is not about bf16 near-ties
+    tok = cuda.tokenizer
+    prompts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
+    rows = tok(prompts, add_special_tokens=False)["input_ids"]
+    options = {"max_new_tokens": MAX_NEW, "do_sample": False, "pad_token_id": tok.pad_token_id}
+    reference = _generate_batch(cuda.model, tok, prompts, options)
+    decoder = GreedyDecoder(cuda.model, use_graph=True, chunk=8)
+    assert decoder.decode(rows, MAX_NEW, lambda t: False, tok.pad_token_id) == reference
+    assert decoder.graphs_captured == 1
+    assert decoder.decode(rows, MAX_NEW, lambda t: False, tok.pad_token_id) == reference  # graph replayed
+    assert decoder.graphs_captured == 1

@@ -115,16 +115,8 @@ def test_a_run_killed_mid_session_completes_after_a_retry_from_the_ui(live, tiny
     """The worker host dies (SIGKILL to the worker, the flow-run process and the agent) while the agent
     session runs; after the UI's Retry and a new worker the same flow run finishes, with one row in `runs`
     and every submission recorded once."""
-    from prefect.deployments import run_deployment
-
-    params = dict(base_model=str(tiny_model_dir), budget_s=30, results=str(tmp_path / "results.duckdb"),
-                  runs_dir=str(tmp_path / "runs"), val_limit=2, test_limit=2, grace_s=5)  # fmt: skip
-    fr = run_deployment("benchmark-run/benchmark-run", parameters=params, job_variables={"env": SMALL_AGENT},
-                        timeout=0)  # fmt: skip
+    fr, params, ledger = _run_until_the_agent_trains(live, tiny_model_dir, tmp_path)
     suffix = fr.id.hex[:8]
-    ledger = _wait_for(lambda: _ledger_with(tmp_path / "runs", suffix, '"session-start"'), timeout_s=240,
-                       what="the agent session to start", run=(live.url, fr.id))  # fmt: skip
-    time.sleep(3)  # the agent process is up and training
     killed = _kill_worker_host(live.home)
     assert len(killed) >= 3, f"expected worker, flow-run process and agent, killed {killed}"
 
@@ -147,6 +139,52 @@ def test_a_run_killed_mid_session_completes_after_a_retry_from_the_ui(live, tiny
     queued = [e.submission_id for e in entries if e.kind == "submission" and e.status == "queued"]
     assert len(queued) == len(set(queued)), f"a submission was queued twice: {queued}"
     assert [s for (s,) in subs] == sorted(set(queued))
+
+
+def test_a_worker_stopped_mid_session_records_the_run_interrupted_and_one_retry_completes_it(
+    live, tiny_model_dir, tmp_path
+):
+    """`a2rl server stop` / SIGTERM to the worker while the agent trains: the flow run records `interrupted` with
+    its report and reports Crashed before the worker goes, no process of it survives, and a Retry pressed at
+    once (a2rl's helper waits for the crash to settle) resumes it to one completed run with graded submissions
+    only and a monotone agent clock. A Retry of the completed run is refused."""
+    from a2rl import gpu_slots
+    from a2rl.recording import workspace_pids
+
+    if gpu_slots.read_limit(live.url) is None:  # as a sweep makes it: the session holds one of its slots
+        httpx.post(f"{live.url}/v2/concurrency_limits/", json={"name": gpu_slots.GPU_LIMIT, "limit": 1},
+                   timeout=10).raise_for_status()  # fmt: skip
+    fr, params, ledger = _run_until_the_agent_trains(live, tiny_model_dir, tmp_path)
+    limit = gpu_slots.read_limit(live.url)
+    holders = [lease.holder for lease in gpu_slots.read_leases(live.home, limit.id) if not lease.expired]
+    assert holders == [str(fr.id)]  # on disk, in Prefect's own file format, naming the benchmark-run
+    assert ops.stop_worker(live.home, flow_run_grace_s=90)
+    assert gpu_slots.read_limit(live.url).active_slots == 0  # the stopped run gave its slot back
+
+    assert _flow_run(live.url, fr.id)["state_type"] == "CRASHED"  # reported before the worker went
+    with duckdb.connect(params["results"], read_only=True) as con:
+        assert con.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
+    harness = ledger.parent
+    assert (harness / "report.md").exists()
+    assert workspace_pids(harness.parent / "workspace")() == []  # no process of the stopped attempt
+
+    assert ops.retry_flow_run(live.url, str(fr.id), settle_s=5) in ("AwaitingRetry", "Scheduled")
+    live.start_worker()
+    final = _wait_for(lambda: _final_run(live.url, fr.id), timeout_s=360, what="the retried run to finish")
+    assert final["state_type"] == "COMPLETED", final["state"]
+    with duckdb.connect(params["results"], read_only=True) as con:
+        runs = con.execute("SELECT status, finished_at, wall_seconds FROM runs").fetchall()
+        subs = con.execute("SELECT DISTINCT status FROM submissions").fetchall()
+    assert len(runs) == 1 and runs[0][0] == "completed", runs
+    assert set(subs) <= {("scored",), ("error",)}, subs  # graded, none left queued
+    entries = read_ledger(ledger)
+    latest = {e.submission_id: e for e in entries if e.kind == "submission"}
+    assert all(e.status in ("scored", "error") for e in latest.values())
+    arrivals = [e.agent_elapsed_s for e in entries if e.kind == "submission" and e.status == "queued"]
+    assert arrivals == sorted(arrivals) and all(t >= 0 for t in arrivals), arrivals  # the clock moved forward
+
+    with pytest.raises(ops.OpsError, match="completed: a retry is refused"):
+        ops.retry_flow_run(live.url, str(fr.id))
 
 
 def test_a_sweep_runs_one_agent_session_at_a_time_with_one_gpu_slot(live, tiny_model_dir, tmp_path):
@@ -181,10 +219,25 @@ def test_a2rl_status_shows_the_server_and_its_flow_runs(live, monkeypatch, capsy
     monkeypatch.setenv("PREFECT_API_URL", live.url)
     assert main(["status", "--results", str(live.home / "none.duckdb")]) == 0
     out = capsys.readouterr().out
-    assert f"server {live.url}: up" in out and "recent flow runs" in out
+    assert f"server {live.url}: up" in out and f"flow runs on {live.url}" in out and "GPU slots:" in out
 
 
 # ---- helpers -----------------------------------------------------------------------------------------
+
+
+def _run_until_the_agent_trains(live: LiveServer, tiny_model_dir: Path, tmp_path: Path) -> tuple[Any, dict, Path]:
+    """Start a small benchmark run through the deployment; return once its agent has trained for 3 s:
+    (flow run, parameters, ledger path)."""
+    from prefect.deployments import run_deployment
+
+    params = dict(base_model=str(tiny_model_dir), budget_s=30, results=str(tmp_path / "results.duckdb"),
+                  runs_dir=str(tmp_path / "runs"), val_limit=2, test_limit=2, grace_s=5)  # fmt: skip
+    fr = run_deployment("benchmark-run/benchmark-run", parameters=params, job_variables={"env": SMALL_AGENT},
+                        timeout=0)  # fmt: skip
+    ledger = _wait_for(lambda: _ledger_with(tmp_path / "runs", fr.id.hex[:8], '"session-start"'), timeout_s=240,
+                       what="the agent session to start", run=(live.url, fr.id))  # fmt: skip
+    time.sleep(3)  # the agent process is up and training
+    return fr, params, ledger
 
 
 def _free_port() -> int:

@@ -304,3 +304,56 @@ def test_grader_killed_mid_evaluation_resumes_on_restart(tmp_path, workspace, ti
     outcomes = [e for e in entries if e.kind == "submission" and e.status in ("scored", "error")]
     assert len(outcomes) == 1  # resumed once, recorded once
     assert any(e.detail.get("event") == "evaluation-resumed" for e in entries)
+
+
+def test_a_trickled_body_is_cut_off_after_the_body_time_limit(tmp_path, workspace, tiny_model_dir, monkeypatch):
+    import socket
+
+    import a2rl.grading.server as server_module
+
+    monkeypatch.setattr(server_module, "BODY_SECONDS", 1.0)
+    service = make_service(tmp_path, workspace, tiny_model_dir)
+    with GradingServer(service) as server:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            s.sendall(f"POST /validate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.token}\r\n"
+                      "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model".encode())  # fmt: skip
+            start = time.monotonic()
+            answer = s.recv(200).decode()
+        assert answer.startswith("HTTP/1.1 408") and time.monotonic() - start < 5, answer
+        assert httpx.get(server.url + "/health").status_code == 200
+    service.close(5)
+
+
+def test_a_failing_anchor_never_loses_an_entry(tmp_path):
+    def broken(entry, line_hash):
+        raise OSError("results store locked")
+
+    ledger = Ledger(tmp_path / "ledger.jsonl", anchor=broken)
+    ledger.append(run_id="r", kind="event", detail={"event": "x"})
+    assert Ledger(tmp_path / "ledger.jsonl").verify() == 1
+
+
+def test_a_burst_of_concurrent_submits_copies_no_more_than_the_cap(tmp_path, workspace, tiny_model_dir):
+    """Checks and copies run outside the service lock, but never more at once than submissions are left."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    service = make_service(tmp_path, workspace, tiny_model_dir, max_submissions=3)
+    service._evaluate = lambda *a, **k: (_ for _ in ()).throw(EvaluationFailedForTest())  # no real evaluation
+
+    def submit(_: int) -> int:
+        try:
+            service.submit("output/v1")
+            return 200
+        except SubmissionRejected as e:
+            return e.status_code
+
+    with ThreadPoolExecutor(12) as pool:
+        codes = list(pool.map(submit, range(12)))
+    assert codes.count(200) <= 3 and set(codes) <= {200, 429}, codes
+    snapshots = tmp_path / "harness" / "snapshots"
+    assert len(list(snapshots.glob("s*"))) == codes.count(200) and not list(snapshots.glob(".pending-*"))
+    service.close(10)
+
+
+class EvaluationFailedForTest(ValueError):
+    """Recorded as an error by the service: the test is about admission, not grading."""

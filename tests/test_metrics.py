@@ -267,6 +267,10 @@ def _run_dir(tmp_path: Path) -> Path:
     for i in range(3):
         append_jsonl(harness / "llm_calls.jsonl", LLMCallEvent(call=i + 1, model="m", input_tokens=100 * (i + 1)))
     append_jsonl(harness / "tool_calls.jsonl", ToolCallEvent(call=1, tool="bash", input={"cmd": "python train.py"}))
+    _write_eval(harness, "baseline-0-test", [False] * 8)
+    _write_eval(harness, "final-4-test", [True] * 8)
+    (harness / "evaluations" / "not-an-eval.json").write_text("{")  # skipped with a warning, nothing else lost
+    (harness / "leak_audit.json").write_text(json.dumps({"leaked_items": 2}))
     (harness / "resources.jsonl").write_text(
         '{"seq": 0, "at": "2026-01-01T00:00:00Z", "elapsed_s": 0.0, "n_procs": 2, "cpu_percent": 150.0, '
         '"rss_bytes": 1000000, "workspace_bytes": 5000}\n'
@@ -275,7 +279,8 @@ def _run_dir(tmp_path: Path) -> Path:
 
 
 def _dump(store: ResultsStore) -> dict:
-    tables = ["runs", "submissions", "evaluations", "events", "metrics", "llm_calls", "tool_calls", "resources"]
+    tables = ["runs", "submissions", "evaluations", "item_results", "events", "metrics", "llm_calls", "tool_calls",
+              "resources"]
     return {t: store.query(f"SELECT * FROM {t} ORDER BY ALL").to_json(orient="records", date_format="iso")
             for t in tables}
 
@@ -298,6 +303,9 @@ def test_reingesting_a_run_changes_nothing(tmp_path: Path, monkeypatch):
     m = store.query("SELECT name, value, text FROM metrics WHERE run_id = ?", [RUN]).set_index("name")
     assert m.loc["valid_submission_rate", "value"] == 0.8 and m.loc["failure_class", "text"] == "none"
     assert json.loads(m.loc["score_trajectory", "text"]) == [10.0, None, 8.0, 15.0, 15.0]
+    assert m.loc["leaked_items", "value"] == 2  # the leak audit's count survives re-ingesting
+    assert counts["item_results"] == 16
+    assert store.query("SELECT count(*) AS n FROM item_pairs")["n"][0] == 8
 
 
 def test_store_process_report_is_idempotent_next_to_live_writes(entries, tmp_path: Path):

@@ -9,6 +9,7 @@ import re
 import os
 import socket
 import threading
+import time
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -189,3 +190,147 @@ def test_status_lists_top_level_runs_by_flow_name_elapsed_time_and_the_true_stat
     assert "GPU slots:" in out
     row = next(line for line in lines if run_id in line)
     assert f"crashed (row not finished): a2rl retry {crashed}" in row
+
+
+# -- clean stops ----------------------------------------------------------------------------------------
+# A worker like `prefect worker start`, whose flow run (a child) needs a moment after SIGTERM to record its
+# end, and writes down whether its worker was still up at that time (it must be: the run reports to Prefect).
+WORKER_WITH_A_RUN = '''
+import os, signal, subprocess, sys, time
+log = sys.argv[1]
+run = subprocess.Popen([sys.executable, "-c", """
+import os, signal, sys, time
+def on_term(sig, frame):
+    time.sleep(1.0)  # recording `interrupted` and the report
+    open(sys.argv[1], "a").write("run recorded; worker alive: %s\\\\n" % (os.getppid() != 1))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+open(sys.argv[1], "a").write("run ready\\\\n")
+while True:
+    time.sleep(0.1)
+""", log])
+terms = []
+def on_term(sig, frame):
+    terms.append(sig)
+    if len(terms) == 2:
+        run.kill()  # what a Prefect worker does to its runs on the second SIGTERM
+        sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+while True:
+    time.sleep(0.1)
+'''
+
+
+def test_stopping_a_worker_lets_its_flow_runs_record_their_end_first(tmp_path):
+    import sys
+
+    script, log = tmp_path / "worker.py", tmp_path / "events.log"
+    script.write_text(WORKER_WITH_A_RUN)
+    proc = ops._spawn([sys.executable, str(script), str(log)], env={"PATH": "/usr/bin:/bin"}, log=tmp_path / "out.log")
+    for _ in range(600):
+        if "run ready" in (log.read_text() if log.exists() else ""):
+            break
+        threading.Event().wait(0.05)
+    worker = ops.ManagedProcess("worker", proc.pid, psutil.Process(proc.pid).create_time(), str(log))
+    ops._write_state(worker, ops.WORKER_STATE, tmp_path)
+    assert ops.stop_worker(tmp_path, timeout_s=20, flow_run_grace_s=30) is True
+    assert "run recorded; worker alive: True" in log.read_text()
+    assert not worker.alive()
+
+
+# -- what kills leave behind ----------------------------------------------------------------------------
+def test_temporaries_of_killed_processes_are_removed_and_live_ones_kept(tmp_path):
+    import fcntl
+    import subprocess
+    import sys
+
+    from a2rl.housekeeping import clean_stale_temp
+
+    models, cache = tmp_path / "models", tmp_path / "eval-cache"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid, me = int(dead.stdout), os.getpid()
+    abandoned = models / ".smollm2.tmp-abc123"
+    building = models / ".qwen.tmp-def456"
+    for d in (abandoned, building):
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(b"x" * 1024)
+    cache.mkdir()
+    stale = [cache / f"run-{dead_pid}-1795697499776996935.json", cache / f"abc.{dead_pid}.140001.tmp"]
+    live = [cache / f"run-{me}-1795697499776996935.json", cache / f"abc.{me}.140001.tmp", cache / "abc.json"]
+    recent = cache / f"run-{dead_pid}-1795697499776996936.json"  # maybe another container's live evaluation
+    live.append(recent)
+    for f in stale + live:
+        f.write_text("{}")
+    hours_ago = time.time() - 3 * 3600
+    for f in stale + live[:-1]:
+        os.utime(f, (hours_ago, hours_ago))
+    with open(models / ".qwen.lock", "a") as lock:  # a conversion of qwen is in progress
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        removed = clean_stale_temp(models, cache)
+    assert sorted(removed) == sorted([abandoned, *stale])
+    assert building.exists() and all(f.exists() for f in live)
+
+
+def test_a_retry_of_a_completed_run_returns_its_summary_and_changes_nothing(tmp_path):
+    from a2rl.records import RunConfig, RunSummary
+    from a2rl.run import make_run_id
+    from a2rl.store import ResultsStore
+    from flows.benchmark_run import completed_before
+
+    config, flow_run_id = RunConfig(), str(uuid.uuid4())
+    run_id = make_run_id(config, flow_run_id)
+    results, runs_dir = tmp_path / "a2rl.duckdb", tmp_path / "runs"
+    summary = RunSummary(
+        run_id=run_id, config=config, status="completed", protocol="heldout", variant_label="offline",
+        baseline_val=0.0, baseline_test=0.0, best_val=12.5, best_submission_id=1, final_submission_id=1,
+        final_test=6.25, delta_test=6.25, n_submissions=2, n_scored=2, agent_seconds=118.0, grading_seconds=90.0,
+        wall_seconds=310.0,
+    )  # fmt: skip
+    store = ResultsStore(results)
+    store.start_run(run_id, config, None, "offline")
+    assert completed_before(config, results, runs_dir, flow_run_id) is None  # running: a retry resumes it
+    store.finish_run(summary)
+    harness = runs_dir / run_id / "harness"
+    harness.mkdir(parents=True)
+    (harness / "report.json").write_text(json.dumps({"summary": json.loads(summary.model_dump_json())}))
+    before = store.query("SELECT finished_at, wall_seconds FROM runs").to_dict("records")
+    assert completed_before(config, results, runs_dir, flow_run_id) == summary
+    assert completed_before(config, results, runs_dir, str(uuid.uuid4())) is None  # another flow run: a new run
+    assert store.query("SELECT finished_at, wall_seconds FROM runs").to_dict("records") == before
+
+
+def test_a_sweep_through_deployments_before_a2rl_deploy_says_deploy_first(api_url, monkeypatch, capsys):
+    from a2rl.cli import main
+
+    monkeypatch.setenv("PREFECT_API_URL", api_url)
+    assert main(["sweep", "--deployment", "--seeds", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"a2rl: deploy first: a2rl deploy (no deployment 'benchmark-run/benchmark-run' on {api_url})"]
+
+
+def test_a_sweep_stops_watching_after_its_timeout_and_names_the_runs_still_going(api_url):
+    from prefect import flow
+
+    from a2rl.records import RunConfig
+    from flows.sweep import SweepItem, watch_runs
+
+    waiting = _flow_run_in("SCHEDULED")  # no worker will ever take it
+
+    @flow(name="watch-test")
+    def watch() -> SweepItem:
+        item = SweepItem(config=RunConfig(), parameters={}, status="launched", flow_run_id=waiting)
+        watch_runs([item], poll_s=0.2, timeout_s=1.0)
+        return item
+
+    item = watch()
+    assert item.status == "launched" and item.detail.startswith("still Scheduled when the sweep stopped watching")
+
+
+def test_the_run_limit_is_on_the_runs_queue_so_a_sweep_never_takes_a_place_its_runs_need(api_url):
+    pool = f"pool-{uuid.uuid4().hex[:8]}"
+    httpx.post(f"{api_url}/work_pools/", json={"name": pool, "type": "process"}, timeout=10).raise_for_status()
+    ops.set_queue_limit(api_url, pool, ops.RUNS_QUEUE, 1)
+    ops.set_queue_limit(api_url, pool, "sweeps", None)  # created on the way, without a limit
+    queues = {q["name"]: q["concurrency_limit"] for q in httpx.post(
+        f"{api_url}/work_pools/{pool}/queues/filter", json={}, timeout=10).json()}  # fmt: skip
+    assert queues == {"default": 1, "sweeps": None}

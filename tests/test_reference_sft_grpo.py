@@ -5,6 +5,7 @@ sft-only, on the tiny model against the real grading HTTP API."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -160,7 +161,10 @@ def test_play_uses_the_evaluators_environment_and_real_sampling(tiny_model_dir, 
     for r in rollouts:
         for prompt_ids, action_ids in r.steps:
             assert prompt_ids and len(action_ids) <= 6
-            assert "You are in a household" in tokenizer.decode(prompt_ids) or prompt_ids
+    # Past the deadline no step is played: the round's time is kept even by its first GRPO step.
+    cut = grpo_env_torch.play(envlib, "alfworld", alfworld_data, goals, sample, max_steps=2, seed=0,
+                              deadline=time.monotonic() - 1)  # fmt: skip
+    assert [len(r.steps) for r in cut] == [0, 0] and not any(r.won for r in cut)
 
 
 # -- a whole session against the grading server ---------------------------------------------------------------
@@ -222,3 +226,44 @@ def test_session_in_mode_sft_only_keeps_to_sft(tiny_model_dir, alfworld_data, tm
     assert not (paths.workspace / "code" / "grpo_env_torch.py").exists()
     assert route_label(paths.workspace / "code") == "SFT"
     assert [e.detail.get("mode_ok") for e in service.submissions()] == [True, True, True]
+
+
+# -- the GPU table's SQL ----------------------------------------------------------------------------------------
+def _wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    p = k / n
+    centre, half = p + z * z / (2 * n), z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
+    return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
+
+
+def test_the_alfworld_table_sql_gives_newcombes_interval_and_the_gpu(tmp_path):
+    """bench/alfworld_table.sql on a store with one run (0/134 -> 30/134), and BENCHMARKS.md quotes it whole."""
+    import duckdb
+
+    from a2rl.store import ResultsStore
+
+    repo = Path(__file__).resolve().parents[1]
+    sql = (repo / "bench" / "alfworld_table.sql").read_text()
+    assert sql.strip() in (repo / "BENCHMARKS.md").read_text()
+    store = tmp_path / "a2rl.duckdb"
+    ResultsStore(store)
+    con = duckdb.connect(str(store))
+    con.execute("""INSERT INTO runs (run_id, task, mode, base_model, seed, budget_s, status, baseline_val, best_val,
+                                     baseline_test, final_test, delta_test, n_submissions, agent_seconds,
+                                     wall_seconds, phase_seconds_json, started_at)
+                   VALUES ('r1', 'alfworld', 'free', 'smollm2', 0, 90, 'completed', 0, 30, 0, 22.39, 22.39, 2, 88,
+                           280, '{"baseline": 1.0}', now())""")  # fmt: skip
+    for kind, k in (("baseline", 0), ("final", 30)):
+        con.execute("INSERT INTO evaluations (run_id, eval_key, kind, split, score, n, n_correct, duration_s) "
+                    "VALUES ('r1', ?, ?, 'test', ?, 134, ?, 20)", [kind, kind, 100 * k / 134, k])  # fmt: skip
+    con.execute("""INSERT INTO events (run_id, seq, kind, detail_json)
+                   VALUES ('r1', 1, 'session-start', '{"gpus": ["NVIDIA H100 80GB HBM3"]}')""")
+    rel = con.sql(sql)
+    row = dict(zip(rel.columns, rel.fetchall()[0]))
+    con.close()
+    (l0, u0), (l1, u1) = _wilson(0, 134), _wilson(30, 134)
+    d = 30 / 134
+    assert row["delta_ci95_lo"] == round(100 * (d - ((d - l1) ** 2 + u0**2) ** 0.5), 1)
+    assert row["delta_ci95_hi"] == round(100 * (d + ((u1 - d) ** 2 + l0**2) ** 0.5), 1)
+    assert 0 < row["delta_ci95_lo"] < 22.39 < row["delta_ci95_hi"]
+    assert (row["baseline_test_games"], row["final_test_games"]) == ("0/134", "30/134")
+    assert row["gpu"] == "NVIDIA H100 80GB HBM3"

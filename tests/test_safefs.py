@@ -162,3 +162,20 @@ def test_walk_lists_links_as_links_and_never_enters_them(tmp_path: Path, host: P
     assert set(entries) == {"d", "d/f.py", "link"} and entries["link"].is_link
     with pytest.raises(OSError):
         list(safefs.walk(ws / "link"))  # the root itself must not be a link
+
+
+def test_a_retried_install_replaces_links_the_agent_left_instead_of_writing_through_them(tmp_path: Path, host: Path):
+    from agents.reference_sft.adapter import ReferenceSFT
+
+    ws = tmp_path / "ws"
+    (ws / "code").mkdir(parents=True)
+    os.symlink(host / "secret.py", ws / "code" / "agent.py")  # left by the agent of the first attempt
+    ReferenceSFT().install(ws)
+    assert (host / "secret.py").read_bytes() == HOST_SECRET
+    assert not (ws / "code" / "agent.py").is_symlink() and b"def " in (ws / "code" / "agent.py").read_bytes()
+
+    (ws / "code").rename(ws / "code.real")
+    os.symlink(host, ws / "code")  # the whole directory swapped for a link: refused, nothing written
+    with pytest.raises(safefs.UnsafePath, match="refusing to write agent.py"):
+        ReferenceSFT().install(ws)
+    assert sorted(p.name for p in host.iterdir()) == ["big.bin", "deeper", "secret.py", "tool"]

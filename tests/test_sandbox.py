@@ -176,8 +176,10 @@ AGENT_WITH_LAST_CALL = """
 import os, signal, sys, time, urllib.request
 url = "http://127.0.0.1:%d/"
 def last_call(signum, frame):
-    print("last call", urllib.request.urlopen(url, timeout=5).read().decode(), flush=True)
-    sys.exit(3)
+    # The signal may land while the main code is still inside print(): writing through sys.stdout here would be
+    # a reentrant call into its BufferedWriter. A raw write on fd 1 and os._exit make the handler deterministic.
+    os.write(1, b"last call " + urllib.request.urlopen(url, timeout=5).read() + b"\\n")
+    os._exit(3)
 signal.signal(signal.SIGTERM, last_call)
 print("uid", os.getuid(), "sees", sorted(os.listdir("..")), flush=True)
 print("first call", urllib.request.urlopen(url, timeout=5).read().decode(), flush=True)

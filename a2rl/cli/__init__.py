@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -82,7 +83,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                          "failures included; offline stand-in data, labelled so) at --results, which must not exist")
     sub.add_parser("agents", help="list the agents and what each needs (driver API, CLI, key)")
     add_driver_parsers(sub, with_fields=argv is None or "drivers" in argv)
-    add_ops_parsers(sub, d)
+    add_ops_parsers(sub)
     return parser
 
 
@@ -153,6 +154,17 @@ def _one_line(e: object) -> str:
     return " ".join(str(e).split())
 
 
+def _delta_interval(harness: Path) -> str:
+    """' [95% lo, hi] over n items, p=…: verdict' from the run's process.json, or '' when it has none."""
+    try:
+        m = json.loads((harness / "process.json").read_text())["metrics"]
+        low, high = m["delta_test_ci_low"], m["delta_test_ci_high"]
+        return (f" [95% {low:+.2f}, {high:+.2f}; paired over {m['delta_test_n_items']} items, "
+                f"p={m['delta_test_p_value']:.2g}: {m['verdict']}]")
+    except (OSError, ValueError, KeyError, TypeError):
+        return " (no per-item results: no interval)"
+
+
 def render_summary(s, results: str, wall_s: float) -> str:
     def f(x):
         return "n/a" if x is None else f"{x:.2f}"
@@ -164,7 +176,8 @@ def render_summary(s, results: str, wall_s: float) -> str:
         f"   task {s.config.task} ({s.variant_label}), agent {s.config.agent}, protocol {s.protocol}",
         f"   baseline   validation {f(s.baseline_val)}   hidden test {f(s.baseline_test)}",
         f"   best validation {f(s.best_val)} (submission {s.best_submission_id or '-'})",
-        f"   final hidden test {f(s.final_test)}   Δ test {f(s.delta_test)}",
+        f"   final hidden test {f(s.final_test)}   Δ test {f(s.delta_test)}{_delta_interval(harness)}",
+        "   one seed: the same config and seed can give another Δ (data order and sampling), so read the interval",
         f"   mode {s.config.mode}{' (strict)' if s.config.strict_mode else ''}: "
         + (f"{s.mode_breaches} of {s.n_submissions} submissions BROKE THE MODE" if s.mode_breaches else "no breach"),
         f"   submissions {s.n_submissions} ({s.n_scored} scored); agent time {s.agent_seconds:.0f} / "
@@ -227,8 +240,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 # ---- operations: server, deploy, sweep, status ---------------------------------------------------------
 
 
-def add_ops_parsers(sub, d) -> None:
-    """`a2rl server`, `a2rl deploy`, `a2rl sweep`, `a2rl status`."""
+def add_ops_parsers(sub) -> None:
+    """`a2rl server`, `a2rl deploy`, `a2rl sweep`, `a2rl retry`, `a2rl status`."""
     from a2rl import ops
     from a2rl.run_options import add_config_options
 
@@ -291,6 +304,8 @@ def cmd_server(args: argparse.Namespace) -> int:
     from a2rl import ops
 
     if args.action == "stop":
+        print(f"stopping: the worker's flow runs first (each records 'interrupted' with its report; up to "
+              f"{ops.FLOW_RUN_GRACE_S:.0f} s), then the worker and the server ...", flush=True)
         worker, server = ops.stop_worker(), ops.stop_server()
         said = {True: "stopped", False: "was not running"}
         print(f"worker {said[worker]}; server {said[server]}")

@@ -8,7 +8,6 @@ nothing the agent wrote runs over hidden prompts except the weights themselves.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import stat
 from dataclasses import dataclass, field
@@ -91,15 +90,16 @@ def check_checkpoint(ckpt: CheckpointDir, max_bytes: int = MAX_CHECKPOINT_BYTES,
                      deadline: Deadline | None = None) -> CheckedCheckpoint:  # fmt: skip
     """Structural checks of a HF checkpoint dir (top level); raises SubmissionRejected."""
     deadline = deadline or Deadline()
-    entries = ckpt.entries()
+    entries = ckpt.entries(deadline)
     links = sorted(n for n, st in entries.items() if stat.S_ISLNK(st.st_mode))
     if links:
         raise SubmissionRejected(f"checkpoint contains symbolic links ({', '.join(map(shown, links[:5]))}): "
                                  "submit regular files only")  # fmt: skip
     odd = sorted(n for n, st in entries.items() if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)))
     if odd:
-        raise SubmissionRejected(f"checkpoint contains files that are not regular files ({', '.join(map(shown, odd[:5]))}):"
-                                 " FIFOs, sockets and devices are refused")  # fmt: skip
+        names = ", ".join(map(shown, odd[:5]))
+        raise SubmissionRejected(f"checkpoint contains files that are not regular files ({names}): FIFOs, sockets "
+                                 "and devices are refused")  # fmt: skip
     if "adapter_config.json" in entries and "config.json" not in entries:
         raise SubmissionRejected(
             "this is an unmerged LoRA adapter (adapter_config.json without config.json): merge it into "
@@ -215,7 +215,7 @@ def snapshot_base_files(base_model_dir: Path, dest: Path) -> Path:
     tmp.mkdir(parents=True)
     for name in BASE_FILES:
         src = Path(base_model_dir) / name
-        if src.is_file() and not src.is_symlink():
+        if src.is_file():  # the base model is the harness's own (links in a hub-style cache are fine)
             shutil.copyfile(src, tmp / name)
     tmp.rename(dest)
     return dest

@@ -61,6 +61,5 @@ def public_failure(exc: BaseException) -> str:
         return FailureKind(kind).reason
     if isinstance(exc, MemoryError):
         return FailureKind.OOM.reason
-    if isinstance(exc, OSError):
-        return FailureKind.LOAD.reason
-    return FailureKind.CRASH.reason
+    return FailureKind.CRASH.reason  # in-process errors (OSError, ValueError) are the harness's, not the weights'
+

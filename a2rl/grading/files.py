@@ -26,6 +26,8 @@ FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_JSON_BYTES = 4 * 1024**2
 """config.json / the safetensors index: far larger than any real one."""
+MAX_ENTRIES = 10_000
+"""Top-level names in a checkpoint dir; a sharded 400B checkpoint has a few hundred."""
 CHECK_SECONDS = 600.0
 """Time limit for the checks and the copy of one submission (64 GB at ~200 MB/s fits)."""
 
@@ -58,7 +60,8 @@ def refusal(err: OSError, what: str) -> SubmissionRejected:
         errno.EPERM: (f"{what} cannot be read by the grader (permissions)", 400),
         errno.ENXIO: (f"{what} is not a regular file (a socket or device)", 400),
     }
-    message, status = reasons.get(err.errno, (f"{what} cannot be opened ({errno.errorcode.get(err.errno, 'error')})", 400))
+    fallback = (f"{what} cannot be opened ({errno.errorcode.get(err.errno, 'error')})", 400)
+    message, status = reasons.get(err.errno, fallback)
     return SubmissionRejected(message, status)
 
 
@@ -120,14 +123,21 @@ class CheckpointDir:
             raise refusal(e, f"model_path {shown(label)}") from e
         return cls(fd, label)
 
-    def entries(self) -> dict[str, os.stat_result]:
-        """Top-level names with their own (not followed) metadata."""
+    def entries(self, deadline: Deadline | None = None) -> dict[str, os.stat_result]:
+        """Top-level names with their own (not followed) metadata; a directory of more than MAX_ENTRIES
+        names is refused (listing millions of agent-made files must not tie up a grader thread)."""
         out = {}
-        for name in os.listdir(self.fd):
-            try:
-                out[name] = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
-            except OSError:
-                continue  # removed while listing
+        with os.scandir(self.fd) as it:
+            for n, entry in enumerate(it):
+                if n >= MAX_ENTRIES:
+                    raise SubmissionRejected(f"the checkpoint directory holds over {MAX_ENTRIES} entries: "
+                                             "submit a directory with the checkpoint's files only")  # fmt: skip
+                if deadline is not None and n % 1000 == 999:
+                    deadline.check("listing the checkpoint directory")
+                try:
+                    out[entry.name] = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue  # removed while listing
         return out
 
     def open_file(self, name: str) -> OpenFile:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -21,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from a2rl.records import LedgerEntry
+
+
+log = logging.getLogger("a2rl.grading")
 
 
 class LedgerCorrupted(RuntimeError):
@@ -68,7 +72,10 @@ class Ledger:
                 self._set_torn_tail_aside()
             entry = self._write(LedgerEntry(seq=len(self._entries), prev_hash=self._last_hash, **fields))
         if self.anchor is not None:
-            self.anchor(entry, self._last_hash_of(entry))
+            try:
+                self.anchor(entry, self._last_hash_of(entry))
+            except Exception as e:  # noqa: BLE001 - the entry is durable; verification shows the unanchored tail
+                log.warning("ledger %s: entry %s not anchored (%s: %s)", self.path, entry.seq, type(e).__name__, e)
         return entry
 
     def head(self) -> LedgerHead:

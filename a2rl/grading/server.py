@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import socket
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -19,12 +21,15 @@ from a2rl.grading.errors import SubmissionRejected
 from a2rl.grading.service import GradingService
 
 MAX_BODY_BYTES = 64 * 1024
+BODY_SECONDS = 30.0
+MAX_CONNECTIONS = 256
 PUBLIC_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 """Everything else needs the bearer token, checked before a byte of the body is read."""
 
 
 def _error(description: str) -> dict:
-    return {"description": description, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    schema = {"$ref": "#/components/schemas/Error"}
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
 class Error(BaseModel):
@@ -34,12 +39,14 @@ class Error(BaseModel):
 COMMON_RESPONSES: dict[int | str, dict] = {
     400: _error("Malformed request (bad Content-Length) or a refused checkpoint"),
     401: _error("Missing or wrong bearer token (checked before the body is read)"),
+    408: _error(f"Request body not received within {BODY_SECONDS:.0f} s"),
     413: _error(f"Request body over {MAX_BODY_BYTES} bytes, declared or streamed (chunked)"),
+    503: _error(f"Over {MAX_CONNECTIONS} connections at once (uvicorn's limit_concurrency); retry"),
 }
 SUBMISSION_RESPONSES: dict[int | str, dict] = {
     403: _error("The session is over, or the checkpoint breaks the run's mode (strict mode)"),
     404: _error("model_path does not exist"),
-    408: _error("Checking or copying the checkpoint ran past its time limit"),
+    408: _error("Checking or copying the checkpoint ran past its time limit, or the body came too slowly"),
     409: _error("A checkpoint file changed while it was being copied"),
     413: _error("Request body too large, or checkpoint over the size cap"),
     429: _error("Submission cap reached"),
@@ -102,8 +109,12 @@ class RequestGuard:
             if int(declared) > MAX_BODY_BYTES:
                 return await _answer(send, 413, f"request body over {MAX_BODY_BYTES} bytes")
         body = bytearray()
+        deadline = time.monotonic() + BODY_SECONDS
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:  # a body trickled in too slowly: no task waits on it for ever
+                return await _answer(send, 408, f"request body not received within {BODY_SECONDS:.0f} s")
             if message["type"] == "http.disconnect":
                 return
             body += message.get("body", b"")
@@ -214,6 +225,19 @@ def _add_error_schema(app: FastAPI) -> None:
     app.openapi = openapi
 
 
+class BoundedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol (pinned uvicorn), with two bounds it lacks: a connection past MAX_CONNECTIONS is
+    closed at once, and a connection that sends nothing is closed after the keep-alive timeout (uvicorn arms
+    that timer only after a response). Idle connections must not run the harness out of file descriptors."""
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        if len(self.connections) > MAX_CONNECTIONS:
+            transport.close()
+            return
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+
 class GradingServer:
     """Runs the app with uvicorn on a daemon thread, on 127.0.0.1 and a free port."""
 
@@ -221,7 +245,10 @@ class GradingServer:
         self.token = token or secrets.token_urlsafe(32)
         self.port = _free_port()
         app = create_app(service, self.token, request_log)
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False)
+        # limit_concurrency: connections past it get a 503 and are closed, so an agent opening thousands of
+        # connections cannot run the harness process out of file descriptors (its ledger needs them).
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False,
+                                limit_concurrency=MAX_CONNECTIONS, http=BoundedH11Protocol)  # fmt: skip
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True, name="grading-server")
 

@@ -38,6 +38,7 @@ from a2rl.models import weights_hash
 from a2rl.records import EvalResult, LedgerEntry, RunConfig, Split
 
 log = logging.getLogger("a2rl.grading")
+MAX_PARALLEL_COPIES = 2
 
 Evaluate = Callable[..., EvalResult]
 """(checkpoint dir, weights hash, spec, device=...) -> result; raises EvaluationFailed."""
@@ -54,7 +55,9 @@ class GradingContext:
     baseline: dict[str, float] = field(default_factory=dict)
     """split -> base model score, computed by the harness before the session."""
     base_model_dir: Path | None = None
-    """Submissions must match its architecture and vocabulary."""
+    """Submissions must match its architecture and vocabulary, and its tokenizer, chat template and generation
+    config (copied to harness/base-tokenizer) render every prompt. Without it (tests with a stand-in evaluator)
+    snapshots carry no tokenizer at all: never a submission's."""
     devices: list[str | None] = field(default_factory=lambda: [None])
     """One evaluation worker per entry; "0", "1", ... pin a worker to a GPU, None = default device."""
     ledger_anchor: Callable[[LedgerEntry, str], None] | None = None
@@ -107,6 +110,8 @@ class GradingService:
         self._queue: queue.Queue[LedgerEntry | None] = queue.Queue()
         self._done: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
+        self._copy_lock = threading.Lock()
+        self._copies = 0  # submissions being checked and copied right now (outside self._lock)
         self.closed = False
         self.closing = threading.Event()
         self.grading_seconds = 0.0
@@ -154,7 +159,22 @@ class GradingService:
 
     def _checked_copy(self, model_path: str) -> tuple[Path, dict]:
         """Check the checkpoint and copy it into a pending snapshot, from the very fds that were checked.
-        Runs outside the service lock: a slow or hostile checkpoint never holds up other requests."""
+        Runs outside the service lock: a slow or hostile checkpoint never holds up other requests. At most
+        MAX_PARALLEL_COPIES run at once, and never more than the submissions left: a burst of concurrent
+        submits of a large checkpoint cannot fill the harness disk with copies that the cap then refuses."""
+        with self._copy_lock:  # held for the count only
+            left = self.ctx.config.max_submissions - len(self.submissions())
+            if self._copies >= min(MAX_PARALLEL_COPIES, left):
+                raise SubmissionRejected("another submission is still being checked and copied: retry when it is "
+                                         "answered (or the submission cap is reached)", 429)  # fmt: skip
+            self._copies += 1
+        try:
+            return self._check_and_copy(model_path)
+        finally:
+            with self._copy_lock:
+                self._copies -= 1
+
+    def _check_and_copy(self, model_path: str) -> tuple[Path, dict]:
         deadline = Deadline()
         checked = self._checked(model_path, deadline)
         pending = self.snapshots / f".pending-{uuid.uuid4().hex}"

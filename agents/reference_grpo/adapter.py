@@ -3,10 +3,10 @@ interactive task's episode reward from online rollouts in its environment."""
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
+from a2rl import safefs
 from agents.base import Agent
 
 HERE = Path(__file__).parent
@@ -28,8 +28,9 @@ class ReferenceGRPO(Agent):
 
     def install(self, workspace: Path) -> None:
         # The agent's code lives in its workspace like any agent's, so it is snapshotted and route-labelled.
+        # Written as root on every (re)provisioning into the agent's own code/: never through a link it left.
         for name, src in self.files().items():
-            shutil.copy2(src, workspace / "code" / name)
+            safefs.replace_file(workspace / "code", name, Path(src).read_bytes())
 
     def command(self, workspace: Path) -> list[str]:
         return [sys.executable, "code/agent.py", *(["--sft-warmup"] if self.sft_warmup else [])]

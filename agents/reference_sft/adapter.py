@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
+from a2rl import safefs
 from agents.base import Agent
 
 SCRIPTS = ("agent.py", "train_sft.py", "train_precision.py")
@@ -16,8 +16,9 @@ class ReferenceSFT(Agent):
 
     def install(self, workspace: Path) -> None:
         # The agent's code lives in its workspace like any agent's, so it is snapshotted and route-labelled.
+        # Written as root on every (re)provisioning into the agent's own code/: never through a link it left.
         for name in SCRIPTS:
-            shutil.copy2(Path(__file__).parent / name, workspace / "code" / name)
+            safefs.replace_file(workspace / "code", name, (Path(__file__).parent / name).read_bytes())
 
     def command(self, workspace: Path) -> list[str]:
         return [sys.executable, "code/agent.py"]

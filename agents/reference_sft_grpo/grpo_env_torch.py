@@ -122,9 +122,11 @@ def sampler(model, tokenizer, *, max_new_tokens: int, temperature: float, stop: 
     return sample
 
 
-def play(envlib, task: str, data_dir: Path, goals: list[dict], sample, max_steps: int, seed: int) -> list[Rollout]:
+def play(envlib, task: str, data_dir: Path, goals: list[dict], sample, max_steps: int, seed: int,
+         deadline: float | None = None) -> list[Rollout]:
     """One episode per goal, in lockstep (one `sample` call per step for the live episodes), with the
-    evaluator's environment, prompts and action parsing."""
+    evaluator's environment, prompts and action parsing. Past `deadline` (monotonic clock) no further step is
+    played: the episodes still running end there, unfinished (reward 0, like an episode out of steps)."""
     make_env, prompter = envlib.make_env(task, data_dir), envlib.prompter(task)
     envs = [make_env() for _ in goals]
     first = [env.reset(goal, seed=seed + i)[0] for i, (env, goal) in enumerate(zip(envs, goals))]
@@ -133,7 +135,7 @@ def play(envlib, task: str, data_dir: Path, goals: list[dict], sample, max_steps
     done = [False] * len(goals)
     for _ in range(max_steps):
         live = [i for i in range(len(goals)) if not done[i]]
-        if not live:
+        if not live or (deadline is not None and time.monotonic() > deadline):
             break
         samples = sample([prompter(goals[i], first[i], turns[i]) for i in live])
         for i, (prompt_ids, action_ids, text) in zip(live, samples):
@@ -158,6 +160,7 @@ class StepStats:
     samples: int
     """Steps that carried a non-zero advantage into the loss."""
     loss: float
+    update_s: float
 
 
 class GRPOEnv:
@@ -182,24 +185,27 @@ class GRPOEnv:
                               stop=envlib.STOP)  # fmt: skip
         self.steps_done = 0
 
-    def rollouts(self) -> list[Rollout]:
+    def rollouts(self, deadline: float | None = None) -> list[Rollout]:
         goals = self.rng.sample(self.goals, min(self.goals_per_step, len(self.goals)))
         grouped = [g for g in goals for _ in range(self.group_size)]
         self.seed += len(grouped)
         self.model.eval()
-        return play(self.envlib, self.task, self.data_dir, grouped, self.sample, self.max_episode_steps, self.seed)
+        return play(self.envlib, self.task, self.data_dir, grouped, self.sample, self.max_episode_steps, self.seed,
+                    deadline)  # fmt: skip
 
-    def grpo_step(self) -> StepStats:
-        rollouts = self.rollouts()
+    def grpo_step(self, deadline: float | None = None) -> StepStats:
+        """Rollouts (cut at `deadline`), then one update."""
+        rollouts = self.rollouts(deadline)
         rewards = [shaped_reward(r.reward, r.actions, self.loop_penalty) for r in rollouts]
         advantages = group_advantages(rewards, self.group_size)
         samples = [(p, a, adv) for r, adv in zip(rollouts, advantages) if adv != 0.0 for p, a in r.steps if a]
+        t_update = time.monotonic()
         loss = self.update(samples)
         self.steps_done += 1
         n = len(rollouts)
         return StepStats(n, sum(r.won for r in rollouts), round(sum(rewards) / n, 4),
-                              round(sum(repeat_fraction(r.actions) for r in rollouts) / n, 4), len(samples),
-                              round(loss, 5))  # fmt: skip
+                         round(sum(repeat_fraction(r.actions) for r in rollouts) / n, 4), len(samples),
+                         round(loss, 5), round(time.monotonic() - t_update, 2))  # fmt: skip
 
     def update(self, samples: list[tuple[list[int], list[int], float]]) -> float:
         """One optimizer step on `-advantage * log p(action)`, summed over action tokens / their number."""
@@ -236,11 +242,14 @@ class GRPOEnv:
         return loss_sum
 
     def train(self, seconds: float, max_steps: int | None = None) -> tuple[int, list[StepStats], float]:
-        """Steps until the next would end past `seconds` (judged by the last one) or `max_steps`."""
+        """Steps until the next would end past `seconds` (judged by the last one) or `max_steps`. Rollouts stop
+        early enough for the update to end in time too, so even the first step keeps to `seconds`."""
         t0 = last = time.monotonic()
         stats: list[StepStats] = []
+        update_s = 0.2 * seconds  # a guess until an update has been timed
         while max_steps is None or len(stats) < max_steps:
-            stats.append(self.grpo_step())
+            stats.append(self.grpo_step(deadline=t0 + seconds - update_s))
+            update_s = max(stats[-1].update_s, 0.5)
             now = time.monotonic()
             if now - t0 + (now - last) > seconds:
                 break

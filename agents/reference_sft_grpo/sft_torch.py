@@ -36,23 +36,24 @@ class RoundStats:
     train_s: float
 
 
-def completion_example(tokenizer, prompt: list[dict], completion: list[dict], max_length: int) -> Example | None:
-    """Token ids of one conversation with the loss on the completion only; None if it is longer than
-    `max_length` (skipped, not truncated) or the chat template does not render the prompt as a prefix."""
+def split_conversation(tokenizer, prompt: list[dict], completion: list[dict]) -> tuple[str, str] | None:
+    """(prompt text with the generation header, reply text with its end-of-turn) as the chat template renders
+    them; None if the template does not render the prompt as a prefix of the whole conversation."""
     before = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
     full = tokenizer.apply_chat_template(prompt + completion, tokenize=False, add_generation_prompt=False)
-    if not full.startswith(before):
-        return None
-    prompt_ids = tokenizer(before, add_special_tokens=False)["input_ids"]
-    reply_ids = tokenizer(full[len(before) :], add_special_tokens=False)["input_ids"]
+    return (before, full[len(before) :]) if full.startswith(before) else None
+
+
+def to_example(prompt_ids: list[int], reply_ids: list[int], max_length: int) -> Example | None:
+    """The loss on the reply only; None if empty or longer than `max_length` (skipped, not truncated)."""
     if not reply_ids or len(prompt_ids) + len(reply_ids) > max_length:
         return None
     return Example(prompt_ids + reply_ids, [IGNORE] * len(prompt_ids) + reply_ids)
 
 
 def load_examples(path: Path, tokenizer, max_length: int) -> tuple[list[Example], int]:
-    """(examples that fit, rows read) of a prompt-completion JSONL file."""
-    examples, rows = [], 0
+    """(examples that fit, rows read) of a prompt-completion JSONL file (tokenised in one batch)."""
+    pairs, rows = [], 0
     with Path(path).open(encoding="utf-8") as f:
         for line in f:
             if not line.strip():
@@ -61,9 +62,14 @@ def load_examples(path: Path, tokenizer, max_length: int) -> tuple[list[Example]
             if not (isinstance(row.get("prompt"), list) and isinstance(row.get("completion"), list)):
                 continue
             rows += 1
-            if (ex := completion_example(tokenizer, row["prompt"], row["completion"], max_length)) is not None:
-                examples.append(ex)
-    return examples, rows
+            if (pair := split_conversation(tokenizer, row["prompt"], row["completion"])) is not None:
+                pairs.append(pair)
+    if not pairs:
+        return [], rows
+    prompts = tokenizer([b for b, _ in pairs], add_special_tokens=False)["input_ids"]
+    replies = tokenizer([r for _, r in pairs], add_special_tokens=False)["input_ids"]
+    examples = [to_example(p, r, max_length) for p, r in zip(prompts, replies)]
+    return [e for e in examples if e is not None], rows
 
 
 def epoch_batches(n: int, batch_size: int, rng: random.Random, lengths: list[int]) -> list[list[int]]:

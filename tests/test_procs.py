@@ -1,0 +1,146 @@
+"""The agent dies with the harness (#13.5) and the process supervisor a2rl.procs (#20.4).
+
+A harness process runs a real agent session (run_agent, the real bubblewrap sandbox, and without one); the
+agent leaves background jobs, one of them a daemon in a session of its own. SIGKILL of the harness (what the
+OOM killer or a dead worker host does) must end every process of the session within seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from sandbox_support import needs_bwrap
+
+from a2rl import procs
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The agent: a background job, a daemon that left its session (double fork + setsid), then "training".
+AGENT = textwrap.dedent("""
+    import os, subprocess, sys, time
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(600)
+        os._exit(0)
+    open("ready", "w").write(str(os.getpid()))
+    while True:
+        time.sleep(0.1)  # training
+""")
+
+# The harness: one agent session through run_agent, as the agent-session flow starts it.
+HARNESS = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from a2rl.grading.clock import BudgetClock
+    from a2rl.sandbox import SandboxPolicy
+    from agents.base import Agent, AgentEnv, run_agent
+
+    ws, sandboxed = Path(sys.argv[1]), sys.argv[2] == "1"
+
+    class Looper(Agent):
+        id = "looper"
+        def install(self, workspace): pass
+        def command(self, workspace): return [sys.executable, "code/agent.py"]
+
+    env = AgentEnv("gsm8k", "tiny", ws, "http://127.0.0.1:9", "token", 0, harness_dir=ws.parent / "harness")
+    policy = SandboxPolicy(ws) if sandboxed else None
+    run_agent(Looper(), env, BudgetClock(600), ws.parent / "harness" / "agent.log", sandbox=policy)
+""")
+
+
+def _run_dir(tmp_path: Path) -> Path:
+    ws = tmp_path / "run" / "workspace"
+    for sub in ("code", "output", "data", "models/base"):
+        (ws / sub).mkdir(parents=True)
+    (tmp_path / "run" / "harness").mkdir()
+    (ws / "code" / "agent.py").write_text(AGENT)
+    (tmp_path / "harness.py").write_text(HARNESS)
+    return ws
+
+
+def _start_session(tmp_path: Path, sandboxed: bool) -> tuple[subprocess.Popen, Path]:
+    ws = _run_dir(tmp_path)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
+    harness = subprocess.Popen([sys.executable, str(tmp_path / "harness.py"), str(ws), "1" if sandboxed else "0"],
+                               env=env, cwd=REPO, stderr=open(tmp_path / "harness.err", "w"))  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (ws / "ready").exists():
+        assert harness.poll() is None, (tmp_path / "harness.err").read_text()
+        assert time.monotonic() < deadline, "the agent did not start"
+        time.sleep(0.1)
+    return harness, ws
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children(recursive=True)
+
+
+def _cwd_in(ws: Path) -> list[int]:
+    """Processes working in the workspace (the daemon left the harness's tree, not the workspace)."""
+    found = []
+    for p in psutil.process_iter(["cwd"]):
+        if p.info.get("cwd") and p.info["cwd"].startswith(str(ws)):
+            found.append(p.pid)
+    return found
+
+
+# Sandboxed: the shim's parent-death signal, bubblewrap's --die-with-parent and its PID namespace. Without a
+# sandbox: the supervisor, a child subreaper that ends everything below it when the harness dies.
+@pytest.mark.parametrize("sandboxed", [pytest.param(True, marks=needs_bwrap), False], ids=["bwrap", "unsandboxed"])
+def test_sigkill_of_the_harness_ends_the_whole_agent_session(tmp_path: Path, sandboxed: bool):
+    harness, ws = _start_session(tmp_path, sandboxed)
+    tree = _tree(harness.pid)
+    in_ws = _cwd_in(ws)
+    assert len(tree) >= 3 and len(in_ws) >= 3, (tree, in_ws)  # (shim, bubblewrap,) agent, its job, the daemon
+    record = procs.read_records(ws.parent / "harness")
+    assert len(record) == 1 and record[0].harness == harness.pid
+
+    harness.kill()
+    harness.wait()
+    t = time.monotonic()
+    left = procs.wait_gone([p.pid for p in tree] + in_ws, timeout_s=5.0)
+    assert left == [], f"{len(left)} processes of the session outlived the harness: {left}"
+    assert time.monotonic() - t < 5.5
+
+
+def test_a_retry_ends_what_an_earlier_attempt_left_and_spares_itself(tmp_path: Path):
+    """A frozen harness (Prefect saw its run crash; SIGKILL never came) still supervises a training agent: the
+    retry ends both, checks they are gone, and leaves its own process and ancestors alone."""
+    harness, ws = _start_session(tmp_path, sandboxed=False)
+    tree = [p.pid for p in _tree(harness.pid)]
+    harness.send_signal(signal.SIGSTOP)
+    try:
+        ended = procs.end_earlier_attempts(ws.parent / "harness", timeout_s=10)
+    finally:
+        harness.send_signal(signal.SIGCONT)
+    assert harness.pid in ended
+    assert procs.wait_gone([harness.pid, *tree], 2.0) == []  # its supervisor, the agent, its job and its daemon
+    assert os.getpid() not in ended
+    harness.wait(timeout=10)
+    # Nothing left: a second retry has nothing to do.
+    assert procs.end_earlier_attempts(ws.parent / "harness") == []
+
+
+def test_start_gives_a_parent_death_signal_unless_told_not_to(tmp_path: Path):
+    code = "import subprocess, sys, time; from a2rl import procs; " \
+           "p = procs.start([sys.executable, '-c', 'import time; time.sleep(600)'], die_with_parent=%s); " \
+           "print(p.pid, flush=True); time.sleep(600)"  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for dies in (True, False):
+        parent = subprocess.Popen([sys.executable, "-c", code % dies], env=env, stdout=subprocess.PIPE, text=True)
+        child = int(parent.stdout.readline())
+        parent.kill()
+        parent.wait()
+        left = procs.wait_gone([child], 3.0)
+        assert (left == []) is dies
+        procs.signal_pids(left, signal.SIGKILL)
