@@ -135,7 +135,7 @@ class CodeSnapshots:
     def records(self) -> list[SnapshotRecord]:
         if not self.log_path.exists():
             return []
-        return [SnapshotRecord.model_validate_json(line) for line in self.log_path.read_text().splitlines() if line]
+        return [SnapshotRecord.model_validate(row) for row in read_jsonl(self.log_path)]
 
     def sha_for(self, label: str) -> str | None:
         """The commit of the latest snapshot taken with this label."""
@@ -464,7 +464,7 @@ def read_resources(path: Path | str) -> list[ResourceSample]:
     path = Path(path)
     if not path.exists():
         return []
-    return [ResourceSample.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
+    return [ResourceSample.model_validate(row) for row in read_jsonl(path)]
 
 
 def summarize_resources(samples: list[ResourceSample]) -> dict[str, float | None]:

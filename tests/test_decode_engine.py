@@ -150,8 +150,9 @@ def test_gsm8k_grading_is_identical_with_prefix_reuse(tiny_model_dir: Path, monk
 def test_interactive_episodes_are_identical_with_prefix_reuse(tiny_model_dir: Path, monkeypatch) -> None:
     """Lockstep episodes share their instructions: each step prefills them once (kept across steps)."""
     from a2rl.evaluation import EvalSpec, evaluate
+    from benchmarks import get_task
 
-    spec = EvalSpec("webshop", "offline", "validation", limit=2, batch_size=2)
+    spec = EvalSpec.of(get_task("webshop"), "offline", "validation", limit=2, batch_size=2)
     monkeypatch.setenv("A2RL_DECODE_ENGINE", "generate")
     plain = evaluate(tiny_model_dir, spec)
     monkeypatch.setenv("A2RL_DECODE_ENGINE", "auto")
