@@ -1,7 +1,7 @@
 """The layers point one way (static: every `import`, at the top of a module or inside a function, read with `ast`).
 
     a2rl.cli, a2rl/__main__.py     the command line: the top layer, may import everything below
-    flows, tasks                   orchestration: put the library and the plug-ins together
+    flows, tasks                   orchestration: put the library and the plug-ins together (tasks below flows)
     benchmarks, agents, blocks,    plug-ins: tasks, agents, driver LLMs, analysis; they import the library
     analysis
     a2rl (the rest)                the library: imports none of the packages above
@@ -65,6 +65,10 @@ def test_plugins_import_the_library_but_not_the_orchestration_or_the_cli(package
 @pytest.mark.parametrize("package", ["flows", "tasks"])
 def test_the_orchestration_does_not_import_the_cli(package):
     assert violations(python_files(package), ("a2rl.cli",)) == []
+
+
+def test_the_steps_do_not_import_the_flows_that_run_them():
+    assert violations(python_files("tasks"), ("flows",)) == []
 
 
 def test_the_check_sees_imports_inside_functions_and_the_cli_exemption_is_exact(tmp_path):
