@@ -2,10 +2,10 @@
 -- One row per run: baseline, best validation, final hidden test, delta with an item-level 95% interval,
 -- wall time per phase and the GPU. Run: python bench/gpu_alfworld.py --table results/a2rl.duckdb
 --
--- The interval is Newcombe's hybrid score interval (Wilson bounds of each success rate, combined) for the
--- difference of two success rates over the hidden-test games, from the stored counts (evaluations.n_correct of
--- n). It treats the two evaluations as independent samples; the games are the same, so a paired interval from
--- the per-game outcomes (harness/evaluations/) can only be narrower when outcomes agree.
+-- Two item-level 95% intervals of delta: delta_ci95_* is Newcombe's hybrid score interval (Wilson bounds of
+-- each success rate, combined) from the stored counts (evaluations.n_correct of n), treating the two
+-- evaluations as independent; paired_ci95_* is the paired t interval over the same games' outcomes
+-- (item_pairs: base and final score per hidden-test game), degenerate ([d, d]) when no game changed.
 WITH test_eval AS (
     SELECT run_id, kind, n, n_correct, score, duration_s,
            n_correct::DOUBLE / n AS p,
@@ -24,6 +24,11 @@ paired AS (
            f.p - b.p - sqrt((f.p - f.lo) ^ 2 + (b.hi - b.p) ^ 2) AS d_lo,
            f.p - b.p + sqrt((f.hi - f.p) ^ 2 + (b.p - b.lo) ^ 2) AS d_hi
     FROM test_eval b JOIN test_eval f ON f.run_id = b.run_id AND b.kind = 'baseline' AND f.kind = 'final'
+),
+item_level AS (
+    SELECT run_id, count(*) AS n_items, avg(final_score - base_score) AS d,
+           stddev_samp(final_score - base_score) AS sd
+    FROM item_pairs GROUP BY run_id
 ),
 grading AS (
     SELECT run_id, count(*) FILTER (WHERE kind = 'submission') AS n_graded,
@@ -48,6 +53,8 @@ SELECT r.mode,
        r.delta_test,
        round(100 * p.d_lo, 1) AS delta_ci95_lo,
        round(100 * p.d_hi, 1) AS delta_ci95_hi,
+       round(100 * (i.d - t975(i.n_items - 1) * i.sd / sqrt(i.n_items)), 1) AS paired_ci95_lo,
+       round(100 * (i.d + t975(i.n_items - 1) * i.sd / sqrt(i.n_items)), 1) AS paired_ci95_hi,
        r.n_submissions,
        g.n_graded,
        round(r.agent_seconds, 0) AS agent_s,
@@ -58,6 +65,7 @@ SELECT r.mode,
        r.run_id
 FROM runs r
 LEFT JOIN paired p USING (run_id)
+LEFT JOIN item_level i USING (run_id)
 LEFT JOIN grading g USING (run_id)
 LEFT JOIN machine m USING (run_id)
 WHERE r.task = 'alfworld'

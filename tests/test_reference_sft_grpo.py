@@ -255,6 +255,10 @@ def test_the_alfworld_table_sql_gives_newcombes_interval_and_the_gpu(tmp_path):
     for kind, k in (("baseline", 0), ("final", 30)):
         con.execute("INSERT INTO evaluations (run_id, eval_key, kind, split, score, n, n_correct, duration_s) "
                     "VALUES ('r1', ?, ?, 'test', ?, 134, ?, 20)", [kind, kind, 100 * k / 134, k])  # fmt: skip
+        for i in range(134):  # the final model wins games 0..29, the base model none
+            won = kind == "final" and i < k
+            con.execute("INSERT INTO item_results (run_id, eval_key, split, item_id, score, correct) "
+                        "VALUES ('r1', ?, 'test', ?, ?, ?)", [kind, f"g{i}", float(won), won])  # fmt: skip
     con.execute("""INSERT INTO events (run_id, seq, kind, detail_json)
                    VALUES ('r1', 1, 'session-start', '{"gpus": ["NVIDIA H100 80GB HBM3"]}')""")
     rel = con.sql(sql)
@@ -265,5 +269,9 @@ def test_the_alfworld_table_sql_gives_newcombes_interval_and_the_gpu(tmp_path):
     assert row["delta_ci95_lo"] == round(100 * (d - ((d - l1) ** 2 + u0**2) ** 0.5), 1)
     assert row["delta_ci95_hi"] == round(100 * (d + ((u1 - d) ** 2 + l0**2) ** 0.5), 1)
     assert 0 < row["delta_ci95_lo"] < 22.39 < row["delta_ci95_hi"]
+    sd = (30 * (1 - d) ** 2 + 104 * d**2) / 133  # variance of the per-game differences (30 ones, 104 zeros)
+    half = 1.96 + 2.4 / 133  # the store's t975 beyond 30 degrees of freedom
+    assert row["paired_ci95_lo"] == round(100 * (d - half * (sd / 134) ** 0.5), 1)
+    assert row["paired_ci95_hi"] == round(100 * (d + half * (sd / 134) ** 0.5), 1)
     assert (row["baseline_test_games"], row["final_test_games"]) == ("0/134", "30/134")
     assert row["gpu"] == "NVIDIA H100 80GB HBM3"
