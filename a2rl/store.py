@@ -541,8 +541,8 @@ MIGRATIONS: list[str] = [
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-# Write-ahead-log size at which DuckDB folds the log into the file (bounds what each reader replays on open).
-CHECKPOINT_THRESHOLD = "16MB"  # DuckDB's default; at 4MB a run's batched summary already forced a checkpoint
+# Block size of new store files (DuckDB's default is 256 KB; every write rewrites a few blocks per table it touches).
+STORE_BLOCK_SIZE = 16 * 1024
 
 # Metrics written by a step of their own (the leak audit), which a later `record_metrics` must not delete.
 KEPT_METRICS = ("leaked_items",)
@@ -572,14 +572,15 @@ class StoreLockTimeout(StoreError, TimeoutError):
 class ResultsStore:
     """One DuckDB results file; each method is a short, locked transaction."""
 
-    def __init__(self, path: Path | str, lock_timeout_s: float = 120.0, defer_checkpoints: bool = True) -> None:
-        """`defer_checkpoints=False` restores DuckDB's checkpoint on every close (for the write benchmark)."""
+    def __init__(self, path: Path | str, lock_timeout_s: float = 120.0) -> None:
         self.path = Path(path).expanduser().resolve()
-        self.defer_checkpoints = defer_checkpoints
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self.lock_timeout_s = lock_timeout_s
         self._batch: duckdb.DuckDBPyConnection | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._locked(time.monotonic() + lock_timeout_s):
+            if not self.path.exists() or self.path.stat().st_size == 0:
+                _create(self.path)
         with self._transaction() as con:
             _migrate(con, self.path)
 
@@ -873,11 +874,15 @@ class ResultsStore:
             yield con
             con.execute("COMMIT")
 
+    def _locked(self, deadline: float):
+        """The store's inter-process lock (`<db>.lock`), waited for until `deadline` (monotonic)."""
+        busy = f"timed out waiting for {self.lock_path}: another process kept the results store {self.path} busy"
+        return exclusive_lock(self.lock_path, deadline, lambda: StoreLockTimeout(busy))
+
     @contextmanager
     def _connect(self, read_only: bool) -> Iterator[duckdb.DuckDBPyConnection]:
         deadline = time.monotonic() + self.lock_timeout_s
-        busy = f"timed out waiting for {self.lock_path}: another process kept the results store {self.path} busy"
-        with exclusive_lock(self.lock_path, deadline, lambda: StoreLockTimeout(busy)):
+        with self._locked(deadline):
             con = self._open(read_only, deadline)
             try:
                 yield con
@@ -890,15 +895,10 @@ class ResultsStore:
             self.path.unlink()
         while True:
             try:
-                con = duckdb.connect(str(self.path), read_only=read_only)
-                if not read_only and self.defer_checkpoints:
-                    # By default DuckDB checkpoints on every close, rewriting whole blocks of each table a write
-                    # touched: ~0.8 MB per small write, GBs for a sweep. Left in the write-ahead log, a write costs
-                    # its own bytes; DuckDB folds the log into the file once it passes the threshold, and readers
-                    # replay it (see bench/bench_store_writes.py and BENCHMARKS.md).
-                    con.execute("PRAGMA disable_checkpoint_on_shutdown")
-                    con.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
-                return con
+                # DuckDB checkpoints on every close, rewriting the blocks of each table a write touched: new stores
+                # have small blocks (`_create`) and `batch()` groups a run's summary rows. Leaving writes in the WAL
+                # instead was measured and rejected: every open replays the log, and opens grew to seconds.
+                return duckdb.connect(str(self.path), read_only=read_only)
             except duckdb.IOException as e:
                 # A process that bypasses our lock (a notebook, the CLI) still holds DuckDB's own file lock.
                 if "Could not set lock" not in str(e):
@@ -911,6 +911,23 @@ class ResultsStore:
                 time.sleep(0.05)
             except duckdb.Error as e:
                 raise StoreError(f"cannot open results store {self.path}: {e}") from None
+
+
+def _create(path: Path) -> None:
+    """A new, empty store file with small blocks. DuckDB checkpoints on every close and rewrites whole blocks of
+    each table a write touched: ~0.8 MB per small write with its default 256 KB blocks, ~54 KB with 16 KB blocks
+    (BENCHMARKS.md, "Results store writes"). The block size is stored in the file; older stores keep theirs."""
+    path.unlink(missing_ok=True)  # an empty file (mkstemp, `touch`) holds no data and DuckDB refuses it
+    con = duckdb.connect()
+    try:
+        con.execute(f"ATTACH '{_sql_literal(str(path))}' AS store (BLOCK_SIZE {STORE_BLOCK_SIZE})")
+        con.execute("DETACH store")
+    finally:
+        con.close()
+
+
+def _sql_literal(text: str) -> str:
+    return text.replace("'", "''")
 
 
 def _migrate(con: duckdb.DuckDBPyConnection, path: Path) -> None:

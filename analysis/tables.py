@@ -117,6 +117,8 @@ def load_tables(store: Any, n_boot: int = 2000, compare: tuple[str, str] | None 
                                        "ORDER BY task, agent, driver, base_model, mode"))
     board = store.query("SELECT * FROM leaderboard_ci ORDER BY task, mean_delta DESC")
     board["series"] = series_labels(board, varying)
+    agree = (board["n"] >= 2) & (board["sd_delta"] == 0)  # a zero-width t-interval is no certainty: say so
+    board.loc[agree, "interval"] = "t-interval over seeds (the seeds agree exactly: read the item-level interval)"
     pairs = store.query("SELECT p.*, r.setting_id FROM item_pairs p JOIN analysed_runs r USING (run_id)")
     board = _with_pooled(_within_noise(board), pairs, n_boot)
     pak = _pass_at_k(board)

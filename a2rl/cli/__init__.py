@@ -68,9 +68,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     analyze = sub.add_parser(
         "analyze",
         help="figures, tables and an HTML report from a results file",
-        description="Analyse every completed run in a results file: mode×task heatmap, leaderboard with bootstrap "
-        "CIs, scaling curves, pass@k, noise floor, paired comparison, selection gap. Writes PNGs, CSVs, "
-        "summary.json and report.html (self-contained) under --out.",
+        description="Analyse the completed runs of a results file, grouped by setting (everything but the seed; "
+        "failed, interrupted and infrastructure-failure runs left out and counted): mode×task heatmap, leaderboard "
+        "with 95% intervals and the noise floor, scaling curves, pass@k, agent- and driver-level paired "
+        "comparisons, selection gap, the paper's tables and a per-run drill-down. Writes PNGs, CSVs, summary.json "
+        "and report.html (self-contained) under --out.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     analyze.add_argument("--results", default=str(DEFAULT_RESULTS), help="DuckDB results file")
