@@ -3,20 +3,26 @@
 `evaluate_in_subprocess` runs the evaluation in its own process so that a crash or an
 out-of-memory kill costs that evaluation only (its stderr goes to the harness log, never to the agent);
 results are cached by content hash of the weights, the evaluator id and the split selection.
+
+The task is an object the caller resolves (`benchmarks.get_task(config.task)` in the flow's steps): the library
+never looks a task up by id. The evaluation process rebuilds it from its class (`task_class_ref`), which is why
+a task class must be constructible without arguments, as every class in `benchmarks` is.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from a2rl.paths import eval_cache_dir
 from a2rl.records import EvalResult, RunConfig, Split
@@ -32,12 +38,29 @@ class EvalSpec:
     limit: int | None
     batch_size: int = 16
     backend: str = "transformers"
+    evaluator: Any = field(default=None, compare=False, repr=False)
+    """The task object named by `task` (a `benchmarks.BenchmarkTask`), resolved by the caller; None: a spec that
+    only names the evaluation (a test's own evaluator), which `evaluate` and the cache refuse or miss."""
 
     @classmethod
-    def for_run(cls, config: RunConfig, split: Split) -> EvalSpec:
-        """The evaluation a run's config asks for on one split (subset limits included)."""
+    def for_run(cls, config: RunConfig, split: Split, task: Any = None) -> EvalSpec:
+        """The evaluation a run's config asks for on one split (subset limits included), on `task`, the object
+        that `config.task` names."""
         limit = config.val_limit if split == "validation" else config.test_limit
-        return cls(config.task, config.variant, split, limit, config.eval_batch_size, config.eval_backend)
+        return cls(config.task, config.variant, split, limit, config.eval_batch_size, config.eval_backend, task)
+
+    @classmethod
+    def of(cls, task: Any, variant: str, split: Split, limit: int | None = None, **options: Any) -> EvalSpec:
+        """An evaluation of a task object (its id is taken from it)."""
+        return cls(task.id, variant, split, limit, evaluator=task, **options)
+
+    def task_object(self) -> Any:
+        if self.evaluator is None:
+            raise ValueError(f"no task object for {self.task!r}: the caller resolves the task id "
+                             f"(e.g. EvalSpec.of(benchmarks.get_task({self.task!r}), ...))")  # fmt: skip
+        if self.evaluator.id != self.task:
+            raise ValueError(f"task object {self.evaluator.id!r} does not match the spec's task {self.task!r}")
+        return self.evaluator
 
     def cache_key(self, weights_hash: str, evaluator_id: str) -> str:
         blob = f"{weights_hash}|{evaluator_id}|{self.task}|{self.variant}|{self.split}|{self.limit}|{self.backend}"
@@ -55,14 +78,28 @@ class EvaluationFailed(RuntimeError):
         self.kind = kind
 
 
-def evaluate(model_dir: Path, spec: EvalSpec) -> EvalResult:
-    """Run the evaluation in this process. Prompts are rendered with the tokenizer and chat template in
-    `model_dir`: for a submission that is the grader's snapshot, whose tokenizer files are the base model's
-    (a2rl.grading.checkpoint.write_snapshot), never the agent's."""
-    from a2rl.generation import generate
-    from benchmarks import get_task
+def task_class_ref(task: Any) -> str:
+    """`module:Class` of a task object: how the evaluation process rebuilds it."""
+    cls = type(task)
+    return f"{cls.__module__}:{cls.__qualname__}"
 
-    task = get_task(spec.task)
+
+def task_from_ref(ref: str, task_id: str) -> Any:
+    """The task object of `task_class_ref`, checked to be the task the spec names."""
+    module, _, name = ref.partition(":")
+    task = getattr(importlib.import_module(module), name)()
+    if task.id != task_id:
+        raise ValueError(f"{ref} builds task {task.id!r}, not {task_id!r}")
+    return task
+
+
+def evaluate(model_dir: Path, spec: EvalSpec) -> EvalResult:
+    """Run the evaluation of `spec.evaluator` (the task object) in this process. Prompts are rendered with the
+    tokenizer and chat template in `model_dir`: for a submission that is the grader's snapshot, whose tokenizer
+    files are the base model's (a2rl.grading.checkpoint.write_snapshot), never the agent's."""
+    from a2rl.generation import generate
+
+    task = spec.task_object()
     items = task.load_split(spec.variant, spec.split, spec.limit)
     d = task.decoding
     start = time.perf_counter()
@@ -111,11 +148,12 @@ class EvalCache:
         self.root = root or eval_cache_dir()
 
     def _file(self, weights_hash: str, spec: EvalSpec) -> Path:
-        from benchmarks import get_task
-
-        return self.root / f"{spec.cache_key(weights_hash, get_task(spec.task).evaluator_id())}.json"
+        return self.root / f"{spec.cache_key(weights_hash, spec.task_object().evaluator_id())}.json"
 
     def lookup(self, weights_hash: str, spec: EvalSpec) -> EvalResult | None:
+        """The cached result, or None; a spec without a task object (a test's own evaluator) never hits."""
+        if spec.evaluator is None:
+            return None
         path = self._file(weights_hash, spec)
         if not path.exists():
             return None
@@ -151,10 +189,11 @@ def evaluate_in_subprocess(
 ) -> EvalResult:
     """One evaluation in its own process: a crash, a hang or an OOM kill costs this evaluation only.
     `device` ("0", "1", ...) pins the process to one GPU through CUDA_VISIBLE_DEVICES."""
+    task_ref = task_class_ref(spec.task_object())
     out_file = eval_cache_dir() / f"run-{os.getpid()}-{time.time_ns()}.json"
     cmd = [
         sys.executable, "-m", "a2rl.evaluation",
-        "--model", str(model_dir), "--task", spec.task, "--variant", spec.variant,
+        "--model", str(model_dir), "--task", spec.task, "--task-class", task_ref, "--variant", spec.variant,
         "--split", spec.split, "--batch-size", str(spec.batch_size), "--backend", spec.backend,
         "--out", str(out_file),
     ]  # fmt: skip
@@ -185,6 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Evaluate one checkpoint on one split (used by the grader).")
     parser.add_argument("--model", required=True, type=Path)
     parser.add_argument("--task", required=True)
+    parser.add_argument("--task-class", required=True, help="module:Class of the task, built without arguments")
     parser.add_argument("--variant", default="offline")
     parser.add_argument("--split", required=True, choices=["validation", "test"])
     parser.add_argument("--limit", type=int, default=None)
@@ -192,7 +232,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", default="transformers", choices=["transformers", "vllm"])
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args(argv)
-    spec = EvalSpec(args.task, args.variant, args.split, args.limit, args.batch_size, args.backend)
+    task = task_from_ref(args.task_class, args.task)
+    spec = EvalSpec(args.task, args.variant, args.split, args.limit, args.batch_size, args.backend, task)
     result = evaluate(args.model, spec)
     args.out.write_text(result.model_dump_json())
     print(json.dumps({"score": result.score, "n": result.n, "seconds": round(result.duration_s, 1)}))

@@ -9,13 +9,13 @@ the cache have pid namespaces of their own, so a pid alone does not prove its wr
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import shutil
 import time
 from pathlib import Path
 
+from a2rl.locks import LockTimeout, exclusive_lock
 from a2rl.paths import eval_cache_dir, models_dir
 
 BUILD_DIR = re.compile(r"^\.(?P<target>.+)\.tmp-[^/]+$")
@@ -45,13 +45,11 @@ def _stale_builds(root: Path) -> list[Path]:
 
 
 def _lock_free(lock: Path) -> bool:
-    """Whether no process holds the build lock (models._exclusive_lock); a build in progress holds it."""
+    """Whether no process holds the build lock (`a2rl.models.build_once`); a build in progress holds it."""
     try:
-        with open(lock, "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        with exclusive_lock(lock, deadline=time.monotonic()):  # one try, no wait
             return True
-    except BlockingIOError:
+    except LockTimeout:
         return False
 
 

@@ -1,9 +1,9 @@
 """Post-run leak audit: does any hidden item's text appear in what the agent wrote or said?
 
 After a session, the workspace (everything the agent could write) and its transcripts are searched for the
-hidden test (and validation) items, with the contamination guard's matching (`benchmarks.contamination`):
-an **exact** match of a whole item's normalised text, or a shared run of `n` word tokens (**n-gram**, 13 by
-default). A hit means the agent held a hidden item, whatever the route: a leak through the sandbox, the
+hidden test (and validation) items, with the contamination guard's matching (`a2rl.ngrams`, which
+`benchmarks.contamination` shares): an **exact** match of a whole item's normalised text, or a shared run of
+`n` word tokens (**n-gram**, 13 by default). A hit means the agent held a hidden item, whatever the route: a leak through the sandbox, the
 driver LLM reciting a public benchmark, or a task whose training data overlaps its test set.
 
 Time is bounded on large workspaces: binary files (a NUL byte near the start, or a weights suffix), files over
@@ -21,7 +21,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from a2rl import safefs
-from benchmarks.contamination import DEFAULT_NGRAM, tokens
+from a2rl.ngrams import DEFAULT_NGRAM, tokens
+from a2rl.workspace import RunPaths
 
 BINARY_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".npy", ".npz", ".pyc", ".so",
                    ".arrow", ".parquet", ".zip", ".gz", ".tar", ".png", ".jpg", ".pdf")  # fmt: skip
@@ -164,6 +165,16 @@ def hidden_texts(items: Iterable[dict], fields: tuple[str, ...] = ("question",))
     return [str(item[f]) for item in items for f in fields if isinstance(item.get(f), str) and item[f].strip()]
 
 
+def audit_run(paths: RunPaths, hidden_items: Iterable[dict]) -> LeakReport:
+    """A finished run's audit: its workspace (less the data and models the harness put there) and the agent's
+    log and transcripts, for `hidden_items` (the task's validation and test items); writes leak_audit.json."""
+    h = paths.harness_dir
+    report = audit_leaks(paths.workspace, [h / "agent.log", h / "transcript.jsonl", h / "tool_calls.jsonl"],
+                         hidden_texts(hidden_items), exclude=("data", "models"))  # fmt: skip
+    (h / "leak_audit.json").write_text(report.model_dump_json(indent=1))
+    return report
+
+
 _UNREADABLE: list[str] = []
 
 
@@ -199,4 +210,4 @@ def _read_chunks(path: Path, chunk_bytes: int) -> Iterator[str]:
         return
 
 
-__all__ = ["LeakHit", "LeakReport", "audit_leaks", "hidden_texts"]
+__all__ = ["LeakHit", "LeakReport", "audit_leaks", "audit_run", "hidden_texts"]

@@ -1,15 +1,16 @@
-"""Post-hoc summary of a run (SPEC §7): process metrics and the summary step that gathers the run's facts.
+"""Post-hoc summary of a run (README, "Where results land"): process metrics and the summary step that
+gathers the run's facts.
 
 Everything except the narrative is computed deterministically from the ledger, the code snapshots and the
 resource samples, so a re-run of the summary gives the same facts. Times are on the agent's budget clock
 (`agent_elapsed_s`: grading pauses it), not wall-clock seconds as in the original. The other parts live in
 their own modules: route labels (`a2rl.route_labels`), failure classes (`a2rl.verdicts`), the narrative
-(`a2rl.narrative`), the per-run figure (`analysis.run_figure`) and store ingestion (`a2rl.ingest`).
+(`a2rl.narrative`) and store ingestion (`a2rl.ingest`); the per-run figure (`analysis.run_figure`) is drawn by
+the flow's summary step, since the library does not import `analysis`.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,8 +24,6 @@ from a2rl.records import LedgerEntry, RunConfig, RunSummary
 from a2rl.report import latest_submissions
 from a2rl.route_labels import label_routes
 from a2rl.verdicts import FailureClass, explain_failure
-
-log = logging.getLogger(__name__)
 
 
 class ProcessReport(BaseModel):
@@ -164,8 +163,8 @@ def summarize_process(
     narrative: bool = True,
     write_files: bool = True,
 ) -> ProcessReport:
-    """Metrics, route labels, resource summary and failure class of a finished run; writes
-    `process.json`, `score_trajectory.png` and (when a narrative model is set) `narrative.md` to the harness dir.
+    """Metrics, route labels, resource summary and failure class of a finished run; writes `process.json` and
+    (when a narrative model is set) `narrative.md` to the harness dir. The flow's summary step draws the figure.
 
     Args:
         snapshots: the run's `CodeSnapshots` (for route labels); None skips code-based labels.
@@ -204,12 +203,6 @@ def summarize_process(
     if write_files:
         harness_dir.mkdir(parents=True, exist_ok=True)
         (harness_dir / "process.json").write_text(report.model_dump_json(indent=2))
-        try:
-            from analysis.run_figure import score_trajectory_png  # matplotlib only where a figure is drawn
-
-            score_trajectory_png(entries, harness_dir / "score_trajectory.png")
-        except ImportError as error:  # matplotlib is optional (e.g. a GPU image without it): only the figure is lost
-            log.warning("score trajectory figure skipped: %s", error)
         if report.narrative:
             (harness_dir / "narrative.md").write_text(_narrative_md(report))
     return report

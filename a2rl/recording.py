@@ -1,4 +1,4 @@
-"""Recording during a run: code snapshots of `code/`, resource samples, LLM-call events (SPEC §6).
+"""Recording during a run: code snapshots of `code/`, resource samples, LLM-call events (docs/architecture.md).
 
 Everything is written under the run's harness directory, outside the workspace, so the agent can neither
 read nor rewrite its own record.
@@ -33,6 +33,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from a2rl import safefs
+from a2rl.jsonl import read_jsonl
 from a2rl.records import utcnow
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ class CodeSnapshots:
     def records(self) -> list[SnapshotRecord]:
         if not self.log_path.exists():
             return []
-        return [SnapshotRecord.model_validate_json(line) for line in self.log_path.read_text().splitlines() if line]
+        return [SnapshotRecord.model_validate(row) for row in read_jsonl(self.log_path)]
 
     def sha_for(self, label: str) -> str | None:
         """The commit of the latest snapshot taken with this label."""
@@ -463,7 +464,7 @@ def read_resources(path: Path | str) -> list[ResourceSample]:
     path = Path(path)
     if not path.exists():
         return []
-    return [ResourceSample.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
+    return [ResourceSample.model_validate(row) for row in read_jsonl(path)]
 
 
 def summarize_resources(samples: list[ResourceSample]) -> dict[str, float | None]:
@@ -500,20 +501,8 @@ def resource_rows(samples: list[ResourceSample]) -> list[dict[str, Any]]:
 
 # ---- LLM and tool calls -------------------------------------------------------------------------------
 # Agents write `harness/llm_calls.jsonl` and `harness/tool_calls.jsonl` (records `LLMCallEvent` and
-# `ToolCallEvent` in agents/base.py). They are read here as plain JSON, so this module does not import agents.
-
-
-def _jsonl(path: Path | str) -> list[dict[str, Any]]:
-    path = Path(path)
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:  # a torn last line of a crashed agent: skip it, keep the rest
-            continue
-    return [r for r in rows if isinstance(r, dict)]
+# `ToolCallEvent` in agents/base.py). They are read here as plain JSON, so this module does not import agents;
+# `read_jsonl(tolerant=True)` skips the torn last line a crashed agent may leave.
 
 
 def _int(value: Any) -> int | None:
@@ -533,7 +522,7 @@ def read_llm_calls(path: Path | str) -> list[dict[str, Any]]:
             "attempt": _int(r.get("attempt")), "status": _int(r.get("status")), "stop_reason": r.get("stop_reason"),
             "source": r.get("source"),
         }  # fmt: skip
-        for seq, r in enumerate(_jsonl(path))
+        for seq, r in enumerate(read_jsonl(path, tolerant=True))
     ]
 
 
@@ -546,7 +535,7 @@ def read_tool_calls(path: Path | str) -> list[dict[str, Any]]:
             "output_chars": _int(r.get("output_chars")), "error": r.get("error"), "source": r.get("source"),
             "input_json": json.dumps(r.get("input") or {}, sort_keys=True, default=str),
         }  # fmt: skip
-        for seq, r in enumerate(_jsonl(path))
+        for seq, r in enumerate(read_jsonl(path, tolerant=True))
     ]
 
 

@@ -23,6 +23,10 @@ def mode_breaches(entries: list[LedgerEntry]) -> list[LedgerEntry]:
     return [flagged[k] for k in sorted(flagged)]
 
 
+def last_event(entries: list[LedgerEntry], name: str) -> LedgerEntry | None:
+    return next((e for e in reversed(entries) if e.kind == "event" and e.detail.get("event") == name), None)
+
+
 def baseline_scores(entries: list[LedgerEntry]) -> dict[str, float]:
     return {e.split: e.score for e in entries if e.kind == "baseline" and e.score is not None and e.split}
 
@@ -155,3 +159,22 @@ def render_markdown(s: RunSummary, subs: list[LedgerEntry], notes: list[str]) ->
     if notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+def run_notes(ctx: RunContext, session_detail: dict) -> list[str]:
+    """The report's notes on how the run was set up and how its session ended."""
+    c = ctx.config
+    notes = [f"Data: {ctx.variant_label}."]
+    if c.val_limit or c.test_limit:
+        notes.append(
+            f"To stay fast, this run evaluates a fixed subset: the first {c.val_limit or 'all'} validation and "
+            f"the first {c.test_limit or 'all'} hidden-test items of the split."
+        )
+    if c.protocol == "paper":
+        notes.append("Protocol `paper`: submissions were scored on the test set and the best was kept, "
+                     "i.e. selection on the test set (optimistic).")
+    if session_detail.get("ended_by") == "budget":
+        notes.append("The agent was stopped at the end of its budget.")
+    if session_detail.get("exit_code") not in (0, None):
+        notes.append(f"The agent exited with code {session_detail['exit_code']} (see harness/agent.log).")
+    return notes

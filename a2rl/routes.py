@@ -15,11 +15,11 @@ What counts as evidence, per file of the snapshot:
 Static analysis sees what the code could run, not what ran: a script that picks `SFTTrainer` or
 `GRPOTrainer` from a flag counts as both.
 
-Modes (SPEC §2; the paper only prompted for them): `sft-only` accepts SFT, and copy/none (no method used);
-`rl-only` accepts GRPO, PPO, RLOO, RL and SFT+RL (an SFT warm-up before RL is allowed, as in the paper's
-ALFWorld RL-only run). DPO is offline preference optimisation without rollouts or a reward signal, so by
-default it does **not** satisfy `rl-only` (pass `dpo_counts_as_rl=True` to accept it) and it never
-satisfies `sft-only`.
+Modes (README, "Tasks, agents, modes"; the paper only prompted for them): `sft-only` accepts SFT, and
+copy/none (no method used); `rl-only` accepts GRPO, PPO, RLOO, RL and SFT+RL (an SFT warm-up before RL is
+allowed, as in the paper's ALFWorld RL-only run). DPO is offline preference optimisation without rollouts or
+a reward signal, so by default it does **not** satisfy `rl-only` (pass `dpo_counts_as_rl=True` to accept it)
+and it never satisfies `sft-only`.
 """
 
 from __future__ import annotations

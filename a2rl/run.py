@@ -8,11 +8,15 @@ import subprocess
 import uuid
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
 from a2rl.records import RunConfig
 from a2rl.workspace import RunPaths
+
+if TYPE_CHECKING:
+    from a2rl.sandbox import SandboxPolicy
 
 MANIFEST_PACKAGES = ("a2rl", "prefect", "torch", "transformers", "trl", "peft", "datasets", "duckdb", "fastapi")
 
@@ -94,3 +98,23 @@ def _git_revision() -> str | None:
         return out.stdout.strip() or None
     except (OSError, subprocess.TimeoutExpired):
         return None
+
+
+def sandbox_for(ctx: RunContext, grading_url: str, uses_llm: bool) -> tuple[SandboxPolicy | None, str]:
+    """The run's sandbox policy and the honest one-line label that goes into the ledger and the report."""
+    from a2rl.sandbox import SandboxPolicy, sandbox_label
+
+    c = ctx.config
+    if c.sandbox == "off":
+        return None, "off (by configuration): the agent runs with the harness's rights"
+    policy = SandboxPolicy.for_grader(
+        ctx.paths.workspace, grading_url, gpus=visible_gpus(), max_workspace_bytes=c.max_workspace_bytes,
+        status_path=ctx.paths.harness_dir / "sandbox.json", allow_unsandboxed=c.sandbox == "auto",
+    )  # fmt: skip
+    label = sandbox_label(policy)  # raises SandboxUnavailable when `required` and bubblewrap cannot run
+    if uses_llm:  # the key stays with the runner; what the model has run goes through the policy
+        label += ("; LLM agent: its runner (the model loop, with the driver's key and network access) runs on the "
+                  "host; every tool command (claude-tools) or the whole CLI with its tools (claude-code, codex: LLM "
+                  "calls through the harness's proxy) runs in this sandbox; claude-tools' file tools run in the "
+                  "runner, confined to the workspace")  # fmt: skip
+    return policy, label

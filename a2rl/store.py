@@ -8,10 +8,7 @@ retried run replaces its rows instead of duplicating them.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
-import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -21,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import duckdb
 
+from a2rl.locks import exclusive_lock
 from a2rl.records import EvalResult, LedgerEntry, RunConfig, RunSummary, utcnow
 
 if TYPE_CHECKING:  # pandas is only needed by readers; writers (the grading service) skip its import time
@@ -264,7 +262,7 @@ MIGRATIONS: list[str] = [
            count(*)::BIGINT AS n_submissions, count(DISTINCT s.run_id)::BIGINT AS n_runs
     FROM submissions s JOIN runs r USING (run_id)
     GROUP BY ALL;
-    -- Submissions whose route label breaks the run's mode (SPEC §2: modes are checked, not only prompted).
+    -- Submissions whose route label breaks the run's mode (README, "Tasks, agents, modes": modes are checked, not only prompted).
     CREATE VIEW mode_violations AS
     SELECT s.run_id, r.task, r.agent, r.mode, s.submission_id, s.route
     FROM submissions s JOIN runs r USING (run_id)
@@ -580,7 +578,7 @@ class ResultsStore:
         self.lock_timeout_s = lock_timeout_s
         self._batch: duckdb.DuckDBPyConnection | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with _exclusive_flock(self.lock_path, time.monotonic() + lock_timeout_s, self.path):
+        with self._locked(time.monotonic() + lock_timeout_s):
             if not self.path.exists() or self.path.stat().st_size == 0:
                 _create(self.path)
         with self._transaction() as con:
@@ -876,10 +874,15 @@ class ResultsStore:
             yield con
             con.execute("COMMIT")
 
+    def _locked(self, deadline: float):
+        """The store's inter-process lock (`<db>.lock`), waited for until `deadline` (monotonic)."""
+        busy = f"timed out waiting for {self.lock_path}: another process kept the results store {self.path} busy"
+        return exclusive_lock(self.lock_path, deadline, lambda: StoreLockTimeout(busy))
+
     @contextmanager
     def _connect(self, read_only: bool) -> Iterator[duckdb.DuckDBPyConnection]:
         deadline = time.monotonic() + self.lock_timeout_s
-        with _exclusive_flock(self.lock_path, deadline, self.path):
+        with self._locked(deadline):
             con = self._open(read_only, deadline)
             try:
                 yield con
@@ -908,31 +911,6 @@ class ResultsStore:
                 time.sleep(0.05)
             except duckdb.Error as e:
                 raise StoreError(f"cannot open results store {self.path}: {e}") from None
-
-
-@contextmanager
-def _exclusive_flock(lock_path: Path, deadline: float, db_path: Path) -> Iterator[None]:
-    """Hold an exclusive flock on `lock_path` until the block exits; poll so the timeout is exact."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        delay = 0.005
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as e:
-                if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
-                    raise
-                if time.monotonic() >= deadline:
-                    raise StoreLockTimeout(
-                        f"timed out waiting for {lock_path}: another process kept the results store "
-                        f"{db_path} busy"
-                    ) from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.1)
-        yield
-    finally:
-        os.close(fd)  # also releases the flock
 
 
 def _create(path: Path) -> None:

@@ -48,7 +48,7 @@ class SessionOutcome(BaseModel):
 
 @dataclass(frozen=True)
 class AgentEnv:
-    """The variables every agent gets (SPEC §4)."""
+    """The variables every agent gets (the agent's side of them: a2rl/templates/instructions.md)."""
 
     task: str
     base_model: str
@@ -211,13 +211,6 @@ class ToolCallEvent(BaseModel):
     output_chars: int = 0
     error: str | None = None
     source: Literal["sdk", "stream"] = "sdk"
-
-
-def append_jsonl(path: Path, record: BaseModel | dict) -> None:
-    """Append one JSON line (one `write` call, so concurrent appenders do not interleave lines)."""
-    line = record.model_dump_json() if isinstance(record, BaseModel) else json.dumps(record, default=str)
-    with Path(path).open("a", encoding="utf-8") as f:
-        f.write(line + "\n")
 
 
 def shorten(value: Any, limit: int = 2000) -> Any:

@@ -88,7 +88,7 @@ def render_report(title: str, sections: list[Section], notes: list[str], source:
     return "\n".join(parts)
 
 
-def write_report(path: Path | str, title: str, sections: list[Section], notes: list[str], source: str) -> Path:
+def write_html_report(path: Path | str, title: str, sections: list[Section], notes: list[str], source: str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_report(title, sections, notes, source), encoding="utf-8")

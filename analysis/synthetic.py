@@ -1,4 +1,6 @@
-"""A synthetic results store with known answers, for tests and the analysis benchmark.
+"""A synthetic results store with known answers: a user feature (`a2rl analyze --synthetic RUNS` writes one to
+try the analysis before any run, offline stand-in data labelled so), and the tests' and the analysis
+benchmark's data.
 
 Runs cover tasks × agents × modes × seeds. By construction:
 - Δ test of a run = task effect + agent effect + mode effect (per task) + noise shared by all agents on the

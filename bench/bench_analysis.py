@@ -25,7 +25,7 @@ from analysis.figures import (
     scaling_figure,
     selection_gap_figure,
 )
-from analysis.html import Section, write_report
+from analysis.html import Section, write_html_report
 from analysis.synthetic import SyntheticSpec, synthetic_frames
 from analysis.tables import load_tables
 
@@ -97,7 +97,7 @@ def main() -> None:
         paths[name] = f.path
     report["figures_s"] = figures
     report["figures_total_s"] = round(sum(figures.values()), 3)
-    _, report["html_s"] = timed(lambda: write_report(
+    _, report["html_s"] = timed(lambda: write_html_report(
         out / "report.html", "a2rl analysis (benchmark)", [Section("Figures", figures=list(paths.items())),
                                                           Section("Leaderboard", tables=[("lb", tables.leaderboard)])],
         tables.notes, str(db)))  # fmt: skip

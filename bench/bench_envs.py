@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -54,7 +55,8 @@ def main() -> None:
     import torch
 
     from a2rl.generation import load_model
-    from a2rl.models import build_tiny_model
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.tiny_model
+    from tests.tiny_model import build_tiny_model
     from benchmarks import get_task
     from benchmarks.envs.task import ModelPolicy
 

@@ -23,6 +23,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -64,7 +65,8 @@ def build(shape: str, device, dtype):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from a2rl.generation import LoadedModel, _prepare_tokenizer
-    from a2rl.models import build_tiny_tokenizer
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.tiny_model
+    from tests.tiny_model import build_tiny_tokenizer
 
     cfg = LlamaConfig(**SHAPES[shape], max_position_embeddings=4096, tie_word_embeddings=False)
     before = torch.get_default_dtype()

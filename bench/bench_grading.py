@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -18,9 +19,12 @@ from pathlib import Path
 import httpx
 
 from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
-from a2rl.models import build_tiny_model, resolve_base_model
+from a2rl.models import resolve_base_model
 from a2rl.records import RunConfig
 from benchmarks import get_task
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.tiny_model
+from tests.tiny_model import build_tiny_model  # noqa: E402
 
 
 def main() -> None:
@@ -39,7 +43,7 @@ def main() -> None:
     # A split selection of its own, so the first evaluation cannot come from an earlier cache entry.
     config = RunConfig(val_limit=args.val_limit, test_limit=1, budget_s=3600, max_submissions=10,
                        eval_batch_size=16 + int(time.time()) % 7)  # fmt: skip
-    ctx = GradingContext("bench", config, ws, tmp / "harness", base_model_dir=model)
+    ctx = GradingContext("bench", config, ws, tmp / "harness", base_model_dir=model, task=get_task(config.task))
     clock = BudgetClock(config.budget_s)
     clock.start()
     service = GradingService(ctx, clock)

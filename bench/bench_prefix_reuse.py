@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
@@ -30,7 +31,10 @@ def main() -> None:
     args = parser.parse_args()
 
     from a2rl.evaluation import EvalSpec, evaluate_in_subprocess
-    from a2rl.models import build_tiny_model, resolve_base_model
+    from a2rl.models import resolve_base_model
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.tiny_model
+    from tests.tiny_model import build_tiny_model
     from benchmarks import get_task
 
     if args.model == "tiny":
@@ -38,7 +42,7 @@ def main() -> None:
     else:
         model = resolve_base_model(args.model)
     get_task("gsm8k").prepare("offline")
-    spec = EvalSpec("gsm8k", "offline", "validation", args.limit, args.batch_size)
+    spec = EvalSpec.of(get_task("gsm8k"), "offline", "validation", args.limit, batch_size=args.batch_size)
     seconds: dict[str, list[float]] = {"before": [], "after": []}
     results = {}
     for _ in range(args.repeats):

@@ -37,7 +37,8 @@ def main() -> None:
     results, walls = {}, {}
     for backend in ("transformers", "vllm"):
         started = time.perf_counter()
-        results[backend] = evaluate(model, EvalSpec(args.task, "offline", "validation", args.limit, backend=backend))
+        spec = EvalSpec.of(get_task(args.task), "offline", "validation", args.limit, backend=backend)
+        results[backend] = evaluate(model, spec)
         walls[backend] = time.perf_counter() - started
     hf, vl = results["transformers"], results["vllm"]
     same = sum(a.completion == b.completion for a, b in zip(hf.items, vl.items))

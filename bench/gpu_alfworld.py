@@ -109,13 +109,14 @@ def precompute_baseline(base: Path, args: argparse.Namespace, t0: float) -> dict
 
     from a2rl.evaluation import EvalSpec, evaluate_cached
     from a2rl.models import weights_hash
+    from benchmarks import get_task
 
     base_hash = weights_hash(base)
     limits = {"validation": args.val_limit or None, "test": args.test_limit or None}
 
     def one(split: str) -> tuple[str, float, float]:
         started = time.monotonic()
-        spec = EvalSpec("alfworld", "offline", split, limits[split], args.eval_batch_size)
+        spec = EvalSpec.of(get_task("alfworld"), "offline", split, limits[split], batch_size=args.eval_batch_size)
         result = evaluate_cached(base, base_hash, spec)
         return split, result.score, time.monotonic() - started
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from a2rl.jsonl import read_jsonl, write_jsonl
 from a2rl.paths import task_data_dir
 from a2rl.records import ItemResult, Split
 
@@ -194,19 +195,6 @@ class BenchmarkTask(abc.ABC):
     def load_split(self, variant: str, split: Split, limit: int | None = None) -> list[Item]:
         items = read_jsonl(self.prepare(variant).private_dir / f"{split}.jsonl")
         return items[:limit] if limit else items
-
-
-def write_jsonl(path: Path, rows: list[Item]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    tmp.replace(path)
-
-
-def read_jsonl(path: Path) -> list[Item]:
-    with path.open() as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def wheel_data_file(package: str, version: str, relative: str, error: type[Exception], what: str) -> Path:

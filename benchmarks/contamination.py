@@ -12,16 +12,13 @@ filtered (the dropped rows are reported, not hidden).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Literal, NamedTuple
 
+from a2rl.ngrams import DEFAULT_NGRAM, ngrams, normalize_text
 from benchmarks.base import Item, TaskData
 
-DEFAULT_NGRAM = 13
 DEFAULT_FIELDS = ("question", "answer")
-
-_WORD = re.compile(r"\w+")
 
 
 class ContaminationHit(NamedTuple):
@@ -50,27 +47,6 @@ class ContaminationError(RuntimeError):
             f"{task}: {len(held)} held-out item(s) appear in the agent-visible training data "
             f"({len(self.hits)} match(es)):\n  {shown}{more}"
         )
-
-
-def tokens(text: str) -> list[str]:
-    """Lower-cased word tokens: the unit both checks compare."""
-    return _WORD.findall(text.lower())
-
-
-def normalize_text(text: str) -> str:
-    """Text with case, punctuation and whitespace differences removed.
-
-    >>> normalize_text("  Hello,   World!\\n") == normalize_text("hello world")
-    True
-    """
-    return " ".join(tokens(text))
-
-
-def ngrams(text: str, n: int = DEFAULT_NGRAM) -> Iterator[str]:
-    """Every run of `n` consecutive tokens, joined by spaces (texts shorter than `n` give none)."""
-    words = tokens(text)
-    for i in range(len(words) - n + 1):
-        yield " ".join(words[i : i + n])
 
 
 def _texts(item: Item, fields: Sequence[str]) -> Iterator[tuple[str, str]]:

@@ -28,7 +28,7 @@ from analysis.figures import (
     scaling_figure,
     selection_gap_figure,
 )
-from analysis.html import Section, write_report
+from analysis.html import Section, write_html_report
 from analysis.tables import PASS_AT_K, AnalysisTables, load_tables
 
 DEFAULT_OUT = Path("results/analysis")
@@ -91,8 +91,9 @@ def run_analysis(
     }
     summary_path = out / "summary.json"
     summary_path.write_text(json.dumps(summary, indent=2))
-    html_path = write_report(out / "report.html", "a2rl analysis", _sections(tables, {f.name: f.path for f in figures}),
-                             tables.notes, str(results_path.resolve()))  # fmt: skip
+    sections = _sections(tables, {f.name: f.path for f in figures})
+    html_path = write_html_report(out / "report.html", "a2rl analysis", sections, tables.notes,
+                                  str(results_path.resolve()))  # fmt: skip
     return [f.path for f in figures] + csvs + [summary_path, html_path]
 
 

@@ -28,21 +28,21 @@ from a2rl.metrics import render_process_markdown, summarize_process
 from a2rl.recording import CodeSnapshots, ResourceSampler, workspace_pids
 from a2rl.grading.service import grading_devices
 from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
-from a2rl.report import build_summary, latest_submissions, write_report
-from a2rl.run import RunContext, gpu_names, make_run_id, visible_gpus
+from a2rl.report import build_summary, last_event, latest_submissions, run_notes, write_report
+from a2rl.run import RunContext, gpu_names, make_run_id, sandbox_for
 from a2rl.workspace import RunPaths
 from a2rl.run_options import DEFAULT_RESULTS, GRACE_S, resolve_results
-from a2rl.leak_audit import LeakReport, audit_leaks, hidden_texts
-from a2rl.preflight import check_run
+from a2rl.leak_audit import LeakReport, audit_run
+from tasks.preflight import check_run
 from a2rl.gpu_slots import hold_gpu_slot
 from a2rl.procs import end_earlier_attempts
 from a2rl.housekeeping import clean_stale_temp
 from a2rl.progress import RUN_LOG, ProgressWriter, note_phase
 from a2rl.recording import read_llm_calls
-from a2rl.sandbox import SandboxPolicy, sandbox_label
 from a2rl.store import ResultsStore
 from agents import AgentEnv, SessionOutcome, agent_class, get_agent, run_agent
 from benchmarks import get_task
+from analysis.run_figure import score_trajectory_png
 from blocks import resolve_driver
 from tasks.run_steps import (
     build_workspace_step,
@@ -113,7 +113,7 @@ def agent_session(
     service = GradingService(
         GradingContext(ctx.run_id, ctx.config, ctx.paths.workspace, ctx.paths.harness_dir, baseline,
                        base_model_dir=base_model_dir, devices=grading_devices(ctx.config.grading_workers),
-                       ledger_anchor=store.ledger_anchor(ctx.run_id)),
+                       ledger_anchor=store.ledger_anchor(ctx.run_id), task=get_task(ctx.config.task)),
         clock,
         on_entry=on_entry,
         on_evaluation=lambda entry, result: record_evaluation(store, ctx, entry, result),
@@ -168,35 +168,8 @@ def end_earlier_attempt(ctx: RunContext) -> None:
 
 def leak_audit(ctx: RunContext) -> LeakReport:
     """No hidden validation or test item may appear in what the agent wrote or said (long n-gram overlap)."""
-    bench = get_task(ctx.config.task)
-    items = [it for split in ("validation", "test") for it in bench.load_split(ctx.config.variant, split)]
-    h = ctx.paths.harness_dir
-    report = audit_leaks(ctx.paths.workspace, [h / "agent.log", h / "transcript.jsonl", h / "tool_calls.jsonl"],
-                         hidden_texts(items), exclude=("data", "models"))
-    (h / "leak_audit.json").write_text(report.model_dump_json(indent=1))
-    return report
-
-
-def sandbox_for(ctx: RunContext, grading_url: str, uses_llm: bool) -> tuple[SandboxPolicy | None, str]:
-    """The run's sandbox policy and the honest one-line label that goes into the ledger and the report."""
-    c = ctx.config
-    if c.sandbox == "off":
-        return None, "off (by configuration): the agent runs with the harness's rights"
-    policy = SandboxPolicy.for_grader(
-        ctx.paths.workspace, grading_url, gpus=visible_gpus(), max_workspace_bytes=c.max_workspace_bytes,
-        status_path=ctx.paths.harness_dir / "sandbox.json", allow_unsandboxed=c.sandbox == "auto",
-    )  # fmt: skip
-    label = sandbox_label(policy)  # raises SandboxUnavailable when `required` and bubblewrap cannot run
-    if uses_llm:  # the key stays with the runner; what the model has run goes through the policy
-        label += ("; LLM agent: its runner (the model loop, with the driver's key and network access) runs on the "
-                  "host; every tool command (claude-tools) or the whole CLI with its tools (claude-code, codex: LLM "
-                  "calls through the harness's proxy) runs in this sandbox; claude-tools' file tools run in the "
-                  "runner, confined to the workspace")  # fmt: skip
-    return policy, label
-
-
-def last_event(entries: list[LedgerEntry], name: str) -> LedgerEntry | None:
-    return next((e for e in reversed(entries) if e.kind == "event" and e.detail.get("event") == name), None)
+    bench, variant = get_task(ctx.config.task), ctx.config.variant
+    return audit_run(ctx.paths, [item for split in ("validation", "test") for item in bench.load_split(variant, split)])
 
 
 @flow(name="final-grading")
@@ -221,6 +194,7 @@ def write_summary(
         error=error,
     )  # fmt: skip
     leaks = leak_audit(ctx)
+    draw_trajectory(entries, ctx.paths.harness_dir)
     start = last_event(entries, "session-start")
     notes = run_notes(ctx, detail) + [f"Sandbox: {start.detail.get('sandbox', 'n/a') if start else 'no session'}."]
     notes.append(
@@ -246,6 +220,13 @@ def write_summary(
     return summary, report
 
 
+def draw_trajectory(entries: list[LedgerEntry], harness_dir: Path) -> None:
+    try:
+        score_trajectory_png(entries, harness_dir / "score_trajectory.png")
+    except ImportError as error:  # matplotlib is optional (e.g. a GPU image without it): only the figure is lost
+        logging.getLogger(__name__).warning("score trajectory figure skipped: %s", error)
+
+
 @flow(name="summarize-run")
 def summarize_run(ctx: RunContext, status: RunStatus, phase_seconds: dict[str, float]) -> RunSummary:
     """Write the report and final results row, and publish them as Prefect artifacts."""
@@ -264,24 +245,6 @@ def summarize_run(ctx: RunContext, status: RunStatus, phase_seconds: dict[str, f
             key=_artifact_key(ctx.run_id) + "-trajectory", description="score trajectory",
         )
     return summary
-
-
-def run_notes(ctx: RunContext, session_detail: dict) -> list[str]:
-    c = ctx.config
-    notes = [f"Data: {ctx.variant_label}."]
-    if c.val_limit or c.test_limit:
-        notes.append(
-            f"To stay fast, this run evaluates a fixed subset: the first {c.val_limit or 'all'} validation and "
-            f"the first {c.test_limit or 'all'} hidden-test items of the split."
-        )
-    if c.protocol == "paper":
-        notes.append("Protocol `paper`: submissions were scored on the test set and the best was kept, "
-                     "i.e. selection on the test set (optimistic).")
-    if session_detail.get("ended_by") == "budget":
-        notes.append("The agent was stopped at the end of its budget.")
-    if session_detail.get("exit_code") not in (0, None):
-        notes.append(f"The agent exited with code {session_detail['exit_code']} (see harness/agent.log).")
-    return notes
 
 
 def _artifact_key(run_id: str) -> str:

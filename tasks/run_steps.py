@@ -115,7 +115,7 @@ def evaluate_baseline(
         report(baseline_done=finished, baseline_total=sum(sizes.values()), baseline_split=split)
         if split in done:  # a resumed run keeps the baseline it already recorded
             continue
-        spec = EvalSpec.for_run(ctx.config, split)
+        spec = EvalSpec.for_run(ctx.config, split, bench)
         run_logger().info("base model: evaluating %s (%s items)...", split, spec.limit or "all")
         result = evaluate_cached(base_model_dir, base_hash, spec)
         run_logger().info("base model: %s score %.2f (%s)", split, result.score,
@@ -165,7 +165,7 @@ def evaluate_final(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
     pick, selection = final_pick(entries)
     path = Path(pick.resolved_path) if pick else base_model_dir
     whash = pick.weights_hash if pick else weights_hash(base_model_dir)
-    result = evaluate_cached(path, whash, EvalSpec.for_run(ctx.config, "test"))
+    result = evaluate_cached(path, whash, EvalSpec.for_run(ctx.config, "test", get_task(ctx.config.task)))
     entry = ledger.append(
         run_id=ctx.run_id, kind="final", split="test", status="scored", score=result.score,
         submission_id=pick.submission_id if pick else None, model_path=pick.model_path if pick else None,

@@ -35,6 +35,6 @@ def prefect_harness():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A ~100k-parameter Llama with a locally trained BPE tokenizer and a chat template."""
-    from a2rl.models import build_tiny_model
+    from tests.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "tiny")

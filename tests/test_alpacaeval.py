@@ -191,7 +191,7 @@ def test_evaluation_without_a_judge_fails_before_generating(monkeypatch) -> None
     for name in JUDGE_ENV:
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(JudgeNotConfigured, match="ANTHROPIC_API_KEY"):
-        evaluate(Path("/no/such/checkpoint"), EvalSpec("alpacaeval", "offline", "validation", 2))
+        evaluate(Path("/no/such/checkpoint"), EvalSpec.of(AlpacaEval(), "offline", "validation", 2))
 
 
 def test_judge_config_from_environment(monkeypatch) -> None:

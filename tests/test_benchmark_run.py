@@ -48,6 +48,7 @@ def test_benchmark_run_end_to_end(prefect_harness, tiny_model_dir, tmp_path, sma
     report = json.loads((harness / "report.json").read_text())
     assert report["summary"]["final_test"] == summary.final_test
     assert "re-split offline" in (harness / "report.md").read_text()
+    assert (harness / "process.json").is_file() and (harness / "score_trajectory.png").is_file()  # the summary step
 
     with duckdb.connect(str(results), read_only=True) as con:
         row = con.execute(
@@ -73,7 +74,7 @@ def test_benchmark_run_end_to_end(prefect_harness, tiny_model_dir, tmp_path, sma
 
 def test_a_failing_run_is_recorded_as_failed(prefect_harness, tiny_model_dir, tmp_path):
     """A run that breaks mid-way still leaves its row, with the error, and a report."""
-    from a2rl.preflight import PreflightError
+    from tasks.preflight import PreflightError
     from flows.benchmark_run import benchmark_run
 
     results = tmp_path / "results.duckdb"

@@ -214,7 +214,7 @@ def test_a_failure_while_recording_a_failure_still_ends_the_row_failed(prefect_h
                                                                        monkeypatch):  # fmt: skip
     """`--variant full` offline, started around the CLI (as a deployment would): the flow's own preflight stops
     it, and the leak audit of the failure report cannot load the data either. The row must not stay `running`."""
-    from a2rl.preflight import PreflightError
+    from tasks.preflight import PreflightError
     from flows.benchmark_run import benchmark_run
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -229,7 +229,7 @@ def test_a_failure_while_recording_a_failure_still_ends_the_row_failed(prefect_h
 
 def test_an_agent_that_never_started_makes_the_run_failed(prefect_harness, tiny_model_dir, tmp_path, monkeypatch):
     """claude-code with no `claude` on PATH, started around the CLI: failed (infrastructure), not completed."""
-    from a2rl.preflight import PreflightError
+    from tasks.preflight import PreflightError
     from flows.benchmark_run import benchmark_run
 
     monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
@@ -334,7 +334,7 @@ def test_without_a_terminal_the_display_prints_plain_lines_when_something_happen
     """Piped output gets one line per change (phase, a submission queued or graded), no control sequences."""
     import io
 
-    from a2rl.display import RunDisplay
+    from a2rl.cli.display import RunDisplay
     from a2rl.progress import ProgressWriter
 
     harness = tmp_path / "harness"

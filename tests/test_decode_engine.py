@@ -13,7 +13,7 @@ import pytest
 import a2rl.generation as generation
 from a2rl.decode_engine import GreedyDecoder, unsupported_reason
 from a2rl.generation import LoadedModel, _generate_batch, _shared_prefix, generate, load_model
-from a2rl.models import tiny_corpus
+from tests.tiny_model import tiny_corpus
 
 MAX_NEW = 40
 
@@ -135,8 +135,9 @@ def test_unknown_engine_is_one_clear_error(tiny: LoadedModel, conversations) -> 
 def test_gsm8k_grading_is_identical_with_prefix_reuse(tiny_model_dir: Path, monkeypatch) -> None:
     """The 4-shot prompt shares its exemplars across items: reusing their KV changes no completion or score."""
     from a2rl.evaluation import EvalSpec, evaluate
+    from benchmarks import get_task
 
-    spec = EvalSpec("gsm8k", "offline", "validation", limit=6, batch_size=4)
+    spec = EvalSpec.of(get_task("gsm8k"), "offline", "validation", limit=6, batch_size=4)
     monkeypatch.setenv("A2RL_DECODE_ENGINE", "generate")
     plain = evaluate(tiny_model_dir, spec)
     monkeypatch.setenv("A2RL_DECODE_ENGINE", "auto")
@@ -149,8 +150,9 @@ def test_gsm8k_grading_is_identical_with_prefix_reuse(tiny_model_dir: Path, monk
 def test_interactive_episodes_are_identical_with_prefix_reuse(tiny_model_dir: Path, monkeypatch) -> None:
     """Lockstep episodes share their instructions: each step prefills them once (kept across steps)."""
     from a2rl.evaluation import EvalSpec, evaluate
+    from benchmarks import get_task
 
-    spec = EvalSpec("webshop", "offline", "validation", limit=2, batch_size=2)
+    spec = EvalSpec.of(get_task("webshop"), "offline", "validation", limit=2, batch_size=2)
     monkeypatch.setenv("A2RL_DECODE_ENGINE", "generate")
     plain = evaluate(tiny_model_dir, spec)
     monkeypatch.setenv("A2RL_DECODE_ENGINE", "auto")

@@ -132,15 +132,13 @@ def test_public_data_holds_no_validation_or_test_goal(task_id: str) -> None:
     )
 
 
-def test_evaluate_runs_an_interactive_task_end_to_end_on_the_tiny_model(tiny_model_dir: Path, monkeypatch) -> None:
-    import benchmarks
+def test_evaluate_runs_an_interactive_task_end_to_end_on_the_tiny_model(tiny_model_dir: Path) -> None:
     from a2rl.evaluation import EvalSpec, evaluate
     from benchmarks.base import Decoding
 
     # 2 steps and 8 tokens: the tiny model never wins, and this keeps the test to seconds on a loaded CPU.
     task = dataclasses.replace(WebShop(), max_steps=2, decoding=Decoding(max_new_tokens=8, stop=("\n",)))
-    monkeypatch.setattr(benchmarks, "get_task", lambda task_id: task)
-    result = evaluate(tiny_model_dir, EvalSpec("webshop", "offline", "validation", limit=2, batch_size=2))
+    result = evaluate(tiny_model_dir, EvalSpec.of(task, "offline", "validation", limit=2, batch_size=2))
     assert result.n == 2 and result.score == 0.0 and result.generated_tokens > 0
     assert all(len(item.detail["turns"]) == 2 for item in result.items)
     assert result.evaluator_id.endswith("/steps2")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from a2rl.generation import GenerationOutput, LoadedModel, _real_length, generate, load_model
-from a2rl.models import tiny_corpus
+from tests.tiny_model import tiny_corpus
 
 MAX_NEW = 12
 

@@ -36,7 +36,7 @@ def workspace(tmp_path, tiny_model_dir):
 def make_service(tmp_path, ws, tiny_model_dir, **config) -> GradingService:
     cfg = RunConfig(**{"val_limit": 2, "test_limit": 2, **config})
     ctx = GradingContext("run-x", cfg, ws, tmp_path / "harness", baseline={"validation": 0.0},
-                         base_model_dir=tiny_model_dir)
+                         base_model_dir=tiny_model_dir, task=get_task(cfg.task))
     clock = BudgetClock(cfg.budget_s)
     clock.start()
     return GradingService(ctx, clock)
@@ -271,7 +271,7 @@ def test_grader_killed_mid_evaluation_resumes_on_restart(tmp_path, workspace, ti
     def start() -> tuple[subprocess.Popen, str]:
         port_file.unlink(missing_ok=True)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "a2rl.grading", "--harness-dir", str(harness), "--workspace", str(workspace),
+            [sys.executable, "-m", "tasks.serve_grading", "--harness-dir", str(harness), "--workspace", str(workspace),
              "--config", str(tmp_path / "config.json"), "--run-id", "run-crash", "--token-file",
              str(tmp_path / "token"), "--port-file", str(port_file), "--base-model-dir", str(tiny_model_dir)],
             start_new_session=True, env=os.environ.copy(),

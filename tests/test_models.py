@@ -15,11 +15,11 @@ from a2rl import models
 from a2rl.models import (
     MARKER,
     BaseModelSpec,
-    build_tiny_model,
     checkpoint_size,
     resolve_base_model,
     weights_hash,
 )
+from tests.tiny_model import build_tiny_model
 
 
 def test_tiny_model_loads_with_auto_classes_and_has_the_planned_size(tiny_model_dir: Path) -> None:
@@ -128,7 +128,7 @@ def test_concurrent_builds_of_one_directory_run_the_build_once(tmp_path: Path) -
 
     results: list[Path] = []
     threads = [
-        threading.Thread(target=lambda: results.append(models._build_once(tmp_path / "m", slow_build)))
+        threading.Thread(target=lambda: results.append(models.build_once(tmp_path / "m", slow_build)))
         for _ in range(2)
     ]
     for thread in threads:

@@ -140,7 +140,8 @@ def test_resource_sampler_measures_the_agent_process_tree(run_dir: Path):
 
 
 def test_agents_llm_and_tool_call_logs_become_store_rows(tmp_path: Path):
-    from agents.base import LLMCallEvent, ToolCallEvent, append_jsonl
+    from a2rl.jsonl import append_jsonl
+    from agents.base import LLMCallEvent, ToolCallEvent
 
     calls = tmp_path / "llm_calls.jsonl"
     append_jsonl(calls, LLMCallEvent(call=1, model="claude-x", input_tokens=100, output_tokens=20,
@@ -160,3 +161,17 @@ def test_agents_llm_and_tool_call_logs_become_store_rows(tmp_path: Path):
     (tool,) = read_tool_calls(tmp_path / "tool_calls.jsonl")
     assert tool["tool"] == "bash" and tool["ok"] is True and '"cmd": "ls"' in tool["input_json"]
     assert read_llm_calls(tmp_path / "missing.jsonl") == [] and summarize_llm_calls([]) == {}
+
+
+def test_jsonl_lines_split_on_newlines_only(tmp_path):
+    """A row whose text holds U+2028 or U+0085 (written raw, as JSON allows) is one row, not two torn ones."""
+    from a2rl.jsonl import append_jsonl, read_jsonl, write_jsonl
+
+    rows = [{"q": "one\u2028two\x85three"}, {"q": "four"}]
+    write_jsonl(tmp_path / "a.jsonl", rows)
+    assert read_jsonl(tmp_path / "a.jsonl") == rows
+    append_jsonl(tmp_path / "b.jsonl", rows[0])
+    with (tmp_path / "b.jsonl").open("a") as f:
+        f.write('{"torn": ')  # a crashed writer's last line
+    assert read_jsonl(tmp_path / "b.jsonl", tolerant=True) == rows[:1]
+    assert read_jsonl(tmp_path / "missing.jsonl", tolerant=True) == []

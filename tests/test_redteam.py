@@ -28,6 +28,7 @@ from a2rl.records import EvalResult, LedgerEntry, RunConfig
 from a2rl.sandbox import Limits, SandboxPolicy, agent_uid, sandbox_mode, wrap
 from a2rl.workspace import RunPaths
 from agents.base import Agent, AgentEnv, agent_environment, run_agent
+from benchmarks import get_task
 from tests.redteam_agent import ATTEMPTS, QUOTA_ATTEMPT
 from tests.sandbox_support import needs_bwrap
 
@@ -332,7 +333,7 @@ def _served(tmp_path: Path, tiny_model_dir: Path, evaluate=_constant, **config):
     store = ResultsStore(tmp_path / "results.duckdb")
     ctx = GradingContext("integrity-run", RunConfig(**{"max_submissions": 4, "val_limit": 2, **config}),
                          paths.workspace, paths.harness_dir, {"validation": 10.0}, base_model_dir=tiny_model_dir,
-                         ledger_anchor=store.ledger_anchor("integrity-run"))  # fmt: skip
+                         ledger_anchor=store.ledger_anchor("integrity-run"), task=get_task("gsm8k"))  # fmt: skip
     service = GradingService(ctx, BudgetClock(600), evaluate=evaluate)
     return paths, store, service
 
@@ -350,7 +351,6 @@ def test_a_chat_template_cannot_carry_hidden_items_out(tmp_path, tiny_model_dir)
     """Class 1: a template that raises with the hidden prompt. Grading renders with the base model's template
     (harness copy), so the evaluation scores; no response carries any hidden item's text."""
     from a2rl.evaluation import evaluate_cached
-    from benchmarks import get_task
 
     task = get_task("gsm8k")
     task.prepare("offline")

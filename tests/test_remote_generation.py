@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from a2rl.generation import generate, load_model
-from a2rl.models import tiny_corpus
 from a2rl.remote_generation import (
     WORKER_SCRIPT,
     EndpointClient,
@@ -24,6 +23,7 @@ from a2rl.remote_generation import (
     generate_remote,
     remote_request,
 )
+from tests.tiny_model import tiny_corpus
 
 LOOPBACK = RemoteSettings(python=sys.executable, backend="transformers")
 
@@ -77,12 +77,13 @@ def test_a_worker_that_cannot_start_is_one_clear_error(tiny_model_dir: Path) -> 
 
 def test_evaluator_vllm_backend_uses_the_configured_worker(tiny_model_dir: Path, monkeypatch) -> None:
     from a2rl.evaluation import EvalSpec, evaluate
+    from benchmarks import get_task
 
-    spec = EvalSpec("gsm8k", "offline", "validation", limit=4)
+    spec = EvalSpec.of(get_task("gsm8k"), "offline", "validation", limit=4)
     local = evaluate(tiny_model_dir, spec)
     monkeypatch.setenv("A2RL_VLLM_PYTHON", sys.executable)
     monkeypatch.setenv("A2RL_VLLM_WORKER_BACKEND", "transformers")
-    remote = evaluate(tiny_model_dir, EvalSpec("gsm8k", "offline", "validation", limit=4, backend="vllm"))
+    remote = evaluate(tiny_model_dir, EvalSpec.of(get_task("gsm8k"), "offline", "validation", limit=4, backend="vllm"))
     assert [i.completion for i in remote.items] == [i.completion for i in local.items]
     assert (remote.score, remote.generated_tokens) == (local.score, local.generated_tokens)
 

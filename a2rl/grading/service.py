@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from a2rl.evaluation import EvalCache, EvalSpec, EvaluationFailed, evaluate_cached
 from a2rl.grading.checkpoint import (
@@ -61,6 +62,9 @@ class GradingContext:
     """One evaluation worker per entry; "0", "1", ... pin a worker to a GPU, None = default device."""
     ledger_anchor: Callable[[LedgerEntry, str], None] | None = None
     """Receives every new ledger head (e.g. `ResultsStore.ledger_anchor(run_id)`), so the end is anchored."""
+    task: Any = None
+    """The task object `config.task` names (`benchmarks.get_task`), resolved by whoever starts the service;
+    needed by the real evaluator (`evaluate_cached`), not by a test's own."""
 
 
 def grading_devices(workers: int) -> list[str | None]:
@@ -89,6 +93,8 @@ class GradingService:
         on_entry: Callable[[LedgerEntry], None] | None = None,
         on_evaluation: Callable[[LedgerEntry, EvalResult], None] | None = None,
     ):
+        if evaluate is evaluate_cached and ctx.task is None:
+            raise ValueError(f"GradingContext.task is not set: resolve {ctx.config.task!r} to its task object first")
         self.ctx = ctx
         self.clock = clock
         self._evaluate = evaluate
@@ -297,7 +303,7 @@ class GradingService:
 
     # -- internals ---------------------------------------------------------------------------
     def _spec(self, split: Split) -> EvalSpec:
-        return EvalSpec.for_run(self.ctx.config, split)
+        return EvalSpec.for_run(self.ctx.config, split, self.ctx.task)
 
     def _snapshot(self, pending: Path, submission_id: int) -> Path:
         """Give a checked copy its submission's name: what was submitted is what is graded."""

@@ -23,6 +23,7 @@ from typing import Any
 
 import anthropic
 
+from a2rl.jsonl import append_jsonl
 from a2rl.sandbox import SandboxPolicy, policy_from_dict, sandbox_label
 from agents.base import (
     HARNESS_ENV_PREFIX,
@@ -33,7 +34,6 @@ from agents.base import (
     LLMCallEvent,
     LLMDriver,
     ToolCallEvent,
-    append_jsonl,
     shorten,
 )
 from agents.claude_tools import context

@@ -24,7 +24,8 @@ from urllib.parse import urlparse
 
 from a2rl import procs
 from a2rl.sandbox import SandboxPolicy, wrap
-from agents.base import LLM_CALLS_FILE, TOOL_CALLS_FILE, TRANSCRIPT_FILE, AgentOptions, LLMDriver, append_jsonl
+from a2rl.jsonl import append_jsonl
+from agents.base import LLM_CALLS_FILE, TOOL_CALLS_FILE, TRANSCRIPT_FILE, AgentOptions, LLMDriver
 from agents.claude_tools.prompts import task_prompt
 from agents.claude_tools.runner import make_undumpable, sandbox_policy, take_harness_env
 from agents.cli_agents.adapter import OpenHands

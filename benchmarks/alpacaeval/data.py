@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from a2rl.jsonl import read_jsonl
 from benchmarks.base import Item, TaskData, wheel_data_file
 from benchmarks.contamination import check_contamination, drop_contaminated
 
@@ -54,19 +55,15 @@ def _wheel_file(package: str, version: str, relative: str) -> Path:
     return wheel_data_file(package, version, relative, AlpacaEvalDataError, "the offline alpacaeval data")
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
 # -- offline: MT-Bench evaluation items ----------------------------------------------------------
 
 
 def mtbench_items() -> list[Item]:
     """The 80 MT-Bench first turns, with GPT-4's first-turn reference answer where one ships."""
-    questions = _read_jsonl(_wheel_file(MTBENCH_PACKAGE, MTBENCH_VERSION, MTBENCH_QUESTIONS))
+    questions = read_jsonl(_wheel_file(MTBENCH_PACKAGE, MTBENCH_VERSION, MTBENCH_QUESTIONS))
     references = {
         row["question_id"]: row["choices"][0]["turns"][0]
-        for row in _read_jsonl(_wheel_file(MTBENCH_PACKAGE, MTBENCH_VERSION, MTBENCH_REFERENCES))
+        for row in read_jsonl(_wheel_file(MTBENCH_PACKAGE, MTBENCH_VERSION, MTBENCH_REFERENCES))
     }
     return [
         {

@@ -33,6 +33,7 @@ STOP = "\n"
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    # Not `a2rl.jsonl`: this module ships to agents in envlib.zip and must run without the harness.
     with path.open() as f:
         return [json.loads(line) for line in f if line.strip()]
 

@@ -124,7 +124,7 @@ def _arg_type(annotation) -> tuple[typing.Callable | None, list | None]:
 
 
 def cmd_drivers(args: argparse.Namespace) -> int:
-    from a2rl.display import set_prefect_console_level
+    from a2rl.cli.display import set_prefect_console_level
 
     set_prefect_console_level("off")  # the server's start and stop lines are not what the user asked for
     return {"add": _drivers_add, "list": _drivers_list, "rm": _drivers_rm}[args.action](args)
@@ -157,7 +157,7 @@ def _saved_drivers():
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 
-    from a2rl.preflight import saved_blocks_possible
+    from tasks.preflight import saved_blocks_possible
     from blocks import DriverConfig
 
     if not saved_blocks_possible():

@@ -1,8 +1,8 @@
-"""Run a run's grading service as its own process: `python -m a2rl.grading --harness-dir ... --workspace ...`.
+"""Run a run's grading service as its own process: `python -m tasks.serve_grading --harness-dir ... --workspace ...`.
 
 The benchmark flow normally hosts the service in-process; this entry point serves a run directory on its
 own (after a crash, or for an agent started by hand). Restarting it on the same harness directory resumes
-the evaluations the previous process left unfinished.
+the evaluations the previous process left unfinished. It lives in `tasks` because it resolves the run's task.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from a2rl.grading.clock import BudgetClock
 from a2rl.grading.server import GradingServer
 from a2rl.grading.service import GradingContext, GradingService, grading_devices
 from a2rl.records import RunConfig
+from benchmarks import get_task
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m a2rl.grading", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tasks.serve_grading", description=__doc__)
     parser.add_argument("--harness-dir", type=Path, required=True, help="run's harness dir (ledger lives here)")
     parser.add_argument("--workspace", type=Path, required=True, help="run's workspace")
     parser.add_argument("--config", type=Path, required=True, help="RunConfig as JSON")
@@ -34,7 +35,8 @@ def main(argv: list[str] | None = None) -> None:
 
     config = RunConfig.model_validate_json(args.config.read_text())
     ctx = GradingContext(args.run_id, config, args.workspace, args.harness_dir,
-                         base_model_dir=args.base_model_dir, devices=grading_devices(config.grading_workers))
+                         base_model_dir=args.base_model_dir, devices=grading_devices(config.grading_workers),
+                         task=get_task(config.task))
     service = GradingService(ctx, BudgetClock(config.budget_s))
     service.clock.start()
     stop = threading.Event()

@@ -1,4 +1,6 @@
-"""The `a2rl` command line."""
+"""The `a2rl` command line: the top layer, the one part of `a2rl` that may import `flows`, `tasks`, `agents`,
+`blocks`, `benchmarks` and `analysis` (tests/test_layers.py). `a2rl.cli.catalog` lists agents and drivers,
+`a2rl.cli.display` draws a run's progress."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ def _quiet_defaults() -> None:
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The whole command line; `argv` (when given) lets commands other than `drivers` skip importing Prefect."""
-    from a2rl.cli_catalog import add_driver_parsers, agents_help
+    from a2rl.cli.catalog import add_driver_parsers, agents_help
     from a2rl.records import RunConfig
     from a2rl.run_options import add_config_options
 
@@ -90,7 +92,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 def cmd_run(args: argparse.Namespace) -> int:
     """Check everything that can be checked (exit 2, one line, no server started), then run the flow under a
     progress display. A failed run gives one line with its phase, report and log, and exit code 1."""
-    from a2rl.preflight import PreflightError, check_run
+    from tasks.preflight import PreflightError, check_run
     from a2rl.run_options import config_from_args
 
     try:
@@ -106,7 +108,7 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
     import logging
     import tempfile
 
-    from a2rl.display import RunDisplay, set_prefect_console_level
+    from a2rl.cli.display import RunDisplay, set_prefect_console_level
     from a2rl.progress import ANNOUNCE_ENV, read_announced
 
     set_prefect_console_level(args.log_level)
@@ -490,9 +492,9 @@ def debug_enabled() -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Every mistake a user can make answers with one line on stderr: exit 2 for a setting that cannot work,
     1 for a failure; the traceback only with --debug or A2RL_DEBUG=1."""
-    from a2rl.cli_catalog import cmd_agents, cmd_drivers
+    from a2rl.cli.catalog import cmd_agents, cmd_drivers
     from a2rl.ops import OpsError
-    from a2rl.preflight import PreflightError
+    from tasks.preflight import PreflightError
 
     _quiet_defaults()
     argv = sys.argv[1:] if argv is None else argv
@@ -523,6 +525,3 @@ def _traceback_if(debug: bool) -> None:
 
         traceback.print_exc()
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,6 +3,7 @@
 `check_run` raises `PreflightError` whose message is one line saying what is wrong and what to do. The CLI
 prints it and exits 2; the flow runs the offline part of the same checks before provisioning (deployments
 and sweeps do not pass through the CLI), so a run that cannot work ends `failed` with that reason.
+It lives in `tasks`, not in the library, because it asks the tasks, agents and drivers themselves.
 """
 
 from __future__ import annotations

@@ -1,0 +1,83 @@
+"""The layers point one way (static: every `import`, at the top of a module or inside a function, read with `ast`).
+
+    a2rl.cli, a2rl/__main__.py     the command line: the top layer, may import everything below
+    flows, tasks                   orchestration: put the library and the plug-ins together (tasks below flows)
+    benchmarks, agents, blocks,    plug-ins: tasks, agents, driver LLMs, analysis; they import the library
+    analysis
+    a2rl (the rest)                the library: imports none of the packages above
+
+So the library can be read, tested and reused without a task, an agent, a Prefect flow or a figure, and no
+import cycle between the library and the benchmarks hides behind a lazy import.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI_LAYER = ("a2rl/cli/", "a2rl/__main__.py")
+ABOVE_LIBRARY = ("flows", "tasks", "agents", "analysis", "blocks", "benchmarks", "a2rl.cli")
+ABOVE_PLUGINS = ("flows", "tasks", "a2rl.cli")
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every absolute import in the file, wherever it stands."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += [(node.lineno, node.module)]
+            # `from a2rl import cli` names a module in the import's names
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def violations(files: list[Path], forbidden: tuple[str, ...]) -> list[str]:
+    def hits(module: str) -> bool:
+        return any(module == f or module.startswith(f + ".") for f in forbidden)
+
+    return sorted({f"{path.relative_to(ROOT)}:{line} imports {module}"
+            for path in files for line, module in imported_modules(path) if hits(module)})  # fmt: skip
+
+
+def python_files(package: str) -> list[Path]:
+    return sorted(p for p in (ROOT / package).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def library_files() -> list[Path]:
+    return [p for p in python_files("a2rl") if not str(p.relative_to(ROOT)).startswith(CLI_LAYER)]
+
+
+def test_the_library_imports_no_layer_above_it():
+    assert library_files(), "no library files found"
+    assert violations(library_files(), ABOVE_LIBRARY) == []
+
+
+@pytest.mark.parametrize("package", ["benchmarks", "agents", "blocks", "analysis"])
+def test_plugins_import_the_library_but_not_the_orchestration_or_the_cli(package):
+    assert violations(python_files(package), ABOVE_PLUGINS) == []
+
+
+@pytest.mark.parametrize("package", ["flows", "tasks"])
+def test_the_orchestration_does_not_import_the_cli(package):
+    assert violations(python_files(package), ("a2rl.cli",)) == []
+
+
+def test_the_steps_do_not_import_the_flows_that_run_them():
+    assert violations(python_files("tasks"), ("flows",)) == []
+
+
+def test_the_check_sees_imports_inside_functions_and_the_cli_exemption_is_exact(tmp_path):
+    """The check itself: a lazy import inside a function is an import; only the CLI layer is exempt."""
+    module = tmp_path / "m.py"
+    module.write_text("import os\n\ndef f():\n    from benchmarks import get_task\n    import flows.sweep\n"
+                      "from a2rl import cli\n")  # fmt: skip
+    found = [m for _, m in imported_modules(module)]
+    assert "benchmarks" in found and "flows.sweep" in found and "a2rl.cli" in found
+    exempt = {str(p.relative_to(ROOT)) for p in set(python_files("a2rl")) - set(library_files())}
+    assert exempt and all(p.startswith(CLI_LAYER) for p in exempt)
+    assert "a2rl/cli/__init__.py" in exempt and "a2rl/evaluation.py" not in exempt
