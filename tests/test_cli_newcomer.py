@@ -298,15 +298,15 @@ def test_progress_display_and_mode_breaches_on_a_terminal(prefect_harness, tiny_
     clock_readings = set(re.findall(r"(\d+)/45 s", screen))
     assert len(clock_readings) >= 3, screen[-3000:]  # the agent's clock moved on screen
     assert "\x1b[" in screen  # drawn in place with terminal control sequences, not printed line after line
-    for shown in ("evaluating the base model", "2/2 items", "agent session", "graded: #1",
-                  "1 submission(s) broke the mode", "mode rl-only: 1 of 1 submissions BROKE THE MODE"):
-        assert shown in screen, shown
     with duckdb.connect(str(results), read_only=True) as db:
-        status, harness = db.execute("SELECT status, harness_dir FROM runs").fetchone()
-    assert status == "completed"
-    assert "| mode breaches (mode rl-only) | **1** of 1 submissions |" in (Path(harness) / "report.md").read_text()
+        status, harness, n = db.execute("SELECT status, harness_dir, n_submissions FROM runs").fetchone()
+    assert status == "completed" and n >= 1  # how many rounds fit 45 s depends on the machine
+    for shown in ("evaluating the base model", "2/2 items", "agent session", "graded: #1",
+                  "1 submission(s) broke the mode", f"mode rl-only: {n} of {n} submissions BROKE THE MODE"):
+        assert shown in screen, shown
+    assert f"| mode breaches (mode rl-only) | **{n}** of {n} submissions |" in (Path(harness) / "report.md").read_text()
     table = a2rl(["status", "--results", str(results)], env).stdout
-    assert "mode_breaches" in table and "│ rl-only │ 1 " in table
+    assert "mode_breaches" in table and f"│ rl-only │ {n} " in table
 
 
 def test_status_tells_a_live_running_row_from_one_whose_process_died(tmp_path):
