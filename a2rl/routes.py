@@ -284,7 +284,9 @@ class _PythonScan:
         """A hand-written training loop: which loss it optimises."""
         has_logprob = any(_LOGPROB.search(t) for t in tokens)
         if any("advantage" in t for t in tokens) or (any("reward" in t for t in tokens) and has_logprob):
-            if any("ratio" in t for t in tokens) and any("clamp" in t or "clip" in t for t in tokens):
+            # Whole name parts: "generation" holds "ratio", and clip_grad_norm_ clips gradients, not ratios.
+            parts = {p for t in tokens if not t.startswith("clip_grad") for p in t.lower().split("_")}
+            if parts & {"ratio", "ratios"} and parts & {"clamp", "clip", "clipped", "cliprange"}:
                 method, what = "PPO", "hand-written clipped policy-ratio loss"
             elif any("group" in t for t in tokens) and ("std" in tokens or any(t.endswith("_std") for t in tokens)):
                 method, what = "GRPO", "hand-written group-normalised policy-gradient loss"

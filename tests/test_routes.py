@@ -278,3 +278,17 @@ def test_fixture_scripts_really_train_and_their_snapshot_is_checked(tiny_workspa
     for mode, ok in mode_ok.items():
         analysis, result = check_snapshot(code, mode)
         assert result.ok is ok, (analysis.label, result.message)
+
+
+def test_generation_and_gradient_clipping_are_not_a_ppo_ratio():
+    """`ratio` inside `generation` and `clip_grad_norm_` (gradient clipping) are no clipped policy-ratio loss."""
+    src = (
+        "import torch\n"
+        "def step(model, opt, generation, advantages, group_std, logprobs):\n"
+        "    loss = -(advantages * logprobs).mean()\n"
+        "    loss.backward()\n"
+        "    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+    )
+    assert [e.method for e in analyze_python(src)] == ["GRPO"]
+    ppo = src.replace("loss = -(", "ratio = torch.exp(logprobs)\n    loss = -torch.clamp(ratio, 0.8, 1.2) * (")
+    assert [e.method for e in analyze_python(ppo)] == ["PPO"]
