@@ -342,7 +342,7 @@ def test_html_report_is_self_contained_and_labels_the_data_variant(analysed: Pat
 
 
 def test_analysis_of_an_empty_store_draws_placeholders(tmp_path: Path):
-    from flows.analysis import run_analysis
+    from flows.analysis_flow import run_analysis
 
     ResultsStore(tmp_path / "empty.duckdb")
     paths = run_analysis(tmp_path / "empty.duckdb", tmp_path / "out", n_boot=100)
@@ -354,7 +354,7 @@ def test_analysis_of_an_empty_store_draws_placeholders(tmp_path: Path):
 def test_analysis_flow_publishes_artifacts(prefect_harness, tmp_path: Path):
     from prefect.artifacts import Artifact
 
-    from flows.analysis import analysis
+    from flows.analysis_flow import analysis
 
     write_synthetic_store(tmp_path / "results.duckdb", TINY)
     paths = analysis(results=tmp_path / "results.duckdb", out_dir=tmp_path / "out", n_boot=100)
@@ -389,7 +389,7 @@ def test_the_report_excludes_broken_runs_and_carries_the_papers_tables(analysed:
 
 
 def _figures_of(path: Path, n_boot: int = 100) -> dict:
-    from flows.analysis import draw_figures
+    from flows.analysis_flow import draw_figures
 
     return draw_figures(load_tables(ResultsStore(path), n_boot=n_boot))
 

@@ -78,7 +78,7 @@ def test_prefect_yaml_registers_the_three_deployments_on_the_local_pool(live):
         analysis = client.read_deployment_by_name("analysis/analysis")
     for dep in (run, nightly, analysis):
         assert dep.work_pool_name == ops.DEFAULT_POOL
-    assert analysis.entrypoint == "flows/analysis.py:analysis"
+    assert analysis.entrypoint == "flows/analysis_flow.py:analysis"
     # Every flow parameter can be set per run.
     import inspect
 

@@ -81,3 +81,12 @@ def test_the_check_sees_imports_inside_functions_and_the_cli_exemption_is_exact(
     exempt = {str(p.relative_to(ROOT)) for p in set(python_files("a2rl")) - set(library_files())}
     assert exempt and all(p.startswith(CLI_LAYER) for p in exempt)
     assert "a2rl/cli/__init__.py" in exempt and "a2rl/evaluation.py" not in exempt
+
+
+def test_no_flow_or_step_module_hides_a_top_level_package():
+    """Prefect loads a deployment's entrypoint with its folder first on sys.path: a `flows/analysis.py` would then
+    be what `import analysis` finds, and the flow that draws figures would fail in every worker."""
+    packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+    for folder in ("flows", "tasks"):
+        clashes = {p.stem for p in (ROOT / folder).glob("*.py")} & packages
+        assert not clashes, f"{folder}/ has modules named like top-level packages: {sorted(clashes)}"

@@ -220,7 +220,7 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from flows.analysis import run_analysis
+    from flows.analysis_flow import run_analysis
 
     if args.synthetic is not None:
         from analysis.synthetic import demo_spec, write_synthetic_store
