@@ -108,8 +108,9 @@ def _make_run(root: Path, run_id: str, tiny_model_dir: Path) -> RunPaths:
 
 
 def _plant_hidden_set() -> Path:
-    """A fake hidden test set where `prepare()` keeps the real one (A2RL_HOME is per test session)."""
-    private = a2rl_home() / "task-data" / "gsm8k" / "offline-v1" / "private"
+    """A fake hidden test set laid out as `prepare()` lays out the real ones (A2RL_HOME is per test session), under
+    a task id of its own: planted over gsm8k's, it replaced the hidden items every later test of the session graded."""
+    private = a2rl_home() / "task-data" / "redteam-planted" / "offline-v1" / "private"
     private.mkdir(parents=True, exist_ok=True)
     (private / "test.jsonl").write_text(json.dumps({"question": f"What is {CANARY}?", "answer": "42"}) + "\n")
     return private / "test.jsonl"
