@@ -4,11 +4,11 @@
 # bench/gpu_alfworld_wheels.txt (69 MiB). Folders .gpu-1, .gpu-2, .gpu-3 (ignored by git: /.gpu*/ in
 # .git/info/exclude). Then make three calls back to back while the machine stays warm (30 s after a call). A
 # carried folder does not survive the next call that carries another one, so each call copies its carry to a
-# folder outside the repository first:
-#   call 1: carry [".gpu-1"]  command: mkdir -p /root/stash/whl && cp .gpu-1/model.gguf.part00 /root/stash/ && cp .gpu-1/whl/* /root/stash/whl/
-#   call 2: carry [".gpu-2"]  command: cp .gpu-2/model.gguf.part01 /root/stash/ && cp .gpu-2/whl/* /root/stash/whl/
-#   call 3: carry [".gpu-3"]  command: WHEELS="/root/stash/whl .gpu-3/whl" bash bench/gpu_alfworld.sh \
-#                                      /root/stash/model.gguf.part00 /root/stash/model.gguf.part01
+# folder outside the repository first, $STASH (e.g. STASH=$HOME/a2rl-stash):
+#   call 1: carry [".gpu-1"]  command: mkdir -p $STASH/whl && cp .gpu-1/model.gguf.part00 $STASH/ && cp .gpu-1/whl/* $STASH/whl/
+#   call 2: carry [".gpu-2"]  command: cp .gpu-2/model.gguf.part01 $STASH/ && cp .gpu-2/whl/* $STASH/whl/
+#   call 3: carry [".gpu-3"]  command: WHEELS="$STASH/whl .gpu-3/whl" bash bench/gpu_alfworld.sh \
+#                                      $STASH/model.gguf.part00 $STASH/model.gguf.part01
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
