@@ -154,10 +154,14 @@ class CodeSnapshots:
         """Write the files of commit `sha` into `dest` (e.g. for static route labelling)."""
         dest = Path(dest)
         dest.mkdir(parents=True, exist_ok=True)
+        if not self.files(sha):
+            # git archive of an empty tree is a header-only tar that tarfile refuses to open ("end of file
+            # header"); an agent that emptied or was mid-rename of its code/ at snapshot time makes one.
+            return dest
         proc = subprocess.run(self._cmd("archive", "--format=tar", sha), capture_output=True, env=self._env())
         if proc.returncode != 0:
             raise SnapshotError(f"git archive {sha}: {proc.stderr.decode(errors='replace').strip()}")
-        with tarfile.open(fileobj=io.BytesIO(proc.stdout)) as tar:
+        with tarfile.open(fileobj=io.BytesIO(proc.stdout), mode="r:") as tar:
             tar.extractall(dest, filter=_files_only)
         return dest
 

@@ -63,6 +63,10 @@ def test_empty_or_missing_code_dir_still_gives_a_commit(tmp_path: Path):
     sha = snaps.snapshot("start")
     assert len(sha) == 40 and snaps.files(sha) == []
     assert snaps.snapshot("again") == sha
+    # Exporting it (route labelling does) gives an empty folder, not a tar error (CI saw this when a racing
+    # agent's code/ was mid-rename at snapshot time).
+    out = snaps.export(sha, tmp_path / "export")
+    assert out.is_dir() and not any(out.iterdir())
 
 
 def test_big_files_ignored_files_and_agent_git_dirs_are_handled(run_dir: Path):
