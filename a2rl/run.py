@@ -16,7 +16,7 @@ from a2rl.records import RunConfig
 from a2rl.workspace import RunPaths
 
 if TYPE_CHECKING:
-    from a2rl.sandbox import SandboxPolicy
+    from a2rl.isolation.sandbox import SandboxPolicy
 
 MANIFEST_PACKAGES = ("a2rl", "prefect", "torch", "transformers", "trl", "peft", "datasets", "duckdb", "fastapi")
 
@@ -102,7 +102,7 @@ def _git_revision() -> str | None:
 
 def sandbox_for(ctx: RunContext, grading_url: str, uses_llm: bool) -> tuple[SandboxPolicy | None, str]:
     """The run's sandbox policy and the honest one-line label that goes into the ledger and the report."""
-    from a2rl.sandbox import SandboxPolicy, sandbox_label
+    from a2rl.isolation.sandbox import SandboxPolicy, sandbox_label
 
     c = ctx.config
     if c.sandbox == "off":

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from a2rl import safefs
+from a2rl.isolation import safefs
 
 INSTRUCTIONS_TEMPLATE = Path(__file__).parent / "templates" / "instructions.md"
 

@@ -16,11 +16,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from a2rl import procs
+from a2rl.isolation import procs
 from a2rl.grading.clock import BudgetClock
-from a2rl.sandbox import SandboxPolicy, agent_uid, sandbox_mode
-from a2rl.sandbox import describe as describe_sandbox
-from a2rl.sandbox import wrap as wrap_in_sandbox
+from a2rl.isolation.sandbox import SandboxPolicy, agent_uid, sandbox_mode
+from a2rl.isolation.sandbox import describe as describe_sandbox
+from a2rl.isolation.sandbox import wrap as wrap_in_sandbox
 
 # Only these variables of the harness's environment reach an agent: no API keys, no tokens.
 PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
@@ -237,7 +237,7 @@ def run_agent(
 
     The budget is checked against the pausable clock, so time spent grading extends the wall-clock
     deadline. After the budget, the group gets SIGTERM and `grace_s` to make a last submission, then SIGKILL.
-    With a `sandbox` policy, a scripted agent runs inside bubblewrap (a2rl.sandbox); an LLM agent's runner
+    With a `sandbox` policy, a scripted agent runs inside bubblewrap (a2rl.isolation.sandbox); an LLM agent's runner
     holds its key and network access and gets the policy to apply to what it starts.
     """
     start = time.monotonic()
@@ -298,6 +298,6 @@ def run_agent(
 
 
 def _record_session(env: AgentEnv, proc: subprocess.Popen, uid: int | None) -> None:
-    """The session's processes, for a retry of this run to end them should this harness die (a2rl.procs)."""
+    """The session's processes, for a retry of this run to end them should this harness die (a2rl.isolation.procs)."""
     if env.harness_path.is_dir():
         procs.record_session(env.harness_path, procs.SessionRecord.of(proc.pid, agent_uid=uid))

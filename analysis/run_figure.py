@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from a2rl.records import LedgerEntry
-from a2rl.report import latest_submissions
+from a2rl.summary.report import latest_submissions
 
 
 def score_trajectory_png(entries: list[LedgerEntry], path: Path | str, title: str | None = None) -> Path:

@@ -1,7 +1,7 @@
 """Statistics over runs: pass@k, bootstrap intervals, paired comparisons, selection gap.
 
 Pure functions on numbers and DataFrames; no store, no Prefect. The intervals of Δ (one run over items, a
-setting over seeds) and the noise floor are in `a2rl.intervals`, where the run verdicts use them too.
+setting over seeds) and the noise floor are in `a2rl.summary.intervals`, where the run verdicts use them too.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from a2rl.intervals import seeds_interval, sign_flip_pvalue
+from a2rl.summary.intervals import seeds_interval, sign_flip_pvalue
 from a2rl.setting import SETTING_KEY
 
 

@@ -248,7 +248,7 @@ def _llm_calls(run_ids, start, spec: SyntheticSpec, rng) -> pd.DataFrame:
 
 def write_synthetic_store(path: Path | str, spec: SyntheticSpec = SyntheticSpec()) -> SyntheticData:
     """Write a synthetic store at `path` (bulk inserts, one per table) and return its frames and truth."""
-    from a2rl.store import ResultsStore
+    from a2rl.store.results import ResultsStore
 
     data = synthetic_frames(spec)
     store = ResultsStore(path)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from a2rl.intervals import paired_item_interval, pooled_item_interval
+from a2rl.summary.intervals import paired_item_interval, pooled_item_interval
 from a2rl.setting import SETTING_KEY
 from analysis.stats import paired_comparison, pass_at_k, selection_gap_summary
 
@@ -101,7 +101,7 @@ def load_tables(store: Any, n_boot: int = 2000, compare: tuple[str, str] | None 
     """Read the views and compute every table of the analysis report.
 
     Args:
-        store: an `a2rl.store.ResultsStore`.
+        store: an `a2rl.store.results.ResultsStore`.
         n_boot: bootstrap resamples per interval.
         compare: the two agents of the agent-level paired comparison; default the two with the most runs.
         scaling_points: grid points per scaling curve.

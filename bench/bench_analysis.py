@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from a2rl.store import ResultsStore
+from a2rl.store.results import ResultsStore
 from analysis.figures import (
     heatmap_figure,
     leaderboard_figure,

@@ -54,7 +54,7 @@ def main() -> None:
 
     import torch
 
-    from a2rl.generation import load_model
+    from a2rl.inference.generation import load_model
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.tiny_model
     from tests.tiny_model import build_tiny_model
     from benchmarks import get_task

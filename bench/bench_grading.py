@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
-from a2rl.models import resolve_base_model
+from a2rl.base_models.registry import resolve_base_model
 from a2rl.records import RunConfig
 from benchmarks import get_task
 

@@ -30,8 +30,8 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
-    from a2rl.evaluation import EvalSpec, evaluate_in_subprocess
-    from a2rl.models import resolve_base_model
+    from a2rl.inference.evaluation import EvalSpec, evaluate_in_subprocess
+    from a2rl.base_models.registry import resolve_base_model
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.tiny_model
     from tests.tiny_model import build_tiny_model

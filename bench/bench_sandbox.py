@@ -70,7 +70,7 @@ def run_once(args: argparse.Namespace, sandbox: str, root: Path, index: int) -> 
 
 def workload_once(ws: Path, sandboxed: bool, steps: int, index: int) -> float:
     """Seconds of training steps of one fixed `train_sft.py` job, run in `ws`, in the sandbox or not."""
-    from a2rl.sandbox import SandboxPolicy, wrap
+    from a2rl.isolation.sandbox import SandboxPolicy, wrap
 
     cmd = [sys.executable, "code/train_sft.py", "--init", "models/base", "--out", f"output/w{index}",
            "--data", "data/train.jsonl", "--max-steps", str(steps), "--seed", "0"]  # fmt: skip
@@ -88,7 +88,7 @@ def workload(args: argparse.Namespace, root: Path) -> None:
     """Fixed work outside and inside the sandbox, interleaved; prints the medians and their ratio."""
     import shutil
 
-    from a2rl.models import resolve_base_model
+    from a2rl.base_models.registry import resolve_base_model
     from benchmarks import get_task
 
     ws = root / "workload-ws"

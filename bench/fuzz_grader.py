@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from a2rl.evaluation import EvalSpec
+from a2rl.inference.evaluation import EvalSpec
 from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
 from a2rl.records import EvalResult, RunConfig
 

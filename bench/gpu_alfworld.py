@@ -82,7 +82,7 @@ def machine_facts() -> dict:
 
 def model_dir(parts: list[Path], work: Path, t0: float) -> Path:
     """A checkpoint directory for the runs: as given, or converted from a GGUF file (joined from its parts)."""
-    from a2rl.models import convert_gguf_file
+    from a2rl.base_models.registry import convert_gguf_file
 
     if len(parts) == 1 and parts[0].is_dir():
         return parts[0].resolve()
@@ -107,8 +107,8 @@ def precompute_baseline(base: Path, args: argparse.Namespace, t0: float) -> dict
     each took."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from a2rl.evaluation import EvalSpec, evaluate_cached
-    from a2rl.models import weights_hash
+    from a2rl.inference.evaluation import EvalSpec, evaluate_cached
+    from a2rl.base_models.hashing import weights_hash
     from benchmarks import get_task
 
     base_hash = weights_hash(base)
@@ -203,7 +203,7 @@ def merge_stores(stores: list[Path], dest: Path) -> None:
     from its own store (attached read-only, so rows still in its write-ahead log are read too)."""
     import duckdb
 
-    from a2rl.store import ResultsStore
+    from a2rl.store.results import ResultsStore
 
     existing = [s for s in stores if s.is_file()]
     if not existing:

@@ -16,7 +16,7 @@ from prefect.artifacts import create_image_artifact, create_markdown_artifact, c
 from prefect.cache_policies import NO_CACHE
 
 from a2rl.run_options import DEFAULT_RESULTS, resolve_results
-from a2rl.store import ResultsStore
+from a2rl.store.results import ResultsStore
 from matplotlib.figure import Figure
 
 from analysis.figures import (

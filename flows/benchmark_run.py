@@ -23,23 +23,24 @@ from prefect.artifacts import create_image_artifact, create_markdown_artifact, c
 
 from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
 from a2rl.grading.clock import ClockRecorder
-from a2rl.ingest import store_process_report
-from a2rl.metrics import render_process_markdown, summarize_process
-from a2rl.recording import CodeSnapshots, ResourceSampler, workspace_pids
+from a2rl.store.ingest import store_process_report
+from a2rl.summary.process import render_process_markdown, summarize_process
+from a2rl.recording.snapshots import CodeSnapshots
+from a2rl.recording.resources import ResourceSampler, workspace_pids
 from a2rl.grading.service import grading_devices
 from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
-from a2rl.report import build_summary, last_event, latest_submissions, run_notes, write_report
+from a2rl.summary.report import build_summary, last_event, latest_submissions, run_notes, write_report
 from a2rl.run import RunContext, gpu_names, make_run_id, sandbox_for
 from a2rl.workspace import RunPaths
 from a2rl.run_options import DEFAULT_RESULTS, GRACE_S, resolve_results
-from a2rl.leak_audit import LeakReport, audit_run
+from a2rl.isolation.leak_audit import LeakReport, audit_run
 from tasks.preflight import check_run
-from a2rl.gpu_slots import hold_gpu_slot
-from a2rl.procs import end_earlier_attempts
-from a2rl.housekeeping import clean_stale_temp
-from a2rl.progress import RUN_LOG, ProgressWriter, note_phase
-from a2rl.recording import read_llm_calls
-from a2rl.store import ResultsStore
+from a2rl.ops.gpu_slots import hold_gpu_slot
+from a2rl.isolation.procs import end_earlier_attempts
+from a2rl.ops.housekeeping import clean_stale_temp
+from a2rl.ops.progress import RUN_LOG, ProgressWriter, note_phase
+from a2rl.recording.calls import read_llm_calls
+from a2rl.store.results import ResultsStore
 from agents import AgentEnv, SessionOutcome, agent_class, get_agent, run_agent
 from benchmarks import get_task
 from analysis.run_figure import score_trajectory_png

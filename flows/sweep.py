@@ -24,12 +24,12 @@ from prefect.exceptions import ObjectNotFound
 from prefect.runtime import flow_run
 from pydantic import BaseModel
 
-from a2rl.ops import RUN_DEPLOYMENT
+from a2rl.ops.prefect_local import RUN_DEPLOYMENT
 from a2rl.records import RunConfig
 from a2rl.run_options import DEFAULT_RESULTS, GRACE_S, MATRIX_FIELDS, resolve_results
-from a2rl.store import ResultsStore
+from a2rl.store.results import ResultsStore
 
-from a2rl.gpu_slots import GPU_LIMIT  # noqa: E402
+from a2rl.ops.gpu_slots import GPU_LIMIT  # noqa: E402
 DEFAULTS = RunConfig()
 FINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 STALL_S = 600.0

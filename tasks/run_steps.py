@@ -12,13 +12,14 @@ from prefect.exceptions import MissingContextError
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from a2rl.evaluation import EvalSpec, evaluate_cached
+from a2rl.inference.evaluation import EvalSpec, evaluate_cached
 from a2rl.grading.ledger import Ledger
-from a2rl.models import resolve_base_model, weights_hash
+from a2rl.base_models.registry import resolve_base_model
+from a2rl.base_models.hashing import weights_hash
 from a2rl.records import EvalResult, LedgerEntry, RunConfig
-from a2rl.report import baseline_scores, best_submission, latest_submissions
+from a2rl.summary.report import baseline_scores, best_submission, latest_submissions
 from a2rl.run import RunContext, make_run_id, write_manifest
-from a2rl.store import ResultsStore
+from a2rl.store.results import ResultsStore
 from a2rl.workspace import RunPaths, build_workspace, render_instructions
 from agents import get_agent
 from benchmarks import get_task

@@ -62,7 +62,7 @@ ATTEMPTS = (
 QUOTA_ATTEMPT = "fill_disk_many_files"
 """Run alone (`--only`): the shim stops the whole sandbox when it works."""
 
-HOST_MARKERS = ("pytest", "uvicorn", "prefect", "a2rl/sandbox.py", "a2rl-tests")
+HOST_MARKERS = ("pytest", "uvicorn", "prefect", "a2rl/isolation/sandbox.py", "a2rl-tests")
 
 
 class Hostile:

@@ -186,7 +186,7 @@ def test_no_judge_configured_is_an_error_naming_the_variables(monkeypatch) -> No
 
 
 def test_evaluation_without_a_judge_fails_before_generating(monkeypatch) -> None:
-    from a2rl.evaluation import EvalSpec, evaluate
+    from a2rl.inference.evaluation import EvalSpec, evaluate
 
     for name in JUDGE_ENV:
         monkeypatch.delenv(name, raising=False)

@@ -12,17 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from a2rl.store import MIGRATIONS, SCHEMA_VERSION, ResultsStore
-from a2rl.intervals import (
-    baseline_se,
-    expanded_bootstrap,
-    newcombe_paired,
-    paired_item_interval,
-    pooled_item_interval,
-    seeds_interval,
-    sign_flip_pvalue,
-    t975,
-)
+from a2rl.store.schema import MIGRATIONS, SCHEMA_VERSION
+from a2rl.store.results import ResultsStore
+from a2rl.summary.intervals import baseline_se, expanded_bootstrap, newcombe_paired, paired_item_interval, pooled_item_interval, seeds_interval, sign_flip_pvalue, t975
 from analysis.stats import bootstrap_ci, paired_comparison, pass_at_k, pass_at_k_curve
 from analysis.synthetic import VARIANT_LABEL, SyntheticSpec, demo_spec, write_synthetic_store
 from analysis.tables import load_tables

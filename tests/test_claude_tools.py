@@ -18,7 +18,7 @@ from sandbox_support import gone, needs_bwrap, processes_with
 from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
 from a2rl.paths import a2rl_home
 from a2rl.records import EvalResult, RunConfig
-from a2rl.sandbox import SandboxPolicy, gpu_env
+from a2rl.isolation.sandbox import SandboxPolicy, gpu_env
 from a2rl.workspace import RunPaths, build_workspace
 from agents import AgentEnv, AgentOptions, LLMDriver, get_agent, run_agent
 from agents.base import agent_environment

@@ -16,10 +16,10 @@ from cli_loopback import USAGE, ScriptedLLM
 from sandbox_support import needs_bwrap
 
 from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
-from a2rl.recording import read_llm_calls, read_tool_calls
+from a2rl.recording.calls import read_llm_calls, read_tool_calls
 from a2rl.records import EvalResult, RunConfig
-from a2rl.sandbox import SandboxPolicy
-from a2rl.store import ResultsStore
+from a2rl.isolation.sandbox import SandboxPolicy
+from a2rl.store.results import ResultsStore
 from a2rl.workspace import RunPaths, build_workspace
 from agents import AgentEnv, LLMDriver, get_agent, run_agent
 from agents.cli_agents import install

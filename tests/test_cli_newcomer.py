@@ -315,9 +315,9 @@ def test_status_tells_a_live_running_row_from_one_whose_process_died(tmp_path):
     """`running` in the store: `a2rl status` says whether the run's process is still there."""
     import socket
 
-    from a2rl.progress import RunProgress
+    from a2rl.ops.progress import RunProgress
     from a2rl.records import RunConfig
-    from a2rl.store import ResultsStore
+    from a2rl.store.results import ResultsStore
 
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -337,7 +337,7 @@ def test_without_a_terminal_the_display_prints_plain_lines_when_something_happen
     import io
 
     from a2rl.cli.display import RunDisplay
-    from a2rl.progress import ProgressWriter
+    from a2rl.ops.progress import ProgressWriter
 
     harness = tmp_path / "harness"
     harness.mkdir()

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-import a2rl.generation as generation
-from a2rl.decode_engine import GreedyDecoder, unsupported_reason
-from a2rl.generation import LoadedModel, _generate_batch, _shared_prefix, generate, load_model
+import a2rl.inference.generation as generation
+from a2rl.inference.decode_engine import GreedyDecoder, unsupported_reason
+from a2rl.inference.generation import LoadedModel, _generate_batch, _shared_prefix, generate, load_model
 from tests.tiny_model import tiny_corpus
 
 MAX_NEW = 40
@@ -111,7 +111,7 @@ def test_engine_failure_falls_back_to_generate(tiny_model_dir: Path, with_system
         raise RuntimeError("injected fault")
 
     monkeypatch.setattr(GreedyDecoder, "_prefill", broken)
-    with caplog.at_level(logging.WARNING, logger="a2rl.generation"):
+    with caplog.at_level(logging.WARNING, logger="a2rl.inference.generation"):
         out = generate(model, with_system[:4], max_new_tokens=8, engine="static")
     assert out.completions == reference.completions
     assert "decode engine failed (RuntimeError: injected fault)" in caplog.text
@@ -134,7 +134,7 @@ def test_unknown_engine_is_one_clear_error(tiny: LoadedModel, conversations) -> 
 
 def test_gsm8k_grading_is_identical_with_prefix_reuse(tiny_model_dir: Path, monkeypatch) -> None:
     """The 4-shot prompt shares its exemplars across items: reusing their KV changes no completion or score."""
-    from a2rl.evaluation import EvalSpec, evaluate
+    from a2rl.inference.evaluation import EvalSpec, evaluate
     from benchmarks import get_task
 
     spec = EvalSpec.of(get_task("gsm8k"), "offline", "validation", limit=6, batch_size=4)
@@ -149,7 +149,7 @@ def test_gsm8k_grading_is_identical_with_prefix_reuse(tiny_model_dir: Path, monk
 
 def test_interactive_episodes_are_identical_with_prefix_reuse(tiny_model_dir: Path, monkeypatch) -> None:
     """Lockstep episodes share their instructions: each step prefills them once (kept across steps)."""
-    from a2rl.evaluation import EvalSpec, evaluate
+    from a2rl.inference.evaluation import EvalSpec, evaluate
     from benchmarks import get_task
 
     spec = EvalSpec.of(get_task("webshop"), "offline", "validation", limit=2, batch_size=2)

@@ -22,7 +22,7 @@ import httpx
 import psutil
 import pytest
 
-from a2rl import ops
+from a2rl.ops import prefect_local
 from a2rl.grading.ledger import read_ledger
 
 pytestmark = pytest.mark.prefect_server
@@ -41,9 +41,9 @@ class LiveServer:
     url: str
     home: Path
 
-    def start_worker(self) -> ops.ManagedProcess:
+    def start_worker(self) -> prefect_local.ManagedProcess:
         # Only the `default` queue: the nightly sweep (queue `sweeps`) must not start if the tests run at 2 am.
-        return ops.start_worker(self.url, home=self.home, queues=("default",), env=FAST_POLLING)
+        return prefect_local.start_worker(self.url, home=self.home, queues=("default",), env=FAST_POLLING)
 
 
 @pytest.fixture(scope="module")
@@ -52,19 +52,19 @@ def live(tmp_path_factory) -> Iterator[LiveServer]:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     home = tmp_path_factory.mktemp("prefect-server")
-    server = ops.start_server(port=_free_port(), home=home, env=SERVER_ENV)
+    server = prefect_local.start_server(port=_free_port(), home=home, env=SERVER_ENV)
     pids = [server.pid]
     try:
-        ops.deploy(server.url)
+        prefect_local.deploy(server.url)
         live = LiveServer(server.url, home)
         pids.append(live.start_worker().pid)
         with temporary_settings(updates={PREFECT_API_URL: server.url}):  # in-process clients use this server
             yield live
     finally:
-        if worker := ops.read_state(ops.WORKER_STATE, home):
+        if worker := prefect_local.read_state(prefect_local.WORKER_STATE, home):
             pids.append(worker.pid)
-        ops.stop_worker(home)
-        ops.stop_server(home)
+        prefect_local.stop_worker(home)
+        prefect_local.stop_server(home)
         leaked = [p for pid in pids for p in _family(pid)]
         assert not leaked, f"processes left behind: {leaked}"
 
@@ -77,7 +77,7 @@ def test_prefect_yaml_registers_the_three_deployments_on_the_local_pool(live):
         nightly = client.read_deployment_by_name("sweep/nightly-sweep")
         analysis = client.read_deployment_by_name("analysis/analysis")
     for dep in (run, nightly, analysis):
-        assert dep.work_pool_name == ops.DEFAULT_POOL
+        assert dep.work_pool_name == prefect_local.DEFAULT_POOL
     assert analysis.entrypoint == "flows/analysis_flow.py:analysis"
     # Every flow parameter can be set per run.
     import inspect
@@ -123,7 +123,7 @@ def test_a_run_killed_mid_session_completes_after_a_retry_from_the_ui(live, tiny
     # Nothing notices a SIGKILLed run by itself; mark it crashed as Prefect's zombie detection would, then
     # press "Retry" (the UI offers it on crashed runs of deployments).
     _set_state(live.url, fr.id, {"type": "CRASHED", "name": "Crashed", "message": "worker host lost"})
-    ops.retry_flow_run(live.url, str(fr.id))
+    prefect_local.retry_flow_run(live.url, str(fr.id))
     live.start_worker()
     final = _wait_for(lambda: _final_run(live.url, fr.id), timeout_s=360, what="the retried run to finish")
 
@@ -148,8 +148,8 @@ def test_a_worker_stopped_mid_session_records_the_run_interrupted_and_one_retry_
     its report and reports Crashed before the worker goes, no process of it survives, and a Retry pressed at
     once (a2rl's helper waits for the crash to settle) resumes it to one completed run with graded submissions
     only and a monotone agent clock. A Retry of the completed run is refused."""
-    from a2rl import gpu_slots
-    from a2rl.recording import workspace_pids
+    from a2rl.ops import gpu_slots
+    from a2rl.recording.resources import workspace_pids
 
     if gpu_slots.read_limit(live.url) is None:  # as a sweep makes it: the session holds one of its slots
         httpx.post(f"{live.url}/v2/concurrency_limits/", json={"name": gpu_slots.GPU_LIMIT, "limit": 1},
@@ -158,7 +158,7 @@ def test_a_worker_stopped_mid_session_records_the_run_interrupted_and_one_retry_
     limit = gpu_slots.read_limit(live.url)
     holders = [lease.holder for lease in gpu_slots.read_leases(live.home, limit.id) if not lease.expired]
     assert holders == [str(fr.id)]  # on disk, in Prefect's own file format, naming the benchmark-run
-    assert ops.stop_worker(live.home, flow_run_grace_s=90)
+    assert prefect_local.stop_worker(live.home, flow_run_grace_s=90)
     assert gpu_slots.read_limit(live.url).active_slots == 0  # the stopped run gave its slot back
 
     assert _flow_run(live.url, fr.id)["state_type"] == "CRASHED"  # reported before the worker went
@@ -168,7 +168,7 @@ def test_a_worker_stopped_mid_session_records_the_run_interrupted_and_one_retry_
     assert (harness / "report.md").exists()
     assert workspace_pids(harness.parent / "workspace")() == []  # no process of the stopped attempt
 
-    assert ops.retry_flow_run(live.url, str(fr.id), settle_s=5) in ("AwaitingRetry", "Scheduled")
+    assert prefect_local.retry_flow_run(live.url, str(fr.id), settle_s=5) in ("AwaitingRetry", "Scheduled")
     live.start_worker()
     final = _wait_for(lambda: _final_run(live.url, fr.id), timeout_s=360, what="the retried run to finish")
     assert final["state_type"] == "COMPLETED", final["state"]
@@ -183,8 +183,8 @@ def test_a_worker_stopped_mid_session_records_the_run_interrupted_and_one_retry_
     arrivals = [e.agent_elapsed_s for e in entries if e.kind == "submission" and e.status == "queued"]
     assert arrivals == sorted(arrivals) and all(t >= 0 for t in arrivals), arrivals  # the clock moved forward
 
-    with pytest.raises(ops.OpsError, match="completed: a retry is refused"):
-        ops.retry_flow_run(live.url, str(fr.id))
+    with pytest.raises(prefect_local.OpsError, match="completed: a retry is refused"):
+        prefect_local.retry_flow_run(live.url, str(fr.id))
 
 
 def test_a_sweep_runs_one_agent_session_at_a_time_with_one_gpu_slot(live, tiny_model_dir, tmp_path):
@@ -302,7 +302,7 @@ def _ledger_with(runs_dir: Path, suffix: str, marker: str) -> Path | None:
 def _kill_worker_host(home: Path) -> list[int]:
     """SIGKILL the worker and everything below it (flow-run process, agent in its own session), as a
     crashed host would leave them; the worker's state file goes too."""
-    worker = ops.read_state(ops.WORKER_STATE, home)
+    worker = prefect_local.read_state(prefect_local.WORKER_STATE, home)
     assert worker and worker.alive()
     procs = _family(worker.pid)
     for p in procs:
@@ -311,7 +311,7 @@ def _kill_worker_host(home: Path) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(procs, timeout=10)
-    (home / ops.WORKER_STATE).unlink()
+    (home / prefect_local.WORKER_STATE).unlink()
     return [p.pid for p in procs]
 
 

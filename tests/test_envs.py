@@ -133,7 +133,7 @@ def test_public_data_holds_no_validation_or_test_goal(task_id: str) -> None:
 
 
 def test_evaluate_runs_an_interactive_task_end_to_end_on_the_tiny_model(tiny_model_dir: Path) -> None:
-    from a2rl.evaluation import EvalSpec, evaluate
+    from a2rl.inference.evaluation import EvalSpec, evaluate
     from benchmarks.base import Decoding
 
     # 2 steps and 8 tokens: the tiny model never wins, and this keeps the test to seconds on a loaded CPU.
@@ -145,7 +145,7 @@ def test_evaluate_runs_an_interactive_task_end_to_end_on_the_tiny_model(tiny_mod
 
 
 def test_tiny_model_batched_and_sequential_evaluation_agree(tiny_model_dir: Path) -> None:
-    from a2rl.generation import load_model
+    from a2rl.inference.generation import load_model
     from benchmarks.base import Decoding
     from benchmarks.envs.task import ModelPolicy
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.generation import GenerationOutput, LoadedModel, _real_length, generate, load_model
+from a2rl.inference.generation import GenerationOutput, LoadedModel, _real_length, generate, load_model
 from tests.tiny_model import tiny_corpus
 
 MAX_NEW = 12

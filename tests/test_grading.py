@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from a2rl.evaluation import EvalSpec
+from a2rl.inference.evaluation import EvalSpec
 from a2rl.grading.ledger import LedgerHead, read_ledger
 from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService, Ledger, LedgerCorrupted
 from a2rl.grading.checkpoint import SubmissionRejected, check_directory, resolve_in_workspace
@@ -233,7 +233,7 @@ def test_mode_is_checked_on_the_agents_code_at_every_submission(tmp_path, tiny_m
 
 
 def test_the_results_store_anchors_every_head_and_catches_an_edited_final_score(tmp_path):
-    from a2rl.store import ResultsStore
+    from a2rl.store.results import ResultsStore
 
     store = ResultsStore(tmp_path / "results.duckdb")
     path = tmp_path / "ledger.jsonl"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from a2rl.evaluation import EvaluationFailed
+from a2rl.inference.evaluation import EvaluationFailed
 from a2rl.grading.errors import PUBLIC_REASONS, FailureKind, classify_failure, public_failure
 
 HIDDEN = "Natalia sold clips to 48 of her friends"

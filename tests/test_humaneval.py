@@ -183,6 +183,48 @@ def test_fork_bomb_is_contained(strict: HumanEval, items: dict[str, dict]) -> No
     assert strict.score_item(item, item["answer"]).correct
 
 
+@pytest.mark.parametrize("namespaces", [True, False], ids=["pid-namespace", "no-namespaces"])
+def test_a_program_that_starts_a_daemon_in_a_session_of_its_own_leaves_nothing_running(
+    strict: HumanEval, items: dict[str, dict], monkeypatch, namespaces: bool
+) -> None:
+    """A timed-out program is ended with its session and everything below it (the harness's one process
+    supervisor), not just its process group: without a PID namespace (no root), a `setsid` child would survive."""
+    import os
+    import time
+
+    real = isolation()
+    if namespaces and not real.namespaces:
+        pytest.skip("PID namespaces need root here")
+    monkeypatch.setattr(execution, "isolation", lambda: real._replace(namespaces=namespaces))
+    marker = "a2rl-daemon-417"  # the daemon's name (prctl PR_SET_NAME): how the test finds it from outside
+    daemon = ("    import ctypes, os, time\n"
+              "    if os.fork() == 0:\n"
+              "        os.setsid()\n"
+              f"        ctypes.CDLL(None).prctl(15, b'{marker}', 0, 0, 0)\n"
+              "        time.sleep(600)\n"
+              "    while True:\n        pass\n")  # fmt: skip
+
+    def survivors() -> list[str]:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() == marker[:15]:
+                    found.append(pid)
+            except OSError:
+                pass
+        return found
+
+    result = strict.score_item(items["HumanEval/82"], daemon)
+    assert result.detail["status"] == "timeout"
+    deadline = time.monotonic() + 5
+    while survivors() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = survivors()
+    for pid in left:  # do not leave them behind when the check fails
+        os.kill(int(pid), 9)
+    assert left == []
+
+
 def test_interpreter_crash_costs_only_that_sample(strict: HumanEval, items: dict[str, dict]) -> None:
     result = strict.score_item(items["HumanEval/82"], "    import ctypes\n    ctypes.string_at(0)\n")
     assert result.detail["status"] == "crashed" and "SIGSEGV" in result.detail["reason"]

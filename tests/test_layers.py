@@ -80,7 +80,7 @@ def test_the_check_sees_imports_inside_functions_and_the_cli_exemption_is_exact(
     assert "benchmarks" in found and "flows.sweep" in found and "a2rl.cli" in found
     exempt = {str(p.relative_to(ROOT)) for p in set(python_files("a2rl")) - set(library_files())}
     assert exempt and all(p.startswith(CLI_LAYER) for p in exempt)
-    assert "a2rl/cli/__init__.py" in exempt and "a2rl/evaluation.py" not in exempt
+    assert "a2rl/cli/__init__.py" in exempt and "a2rl/inference/evaluation.py" not in exempt
 
 
 def test_no_flow_or_step_module_hides_a_top_level_package():
@@ -90,3 +90,32 @@ def test_no_flow_or_step_module_hides_a_top_level_package():
     for folder in ("flows", "tasks"):
         clashes = {p.stem for p in (ROOT / folder).glob("*.py")} & packages
         assert not clashes, f"{folder}/ has modules named like top-level packages: {sorted(clashes)}"
+
+
+# The library's top level: one package per concept, plus the few small modules every package uses.
+LIBRARY_PACKAGES = {"base_models", "cli", "grading", "inference", "isolation", "ops", "recording", "store", "summary",
+                    "templates"}  # fmt: skip
+LIBRARY_MODULES = {"__init__", "__main__", "jsonl", "locks", "ngrams", "paths", "records", "run", "run_options",
+                   "setting", "workspace"}  # fmt: skip
+
+
+def test_the_library_top_level_is_its_concept_packages_and_a_few_shared_modules():
+    """A new module goes into the package of its concept (docs/architecture.md has the table), not beside them."""
+    top = ROOT / "a2rl"
+    packages = {p.name for p in top.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    modules = {p.stem for p in top.glob("*.py")}
+    assert packages == LIBRARY_PACKAGES and modules == LIBRARY_MODULES
+    documented = (ROOT / "docs" / "architecture.md").read_text()
+    for package in LIBRARY_PACKAGES - {"templates", "cli"}:
+        for module in (top / package).glob("*.py"):
+            if module.name != "__init__.py":
+                assert f"{package}/{module.name}" in documented, f"a2rl/{package}/{module.name} is not in the table"
+
+
+def test_the_library_and_the_benchmarks_do_not_import_each_other_in_a_cycle():
+    """`benchmarks` imports the library; the library never imports `benchmarks` (checked above), so no lazy import
+    hides a cycle. The code shipped to agents (`envlib.zip`) imports neither: it must run in a workspace alone."""
+    from benchmarks.envs.export import ENVLIB_MODULES
+
+    shipped = [ROOT / "benchmarks" / "envs" / f"{name}.py" for name in ENVLIB_MODULES]
+    assert violations(shipped, ("a2rl", "benchmarks", "agents", "flows", "tasks", "blocks", "analysis")) == []

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 
 from a2rl.grading.ledger import Ledger
-from a2rl.ingest import ingest_run_dir, store_process_report
-from a2rl.metrics import process_metrics, render_process_markdown, summarize_process
-from a2rl.narrative import narrate
-from a2rl.route_labels import label_routes
-from a2rl.verdicts import explain_failure, failure_class
+from a2rl.store.ingest import ingest_run_dir, store_process_report
+from a2rl.summary.process import process_metrics, render_process_markdown, summarize_process
+from a2rl.summary.narrative import narrate
+from a2rl.summary.route_labels import label_routes
+from a2rl.summary.verdicts import explain_failure, failure_class
 from analysis.run_figure import score_trajectory_png
-from a2rl.recording import CodeSnapshots
+from a2rl.recording.snapshots import CodeSnapshots
 from a2rl.jsonl import append_jsonl
 from agents.base import LLMCallEvent, ToolCallEvent
 from a2rl.records import LedgerEntry, RunConfig
-from a2rl.store import ResultsStore
+from a2rl.store.results import ResultsStore
 
 RUN = "gsm8k-test-run"
 CONFIG = RunConfig(budget_s=100.0, max_submissions=10)
@@ -144,9 +144,9 @@ def test_score_trajectory_png_is_a_readable_800x450_image(entries, tmp_path: Pat
 
 
 def _fake_routes(monkeypatch, labeller):
-    module = types.ModuleType("a2rl.routes")
+    module = types.ModuleType("a2rl.summary.routes")
     module.route_label = labeller
-    monkeypatch.setitem(sys.modules, "a2rl.routes", module)
+    monkeypatch.setitem(sys.modules, "a2rl.summary.routes", module)
 
 
 def _snapshot_per_submission(tmp_path: Path) -> CodeSnapshots:
@@ -177,13 +177,13 @@ def test_route_labels_come_from_each_submission_snapshot(entries, tmp_path: Path
 
 
 def test_route_labels_without_the_routes_module_say_why(entries, tmp_path: Path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "a2rl.routes", None)  # import fails
+    monkeypatch.setitem(sys.modules, "a2rl.summary.routes", None)  # import fails
     labels = label_routes(entries, _snapshot_per_submission(tmp_path))
-    assert labels.routes == {1: "copy"} and "a2rl.routes" in labels.note
+    assert labels.routes == {1: "copy"} and "a2rl.summary.routes" in labels.note
 
 
 def test_route_labels_with_the_real_static_labeller_and_the_mode_check_view(entries, tmp_path: Path):
-    pytest.importorskip("a2rl.routes")
+    pytest.importorskip("a2rl.summary.routes")
     code = tmp_path / "workspace" / "code"
     code.mkdir(parents=True)
     snaps = CodeSnapshots(tmp_path / "harness", code)
@@ -286,7 +286,7 @@ def _dump(store: ResultsStore) -> dict:
 
 
 def test_reingesting_a_run_changes_nothing(tmp_path: Path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "a2rl.routes", None)
+    monkeypatch.setitem(sys.modules, "a2rl.summary.routes", None)
     store = ResultsStore(tmp_path / "results.duckdb")
     run_dir = _run_dir(tmp_path)
     first = ingest_run_dir(store, run_dir)

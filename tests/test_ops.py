@@ -1,4 +1,4 @@
-"""Process management of a2rl.ops without a Prefect server: state files, stopping, leftovers."""
+"""Process management of a2rl.ops.prefect_local without a Prefect server: state files, stopping, leftovers."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from a2rl import ops
+from a2rl.ops import prefect_local
 
 # Like `prefect worker start`: the first SIGTERM only asks it to stop (and it stays up), the second ends it.
 STUBBORN = textwrap.dedent("""
@@ -35,38 +35,39 @@ STUBBORN = textwrap.dedent("""
 """)
 
 
-def _start_managed(tmp_path: Path, state: str) -> tuple[ops.ManagedProcess, Path]:
+def _start_managed(tmp_path: Path, state: str) -> tuple[prefect_local.ManagedProcess, Path]:
     log = tmp_path / "signals.log"
     script = tmp_path / "stubborn.py"
     script.write_text(STUBBORN)
-    proc = ops._spawn([sys.executable, str(script), str(log)], env={"PATH": "/usr/bin:/bin"}, log=tmp_path / "out.log")
+    proc = prefect_local._spawn([sys.executable, str(script), str(log)], env={"PATH": "/usr/bin:/bin"}, log=tmp_path / "out.log")
     deadline = time.monotonic() + 30
     while "ready" not in (log.read_text() if log.exists() else ""):
         assert time.monotonic() < deadline, (tmp_path / "out.log").read_text()
         time.sleep(0.05)
-    managed = ops.ManagedProcess("worker", proc.pid, psutil.Process(proc.pid).create_time(), str(log))
-    ops._write_state(managed, state, tmp_path)
+    managed = prefect_local.ManagedProcess(name="worker", pid=proc.pid, create_time=psutil.Process(proc.pid).create_time(),
+                                           log=str(log))
+    prefect_local._write_state(managed, state, tmp_path)
     return managed, log
 
 
 def test_stop_worker_sends_term_twice_and_leaves_no_process_behind(tmp_path):
-    worker, log = _start_managed(tmp_path, ops.WORKER_STATE)
+    worker, log = _start_managed(tmp_path, prefect_local.WORKER_STATE)
     family = [psutil.Process(worker.pid), *psutil.Process(worker.pid).children(recursive=True)]
     assert len(family) == 3
 
-    assert ops.stop_worker(tmp_path, timeout_s=20) is True
+    assert prefect_local.stop_worker(tmp_path, timeout_s=20) is True
 
     assert log.read_text().count("TERM") == 2
     assert not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert not (tmp_path / ops.WORKER_STATE).exists()
-    assert ops.stop_worker(tmp_path) is False  # nothing left to stop
+    assert not (tmp_path / prefect_local.WORKER_STATE).exists()
+    assert prefect_local.stop_worker(tmp_path) is False  # nothing left to stop
 
 
 def test_stop_server_does_not_wait_forever_for_a_server_that_stays_up(tmp_path):
-    server, log = _start_managed(tmp_path, ops.SERVER_STATE)
+    server, log = _start_managed(tmp_path, prefect_local.SERVER_STATE)
     family = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
     t = time.monotonic()
-    assert ops.stop_server(tmp_path, timeout_s=2) is True
+    assert prefect_local.stop_server(tmp_path, timeout_s=2) is True
     assert time.monotonic() - t < 20
     assert not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
@@ -74,10 +75,11 @@ def test_stop_server_does_not_wait_forever_for_a_server_that_stays_up(tmp_path):
 def test_a_reused_pid_is_not_mistaken_for_our_process(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        impostor = ops.ManagedProcess("server", proc.pid, psutil.Process(proc.pid).create_time() - 100, "x")
+        impostor = prefect_local.ManagedProcess(name="server", pid=proc.pid,
+                                                  create_time=psutil.Process(proc.pid).create_time() - 100, log="x")
         assert not impostor.alive()
-        ops._write_state(impostor, ops.SERVER_STATE, tmp_path)
-        ops.stop_server(tmp_path)
+        prefect_local._write_state(impostor, prefect_local.SERVER_STATE, tmp_path)
+        prefect_local.stop_server(tmp_path)
         assert proc.poll() is None  # not ours: untouched
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -85,18 +87,18 @@ def test_a_reused_pid_is_not_mistaken_for_our_process(tmp_path):
 
 
 def test_state_files_round_trip_and_tolerate_garbage(tmp_path):
-    p = ops.ManagedProcess("worker", 1234, 1.5, "/tmp/w.log", url="http://127.0.0.1:1/api", pool="a2rl-local")
-    ops._write_state(p, ops.WORKER_STATE, tmp_path)
-    assert ops.read_state(ops.WORKER_STATE, tmp_path) == p
-    (tmp_path / ops.SERVER_STATE).write_text("{not json")
-    assert ops.read_state(ops.SERVER_STATE, tmp_path) is None
+    p = prefect_local.ManagedProcess(name="worker", pid=1234, create_time=1.5, log="/tmp/w.log", url="http://127.0.0.1:1/api", pool="a2rl-local")
+    prefect_local._write_state(p, prefect_local.WORKER_STATE, tmp_path)
+    assert prefect_local.read_state(prefect_local.WORKER_STATE, tmp_path) == p
+    (tmp_path / prefect_local.SERVER_STATE).write_text("{not json")
+    assert prefect_local.read_state(prefect_local.SERVER_STATE, tmp_path) is None
 
 
 def test_resolve_api_url_prefers_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("PREFECT_API_URL", "http://example.invalid/api")
-    assert ops.resolve_api_url(tmp_path) == "http://example.invalid/api"
+    assert prefect_local.resolve_api_url(tmp_path) == "http://example.invalid/api"
     monkeypatch.delenv("PREFECT_API_URL")
-    assert ops.resolve_api_url(tmp_path) is None  # no env, no running server of ours
+    assert prefect_local.resolve_api_url(tmp_path) is None  # no env, no running server of ours
 
 
 def test_start_server_refuses_a_port_where_another_server_answers(tmp_path):
@@ -111,11 +113,11 @@ def test_start_server_refuses_a_port_where_another_server_answers(tmp_path):
     httpd = http.server.HTTPServer(("127.0.0.1", 0), Healthy)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
-        with pytest.raises(ops.OpsError, match="already answers"):
-            ops.start_server(port=httpd.server_address[1], home=tmp_path)
+        with pytest.raises(prefect_local.OpsError, match="already answers"):
+            prefect_local.start_server(port=httpd.server_address[1], home=tmp_path)
     finally:
         httpd.shutdown()
-    assert not (tmp_path / ops.SERVER_STATE).exists()
+    assert not (tmp_path / prefect_local.SERVER_STATE).exists()
 
 
 def test_server_status_without_a_server_says_how_to_start_one(tmp_path, monkeypatch, capsys):

@@ -21,11 +21,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from a2rl.evaluation import EvalSpec
+from a2rl.inference.evaluation import EvalSpec
 from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService, Ledger
 from a2rl.paths import a2rl_home
 from a2rl.records import EvalResult, LedgerEntry, RunConfig
-from a2rl.sandbox import Limits, SandboxPolicy, agent_uid, sandbox_mode, wrap
+from a2rl.isolation.sandbox import Limits, SandboxPolicy, agent_uid, sandbox_mode, wrap
 from a2rl.workspace import RunPaths
 from agents.base import Agent, AgentEnv, agent_environment, run_agent
 from benchmarks import get_task
@@ -329,7 +329,7 @@ def test_reference_agent_trains_and_submits_inside_the_sandbox(tmp_path, tiny_mo
 def _served(tmp_path: Path, tiny_model_dir: Path, evaluate=_constant, **config):
     paths = _make_run(tmp_path, "integrity-run", tiny_model_dir)
     shutil.copytree(tiny_model_dir, paths.workspace / "output" / "honest")
-    from a2rl.store import ResultsStore
+    from a2rl.store.results import ResultsStore
 
     store = ResultsStore(tmp_path / "results.duckdb")
     ctx = GradingContext("integrity-run", RunConfig(**{"max_submissions": 4, "val_limit": 2, **config}),
@@ -351,7 +351,7 @@ def _still_healthy(server: GradingServer) -> None:
 def test_a_chat_template_cannot_carry_hidden_items_out(tmp_path, tiny_model_dir):
     """Class 1: a template that raises with the hidden prompt. Grading renders with the base model's template
     (harness copy), so the evaluation scores; no response carries any hidden item's text."""
-    from a2rl.evaluation import evaluate_cached
+    from a2rl.inference.evaluation import evaluate_cached
 
     task = get_task("gsm8k")
     task.prepare("offline")

@@ -12,7 +12,7 @@ import pytest
 
 from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
 from a2rl.records import EvalResult, RunConfig
-from a2rl.routes import route_label
+from a2rl.summary.routes import route_label
 from a2rl.workspace import RunPaths, build_workspace
 from agents import AgentEnv, get_agent, run_agent
 from agents.reference_sft_grpo import grpo_env_torch, sft_torch
@@ -239,7 +239,7 @@ def test_the_alfworld_table_sql_gives_newcombes_interval_and_the_gpu(tmp_path):
     """bench/alfworld_table.sql on a store with one run (0/134 -> 30/134), and BENCHMARKS.md quotes it whole."""
     import duckdb
 
-    from a2rl.store import ResultsStore
+    from a2rl.store.results import ResultsStore
 
     repo = Path(__file__).resolve().parents[1]
     sql = (repo / "bench" / "alfworld_table.sql").read_text()

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from a2rl import procs
+from a2rl.isolation import procs
 from a2rl.grading.ledger import read_ledger
 from a2rl.records import RunConfig
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.routes import analyze_python, analyze_routes, check_mode, check_snapshot, combine_methods, route_label
+from a2rl.summary.routes import analyze_python, analyze_routes, check_mode, check_snapshot, combine_methods, route_label
 from agents import get_agent
 
 # -- real training scripts, as an agent would write them (they read MODEL_PATH, DATA_PATH, OUTPUT_DIR) ------

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from a2rl import safefs
-from a2rl.recording import CodeSnapshots
-from a2rl.sandbox import _give_workspace, workspace_bytes
+from a2rl.isolation import safefs
+from a2rl.recording.snapshots import CodeSnapshots
+from a2rl.isolation.sandbox import _give_workspace, workspace_bytes
 
 AGENT_UID = 1_000_123_457
 HOST_SECRET = b"host secret, not the agent's\n"

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from a2rl.records import EvalResult, LedgerEntry, RunConfig, RunSummary
-from a2rl.store import MIGRATIONS, SCHEMA_VERSION, ResultsStore, StoreError, StoreLockTimeout
+from a2rl.store.schema import MIGRATIONS, SCHEMA_VERSION
+from a2rl.store.results import ResultsStore, StoreError, StoreLockTimeout
 
 
 def _config(**kw) -> RunConfig:
@@ -178,7 +179,7 @@ def test_the_leak_audit_metric_survives_the_process_metrics(store: ResultsStore)
 
 
 def test_sql_t_quantiles_and_binomial_se_match_python(store: ResultsStore):
-    from a2rl.intervals import binomial_se, t975
+    from a2rl.summary.intervals import binomial_se, t975
 
     got = store.query("SELECT t975(1) AS a, t975(2) AS b, t975(30) AS c, t975(45) AS d, binomial_se(0, 32) AS e")
     assert got.iloc[0].tolist() == pytest.approx([t975(1), t975(2), t975(30), t975(45), binomial_se(0.0, 32)])
@@ -268,7 +269,7 @@ def test_a_new_store_has_small_blocks_and_an_old_one_keeps_its_own(tmp_path: Pat
     """Every write rewrites a few blocks per table it touches: 16 KB blocks write ~15x fewer bytes than 256 KB."""
     import duckdb
 
-    from a2rl.store import STORE_BLOCK_SIZE
+    from a2rl.store.results import STORE_BLOCK_SIZE
 
     new = ResultsStore(tmp_path / "new.duckdb")
     assert new.query("SELECT block_size FROM pragma_database_size()")["block_size"][0] == STORE_BLOCK_SIZE

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from a2rl.records import RunConfig, RunSummary
-from a2rl.store import ResultsStore
+from a2rl.store.results import ResultsStore
 from flows.sweep import check_parameters, completed_hashes, expand_matrix, plan_sweep, run_parameters
 
 

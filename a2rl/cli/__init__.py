@@ -109,7 +109,7 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
     import tempfile
 
     from a2rl.cli.display import RunDisplay, set_prefect_console_level
-    from a2rl.progress import ANNOUNCE_ENV, read_announced
+    from a2rl.ops.progress import ANNOUNCE_ENV, read_announced
 
     set_prefect_console_level(args.log_level)
     from flows.benchmark_run import benchmark_run
@@ -137,7 +137,7 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
         if run is None:  # it broke before the run had a row (e.g. the Prefect server did not start)
             print(f"a2rl: the run could not start: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
             return 1
-        from a2rl.progress import PROGRESS_FILE, read_snapshot
+        from a2rl.ops.progress import PROGRESS_FILE, read_snapshot
 
         snap = read_snapshot(run.harness_dir / PROGRESS_FILE)
         error = snap.progress.error if snap and snap.progress.error else f"{type(e).__name__}: {_one_line(e)}"
@@ -206,7 +206,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
 
 def cmd_results(args: argparse.Namespace) -> int:
-    from a2rl.store import ResultsStore
+    from a2rl.store.results import ResultsStore
 
     if not Path(args.results).exists():
         print(f"no results file at {args.results}; run `a2rl run` first", file=sys.stderr)
@@ -244,21 +244,21 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 def add_ops_parsers(sub) -> None:
     """`a2rl server`, `a2rl deploy`, `a2rl sweep`, `a2rl retry`, `a2rl status`."""
-    from a2rl import ops
+    from a2rl.ops import prefect_local
     from a2rl.run_options import add_config_options
 
     fmt = argparse.ArgumentDefaultsHelpFormatter
     server = sub.add_parser(
         "server", help="start/stop/inspect a local Prefect server and a process worker",
         description="A Prefect server on 127.0.0.1 (SQLite under PREFECT_HOME, analytics off) and a process worker "
-        f"on the work pool {ops.DEFAULT_POOL!r} (created if missing), as background processes with state files "
+        f"on the work pool {prefect_local.DEFAULT_POOL!r} (created if missing), as background processes with state files "
         "under PREFECT_HOME. Point other shells at it with PREFECT_API_URL (printed by `start`).",
         formatter_class=fmt,
     )  # fmt: skip
     server.add_argument("action", choices=["start", "stop", "status"])
-    server.add_argument("--host", default=ops.DEFAULT_HOST, help="interface to listen on (keep it local)")
-    server.add_argument("--port", type=int, default=ops.DEFAULT_PORT)
-    server.add_argument("--pool", default=ops.DEFAULT_POOL, help="process work pool of the worker")
+    server.add_argument("--host", default=prefect_local.DEFAULT_HOST, help="interface to listen on (keep it local)")
+    server.add_argument("--port", type=int, default=prefect_local.DEFAULT_PORT)
+    server.add_argument("--pool", default=prefect_local.DEFAULT_POOL, help="process work pool of the worker")
     server.add_argument("--no-worker", action="store_true", help="start the server only")
     server.add_argument("--worker-limit", type=int, default=None,
                         help="most benchmark runs at once on the pool (a limit on its `default` queue; sweeps, on "
@@ -271,7 +271,7 @@ def add_ops_parsers(sub) -> None:
         formatter_class=fmt,
     )  # fmt: skip
     deploy.add_argument("--name", action="append", default=None, help="deploy only this one (repeatable)")
-    deploy.add_argument("--pool", default=ops.DEFAULT_POOL)
+    deploy.add_argument("--pool", default=prefect_local.DEFAULT_POOL)
 
     sweep = sub.add_parser(
         "sweep", help="run a matrix of benchmark runs (tasks × agents × drivers × modes × seeds)",
@@ -303,38 +303,38 @@ def add_ops_parsers(sub) -> None:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    from a2rl import ops
+    from a2rl.ops import prefect_local
 
     if args.action == "stop":
         print(f"stopping: the worker's flow runs first (each records 'interrupted' with its report; up to "
-              f"{ops.FLOW_RUN_GRACE_S:.0f} s), then the worker and the server ...", flush=True)
-        worker, server = ops.stop_worker(), ops.stop_server()
+              f"{prefect_local.FLOW_RUN_GRACE_S:.0f} s), then the worker and the server ...", flush=True)
+        worker, server = prefect_local.stop_worker(), prefect_local.stop_server()
         said = {True: "stopped", False: "was not running"}
         print(f"worker {said[worker]}; server {said[server]}")
         return 0
     if args.action == "status":
         return _print_server_status()
-    print(f"starting a Prefect server on {args.host}:{args.port} (PREFECT_HOME={ops.prefect_home()}) ...", flush=True)
-    server = ops.start_server(args.host, args.port)
+    print(f"starting a Prefect server on {args.host}:{args.port} (PREFECT_HOME={prefect_local.prefect_home()}) ...", flush=True)
+    server = prefect_local.start_server(args.host, args.port)
     print(f"server up: {server.url} (pid {server.pid}, log {server.log})")
-    from a2rl import gpu_slots
+    from a2rl.ops import gpu_slots
 
-    if freed := gpu_slots.reconcile(server.url, ops.prefect_home()):
+    if freed := gpu_slots.reconcile(server.url, prefect_local.prefect_home()):
         print(f"freed {freed} GPU slot(s) that no live lease held (left by a server stopped during a run)")
     if not args.no_worker:
-        worker = ops.start_worker(server.url, pool=args.pool, run_limit=args.worker_limit)
+        worker = prefect_local.start_worker(server.url, pool=args.pool, run_limit=args.worker_limit)
         print(f"worker polling pool {args.pool!r} (pid {worker.pid}, log {worker.log})")
     print(f"UI: {server.url.removesuffix('/api')}\nin other shells: export PREFECT_API_URL={server.url}")
     return 0
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    from a2rl import ops
+    from a2rl.ops import prefect_local
 
     url = _require_api_url()
     print(f"deploying {', '.join(args.name) if args.name else 'all deployments of prefect.yaml'} to {url} ...",
           flush=True)  # fmt: skip
-    out = ops.deploy(url, names=args.name, pool=args.pool)
+    out = prefect_local.deploy(url, names=args.name, pool=args.pool)
     # The CLI draws boxes around its messages; keep only the deployment lines.
     created = [line.strip(" │") for line in out.splitlines() if "Deployment '" in line]
     print("\n".join(created) or out)
@@ -342,11 +342,11 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from a2rl import ops
+    from a2rl.ops import prefect_local
 
-    url = _require_api_url() if args.deployment else ops.resolve_api_url()
-    if args.deployment and not ops.deployment_exists(url, ops.RUN_DEPLOYMENT):
-        print(f"a2rl: deploy first: a2rl deploy (no deployment {ops.RUN_DEPLOYMENT!r} on {url})", file=sys.stderr)
+    url = _require_api_url() if args.deployment else prefect_local.resolve_api_url()
+    if args.deployment and not prefect_local.deployment_exists(url, prefect_local.RUN_DEPLOYMENT):
+        print(f"a2rl: deploy first: a2rl deploy (no deployment {prefect_local.RUN_DEPLOYMENT!r} on {url})", file=sys.stderr)
         return 2
     if url:
         os.environ["PREFECT_API_URL"] = url
@@ -384,16 +384,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     """Server and worker, top-level flow runs (flow / name, true state, elapsed), GPU slots and their holders,
     the next scheduled runs, and the latest store rows with the state their flow run is really in."""
     rc = _print_server_status()
-    from a2rl import gpu_slots, ops, status
+    from a2rl.ops import gpu_slots, prefect_local, status
 
     flow_runs: dict[str, status.FlowRunRow] = {}
     results = Path(args.results)
     rows = status.store_rows(results, args.limit) if results.exists() else []
-    if (url := ops.resolve_api_url()) and rc == 0:
+    if (url := prefect_local.resolve_api_url()) and rc == 0:
         try:
             runs = status.top_level_flow_runs(url, args.limit)
             upcoming = status.scheduled_flow_runs(url, 3)
-            slots = gpu_slots.describe(url, ops.prefect_home(), status.flow_run_label(url))
+            slots = gpu_slots.describe(url, prefect_local.prefect_home(), status.flow_run_label(url))
             flow_runs = status.flow_runs_by_suffix(url, [status.run_id_suffix(r["run_id"]) for r in rows])
         except httpx_errors() as e:  # the server may be starting or going; the store below is still worth showing
             print(f"cannot list flow runs: {type(e).__name__}: {_one_line(e)}")
@@ -406,7 +406,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not results.exists():
         print(f"no results store at {results.resolve()}")
         return rc
-    from a2rl.progress import running_label
+    from a2rl.ops.progress import running_label
 
     for row in rows:  # `running`: still on it, waiting for a slot, crashed, or died without a trace?
         fr = flow_runs.get(status.run_id_suffix(row["run_id"]))
@@ -424,27 +424,27 @@ def httpx_errors() -> tuple[type[Exception], ...]:
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
-    from a2rl import ops
+    from a2rl.ops import prefect_local
 
     url = _require_api_url()
     print(f"retrying flow run {args.flow_run_id} once its crash has settled ({args.settle:.0f} s) ...", flush=True)
-    state = ops.retry_flow_run(url, args.flow_run_id, settle_s=args.settle)
+    state = prefect_local.retry_flow_run(url, args.flow_run_id, settle_s=args.settle)
     print(f"flow run {args.flow_run_id}: {state}; a worker on its pool picks it up (`a2rl status`)")
     return 0
 
 
 def _print_server_status() -> int:
-    from a2rl import ops
+    from a2rl.ops import prefect_local
 
-    url = ops.resolve_api_url()
-    for name, state in (("server", ops.SERVER_STATE), ("worker", ops.WORKER_STATE)):
-        proc = ops.read_state(state)
+    url = prefect_local.resolve_api_url()
+    for name, state in (("server", prefect_local.SERVER_STATE), ("worker", prefect_local.WORKER_STATE)):
+        proc = prefect_local.read_state(state)
         if proc:
             print(f"{name}: pid {proc.pid} {'running' if proc.alive() else 'NOT running'} (log {proc.log})")
     if not url:
         print("server: none (start one with `a2rl server start`, or set PREFECT_API_URL)")
         return 1
-    up = ops.server_healthy(url)
+    up = prefect_local.server_healthy(url)
     print(f"server {url}: {'up' if up else 'DOWN'}")
     return 0 if up else 1
 
@@ -468,12 +468,12 @@ def _print_table(title: str, columns: list[str], rows: list[list]) -> None:
 
 
 def _require_api_url() -> str:
-    from a2rl import ops
+    from a2rl.ops import prefect_local
 
-    url = ops.resolve_api_url()
+    url = prefect_local.resolve_api_url()
     if not url:
         raise SystemExit("a2rl: no Prefect server; start one with `a2rl server start` or set PREFECT_API_URL")
-    if not ops.server_healthy(url):
+    if not prefect_local.server_healthy(url):
         raise SystemExit(f"a2rl: the Prefect server at {url} does not answer (`a2rl server status`)")
     return url
 
@@ -493,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     """Every mistake a user can make answers with one line on stderr: exit 2 for a setting that cannot work,
     1 for a failure; the traceback only with --debug or A2RL_DEBUG=1."""
     from a2rl.cli.catalog import cmd_agents, cmd_drivers
-    from a2rl.ops import OpsError
+    from a2rl.ops.prefect_local import OpsError
     from tasks.preflight import PreflightError
 
     _quiet_defaults()

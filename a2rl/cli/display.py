@@ -1,6 +1,6 @@
 """The live progress display of `a2rl run`: a rich panel on a terminal, plain lines otherwise.
 
-It only reads files (see `a2rl.progress`), from a thread, so it shows the same whether the flow runs in this
+It only reads files (see `a2rl.ops.progress`), from a thread, so it shows the same whether the flow runs in this
 process or elsewhere, and it cannot slow the run down by more than a few file reads per second.
 """
 
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from a2rl.progress import PHASE_LABELS, PROGRESS_FILE, Snapshot, read_announced, read_snapshot, status_line
+from a2rl.ops.progress import PHASE_LABELS, PROGRESS_FILE, Snapshot, read_announced, read_snapshot, status_line
 
 PLAIN_HEARTBEAT_S = 30.0
 """Without a terminal, a line at every change and at least this often."""

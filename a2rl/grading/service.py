@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from a2rl.evaluation import EvalCache, EvalSpec, EvaluationFailed, evaluate_cached
+from a2rl.inference.evaluation import EvalCache, EvalSpec, EvaluationFailed, evaluate_cached
 from a2rl.grading.checkpoint import (
     CheckedCheckpoint,
     check_checkpoint,
@@ -34,7 +34,7 @@ from a2rl.grading.clock import BudgetClock
 from a2rl.grading.errors import FailureKind, SubmissionRejected, public_failure
 from a2rl.grading.files import Deadline
 from a2rl.grading.ledger import Ledger
-from a2rl.models import weights_hash
+from a2rl.base_models.hashing import weights_hash
 from a2rl.records import EvalResult, LedgerEntry, RunConfig, Split
 
 log = logging.getLogger("a2rl.grading")
@@ -138,7 +138,7 @@ class GradingService:
     def _check_mode(self) -> dict:
         """Route label of the agent's code now, and whether it keeps to the run's mode; in strict mode a
         breach is refused (before it counts as a submission), otherwise it is flagged in the ledger."""
-        from a2rl.routes import check_snapshot
+        from a2rl.summary.routes import check_snapshot
 
         analysis, verdict = check_snapshot(self.ctx.workspace / "code", self.ctx.config.mode)
         if not verdict.ok and self.ctx.config.strict_mode:

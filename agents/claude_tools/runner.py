@@ -24,7 +24,7 @@ from typing import Any
 import anthropic
 
 from a2rl.jsonl import append_jsonl
-from a2rl.sandbox import SandboxPolicy, policy_from_dict, sandbox_label
+from a2rl.isolation.sandbox import SandboxPolicy, policy_from_dict, sandbox_label
 from agents.base import (
     HARNESS_ENV_PREFIX,
     LLM_CALLS_FILE,

@@ -11,7 +11,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from a2rl.sandbox import SandboxPolicy
+from a2rl.isolation.sandbox import SandboxPolicy
 from agents.base import HARNESS_ENV_PREFIX, AgentEnv, AgentLaunchError, agent_environment
 from agents.claude_tools.adapter import LLMAgent
 from agents.cli_agents.install import PROJECT_ROOT, check_starts, find_cli

@@ -129,7 +129,7 @@ def check_starts(argv: list[str], env: dict[str, str], sandbox=None, timeout_s: 
     """Run `argv` (a CLI's `--version`) as the session would run it, in the sandbox `sandbox` (a
     `SandboxPolicy`, with the CLI's install directories bound) or on the host; None if it exits 0, else one
     line saying why it cannot start."""
-    from a2rl.sandbox import wrap
+    from a2rl.isolation.sandbox import wrap
 
     if sandbox is not None:
         sandbox = replace(sandbox, extra_ro=(*sandbox.extra_ro, *install_dirs(argv[0], env.get("PATH"))))

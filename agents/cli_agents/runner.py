@@ -22,8 +22,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlparse
 
-from a2rl import procs
-from a2rl.sandbox import SandboxPolicy, wrap
+from a2rl.isolation import procs
+from a2rl.isolation.sandbox import SandboxPolicy, wrap
 from a2rl.jsonl import append_jsonl
 from agents.base import LLM_CALLS_FILE, TOOL_CALLS_FILE, TRANSCRIPT_FILE, AgentOptions, LLMDriver
 from agents.claude_tools.prompts import task_prompt

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from a2rl import safefs
+from a2rl.isolation import safefs
 from agents.base import Agent
 
 HERE = Path(__file__).parent

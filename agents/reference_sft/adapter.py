@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from a2rl import safefs
+from a2rl.isolation import safefs
 from agents.base import Agent
 
 SCRIPTS = ("agent.py", "train_sft.py", "train_precision.py")

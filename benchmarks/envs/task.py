@@ -30,7 +30,7 @@ class ModelPolicy:
         self.calls = 0
 
     def __call__(self, conversations: list[Messages]) -> list[str]:
-        from a2rl.generation import generate
+        from a2rl.inference.generation import generate
 
         d = self.decoding
         out = generate(
@@ -146,7 +146,7 @@ class InteractiveTask(BenchmarkTask):
         return [self.score_episode(item, ep) for item, ep in zip(items, episodes)]
 
     def run_episodes(self, model_dir: Path | Any, items: list[Item], batch_size: int) -> list[ItemResult] | None:
-        from a2rl.generation import load_model
+        from a2rl.inference.generation import load_model
 
         model = model_dir if isinstance(model_dir, tuple) else load_model(model_dir)
         policy = ModelPolicy(model, self.decoding, batch_size)

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NamedTuple
 
+from a2rl.isolation import procs
+
 NOBODY = 65534
 ExecutionStatus = Literal["passed", "failed", "timeout", "crashed"]
 
@@ -261,14 +263,17 @@ def _run(work: Path, limits: SandboxLimits, iso: Isolation) -> ExecutionResult:
     # program cannot read or rewrite it.
     with tempfile.TemporaryFile() as out:
         started = time.perf_counter()
-        proc = subprocess.Popen(
-            _command(work, limits, iso),
+        # Under the harness's process supervisor: a child subreaper, so a daemon the program leaves (in a session
+        # of its own, orphaned) is still below it and is killed with it, PID namespace or not.
+        proc = procs.start(
+            procs.supervised(_command(work, limits, iso), sys.executable),
+            group="session",
+            death_signal=procs.SUPERVISOR_DEATH_SIGNAL,
             cwd=work,
             env=env,
             stdin=subprocess.PIPE,
             stdout=out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
         try:
             proc.stdin.write((marker + "\n").encode())
@@ -298,8 +303,6 @@ def _run(work: Path, limits: SandboxLimits, iso: Isolation) -> ExecutionResult:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
+    """SIGKILL the program's session, its group and anything below it (a program that made a group of its own
+    included), and reap it: the harness's one process supervisor does it."""
+    procs.end_session_of(proc)

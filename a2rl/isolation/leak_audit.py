@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from a2rl import safefs
+from a2rl.isolation import safefs
 from a2rl.ngrams import DEFAULT_NGRAM, tokens
 from a2rl.workspace import RunPaths
 

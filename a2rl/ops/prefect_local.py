@@ -7,21 +7,20 @@ CLI and REST API only (no `import prefect`), which keeps `a2rl status` fast.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
+from pydantic import BaseModel
 
-from a2rl import procs
-from a2rl.gpu_slots import LEASE_STORAGE, LEASE_STORAGE_ENV
+from a2rl.isolation import procs
+from a2rl.ops.gpu_slots import LEASE_STORAGE, LEASE_STORAGE_ENV
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4200
@@ -29,7 +28,7 @@ DEFAULT_POOL = "a2rl-local"
 RUN_DEPLOYMENT = "benchmark-run/benchmark-run"
 RUNS_QUEUE = "default"
 """The work queue of benchmark runs (prefect.yaml); sweeps go to `sweeps`, so a runs-only limit never blocks them."""
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVER_STATE = "a2rl-server.json"
 WORKER_STATE = "a2rl-worker.json"
 # Set for every Prefect process we start: the machine is offline, and telemetry would only log errors.
@@ -40,8 +39,7 @@ class OpsError(RuntimeError):
     """A server, worker or deployment command did not do what was asked; the message says what to check."""
 
 
-@dataclass
-class ManagedProcess:
+class ManagedProcess(BaseModel):
     """A process we started, as recorded in its state file."""
 
     name: str
@@ -71,13 +69,13 @@ def api_url_of(host: str, port: int) -> str:
 def read_state(name: str, home: Path | None = None) -> ManagedProcess | None:
     path = (home or prefect_home()) / name
     try:
-        return ManagedProcess(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
+        return ManagedProcess.model_validate_json(path.read_text())
+    except (OSError, ValueError):  # a missing, torn or foreign state file: no process of ours
         return None
 
 
 def _write_state(proc: ManagedProcess, state: str, home: Path) -> None:
-    (home / state).write_text(json.dumps(asdict(proc), indent=1))
+    (home / state).write_text(proc.model_dump_json(indent=1))
 
 
 def resolve_api_url(home: Path | None = None) -> str | None:
@@ -144,7 +142,8 @@ def start_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, home: Path 
     server_env = prefect_env(None, {"PREFECT_HOME": str(home), LEASE_STORAGE_ENV: LEASE_STORAGE, **(env or {})})
     server_env.pop("PREFECT_API_URL", None)  # the server must not try to talk to another API
     proc = _spawn(cmd, server_env, log)
-    server = ManagedProcess("server", proc.pid, psutil.Process(proc.pid).create_time(), str(log), url=url)
+    server = ManagedProcess(name="server", pid=proc.pid, create_time=psutil.Process(proc.pid).create_time(), log=str(log),
+                            url=url)  # fmt: skip
     _write_state(server, SERVER_STATE, home)
     deadline = time.monotonic() + timeout_s
     while not server_healthy(url):
@@ -240,8 +239,8 @@ def start_worker(api_url: str, pool: str = DEFAULT_POOL, home: Path | None = Non
     if run_limit:  # on the runs' queue only: a sweep (queue `sweeps`) never takes a place its runs need
         set_queue_limit(api_url, pool, RUNS_QUEUE, run_limit)
     proc = _spawn(cmd, prefect_env(api_url, {"PREFECT_HOME": str(home), **(env or {})}), log)
-    worker = ManagedProcess("worker", proc.pid, psutil.Process(proc.pid).create_time(), str(log), url=api_url,
-                            pool=pool)  # fmt: skip
+    worker = ManagedProcess(name="worker", pid=proc.pid, create_time=psutil.Process(proc.pid).create_time(), log=str(log),
+                            url=api_url, pool=pool)  # fmt: skip
     _write_state(worker, WORKER_STATE, home)
     deadline = time.monotonic() + timeout_s
     while not _worker_polling(api_url, pool, since=worker.create_time):
@@ -431,7 +430,7 @@ def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
 
 def _stop_group(proc: ManagedProcess, term_signals: int, timeout_s: float) -> None:
     """SIGTERM the leader `term_signals` times, then SIGTERM and finally SIGKILL whatever is left of its process
-    group and descendants (flow runs, their agents): a2rl.procs.stop_tree."""
+    group and descendants (flow runs, their agents): a2rl.isolation.procs.stop_tree."""
     procs.stop_tree(proc.pid, proc.create_time, term_signals=term_signals, timeout_s=timeout_s)
 
 

@@ -81,7 +81,7 @@ def ledger_integrity(ctx: RunContext) -> dict:
     """The ledger's head as this report is built from it, checked against the head the results store
     anchored at every append: an edited last entry or a cut-off end shows up here."""
     from a2rl.grading.ledger import Ledger
-    from a2rl.store import ResultsStore
+    from a2rl.store.results import ResultsStore
 
     ledger = Ledger(ctx.paths.harness_dir / "ledger.jsonl")
     head = ledger.head()

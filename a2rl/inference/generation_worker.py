@@ -1,8 +1,8 @@
 """A generation worker for another Python environment (e.g. one with vLLM): JSON lines on stdin/stdout.
 
-Run by `a2rl.remote_generation` as `<python> generation_worker.py --backend vllm|transformers --model DIR`.
+Run by `a2rl.inference.remote_generation` as `<python> generation_worker.py --backend vllm|transformers --model DIR`.
 It imports only the standard library at start (the vLLM environment need not have a2rl's dependencies);
-the `transformers` backend imports `a2rl.generation` (a second engine for the loopback test and for users
+the `transformers` backend imports `a2rl.inference.generation` (a second engine for the loopback test and for users
 without vLLM), the `vllm` backend imports vllm.
 
 Protocol (one JSON object per line; the worker's stdout carries nothing else: library output goes to stderr):
@@ -58,13 +58,13 @@ class TransformersBackend:
     def __init__(self, model: str):
         import transformers
 
-        from a2rl.generation import load_model
+        from a2rl.inference.generation import load_model
 
         self.loaded = load_model(model)
         self.engine = f"transformers {transformers.__version__} generate"
 
     def generate(self, req: dict) -> dict:
-        from a2rl.generation import generate
+        from a2rl.inference.generation import generate
 
         out = generate(self.loaded, req["prompts"], max_new_tokens=req["max_new_tokens"],
                        temperature=req["temperature"], top_p=req.get("top_p", 1.0), stop=req.get("stop") or (),

@@ -4,7 +4,7 @@ Prompts are rendered with the checkpoint's chat template, sorted by length (less
 (decoder-only models continue from the right end) and generated in batches; the original order is restored.
 `batch_size=1` runs the very same code one prompt at a time and is the baseline batching is measured against.
 
-Greedy batches go through `a2rl.decode_engine` where it pays: on CUDA always (static cache + CUDA graph), on
+Greedy batches go through `a2rl.inference.decode_engine` where it pays: on CUDA always (static cache + CUDA graph), on
 CPU when the prompts share a long token prefix (few-shot exemplars), which is then prefilled once per call.
 Its outputs are cut exactly like `generate`'s; any engine failure falls back to `generate` with a warning.
 """
@@ -328,7 +328,7 @@ class _EngineRun:
 
 def _decoder_for(model: PreTrainedModel, use_graph: bool):
     """The model's decoder (kept on the model: its caches and graphs serve later calls), or None."""
-    from a2rl.decode_engine import EngineUnsupported, GreedyDecoder
+    from a2rl.inference.decode_engine import EngineUnsupported, GreedyDecoder
 
     decoders = model.__dict__.setdefault("_a2rl_decoders", {})
     if use_graph not in decoders:

@@ -14,7 +14,7 @@ Failure class (first rule that matches wins; operational, not semantic, like the
 | 8 | `reward/data design failure` | otherwise: models trained and scored, near the baseline, without improving |
 
 "Significantly": the 95% interval from the paired per-item comparison with the base model on the same items
-(`a2rl.intervals.paired_item_interval`) excludes 0. Runs without per-item results fall back to the sign, and the
+(`a2rl.summary.intervals.paired_item_interval`) excludes 0. Runs without per-item results fall back to the sign, and the
 reason says the change was not tested. Infrastructure failure is kept apart from the agent's failures: it says the harness, not the agent, failed.
 """
 
@@ -32,7 +32,7 @@ FailureClass = Literal[
     "rollout construction failure",
     "reward/data design failure",
 ]
-RL_ROUTES = frozenset({"GRPO", "PPO", "RLOO", "RL", "SFT+RL"})  # as a2rl.routes.RL_LABELS
+RL_ROUTES = frozenset({"GRPO", "PPO", "RLOO", "RL", "SFT+RL"})  # as a2rl.summary.routes.RL_LABELS
 # Error texts of failed evaluations that point at the grader or the machine, not at the agent's checkpoint.
 INFRA_ERROR_MARKERS = ("grader crash", "cuda out of memory", "no space left on device", "cuda error",
                        "nccl", "evaluator error", "connection refused")  # fmt: skip

@@ -7,10 +7,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from a2rl.metrics import ProcessReport, summarize_process
+from a2rl.summary.process import ProcessReport, summarize_process
 from a2rl.records import LedgerEntry, RunConfig, RunSummary
-from a2rl.report import latest_submissions
-from a2rl.store import ITEM_COLUMNS, item_rows
+from a2rl.summary.report import latest_submissions
+from a2rl.store.results import ITEM_COLUMNS, item_rows
 
 log = logging.getLogger(__name__)
 
@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 def store_process_report(store: Any, report: ProcessReport, harness_dir: Path | str) -> None:
     """Write a run's process facts to the results store: metrics (+ failure class), route labels, LLM and
     tool calls, and resource samples. Each write replaces the run's earlier rows, so calling it again is harmless."""
-    from a2rl.recording import read_llm_calls, read_resources, read_tool_calls, resource_rows
+    from a2rl.recording.calls import read_llm_calls, read_tool_calls
+    from a2rl.recording.resources import read_resources, resource_rows
 
     harness_dir = Path(harness_dir)
     store.record_metrics(report.run_id, report.metrics | {"failure_reason": report.failure_reason})
@@ -38,7 +39,9 @@ def ingest_run_dir(store: Any, run_dir: Path | str) -> ProcessReport:
     import pandas as pd
 
     from a2rl.grading.ledger import LedgerHead, read_ledger
-    from a2rl.recording import CodeSnapshots, read_llm_calls, read_resources, read_tool_calls, resource_rows
+    from a2rl.recording.snapshots import CodeSnapshots
+    from a2rl.recording.calls import read_llm_calls, read_tool_calls
+    from a2rl.recording.resources import read_resources, resource_rows
 
     run_dir = Path(run_dir)
     harness = run_dir / "harness" if (run_dir / "harness").is_dir() else run_dir
@@ -145,7 +148,7 @@ def _evaluation_rows(run_id: str, entries: list[LedgerEntry], harness: Path) -> 
 
 
 def _metric_rows(run_id: str, process: ProcessReport, harness: Path) -> list[dict[str, Any]]:
-    from a2rl.store import metric_cells
+    from a2rl.store.results import metric_cells
 
     values = process.metrics | {"failure_reason": process.failure_reason}
     audit = harness / "leak_audit.json"

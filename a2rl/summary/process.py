@@ -4,8 +4,8 @@ gathers the run's facts.
 Everything except the narrative is computed deterministically from the ledger, the code snapshots and the
 resource samples, so a re-run of the summary gives the same facts. Times are on the agent's budget clock
 (`agent_elapsed_s`: grading pauses it), not wall-clock seconds as in the original. The other parts live in
-their own modules: route labels (`a2rl.route_labels`), failure classes (`a2rl.verdicts`), the narrative
-(`a2rl.narrative`) and store ingestion (`a2rl.ingest`); the per-run figure (`analysis.run_figure`) is drawn by
+their own modules: route labels (`a2rl.summary.route_labels`), failure classes (`a2rl.summary.verdicts`), the narrative
+(`a2rl.summary.narrative`) and store ingestion (`a2rl.store.ingest`); the per-run figure (`analysis.run_figure`) is drawn by
 the flow's summary step, since the library does not import `analysis`.
 """
 
@@ -18,12 +18,12 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from a2rl.intervals import paired_item_interval
-from a2rl.narrative import deterministic_narrative, narrate
+from a2rl.summary.intervals import paired_item_interval
+from a2rl.summary.narrative import deterministic_narrative, narrate
 from a2rl.records import LedgerEntry, RunConfig, RunSummary
-from a2rl.report import latest_submissions
-from a2rl.route_labels import label_routes
-from a2rl.verdicts import FailureClass, explain_failure
+from a2rl.summary.report import latest_submissions
+from a2rl.summary.route_labels import label_routes
+from a2rl.summary.verdicts import FailureClass, explain_failure
 
 
 class ProcessReport(BaseModel):
@@ -172,7 +172,8 @@ def summarize_process(
         run_status, run_error: the run's final status and harness error (for the infrastructure rule).
         narrative: False never asks an LLM (re-ingesting must be deterministic).
     """
-    from a2rl.recording import read_llm_calls, read_resources, summarize_llm_calls, summarize_resources
+    from a2rl.recording.calls import read_llm_calls, summarize_llm_calls
+    from a2rl.recording.resources import read_resources, summarize_resources
 
     harness_dir = Path(harness_dir)
     metrics = process_metrics(entries, config, session_detail)

