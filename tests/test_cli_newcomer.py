@@ -253,7 +253,7 @@ def test_did_not_start_reads_a_launch_error_as_the_harness_failure(tmp_path):
     from a2rl.run import RunContext
     from a2rl.workspace import RunPaths
     from agents import SessionOutcome
-    from flows.benchmark_run import did_not_start
+    from tasks.summary_steps import did_not_start
 
     ctx = RunContext(run_id="r", config=RunConfig(agent="claude-tools", driver="m"),
                      paths=RunPaths.for_run(tmp_path, "r"), results_path=tmp_path / "a.duckdb")  # fmt: skip

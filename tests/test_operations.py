@@ -277,7 +277,7 @@ def test_a_retry_of_a_completed_run_returns_its_summary_and_changes_nothing(tmp_
     from a2rl.records import RunConfig, RunSummary
     from a2rl.run import make_run_id
     from a2rl.store.results import ResultsStore
-    from flows.benchmark_run import completed_before
+    from tasks.summary_steps import completed_before
 
     config, flow_run_id = RunConfig(), str(uuid.uuid4())
     run_id = make_run_id(config, flow_run_id)

@@ -1,0 +1,147 @@
+"""The summary steps of a run, as plain functions: the report, the leak audit, the process summary and the final
+results row, and the record of a run that failed. Plain, not Prefect tasks: they must also work while a run is
+going down and Prefect's API is gone. Also the checks the flow makes before and after the agent's session."""
+
+from __future__ import annotations
+
+import json
+import logging
+import traceback
+from pathlib import Path
+
+from a2rl.isolation.leak_audit import LeakReport, audit_run
+from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
+from a2rl.recording.calls import read_llm_calls
+from a2rl.recording.snapshots import CodeSnapshots
+from a2rl.run import RunContext, make_run_id
+from a2rl.store.ingest import store_process_report
+from a2rl.store.results import ResultsStore
+from a2rl.summary.process import render_process_markdown, summarize_process
+from a2rl.summary.report import build_summary, last_event, run_notes, write_report
+from a2rl.workspace import RunPaths
+from agents import SessionOutcome, agent_class
+from analysis.run_figure import score_trajectory_png
+from benchmarks import get_task
+from tasks.run_steps import ledger_of
+
+
+def leak_audit(ctx: RunContext) -> LeakReport:
+    """No hidden validation or test item may appear in what the agent wrote or said (long n-gram overlap)."""
+    bench, variant = get_task(ctx.config.task), ctx.config.variant
+    return audit_run(ctx.paths, [item for split in ("validation", "test") for item in bench.load_split(variant, split)])
+
+
+def write_summary(
+    ctx: RunContext, status: RunStatus, phase_seconds: dict[str, float], error: str | None = None
+) -> tuple[RunSummary, Path]:
+    """Summary from the ledger's raw scores → report.md / report.json and the final DuckDB row.
+    Plain function: it must also work when the run is going down and Prefect's API is gone."""
+    entries = ledger_of(ctx).entries()
+    session_end = last_event(entries, "session-end")
+    detail = session_end.detail if session_end else {}
+    summary = build_summary(
+        ctx, entries, status, phase_seconds,
+        agent_seconds=detail.get("agent_seconds", 0.0), grading_seconds=detail.get("grading_seconds", 0.0),
+        error=error,
+    )  # fmt: skip
+    leaks = leak_audit(ctx)
+    draw_trajectory(entries, ctx.paths.harness_dir)
+    start = last_event(entries, "session-start")
+    notes = run_notes(ctx, detail) + [f"Sandbox: {start.detail.get('sandbox', 'n/a') if start else 'no session'}."]
+    notes.append(
+        f"Leak audit: {leaks.leaked_items} of {leaks.n_hidden_items} hidden validation/test items found in the "
+        f"workspace or transcripts (harness/leak_audit.json)."
+    )
+    report = write_report(ctx, summary, entries, notes)
+    store = ResultsStore(ctx.results_path)
+    # Process metrics, route labels and the failure class sit beside the scores, in the report and the store.
+    process = summarize_process(
+        ctx.run_id, ctx.paths.harness_dir, entries, ctx.config, detail,
+        snapshots=CodeSnapshots(ctx.paths.harness_dir, ctx.paths.workspace / "code"),
+        summary=summary, run_status=status, run_error=error,
+    )  # fmt: skip
+    with report.open("a") as f:
+        f.write("\n" + render_process_markdown(process))
+    # One connection and one transaction for the run's summary rows; the final status last inside it, so a run
+    # whose summary step breaks never reads `completed`.
+    with store.batch():
+        store.record_metrics(ctx.run_id, {"leaked_items": leaks.leaked_items})
+        store_process_report(store, process, ctx.paths.harness_dir)
+        store.finish_run(summary)
+    return summary, report
+
+
+def draw_trajectory(entries: list[LedgerEntry], harness_dir: Path) -> None:
+    try:
+        score_trajectory_png(entries, harness_dir / "score_trajectory.png")
+    except ImportError as error:  # matplotlib is optional (e.g. a GPU image without it): only the figure is lost
+        logging.getLogger(__name__).warning("score trajectory figure skipped: %s", error)
+
+
+def completed_before(config: RunConfig, results: Path, runs_dir: Path, flow_run_id: str | None) -> RunSummary | None:
+    """The summary of this flow run's benchmark run if an earlier attempt completed it (a Retry pressed on a
+    completed run), else None."""
+    if flow_run_id is None:  # called outside a flow run: a new run every time
+        return None
+    run_id = make_run_id(config, flow_run_id)
+    report = RunPaths.for_run(runs_dir, run_id).harness_dir / "report.json"
+    if not results.exists() or not report.exists():
+        return None
+    rows = ResultsStore(results).query("SELECT status FROM runs WHERE run_id = ?", [run_id])
+    if list(rows["status"]) != ["completed"]:
+        return None
+    return RunSummary.model_validate(json.loads(report.read_text())["summary"])
+
+
+class AgentDidNotStart(RuntimeError):
+    """The agent never started, or ended before doing anything, because of the harness or its configuration."""
+
+
+def did_not_start(ctx: RunContext, outcome: SessionOutcome) -> str | None:
+    """Why the session does not count as the agent's attempt, or None when it does.
+
+    A launch error (no CLI, wrong driver API) never started the agent. An LLM agent that ended by itself
+    with no submission and not one successful LLM call never got to work (bad key, endpoint, CLI config):
+    that is the harness's failure, not the agent's result."""
+    if outcome.ended_by == "launch-error":
+        return f"the agent could not be launched: {outcome.error}"
+    if outcome.ended_by != "exited" or not agent_class(ctx.config.agent).uses_llm:
+        return None
+    h = ctx.paths.harness_dir
+    if any(e.kind == "submission" for e in ledger_of(ctx).entries()):
+        return None
+    if any(not c.get("error") and (c.get("output_tokens") or 0) > 0 for c in read_llm_calls(h / "llm_calls.jsonl")):
+        return None
+    return (f"the agent exited (code {outcome.exit_code}) after {outcome.agent_seconds:.0f} s without one "
+            f"successful LLM call or a submission; see {h / 'agent.log'}")  # fmt: skip
+
+
+def record_failure(ctx: RunContext, status: RunStatus, phases: dict[str, float], error: str, run_log: Path) -> None:
+    """Write the failed (or interrupted) run's report and row. Should that fail too (the data it audits may be
+    what was missing), the row still ends `status` with both errors and class `infrastructure failure`."""
+    try:
+        write_summary(ctx, status, phases, error=error)
+        return
+    except Exception as again:
+        log_traceback(run_log, "recording the failure failed as well")
+        error = f"{error}; then, while recording it: {type(again).__name__}: {' '.join(str(again).split())}"
+    try:
+        entries = ledger_of(ctx).entries()
+    except Exception:  # a damaged ledger must not keep the row `running`
+        entries = []
+    summary = build_summary(ctx, entries, status, phases, error=error)
+    store = ResultsStore(ctx.results_path)
+    store.finish_run(summary)
+    store.record_metrics(ctx.run_id, {"failure_class": "infrastructure failure"})
+    try:
+        write_report(ctx, summary, entries, [f"The run {status}; its full report could not be written (see {run_log})."])
+    except Exception:
+        log_traceback(run_log, "writing the short report failed")
+
+
+def log_traceback(run_log: Path, what: str) -> None:
+    try:
+        with run_log.open("a") as f:
+            f.write(f"\n=== {what} ===\n{traceback.format_exc()}")
+    except OSError:
+        pass
