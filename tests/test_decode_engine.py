@@ -13,37 +13,25 @@ import pytest
 import a2rl.inference.generation as generation
 from a2rl.inference.decode_engine import GreedyDecoder, unsupported_reason
 from a2rl.inference.generation import LoadedModel, _generate_batch, _shared_prefix, generate, load_model
-from tests.tiny_model import tiny_corpus
+from tests.tiny_model import tiny_questions
 
 MAX_NEW = 40
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir: Path) -> LoadedModel:
-    return load_model(tiny_model_dir, "cpu")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
 def conversations() -> list[list[dict[str, str]]]:
     """12 prompts of 1-3x a question's length: every batch is left-padded by different amounts."""
-    questions = [text.split("user\n")[1].split("\nassistant")[0] for text in tiny_corpus()[:12]]
+    questions = tiny_questions(0, 12)
     return [[{"role": "user", "content": q * (1 + i % 3)}] for i, q in enumerate(questions)]
 
 
 @pytest.fixture(scope="module")
 def with_system(conversations) -> list[list[dict[str, str]]]:
     """The same prompts behind one long system message: a shared token prefix of well over 32 tokens."""
-    system = " ".join(text.split("user\n")[1].split("\nassistant")[0] for text in tiny_corpus()[20:26])
+    system = " ".join(tiny_questions(20, 26))
     return [[{"role": "system", "content": system}, *c] for c in conversations]
 
 
@@ -132,16 +120,21 @@ def test_unknown_engine_is_one_clear_error(tiny: LoadedModel, conversations) -> 
         generate(tiny, conversations[:1], max_new_tokens=2, engine="fast")
 
 
-def test_gsm8k_grading_is_identical_with_prefix_reuse(tiny_model_dir: Path, monkeypatch) -> None:
-    """The 4-shot prompt shares its exemplars across items: reusing their KV changes no completion or score."""
+def _plain_and_reused(model_dir: Path, task: str, limit: int, batch_size: int, monkeypatch):
+    """The same evaluation with `generate` and with the engine that reuses shared prefixes."""
     from a2rl.inference.evaluation import EvalSpec, evaluate
     from benchmarks import get_task
 
-    spec = EvalSpec.of(get_task("gsm8k"), "offline", "validation", limit=6, batch_size=4)
+    spec = EvalSpec.of(get_task(task), "offline", "validation", limit=limit, batch_size=batch_size)
     monkeypatch.setenv("A2RL_DECODE_ENGINE", "generate")
-    plain = evaluate(tiny_model_dir, spec)
+    plain = evaluate(model_dir, spec)
     monkeypatch.setenv("A2RL_DECODE_ENGINE", "auto")
-    reused = evaluate(tiny_model_dir, spec)
+    return plain, evaluate(model_dir, spec)
+
+
+def test_gsm8k_grading_is_identical_with_prefix_reuse(tiny_model_dir: Path, monkeypatch) -> None:
+    """The 4-shot prompt shares its exemplars across items: reusing their KV changes no completion or score."""
+    plain, reused = _plain_and_reused(tiny_model_dir, "gsm8k", limit=6, batch_size=4, monkeypatch=monkeypatch)
     assert [i.completion for i in reused.items] == [i.completion for i in plain.items]
     assert (reused.score, reused.n_correct, reused.generated_tokens) == (
         plain.score, plain.n_correct, plain.generated_tokens)
@@ -149,14 +142,7 @@ def test_gsm8k_grading_is_identical_with_prefix_reuse(tiny_model_dir: Path, monk
 
 def test_interactive_episodes_are_identical_with_prefix_reuse(tiny_model_dir: Path, monkeypatch) -> None:
     """Lockstep episodes share their instructions: each step prefills them once (kept across steps)."""
-    from a2rl.inference.evaluation import EvalSpec, evaluate
-    from benchmarks import get_task
-
-    spec = EvalSpec.of(get_task("webshop"), "offline", "validation", limit=2, batch_size=2)
-    monkeypatch.setenv("A2RL_DECODE_ENGINE", "generate")
-    plain = evaluate(tiny_model_dir, spec)
-    monkeypatch.setenv("A2RL_DECODE_ENGINE", "auto")
-    reused = evaluate(tiny_model_dir, spec)
+    plain, reused = _plain_and_reused(tiny_model_dir, "webshop", limit=2, batch_size=2, monkeypatch=monkeypatch)
     assert [i.detail.get("turns") for i in reused.items] == [i.detail.get("turns") for i in plain.items]
     assert (reused.score, reused.generated_tokens) == (plain.score, plain.generated_tokens)
 

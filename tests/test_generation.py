@@ -7,33 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.inference.generation import GenerationOutput, LoadedModel, _real_length, generate, load_model
-from tests.tiny_model import tiny_corpus
+from a2rl.inference.generation import GenerationOutput, LoadedModel, _real_length, generate
+from tests.tiny_model import tiny_questions
 
 MAX_NEW = 12
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """A 100k-parameter model is all per-op overhead: 2 OpenMP threads only add barrier waits, several
-    times slower when the 2 cores are shared with other processes (measured 0.39 s vs 0.06 s per call)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir: Path) -> LoadedModel:
-    return load_model(tiny_model_dir, "cpu")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
 def conversations() -> list[list[dict[str, str]]]:
     """20 prompts of varied length, so batches need padding."""
-    questions = [text.split("user\n")[1].split("\nassistant")[0] for text in tiny_corpus()[:20]]
+    questions = tiny_questions(0, 20)
     return [[{"role": "user", "content": q * (1 + i % 3)}] for i, q in enumerate(questions)]
 
 

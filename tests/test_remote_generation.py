@@ -14,14 +14,14 @@ import pytest
 
 from a2rl.inference.generation import generate, load_model
 from a2rl.inference.remote_generation import WORKER_SCRIPT, EndpointClient, RemoteGenerationError, RemoteRequest, RemoteSettings, WorkerClient, generate_remote, remote_request
-from tests.tiny_model import tiny_corpus
+from tests.tiny_model import tiny_questions
 
 LOOPBACK = RemoteSettings(python=sys.executable, backend="transformers")
 
 
 @pytest.fixture(scope="module")
 def conversations() -> list[list[dict[str, str]]]:
-    questions = [text.split("user\n")[1].split("\nassistant")[0] for text in tiny_corpus()[:6]]
+    questions = tiny_questions(0, 6)
     return [[{"role": "user", "content": q * (1 + i % 2)}] for i, q in enumerate(questions)]
 
 

@@ -53,6 +53,11 @@ def tiny_corpus(n: int = 600) -> list[str]:
     return texts
 
 
+def tiny_questions(start: int, stop: int) -> list[str]:
+    """The user questions of `tiny_corpus()[start:stop]` (prompts the tiny model's tokenizer knows)."""
+    return [text.split("user\n")[1].split("\nassistant")[0] for text in tiny_corpus()[start:stop]]
+
+
 def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     """Byte-level BPE (vocab 512) trained on `tiny_corpus()`, digits split one per token, ChatML template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
