@@ -205,6 +205,3 @@ def _save_hf_model(hf_id: str) -> Path:
         return model_provenance(key=f"hf:{hf_id}", hf_id=hf_id, source=f"hf:{hf_id}", label=f"{hf_id} as published")
 
     return build_once(target, build)
-
-
-# ----------------------------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ from typing import Any
 
 from a2rl.jsonl import read_jsonl
 
-# ---- LLM and tool calls -------------------------------------------------------------------------------
 # Agents write `harness/llm_calls.jsonl` and `harness/tool_calls.jsonl` (records `LLMCallEvent` and
 # `ToolCallEvent` in agents/base.py). They are read here as plain JSON, so this module does not import agents;
 # `read_jsonl(tolerant=True)` skips the torn last line a crashed agent may leave.

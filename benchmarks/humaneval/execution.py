@@ -285,7 +285,7 @@ def _run(work: Path, limits: SandboxLimits, iso: Isolation) -> ExecutionResult:
         except subprocess.TimeoutExpired:
             returncode = None
         finally:
-            _kill_group(proc)
+            procs.end_session_of(proc)  # its session, its group and all below the supervisor
         seconds = time.perf_counter() - started
         out.seek(0)
         text = out.read().decode("utf-8", errors="replace")
@@ -301,8 +301,3 @@ def _run(work: Path, limits: SandboxLimits, iso: Isolation) -> ExecutionResult:
     reason = lines[-1] if lines else f"exit code {returncode} before the tests finished"
     return ExecutionResult("failed", reason[:300], seconds, tail)
 
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the program's session, its group and anything below it (a program that made a group of its own
-    included), and reap it: the harness's one process supervisor does it."""
-    procs.end_session_of(proc)
