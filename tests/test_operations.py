@@ -336,3 +336,25 @@ def test_the_run_limit_is_on_the_runs_queue_so_a_sweep_never_takes_a_place_its_r
     queues = {q["name"]: q["concurrency_limit"] for q in httpx.post(
         f"{api_url}/work_pools/{pool}/queues/filter", json={}, timeout=10).json()}  # fmt: skip
     assert queues == {"default": 1, "sweeps": None}
+
+
+def test_server_start_right_after_a_stop_is_not_refused_for_the_port(tmp_path):
+    """A stopped or killed server leaves its connections behind for a minute (TIME_WAIT, or half-closed while a
+    worker keeps its end open); the port is free to listen on again with SO_REUSEADDR, which uvicorn sets on
+    its socket, and the probe must say so."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        closed, half_open = (socket.create_connection(("127.0.0.1", port)) for _ in range(2))
+        for client in (closed, half_open):
+            conn, _ = listener.accept()
+            conn.close()  # the server's end closes first: TIME_WAIT, or FIN_WAIT_2 while the client stays open
+        closed.close()
+    try:
+        with socket.socket() as plain, pytest.raises(OSError):
+            plain.bind(("127.0.0.1", port))  # what the old probe did: refused
+        assert prefect_local._port_taken("127.0.0.1", port) is None
+    finally:
+        half_open.close()

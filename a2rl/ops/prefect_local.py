@@ -136,7 +136,8 @@ def start_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, home: Path 
         raise OpsError(f"a Prefect server started with `prefect server start --background` (pid {other}) uses "
                        f"PREFECT_HOME={home}; stop it (`prefect server stop`) or set another PREFECT_HOME")
     log = home / "a2rl-server.log"
-    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port),
+    # Prefect's server with a2rl's crash-report rule (a late Crashed never undoes a Retry): a2rl.ops.crash_reports.
+    cmd = [sys.executable, "-m", "a2rl.ops.crash_reports", "server", "start", "--host", host, "--port", str(port),
            "--analytics-off"]  # fmt: skip
     # Leases of the GPU slots on disk, so a restarted server still knows (and can expire) them.
     server_env = prefect_env(None, {"PREFECT_HOME": str(home), LEASE_STORAGE_ENV: LEASE_STORAGE, **(env or {})})
@@ -158,10 +159,12 @@ def start_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, home: Path 
 
 
 def _port_taken(host: str, port: int) -> str | None:
-    """Why `port` cannot be listened on (None when it can)."""
+    """Why `port` cannot be listened on (None when it can). With SO_REUSEADDR, as the server itself binds: the
+    connections a stopped or killed server left in TIME_WAIT do not count, only a program listening on it."""
     import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as e:
@@ -230,7 +233,8 @@ def start_worker(api_url: str, pool: str = DEFAULT_POOL, home: Path | None = Non
         return running
     ensure_work_pool(api_url, pool)
     log = home / "a2rl-worker.log"
-    cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process",
+    # Prefect's process worker that reports crashes of current attempts only (a2rl.ops.crash_reports).
+    cmd = [sys.executable, "-m", "a2rl.ops.crash_reports", "worker", "start", "--pool", pool, "--type", "process",
            "--install-policy", "never"]  # fmt: skip
     for q in queues:
         cmd += ["--work-queue", q]
