@@ -168,9 +168,16 @@ class RunSummary(BaseModel):
     n_submissions: int
     n_scored: int
     agent_seconds: float
+    """The agent's time within its budget (never more than the budget)."""
     grading_seconds: float
     wall_seconds: float
+    """Summed over every attempt of the run (the time between attempts not counted)."""
     phase_seconds: dict[str, float] = Field(default_factory=dict)
+    """Each phase summed over every attempt."""
     error: str | None = None
     mode_breaches: int = 0
     """Submissions whose code broke the run's mode (flagged by the grader; refused only in strict mode)."""
+    grace_seconds: float = 0.0
+    """The agent's time past its budget: the grace to stop and make a last submission (not in agent_seconds)."""
+    attempts: int = 1
+    """How many attempts the run took (1, plus one for each retry that resumed it)."""

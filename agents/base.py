@@ -42,8 +42,11 @@ class SessionOutcome(BaseModel):
     exit_code: int | None
     ended_by: Literal["exited", "budget", "launch-error", "interrupted"]
     agent_seconds: float
+    """The agent's time within its budget (never more than the budget)."""
     wall_seconds: float
     error: str | None = None
+    grace_seconds: float = 0.0
+    """The agent's time past its budget: the grace it gets to stop and make a last submission."""
 
 
 @dataclass(frozen=True)
@@ -248,7 +251,8 @@ def run_agent(
                               wall_seconds=time.monotonic() - start, error=str(e))
     if bad := [k for k in extra if not k.startswith(HARNESS_ENV_PREFIX)]:
         raise ValueError(f"{agent.id}: launch_env names must start with {HARNESS_ENV_PREFIX}: {bad}")
-    command, child_env = agent.command(env.workspace), {**agent_environment(env), **extra}
+    # The attempt's tag (run, attempt, harness pid): a retry finds what this session left by it (procs.ATTEMPT_ENV).
+    command, child_env = agent.command(env.workspace), {**agent_environment(env), **procs.attempt_env(), **extra}
     if sandbox is not None:
         if agent.uses_llm:
             child_env[f"{HARNESS_ENV_PREFIX}SANDBOX"] = json.dumps(describe_sandbox(sandbox))
@@ -292,7 +296,8 @@ def run_agent(
     return SessionOutcome(
         exit_code=proc.returncode,
         ended_by=ended_by,
-        agent_seconds=round(clock.elapsed(), 3),
+        agent_seconds=round(clock.agent_seconds(), 3),
+        grace_seconds=round(clock.grace_seconds(), 3),
         wall_seconds=round(time.monotonic() - start, 3),
     )
 

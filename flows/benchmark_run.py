@@ -17,10 +17,12 @@ from typing import Literal
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run as prefect_flow_run
 from prefect.exceptions import TerminationSignal
+from prefect.states import Cancelled
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 
 from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
-from a2rl.grading.clock import ClockRecorder
+from a2rl.grading.clock import CLOCK_FILE, ClockRecorder
+from a2rl.recording.attempts import AttemptLog
 from a2rl.recording.snapshots import CodeSnapshots
 from a2rl.recording.resources import ResourceSampler, workspace_pids
 from a2rl.grading.service import grading_devices
@@ -30,7 +32,7 @@ from a2rl.run import RunContext, gpu_names, sandbox_for
 from a2rl.run_options import DEFAULT_RESULTS, GRACE_S, resolve_results
 from tasks.preflight import check_run
 from a2rl.ops.gpu_slots import hold_gpu_slot
-from a2rl.isolation.procs import end_earlier_attempts
+from a2rl.isolation import procs
 from a2rl.ops.housekeeping import clean_stale_temp
 from a2rl.ops.progress import RUN_LOG, ProgressWriter, note_phase
 from a2rl.store.results import ResultsStore
@@ -89,7 +91,7 @@ def agent_session(
     if (done := last_event(entries, "session-end")) is not None:
         logger.info("agent session already finished (%s); reusing its outcome", done.detail.get("ended_by"))
         return SessionOutcome.model_validate(done.detail)
-    clock_file = ctx.paths.harness_dir / "clock.json"
+    clock_file = ctx.paths.harness_dir / CLOCK_FILE
     used_s = ClockRecorder.used_seconds(clock_file)
     store = ResultsStore(ctx.results_path)
     clock = BudgetClock(ctx.config.budget_s, already_used_s=used_s)
@@ -122,9 +124,19 @@ def agent_session(
     interrupted = last_event(entries, "session-start") is not None
     if interrupted and on_resume == "interrupted":
         service.close()
-        outcome = SessionOutcome(exit_code=None, ended_by="interrupted", agent_seconds=used_s, wall_seconds=0.0,
+        outcome = SessionOutcome(exit_code=None, ended_by="interrupted", agent_seconds=min(used_s, ctx.config.budget_s),
+                                 grace_seconds=max(0.0, used_s - ctx.config.budget_s), wall_seconds=0.0,
                                  error="the session was interrupted by a crash and not resumed (policy)")
         service.record_event("session-end", **outcome.model_dump(), grading_seconds=0.0)
+        return outcome
+    if interrupted and clock.remaining() <= 0:
+        # The budget (and part of the grace, maybe) was spent before the crash: the agent does not start again;
+        # what it submitted is graded.
+        service.close()
+        outcome = SessionOutcome(exit_code=None, ended_by="budget", agent_seconds=round(clock.agent_seconds(), 3),
+                                 grace_seconds=round(clock.grace_seconds(), 3), wall_seconds=0.0)  # fmt: skip
+        service.record_event("session-end", **outcome.model_dump(), grading_seconds=round(service.grading_seconds, 3))
+        logger.info("agent budget already spent before the crash (%.1f s); its submissions are graded", used_s)
         return outcome
     agent = get_agent(ctx.config.agent, driver=resolve_driver(ctx.config.driver))
     # One GPU slot per agent session (global concurrency limit `gpu`, made by sweeps; a no-op without it).
@@ -153,18 +165,25 @@ def agent_session(
             outcome = run_agent(agent, env, clock, ctx.paths.harness_dir / "agent.log", grace_s=grace_s,
                                 sandbox=policy)
             service.close()
-    outcome.agent_seconds = round(clock.elapsed(), 3)
+    outcome.agent_seconds, outcome.grace_seconds = round(clock.agent_seconds(), 3), round(clock.grace_seconds(), 3)
     service.record_event("session-end", **outcome.model_dump(), grading_seconds=round(service.grading_seconds, 3))
     logger.info("agent %s after %.0f s (exit code %s)", outcome.ended_by, outcome.agent_seconds, outcome.exit_code)
     return outcome
 
 
 def end_earlier_attempt(ctx: RunContext) -> None:
-    """A retried run first ends every process an earlier attempt left on its workspace (recorded in the harness
-    dir), checked gone; raises ProcessesSurvived (the run fails, no second agent starts) where it cannot."""
-    if ended := end_earlier_attempts(ctx.paths.harness_dir):
-        logging.getLogger(__name__).warning("ended %d processes of an earlier attempt of this run: %s",
-                                            len(ended), ended)  # fmt: skip
+    """A retried run first ends every process an earlier attempt left (recorded in the harness dir, or tagged
+    with the run), checked gone; raises ProcessesSurvived (the run fails, no second agent starts) where it
+    cannot. An earlier attempt's agent found still running (its harness frozen, or cut off from Prefect) has
+    its clock charged up to now, when it ended."""
+    harness = ctx.paths.harness_dir
+    agent_running = any(r.running() for r in procs.read_records(harness) if r.kind == "agent" and not r.ours())
+    if ended := procs.end_earlier_attempts(harness, run_id=ctx.run_id):
+        charged = ClockRecorder.charge_until(harness / CLOCK_FILE, time.time()) if agent_running else 0.0
+        logging.getLogger(__name__).warning(
+            "ended %d processes of an earlier attempt of this run: %s%s", len(ended), ended,
+            f" (its agent was still running: {charged:.1f} s more on the agent's clock)" if agent_running else "",
+        )  # fmt: skip
 
 
 @flow(name="final-grading")
@@ -239,7 +258,6 @@ def benchmark_run(
         get_run_logger().warning("run %s had already completed: a retry changes nothing (its row, report and "
                                  "timings stay as they were)", done.run_id)  # fmt: skip
         return done
-    phases: dict[str, float] = {}
     t = time.perf_counter()
     try:  # what killed runs left in the caches (never the reason this run fails)
         if removed := clean_stale_temp():
@@ -247,49 +265,52 @@ def benchmark_run(
     except OSError:
         pass
     ctx = open_run(config, results, runs_dir)
-    phases["open"] = time.perf_counter() - t
+    # This attempt: its times (wall, phases, summed with earlier attempts' for the report) and its identity,
+    # which every process it starts is recorded with (a retry ends what an earlier attempt left, never its own).
+    attempts = AttemptLog(ctx.paths.harness_dir, prefect_flow_run.get_id(), prefect_flow_run.get_run_count(),
+                          opened_s=time.perf_counter() - t)  # fmt: skip
+    procs.begin_attempt(ctx.paths.harness_dir,
+                        procs.Attempt.here(ctx.run_id, prefect_flow_run.get_id(), attempts.current.number))
     progress = ProgressWriter(ctx.run_id, ctx.paths.harness_dir, config.budget_s)
     run_log = ctx.paths.harness_dir / RUN_LOG
     phase = "preflight"
+
+    def enter(name: str) -> str:
+        attempts.phase(name)
+        progress.update(phase=name)
+        return name
+
     with logs_to(run_log):
         try:
-            t = time.perf_counter()
-            progress.update(phase=phase)
+            phase = enter("preflight")
             end_earlier_attempt(ctx)  # one attempt at a time: before anything else of this one
             # What the CLI checked, again for runs started elsewhere (deployments, sweeps); nothing slow.
             check_run(config, results, runs_dir, probe=False)
-            phases[phase] = time.perf_counter() - t
-            phase, t = "provision", time.perf_counter()
-            progress.update(phase=phase)
+            phase = enter("provision")
             base_model_dir = provision_workspace(ctx)
-            phases[phase] = time.perf_counter() - t
-            phase, t = "baseline", time.perf_counter()
-            progress.update(phase=phase)
+            phase = enter("baseline")
             baseline = evaluate_baseline(ctx, base_model_dir, progress=progress.update)
-            phases[phase] = time.perf_counter() - t
-            phase, t = "agent_session", time.perf_counter()
-            progress.update(phase=phase)
+            phase = enter("agent_session")
             outcome = agent_session(ctx, baseline, base_model_dir, grace_s=grace_s, on_resume=on_resume)
-            phases[phase] = time.perf_counter() - t
             if reason := did_not_start(ctx, outcome):
                 raise AgentDidNotStart(reason)
-            phase, t = "final_grading", time.perf_counter()
-            progress.update(phase=phase)
+            phase = enter("final_grading")
             final_grading(ctx, base_model_dir)
-            phases[phase] = time.perf_counter() - t
-            phase, t = "summary", time.perf_counter()
-            progress.update(phase=phase)
-            summary = summarize_run(ctx, "completed", phases)
-            phases["summary"] = time.perf_counter() - t
+            phase = enter("summary")
+            summary = summarize_run(ctx, "completed", attempts.totals())
+            attempts.end("completed")
         except BaseException as e:
-            # Recorded without Prefect (its API may be going down too), then re-raised so Prefect marks the
-            # flow run failed and it can be retried. The phase it stopped in counts up to now (wall time).
-            phases[phase] = time.perf_counter() - t
+            # Recorded without Prefect (its API may be going down too). A stop on request (SIGTERM: `a2rl server
+            # stop`, a cancelled worker) ends the flow run Cancelled, with what happened; anything else is
+            # re-raised so Prefect marks the flow run failed or crashed. Either way a Retry resumes it.
             status: RunStatus = "interrupted" if isinstance(e, INTERRUPTIONS) else "failed"
             error = f"{type(e).__name__} in {phase}: {one_line_error(e)}"
             log_traceback(run_log, f"run {status} in phase {phase}")
             progress.update(error=error)
-            record_failure(ctx, status, phases, error, run_log)
+            record_failure(ctx, status, attempts.totals(), error, run_log)
+            attempts.end(status)
+            if isinstance(e, TerminationSignal):
+                return Cancelled(message=f"a2rl recorded the run interrupted ({error}); a Retry resumes it")
             raise
     progress.update(phase="done")
     return summary

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from a2rl.isolation.leak_audit import LeakReport, audit_run
 from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
+from a2rl.recording.attempts import read_attempts
 from a2rl.recording.calls import read_llm_calls
 from a2rl.recording.snapshots import CodeSnapshots
 from a2rl.run import RunContext, make_run_id
@@ -39,10 +40,11 @@ def write_summary(
     entries = ledger_of(ctx).entries()
     session_end = last_event(entries, "session-end")
     detail = session_end.detail if session_end else {}
+    attempts = read_attempts(ctx.paths.harness_dir)
     summary = build_summary(
         ctx, entries, status, phase_seconds,
         agent_seconds=detail.get("agent_seconds", 0.0), grading_seconds=detail.get("grading_seconds", 0.0),
-        error=error,
+        error=error, grace_seconds=detail.get("grace_seconds", 0.0), attempts=max(1, len(attempts.attempts)),
     )  # fmt: skip
     leaks = leak_audit(ctx)
     draw_trajectory(entries, ctx.paths.harness_dir)
@@ -61,7 +63,7 @@ def write_summary(
         summary=summary, run_status=status, run_error=error,
     )  # fmt: skip
     with report.open("a") as f:
-        f.write("\n" + render_process_markdown(process))
+        f.write("\n" + render_process_markdown(process) + "\n" + attempts.markdown(status))
     # One connection and one transaction for the run's summary rows; the final status last inside it, so a run
     # whose summary step breaks never reads `completed`.
     with store.batch():

@@ -34,6 +34,8 @@ def test_benchmark_run_end_to_end(prefect_harness, tiny_model_dir, tmp_path, sma
     assert summary.best_val is not None and summary.final_test is not None
     assert summary.delta_test == pytest.approx(summary.final_test - summary.baseline_test)
     assert summary.agent_seconds <= 45 + 5 + 2  # budget + grace + polling slack
+    assert summary.agent_seconds <= 45 and summary.grace_seconds <= 5 + 2  # the budget holds; the grace apart
+    assert summary.attempts == 1 and summary.wall_seconds == pytest.approx(sum(summary.phase_seconds.values()), abs=0.01)
 
     harness = tmp_path / "runs" / summary.run_id / "harness"
     workspace = tmp_path / "runs" / summary.run_id / "workspace"
@@ -49,6 +51,7 @@ def test_benchmark_run_end_to_end(prefect_harness, tiny_model_dir, tmp_path, sma
     assert report["summary"]["final_test"] == summary.final_test
     assert "re-split offline" in (harness / "report.md").read_text()
     assert (harness / "process.json").is_file() and (harness / "score_trajectory.png").is_file()  # the summary step
+    assert "## Attempts" in (harness / "report.md").read_text()
 
     with duckdb.connect(str(results), read_only=True) as con:
         row = con.execute(

@@ -272,6 +272,9 @@ def add_ops_parsers(sub) -> None:
     )  # fmt: skip
     deploy.add_argument("--name", action="append", default=None, help="deploy only this one (repeatable)")
     deploy.add_argument("--pool", default=prefect_local.DEFAULT_POOL)
+    deploy.add_argument("--auto-retry", type=int, default=None, metavar="N",
+                        help="also retry crashed benchmark runs automatically, up to N times per run (a Prefect "
+                             "automation; 0 removes it; default: leave it as it is, i.e. off unless set)")
 
     sweep = sub.add_parser(
         "sweep", help="run a matrix of benchmark runs (tasks × agents × drivers × modes × seeds)",
@@ -291,11 +294,13 @@ def add_ops_parsers(sub) -> None:
     sweep.add_argument("--dry-run", action="store_true", help="show what would run and what is skipped")
 
     retry = sub.add_parser(
-        "retry", help="retry a crashed/failed flow run so that it takes (waits for the crash to settle, verifies)",
+        "retry", help="retry a crashed/failed/cancelled flow run, or one whose process is gone, and check it took",
         formatter_class=fmt,
     )  # fmt: skip
     retry.add_argument("flow_run_id", help="the flow run's id (UI, or `a2rl status`)")
-    retry.add_argument("--settle", type=float, default=10.0, help="seconds the crashed state must be unchanged")
+    retry.add_argument("--settle", type=float, default=0.0,
+                       help="seconds the crashed state must be unchanged first (only against a server and worker "
+                            "a2rl did not start: theirs may still report the crash late)")
 
     status = sub.add_parser("status", help="server, recent flow runs and the latest runs in the results store")
     status.add_argument("--results", default=str(DEFAULT_RESULTS))
@@ -338,6 +343,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     # The CLI draws boxes around its messages; keep only the deployment lines.
     created = [line.strip(" │") for line in out.splitlines() if "Deployment '" in line]
     print("\n".join(created) or out)
+    if args.auto_retry is not None:
+        from a2rl.ops.auto_retry import set_auto_retry
+
+        print(set_auto_retry(url, prefect_local.RUN_DEPLOYMENT, args.auto_retry))
     return 0
 
 
@@ -381,8 +390,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Server and worker, top-level flow runs (flow / name, true state, elapsed), GPU slots and their holders,
-    the next scheduled runs, and the latest store rows with the state their flow run is really in."""
+    """Server and worker, the flow runs an operator started, sweeps' runs included (flow / name, true state,
+    elapsed, next step), GPU slots and their holders, the next scheduled runs, and the latest store rows with the
+    state their flow run is really in."""
     rc = _print_server_status()
     from a2rl.ops import gpu_slots, prefect_local, status
 
@@ -391,15 +401,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     rows = status.store_rows(results, args.limit) if results.exists() else []
     if (url := prefect_local.resolve_api_url()) and rc == 0:
         try:
-            runs = status.top_level_flow_runs(url, args.limit)
+            runs = status.operator_flow_runs(url, args.limit)
             upcoming = status.scheduled_flow_runs(url, 3)
             slots = gpu_slots.describe(url, prefect_local.prefect_home(), status.flow_run_label(url))
             flow_runs = status.flow_runs_by_suffix(url, [status.run_id_suffix(r["run_id"]) for r in rows])
         except httpx_errors() as e:  # the server may be starting or going; the store below is still worth showing
             print(f"cannot list flow runs: {type(e).__name__}: {_one_line(e)}")
         else:
-            _print_table(f"flow runs on {url} (newest first; subflows not listed)",
-                         ["flow / flow run", "state", "start (UTC)", "elapsed", "id"], [r.cells() for r in runs])
+            _print_table(f"flow runs on {url} (newest first; a run's own subflows not listed)",
+                         ["flow / flow run", "state", "start (UTC)", "elapsed", "next step", "id"],
+                         [r.cells(status.next_step(r)) for r in runs])  # fmt: skip
             print("\n".join(slots))
             for r in upcoming:
                 print(f"scheduled: {r.flow} / {r.name} at {r.start} UTC ({r.state})")
@@ -427,7 +438,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
     from a2rl.ops import prefect_local
 
     url = _require_api_url()
-    print(f"retrying flow run {args.flow_run_id} once its crash has settled ({args.settle:.0f} s) ...", flush=True)
+    print(f"retrying flow run {args.flow_run_id} ...", flush=True)
     state = prefect_local.retry_flow_run(url, args.flow_run_id, settle_s=args.settle)
     print(f"flow run {args.flow_run_id}: {state}; a worker on its pool picks it up (`a2rl status`)")
     return 0

@@ -1,7 +1,9 @@
 """A pausable budget clock: the agent's time runs, except while its submissions are being graded.
 
-`ClockRecorder` writes the clock to a file every few seconds, so a run resumed after a crash knows how
-much of the agent's budget was already spent.
+`ClockRecorder` writes the clock to a file four times a second, so a run resumed after a crash knows how much
+of the agent's budget was already spent, within a quarter of a second; an earlier attempt whose agent kept
+running after its harness stopped recording (a frozen harness) is charged up to the moment the retry ended it
+(`charge_until`). Time past the budget (the grace the agent gets to wrap up) is counted apart from it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ import os
 import threading
 import time
 from pathlib import Path
+
+CLOCK_FILE = "clock.json"
+"""In the run's harness directory: the agent's clock as `ClockRecorder` last saved it."""
 
 
 class BudgetClock:
@@ -74,6 +79,14 @@ class BudgetClock:
     def remaining(self) -> float:
         return max(0.0, self.budget_s - self.elapsed())
 
+    def agent_seconds(self) -> float:
+        """The agent's time within its budget: never more than the budget."""
+        return min(self.elapsed(), self.budget_s)
+
+    def grace_seconds(self) -> float:
+        """The agent's time past its budget (the grace to stop and make a last submission)."""
+        return max(0.0, self.elapsed() - self.budget_s)
+
     @property
     def is_paused(self) -> bool:
         return self._pauses > 0
@@ -95,7 +108,7 @@ class BudgetClock:
 class ClockRecorder:
     """Persists `clock.elapsed()` to a JSON file every `interval_s` while active (a context manager)."""
 
-    def __init__(self, clock: BudgetClock, path: Path, interval_s: float = 5.0):
+    def __init__(self, clock: BudgetClock, path: Path, interval_s: float = 0.25):
         self.clock, self.path, self.interval_s = clock, Path(path), interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="clock-recorder")
@@ -108,10 +121,24 @@ class ClockRecorder:
         except (OSError, ValueError, KeyError):
             return 0.0
 
+    @staticmethod
+    def charge_until(path: Path, ended_at: float) -> float:
+        """An earlier attempt's agent ran until `ended_at` (the retry found it alive and ended it) while its harness
+        recorded nothing (frozen): its clock, unless it was paused for grading, runs on to that moment. Returns
+        the seconds charged."""
+        try:
+            record = json.loads(Path(path).read_text())
+            elapsed, at = float(record["elapsed_s"]), float(record["at"])
+        except (OSError, ValueError, KeyError):
+            return 0.0
+        if record.get("paused") or ended_at <= at:
+            return 0.0
+        _write_json(Path(path), {**record, "elapsed_s": round(elapsed + ended_at - at, 3), "at": ended_at})
+        return ended_at - at
+
     def save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"elapsed_s": round(self.clock.elapsed(), 3), "at": time.time()}))
-        os.replace(tmp, self.path)
+        _write_json(self.path, {"elapsed_s": round(self.clock.elapsed(), 3), "at": time.time(),
+                                "paused": self.clock.is_paused, "budget_s": self.clock.budget_s})
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -125,3 +152,9 @@ class ClockRecorder:
         self._stop.set()
         self._thread.join(timeout=5)
         self.save()
+
+
+def _write_json(path: Path, record: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, path)

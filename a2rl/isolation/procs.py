@@ -5,9 +5,11 @@
   takes the sandbox's whole PID namespace).
 - `stop_group` / `stop_session` / `kill_tree` / `stop_tree` end what was started: SIGTERM with a grace period,
   then SIGKILL, and check that nothing is left.
-- `SessionRecord` / `end_earlier_attempts`: each agent session's processes are recorded in the run's harness
-  directory (pid with its start time, so a reused pid is never mistaken for ours); a retried run first ends
-  every process an earlier attempt left on its workspace, and checks they are gone, before it does anything.
+- `Attempt` / `SessionRecord` / `end_earlier_attempts`: an attempt of a run is (run, flow run, attempt number,
+  harness process); every process it starts (agent session, evaluation) is recorded in the run's harness
+  directory with that identity (pid with its start time, so a reused pid is never mistaken for ours) and
+  carries it in its environment (`ATTEMPT_ENV`); a retried run first ends every process an earlier attempt
+  left, and checks they are gone, before it does anything, and never touches its own.
 
 Standard library only at module level: the sandbox shim (run as `python -I -S`) loads this file by path.
 """
@@ -31,7 +33,7 @@ SUPERVISOR_DEATH_SIGNAL = signal.SIGUSR1
 """What a supervisor gets when its parent (the harness) dies: catchable, unlike SIGKILL, so it can end first
 every process below it, then itself."""
 RECORD_FILE = "session-procs.jsonl"
-"""In the run's harness directory: one line per agent session started (`SessionRecord`)."""
+"""In the run's harness directory: one line per agent session or evaluation started (`SessionRecord`)."""
 
 
 class ProcessesSurvived(RuntimeError):
@@ -302,30 +304,98 @@ def supervise(cmd: list[str]) -> int:
     return code if code is not None else 1
 
 
-# -- records of agent sessions, for retries ----------------------------------------------------------------
+# -- attempts and the records of their processes, for retries ---------------------------------------------
+ATTEMPT_ENV = "A2RL_RUN_ATTEMPT"
+"""Set in the environment of every process an attempt starts (agent, evaluations): `Attempt.tag`."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt of a run: the flow run, its attempt number, and the harness process that runs it."""
+
+    run_id: str
+    flow_run_id: str | None
+    number: int
+    """1 for the first attempt on the run's directory, one more for each retry that resumed it."""
+    harness: int
+    harness_start: int
+
+    @classmethod
+    def here(cls, run_id: str, flow_run_id: str | None, number: int) -> Attempt:
+        me = proc_stat(os.getpid())
+        return cls(run_id, flow_run_id, number, os.getpid(), me.start_ticks if me else -1)
+
+    @property
+    def tag(self) -> str:
+        return f"{self.run_id}/{self.number}/{self.harness}:{self.harness_start}"
+
+
+_CURRENT: tuple[Path, Attempt] | None = None
+"""The attempt this process runs, and its run's harness directory (set by the benchmark flow)."""
+
+
+def begin_attempt(harness_dir: Path, attempt: Attempt) -> None:
+    """From now on, processes this harness starts are recorded (and tagged) as `attempt`'s."""
+    global _CURRENT
+    _CURRENT = (Path(harness_dir), attempt)
+
+
+def current_attempt() -> Attempt | None:
+    return _CURRENT[1] if _CURRENT else None
+
+
+def attempt_env() -> dict[str, str]:
+    """The tag of the current attempt, for the environment of a process it starts (empty outside a run)."""
+    return {ATTEMPT_ENV: _CURRENT[1].tag} if _CURRENT else {}
+
+
 @dataclass(frozen=True)
 class SessionRecord:
-    """One agent session's processes, as the harness started them."""
+    """Processes an attempt started (an agent session, an evaluation), as the harness started them."""
 
     leader: int
-    """The session's leader (a sandbox shim or a harness-side runner), started with group="session"."""
+    """The leader (a sandbox shim, a harness-side runner, an evaluation), started with group="session"."""
     leader_start: int
     harness: int
     """The harness process that started it (the flow run's process)."""
     harness_start: int
     agent_uid: int | None = None
     """Root harness with bubblewrap: the uid every process of the agent runs under (one per workspace)."""
+    kind: str = "agent"
+    """"agent" or "evaluation"."""
+    flow_run_id: str | None = None
+    attempt: int | None = None
+    """The attempt that started it (None: recorded outside a run's attempt)."""
 
     @classmethod
-    def of(cls, leader: int, agent_uid: int | None = None) -> SessionRecord:
+    def of(cls, leader: int, agent_uid: int | None = None, kind: str = "agent") -> SessionRecord:
+        me, lead, attempt = proc_stat(os.getpid()), proc_stat(leader), current_attempt()
+        return cls(leader, lead.start_ticks if lead else -1, os.getpid(), me.start_ticks if me else -1, agent_uid,
+                   kind, attempt.flow_run_id if attempt else None, attempt.number if attempt else None)  # fmt: skip
+
+    def running(self) -> bool:
+        """Its leader, or a process of its session started after it, is alive."""
+        lead = proc_stat(self.leader)
+        if lead is not None and lead.start_ticks == self.leader_start:
+            return True
+        return any(p.sid == self.leader and p.start_ticks >= self.leader_start for p in all_procs())
+
+    def ours(self) -> bool:
+        """Started by this very process (the current attempt), not by an earlier one."""
         me = proc_stat(os.getpid())
-        lead = proc_stat(leader)
-        return cls(leader, lead.start_ticks if lead else -1, os.getpid(), me.start_ticks if me else -1, agent_uid)
+        return self.harness == os.getpid() and me is not None and self.harness_start == me.start_ticks
 
 
 def record_session(harness_dir: Path, record: SessionRecord) -> None:
     with (Path(harness_dir) / RECORD_FILE).open("a") as f:
         f.write(json.dumps(asdict(record)) + "\n")
+
+
+def record_started(pid: int, kind: str) -> None:
+    """Record a process the current attempt just started (no-op outside a run), so that a retry ends it should
+    this harness die first."""
+    if _CURRENT is not None and _CURRENT[0].is_dir():
+        record_session(_CURRENT[0], SessionRecord.of(pid, kind=kind))
 
 
 def read_records(harness_dir: Path) -> list[SessionRecord]:
@@ -339,9 +409,11 @@ def read_records(harness_dir: Path) -> list[SessionRecord]:
     return out
 
 
-def earlier_attempt_pids(records: list[SessionRecord]) -> list[int]:
-    """Live processes of the recorded sessions: the harness that started them (unless it is this process or one
-    of its ancestors), the leader's descendants and session, and every process of the agent's uid."""
+def earlier_attempt_pids(records: list[SessionRecord], run_id: str | None = None) -> list[int]:
+    """Live processes of the recorded sessions of earlier attempts: the harness that started them (unless it is
+    this process or one of its ancestors), the leader's descendants and session, every process of the agent's
+    uid, and (with `run_id`) every process tagged with another attempt of that run (ATTEMPT_ENV)."""
+    records = [r for r in records if not r.ours()]
     procs = all_procs(with_uid=any(r.agent_uid is not None for r in records))
     by_pid = {p.pid: p for p in procs}
     spared = {os.getpid(), *_ancestors(os.getpid(), by_pid)}
@@ -359,7 +431,26 @@ def earlier_attempt_pids(records: list[SessionRecord]) -> list[int]:
             found |= {p.pid for p in procs if p.sid == r.leader and p.start_ticks >= r.leader_start}
         if r.agent_uid is not None:
             found |= {p.pid for p in procs if p.uid == r.agent_uid}
+    if run_id is not None:
+        found |= set(tagged_pids(run_id, procs))
     return sorted(found - spared)
+
+
+def tagged_pids(run_id: str, procs: list[ProcStat] | None = None) -> list[int]:
+    """Processes (that we may read) tagged with an attempt of `run_id` other than this process's."""
+    mine = attempt_env().get(ATTEMPT_ENV)
+    prefix = f"{ATTEMPT_ENV}={run_id}/".encode()
+    out = []
+    for p in procs if procs is not None else all_procs():
+        try:
+            environ = Path(f"/proc/{p.pid}/environ").read_bytes()
+        except OSError:
+            continue
+        for var in environ.split(b"\0"):
+            if var.startswith(prefix) and var.decode(errors="replace") != f"{ATTEMPT_ENV}={mine}":
+                out.append(p.pid)
+                break
+    return out
 
 
 def _ancestors(pid: int, by_pid: dict[int, ProcStat]) -> list[int]:
@@ -370,15 +461,15 @@ def _ancestors(pid: int, by_pid: dict[int, ProcStat]) -> list[int]:
     return out
 
 
-def end_earlier_attempts(harness_dir: Path, timeout_s: float = 15.0) -> list[int]:
+def end_earlier_attempts(harness_dir: Path, timeout_s: float = 15.0, run_id: str | None = None) -> list[int]:
     """End every process an earlier attempt of this run left (SIGKILL: its session is over; a frozen harness
     is ended too), and check they are gone; raise ProcessesSurvived otherwise. Returns the pids ended."""
     records = read_records(harness_dir)
-    if not records:
+    if not records and run_id is None:
         return []
     ended: list[int] = []
     for _ in range(3):  # a process forking while we kill: look again
-        pids = earlier_attempt_pids(records)
+        pids = earlier_attempt_pids(records, run_id)
         if not pids:
             break
         signal_pids(pids, signal.SIGKILL)
@@ -386,7 +477,7 @@ def end_earlier_attempts(harness_dir: Path, timeout_s: float = 15.0) -> list[int
         if left := wait_gone(pids, timeout_s):
             raise ProcessesSurvived(f"processes of an earlier attempt still run after SIGKILL: {left}")
     else:
-        if left := earlier_attempt_pids(records):
+        if left := earlier_attempt_pids(records, run_id):
             raise ProcessesSurvived(f"processes of an earlier attempt keep appearing: {left}")
     return sorted(set(ended))
 

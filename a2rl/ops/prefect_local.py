@@ -351,14 +351,18 @@ def recent_flow_runs(api_url: str, limit: int = 10, scheduled: bool = False) -> 
 RETRYABLE = {"CRASHED", "FAILED", "CANCELLED"}
 
 
-def retry_flow_run(api_url: str, flow_run_id: str, settle_s: float = 10.0, verify_s: float = 10.0,
+def retry_flow_run(api_url: str, flow_run_id: str, settle_s: float = 0.0, verify_s: float = 10.0,
                    timeout_s: float = 120.0, poll_s: float = 1.0) -> str:
-    """What the UI's Retry button does (force the run to Scheduled/AwaitingRetry; a worker re-runs it with the
-    same id and parameters), made to take:
+    """What the UI's Retry button does (the run to Scheduled/AwaitingRetry; a worker re-runs it with the same id
+    and parameters), made to take:
 
     * a completed run is refused (its results stand; a retry could only rewrite its timings);
-    * it waits until the run's state has not changed for `settle_s`: a process worker reports a crash twice,
-      and a Retry that lands between the two reports is overwritten by the second;
+    * a run that reads Running or Pending while its process is gone or stopped (the worker's host died, the
+      harness froze; this machine's run directory tells) is first marked Crashed, as the UI's "Change state"
+      would; any other Running run is refused;
+    * with `settle_s`, it waits until the run's state has not changed for that long (only useful against a
+      server and worker without a2rl's crash-report guards, a2rl.ops.crash_reports: there a late report of the
+      crash can still overwrite a retry);
     * it then checks for `verify_s` that the run stays Scheduled/Pending/Running (or ends), and presses again
       if a late crash report undid it. Returns the state name the run was left in."""
     deadline = time.monotonic() + timeout_s
@@ -367,6 +371,9 @@ def retry_flow_run(api_url: str, flow_run_id: str, settle_s: float = 10.0, verif
     if state == "COMPLETED":
         raise OpsError(f"flow run {run['name']} completed: a retry is refused (its results and timings stand); "
                        "start a new run of the deployment to repeat it")  # fmt: skip
+    if state in ("RUNNING", "PENDING") and (why := _process_gone(api_url, run)):
+        _set_state(api_url, flow_run_id, {"type": "CRASHED", "name": "Crashed", "message": f"a2rl retry: {why}"})
+        state = "CRASHED"
     if state not in RETRYABLE:
         raise OpsError(f"flow run {run['name']} is {run.get('state_name')}: only a crashed, failed or cancelled run "
                        "can be retried (a run whose process is gone but still reads Running: mark it crashed first)")
@@ -380,6 +387,18 @@ def retry_flow_run(api_url: str, flow_run_id: str, settle_s: float = 10.0, verif
         if time.monotonic() > deadline:
             raise OpsError(f"flow run {flow_run_id}: the retry was overwritten by crash reports for {timeout_s:.0f} s; "
                            "is its worker still reporting on it? (`a2rl status`)")  # fmt: skip
+
+
+def _process_gone(api_url: str, run: dict[str, Any]) -> str | None:
+    """Why a Running/Pending flow run is not running any more (its process gone or stopped, from its run
+    directory on this machine), or None when it is, or we cannot tell."""
+    from a2rl.ops import status
+
+    row = status.flow_run_rows(api_url, [run])[0]
+    process = status.run_process(status.harness_dir_of(row))
+    if process is None or process[1] == "alive":
+        return None
+    return f"its process {process[0]} is {process[1]}"
 
 
 def _read_flow_run(api_url: str, flow_run_id: str) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""What `a2rl status` shows an operator, as rows: top-level flow runs by flow name with their true state and
-elapsed time, the next scheduled runs, and the latest store rows with the state their flow run is really in.
+"""What `a2rl status` shows an operator, as rows: the flow runs an operator started (top-level runs, and the
+runs a sweep started through the deployment) by flow name with their true state, elapsed time and one next
+step each, the next scheduled runs, and the latest store rows with the state their flow run is really in.
 
 REST and files only (no `import prefect`), so the command answers in a second.
 """
@@ -23,25 +24,63 @@ class FlowRunRow:
     state_type: str
     start: str
     elapsed_s: float | None
-    deployment: str | None = None
+    deployment_id: str | None = None
+    in_sweep: bool = False
+    """Started by another flow run through a deployment (a sweep's benchmark run)."""
+    work_queue: str | None = None
+    parameters: dict[str, Any] | None = None
 
-    def cells(self) -> list[str]:
+    def cells(self, next_step: str = "") -> list[str]:
         elapsed = "-" if self.elapsed_s is None else _duration(self.elapsed_s)
-        return [f"{self.flow} / {self.name}", self.state, self.start or "-", elapsed, self.id]
+        name = f"{self.flow} / {self.name}" + (" (in a sweep)" if self.in_sweep else "")
+        return [name, self.state, self.start or "-", elapsed, next_step or "-", self.id]
 
 
-def top_level_flow_runs(api_url: str, limit: int = 10) -> list[FlowRunRow]:
-    """The latest flow runs that are not subflows and not waiting for their time, newest first."""
-    body = {"flow_runs": {"state": {"type": {"not_any_": ["SCHEDULED"]}}, "parent_task_run_id": {"is_null_": True}},
-            "limit": limit, "sort": "EXPECTED_START_TIME_DESC"}  # fmt: skip
-    return _rows(api_url, _post(api_url, "/flow_runs/filter", body))
+# Runs an operator looks after: top-level ones, and those another run started through a deployment (a sweep's
+# benchmark runs); not the subflows of a run (its phases).
+OWN_RUNS = ({"parent_task_run_id": {"is_null_": True}}, {"parent_task_run_id": {"is_null_": False}, "deployment_id": {"is_null_": False}})
+
+
+def operator_flow_runs(api_url: str, limit: int = 10) -> list[FlowRunRow]:
+    """The latest flow runs an operator looks after (top-level runs and sweeps' benchmark runs) that are not
+    waiting for their time, newest first."""
+    runs: dict[str, dict[str, Any]] = {}
+    for which in OWN_RUNS:
+        body = {"flow_runs": {"state": {"type": {"not_any_": ["SCHEDULED"]}}, **which}, "limit": limit,
+                "sort": "EXPECTED_START_TIME_DESC"}  # fmt: skip
+        runs |= {r["id"]: r for r in _post(api_url, "/flow_runs/filter", body)}
+    newest = sorted(runs.values(), key=lambda r: r.get("expected_start_time") or "", reverse=True)[:limit]
+    return flow_run_rows(api_url, newest)
+
+
+def next_step(row: FlowRunRow) -> str:
+    """The one thing to do next about a flow run, as a command where there is one."""
+    t = row.state_type
+    if t in ("CRASHED", "FAILED", "CANCELLED"):
+        return f"a2rl retry {row.id}" if row.deployment_id else "start it again (it has no deployment to retry)"
+    if t == "RUNNING":
+        process = run_process(harness_dir_of(row))
+        if process is not None and process[1] == "gone":
+            return f"its process {process[0]} is gone: a2rl retry {row.id} (marks it crashed, then retries)"
+        if process is not None and process[1] == "stopped":
+            return f"its process {process[0]} is stopped: a2rl retry {row.id} (marks it crashed; the retry ends it)"
+        return "running: follow it in the UI (its logs) or here"
+    if t == "PENDING":
+        return "starting on a worker"
+    if t == "SCHEDULED":
+        return f"waits for a worker on queue {row.work_queue or '?'} (a2rl server start starts one)"
+    if t == "PAUSED":
+        return "paused: resume it in the UI"
+    if t == "COMPLETED":
+        return "done: a2rl results"
+    return ""
 
 
 def scheduled_flow_runs(api_url: str, limit: int = 3) -> list[FlowRunRow]:
     """The next scheduled flow runs (soonest first); a run scheduled as a retry is among them."""
     body = {"flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}, "limit": limit,
             "sort": "EXPECTED_START_TIME_ASC"}  # fmt: skip
-    return _rows(api_url, _post(api_url, "/flow_runs/filter", body))
+    return flow_run_rows(api_url, _post(api_url, "/flow_runs/filter", body))
 
 
 def flow_run_label(api_url: str) -> Any:
@@ -51,7 +90,7 @@ def flow_run_label(api_url: str) -> Any:
         try:
             r = httpx.get(f"{api_url}/flow_runs/{flow_run_id}", timeout=10)
             r.raise_for_status()
-            row = _rows(api_url, [r.json()])[0]
+            row = flow_run_rows(api_url, [r.json()])[0]
         except (httpx.HTTPError, IndexError):
             return f"flow run {flow_run_id} (not found)"
         return f"{row.flow} / {row.name} ({row.state}, {row.id})"
@@ -59,10 +98,43 @@ def flow_run_label(api_url: str) -> Any:
     return label
 
 
+def harness_dir_of(row: FlowRunRow) -> Path | None:
+    """The harness directory of a `benchmark-run` flow run on this machine (from its parameters), if there."""
+    if row.flow != "benchmark-run" or not row.parameters:
+        return None
+    from a2rl.run_options import DEFAULT_RESULTS, resolve_results
+
+    results = resolve_results(row.parameters.get("results") or DEFAULT_RESULTS)
+    runs_dir = resolve_results(row.parameters["runs_dir"]) if row.parameters.get("runs_dir") else results.parent / "runs"
+    return next(iter(runs_dir.glob(f"*-{row.id.replace('-', '')[:8]}/harness")), None)
+
+
+def run_process(harness_dir: Path | None) -> tuple[int, str] | None:
+    """(pid, "alive" | "stopped" | "gone") of the process that runs the run of `harness_dir`, from its progress
+    file; None when unknown (no file, another host)."""
+    from a2rl.ops.progress import PROGRESS_FILE, read_announced
+
+    progress = read_announced(harness_dir / PROGRESS_FILE) if harness_dir else None
+    alive = progress.process_alive() if progress else None
+    if progress is None or alive is None:
+        return None
+    if not alive:
+        return progress.pid, "gone"
+    try:
+        stopped = Path(f"/proc/{progress.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except (OSError, IndexError):
+        stopped = False
+    return progress.pid, "stopped" if stopped else "alive"
+
+
 def flow_runs_by_suffix(api_url: str, suffixes: list[str]) -> dict[str, FlowRunRow]:
-    """The flow runs whose id starts with one of the 8-hex `suffixes` of a2rl run ids (`...-<8 hex>`)."""
-    body = {"flow_runs": {"parent_task_run_id": {"is_null_": True}}, "limit": 200, "sort": "EXPECTED_START_TIME_DESC"}
-    rows = _rows(api_url, _post(api_url, "/flow_runs/filter", body))
+    """The flow runs (top-level, or a sweep's) whose id starts with one of the 8-hex `suffixes` of a2rl run ids
+    (`...-<8 hex>`)."""
+    runs: dict[str, dict[str, Any]] = {}
+    for which in OWN_RUNS:
+        body = {"flow_runs": which, "limit": 200, "sort": "EXPECTED_START_TIME_DESC"}
+        runs |= {r["id"]: r for r in _post(api_url, "/flow_runs/filter", body)}
+    rows = flow_run_rows(api_url, list(runs.values()))
     wanted = set(suffixes)
     return {r.id.replace("-", "")[:8]: r for r in rows if r.id.replace("-", "")[:8] in wanted}
 
@@ -74,12 +146,15 @@ def true_status(row_status: str, flow_run: FlowRunRow | None, running_label: str
         return row_status
     if flow_run is not None and flow_run.state_type in ("CRASHED", "FAILED", "CANCELLED"):
         return f"{flow_run.state.lower()} (row not finished): a2rl retry {flow_run.id}"
+    if flow_run is not None and flow_run.state_type in ("PENDING", "RUNNING") and running_label.startswith("running?"):
+        return f"{running_label}, its flow run still reads {flow_run.state}: a2rl retry {flow_run.id}"
     if flow_run is not None and flow_run.state_type == "SCHEDULED":
         return f"waiting to resume ({flow_run.state})"
     return running_label
 
 
-def _rows(api_url: str, runs: list[dict[str, Any]]) -> list[FlowRunRow]:
+def flow_run_rows(api_url: str, runs: list[dict[str, Any]]) -> list[FlowRunRow]:
+    """Rows of flow runs as the API returns them."""
     flows = _flow_names(api_url, {r["flow_id"] for r in runs})
     now = datetime.now(timezone.utc)
     rows = []
@@ -94,7 +169,9 @@ def _rows(api_url: str, runs: list[dict[str, Any]]) -> list[FlowRunRow]:
         rows.append(FlowRunRow(
             id=r["id"], flow=flows.get(r["flow_id"], "?"), name=r["name"], state=r.get("state_name") or "-",
             state_type=state_type, start=(start or r.get("expected_start_time") or "")[:19].replace("T", " "),
-            elapsed_s=elapsed,
+            elapsed_s=elapsed, deployment_id=r.get("deployment_id"),
+            in_sweep=bool(r.get("parent_task_run_id") and r.get("deployment_id")),
+            work_queue=r.get("work_queue_name"), parameters=r.get("parameters"),
         ))  # fmt: skip
     return rows
 

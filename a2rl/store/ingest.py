@@ -106,7 +106,8 @@ def _run_row(run_id: str, config: RunConfig, summary: RunSummary | None, process
     if summary is not None:  # the report's numbers are the run's own word where it wrote one
         row |= {k: getattr(summary, k) for k in (
             "baseline_val", "baseline_test", "best_val", "best_submission_id", "final_submission_id", "final_test",
-            "delta_test", "n_submissions", "n_scored", "agent_seconds", "grading_seconds", "wall_seconds", "error")}
+            "delta_test", "n_submissions", "n_scored", "agent_seconds", "grading_seconds", "wall_seconds", "error",
+            "grace_seconds", "attempts")}
         row["phase_seconds_json"] = json.dumps(summary.phase_seconds)
     return row
 

@@ -112,6 +112,8 @@ class ResultsStore:
             "grading_seconds": summary.grading_seconds,
             "wall_seconds": summary.wall_seconds,
             "phase_seconds_json": json.dumps(summary.phase_seconds),
+            "grace_seconds": summary.grace_seconds,
+            "attempts": summary.attempts,
             "error": summary.error,
             "updated_at": utcnow(),
         }

@@ -515,5 +515,10 @@ MIGRATIONS: list[str] = [
     JOIN item_results fi ON fi.run_id = f.run_id AND fi.eval_key = f.eval_key
     JOIN item_results bi ON bi.run_id = b.run_id AND bi.eval_key = b.eval_key AND bi.item_id = fi.item_id;
     """,
+    # 29: the agent's grace past its budget apart from its time; how many attempts a run took.
+    """
+    ALTER TABLE runs ADD COLUMN grace_seconds DOUBLE;
+    ALTER TABLE runs ADD COLUMN attempts BIGINT;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

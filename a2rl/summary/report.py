@@ -44,6 +44,8 @@ def build_summary(
     agent_seconds: float = 0.0,
     grading_seconds: float = 0.0,
     error: str | None = None,
+    grace_seconds: float = 0.0,
+    attempts: int = 1,
 ) -> RunSummary:
     """Δ is derived here from stored raw scores, never taken from a stored difference."""
     base = baseline_scores(entries)
@@ -74,6 +76,8 @@ def build_summary(
         phase_seconds={k: round(v, 3) for k, v in phase_seconds.items()},
         error=error,
         mode_breaches=len(mode_breaches(entries)),
+        grace_seconds=round(grace_seconds, 3),
+        attempts=attempts,
     )
 
 
@@ -138,8 +142,9 @@ def render_markdown(s: RunSummary, subs: list[LedgerEntry], notes: list[str]) ->
         f"{f'**{s.mode_breaches}** of {s.n_submissions} submissions' if s.mode_breaches else 'none'} |",
         "",
         f"Submissions: {s.n_submissions} ({s.n_scored} scored). Agent time {s.agent_seconds:.0f} s of "
-        f"{c.budget_s:.0f} s budget; grading {s.grading_seconds:.0f} s (not charged to the agent); "
-        f"wall {s.wall_seconds:.0f} s.",
+        f"{c.budget_s:.0f} s budget" + (f" (+{s.grace_seconds:.1f} s grace past it, to stop)" if s.grace_seconds else "")
+        + f"; grading {s.grading_seconds:.0f} s (not charged to the agent); wall {s.wall_seconds:.0f} s"
+        + (f" over {s.attempts} attempts" if s.attempts > 1 else "") + ".",
         "",
     ]
     if s.error:
@@ -154,7 +159,8 @@ def render_markdown(s: RunSummary, subs: list[LedgerEntry], notes: list[str]) ->
                 f"{'yes' if e.cached else ''} | {_fmt(e.eval_seconds, 1)} | {_fmt(e.agent_elapsed_s, 0)} | {err} |"
             )
         lines.append("")
-    lines += ["## Phases (wall seconds)", "", "| phase | s |", "|---|---|"]
+    lines += ["## Phases (wall seconds" + (", summed over the attempts)" if s.attempts > 1 else ")"), "",
+              "| phase | s |", "|---|---|"]
     lines += [f"| {k} | {v:.1f} |" for k, v in s.phase_seconds.items()]
     if notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]

@@ -1,0 +1,107 @@
+"""Time across crashes (#29.4): the agent's clock loses and gains nothing, the budget holds with the grace counted
+apart, and a run's wall time and phases are summed over its attempts, each one listed.
+
+Real processes, SIGKILLed mid-way, as a dead harness is; the truth is taken from outside them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from a2rl.grading.clock import CLOCK_FILE, BudgetClock, ClockRecorder
+from a2rl.recording.attempts import AttemptLog, read_attempts
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A harness's clock and attempt record, running until it is killed; it prints when its clock started.
+HARNESS = """
+import sys, time
+from pathlib import Path
+from a2rl.grading.clock import BudgetClock, ClockRecorder
+from a2rl.recording.attempts import AttemptLog
+
+h = Path(sys.argv[1])
+log = AttemptLog(h, "fr-1", 1)
+log.phase("provision")
+time.sleep(0.5)
+log.phase("agent_session")
+clock = BudgetClock(600, already_used_s=float(sys.argv[2]))
+with ClockRecorder(clock, h / "clock.json"):
+    clock.start()
+    print(time.time(), flush=True)
+    time.sleep(600)
+"""
+
+
+def _killed_harness(tmp_path: Path, run_s: float, already_used_s: float = 0.0) -> tuple[float, float]:
+    """Run the harness, SIGKILL it `run_s` after its clock started; (clock start, kill time) as seen from here."""
+    script = tmp_path / "harness.py"
+    script.write_text(HARNESS)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path), str(already_used_s)], env=env,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    started = float(proc.stdout.readline())
+    time.sleep(max(0.0, started + run_s - time.time()))
+    proc.send_signal(signal.SIGKILL)
+    killed = time.time()
+    proc.wait()
+    return started, killed
+
+
+def test_the_agents_clock_after_a_sigkill_is_within_a_second_of_the_truth(tmp_path):
+    started, killed = _killed_harness(tmp_path, run_s=2.2, already_used_s=10.0)
+    used = ClockRecorder.used_seconds(tmp_path / CLOCK_FILE)
+    truth = 10.0 + (killed - started)
+    assert truth - 1.0 <= used <= truth, (used, truth)  # never more than the agent had; at most a second less
+
+
+def test_an_agent_that_ran_on_after_its_harness_stopped_recording_is_charged_until_it_was_ended(tmp_path):
+    clock_file = tmp_path / CLOCK_FILE
+    clock_file.write_text(json.dumps({"elapsed_s": 12.0, "at": time.time() - 30.0, "paused": False}))
+    ended_at = time.time()
+    assert abs(ClockRecorder.charge_until(clock_file, ended_at) - 30.0) < 0.01
+    assert abs(ClockRecorder.used_seconds(clock_file) - 42.0) < 0.01
+    assert ClockRecorder.charge_until(clock_file, ended_at) == 0.0  # charged once
+    # Paused for grading when its harness froze: the grading never ended, so its time never ran again.
+    clock_file.write_text(json.dumps({"elapsed_s": 12.0, "at": time.time() - 30.0, "paused": True}))
+    assert ClockRecorder.charge_until(clock_file, time.time()) == 0.0
+    assert ClockRecorder.used_seconds(clock_file) == 12.0
+
+
+def test_the_budget_holds_and_the_grace_past_it_is_counted_apart():
+    clock = BudgetClock(0.4)
+    clock.start()
+    time.sleep(0.9)  # the agent overran its budget by 0.5 s while it was being stopped
+    clock.stop()
+    assert clock.agent_seconds() == 0.4
+    assert 0.45 <= clock.grace_seconds() <= clock.elapsed() - 0.4 + 1e-9
+    short = BudgetClock(60, already_used_s=5.0)
+    assert (short.agent_seconds(), short.grace_seconds()) == (5.0, 0.0)
+
+
+def test_wall_time_and_phases_are_summed_over_the_attempts_and_each_is_listed(tmp_path):
+    started, killed = _killed_harness(tmp_path, run_s=1.5)
+    log = AttemptLog(tmp_path, "fr-1", 2)  # the retry
+    log.phase("agent_session")
+    time.sleep(0.3)
+    log.phase("summary")
+    log.end("completed")
+
+    attempts = read_attempts(tmp_path)
+    first, second = attempts.attempts
+    assert (first.number, second.number) == (1, 2) and first.label == "crashed in agent_session"
+    assert second.outcome == "completed"
+    # The killed attempt counts up to its last heartbeat: within a second of its death.
+    assert killed - 1.0 - 0.6 <= first.end <= killed + 0.01
+    phases = attempts.phase_seconds()
+    assert set(phases) == {"provision", "agent_session", "summary"}
+    assert phases["provision"] >= 0.5 and phases["agent_session"] >= (killed - started) - 1.0 + 0.3
+    assert abs(attempts.wall_s - (first.wall_s + second.wall_s)) < 1e-9
+    assert attempts.wall_s <= attempts.span_s  # the time between the attempts is not the run's work
+    table = attempts.markdown()
+    assert "| 1 | fr-1 |" in table and "crashed in agent_session" in table and "| 2 | fr-1 |" in table
