@@ -65,6 +65,9 @@ class GradingContext:
     task: Any = None
     """The task object `config.task` names (`benchmarks.get_task`), resolved by whoever starts the service;
     needed by the real evaluator (`evaluate_cached`), not by a test's own."""
+    on_process: Callable[[Any], None] | None = None
+    """Told every evaluation process as it starts (`a2rl.isolation.procs.Started`: pid and start time), e.g. to
+    record it in the run's attempt record; passed to the evaluator as `on_start` (only when set)."""
 
 
 def grading_devices(workers: int) -> list[str | None]:
@@ -341,8 +344,9 @@ class GradingService:
         self.clock.pause()
         start = time.monotonic()
         try:
+            extra = {"on_start": self.ctx.on_process} if self.ctx.on_process else {}
             result = self._evaluate(Path(queued.resolved_path), queued.weights_hash, self._spec(queued.split),
-                                    device=device)
+                                    device=device, **extra)
         except (EvaluationFailed, OSError, ValueError, MemoryError) as e:
             # A failed evaluation is recorded as an error and never counted as a score. Its text ran over
             # hidden items: the agent gets a fixed category, the full text goes to the harness log only.
