@@ -16,7 +16,8 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,9 @@ class GradingContext:
     task: Any = None
     """The task object `config.task` names (`benchmarks.get_task`), resolved by whoever starts the service;
     needed by the real evaluator (`evaluate_cached`), not by a test's own."""
+    on_process: Callable[[Any], None] | None = None
+    """Told every evaluation process as it starts (`a2rl.isolation.procs.Started`: pid and start time), e.g. to
+    record it in the run's attempt record; passed to the evaluator as `on_start` (only when set)."""
 
 
 def grading_devices(workers: int) -> list[str | None]:
@@ -111,7 +115,7 @@ class GradingService:
         self._done: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
         self._copy_lock = threading.Lock()
-        self._copies = 0  # submissions being checked and copied right now (outside self._lock)
+        self._copies = 0  # checkpoints being checked (and copied) right now, outside self._lock
         self.closed = False
         self.closing = threading.Event()
         self.grading_seconds = 0.0
@@ -130,9 +134,11 @@ class GradingService:
         return "test" if self.ctx.config.protocol == "paper" else "validation"
 
     def validate(self, model_path: str) -> dict:
-        """All checks a submission gets, without spending an evaluation or a submission."""
-        checked = self._checked(model_path, Deadline())
-        checked.close()
+        """All checks a submission gets, without spending an evaluation or a submission; under the same limit of
+        checks at once as submissions (each holds a header or a config in memory while it runs)."""
+        with self._check_slot(MAX_PARALLEL_COPIES):
+            checked = self._checked(model_path, Deadline())
+            checked.close()
         return {"ok": True, "model_path": model_path, **checked.facts}
 
     def _check_mode(self) -> dict:
@@ -162,14 +168,20 @@ class GradingService:
         Runs outside the service lock: a slow or hostile checkpoint never holds up other requests. At most
         MAX_PARALLEL_COPIES run at once, and never more than the submissions left: a burst of concurrent
         submits of a large checkpoint cannot fill the harness disk with copies that the cap then refuses."""
+        left = self.ctx.config.max_submissions - len(self.submissions())
+        with self._check_slot(min(MAX_PARALLEL_COPIES, left)):
+            return self._check_and_copy(model_path)
+
+    @contextmanager
+    def _check_slot(self, limit: int) -> Iterator[None]:
+        """One of the checks (validate or submit) allowed at once; 429 when `limit` already run."""
         with self._copy_lock:  # held for the count only
-            left = self.ctx.config.max_submissions - len(self.submissions())
-            if self._copies >= min(MAX_PARALLEL_COPIES, left):
-                raise SubmissionRejected("another submission is still being checked and copied: retry when it is "
-                                         "answered (or the submission cap is reached)", 429)  # fmt: skip
+            if self._copies >= limit:
+                raise SubmissionRejected("another checkpoint is still being checked: retry when it is answered "
+                                         "(or the submission cap is reached)", 429)  # fmt: skip
             self._copies += 1
         try:
-            return self._check_and_copy(model_path)
+            yield
         finally:
             with self._copy_lock:
                 self._copies -= 1
@@ -341,8 +353,9 @@ class GradingService:
         self.clock.pause()
         start = time.monotonic()
         try:
+            extra = {"on_start": self.ctx.on_process} if self.ctx.on_process else {}
             result = self._evaluate(Path(queued.resolved_path), queued.weights_hash, self._spec(queued.split),
-                                    device=device)
+                                    device=device, **extra)
         except (EvaluationFailed, OSError, ValueError, MemoryError) as e:
             # A failed evaluation is recorded as an error and never counted as a score. Its text ran over
             # hidden items: the agent gets a fixed category, the full text goes to the harness log only.
