@@ -116,7 +116,8 @@ def agent_session(
     service = GradingService(
         GradingContext(ctx.run_id, ctx.config, ctx.paths.workspace, ctx.paths.harness_dir, baseline,
                        base_model_dir=base_model_dir, devices=grading_devices(ctx.config.grading_workers),
-                       ledger_anchor=store.ledger_anchor(ctx.run_id), task=get_task(ctx.config.task)),
+                       ledger_anchor=store.ledger_anchor(ctx.run_id), task=get_task(ctx.config.task),
+                       on_process=procs.record_started),  # each evaluation recorded as this attempt's
         clock,
         on_entry=on_entry,
         on_evaluation=lambda entry, result: record_evaluation(store, ctx, entry, result),
@@ -307,11 +308,13 @@ def benchmark_run(
             error = f"{type(e).__name__} in {phase}: {one_line_error(e)}"
             log_traceback(run_log, f"run {status} in phase {phase}")
             progress.update(error=error)
-            record_failure(ctx, status, attempts.totals(), error, run_log)
             attempts.end(status)
+            record_failure(ctx, status, attempts.totals(), error, run_log)
             if isinstance(e, TerminationSignal):
                 return Cancelled(message=f"a2rl recorded the run interrupted ({error}); a Retry resumes it")
             raise
+        finally:
+            procs.end_attempt()
     progress.update(phase="done")
     return summary
 

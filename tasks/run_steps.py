@@ -13,6 +13,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from a2rl.inference.evaluation import EvalSpec, evaluate_cached
+from a2rl.isolation import procs
 from a2rl.grading.ledger import Ledger
 from a2rl.base_models.registry import resolve_base_model
 from a2rl.base_models.hashing import weights_hash
@@ -118,7 +119,7 @@ def evaluate_baseline(
             continue
         spec = EvalSpec.for_run(ctx.config, split, bench)
         run_logger().info("base model: evaluating %s (%s items)...", split, spec.limit or "all")
-        result = evaluate_cached(base_model_dir, base_hash, spec)
+        result = evaluate_cached(base_model_dir, base_hash, spec, on_start=procs.record_started)
         run_logger().info("base model: %s score %.2f (%s)", split, result.score,
                           "cached" if result.cached else f"{result.duration_s:.0f} s")  # fmt: skip
         entry = ledger.append(
@@ -166,7 +167,8 @@ def evaluate_final(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
     pick, selection = final_pick(entries)
     path = Path(pick.resolved_path) if pick else base_model_dir
     whash = pick.weights_hash if pick else weights_hash(base_model_dir)
-    result = evaluate_cached(path, whash, EvalSpec.for_run(ctx.config, "test", get_task(ctx.config.task)))
+    result = evaluate_cached(path, whash, EvalSpec.for_run(ctx.config, "test", get_task(ctx.config.task)),
+                             on_start=procs.record_started)  # a retry ends it should this attempt die first
     entry = ledger.append(
         run_id=ctx.run_id, kind="final", split="test", status="scored", score=result.score,
         submission_id=pick.submission_id if pick else None, model_path=pick.model_path if pick else None,

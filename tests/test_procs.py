@@ -144,3 +144,63 @@ def test_start_gives_a_parent_death_signal_unless_told_not_to(tmp_path: Path):
         left = procs.wait_gone([child], 3.0)
         assert (left == []) is dies
         procs.signal_pids(left, signal.SIGKILL)
+
+
+# A harness that began attempt 1 of run-x: an evaluation under the supervisor (recorded through on_start), and a
+# process that escaped into a session of its own without being recorded (it still carries the attempt's tag).
+ATTEMPT_HARNESS = textwrap.dedent("""
+    import subprocess, sys
+    from pathlib import Path
+    from a2rl.isolation import procs
+
+    procs.begin_attempt(Path(sys.argv[1]), procs.Attempt.here("run-x", "flow-run-1", 1))
+    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+    ev = procs.start(procs.supervised(sleeper, sys.executable), group="session",
+                     death_signal=procs.SUPERVISOR_DEATH_SIGNAL, on_start=procs.record_started)
+    stray = procs.start(sleeper, group="session", die_with_parent=False)
+    print(ev.pid, stray.pid, flush=True)
+    ev.wait()
+""")
+
+
+def test_every_process_of_an_attempt_carries_its_identity_and_a_retry_ends_those_of_earlier_attempts_only(
+    tmp_path: Path, monkeypatch
+):
+    """#29.2: evaluations are recorded like agent sessions, with the attempt that started them; everything an
+    earlier attempt left (its frozen harness, its evaluation, a tagged process it did not record) is ended by
+    the next attempt, whose own processes and records are left alone."""
+    harness_dir = tmp_path / "harness"
+    harness_dir.mkdir()
+    (tmp_path / "harness.py").write_text(ATTEMPT_HARNESS)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    first = subprocess.Popen([sys.executable, str(tmp_path / "harness.py"), str(harness_dir)], env=env,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    ev, stray = (int(x) for x in first.stdout.readline().split())
+    deadline = time.monotonic() + 30
+    while len(ev_tree := [ev, *procs.descendants(ev)]) < 2:  # the supervisor and, once it started it, the evaluation
+        assert time.monotonic() < deadline, "the supervisor never started the evaluation"
+        time.sleep(0.05)
+    tag = "run-x/1/%d:%d" % (first.pid, procs.proc_stat(first.pid).start_ticks)
+    for pid in (*ev_tree, stray):
+        assert f"{procs.ATTEMPT_ENV}={tag}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    first.send_signal(signal.SIGSTOP)  # the harness freezes: nothing of it will end by itself
+
+    # The retry, in this process: attempt 2, with an evaluation of its own already running.
+    monkeypatch.delenv(procs.ATTEMPT_ENV, raising=False)
+    monkeypatch.setattr(procs, "_CURRENT", None)
+    procs.begin_attempt(harness_dir, procs.Attempt.here("run-x", "flow-run-1", 2))
+    own = procs.start([sys.executable, "-c", "import time; time.sleep(600)"], on_start=procs.record_started)
+    try:
+        records = procs.read_records(harness_dir)
+        assert [(r.kind, r.flow_run_id, r.attempt) for r in records] == [("evaluation", "flow-run-1", 1),
+                                                                         ("evaluation", "flow-run-1", 2)]
+        ended = procs.end_earlier_attempts(harness_dir, timeout_s=10, run_id="run-x")
+        assert {first.pid, *ev_tree, stray} <= set(ended) and own.pid not in ended
+        assert procs.wait_gone([first.pid, *ev_tree, stray], 2.0) == []
+        assert own.poll() is None  # this attempt's own evaluation runs on
+        assert procs.end_earlier_attempts(harness_dir, run_id="run-x") == []
+    finally:
+        procs.end_attempt()
+        own.kill()
+        own.wait()
+        first.wait(timeout=10)

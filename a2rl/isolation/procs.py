@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -486,9 +486,20 @@ _CURRENT: tuple[Path, Attempt] | None = None
 
 
 def begin_attempt(harness_dir: Path, attempt: Attempt) -> None:
-    """From now on, processes this harness starts are recorded (and tagged) as `attempt`'s."""
+    """From now on, processes this harness starts carry `attempt`'s tag (in this process's environment, which
+    they inherit; the agent's, built from scratch, gets it from `attempt_env`), and those recorded with
+    `record_started` are recorded as `attempt`'s."""
     global _CURRENT
     _CURRENT = (Path(harness_dir), attempt)
+    os.environ[ATTEMPT_ENV] = attempt.tag
+
+
+def end_attempt() -> None:
+    """The attempt is over (its flow returns): nothing more is recorded or tagged as its."""
+    global _CURRENT
+    if _CURRENT is not None and os.environ.get(ATTEMPT_ENV) == _CURRENT[1].tag:
+        del os.environ[ATTEMPT_ENV]
+    _CURRENT = None
 
 
 def current_attempt() -> Attempt | None:
@@ -542,11 +553,12 @@ def record_session(harness_dir: Path, record: SessionRecord) -> None:
         f.write(json.dumps(asdict(record)) + "\n")
 
 
-def record_started(pid: int, kind: str) -> None:
-    """Record a process the current attempt just started (no-op outside a run), so that a retry ends it should
-    this harness die first."""
+def record_started(started: Started, kind: str = "evaluation") -> None:
+    """Record a process the current attempt just started (`start(..., on_start=record_started)`; a no-op outside
+    a run), so that a retry ends it should this harness die first."""
     if _CURRENT is not None and _CURRENT[0].is_dir():
-        record_session(_CURRENT[0], SessionRecord.of(pid, kind=kind))
+        record = SessionRecord.of(started.pid, kind=kind)
+        record_session(_CURRENT[0], replace(record, leader_start=started.start_ticks))
 
 
 def read_records(harness_dir: Path) -> list[SessionRecord]:

@@ -139,7 +139,8 @@ class AttemptLog:
     def totals(self) -> dict[str, float]:
         """Seconds per phase summed over every attempt so far, this one counted up to now."""
         with self._lock:
-            self.current.last_seen = time.time()
+            if self.current.ended_at is None:
+                self.current.last_seen = time.time()
             return self._all.phase_seconds()
 
     def end(self, outcome: str) -> None:
