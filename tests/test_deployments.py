@@ -7,10 +7,8 @@ the reference agent on the tiny model. Deselect with `-m "not prefect_server"`.
 
 from __future__ import annotations
 
-import socket
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from datetime import date, datetime, timedelta
 from datetime import time as clock_time
 from pathlib import Path
@@ -19,54 +17,23 @@ from zoneinfo import ZoneInfo
 
 import duckdb
 import httpx
-import psutil
 import pytest
 
 from a2rl.ops import prefect_local
 from a2rl.grading.ledger import read_ledger
+from live_server import SMALL_AGENT, LiveServer, kill_worker_host, ledger_with, live_server, wait_for
+from live_server import final_run as _final_run
+from live_server import flow_run as _flow_run
+from live_server import set_state as _set_state
 
 pytestmark = pytest.mark.prefect_server
-
-# Runs start within a second or two of being scheduled (defaults: 10 s each).
-FAST_POLLING = {"PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
-# Passed to the runs as a job-variable override: the reference agent trains a few steps only.
-SMALL_AGENT = {"A2RL_SFT_MAX_STEPS": "4", "A2RL_SFT_BATCH_SIZE": "4", "A2RL_SFT_MAX_LENGTH": "512",
-               "A2RL_SFT_TRAIN_S": "5", "A2RL_SFT_LR": "5e-3"}  # fmt: skip
-# A run waiting for a GPU slot asks again after at most this many seconds (default 30).
-SERVER_ENV = {"PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS": "2"}
-
-
-@dataclass
-class LiveServer:
-    url: str
-    home: Path
-
-    def start_worker(self) -> prefect_local.ManagedProcess:
-        # Only the `default` queue: the nightly sweep (queue `sweeps`) must not start if the tests run at 2 am.
-        return prefect_local.start_worker(self.url, home=self.home, queues=("default",), env=FAST_POLLING)
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory) -> Iterator[LiveServer]:
     """One Prefect server (own PREFECT_HOME), the deployments of prefect.yaml, one process worker."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    home = tmp_path_factory.mktemp("prefect-server")
-    server = prefect_local.start_server(port=_free_port(), home=home, env=SERVER_ENV)
-    pids = [server.pid]
-    try:
-        prefect_local.deploy(server.url)
-        live = LiveServer(server.url, home)
-        pids.append(live.start_worker().pid)
-        with temporary_settings(updates={PREFECT_API_URL: server.url}):  # in-process clients use this server
-            yield live
-    finally:
-        if worker := prefect_local.read_state(prefect_local.WORKER_STATE, home):
-            pids.append(worker.pid)
-        prefect_local.stop_worker(home)
-        prefect_local.stop_server(home)
-        leaked = [p for pid in pids for p in _family(pid)]
-        assert not leaked, f"processes left behind: {leaked}"
+    with live_server(tmp_path_factory.mktemp("prefect-server")) as server:
+        yield server
 
 
 def test_prefect_yaml_registers_the_three_deployments_on_the_local_pool(live):
@@ -104,7 +71,7 @@ def test_the_nightly_sweep_is_scheduled_for_two_am_berlin_time(live):
     day = now.date() if now.time() < clock_time(2) else now.date() + timedelta(days=1)
     expected = _berlin_2am(day, berlin)
     # The server's scheduler creates the upcoming runs a few seconds after the deployment appears.
-    scheduled = _wait_for(lambda: _scheduled_runs(live.url, nightly.id), timeout_s=90, what="scheduled runs")
+    scheduled = wait_for(lambda: _scheduled_runs(live.url, nightly.id), timeout_s=90, what="scheduled runs")
     first = datetime.fromisoformat(scheduled[0]["expected_start_time"])
     assert first == expected, f"first nightly run at {first.astimezone(berlin)}, expected {expected}"
     second = datetime.fromisoformat(scheduled[1]["expected_start_time"])
@@ -117,7 +84,7 @@ def test_a_run_killed_mid_session_completes_after_a_retry_from_the_ui(live, tiny
     and every submission recorded once."""
     fr, params, ledger = _run_until_the_agent_trains(live, tiny_model_dir, tmp_path)
     suffix = fr.id.hex[:8]
-    killed = _kill_worker_host(live.home)
+    killed = kill_worker_host(live.home)
     assert len(killed) >= 3, f"expected worker, flow-run process and agent, killed {killed}"
 
     # Nothing notices a SIGKILLed run by itself; mark it crashed as Prefect's zombie detection would, then
@@ -125,7 +92,7 @@ def test_a_run_killed_mid_session_completes_after_a_retry_from_the_ui(live, tiny
     _set_state(live.url, fr.id, {"type": "CRASHED", "name": "Crashed", "message": "worker host lost"})
     prefect_local.retry_flow_run(live.url, str(fr.id))
     live.start_worker()
-    final = _wait_for(lambda: _final_run(live.url, fr.id), timeout_s=360, what="the retried run to finish")
+    final = wait_for(lambda: _final_run(live.url, fr.id), timeout_s=360, what="the retried run to finish")
 
     assert final["state_type"] == "COMPLETED", final["state"]
     assert final["run_count"] >= 2
@@ -145,8 +112,8 @@ def test_a_worker_stopped_mid_session_records_the_run_interrupted_and_one_retry_
     live, tiny_model_dir, tmp_path
 ):
     """`a2rl server stop` / SIGTERM to the worker while the agent trains: the flow run records `interrupted` with
-    its report and reports Crashed before the worker goes, no process of it survives, and a Retry pressed at
-    once (a2rl's helper waits for the crash to settle) resumes it to one completed run with graded submissions
+    its report and ends Cancelled, saying so, before the worker goes (not Crashed: it was stopped on request), no
+    process of it survives, and a Retry pressed at once resumes it to one completed run with graded submissions
     only and a monotone agent clock. A Retry of the completed run is refused."""
     from a2rl.ops import gpu_slots
     from a2rl.recording.resources import workspace_pids
@@ -161,16 +128,17 @@ def test_a_worker_stopped_mid_session_records_the_run_interrupted_and_one_retry_
     assert prefect_local.stop_worker(live.home, flow_run_grace_s=90)
     assert gpu_slots.read_limit(live.url).active_slots == 0  # the stopped run gave its slot back
 
-    assert _flow_run(live.url, fr.id)["state_type"] == "CRASHED"  # reported before the worker went
+    stopped = _flow_run(live.url, fr.id)["state"]  # reported before the worker went
+    assert stopped["type"] == "CANCELLED" and "a2rl recorded the run interrupted" in stopped["message"], stopped
     with duckdb.connect(params["results"], read_only=True) as con:
         assert con.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
     harness = ledger.parent
     assert (harness / "report.md").exists()
     assert workspace_pids(harness.parent / "workspace")() == []  # no process of the stopped attempt
 
-    assert prefect_local.retry_flow_run(live.url, str(fr.id), settle_s=5) in ("AwaitingRetry", "Scheduled")
+    assert prefect_local.retry_flow_run(live.url, str(fr.id)) in ("AwaitingRetry", "Scheduled")
     live.start_worker()
-    final = _wait_for(lambda: _final_run(live.url, fr.id), timeout_s=360, what="the retried run to finish")
+    final = wait_for(lambda: _final_run(live.url, fr.id), timeout_s=360, what="the retried run to finish")
     assert final["state_type"] == "COMPLETED", final["state"]
     with duckdb.connect(params["results"], read_only=True) as con:
         runs = con.execute("SELECT status, finished_at, wall_seconds FROM runs").fetchall()
@@ -234,49 +202,10 @@ def _run_until_the_agent_trains(live: LiveServer, tiny_model_dir: Path, tmp_path
                   runs_dir=str(tmp_path / "runs"), val_limit=2, test_limit=2, grace_s=5)  # fmt: skip
     fr = run_deployment("benchmark-run/benchmark-run", parameters=params, job_variables={"env": SMALL_AGENT},
                         timeout=0)  # fmt: skip
-    ledger = _wait_for(lambda: _ledger_with(tmp_path / "runs", fr.id.hex[:8], '"session-start"'), timeout_s=240,
+    ledger = wait_for(lambda: ledger_with(tmp_path / "runs", fr.id.hex[:8], '"session-start"'), timeout_s=240,
                        what="the agent session to start", run=(live.url, fr.id))  # fmt: skip
     time.sleep(3)  # the agent process is up and training
     return fr, params, ledger
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _family(pid: int) -> list[psutil.Process]:
-    try:
-        proc = psutil.Process(pid)
-        return [p for p in [proc, *proc.children(recursive=True)] if p.status() != psutil.STATUS_ZOMBIE]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _wait_for(probe: Callable[[], Any], timeout_s: float, what: str, run: tuple[str, Any] | None = None) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if result := probe():
-            return result
-        if run and (state := _flow_run(*run)["state_type"]) in ("FAILED", "CRASHED", "CANCELLED"):
-            pytest.fail(f"flow run ended {state} while waiting for {what}")
-        time.sleep(1)
-    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
-def _flow_run(url: str, flow_run_id: Any) -> dict:
-    return httpx.get(f"{url}/flow_runs/{flow_run_id}", timeout=10).json()
-
-
-def _final_run(url: str, flow_run_id: Any) -> dict | None:
-    run = _flow_run(url, flow_run_id)
-    return run if run["state_type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
-
-
-def _set_state(url: str, flow_run_id: Any, state: dict) -> None:
-    r = httpx.post(f"{url}/flow_runs/{flow_run_id}/set_state", json={"state": state, "force": True}, timeout=10)
-    r.raise_for_status()
 
 
 def _scheduled_runs(url: str, deployment_id: Any) -> list[dict]:
@@ -289,30 +218,6 @@ def _scheduled_runs(url: str, deployment_id: Any) -> list[dict]:
 
 def _berlin_2am(day: date, berlin: ZoneInfo) -> datetime:
     return datetime.combine(day, clock_time(2), tzinfo=berlin)
-
-
-def _ledger_with(runs_dir: Path, suffix: str, marker: str) -> Path | None:
-    # Raw text: the writer may be half-way through a line.
-    for ledger in runs_dir.glob(f"*-{suffix}/harness/ledger.jsonl"):
-        if marker in ledger.read_text():
-            return ledger
-    return None
-
-
-def _kill_worker_host(home: Path) -> list[int]:
-    """SIGKILL the worker and everything below it (flow-run process, agent in its own session), as a
-    crashed host would leave them; the worker's state file goes too."""
-    worker = prefect_local.read_state(prefect_local.WORKER_STATE, home)
-    assert worker and worker.alive()
-    procs = _family(worker.pid)
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=10)
-    (home / prefect_local.WORKER_STATE).unlink()
-    return [p.pid for p in procs]
 
 
 def _session_interval(ledger: Path) -> tuple[datetime, datetime]:

@@ -19,7 +19,7 @@ CLOCK_FILE = "clock.json"
 
 
 class BudgetClock:
-    """Agent time runs only between `start()` and `stop()` and while nothing is being graded.
+    """Agent time runs only between `start()` and `stop()` and while no submission waits for or is in grading.
 
     It is kept as a sum of running stretches, so it only moves forward: a pause before `start()` (a resumed
     run re-grading a pending submission) or after `stop()` (the final drain) takes nothing off the agent's

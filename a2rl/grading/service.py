@@ -218,20 +218,34 @@ class GradingService:
                     raise SubmissionRejected(f"submission cap reached ({self.ctx.config.max_submissions} per run)", 429)
                 submission_id = used + 1
                 snapshot = self._snapshot(pending, submission_id)
-                entry = self._append(
-                    kind="submission", submission_id=submission_id, model_path=model_path,
-                    resolved_path=str(snapshot), weights_hash=whash, size_bytes=facts["size_bytes"],
-                    split=self.feedback_split, status="queued", agent_elapsed_s=round(self.clock.elapsed(), 3),
-                    detail={"workspace_path": str(self.ctx.workspace / model_path), **route},
-                )  # fmt: skip
-                self._done[submission_id] = threading.Event()
-                hit = self._cache.lookup(whash, self._spec(entry.split))
-                if hit is None:  # queued under the lock: before close() can send the workers their stop marks
-                    self._queue.put(entry)
+                # From its arrival until its grade is recorded the clock is paused (one pause per submission,
+                # released by whoever records its outcome): what the harness does for it meanwhile (its code
+                # snapshot, the queue, the evaluation) is never the agent's time, and `agent_elapsed_s` below is
+                # exactly where the agent's clock stopped.
+                self.clock.pause()
+                handed_over = False
+                try:
+                    entry = self._append(
+                        kind="submission", submission_id=submission_id, model_path=model_path,
+                        resolved_path=str(snapshot), weights_hash=whash, size_bytes=facts["size_bytes"],
+                        split=self.feedback_split, status="queued", agent_elapsed_s=round(self.clock.elapsed(), 3),
+                        detail={"workspace_path": str(self.ctx.workspace / model_path), **route},
+                    )  # fmt: skip
+                    self._done[submission_id] = threading.Event()
+                    hit = self._cache.lookup(whash, self._spec(entry.split))
+                    if hit is None:  # queued under the lock: before close() can send the workers their stop marks
+                        self._queue.put(entry)
+                    handed_over = True
+                finally:
+                    if not handed_over:
+                        self.clock.resume()
         finally:
             shutil.rmtree(pending, ignore_errors=True)
         if hit is not None:  # identical weights, same evaluator: answered at once, still on the ledger
-            self._finish(entry, hit)
+            try:
+                self._finish(entry, hit)
+            finally:
+                self.clock.resume()
         if wait:
             self._done[submission_id].wait(timeout_s)
         return self.response(submission_id)
@@ -333,6 +347,7 @@ class GradingService:
             self._done[e.submission_id] = threading.Event()
             if e.resolved_path and Path(e.resolved_path).exists():
                 self.record_event("evaluation-resumed", submission_id=e.submission_id)
+                self.clock.pause()  # released once it is graded, as for a new submission
                 self._queue.put(e)
             else:
                 self._record_failure(e, FailureKind.INTERRUPTED.reason, 0.0, "snapshot missing after a grader crash")
@@ -350,7 +365,7 @@ class GradingService:
                 self._done[entry.submission_id].set()
 
     def _grade(self, queued: LedgerEntry, device: str | None) -> None:
-        self.clock.pause()
+        """Evaluate one queued submission; the clock, paused since it arrived, runs again once it is graded."""
         start = time.monotonic()
         try:
             extra = {"on_start": self.ctx.on_process} if self.ctx.on_process else {}

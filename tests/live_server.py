@@ -1,0 +1,133 @@
+"""A real local Prefect server, the deployments of prefect.yaml and a process worker, as `a2rl server start`
+runs them, for the tests that need the whole operating setup (tests/test_deployments.py, test_kill_points.py).
+
+One server per test module (own PREFECT_HOME and port); the helpers read flow runs over the REST API as the UI
+does. Nothing here is a stand-in: server and worker are a2rl's (Prefect's, with a2rl's crash-report guards)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from a2rl.ops import prefect_local
+
+# Runs start within a second or two of being scheduled (defaults: 10 s each).
+FAST_POLLING = {"PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
+# Passed to the runs as a job-variable override: the reference agent trains a few steps only.
+SMALL_AGENT = {"A2RL_SFT_MAX_STEPS": "4", "A2RL_SFT_BATCH_SIZE": "4", "A2RL_SFT_MAX_LENGTH": "512",
+               "A2RL_SFT_TRAIN_S": "5", "A2RL_SFT_LR": "5e-3"}  # fmt: skip
+# A run waiting for a GPU slot asks again after at most this many seconds (default 30).
+SERVER_ENV = {"PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS": "2"}
+FINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+
+
+@dataclass
+class LiveServer:
+    url: str
+    home: Path
+    port: int
+
+    def start_worker(self) -> prefect_local.ManagedProcess:
+        # Only the `default` queue: the nightly sweep (queue `sweeps`) must not start if the tests run at 2 am.
+        return prefect_local.start_worker(self.url, home=self.home, queues=("default",), env=FAST_POLLING)
+
+    def start_server(self) -> prefect_local.ManagedProcess:
+        return prefect_local.start_server(port=self.port, home=self.home, env=SERVER_ENV)
+
+
+@contextmanager
+def live_server(home: Path) -> Iterator[LiveServer]:
+    """The server (own PREFECT_HOME), the deployments of prefect.yaml, one process worker; on exit both are
+    stopped and nothing they started may be left."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    port = free_port()
+    live = LiveServer(prefect_local.api_url_of("127.0.0.1", port), home, port)
+    pids = [live.start_server().pid]
+    try:
+        prefect_local.deploy(live.url)
+        pids.append(live.start_worker().pid)
+        with temporary_settings(updates={PREFECT_API_URL: live.url}):  # in-process clients use this server
+            yield live
+    finally:
+        for state in (prefect_local.WORKER_STATE, prefect_local.SERVER_STATE):
+            if proc := prefect_local.read_state(state, home):
+                pids.append(proc.pid)
+        prefect_local.stop_worker(home)
+        prefect_local.stop_server(home)
+        leaked = [p for pid in pids for p in family(pid)]
+        assert not leaked, f"processes left behind: {leaked}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def family(pid: int) -> list[psutil.Process]:
+    try:
+        proc = psutil.Process(pid)
+        return [p for p in [proc, *proc.children(recursive=True)] if p.status() != psutil.STATUS_ZOMBIE]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def wait_for(probe: Callable[[], Any], timeout_s: float, what: str, run: tuple[str, Any] | None = None,
+             poll_s: float = 1.0) -> Any:  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if result := probe():
+            return result
+        if run and (state := flow_run(*run)["state_type"]) in ("FAILED", "CRASHED", "CANCELLED"):
+            pytest.fail(f"flow run ended {state} while waiting for {what}")
+        time.sleep(poll_s)
+    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def flow_run(url: str, flow_run_id: Any) -> dict:
+    return httpx.get(f"{url}/flow_runs/{flow_run_id}", timeout=10).json()
+
+
+def final_run(url: str, flow_run_id: Any) -> dict | None:
+    run = flow_run(url, flow_run_id)
+    return run if run["state_type"] in FINAL else None
+
+
+def set_state(url: str, flow_run_id: Any, state: dict, force: bool = True) -> dict:
+    r = httpx.post(f"{url}/flow_runs/{flow_run_id}/set_state", json={"state": state, "force": force}, timeout=10)
+    r.raise_for_status()
+    return r.json()
+
+
+def ledger_with(runs_dir: Path, suffix: str, marker: str) -> Path | None:
+    # Raw text: the writer may be half-way through a line.
+    for ledger in runs_dir.glob(f"*-{suffix}/harness/ledger.jsonl"):
+        if marker in ledger.read_text():
+            return ledger
+    return None
+
+
+def kill_worker_host(home: Path) -> list[int]:
+    """SIGKILL the worker and everything below it (flow-run processes, agents in their own sessions), as a
+    crashed host would leave them; the worker's state file goes too."""
+    worker = prefect_local.read_state(prefect_local.WORKER_STATE, home)
+    assert worker and worker.alive()
+    procs = family(worker.pid)
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+    (home / prefect_local.WORKER_STATE).unlink()
+    return [p.pid for p in procs]

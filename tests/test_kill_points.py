@@ -1,0 +1,548 @@
+"""Kill points × retries (#29.6): a run killed anywhere comes back with one Retry, whenever it is pressed.
+
+The matrix: ten kill points — the flow-run process SIGKILLed in provision, during a baseline evaluation, at
+the start of the agent session, mid-training, during a grading call, during the final evaluation and in the
+summary; the harness frozen (SIGSTOP) mid-session; the server SIGKILLed and restarted; the worker's whole tree
+SIGKILLed and a new worker started — times six ways to retry: the UI's own API call (`POST set_state`
+AwaitingRetry, as the V1 UI sends it, or forced, as the V2 UI does) 0, 1, 3, 10 and 20 s after the kill, and
+`a2rl retry`. A run that nothing reports as crashed (frozen, cut off, lost with its worker) is first marked
+crashed as an operator does in the UI ("Change state"), or by `a2rl retry` itself where its process is gone.
+
+Every cell must end with: the Retry taking at once (the next attempt starts: a new entry in attempts.json, its
+flow run Running), nothing of an earlier attempt left running once the next one is past its first step (the
+killed harness, its agent, its evaluations, anything tagged with an earlier attempt), the agent's clock at the
+resumed session within a second of the truth (measured here, from the ledger's clock readings and the moment
+the earlier attempt's agent ended), and at the end one completed run: one row, every submission queued once,
+the ledger's hash chain intact, its Prefect state Completed and no Crashed after any Retry.
+
+Cost, kept down by parametrizing smartly: one server for the module; cells chained, several per run (a run
+passes through provision, its session and its summary on every attempt, so one run takes many kills), the
+chains running side by side; the kill points of one run are each hit twice with two different retries, and the
+two global ones hit every run at once. About ten minutes on an idle 2-core machine (BENCHMARKS.md).
+Deselect with `-m "not prefect_server"`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import httpx
+import psutil
+import pytest
+
+from a2rl.grading.ledger import read_ledger
+from a2rl.isolation import procs
+from a2rl.ops import prefect_local
+from live_server import SMALL_AGENT, LiveServer, flow_run, kill_worker_host, live_server, set_state
+
+pytestmark = pytest.mark.prefect_server
+
+RETRIES = ("ui@0", "ui@1", "ui@3", "ui@10", "ui@20", "a2rl retry")
+# Kill points of one run, in the order a run meets them; each is hit twice per chain (two attempts).
+RUN_KILLS = ("provision", "baseline", "session", "mid_training", "frozen_harness", "grading_call",
+             "final_evaluation", "summary")  # fmt: skip
+GLOBAL_KILLS = ("worker_tree", "server_kill")
+CHAINS = 3
+CLOCK_TOLERANCE_S = 1.0
+ATTEMPT_ENV = "A2RL_RUN_ATTEMPT"
+"""The tag every process of an attempt carries (a2rl.isolation.procs.ATTEMPT_ENV). The checks here read only what
+any version of the harness leaves (its progress file, process records and ledger, /proc and Prefect), so that
+the matrix runs, and fails, on code from before #29 too."""
+
+
+def schedule(chain: int, kills: tuple[str, ...]) -> list[tuple[str, str]]:
+    """Each kill point twice in a row; over the chains every kill point meets every retry exactly once."""
+    return [(kill, RETRIES[(2 * chain + j + k) % len(RETRIES)]) for k, kill in enumerate(kills) for j in (0, 1)]
+
+
+def test_the_schedule_covers_every_cell_once():
+    for kills in (RUN_KILLS, GLOBAL_KILLS):
+        cells = [cell for c in range(CHAINS) for cell in schedule(c, kills)]
+        assert sorted(cells) == sorted((k, r) for k in kills for r in RETRIES)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory) -> Iterator[LiveServer]:
+    with live_server(tmp_path_factory.mktemp("prefect-server")) as server:
+        os.environ["PREFECT_API_URL"] = server.url  # `a2rl retry` in this process finds it
+        try:
+            yield server
+        finally:
+            os.environ.pop("PREFECT_API_URL", None)
+
+
+@dataclass
+class Cell:
+    chain: int
+    kill: str
+    retry: str
+    attempt: int
+    """The attempt that was killed."""
+    killed_at: float = 0.0
+    phase: str = ""
+    """The phase the killed attempt was in."""
+    pressed_after_s: float | None = None
+    took_after_s: float | None = None
+    """From the kill to the next attempt's start."""
+    state_at_press: str = ""
+    clock_error_s: float | None = None
+    left_running: list[int] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    HEADER = ("| kill point | retry | run/attempt | phase at kill | state at press | pressed after | next attempt "
+              "after | clock error | left running | outcome |\n|---|---|---|---|---|---|---|---|---|---|")
+
+    def row(self) -> str:
+        def secs(v: float | None, fmt: str = ".1f") -> str:
+            return "-" if v is None else f"{v:{fmt}} s"
+
+        return (f"| {self.kill} | {self.retry} | {self.chain}/{self.attempt} | {self.phase} | {self.state_at_press} | "
+                f"{secs(self.pressed_after_s)} | {secs(self.took_after_s)} | {secs(self.clock_error_s, '+.2f')} | "
+                f"{len(self.left_running)} | {'; '.join(self.problems) or 'ok'} |")
+
+
+class Run:
+    """One benchmark run through the deployment, killed and retried as its schedule says."""
+
+    def __init__(self, live: LiveServer, tiny: Path, root: Path, name: str, budget_s: float, agent_env: dict):
+        from prefect.deployments import run_deployment
+
+        self.live, self.root, self.name = live, root, name
+        root.mkdir(parents=True)
+        self.params = dict(base_model=str(tiny), budget_s=budget_s, results=str(root / "results.duckdb"),
+                           runs_dir=str(root / "runs"), val_limit=2, test_limit=2, grace_s=3, max_submissions=2)
+        env = {**SMALL_AGENT, **agent_env, "A2RL_HOME": str(root / "a2rl-home")}  # its own evaluation cache
+        self.fr = run_deployment("benchmark-run/benchmark-run", parameters=self.params, job_variables={"env": env},
+                                 timeout=0, flow_run_name=name)  # fmt: skip
+        self.id = str(self.fr.id)
+        self.cells: list[Cell] = []
+        self.clock_truth: float | None = None  # the agent's clock the next resumed session must start from
+        self.next_start = 0.0
+        self.truth_cell: Cell | None = None
+        self.index, self.ui_forces = 0, False
+        self.pids: list[int] = []
+
+    # -- what the run is doing ---------------------------------------------------------------------------
+    @property
+    def harness(self) -> Path | None:
+        return next(iter((self.root / "runs").glob(f"*-{self.fr.id.hex[:8]}/harness")), None)
+
+    @property
+    def run_id(self) -> str:
+        return self.harness.parent.name
+
+    def attempt(self) -> tuple[int, int] | None:
+        """(number, harness pid) of the latest attempt: the process its progress file names, numbered in the
+        order they appeared."""
+        try:
+            pid = int(json.loads((self.harness / "progress.json").read_text())["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if pid not in self.pids:
+            self.pids.append(pid)
+        return self.pids.index(pid) + 1, pid
+
+    def phase(self) -> str | None:
+        try:
+            return json.loads((self.harness / "progress.json").read_text())["phase"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def ledger(self) -> list:
+        try:
+            return read_ledger(self.harness / "ledger.jsonl")
+        except Exception:  # a line being written: the next look sees it whole
+            return []
+
+    def evaluating(self, pid: int) -> bool:
+        return bool(self.evaluations(pid))
+
+    def training(self) -> bool:
+        ws = str(self.harness.parent / "workspace")
+        return any("train_sft.py" in (c := " ".join(cmdline(p.pid))) and ws in c for p in procs.all_procs())
+
+    def agent_pids(self) -> list[int]:
+        from a2rl.recording.resources import workspace_pids
+
+        return workspace_pids(self.harness.parent / "workspace")()
+
+    def state(self) -> dict:
+        return flow_run(self.live.url, self.id)
+
+    # -- kill points ---------------------------------------------------------------------------------------
+    def evaluations(self, pid: int) -> list[int]:
+        """The evaluation processes below the harness `pid` (and their supervisors)."""
+        below = procs.descendants(pid)
+        evals = [p for p in below if "a2rl.inference.evaluation" in " ".join(cmdline(p))]
+        return sorted({q for p in evals for q in (p, procs.proc_stat(p).ppid if procs.proc_stat(p) else p)} - {pid})
+
+    def reached(self, kill: str, started: float, pid: int) -> bool:
+        """Whether the current attempt (started at `started`, harness `pid`) is where `kill` strikes."""
+        phase = self.phase()
+        in_session = phase == "agent_session" and any(
+            e.kind == "event" and e.detail.get("event") in ("session-start", "session-resumed")
+            and e.at.timestamp() >= started for e in self.ledger()
+        )  # fmt: skip
+        return {
+            "provision": phase == "provision",
+            "baseline": phase == "baseline" and self.evaluating(pid),
+            "session": in_session,
+            "mid_training": in_session and self.training(),
+            "frozen_harness": in_session and self.training(),
+            "grading_call": in_session and self.evaluating(pid),
+            "final_evaluation": phase == "final_grading" and self.evaluating(pid),
+            "summary": phase == "summary",
+        }[kill]
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def until(probe: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if result := probe():
+            return result
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+# -- the clock's truth ---------------------------------------------------------------------------------------
+def clock_truth(entries: list, since: float, agent_start: float | None, agent_end: float) -> float | None:
+    """The agent's clock when the attempt that started at `since` (epoch) ended its agent at `agent_end`, from
+    the moment its agent process started (`agent_start`, None: it never did) and the ledger's readings of that
+    attempt: the session (re)start (`already_used_s`), each submission's arrival (`agent_elapsed_s`, after which
+    the clock pauses while it is graded) and each grade (the clock runs again). None when the attempt's session
+    never started."""
+    value = at = None
+    paused = False
+    for e in entries:
+        t = e.at.timestamp() if isinstance(e.at, datetime) else float(e.at)
+        if t < since:
+            continue
+        event = e.detail.get("event") if e.kind == "event" else None
+        if event in ("session-start", "session-resumed"):
+            value = float(e.detail.get("already_used_s") or 0.0)
+            if agent_start is None:  # killed before its agent started: no time ran
+                return value
+            at = agent_start
+        elif event == "evaluation-resumed":
+            paused = True
+        elif e.kind == "submission" and e.status == "queued" and e.agent_elapsed_s is not None:
+            value, at, paused = e.agent_elapsed_s, t, True
+        elif e.kind == "submission" and e.status in ("scored", "error") and value is not None:
+            if paused:
+                at = t  # the clock ran again from here, at the value it stopped at
+            paused = False
+    if value is None:
+        return None
+    return value if paused else value + max(0.0, agent_end - at)
+
+
+# -- one cell -------------------------------------------------------------------------------------------------
+@dataclass
+class Armed:
+    """A run's current attempt at the moment a kill point was reached: what the checks need afterwards."""
+
+    number: int
+    pid: int
+    started: float
+    entries: list
+    agents: list[int]
+    evaluations: list[int]
+    phase: str | None
+
+
+def arm(run: Run, kill: str) -> Armed:
+    """Wait until the run's current attempt is where `kill` strikes."""
+    number, pid = until(run.attempt, 300, f"{run.name}: an attempt")
+    started = started_at(pid) or time.time()
+    check_resumed_clock(run)
+    until(lambda: run.reached(kill, started, pid) or run.state()["state_type"] == "COMPLETED", 600,
+          f"{run.name}: kill point {kill} in attempt {number}")
+    assert run.state()["state_type"] != "COMPLETED", f"{run.name} completed before kill point {kill}"
+    check_resumed_clock(run)
+    return Armed(number, pid, started, run.ledger(), run.agent_pids(), run.evaluations(pid), run.phase())
+
+
+def started_at(pid: int) -> float | None:
+    """When process `pid` started (epoch, to 10 ms), from its start ticks."""
+    st = procs.proc_stat(pid)
+    if st is None:
+        return None
+    uptime = float(Path("/proc/uptime").read_text().split()[0])  # to 10 ms, unlike /proc/stat's btime
+    return time.time() - uptime + st.start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def kill_run(kill: str, pid: int) -> float:
+    os.kill(pid, signal.SIGSTOP if kill == "frozen_harness" else signal.SIGKILL)
+    return time.time()
+
+
+def kill_everything(kill: str, live: LiveServer) -> float:
+    """A global kill point: the server (SIGKILL, then started again at once on its port) or the worker's
+    whole tree (SIGKILL, then a new worker)."""
+    at = time.time()
+    if kill == "server_kill":
+        server = prefect_local.read_state(prefect_local.SERVER_STATE, live.home)
+        doomed = family_of(server.pid)
+        for p in doomed:
+            p.kill()
+        psutil.wait_procs(doomed, timeout=10)
+        live.start_server()  # at once: the port a killed server held is free to listen on
+    else:
+        kill_worker_host(live.home)
+        live.start_worker()
+    return at
+
+
+def follow(run: Run, cell: Cell, armed: Armed) -> None:
+    """After the kill: press the retry as `cell.retry` says, check that the next attempt starts once and that
+    nothing of the killed one runs once it is past its first step, and note what the agent's clock should be."""
+    agent_end = watch_gone(armed.agents, cell.killed_at)
+    if not press(run, cell):
+        return
+    nxt = until(lambda: (a := run.attempt()) and a[1] != armed.pid and a, 420,
+                f"{run.name}: the attempt after {armed.number}")  # fmt: skip
+    cell.took_after_s = time.time() - cell.killed_at
+    run.next_start = started_at(nxt[1]) or time.time()
+    until(lambda: (run.phase() not in (None, "open", "preflight") and run.attempt()[1] == nxt[1])
+          or run.state()["state_type"] == "COMPLETED", 300, f"{run.name}: attempt {nxt[0]} past preflight")
+    earlier = [armed.pid, *armed.agents, *armed.evaluations, *tagged(run.run_id, nxt[1])]
+    cell.left_running = sorted({p for p in earlier if procs.alive(p)})
+    if cell.left_running:
+        cell.problems.append(f"left running: {cell.left_running} ({', '.join(' '.join(cmdline(p))[:60] for p in cell.left_running)})")
+    truth = clock_truth(armed.entries + later_entries(run, armed), armed.started, agent_started(run, armed.pid),
+                        agent_end())  # fmt: skip
+    if truth is not None:
+        run.clock_truth, run.truth_cell = truth, cell
+
+
+def later_entries(run: Run, armed: Armed) -> list:
+    """Ledger entries the killed attempt wrote after it was armed (a harness cut off from the server goes on)."""
+    seqs = {e.seq for e in armed.entries}
+    return [e for e in run.ledger() if e.seq not in seqs and e.at.timestamp() < run.next_start]
+
+
+def agent_started(run: Run, harness_pid: int) -> float | None:
+    """When the agent process of the attempt whose harness is `harness_pid` started (epoch, to 10 ms), from the
+    run's process records: the agent's clock starts right before it."""
+    records = [r for r in procs.read_records(run.harness)
+               if r.harness == harness_pid and getattr(r, "kind", "agent") == "agent"]  # fmt: skip
+    if not records:
+        return None
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    return time.time() - uptime + records[0].leader_start / os.sysconf("SC_CLK_TCK")
+
+
+def watch_gone(pids: list[int], killed_at: float) -> Callable[[], float]:
+    """When the last of `pids` ended (watched from now on, in a thread), or `killed_at` if none runs."""
+    if not [p for p in pids if procs.alive(p)]:
+        return lambda: killed_at
+    ended: dict[str, float] = {}
+
+    def watch() -> None:
+        while [p for p in pids if procs.alive(p)]:
+            time.sleep(0.02)
+        ended["at"] = time.time()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+
+    def when() -> float:
+        thread.join(600)
+        return ended.get("at", time.time())
+
+    return when
+
+
+def press(run: Run, cell: Cell) -> bool:
+    """The retry, as `cell.retry` says: the UI's call d seconds after the kill, or `a2rl retry` at once. False
+    when there was nothing to retry (the run completed on its own, e.g. through a server restart)."""
+    from a2rl.cli import main
+
+    delay = 0.0 if cell.retry == "a2rl retry" else float(cell.retry.split("@")[1])
+    time.sleep(max(0.0, cell.killed_at + delay - time.time()))
+    state = run.state()["state"]
+    cell.pressed_after_s, cell.state_at_press = time.time() - cell.killed_at, state["name"]
+    if state["type"] == "COMPLETED":
+        cell.state_at_press += " (completed on its own)"
+        return False
+    unreported = cell.kill in ("frozen_harness", "server_kill", "worker_tree") and state["type"] in ("RUNNING", "PENDING")
+    if cell.retry == "a2rl retry":
+        if cell.kill == "server_kill" and unreported:
+            # Cut off from the server but alive: only an operator can tell it to start over (UI: Change state).
+            set_state(run.live.url, run.id, {"type": "CRASHED", "name": "Crashed", "message": "marked by the operator"})
+        assert main(["retry", run.id]) == 0, f"{run.name}: a2rl retry failed"
+        return True
+    if unreported:
+        # The UI shows it Running; the operator marks it crashed ("Change state", forced), then presses Retry.
+        set_state(run.live.url, run.id, {"type": "CRASHED", "name": "Crashed", "message": "marked by the operator"})
+    # The UI's Retry: the V1 UI (served at /) proposes it; the V2 UI forces it. Chains alternate.
+    answer = set_state(run.live.url, run.id, {"type": "SCHEDULED", "name": "AwaitingRetry",
+                                              "message": "Retry from the UI"}, force=run.ui_forces)  # fmt: skip
+    if answer["status"] != "ACCEPT":
+        cell.problems.append(f"the UI's retry was answered {answer['status']}: {answer.get('details')}")
+    return True
+
+
+def tagged(run_id: str, current_pid: int) -> list[int]:
+    """Live processes tagged with an attempt of `run_id` other than the one whose harness is `current_pid`."""
+    found = []
+    for p in procs.all_procs():
+        try:
+            environ = Path(f"/proc/{p.pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for var in environ:
+            text = var.decode(errors="replace")
+            if text.startswith(f"{ATTEMPT_ENV}={run_id}/") and f"/{current_pid}:" not in text:
+                found.append(p.pid)
+    return found
+
+
+def family_of(pid: int) -> list[psutil.Process]:
+    try:
+        proc = psutil.Process(pid)
+        return [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def check_resumed_clock(run: Run) -> None:
+    """The session a retry resumes starts its clock where the killed attempt's agent really stopped."""
+    if run.clock_truth is None:
+        return
+    cell = run.truth_cell
+    resumed = [e for e in run.ledger() if e.kind == "event" and e.detail.get("event") == "session-resumed"
+               and e.at.timestamp() > cell.killed_at]  # fmt: skip
+    if not resumed:
+        return
+    cell.clock_error_s = float(resumed[0].detail.get("already_used_s") or 0.0) - run.clock_truth
+    if abs(cell.clock_error_s) > CLOCK_TOLERANCE_S:
+        cell.problems.append(f"clock off by {cell.clock_error_s:+.2f} s")
+    run.clock_truth = None
+
+
+def check_completed(run: Run) -> list[str]:
+    """One completed run: its flow run Completed, one row, every submission queued once, the ledger intact,
+    and no Crashed state after any Retry (a late report undoing one)."""
+    problems = []
+    final = until(lambda: (r := run.state())["state_type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") and r,
+                  600, f"{run.name} to end", poll_s=1.0)  # fmt: skip
+    if final["state_type"] != "COMPLETED":
+        problems.append(f"ended {final['state_name']}: {final['state']['message']}")
+    with duckdb.connect(run.params["results"], read_only=True) as con:
+        rows = con.execute("SELECT status FROM runs").fetchall()
+    if rows != [("completed",)]:
+        problems.append(f"rows {rows}")
+    entries = read_ledger(run.harness / "ledger.jsonl")  # verifies the hash chain
+    queued = [e.submission_id for e in entries if e.kind == "submission" and e.status == "queued"]
+    if len(queued) != len(set(queued)):
+        problems.append(f"a submission queued twice: {queued}")
+    if [e.kind for e in entries].count("final") != 1:
+        problems.append("not one final evaluation")
+    states = httpx.get(f"{run.live.url}/flow_run_states/", params={"flow_run_id": run.id}, timeout=10).json()
+    names = [s["name"] for s in sorted(states, key=lambda s: s["timestamp"])]
+    for i, name in enumerate(names[:-1]):
+        if name == "AwaitingRetry" and "Crashed" in names[i + 1 : i + 2]:
+            problems.append(f"a Crashed report undid a Retry: ...{names[max(0, i - 2) : i + 3]}")
+    return problems
+
+
+def drive(run: Run, plan: list[tuple[str, str]]) -> None:
+    """The kill points of one run, one after the other, each followed by its retry."""
+    for kill, retry in plan:
+        cell = Cell(run.index, kill, retry, 0)
+        run.cells.append(cell)
+        try:
+            armed = arm(run, kill)
+            cell.attempt, cell.phase, cell.killed_at = armed.number, armed.phase or "", kill_run(kill, armed.pid)
+            follow(run, cell, armed)
+        except AssertionError as e:
+            cell.problems.append(str(e))
+            return
+
+
+def drive_together(runs: list[Run], plans: list[list[tuple[str, str]]], live: LiveServer) -> None:
+    """Global kill points: each strikes every run at once (wherever each is), then each run is retried its
+    own way, side by side."""
+    for step in range(len(plans[0])):
+        kill = plans[0][step][0]
+        cells = [Cell(run.index, kill, plan[step][1], 0) for run, plan in zip(runs, plans)]
+        for run, cell in zip(runs, cells):
+            run.cells.append(cell)
+        armed = [arm(run, "session") for run in runs]  # each seen in its session (an early one may move on)
+        killed_at = kill_everything(kill, live)
+        threads = []
+        for run, cell, a in zip(runs, cells, armed):
+            cell.attempt, cell.phase, cell.killed_at = a.number, a.phase or "", killed_at
+            threads.append(threading.Thread(target=guarded_follow, args=(run, cell, a)))
+            threads[-1].start()
+        for t in threads:
+            t.join()
+
+
+def guarded_follow(run: Run, cell: Cell, armed: Armed) -> None:
+    try:
+        follow(run, cell, armed)
+    except AssertionError as e:
+        cell.problems.append(str(e))
+
+
+def run_matrix(live: LiveServer, tiny: Path, tmp: Path, kills: tuple[str, ...], agent_env: dict, budget_s: float,
+               report: Path) -> list[Cell]:  # fmt: skip
+    runs = []
+    for c in range(CHAINS):
+        run = Run(live, tiny, tmp / f"chain-{c}", f"kills-{kills[0]}-{c}", budget_s, agent_env)
+        run.index, run.ui_forces = c, c % 2 == 1
+        runs.append(run)
+    t0 = time.monotonic()
+    plans = [schedule(run.index, kills) for run in runs]
+    if set(kills) <= set(GLOBAL_KILLS):
+        drive_together(runs, plans, live)
+    else:
+        threads = [threading.Thread(target=drive, args=(run, plan)) for run, plan in zip(runs, plans)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    endings = {run.name: check_completed(run) for run in runs}
+    for run in runs:
+        check_resumed_clock(run)
+    cells = [cell for run in runs for cell in run.cells]
+    lines = [Cell.HEADER, *[c.row() for c in cells], "",
+             f"{len(cells)} cells in {time.monotonic() - t0:.0f} s",
+             *[f"{name}: {', '.join(p) or 'one completed run'}" for name, p in endings.items()]]  # fmt: skip
+    report.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    failed = [c for c in cells if c.problems] + [p for p in endings.values() if p]
+    assert len(cells) == sum(len(p) for p in plans) and not failed, "\n".join(lines)
+    return cells
+
+
+def test_every_kill_point_of_a_run_comes_back_with_one_retry(live, tiny_model_dir, tmp_path):
+    """Eight kill points inside a run × six retries, 48 cells on three runs side by side."""
+    # Long enough rounds that a kill finds the agent training; two submissions end the session.
+    agent_env = {"A2RL_SFT_TRAIN_S": "6", "A2RL_SFT_MAX_STEPS": "100000"}
+    run_matrix(live, tiny_model_dir, tmp_path, RUN_KILLS, agent_env, budget_s=240, report=tmp_path / "cells.md")
+
+
+def test_a_killed_server_or_worker_tree_brings_every_run_back_with_one_retry(live, tiny_model_dir, tmp_path):
+    """The two global kill points × six retries, 12 cells: each kill hits the three runs at once."""
+    agent_env = {"A2RL_SFT_TRAIN_S": "6", "A2RL_SFT_MAX_STEPS": "100000"}
+    run_matrix(live, tiny_model_dir, tmp_path, GLOBAL_KILLS, agent_env, budget_s=240, report=tmp_path / "cells.md")
