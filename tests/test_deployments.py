@@ -7,6 +7,8 @@ the reference agent on the tiny model. Deselect with `-m "not prefect_server"`.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from datetime import date, datetime, timedelta
@@ -188,6 +190,57 @@ def test_a2rl_status_shows_the_server_and_its_flow_runs(live, monkeypatch, capsy
     assert main(["status", "--results", str(live.home / "none.duckdb")]) == 0
     out = capsys.readouterr().out
     assert f"server {live.url}: up" in out and f"flow runs on {live.url}" in out and "GPU slots:" in out
+
+
+def test_a2rl_deploy_auto_retry_retries_a_crashed_run_up_to_its_limit_and_is_off_by_default(
+    live, tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    """#29.3: no automation unless asked; `a2rl deploy --auto-retry 1` adds one that retries a crashed run of
+    `benchmark-run` (as the UI's Retry) while it has run at most once: the first crash is retried by itself, the
+    second stays Crashed for an operator, whose one Retry completes the run; `--auto-retry 0` removes it."""
+    import json
+
+    from a2rl.cli import main
+    from a2rl.ops import auto_retry
+    from prefect.deployments import run_deployment
+
+    assert auto_retry.find(live.url) is None  # `a2rl deploy` (the fixture's) made none
+    monkeypatch.setenv("PREFECT_API_URL", live.url)
+    try:
+        assert main(["deploy", "--name", "benchmark-run", "--auto-retry", "1"]) == 0
+        assert "automatic retry of crashed runs: on, up to 1 per run" in capsys.readouterr().out
+        params = dict(base_model=str(tiny_model_dir), budget_s=30, results=str(tmp_path / "results.duckdb"),
+                      runs_dir=str(tmp_path / "runs"), val_limit=2, test_limit=2, grace_s=5)  # fmt: skip
+        fr = run_deployment("benchmark-run/benchmark-run", parameters=params, job_variables={"env": SMALL_AGENT},
+                            timeout=0)  # fmt: skip
+        killed: list[int] = []
+
+        def kill_in_provision() -> bool:
+            for progress in (tmp_path / "runs").glob(f"*-{fr.id.hex[:8]}/harness/progress.json"):
+                p = json.loads(progress.read_text())
+                if p["phase"] == "provision" and p["pid"] not in killed:
+                    os.kill(p["pid"], signal.SIGKILL)
+                    killed.append(p["pid"])
+                    return True
+            return False
+
+        wait_for(kill_in_provision, timeout_s=300, what="attempt 1 in provision", poll_s=0.05)
+        # The automation retries it: a second attempt starts without anyone pressing Retry.
+        wait_for(kill_in_provision, timeout_s=300, what="attempt 2 (the automatic retry) in provision", poll_s=0.05)
+        crashed = wait_for(lambda: (r := _flow_run(live.url, fr.id))["state_type"] == "CRASHED" and r, 120,
+                           what="attempt 2 to be reported crashed")  # fmt: skip
+        time.sleep(15)  # no third attempt: the run has run twice, more than the limit allows
+        after = _flow_run(live.url, fr.id)
+        assert after["state_type"] == "CRASHED" and after["run_count"] == crashed["run_count"] == 2, after
+        states = httpx.get(f"{live.url}/flow_run_states/", params={"flow_run_id": str(fr.id)}, timeout=10).json()
+        assert sum((s["message"] or "").startswith(auto_retry.RETRY_MESSAGE) for s in states) == 1
+        _set_state(live.url, fr.id, {"type": "SCHEDULED", "name": "AwaitingRetry", "message": "Retry from the UI"})
+        final = wait_for(lambda: _final_run(live.url, fr.id), timeout_s=420, what="the retried run to finish")
+        assert final["state_type"] == "COMPLETED" and final["run_count"] == 3, final
+    finally:
+        assert main(["deploy", "--name", "benchmark-run", "--auto-retry", "0"]) == 0
+    assert "automatic retry of crashed runs: off (automation removed)" in capsys.readouterr().out
+    assert auto_retry.find(live.url) is None
 
 
 # ---- helpers -----------------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ import json
 import re
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -191,6 +193,61 @@ def test_status_lists_top_level_runs_by_flow_name_elapsed_time_and_the_true_stat
     assert "GPU slots:" in out
     row = next(line for line in lines if run_id in line)
     assert f"crashed (row not finished): a2rl retry {crashed}" in row
+
+
+def _sweep_child(api_url: str, deployment_id: str, task_run_id: str, runs_dir: Path, state: dict) -> str:
+    """A flow run a sweep started through the `benchmark-run` deployment (its parent is the sweep's task run)."""
+    r = httpx.post(f"{api_url}/deployments/{deployment_id}/create_flow_run", timeout=10, json={
+        "parent_task_run_id": task_run_id, "parameters": {"runs_dir": str(runs_dir), "results": str(runs_dir / "r.db")},
+    })  # fmt: skip
+    r.raise_for_status()
+    prefect_local._set_state(api_url, r.json()["id"], state)
+    return r.json()["id"]
+
+
+def test_status_lists_a_sweeps_runs_with_their_true_state_and_one_next_step_each(api_url, tmp_path, monkeypatch,
+                                                                                  capsys):  # fmt: skip
+    """#29.5: the runs a sweep started through the deployment (they have a parent task run) are listed, each
+    with one next step: a crashed one `a2rl retry <id>`; one that reads Running while its process is gone says
+    so; and their store rows read the flow run's true state instead of "running? process N is gone"."""
+    from a2rl.cli import main
+    from a2rl.ops.progress import ProgressWriter
+    from a2rl.records import RunConfig
+    from a2rl.store.results import ResultsStore
+
+    flow_id = httpx.post(f"{api_url}/flows/", json={"name": "benchmark-run"}, timeout=10).json()["id"]
+    deployment_id = httpx.post(f"{api_url}/deployments/", json={"name": f"status-{uuid.uuid4().hex[:6]}",
+                                                                "flow_id": flow_id}, timeout=10).json()["id"]  # fmt: skip
+    sweep_flow = httpx.post(f"{api_url}/flows/", json={"name": "sweep"}, timeout=10).json()["id"]
+    sweep = httpx.post(f"{api_url}/flow_runs/", json={"flow_id": sweep_flow, "name": "nightly"}, timeout=10).json()
+    prefect_local._set_state(api_url, sweep["id"], {"type": "RUNNING", "name": "Running"})
+    task_run = httpx.post(f"{api_url}/task_runs/", json={"flow_run_id": sweep["id"], "task_key": "launch",
+                                                         "dynamic_key": "0", "name": "launch"}, timeout=10).json()  # fmt: skip
+    runs_dir = tmp_path / "runs"
+    crashed = _sweep_child(api_url, deployment_id, task_run["id"], runs_dir, {"type": "CRASHED", "name": "Crashed"})
+    gone = _sweep_child(api_url, deployment_id, task_run["id"], runs_dir, {"type": "RUNNING", "name": "Running"})
+    results = runs_dir / "r.db"
+    store = ResultsStore(results)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    for child in (crashed, gone):  # both rows left `running` by a process that died
+        run_id = f"gsm8k-reference-sft-abcdef-{child.replace('-', '')[:8]}"
+        store.start_run(run_id, RunConfig(), str(runs_dir / run_id / "harness"), "offline")
+        (runs_dir / run_id / "harness").mkdir(parents=True)
+        writer = ProgressWriter(run_id, runs_dir / run_id / "harness", 60)
+        writer.update(pid=int(dead.stdout), phase="agent_session")
+    monkeypatch.setenv("PREFECT_API_URL", api_url)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "400")
+    assert main(["status", "--results", str(results), "--limit", "200"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    crashed_line = next(line for line in lines if crashed in line and "(in a sweep)" in line)
+    assert "Crashed" in crashed_line and f"a2rl retry {crashed}" in crashed_line
+    gone_line = next(line for line in lines if gone in line and "(in a sweep)" in line)
+    assert f"its process {int(dead.stdout)} is gone: a2rl retry {gone}" in gone_line
+    assert any("sweep / nightly" in line for line in lines)
+    rows = [line for line in lines if "gsm8k-reference-sft-abcdef-" in line]
+    assert any(f"crashed (row not finished): a2rl retry {crashed}" in row for row in rows), rows
+    assert any(f"its flow run still reads Running: a2rl retry {gone}" in row for row in rows), rows
 
 
 # -- clean stops ----------------------------------------------------------------------------------------

@@ -273,7 +273,7 @@ FLOW_RUN_GRACE_S = 120.0
 
 def stop_worker(home: Path | None = None, timeout_s: float = 30, flow_run_grace_s: float = FLOW_RUN_GRACE_S) -> bool:
     """Stop the worker. Its flow runs go first, one SIGTERM each, while the worker and the server are still up:
-    each records its run `interrupted` with a report and reports Crashed to Prefect, which a Retry resumes.
+    each records its run `interrupted` with a report and ends Cancelled in Prefect, which a Retry resumes.
     Then the worker, which ignores the first SIGTERM (it only asks its loop to stop) and forwards a second one
     to its runs as SIGKILL, gets two; whatever is left (SIGTERM, then SIGKILL) goes with it."""
     home = home or prefect_home()
