@@ -222,9 +222,11 @@ class Run:
     # -- kill points ---------------------------------------------------------------------------------------
     def evaluations(self, pid: int) -> list[int]:
         """The evaluation processes below the harness `pid` (and their supervisors)."""
-        below = procs.descendants(pid)
-        evals = [p for p in below if "a2rl.inference.evaluation" in " ".join(cmdline(p))]
-        return sorted({q for p in evals for q in (p, procs.proc_stat(p).ppid if procs.proc_stat(p) else p)} - {pid})
+        found = set()
+        for p in procs.descendants(pid):
+            if "a2rl.inference.evaluation" in " ".join(cmdline(p)) and (st := procs.proc_stat(p)) is not None:
+                found |= {p, st.ppid}  # the evaluation and its supervisor (gone already: not counted)
+        return sorted(found - {pid})
 
     def reached(self, kill: str, started: float, pid: int) -> bool:
         """Whether the current attempt (started at `started`, harness `pid`) is where `kill` strikes."""
