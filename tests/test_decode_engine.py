@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import a2rl.inference.generation as generation
-from a2rl.inference.decode_engine import Decoder, unsupported_reason
-from a2rl.inference.generation import LoadedModel, _generate_batch, _shared_prefix, generate, load_model
+from a2rl.inference.decode_engine import Decoder, shared_prefix, unsupported_reason
+from a2rl.inference.generation import LoadedModel, _generate_batch, generate, load_model
 from tests.tiny_model import tiny_questions
 
 MAX_NEW = 40
@@ -85,10 +85,10 @@ def test_no_shared_prefix_on_cpu_uses_plain_generate(tiny: LoadedModel, conversa
 
 
 def test_shared_prefix_leaves_every_prompt_a_token() -> None:
-    assert _shared_prefix([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3, 4, 6]]) == [1, 2, 3]
-    assert _shared_prefix([[1, 2, 3], [1, 2, 3]]) == [1, 2]
-    assert _shared_prefix([[1, 2, 3]]) == []
-    assert _shared_prefix([[7, 1], [8, 1]]) == []
+    assert shared_prefix([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3, 4, 6]]) == [1, 2, 3]
+    assert shared_prefix([[1, 2, 3], [1, 2, 3]]) == [1, 2]
+    assert shared_prefix([[1, 2, 3]]) == []
+    assert shared_prefix([[7, 1], [8, 1]]) == []
 
 
 def test_engine_failure_falls_back_to_generate(tiny_model_dir: Path, with_system, monkeypatch, caplog) -> None:

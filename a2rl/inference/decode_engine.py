@@ -104,6 +104,17 @@ class PrefixKV:
         return len(self.token_ids)
 
 
+def shared_prefix(token_ids: Sequence[Sequence[int]]) -> list[int]:
+    """The longest token prefix of every prompt, leaving each prompt at least one token of its own."""
+    if len(token_ids) < 2:
+        return []
+    first, n = token_ids[0], min(len(ids) for ids in token_ids) - 1
+    length = 0
+    while length < n and all(ids[length] == first[length] for ids in token_ids):
+        length += 1
+    return list(first[:length])
+
+
 @dataclass(frozen=True)
 class Sampling:
     """Sampled decoding: temperature, then top-k (0 = off), then top-p (1 = off), as `generate(do_sample=True)`."""

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from pydantic import BaseModel
 
-from a2rl.inference.decode_engine import Sampling, StopTokens, row_seeds
+from a2rl.inference.decode_engine import Sampling, StopTokens, row_seeds, shared_prefix
 
 if TYPE_CHECKING:
     import torch
@@ -277,17 +277,6 @@ def _cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
     return text[:cut]
 
 
-def _shared_prefix(token_ids: Sequence[Sequence[int]]) -> list[int]:
-    """The longest token prefix of every prompt, leaving each prompt at least one token of its own."""
-    if len(token_ids) < 2:
-        return []
-    first, n = token_ids[0], min(len(ids) for ids in token_ids) - 1
-    length = 0
-    while length < n and all(ids[length] == first[length] for ids in token_ids):
-        length += 1
-    return list(first[:length])
-
-
 class _EngineRun:
     """The decode engine for one `generate` call: which decoder, which shared prefix, fallback on failure."""
 
@@ -302,7 +291,7 @@ class _EngineRun:
     def plan(cls, model: PreTrainedModel, engine: str, temperature: float, top_p: float, token_ids) -> _EngineRun | None:
         if engine == "generate":
             return None
-        prefix = _shared_prefix(token_ids)
+        prefix = shared_prefix(token_ids)
         if len(prefix) < MIN_SHARED_PREFIX:
             prefix = []
         on_cuda = model.device.type == "cuda"

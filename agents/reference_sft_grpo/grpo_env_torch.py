@@ -259,7 +259,7 @@ class EngineSampler:
 
     def __call__(self, conversations: list[list[dict]]) -> list[Sample]:
         rows = _render(self.tokenizer, conversations)
-        prefix_ids = shared_prefix(rows)
+        prefix_ids = self.engine.shared_prefix(rows)
         prefix = self.decoder.cached_prefix(prefix_ids) if len(prefix_ids) >= MIN_SHARED_PREFIX else None
         p = prefix.length if prefix else 0
         seeds = self.engine.row_seeds(self.seed * 1_000_003 + self.calls, len(rows))
@@ -277,17 +277,6 @@ class EngineSampler:
 
 def _list(value) -> list:
     return value if isinstance(value, list) else [value] if value is not None else []
-
-
-def shared_prefix(rows: list[list[int]]) -> list[int]:
-    """The longest token prefix of every row, leaving each row at least one token of its own."""
-    if len(rows) < 2:
-        return []
-    first, n = rows[0], min(len(r) for r in rows) - 1
-    length = 0
-    while length < n and all(r[length] == first[length] for r in rows):
-        length += 1
-    return list(first[:length])
 
 
 def make_sampler(model, tokenizer, *, max_new_tokens: int, temperature: float, stop: str, seed: int,
