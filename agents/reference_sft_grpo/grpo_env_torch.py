@@ -244,20 +244,35 @@ class EngineSampler:
         self.stop_text = stop
         self.stop = engine.StopTokens.build(tokenizer, [stop], eos_ids - {None})
         self.sampling = engine.Sampling(temperature=temperature)
-        self.max_new_tokens = max_new_tokens
+        self.max_new_tokens, self.temperature = max_new_tokens, temperature
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.seed, self.calls, self.tokens = seed, 0, 0
+        self.fallback = None
 
     def sync(self) -> None:
         """Copy the policy's current weights into the rollout copy (in place: captured graphs stay valid)."""
         import torch
 
+        if self.fallback is not None:
+            return
         with torch.no_grad():
             for mine, theirs in zip(self.copy.parameters(), self.policy.parameters()):
                 mine.copy_(theirs)
         self.decoder.weights_changed()
 
     def __call__(self, conversations: list[list[dict]]) -> list[Sample]:
+        if self.fallback is None:
+            try:
+                return self._sample(conversations)
+            except Exception as error:  # noqa: BLE001 - the same policy through generate from here on
+                print(f"decode engine failed ({type(error).__name__}: {error}); sampling with generate from now on",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                self.fallback = sampler(self.policy, self.tokenizer, max_new_tokens=self.max_new_tokens,
+                                        temperature=self.temperature, stop=self.stop_text)  # fmt: skip
+                self.copy = self.decoder = None  # its memory back to the trainer
+        return self.fallback(conversations)
+
+    def _sample(self, conversations: list[list[dict]]) -> list[Sample]:
         rows = _render(self.tokenizer, conversations)
         prefix_ids = self.engine.shared_prefix(rows)
         prefix = self.decoder.cached_prefix(prefix_ids) if len(prefix_ids) >= MIN_SHARED_PREFIX else None
