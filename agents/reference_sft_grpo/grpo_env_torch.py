@@ -34,7 +34,9 @@ from pathlib import Path
 
 try:  # in a workspace: the copies beside this file
     from sft_torch import autocast, target_log_probs
+    from train_grpo import import_decode_engine
 except ImportError:  # in the harness's source tree
+    from agents.reference_grpo.train_grpo import import_decode_engine
     from agents.reference_sft_grpo.sft_torch import autocast, target_log_probs
 
 ALGORITHMS = ("grpo", "gigpo")
@@ -52,15 +54,6 @@ def import_envlib(data_dir: Path):
     import envlib
 
     return envlib
-
-
-def import_decode_engine():
-    """The static-cache decode engine: the copy in ``code/``, else the harness's own module."""
-    try:
-        import decode_engine
-    except ImportError:
-        from a2rl.inference import decode_engine
-    return decode_engine
 
 
 # -- rewards -----------------------------------------------------------------------------------------------
