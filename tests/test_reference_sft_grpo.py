@@ -68,7 +68,7 @@ def test_mode_comes_from_the_instructions(tmp_path):
 
 def test_knobs_default_to_the_gpu_recipe():
     k = Knobs.from_env({})
-    assert (k.sft_lr, k.sft_batch_size, k.group_size, k.goals_per_step, k.loop_penalty) == (1e-4, 32, 8, 16, 0.5)
+    assert (k.sft_lr, k.sft_batch_size, k.group_size, k.goals_per_step, k.loop_penalty) == (1e-4, 32, 8, 8, 0.5)
     assert (k.algorithm, k.invalid_penalty, k.rollout_engine) == ("grpo", 0.1, "auto")
     assert Knobs.from_env({"A2RL_SFT_ROUND_S": "7", "A2RL_GRPO_LOOP_PENALTY": "0.2"}).sft_round_s == 7.0
 
@@ -185,6 +185,29 @@ def test_completion_loss_equals_the_models_own_loss_without_full_logits(tiny_mod
     assert ours.item() == pytest.approx(reference.item(), rel=1e-5)
     for name, param in model.named_parameters():
         assert torch.allclose(param.grad, want[name], atol=1e-6, rtol=1e-4), name
+
+
+def test_the_shared_prompt_prefix_runs_once_with_the_same_loss_and_gradients(tiny_model_dir, alfworld_data):
+    """Worked examples share the system prompt: running it once at batch 1 and letting every row attend to its
+    keys and values gives the same target log-probabilities and gradients as the whole rows."""
+    import torch
+
+    model, tokenizer = _tiny(tiny_model_dir)
+    examples, _ = sft_torch.load_examples(alfworld_data / "sft.jsonl", tokenizer, max_length=100_000)
+    batch = examples[:5]
+    prefix = sft_torch.shared_prefix_length([e.input_ids for e in batch], [sft_torch.first_target(e) for e in batch])
+    assert prefix >= sft_torch.MIN_SHARED_PREFIX
+    ids, mask, labels = sft_torch.collate(batch, tokenizer.pad_token_id, "cpu")
+    whole = sft_torch.target_log_probs(model, ids, mask, labels != sft_torch.IGNORE, "cpu")
+    whole.sum().backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    shared = sft_torch.target_log_probs(model, ids, mask, labels != sft_torch.IGNORE, "cpu", prefix=prefix)
+    shared.sum().backward()
+    assert shared.shape == whole.shape and torch.allclose(shared, whole, atol=1e-5)
+    for name, param in model.named_parameters():
+        assert torch.allclose(param.grad, want[name], atol=1e-5, rtol=1e-4), name
+    assert sft_torch.shared_prefix_length([[1, 2, 3, 4], [1, 2, 3, 5]], [3, 3]) == 2  # short of the first target
 
 
 def _rollout(actions, keys, reward, invalid=None):

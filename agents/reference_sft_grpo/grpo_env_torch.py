@@ -33,11 +33,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 try:  # in a workspace: the copies beside this file
-    from sft_torch import autocast, target_log_probs
+    from sft_torch import MIN_SHARED_PREFIX as MIN_TRAIN_PREFIX
+    from sft_torch import autocast, shared_prefix_length, target_log_probs
     from train_grpo import import_decode_engine
 except ImportError:  # in the harness's source tree
     from agents.reference_grpo.train_grpo import import_decode_engine
-    from agents.reference_sft_grpo.sft_torch import autocast, target_log_probs
+    from agents.reference_sft_grpo.sft_torch import MIN_SHARED_PREFIX as MIN_TRAIN_PREFIX
+    from agents.reference_sft_grpo.sft_torch import autocast, shared_prefix_length, target_log_probs
 
 ALGORITHMS = ("grpo", "gigpo")
 INVALID_OBSERVATION = "Nothing happens"
@@ -365,8 +367,9 @@ class GRPOEnv:
     def __init__(self, model, tokenizer, envlib, task: str, data_dir: Path, *, lr: float, goals_per_step: int,
                  group_size: int, max_episode_steps: int, temperature: float, loop_penalty: float, seed: int,
                  invalid_penalty: float = 0.1, algorithm: str = "grpo", gamma: float = 0.95,
-                 step_weight: float = 1.0, micro_batch: int = 16, max_new_tokens: int = 32,
-                 max_grad_norm: float = 1.0, engine: str = "auto", curve: Path | None = None):  # fmt: skip
+                 step_weight: float = 1.0, micro_batch: int | None = None, max_new_tokens: int = 32,
+                 max_grad_norm: float = 1.0, engine: str = "auto", curve: Path | None = None,
+                 max_samples: int = 1024):  # fmt: skip
         import torch
 
         if algorithm not in ALGORITHMS:
@@ -375,8 +378,10 @@ class GRPOEnv:
         self.goals_per_step, self.group_size, self.loop_penalty = goals_per_step, group_size, loop_penalty
         self.invalid_penalty, self.algorithm, self.gamma, self.step_weight = invalid_penalty, algorithm, gamma, step_weight
         self.max_episode_steps = min(max_episode_steps, envlib.MAX_STEPS.get(task, max_episode_steps))
-        self.micro_batch, self.max_grad_norm = micro_batch, max_grad_norm
         self.device = next(model.parameters()).device
+        # With the shared system prompt run once per micro-batch, rows cost their suffix only: 64 on a GPU.
+        self.micro_batch = micro_batch or (64 if self.device.type == "cuda" else 16)
+        self.max_grad_norm, self.max_samples = max_grad_norm, max_samples
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
         self.goals = envlib.load_goals(data_dir)
@@ -411,6 +416,8 @@ class GRPOEnv:
                                      gamma=self.gamma, step_weight=self.step_weight)  # fmt: skip
         samples = [(p, a, adv) for r, advs in zip(rollouts, advantages) for (p, a), adv in zip(r.steps, advs)
                    if adv != 0.0 and a]  # fmt: skip
+        if len(samples) > self.max_samples:  # a uniform subset: the same expected loss, a bounded update time
+            samples = self.rng.sample(samples, self.max_samples)
         t_update = time.monotonic()
         loss = self.update(samples)
         if hasattr(self.sample, "sync"):
@@ -455,7 +462,9 @@ class GRPOEnv:
                 targets[row, len(p) : len(p) + len(a)] = True
                 weights += [adv] * len(a)
             ids, mask, targets = ids.to(self.device), mask.to(self.device), targets.to(self.device)
-            log_probs = target_log_probs(self.model, ids, mask, targets, self.device)
+            prefix = shared_prefix_length([p for p, _, _ in chunk], [len(p) for p, _, _ in chunk])
+            log_probs = target_log_probs(self.model, ids, mask, targets, self.device,
+                                         prefix=prefix if prefix >= MIN_TRAIN_PREFIX else 0)  # fmt: skip
             loss = -(torch.tensor(weights, device=self.device) * log_probs).sum() / total_tokens
             loss.backward()
             loss_sum += float(loss.detach())

@@ -93,6 +93,8 @@ class Knobs:
     below the best (then the best is restored): RL gains come in small steps that one noisy score would undo."""
     rollout_engine: str
     """`auto` (the decode engine on CUDA, `generate` on the CPU), `engine` or `generate`."""
+    max_samples: int
+    """Steps per update at most (a uniform subset of those with a non-zero advantage): bounds the update time."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Knobs:
@@ -111,7 +113,7 @@ class Knobs:
             grpo_lr=float(env.get("A2RL_GRPO_LR") or 1e-5),
             grpo_round_s=opt("A2RL_GRPO_ROUND_S", float),
             grpo_max_steps=opt("A2RL_GRPO_MAX_STEPS", int),
-            goals_per_step=int(env.get("A2RL_GRPO_GOALS_PER_STEP") or 16),
+            goals_per_step=int(env.get("A2RL_GRPO_GOALS_PER_STEP") or 8),
             group_size=int(env.get("A2RL_GRPO_NUM_GENERATIONS") or 8),
             max_episode_steps=int(env.get("A2RL_GRPO_MAX_EPISODE_STEPS") or 30),
             temperature=float(env.get("A2RL_GRPO_TEMPERATURE") or 1.0),
@@ -121,6 +123,7 @@ class Knobs:
             gamma=float(env.get("A2RL_GRPO_GAMMA") or 0.95),
             rollback_margin=float(env.get("A2RL_GRPO_ROLLBACK_MARGIN") or 10.0),
             rollout_engine=env.get("A2RL_GRPO_ROLLOUT_ENGINE") or "auto",
+            max_samples=int(env.get("A2RL_GRPO_MAX_SAMPLES") or 1024),
         )
 
 
@@ -198,6 +201,10 @@ class InteractiveSession:
                  f"mode {self.mode}, {time.monotonic() - t0:.1f}s")  # fmt: skip
 
     def make_grpo(self):
+        import torch
+
+        if torch.cuda.is_available():  # SFT's cached activation blocks go back before the rollout copy is made
+            torch.cuda.empty_cache()
         try:
             import grpo_env_torch
         except ImportError:
@@ -208,7 +215,7 @@ class InteractiveSession:
             self.model, self.tokenizer, envlib, self.task, self.s.data_path, lr=k.grpo_lr,
             goals_per_step=k.goals_per_step, group_size=k.group_size, max_episode_steps=k.max_episode_steps,
             temperature=k.temperature, loop_penalty=k.loop_penalty, invalid_penalty=k.invalid_penalty,
-            algorithm=k.algorithm, gamma=k.gamma, seed=self.s.seed, engine=k.rollout_engine,
+            algorithm=k.algorithm, gamma=k.gamma, seed=self.s.seed, engine=k.rollout_engine, max_samples=k.max_samples,
             curve=self.s.workspace / "code" / "rl_curve.jsonl",
         )  # fmt: skip
 
