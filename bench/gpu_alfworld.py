@@ -67,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "with --collect, from the collect's start")  # fmt: skip
     p.add_argument("--detach", action="store_true", help="start the runs and return (collect them with --collect)")
     p.add_argument("--collect", action="store_true", help="wait for the runs --detach started, merge, print")
+    p.add_argument("--launch-only", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--per-gpu", type=int, default=2, help="runs at a time on one GPU (the rest wait for a place)")
     p.add_argument("--no-test-every-submission", dest="test_every_submission", action="store_false",
                    help="skip the post-hoc hidden-test evaluation of every submission")
     p.add_argument("--bench-rollouts", action="store_true",
@@ -265,32 +267,64 @@ def print_table(store: Path, out: Path | None = None) -> str:
     return text
 
 
+def rl_shares(store: Path) -> dict[str, object]:
+    """RL's share of every run (a2rl.summary.stages: last RL checkpoint against the SFT checkpoint it started from,
+    on the hidden test, paired over items) from the store's post-hoc evaluations."""
+    import duckdb
+
+    from a2rl.summary.stages import SubmissionTest, stage_share
+
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        out = {}
+        for (run_id,) in con.execute("SELECT run_id FROM runs WHERE task = 'alfworld'").fetchall():
+            tests = [SubmissionTest(submission_id=s, stage=st, validation=v, test=t) for s, st, v, t in con.execute(
+                "SELECT submission_id, stage, validation_score, test_score FROM submission_tests WHERE run_id = ? "
+                "ORDER BY submission_id", [run_id]).fetchall()]  # fmt: skip
+
+            def items(sid: int, run_id: str = run_id) -> dict[str, float] | None:
+                rows = con.execute("SELECT item_id, score FROM item_results WHERE run_id = ? AND eval_key = ?",
+                                   [run_id, f"posthoc-{sid}-test"]).fetchall()  # fmt: skip
+                return dict(rows) or None
+
+            out[run_id] = stage_share(tests, items)
+        return out
+    finally:
+        con.close()
+
+
 def seeds_table(store: Path) -> str:
-    """Per setting (agent, mode): n seeds, mean final hidden test, mean Δ and mean GRPO share with their
-    intervals over seeds (the library's `seeds_interval`)."""
+    """Per setting (agent, mode): n seeds, mean final hidden test, mean Δ and mean RL share with their
+    intervals over seeds (the library's `seeds_interval`), and RL's share per run."""
     import duckdb
 
     from a2rl.summary.intervals import seeds_interval
 
+    shares = rl_shares(store)
     con = duckdb.connect(str(store), read_only=True)
     try:
         rows = con.execute("""
-            SELECT r.agent, r.mode, r.seed, r.final_test, r.delta_test,
-                   (SELECT value FROM metrics m WHERE m.run_id = r.run_id AND m.name = 'rl_share') AS rl_share
+            SELECT r.run_id, r.agent, r.mode, r.seed, r.final_test, r.delta_test
             FROM runs r WHERE r.task = 'alfworld' AND r.status = 'completed' ORDER BY r.agent, r.mode, r.seed""").fetchall()
     finally:
         con.close()
+    per_run = ["run | agent | mode | seed | RL's share: SFT start -> last RL checkpoint (hidden test)"]
     settings: dict[tuple[str, str], list[tuple]] = {}
-    for agent, mode, seed, final, delta, share in rows:
-        settings.setdefault((agent, mode), []).append((seed, final, delta, share))
+    for run_id, agent, mode, seed, final, delta in rows:
+        share = shares.get(run_id)
+        settings.setdefault((agent, mode), []).append((seed, final, delta, share.delta if share else None))
+        if share is not None:
+            ci = f"[{share.ci_low:+.1f}, {share.ci_high:+.1f}] p={share.p_value:.3g}" if share.ci_low is not None else share.method
+            per_run.append(f"{run_id} | {agent} | {mode} | {seed} | #{share.sft_submission} {share.sft_test:.1f} -> "
+                           f"#{share.rl_submission} {share.rl_test:.1f}: {share.delta:+.1f} {ci} (n={share.n_items})")
     lines = ["agent | mode | n seeds | final hidden test (mean) | Δ over seeds | RL share over seeds"]
     for (agent, mode), runs in settings.items():
         finals = [f for _, f, _, _ in runs if f is not None]
         delta = seeds_interval([d for _, _, d, _ in runs if d is not None])
-        shares = [x for _, _, _, x in runs if x is not None]
-        share = seeds_interval(shares).text() if shares else "n/a (no RL stage)"
+        values = [x for _, _, _, x in runs if x is not None]
+        share = seeds_interval(values).text() if values else "n/a (no RL stage)"
         lines.append(f"{agent} | {mode} | {len(runs)} | {sum(finals) / max(1, len(finals)):.2f} | {delta.text()} | {share}")
-    return "\n".join(lines)
+    return "\n".join(per_run + [""] + lines)
 
 
 def copy_artifacts(results: Path, dest: Path) -> None:
@@ -321,14 +355,35 @@ def prepare(args: argparse.Namespace, t0: float) -> tuple[Path, dict]:
 
 
 def start_all(args: argparse.Namespace, base: Path, t0: float) -> list[dict]:
-    """Every (agent:mode, seed) run at once, round-robin over the visible GPUs."""
+    """Every (agent:mode, seed) run, round-robin over the visible GPUs, at most `--per-gpu` at a time on a card
+    (three SmolLM2 runs on one 80 GB H100 ran out of memory, 2026-11-26): the rest start as runs end. Returns
+    once every run has started; the state file lists them as they start."""
     import torch
 
     gpus = list(range(torch.cuda.device_count())) or [None]
-    plan = [(agent_mode, seed) for seed in args.seeds for agent_mode in args.runs]
-    started = [start_run(args, agent_mode, seed, base, gpus[k % len(gpus)]) for k, (agent_mode, seed) in enumerate(plan)]
-    log(f"started {len(started)} runs on GPUs {gpus}: " + ", ".join(f"{r['name']}@{r['gpu']}" for r in started), t0)
+    pending = [(agent_mode, seed) for seed in args.seeds for agent_mode in args.runs]
+    started: list[dict] = []
+    while pending:
+        busy = {g: sum(1 for r in started if r["gpu"] == g and alive(r["pid"])) for g in gpus}
+        free = [g for g in gpus if busy[g] < args.per_gpu]
+        for gpu in sorted(free, key=lambda g: busy[g]):
+            if pending:
+                agent_mode, seed = pending.pop(0)
+                started.append(start_run(args, agent_mode, seed, base, gpu))
+                log(f"started {started[-1]['name']} on GPU {gpu}", t0)
+                write_state(args, started)
+        if pending:
+            time.sleep(5)
     return started
+
+
+def write_state(args: argparse.Namespace, started: list[dict], facts: dict | None = None) -> None:
+    state = args.work / STATE
+    saved = json.loads(state.read_text()) if state.exists() else {"started_at": time.time(), "facts": facts or {}}
+    saved["runs"] = [{k: v for k, v in r.items() if k != "proc"} for r in started]
+    if facts is not None:
+        saved["facts"] = facts
+    state.write_text(json.dumps(saved))
 
 
 def collect(args: argparse.Namespace, started: list[dict], facts: dict, t0: float) -> int:
@@ -373,6 +428,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("A2RL_HOME", str(args.work / "home"))  # converted model, task data, eval cache
     state = args.work / STATE
     if args.collect:
+        pid_file = args.work / "launcher.pid"
+        launcher = int(pid_file.read_text()) if pid_file.exists() else None
+        while launcher and alive(launcher) and time.monotonic() - t0 < args.deadline_s:  # runs still to start
+            time.sleep(5)
         saved = json.loads(state.read_text())
         log(f"collecting {len(saved['runs'])} runs started {time.time() - saved['started_at']:.0f} s ago", t0)
         return collect(args, saved["runs"], saved["facts"], t0)
@@ -381,6 +440,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.model:
         print("error: give the model (HF dir, .gguf, or its parts)", file=sys.stderr)
         return 2
+    if args.launch_only:  # started by --detach after the preparation: the model is converted, the baseline cached
+        base = model_dir([Path(m) for m in args.model], args.work, t0)
+        start_all(args, base, t0)
+        return 0
     base, baseline_s = prepare(args, t0)
     if args.gpu_tests:
         tests = ["tests/test_sampling_engine.py::test_graph_sampling_equals_eager_sampling_on_cuda",
@@ -397,11 +460,19 @@ def main(argv: list[str] | None = None) -> int:
     facts |= {"setup_s": round(time.monotonic() - t0, 1), "baseline_s": baseline_s,
               "args": {k: str(v) for k, v in vars(args).items()}}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
+    state.unlink(missing_ok=True)
+    (args.work / "launcher.pid").unlink(missing_ok=True)
+    write_state(args, [], facts)
+    if args.detach:  # a launcher in its own session starts the runs as GPU places free up, and outlives this command
+        argv_rest = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--detach"]
+        launcher = subprocess.Popen([args.python, str(Path(__file__).resolve()), *argv_rest, "--launch-only"],
+                                    cwd=REPO, start_new_session=True, stdout=(args.work / "launcher.log").open("w"),
+                                    stderr=subprocess.STDOUT)  # fmt: skip
+        (args.work / "launcher.pid").write_text(str(launcher.pid))  # not in the state file, which it writes
+        log(f"detached (launcher pid {launcher.pid}): collect with --collect --work {args.work}", t0)
+        return 0
     started = start_all(args, base, t0)
-    state.write_text(json.dumps({"started_at": time.time(), "facts": facts,
-                                 "runs": [{k: v for k, v in r.items() if k != "proc"} for r in started]}))  # fmt: skip
-    if args.detach:
-        log(f"detached: collect with --collect --work {args.work}", t0)
+    if args.launch_only:
         return 0
     return collect(args, started, facts, t0)
 
