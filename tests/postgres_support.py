@@ -15,7 +15,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 
@@ -77,6 +76,11 @@ class LocalPostgres:
         """A libpq connection string (DuckDB's postgres extension, psql)."""
         return f"host=127.0.0.1 port={self.port} user={self.USER} dbname={database}"
 
+    def psql(self, database: str, sql: str) -> str:
+        """Run one SQL statement with psql; its rows, unaligned, one per line."""
+        return self._run("psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", self.USER, "-d", database, "-tA",
+                         "-v", "ON_ERROR_STOP=1", "-c", sql, timeout_s=60).strip()  # fmt: skip
+
     def stop(self) -> None:
         """Stop the server (fast shutdown) and delete the cluster's files."""
         try:
@@ -105,14 +109,3 @@ class LocalPostgres:
             raise RuntimeError(f"{program} failed (exit {out.returncode}): {out.stderr.strip() or out.stdout.strip()}"
                                f"\n{tail}")  # fmt: skip
         return out.stdout
-
-
-def wait_accepting(port: int, timeout_s: float = 30) -> None:
-    """Until something accepts TCP connections on 127.0.0.1:port."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(f"nothing accepts connections on 127.0.0.1:{port}")

@@ -67,3 +67,16 @@ def write_run(results: Path, runs_dir: Path, config: RunConfig, flow_run_id: str
 def event(store: ResultsStore, ledger, run_id: str, name: str, **detail) -> None:
     entry = ledger.append(run_id=run_id, kind="event", detail={"event": name, **detail})
     store.record_event(run_id, entry.seq, name, entry.detail, at=entry.at)
+
+
+STORE_TABLES = ("runs", "submissions", "evaluations", "item_results", "events", "metrics", "llm_calls", "tool_calls",
+                "resources", "ledger_heads")  # fmt: skip
+
+
+def dump_store(path: Path) -> dict[str, list]:
+    """Every row of every table of a store, in a stable order: two dumps are equal when the stores hold the same."""
+    import duckdb
+
+    with duckdb.connect(str(path), read_only=True) as con:
+        return {t: con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall() for t in STORE_TABLES}
+

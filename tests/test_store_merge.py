@@ -19,13 +19,11 @@ from a2rl.records import RunConfig
 from a2rl.run import make_run_id
 from a2rl.store.merge import expand_sources, merge_stores
 from a2rl.store.results import ResultsStore
-from tests.run_dirs import write_run
+from tests.run_dirs import dump_store, write_run
 
 CONFIGS = {seed: RunConfig(seed=seed, budget_s=60) for seed in range(4)}
 FLOW_RUNS = {seed: f"{seed:08x}-0000-4000-8000-000000000000" for seed in range(4)}
 RUN_IDS = {seed: make_run_id(CONFIGS[seed], FLOW_RUNS[seed]) for seed in range(4)}
-TABLES = ["runs", "submissions", "evaluations", "item_results", "events", "metrics", "llm_calls", "tool_calls",
-          "resources", "ledger_heads"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +58,6 @@ def outcomes(report) -> set[tuple[str, str, str]]:
     return {(o.run_id, Path(o.source).parent.name, o.status) for o in report.outcomes}
 
 
-def dump(path: Path) -> dict[str, list]:
-    with duckdb.connect(str(path), read_only=True) as con:
-        return {t: con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall() for t in TABLES}
-
-
 def test_every_hosts_runs_merge_into_one_completed_row_per_configuration_and_merging_again_changes_nothing(hosts):
     report, central = merge(hosts)
     assert outcomes(report) == {
@@ -80,9 +73,9 @@ def test_every_hosts_runs_merge_into_one_completed_row_per_configuration_and_mer
     assert Path(rows[1][3]).is_relative_to(hosts / "b")  # the attempt that completed, not the one host a lost
     assert Path(rows[3][3]).is_relative_to(hosts / "b")
 
-    before = dump(central)
+    before = dump_store(central)
     again, _ = merge(hosts)
-    assert dump(central) == before
+    assert dump_store(central) == before
     assert {o.status for o in again.outcomes if o.status != "unfinished" and o.status != "superseded"} == {"unchanged"}
     assert again.count("unchanged") == 4
 
