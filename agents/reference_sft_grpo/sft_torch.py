@@ -1,8 +1,9 @@
 """Full fine-tuning on worked examples in plain PyTorch, in time-limited rounds of one loaded model.
 
 The examples are the task's ``sft.jsonl`` (prompt-completion conversations in the evaluator's own prompt
-format); the loss is on the completion only (the reply and its end-of-turn). On CUDA the forward pass runs
-under bf16 autocast with fp32 master weights; on CPU everything is fp32.
+format); the loss is on the completion only (the reply and its end-of-turn), with the output layer run on
+those positions alone (`target_log_probs`). On CUDA the forward pass runs under bf16 autocast with fp32
+master weights; on CPU everything is fp32.
 
 Stand-alone: copied into the workspace's ``code/`` and imported by the agent; imports nothing from the harness.
 """
@@ -101,6 +102,32 @@ def collate(examples: list[Example], pad_id: int, device):
     return ids.to(device), mask.to(device), labels.to(device)
 
 
+def target_log_probs(model, ids, mask, targets, device, chunk_rows: int = 2048):
+    """Log-probabilities of the target tokens only: `targets` is a bool (B, L) tensor marking the tokens to
+    score (each predicted from the position before it). Returns a flat tensor in row-major order.
+
+    The output layer runs on the selected positions alone, in chunks whose logits are recomputed in the
+    backward pass, so no (B, L, vocabulary) tensor is ever held: SFT and GRPO memory stays that of the
+    transformer itself (fp32 logits over a 49k vocabulary were most of a 30-45 GB peak)."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    with autocast(device):
+        hidden = decoder(input_ids=ids, attention_mask=mask).last_hidden_state
+    picked = hidden[:, :-1][targets[:, 1:]]  # the position before each target predicts it
+    wanted = ids[:, 1:][targets[:, 1:]]
+
+    def score(h, t):
+        with autocast(device):
+            logits = head(h)
+        return torch.log_softmax(logits.float(), dim=-1).gather(-1, t[:, None]).squeeze(-1)
+
+    parts = [checkpoint(score, picked[i : i + chunk_rows], wanted[i : i + chunk_rows], use_reentrant=False)
+             for i in range(0, picked.shape[0], chunk_rows)]  # fmt: skip
+    return torch.cat(parts) if parts else picked.new_zeros(0, dtype=torch.float32)
+
+
 def autocast(device):
     """bf16 autocast on CUDA (fp32 master weights), nothing on CPU."""
     import contextlib
@@ -153,8 +180,7 @@ class SFTRounds:
             scale = min(1.0, (self.steps + 1) / max(1, self.warmup_steps))
             for group in self.optimizer.param_groups:
                 group["lr"] = self.lr * scale
-            with autocast(self.device):
-                loss = self.model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss = -target_log_probs(self.model, ids, mask, labels != IGNORE, self.device).mean()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
             self.optimizer.step()
