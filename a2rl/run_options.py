@@ -39,12 +39,13 @@ HOST_RESULTS_ENV = "A2RL_HOST_RESULTS"
 """Set on a GPU host's workers: the host's own results store, where every run started there writes (docs/scale-out.md)."""
 
 
-def run_results(results: Path | str) -> tuple[Path, str | None]:
+def run_results(results: Path | str, deployed: bool) -> tuple[Path, str | None]:
     """Where a run writes, and why when it is not `results`: several hosts never share one DuckDB file, so a host
-    whose workers set A2RL_HOST_RESULTS keeps its runs in its own store (merged centrally by `a2rl store merge`),
-    whatever store the run's parameters name (a sweep names the central one, which it reads)."""
+    whose workers set A2RL_HOST_RESULTS keeps the runs its workers take (`deployed`: runs of a deployment) in its
+    own store, merged centrally by `a2rl store merge`, whatever store their parameters name (a sweep names the
+    central one, which it reads). A run started by hand (`a2rl run --results`) writes where it was told."""
     host = os.environ.get(HOST_RESULTS_ENV)
-    if not host:
+    if not host or not deployed:
         return resolve_results(results), None
     mine = resolve_results(host)
     given = resolve_results(results)

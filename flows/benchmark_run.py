@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from prefect import flow, get_run_logger
+from prefect.runtime import deployment as prefect_deployment
 from prefect.runtime import flow_run as prefect_flow_run
 from prefect.exceptions import TerminationSignal
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
@@ -234,7 +235,7 @@ def benchmark_run(
     `harness/run.log`, the phase reached to `harness/progress.json`."""
     given = locals()
     config = RunConfig(**{name: given[name] for name in RunConfig.model_fields})
-    results, elsewhere = run_results(results)
+    results, elsewhere = run_results(results, deployed=prefect_deployment.get_id() is not None)
     if elsewhere:
         get_run_logger().info("results go to %s", elsewhere)
     runs_dir = resolve_results(runs_dir) if runs_dir else results.parent / "runs"

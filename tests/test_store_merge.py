@@ -149,6 +149,14 @@ def test_the_command_line_merges_says_what_it_refused_and_exits_by_it(hosts, cap
     assert "no host store matches" in capsys.readouterr().err
 
 
+def test_an_unreadable_host_store_is_refused_whole_and_the_others_merge(hosts):
+    (hosts / "c" / "a2rl.duckdb").write_bytes(b"not a duckdb file, or a copy torn mid-write" * 100)
+    report, central = merge(hosts)
+    (refused,) = report.refused
+    assert refused.source.endswith("c/a2rl.duckdb") and "cannot read the store" in refused.detail
+    assert report.count("merged") == 4 and ResultsStore(central).get_run(RUN_IDS[3])["status"] == "completed"
+
+
 def test_sources_are_globbed_deduplicated_and_never_the_target(hosts):
     central = hosts / "a" / "a2rl.duckdb"
     found = expand_sources([str(hosts / "*" / "a2rl.duckdb"), str(hosts / "b" / "a2rl.duckdb")], central)
@@ -162,14 +170,16 @@ def test_a_host_store_is_read_without_being_written(hosts):
     assert source.read_bytes() == before
 
 
-def test_a_worker_with_a_host_store_writes_there_whatever_store_the_run_names(monkeypatch, tmp_path):
+def test_a_worker_with_a_host_store_keeps_its_deployment_runs_there_whatever_store_they_name(monkeypatch, tmp_path):
     from a2rl.run_options import HOST_RESULTS_ENV, run_results
 
     monkeypatch.delenv(HOST_RESULTS_ENV, raising=False)
-    assert run_results(tmp_path / "central.duckdb") == (tmp_path / "central.duckdb", None)
+    assert run_results(tmp_path / "central.duckdb", deployed=True) == (tmp_path / "central.duckdb", None)
     monkeypatch.setenv(HOST_RESULTS_ENV, str(tmp_path / "host" / "a2rl.duckdb"))
-    path, why = run_results(tmp_path / "central.duckdb")
+    path, why = run_results(tmp_path / "central.duckdb", deployed=True)
     assert path == tmp_path / "host" / "a2rl.duckdb" and HOST_RESULTS_ENV in why
+    # a run started by hand on that host (`a2rl run --results ...`) writes where it was told
+    assert run_results(tmp_path / "mine.duckdb", deployed=False) == (tmp_path / "mine.duckdb", None)
 
 
 def rewrite_final_score(harness: Path, score: float) -> None:

@@ -27,6 +27,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
+import duckdb
+
 from a2rl.store.results import ResultsStore, StoreError
 
 HOSTS_PATTERN = "results/hosts/*/a2rl.duckdb"
@@ -114,7 +116,7 @@ def merge_stores(into: Path | str, sources: list[Path]) -> MergeReport:
     for source in sources:
         try:
             attempts += read_attempts(source)
-        except (StoreError, OSError, ValueError) as e:  # one unreadable copy must not stop the others
+        except (StoreError, OSError, ValueError, duckdb.Error) as e:  # one unreadable copy must not stop the others
             report.outcomes.append(MergeOutcome("*", str(source), "refused", f"cannot read the store: {_line(e)}"))
     if not attempts:
         return report
