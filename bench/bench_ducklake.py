@@ -14,7 +14,8 @@ It starts a throwaway PostgreSQL cluster (tests/postgres_support.py) and measure
 - the latency of one small upsert transaction (the unit of a run's live writes: a ledger head, a submission row,
   an event), with one long-lived connection and with a connection per transaction (a2rl's pattern);
 - several writer processes upserting into one table at once (conflicts and retries);
-- Parquet files left behind, and a count over them before and after DuckLake's compaction.
+- Parquet files left behind, and a count over them before and after DuckLake's compaction;
+- the same upsert on a local DuckDB file opened per transaction (a2rl's pattern), in the same run.
 The other side of the comparison, the same transaction on a local DuckDB 2.0.1 store, is
 `bench/bench_store_merge.py` (project venv).
 """
@@ -145,6 +146,21 @@ def main() -> int:
             c.close()
             lat.append(time.perf_counter() - t)
         facts["upsert, attach per transaction (a2rl's pattern)"] = ms(lat)
+
+        local = Path(tempfile.mkdtemp()) / "local.duckdb"
+        with duckdb.connect(str(local)) as c:
+            c.execute("CREATE TABLE events (run_id VARCHAR, seq BIGINT, created_at TIMESTAMPTZ, kind VARCHAR, "
+                      "detail_json VARCHAR, PRIMARY KEY (run_id, seq))")  # fmt: skip
+        lat = []
+        for seq in range(min(n, 100)):
+            t = time.perf_counter()
+            with duckdb.connect(str(local)) as c:
+                c.execute("BEGIN TRANSACTION")
+                c.execute("INSERT INTO events VALUES (?, ?, now(), ?, ?) ON CONFLICT (run_id, seq) DO UPDATE SET "
+                          "kind = excluded.kind", ["local", seq, "submission", json.dumps({"seq": seq})])  # fmt: skip
+                c.execute("COMMIT")
+            lat.append(time.perf_counter() - t)
+        facts["same upsert on a local DuckDB file, connection per transaction (same DuckDB, same window)"] = ms(lat)
 
         queue: mp.Queue = mp.get_context("spawn").Queue()
         procs = [mp.get_context("spawn").Process(target=writer, args=(pg.libpq("lake"), data, w, n, queue))
