@@ -1,6 +1,8 @@
 -- The alfworld hidden-test table (BENCHMARKS.md, "ALFWorld on a GPU") from the DuckDB store the runs wrote.
 -- One row per run: baseline, best validation, final hidden test, delta with an item-level 95% interval,
--- wall time per phase and the GPU. Run: python bench/gpu_alfworld.py --table results/a2rl.duckdb
+-- RL's share (with --test-every-submission: the best RL checkpoint's hidden-test score minus the best SFT
+-- checkpoint's, each stage's pick by validation, with its paired 95% interval), wall time per phase and the GPU.
+-- Run: python bench/gpu_alfworld.py --table results/a2rl.duckdb
 --
 -- Two item-level 95% intervals of delta: delta_ci95_* is Newcombe's hybrid score interval (Wilson bounds of
 -- each success rate, combined) from the stored counts (evaluations.n_correct of n), treating the two
@@ -38,8 +40,18 @@ grading AS (
 machine AS (
     SELECT run_id, any_value(json_extract_string(detail_json, '$.gpus[0]')) AS gpu
     FROM events WHERE kind IN ('session-start', 'session-resumed') GROUP BY run_id
+),
+share AS (
+    SELECT run_id,
+           max(value) FILTER (WHERE name = 'rl_share_sft_test') AS sft_test,
+           max(value) FILTER (WHERE name = 'rl_share_rl_test') AS rl_test,
+           max(value) FILTER (WHERE name = 'rl_share') AS rl_share,
+           max(value) FILTER (WHERE name = 'rl_share_ci_low') AS rl_share_lo,
+           max(value) FILTER (WHERE name = 'rl_share_ci_high') AS rl_share_hi
+    FROM metrics GROUP BY run_id
 )
-SELECT r.mode,
+SELECT r.agent,
+       r.mode,
        r.base_model,
        r.seed,
        r.budget_s,
@@ -55,6 +67,11 @@ SELECT r.mode,
        round(100 * p.d_hi, 1) AS delta_ci95_hi,
        round(100 * (i.d - t975(i.n_items - 1) * i.sd / sqrt(i.n_items)), 1) AS paired_ci95_lo,
        round(100 * (i.d + t975(i.n_items - 1) * i.sd / sqrt(i.n_items)), 1) AS paired_ci95_hi,
+       round(s.sft_test, 1) AS sft_pick_test,
+       round(s.rl_test, 1) AS rl_pick_test,
+       round(s.rl_share, 1) AS rl_share,
+       round(s.rl_share_lo, 1) AS rl_share_ci95_lo,
+       round(s.rl_share_hi, 1) AS rl_share_ci95_hi,
        r.n_submissions,
        g.n_graded,
        round(r.agent_seconds, 0) AS agent_s,
@@ -68,5 +85,6 @@ LEFT JOIN paired p USING (run_id)
 LEFT JOIN item_level i USING (run_id)
 LEFT JOIN grading g USING (run_id)
 LEFT JOIN machine m USING (run_id)
+LEFT JOIN share s USING (run_id)
 WHERE r.task = 'alfworld'
-ORDER BY r.started_at;
+ORDER BY r.agent, r.mode, r.seed, r.started_at;

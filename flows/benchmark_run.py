@@ -49,10 +49,12 @@ from tasks.summary_steps import (
 from tasks.run_steps import (
     build_workspace_step,
     evaluate_baseline,
+    evaluate_every_submission,
     evaluate_final,
     ledger_of,
     open_run,
     prepare_base_model,
+    prune_snapshots,
     prepare_task_data,
     record_attempt,
     record_evaluation,
@@ -171,9 +173,15 @@ def end_earlier_attempt(ctx: RunContext) -> None:
 
 @flow(name="final-grading")
 def final_grading(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
-    """Evaluate the final pick on the hidden test set (admin action: not on the agent's API)."""
+    """Evaluate the final pick on the hidden test set (admin action: not on the agent's API); with
+    `test_every_submission`, then every scored submission too, for analysis only."""
     entry = evaluate_final(ctx, base_model_dir)
-    get_run_logger().info("final hidden-test score %.2f (submission %s)", entry.score or 0.0, entry.submission_id)
+    logger = get_run_logger()
+    logger.info("final hidden-test score %.2f (submission %s)", entry.score or 0.0, entry.submission_id)
+    if ctx.config.test_every_submission:
+        for e in evaluate_every_submission(ctx):
+            logger.info("submission %s on the hidden test (analysis only): %.2f", e.submission_id, e.score or 0.0)
+    prune_snapshots(ctx)
     return entry
 
 
@@ -226,6 +234,7 @@ def benchmark_run(
     max_workspace_bytes: int = DEFAULTS.max_workspace_bytes,
     grading_workers: int = DEFAULTS.grading_workers,
     max_checkpoint_bytes: int = DEFAULTS.max_checkpoint_bytes,
+    test_every_submission: bool = DEFAULTS.test_every_submission,
 ) -> RunSummary:
     """One benchmark run: (task, variant, agent, mode, base model, seed, budget) → scores, report, DuckDB rows.
 

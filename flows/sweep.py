@@ -275,6 +275,7 @@ def sweep(
     max_workspace_bytes: int = DEFAULTS.max_workspace_bytes,
     grading_workers: int = DEFAULTS.grading_workers,
     max_checkpoint_bytes: int = DEFAULTS.max_checkpoint_bytes,
+    test_every_submission: bool = DEFAULTS.test_every_submission,
     grace_s: float = GRACE_S,
     local: bool = False,
     force: bool = False,

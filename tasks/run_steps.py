@@ -194,8 +194,47 @@ def evaluate_final(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
         eval_seconds=round(result.duration_s, 3), detail={"selection": selection},
     )  # fmt: skip
     record_evaluation(ResultsStore(ctx.results_path), ctx, entry, result)
-    _prune_snapshots(ctx, keep=pick.submission_id if pick else None)
     return entry
+
+
+@task(name="evaluate-every-submission", cache_policy=NO_CACHE)
+def evaluate_every_submission(ctx: RunContext) -> list[LedgerEntry]:
+    """Every scored submission on the hidden test set, after the session and for analysis only (kind `posthoc`:
+    the test curve, what each training stage added). The final pick and the headline stay as they are; the
+    agent's session is over, so nothing of this reaches it. Resumable: submissions already done are skipped,
+    and the final pick's own evaluation comes from the cache."""
+    ledger = ledger_of(ctx)
+    entries = ledger.entries()
+    if ctx.config.protocol == "paper":
+        return []  # every submission was scored on the test set already
+    done = {e.submission_id for e in entries if e.kind == "posthoc"}
+    spec = EvalSpec.for_run(ctx.config, "test", get_task(ctx.config.task))
+    store, out = ResultsStore(ctx.results_path), []
+    for sub in latest_submissions(entries):
+        if sub.status != "scored" or sub.submission_id in done or not sub.resolved_path:
+            continue
+        result = evaluate_cached(Path(sub.resolved_path), sub.weights_hash, spec)
+        entry = ledger.append(
+            run_id=ctx.run_id, kind="posthoc", split="test", status="scored", score=result.score,
+            submission_id=sub.submission_id, model_path=sub.model_path, resolved_path=sub.resolved_path,
+            weights_hash=sub.weights_hash, cached=result.cached, eval_seconds=round(result.duration_s, 3),
+            detail={"purpose": "analysis only", **({"stage": sub.detail["stage"]} if sub.detail.get("stage") else {})},
+        )  # fmt: skip
+        record_evaluation(store, ctx, entry, result)
+        out.append(entry)
+    return out
+
+
+@task(name="prune-snapshots", cache_policy=NO_CACHE)
+def prune_snapshots(ctx: RunContext) -> None:
+    """Graded snapshots are only needed until the final (and post-hoc) evaluations; the final pick's stays for
+    audit."""
+    final = next((e for e in ledger_of(ctx).entries() if e.kind == "final"), None)
+    keep = final.submission_id if final else None
+    root = ctx.paths.harness_dir / "snapshots"
+    for snap in root.glob("s*") if root.exists() else []:
+        if snap.name != f"s{keep}":
+            shutil.rmtree(snap, ignore_errors=True)
 
 
 def final_pick(entries: list[LedgerEntry]) -> tuple[LedgerEntry | None, str]:
@@ -207,9 +246,3 @@ def final_pick(entries: list[LedgerEntry]) -> tuple[LedgerEntry | None, str]:
     return best, "best on validation" if best else "no scored submission: base model"
 
 
-def _prune_snapshots(ctx: RunContext, keep: int | None) -> None:
-    """Graded snapshots are only needed until the final evaluation; keep the final pick's for audit."""
-    root = ctx.paths.harness_dir / "snapshots"
-    for snap in root.glob("s*") if root.exists() else []:
-        if snap.name != f"s{keep}":
-            shutil.rmtree(snap, ignore_errors=True)

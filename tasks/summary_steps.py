@@ -18,6 +18,8 @@ from a2rl.store.ingest import store_process_report
 from a2rl.store.results import ResultsStore
 from a2rl.summary.process import render_process_markdown, summarize_process
 from a2rl.summary.report import build_summary, last_event, run_notes, write_report
+from a2rl.summary.stages import render_markdown as render_stages
+from a2rl.summary.stages import stage_share, submission_tests
 from a2rl.workspace import RunPaths
 from agents import SessionOutcome, agent_class
 from analysis.run_figure import score_trajectory_png
@@ -52,7 +54,12 @@ def write_summary(
         f"Leak audit: {leaks.leaked_items} of {leaks.n_hidden_items} hidden validation/test items found in the "
         f"workspace or transcripts (harness/leak_audit.json)."
     )
-    report = write_report(ctx, summary, entries, notes)
+    share = stage_share(entries, ctx.paths.harness_dir)
+    report = write_report(
+        ctx, summary, entries, notes, sections=render_stages(entries, ctx.paths.harness_dir),
+        extra={"submission_tests": [t.model_dump() for t in submission_tests(entries) if t.test is not None],
+               "stage_share": share.model_dump() if share else None},
+    )  # fmt: skip
     store = ResultsStore(ctx.results_path)
     # Process metrics, route labels and the failure class sit beside the scores, in the report and the store.
     process = summarize_process(

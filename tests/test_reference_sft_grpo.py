@@ -279,6 +279,24 @@ def test_engine_rollouts_use_the_evaluators_prompts_and_a_seed_reproduces_them(t
     assert [r.actions for r in other] != [r.actions for r in first]
 
 
+def test_an_engine_failure_falls_back_to_generate_for_good(tiny_model_dir, alfworld_data, monkeypatch, capsys):
+    model, tokenizer = _tiny(tiny_model_dir)
+    envlib = grpo_env_torch.import_envlib(alfworld_data)
+    sample = grpo_env_torch.make_sampler(model, tokenizer, max_new_tokens=4, temperature=1.0, stop=envlib.STOP,
+                                         seed=0, engine="engine")  # fmt: skip
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected CUDA graph failure")
+
+    monkeypatch.setattr(sample.decoder, "decode", broken)
+    goals = envlib.load_goals(alfworld_data)[:2]
+    rollouts = grpo_env_torch.play(envlib, "alfworld", alfworld_data, goals, sample, max_steps=2, seed=0)
+    assert [len(r.steps) for r in rollouts] == [2, 2]  # the episodes went on, sampled by generate
+    assert sample.fallback is not None and sample.decoder is None
+    assert "decode engine failed (RuntimeError: injected CUDA graph failure)" in capsys.readouterr().err
+    sample.sync()  # a no-op now, not an error
+
+
 def test_gigpo_step_with_the_engine_sampler_updates_the_policy_and_its_rollout_copy(tiny_model_dir, alfworld_data,
                                                                                      tmp_path):  # fmt: skip
     import torch

@@ -207,7 +207,8 @@ def test_names_in_strings_and_comments_are_not_evidence():
     ("agent_id", "label", "files"),
     [
         ("reference-sft", "SFT", {"agent.py", "train_sft.py", "train_precision.py"}),
-        ("reference-grpo", "GRPO", {"agent.py", "train_grpo.py", "train_grpo_env.py", "round_loop.py", "train_precision.py"}),
+        ("reference-grpo", "GRPO", {"agent.py", "train_grpo.py", "train_grpo_env.py", "round_loop.py", "train_precision.py",
+                                    "decode_engine.py"}),
         ("reference-sft-grpo", "SFT+RL", {"agent.py", "train_grpo.py", "train_grpo_env.py", "round_loop.py", "train_sft.py",
                                           "train_precision.py", "sft_grpo_session.py", "sft_torch.py", "grpo_env_torch.py",
                                           "decode_engine.py"}),

@@ -72,6 +72,11 @@ class SubmitRequest(BaseModel):
     model_path: str = Field(description="Checkpoint directory, relative to the workspace (e.g. output/v1).",
                             min_length=1, examples=["output/v1"])
     wait: bool = Field(default=False, description="Block until graded and return the score (original's sync mode).")
+    stage: str | None = Field(
+        default=None, max_length=32, pattern=r"^[A-Za-z0-9 +_.:-]*$", examples=["SFT", "GRPO"],
+        description="Optional label of the training stage that made this checkpoint (e.g. SFT, GRPO): recorded "
+                    "as the agent's own word, used only to group submissions in the analysis.",
+    )  # fmt: skip
 
 
 class RequestGuard:
@@ -181,7 +186,7 @@ def create_app(service: GradingService, token: str, request_log: Path | None = N
     # Sync endpoints run in FastAPI's thread pool, so a waiting /submit does not block others.
     @app.post("/submit", dependencies=[Depends(authorized)], responses=SUBMISSION_RESPONSES)
     def submit(body: SubmitRequest) -> dict:
-        return service.submit(body.model_path, wait=body.wait)
+        return service.submit(body.model_path, wait=body.wait, stage=body.stage)
 
     @app.post("/validate", dependencies=[Depends(authorized)], responses=SUBMISSION_RESPONSES)
     def validate(body: PathRequest) -> dict:

@@ -187,7 +187,7 @@ class GradingService:
             checked.close()
         return pending, checked.facts
 
-    def submit(self, model_path: str, wait: bool = False, timeout_s: float = 6 * 3600) -> dict:
+    def submit(self, model_path: str, wait: bool = False, timeout_s: float = 6 * 3600, stage: str | None = None) -> dict:
         if self.closed:  # fail fast; the authoritative check is under the lock below
             raise SubmissionRejected("the session is over: no more submissions are accepted", 403)
         if len(self.submissions()) >= self.ctx.config.max_submissions:
@@ -210,7 +210,8 @@ class GradingService:
                     kind="submission", submission_id=submission_id, model_path=model_path,
                     resolved_path=str(snapshot), weights_hash=whash, size_bytes=facts["size_bytes"],
                     split=self.feedback_split, status="queued", agent_elapsed_s=round(self.clock.elapsed(), 3),
-                    detail={"workspace_path": str(self.ctx.workspace / model_path), **route},
+                    detail={"workspace_path": str(self.ctx.workspace / model_path), **route,
+                            **({"stage": stage} if stage else {})},
                 )  # fmt: skip
                 self._done[submission_id] = threading.Event()
                 hit = self._cache.lookup(whash, self._spec(entry.split))

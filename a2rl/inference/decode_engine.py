@@ -295,6 +295,9 @@ def _register_grouped_attention() -> None:
 MAX_KEPT_STATES = 4
 """Cache + graph sets kept per decoder (each holds a full KV cache of its batch size and length)."""
 
+MAX_KEPT_CACHE_BYTES = 6 * 1024**3
+"""Kept states beyond this many bytes of KV cache together are dropped, oldest first (runs share a card)."""
+
 GRAPH_SLOT_ALIGN = 256
 """With graphs, cache lengths are rounded up to this, and a kept state up to twice as long as needed is reused:
 lockstep rollouts ask with a different prompt length at every step and should not capture a graph each time."""
@@ -509,6 +512,9 @@ class Decoder:
             self.states.popitem(last=False)
         cache = StaticCache(config=self.model.config, max_cache_len=slots)
         self._check_static(cache)
+        kept = lambda: sum(self._cache_bytes(x.batch, x.slots) for x in self.states.values())  # noqa: E731
+        while self.states and self._cache_bytes(batch, slots) + kept() > MAX_KEPT_CACHE_BYTES:
+            self.states.popitem(last=False)
         vocab = self._vocab_size()
         zeros = dict(device=self.device)
         state = _DecodeState(
@@ -530,6 +536,15 @@ class Decoder:
         )  # fmt: skip
         self.states[(batch, slots, kind, sequences)] = state
         return state
+
+    def _cache_bytes(self, batch: int, slots: int) -> int:
+        """Bytes of the keys and values a static cache of `batch` rows and `slots` positions holds."""
+        cfg = self.model.config
+        heads = getattr(cfg, "num_attention_heads", 1)
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        itemsize = next(self.model.parameters()).element_size()
+        return 2 * cfg.num_hidden_layers * batch * slots * kv_heads * head_dim * itemsize
 
     def _vocab_size(self) -> int:
         out = self.model.get_output_embeddings()

@@ -121,7 +121,7 @@ def _submission_rows(run_id: str, entries: list[LedgerEntry], process: ProcessRe
          "model_path": e.model_path, "weights_hash": e.weights_hash, "size_bytes": e.size_bytes, "status": e.status,
          "split": e.split, "score": e.score, "cached": e.cached, "eval_seconds": e.eval_seconds,
          "agent_elapsed_s": e.agent_elapsed_s, "error": e.error, "route": process.routes.get(e.submission_id),
-         "code_sha": process.code_shas.get(e.submission_id)}
+         "code_sha": process.code_shas.get(e.submission_id), "stage": e.detail.get("stage")}
         for e in latest_submissions(entries)
     ]  # fmt: skip
 
@@ -132,7 +132,7 @@ def _evaluation_rows(run_id: str, entries: list[LedgerEntry], harness: Path) -> 
 
     rows: dict[str, dict[str, Any]] = {}
     for e in entries:
-        if e.kind not in ("baseline", "submission", "final") or e.status != "scored" or e.score is None:
+        if e.kind not in ("baseline", "submission", "final", "posthoc") or e.status != "scored" or e.score is None:
             continue
         key = f"{e.kind}-{e.submission_id or 0}-{e.split}"
         saved = harness / "evaluations" / f"{key}.json"

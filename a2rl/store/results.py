@@ -151,8 +151,9 @@ class ResultsStore:
             "cached": entry.cached,
             "eval_seconds": entry.eval_seconds,
             "error": entry.error,
+            "stage": entry.detail.get("stage"),
         }
-        described = {"model_path", "weights_hash", "size_bytes", "split", "agent_elapsed_s"}
+        described = {"model_path", "weights_hash", "size_bytes", "split", "agent_elapsed_s", "stage"}
         with self._transaction() as con:
             _upsert(
                 con, "submissions", ("run_id", "submission_id"), row,

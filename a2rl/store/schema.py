@@ -515,5 +515,40 @@ MIGRATIONS: list[str] = [
     JOIN item_results fi ON fi.run_id = f.run_id AND fi.eval_key = f.eval_key
     JOIN item_results bi ON bi.run_id = b.run_id AND bi.eval_key = b.eval_key AND bi.item_id = fi.item_id;
     """,
+    # 5: every submission on the hidden test after the session, for analysis only (evaluations of kind `posthoc`;
+    # DuckDB cannot alter a CHECK constraint, so the table is rebuilt with the same columns and keys), and the
+    # agent's own label of the training stage behind each submission (`stage`, e.g. SFT or GRPO).
+    """
+    CREATE TABLE evaluations_v5 (
+        run_id VARCHAR,
+        eval_key VARCHAR,
+        kind VARCHAR CHECK (kind IN ('baseline', 'submission', 'final', 'posthoc')),
+        submission_id BIGINT,
+        split VARCHAR,
+        score DOUBLE,
+        n BIGINT,
+        n_correct BIGINT,
+        evaluator_id VARCHAR,
+        weights_hash VARCHAR,
+        generated_tokens BIGINT,
+        duration_s DOUBLE,
+        cached BOOLEAN,
+        created_at TIMESTAMPTZ,
+        PRIMARY KEY (run_id, eval_key)
+    );
+    INSERT INTO evaluations_v5 BY NAME SELECT * FROM evaluations;
+    DROP TABLE evaluations;
+    ALTER TABLE evaluations_v5 RENAME TO evaluations;
+    ALTER TABLE submissions ADD COLUMN stage VARCHAR;
+    -- Per submission: its validation score, its hidden-test score when evaluated post hoc, and its stage.
+    CREATE OR REPLACE VIEW submission_tests AS
+    SELECT s.run_id, s.submission_id, s.stage, s.route, s.agent_elapsed_s, s.score AS validation_score,
+           p.score AS test_score, p.n AS test_n, p.eval_key AS test_eval_key,
+           coalesce(f.final_submission_id = s.submission_id, false) AS is_final_pick
+    FROM submissions s
+    LEFT JOIN evaluations p ON p.run_id = s.run_id AND p.submission_id = s.submission_id AND p.kind = 'posthoc'
+    LEFT JOIN runs f ON f.run_id = s.run_id
+    WHERE s.status = 'scored';
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -98,7 +98,10 @@ def ledger_integrity(ctx: RunContext) -> dict:
     return {"entries": head.entries, "head_hash": head.hash, "anchored": anchored is not None, "problems": problems}
 
 
-def write_report(ctx: RunContext, summary: RunSummary, entries: list[LedgerEntry], notes: list[str]) -> Path:
+def write_report(ctx: RunContext, summary: RunSummary, entries: list[LedgerEntry], notes: list[str],
+                 sections: list[str] = (), extra: dict | None = None) -> Path:
+    """report.json and report.md; `sections` are markdown lines placed after the submissions, `extra` more
+    top-level keys of report.json."""
     out = ctx.paths.harness_dir
     subs = latest_submissions(entries)
     integrity = ledger_integrity(ctx)
@@ -106,12 +109,13 @@ def write_report(ctx: RunContext, summary: RunSummary, entries: list[LedgerEntry
     data = {
         "summary": json.loads(summary.model_dump_json()),
         "submissions": [json.loads(e.model_dump_json()) for e in subs],
+        **(extra or {}),
         "ledger": integrity,
         "notes": notes,
     }
     (out / "report.json").write_text(json.dumps(data, indent=2))
     md_path = out / "report.md"
-    md_path.write_text(render_markdown(summary, subs, notes))
+    md_path.write_text(render_markdown(summary, subs, notes, sections))
     return md_path
 
 
@@ -119,7 +123,7 @@ def _fmt(x: float | None, digits: int = 2) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
 
-def render_markdown(s: RunSummary, subs: list[LedgerEntry], notes: list[str]) -> str:
+def render_markdown(s: RunSummary, subs: list[LedgerEntry], notes: list[str], sections: list[str] = ()) -> str:
     c = s.config
     lines = [
         f"# a2rl run `{s.run_id}`",
@@ -154,6 +158,7 @@ def render_markdown(s: RunSummary, subs: list[LedgerEntry], notes: list[str]) ->
                 f"{'yes' if e.cached else ''} | {_fmt(e.eval_seconds, 1)} | {_fmt(e.agent_elapsed_s, 0)} | {err} |"
             )
         lines.append("")
+    lines += list(sections)
     lines += ["## Phases (wall seconds)", "", "| phase | s |", "|---|---|"]
     lines += [f"| {k} | {v:.1f} |" for k, v in s.phase_seconds.items()]
     if notes:

@@ -149,7 +149,7 @@ class Session:
             return True
         if method == "SFT":
             self.warm_path = out
-        status, reply = self.client.submit(self.rel(out))
+        status, reply = self.client.submit(self.rel(out), stage=method)
         if status != 200:
             detail = reply.get("detail", reply)
             loop.log(f"round {self.rounds}: submit answered {status}: {detail}")

@@ -13,8 +13,6 @@ from agents.reference_grpo.adapter import ReferenceGRPO
 
 HERE = Path(__file__).parent
 SESSION_FILES = ("sft_grpo_session.py", "sft_torch.py", "grpo_env_torch.py")
-DECODE_ENGINE = HERE.parents[1] / "a2rl" / "inference" / "decode_engine.py"
-"""Stand-alone (torch and transformers only): the rollouts' sampler ships as a copy in `code/`."""
 
 
 class ReferenceSFTGRPO(ReferenceGRPO):
@@ -23,7 +21,7 @@ class ReferenceSFTGRPO(ReferenceGRPO):
     rl_algorithm = "grpo"
 
     def files(self) -> dict[str, Path]:
-        return {**super().files(), **{name: HERE / name for name in SESSION_FILES}, "decode_engine.py": DECODE_ENGINE}
+        return {**super().files(), **{name: HERE / name for name in SESSION_FILES}}
 
     def command(self, workspace: Path) -> list[str]:
         return [*super().command(workspace), "--rl", self.rl_algorithm]

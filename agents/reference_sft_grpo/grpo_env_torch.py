@@ -34,7 +34,9 @@ from pathlib import Path
 
 try:  # in a workspace: the copies beside this file
     from sft_torch import autocast, target_log_probs
+    from train_grpo import import_decode_engine
 except ImportError:  # in the harness's source tree
+    from agents.reference_grpo.train_grpo import import_decode_engine
     from agents.reference_sft_grpo.sft_torch import autocast, target_log_probs
 
 ALGORITHMS = ("grpo", "gigpo")
@@ -52,15 +54,6 @@ def import_envlib(data_dir: Path):
     import envlib
 
     return envlib
-
-
-def import_decode_engine():
-    """The static-cache decode engine: the copy in ``code/``, else the harness's own module."""
-    try:
-        import decode_engine
-    except ImportError:
-        from a2rl.inference import decode_engine
-    return decode_engine
 
 
 # -- rewards -----------------------------------------------------------------------------------------------
@@ -244,20 +237,35 @@ class EngineSampler:
         self.stop_text = stop
         self.stop = engine.StopTokens.build(tokenizer, [stop], eos_ids - {None})
         self.sampling = engine.Sampling(temperature=temperature)
-        self.max_new_tokens = max_new_tokens
+        self.max_new_tokens, self.temperature = max_new_tokens, temperature
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.seed, self.calls, self.tokens = seed, 0, 0
+        self.fallback = None
 
     def sync(self) -> None:
         """Copy the policy's current weights into the rollout copy (in place: captured graphs stay valid)."""
         import torch
 
+        if self.fallback is not None:
+            return
         with torch.no_grad():
             for mine, theirs in zip(self.copy.parameters(), self.policy.parameters()):
                 mine.copy_(theirs)
         self.decoder.weights_changed()
 
     def __call__(self, conversations: list[list[dict]]) -> list[Sample]:
+        if self.fallback is None:
+            try:
+                return self._sample(conversations)
+            except Exception as error:  # noqa: BLE001 - the same policy through generate from here on
+                print(f"decode engine failed ({type(error).__name__}: {error}); sampling with generate from now on",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                self.fallback = sampler(self.policy, self.tokenizer, max_new_tokens=self.max_new_tokens,
+                                        temperature=self.temperature, stop=self.stop_text)  # fmt: skip
+                self.copy = self.decoder = None  # its memory back to the trainer
+        return self.fallback(conversations)
+
+    def _sample(self, conversations: list[list[dict]]) -> list[Sample]:
         rows = _render(self.tokenizer, conversations)
         prefix_ids = self.engine.shared_prefix(rows)
         prefix = self.decoder.cached_prefix(prefix_ids) if len(prefix_ids) >= MIN_SHARED_PREFIX else None

@@ -282,7 +282,8 @@ class InteractiveSession:
         out = self.save()
         self.current_path = out
         r.submission = loop.relative_to_workspace(out, self.s.workspace)
-        status, reply = self.client.submit(r.submission)
+        stage = "GiGPO" if r.method == "GRPO" and self.k.algorithm == "gigpo" else r.method
+        status, reply = self.client.submit(r.submission, stage=stage)
         # What saving and submitting cost on the agent's clock (grading itself is not charged).
         self.save_s = max(self.SAVE_S, float(self.client.budget()["elapsed_s"]) - charged_before)
         self.rounds.append(r)
