@@ -72,7 +72,10 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
                                             timeout_s=300)  # fmt: skip
         pids.append(server.pid)
         prefect_local.deploy(server.url)
-        _unschedule(server.url)  # the sweep worker below must never start tonight's nightly sweep
+        # Stored in PostgreSQL, then dropped: the sweep worker below must never start tonight's nightly sweep.
+        schedules = _unschedule(server.url)
+        assert schedules == {"sweep/nightly-sweep": [("0 2 * * *", True)],
+                             "merge-stores/merge-stores": [("30 * * * *", False)]}, schedules
         cluster = Cluster(server.url, root, server_home, pg)
         for host in HOSTS:
             d = cluster.host_dir(host)
@@ -170,21 +173,25 @@ def test_a_nightly_sweep_over_three_hosts_survives_a_dead_host_and_lands_in_one_
     monkeypatch.setenv("PREFECT_HOME", str(cluster.server_home))
     assert main(["status", "--results", str(central)]) == 0
     status = capsys.readouterr().out
-    assert f"server {cluster.url}: up" in status and "GPU slots:" in status and run_id in status
+    assert f"server {cluster.url}: up" in status and run_id in status
+    assert "GPU slots: 0 of 3 in use" in status  # the sweep's limit; the dead host's slot expired with its lease
 
 
 # ---- helpers -----------------------------------------------------------------------------------------
 
 
-def _unschedule(url: str) -> None:
-    """Drop the deployments' schedules and the runs they already put on the calendar."""
+def _unschedule(url: str) -> dict[str, list[tuple[str, bool]]]:
+    """Drop the deployments' schedules and the runs they already put on the calendar; returns (cron, active) of each."""
+    found: dict[str, list[tuple[str, bool]]] = {}
     for name in ("sweep/nightly-sweep", "merge-stores/merge-stores"):
         dep = httpx.get(f"{url}/deployments/name/{name}", timeout=10).json()
+        found[name] = [(s["schedule"]["cron"], s["active"]) for s in dep.get("schedules") or []]
         for schedule in dep.get("schedules") or []:
             httpx.delete(f"{url}/deployments/{dep['id']}/schedules/{schedule['id']}", timeout=10).raise_for_status()
         body = {"deployments": {"id": {"any_": [dep["id"]]}}, "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}}
         for run in httpx.post(f"{url}/flow_runs/filter", json=body, timeout=10).json():
             httpx.delete(f"{url}/flow_runs/{run['id']}", timeout=10).raise_for_status()
+    return found
 
 
 def _first_session(cluster: Cluster) -> Path | None:
