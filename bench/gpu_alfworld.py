@@ -210,35 +210,18 @@ def wait_all(pids: dict[str, int], deadline: float, t0: float) -> None:
 
 
 def merge_stores(stores: list[Path], dest: Path) -> None:
-    """One store holding every run: a fresh store (the current schema), each run's rows inserted by column name
-    from its own store (attached read-only, so rows still in its write-ahead log are read too)."""
-    import duckdb
-
-    from a2rl.store.results import ResultsStore
+    """One fresh store holding every finished run (`a2rl store merge`: each run rebuilt from its run directory and
+    verified against its own store's ledger anchors); a run the deadline cut off stays in its store and is named."""
+    from a2rl.store.merge import merge_stores as merge
 
     existing = [s for s in stores if s.is_file()]
     if not existing:
         return
     dest.unlink(missing_ok=True)
-    ResultsStore(dest)  # creates the tables and views
-    con = duckdb.connect(str(dest))
-    try:
-        for i, other in enumerate(existing):
-            con.execute(f"ATTACH '{other}' AS s{i} (READ_ONLY)")
-            tables = [t for (t,) in con.execute(
-                "SELECT table_name FROM information_schema.tables WHERE table_catalog = ? AND table_schema = 'main' "
-                "AND table_type = 'BASE TABLE' AND table_name <> 'schema_version'", [f"s{i}"]).fetchall()]  # fmt: skip
-            have = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables "
-                                              "WHERE table_catalog = current_database() AND table_schema = 'main'").fetchall()}
-            for table in tables:
-                if table in have:
-                    con.execute(f"INSERT INTO main.{table} BY NAME SELECT * FROM s{i}.main.{table}")
-                else:  # a table the store makes on first use (not in its migrations)
-                    con.execute(f"CREATE TABLE main.{table} AS SELECT * FROM s{i}.main.{table}")
-            con.execute(f"DETACH s{i}")
-        con.execute("CHECKPOINT")  # one self-contained file to copy back
-    finally:
-        con.close()
+    report = merge(dest, existing)
+    for o in report.notable():
+        print(f"merge: {o.status} {o.run_id} ({o.source}){': ' + o.detail if o.detail else ''}", flush=True)
+    print(f"merge: {report.summary()}", flush=True)
 
 
 def print_table(store: Path, out: Path | None = None) -> str:

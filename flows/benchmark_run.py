@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from prefect import flow, get_run_logger
+from prefect.runtime import deployment as prefect_deployment
 from prefect.runtime import flow_run as prefect_flow_run
 from prefect.exceptions import TerminationSignal
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
@@ -27,7 +28,7 @@ from a2rl.grading.service import grading_devices
 from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
 from a2rl.summary.report import last_event, latest_submissions
 from a2rl.run import RunContext, gpu_names, sandbox_for
-from a2rl.run_options import DEFAULT_RESULTS, GRACE_S, resolve_results
+from a2rl.run_options import DEFAULT_RESULTS, GRACE_S, resolve_results, run_results
 from tasks.preflight import check_run
 from a2rl.ops.gpu_slots import hold_gpu_slot
 from a2rl.isolation.procs import end_earlier_attempts
@@ -55,6 +56,7 @@ from tasks.run_steps import (
     prepare_base_model,
     prune_snapshots,
     prepare_task_data,
+    record_attempt,
     record_evaluation,
 )
 
@@ -242,7 +244,9 @@ def benchmark_run(
     `harness/run.log`, the phase reached to `harness/progress.json`."""
     given = locals()
     config = RunConfig(**{name: given[name] for name in RunConfig.model_fields})
-    results = resolve_results(results)
+    results, elsewhere = run_results(results, deployed=prefect_deployment.get_id() is not None)
+    if elsewhere:
+        get_run_logger().info("results go to %s", elsewhere)
     runs_dir = resolve_results(runs_dir) if runs_dir else results.parent / "runs"
     if (done := completed_before(config, results, runs_dir, prefect_flow_run.get_id())) is not None:
         get_run_logger().warning("run %s had already completed: a retry changes nothing (its row, report and "
@@ -265,6 +269,7 @@ def benchmark_run(
             t = time.perf_counter()
             progress.update(phase=phase)
             end_earlier_attempt(ctx)  # one attempt at a time: before anything else of this one
+            record_attempt(ctx)  # a retry says where it runs, and whether it starts the run over
             # What the CLI checked, again for runs started elsewhere (deployments, sweeps); nothing slow.
             check_run(config, results, runs_dir, probe=False)
             phases[phase] = time.perf_counter() - t

@@ -18,7 +18,7 @@ from a2rl.base_models.registry import resolve_base_model
 from a2rl.base_models.hashing import weights_hash
 from a2rl.records import EvalResult, LedgerEntry, RunConfig
 from a2rl.summary.report import baseline_scores, best_submission, latest_submissions
-from a2rl.run import RunContext, make_run_id, write_manifest
+from a2rl.run import RunContext, host_name, make_run_id, write_manifest
 from a2rl.store.results import ResultsStore
 from a2rl.workspace import RunPaths, build_workspace, render_instructions
 from agents import get_agent
@@ -66,6 +66,26 @@ def open_run(config: RunConfig, results_path: Path, runs_dir: Path) -> RunContex
     write_manifest(ctx)
     ResultsStore(ctx.results_path).start_run(run_id, config, str(ctx.paths.harness_dir), ctx.variant_label)
     return ctx
+
+
+def record_attempt(ctx: RunContext) -> None:
+    """A retried flow run records in the ledger which attempt this is, on which host, and whether it goes on with
+    this run directory or starts the run over: a retry on a host that never saw the run (its first host died, with
+    the run directory) starts it over under the same run id, and says so. First attempts record nothing."""
+    attempt = flow_run.get_run_count() or 1
+    if attempt <= 1:
+        return
+    ledger = ledger_of(ctx)
+    starts_over = not ledger.entries()
+    detail = {"event": "attempt", "attempt": attempt, "host": host_name(), "starts_over": starts_over}
+    entry = ledger.append(run_id=ctx.run_id, kind="event", detail=detail)
+    ResultsStore(ctx.results_path).record_event(ctx.run_id, entry.seq, "attempt", detail, at=entry.at)
+    run_logger().warning(
+        "attempt %d of run %s on host %s: %s", attempt, ctx.run_id, detail["host"],
+        "starts the run over (no earlier attempt left a ledger entry here: it ran on another host, or died early)"
+        if starts_over
+        else "goes on with this host's run directory",
+    )  # fmt: skip
 
 
 @task(name="prepare-task-data", cache_policy=NO_CACHE)
