@@ -370,10 +370,11 @@ def _session(tmp_path, tiny_model_dir, alfworld_data, monkeypatch, mode: str, sc
     ctx = GradingContext(f"run-{mode}", RunConfig(task="alfworld", max_submissions=cap, mode=mode),
                          paths.workspace, paths.harness_dir, baseline={"validation": 5.0},
                          base_model_dir=tiny_model_dir)  # fmt: skip
-    service = GradingService(ctx, BudgetClock(900), evaluate=_scripted_evaluator(scores))
+    clock = BudgetClock(900)  # one clock, as in a run: the agent's /budget reads the time its session used
+    service = GradingService(ctx, clock, evaluate=_scripted_evaluator(scores))
     with GradingServer(service) as server:
         env = AgentEnv("alfworld", "tiny", paths.workspace, server.url, server.token, 0, harness_dir=paths.harness_dir)
-        outcome = run_agent(agent, env, BudgetClock(900), paths.harness_dir / "agent.log", grace_s=5)
+        outcome = run_agent(agent, env, clock, paths.harness_dir / "agent.log", grace_s=5)
     service.close(drain_timeout_s=10)
     log = (paths.harness_dir / "agent.log").read_text()
     assert outcome.ended_by == "exited" and outcome.exit_code == 0, log[-3000:]
@@ -392,6 +393,17 @@ def test_session_runs_sft_until_validation_stops_rising_then_grpo(tiny_model_dir
     scored = [(e.model_path, e.score) for e in service.submissions() if e.status == "scored"]
     assert scored == [("output/v1", 10.0), ("output/v2", 20.0), ("output/v3", 20.0), ("output/v4", 30.0)]
     assert route_label(paths.workspace / "code") == "SFT+RL"
+
+
+def test_sft_gives_way_to_rl_once_its_share_of_the_budget_is_used(tiny_model_dir, alfworld_data, tmp_path,
+                                                                   monkeypatch):  # fmt: skip
+    """Validation still rising, but SFT has had its share of the budget: the next round is RL."""
+    monkeypatch.setenv("A2RL_SFT_MAX_SHARE", "0.0001")
+    paths, service, log, methods = _session(tmp_path, tiny_model_dir, alfworld_data, monkeypatch, "free",
+                                            [10.0, 20.0, 30.0], cap=2)  # fmt: skip
+    assert methods == ["SFT", "GRPO"]
+    assert "of the budget used by SFT: next GRPO" in (paths.workspace / "code" / "NOTES.md").read_text()
+    assert [e.detail.get("stage") for e in service.submissions()] == ["SFT", "GRPO"]
 
 
 def test_session_in_mode_sft_only_keeps_to_sft(tiny_model_dir, alfworld_data, tmp_path, monkeypatch):

@@ -75,6 +75,9 @@ class Knobs:
     sft_max_steps: int | None
     """Cap on steps per SFT round (tests)."""
     sft_max_rounds: int
+    sft_max_share: float
+    """SFT rounds stop once this share of the budget is used (the RL phase needs time to take several updates;
+    in mode sft-only the annealed SFT rounds that follow are SFT too)."""
     grpo_lr: float
     grpo_round_s: float | None
     grpo_max_steps: int | None
@@ -110,6 +113,7 @@ class Knobs:
             sft_round_s=opt("A2RL_SFT_ROUND_S", float),
             sft_max_steps=opt("A2RL_SFT_MAX_STEPS", int),
             sft_max_rounds=int(env.get("A2RL_SFT_MAX_ROUNDS") or 6),
+            sft_max_share=float(env.get("A2RL_SFT_MAX_SHARE") or 0.5),
             grpo_lr=float(env.get("A2RL_GRPO_LR") or 1e-5),
             grpo_round_s=opt("A2RL_GRPO_ROUND_S", float),
             grpo_max_steps=opt("A2RL_GRPO_MAX_STEPS", int),
@@ -315,9 +319,12 @@ class InteractiveSession:
     def next_phase(self, r: Round) -> None:
         if r.method == "SFT":
             self.sft_scores.append(r.score)
-            if sft_finished(self.sft_scores, self.baseline, self.k.sft_max_rounds):
+            used = float(self.client.budget()["elapsed_s"]) / float(self.budget["budget_s"])
+            rising_stopped = sft_finished(self.sft_scores, self.baseline, self.k.sft_max_rounds)
+            if rising_stopped or used >= self.k.sft_max_share:
                 self.phase = "SFT-anneal" if self.mode == "sft-only" else "GRPO"
-                r.note = (r.note + "; " if r.note else "") + f"SFT stops rising: next {self.phase}"
+                why = "SFT stops rising" if rising_stopped else f"{used:.0%} of the budget used by SFT"
+                r.note = (r.note + "; " if r.note else "") + f"{why}: next {self.phase}"
                 if self.phase == "SFT-anneal":
                     self.sft.set_lr(self.k.sft_lr / 2)
         elif r.method == "SFT-anneal" and r.note != "new best":
