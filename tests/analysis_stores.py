@@ -186,6 +186,7 @@ def random_specs(rng: np.random.Generator) -> list[RunSpec]:
     """A random valid store: 0-12 runs over a few settings, any mix of statuses, graded or right/wrong items, with
     or without submissions, LLM calls, variants, paper protocol, budgets; items shared by seeds or not."""
     specs = []
+    silent = rng.random() < 0.35  # no run in the store submitted (the `make run` case, with company)
     for r in range(int(rng.integers(0, 13))):
         setting = BASE_SETTING | {
             "task": str(rng.choice(["gsm8k", "humaneval"])), "agent": str(rng.choice(["a", "b"])),
@@ -197,7 +198,8 @@ def random_specs(rng: np.random.Generator) -> list[RunSpec]:
         graded = rng.random() < 0.3
         base = (rng.choice([0, 0.5, 1], n) if graded else (rng.random(n) < rng.random()).astype(float)).tolist()
         final = (rng.choice([0, 0.5, 1], n) if graded else (rng.random(n) < rng.random()).astype(float)).tolist()
-        subs = submissions(rng, setting["budget_s"], int(rng.integers(0, 4)), str(rng.choice(["SFT", "GRPO"])))
+        subs = submissions(rng, setting["budget_s"], 0 if silent else int(rng.integers(0, 4)),
+                           str(rng.choice(["SFT", "GRPO"])))
         if subs and rng.random() < 0.3:
             subs[0] = subs[0] | {"status": "error", "score": None}
         calls = [(float(t), int(rng.integers(0, 5000))) for t in rng.uniform(0, 100, int(rng.integers(0, 3)))]
