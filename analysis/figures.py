@@ -27,7 +27,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
-from analysis.tables import AXES  # noqa: E402
+from analysis.tables import AXES, as_text, key_of  # noqa: E402
 
 MODE_ORDER = ("free", "sft-only", "rl-only", "multi")
 MAX_PANELS = 6
@@ -156,13 +156,13 @@ class Panel(NamedTuple):
     label: str
 
     def rows(self, frame: pd.DataFrame) -> pd.DataFrame:
-        return frame[(frame["task"].astype(str) == self.task) & (frame["variant"].astype(str) == self.variant)]
+        return frame[(as_text(frame["task"]) == self.task) & (as_text(frame["variant"]) == self.variant)]
 
 
 def _panels(frame: pd.DataFrame) -> tuple[list[Panel], str]:
     """(task, variant) panels to draw, at most MAX_PANELS in alphabetical order of task then variant, and a note
     when some are left out. Two variants of a task are two panels."""
-    keys = frame[["task", "variant", "variant_label"]].astype(str).drop_duplicates(["task", "variant"])
+    keys = as_text(frame[["task", "variant", "variant_label"]]).drop_duplicates(["task", "variant"])
     panels = [Panel(*k) for k in keys.sort_values(["task", "variant"]).itertuples(index=False, name=None)]
     note = (f"Showing {MAX_PANELS} of {len(panels)} task panels (alphabetical by task, then variant); every panel "
             "is in the CSV tables." if len(panels) > MAX_PANELS else "")
@@ -190,7 +190,10 @@ def _fmt_ci(low: float, high: float) -> str:
 
 
 def _budget(v: object) -> str:
-    return "budget ?" if v is None or v != v else f"budget {float(v):g} s"
+    try:
+        return f"budget {float(v):g} s"
+    except (TypeError, ValueError):
+        return "budget ?"
 
 
 # ---- heatmap --------------------------------------------------------------------------------------------------------
@@ -208,14 +211,14 @@ def heatmap_figure(matrix: pd.DataFrame, note: str = "") -> Figure:
     if matrix.empty:
         return _empty(title, "no completed runs with a Δ", note)
     keys = list(HEAT_PANEL)
-    sizes = (matrix.assign(panel_key=matrix[keys].astype(str).agg("|".join, axis=1))
+    sizes = (as_text(matrix[keys]).assign(n=matrix["n"], panel_key=key_of(matrix, keys))
              .groupby("panel_key", sort=False).agg(n=("n", "sum"), **{c: (c, "first") for c in keys}).reset_index()
              .sort_values(["n", "panel_key"], ascending=[False, True]))  # fmt: skip
     settings = sizes.head(MAX_PANELS)
-    columns = matrix[list(HEAT_COLUMN)].astype(str).drop_duplicates().sort_values(list(HEAT_COLUMN))
+    columns = as_text(matrix[list(HEAT_COLUMN)]).drop_duplicates().sort_values(list(HEAT_COLUMN))
     columns = list(columns.itertuples(index=False, name=None))
     task_count = pd.Series([c[0] for c in columns]).value_counts()
-    modes = sorted(matrix["mode"].astype(str).unique(), key=_mode_key)
+    modes = sorted(as_text(matrix["mode"]).unique(), key=_mode_key)
     width = max(8.0, 2.4 + 2.0 * len(columns))
     fig = Figure(figsize=(width, 0.95 * len(modes) * len(settings) + 0.9 * len(settings) + 2.2), layout="constrained")
     axes = fig.subplots(len(settings), 1, squeeze=False)[:, 0]
@@ -223,11 +226,11 @@ def heatmap_figure(matrix: pd.DataFrame, note: str = "") -> Figure:
     image = None
     column_of = {c: j for j, c in enumerate(columns)}
     for ax, setting in zip(axes, settings.itertuples(index=False)):
-        cells = matrix[matrix[keys].astype(str).agg("|".join, axis=1) == setting.panel_key]
+        cells = matrix[key_of(matrix, keys) == setting.panel_key]
         grid = np.full((len(modes), len(columns)), np.nan)
         for c in cells.itertuples(index=False):
-            col = column_of[tuple(str(getattr(c, f)) for f in HEAT_COLUMN)]
-            row = modes.index(str(c.mode))
+            col = column_of[tuple(as_text(pd.Series([getattr(c, f) for f in HEAT_COLUMN])))]
+            row = modes.index(as_text(pd.Series([c.mode]))[0])
             floor = float(c.noise_floor) if c.noise_floor == c.noise_floor and c.noise_floor else np.nan
             grid[row, col] = np.clip(c.mean_delta / floor, -HEAT_CLIP, HEAT_CLIP) / HEAT_CLIP
             marks = ("★" if c.is_best else "") + ("▲" if c.is_worst else "") + ("†" if c.within_noise else "")
@@ -241,7 +244,7 @@ def heatmap_figure(matrix: pd.DataFrame, note: str = "") -> Figure:
             labels.append(f"{task}\n{_wrap(items, 18)}{extra}")
         ax.set_xticks(range(len(columns)), labels, fontsize=7)
         ax.set_yticks(range(len(modes)), modes, fontsize=8)
-        name = setting.agent + ("" if setting.driver in ("none", "None") else f" · {setting.driver}")
+        name = setting.agent + ("" if setting.driver == "none" else f" · {setting.driver}")
         suffix = " · paper protocol (test-selected)" if setting.protocol == "paper" else ""
         ax.set_title(_wrap(f"{name} · base {setting.base_model} · {_budget(setting.budget_s)}{suffix}",
                            int(width * 12)), fontsize=9)
@@ -305,7 +308,7 @@ def leaderboard_figure(board: pd.DataFrame, palette: Palette | None = None, note
 
 
 def _splits(frame: pd.DataFrame) -> str:
-    splits = sorted(set(frame["split"].astype(str))) if "split" in frame and len(frame) else ["validation"]
+    splits = sorted(set(as_text(frame["split"]))) if "split" in frame and len(frame) else ["validation"]
     return " / ".join("test (protocol paper)" if s == "test" else s for s in splits)
 
 

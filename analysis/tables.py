@@ -70,6 +70,21 @@ class AnalysisTables:
         return exclusion_note(self.excluded)
 
 
+def as_text(frame: pd.DataFrame | pd.Series) -> pd.DataFrame | pd.Series:
+    """Cells as text for keys and labels, a missing value (None, NaN, NA: a store's NULL) as `?`."""
+    def one(v: Any) -> str:
+        return "?" if v is None or (not isinstance(v, (str, list, tuple)) and pd.isna(v)) else str(v)
+
+    return frame.map(one)
+
+
+def key_of(frame: pd.DataFrame, columns: Sequence[str]) -> pd.Series:
+    """One text key per row from `columns` (NULLs included), e.g. to group by a setting's fields."""
+    if frame.empty:
+        return pd.Series([], dtype=object, index=frame.index)
+    return as_text(frame[list(columns)]).agg("|".join, axis=1)
+
+
 def exclusion_note(excluded: pd.DataFrame) -> str:
     total = int(excluded["n_runs"].sum()) if len(excluded) else 0
     if not total:
@@ -86,7 +101,7 @@ def setting_labels(board: pd.DataFrame) -> dict[str, str]:
     if board.empty:
         return labels
     for _, panel in board.groupby(PANEL_KEY, dropna=False, sort=False):
-        varying = [f for f in SERIES_FIELDS if panel[f].astype(str).nunique() > 1]
+        varying = [f for f in SERIES_FIELDS if as_text(panel[f]).nunique() > 1]
         names = {row["setting_id"]: _label(row, varying) for _, row in panel.iterrows()}
         counts = pd.Series(list(names.values())).value_counts()
         labels |= {sid: name if counts[name] == 1 else f"{name} #{sid[:6]}" for sid, name in names.items()}
@@ -222,12 +237,17 @@ def setting_interval(pairs: pd.DataFrame | None, deltas: Sequence[float], row: A
     elif table is not None:
         iv, design = seeds_items_interval(table.to_numpy()), "seeds × items"
     else:
-        n_items = int(row.noise_n_items) if row.noise_n_items == row.noise_n_items and row.noise_n_items else 0
-        var = (binomial_var(row.mean_final_test, n_items) + binomial_var(row.mean_baseline_test, n_items)
-               if n_items > 1 and row.mean_final_test == row.mean_final_test else None)
+        n_items = int(_number(row.noise_n_items, 0))
+        final, base = _number(row.mean_final_test), _number(row.mean_baseline_test)
+        var = binomial_var(final, n_items) + binomial_var(base, n_items) if n_items > 1 and final == final else None
         iv, design = seeds_interval(deltas, var, n_items), "seeds"
     return {"ci_low": iv.low, "ci_high": iv.high, "p_value": iv.p_value, "interval": iv.method,
             "verdict": iv.label(), "n_items": iv.n_items, "design": design}
+
+
+def _number(value: Any, missing: float = math.nan) -> float:
+    """A float from a store cell that may be None, NaN or pandas' NA."""
+    return missing if value is None or pd.isna(value) else float(value)
 
 
 def mode_matrix(board: pd.DataFrame) -> pd.DataFrame:
@@ -235,7 +255,7 @@ def mode_matrix(board: pd.DataFrame) -> pd.DataFrame:
     (everything but the mode; ties all marked) where it ran two modes or more."""
     if board.empty:
         return board.assign(is_best=pd.Series(dtype=bool), is_worst=pd.Series(dtype=bool))
-    key = board[AGENT_SETTING].astype(str).agg("|".join, axis=1)
+    key = key_of(board, AGENT_SETTING)
     groups = board.groupby(key, sort=False)["mean_delta"]
     several = groups.transform("count") > 1
     matrix = board.drop(columns=[c for c in ("deltas", "seeds") if c in board])
@@ -315,7 +335,7 @@ def scaling_curves(runs: pd.DataFrame, curve: pd.DataFrame, points: int = 40) ->
         extent = np.zeros(n_settings)
         np.maximum.at(extent, setting_id, run_max)
         if axis == "time":
-            np.maximum.at(extent, setting_id, runs["budget_s"].to_numpy(dtype=float))
+            np.fmax.at(extent, setting_id, runs["budget_s"].to_numpy(dtype=float))  # a NULL budget: the data's extent
         values = np.zeros((len(runs), points + 1))
         if len(ridx):  # a store where no run submitted has nothing to search: every curve is the base model's 0
             scale = extent[setting_id]

@@ -352,6 +352,26 @@ def test_analyze_never_crashes_on_a_valid_store(seed, tmp_path):
             assert row.ci_high > row.ci_low
 
 
+def test_analyze_a_hand_built_store_with_nulls(tmp_path):
+    """Rows with only some columns (an old or hand-built store): NULL task, budget, driver, mode, seed, scores."""
+    import duckdb
+
+    from flows.analysis_flow import run_analysis
+
+    path = tmp_path / "results.duckdb"
+    ResultsStore(path)
+    with duckdb.connect(str(path)) as con:
+        con.execute("INSERT INTO runs (run_id, task, status, baseline_test, final_test, delta_test, seed) VALUES "
+                    "('a', 'gsm8k', 'completed', 10, 12, 2, 0), ('b', 'gsm8k', 'completed', 10, 14, 4, 1), "
+                    "('c', NULL, 'completed', NULL, 5, NULL, 0), ('d', 'x', 'completed', 0, 0, 0, NULL)")
+        con.execute("INSERT INTO submissions (run_id, submission_id, score, status) VALUES ('a', 1, 5.0, 'scored'), "
+                    "('d', 1, NULL, 'error')")
+    paths = run_analysis(path, tmp_path / "out", n_boot=30)
+    assert sum(p.suffix == ".png" for p in paths) == 5
+    board = pd.read_csv(tmp_path / "out" / "tables" / "leaderboard.csv")
+    assert sorted(board["n"]) == [1, 2] and "no per-item results" in " ".join(board["interval"])
+
+
 def test_the_docs_say_how_to_read_the_numbers():
     root = Path(__file__).resolve().parents[1]
     page = (root / "docs" / "reading-numbers.md").read_text()
