@@ -339,6 +339,9 @@ def scaling_figure(scaling: pd.DataFrame, palette: Palette | None = None, note: 
                 if top == 0:
                     ax.text(0.5, 0.5, "no LLM token data\n(scripted agents)", transform=ax.transAxes, ha="center",
                             va="center", color="grey")
+            if axis == "submissions" and (data.empty or float(data["x"].max()) == 0):
+                ax.text(0.5, 0.5, "no submissions in these runs:\nthe base model stands", transform=ax.transAxes,
+                        ha="center", va="center", color="grey")
             for name in names:
                 line = data[data["series"] == name].sort_values("x")
                 if line.empty or float(line["x"].max()) == 0:

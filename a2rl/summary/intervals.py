@@ -11,12 +11,14 @@ to what a score can be (a Δ within [-100, 100], a score within [0, 100]).
 - A setting over k seeds that share the hidden items (`seeds_items_interval`, the normal case: every seed is
   scored on the same test set): the items are a sample too, and shared by every seed, so a t-interval over the
   seeds' Δ misses their sampling error. The k × n table of item values is treated as a crossed design (seeds ×
-  items): the variance of its mean is split into an item part (the spread of per-item means over seeds, / n, with
-  n - 1 degrees of freedom) and a seed part (the spread of per-seed means, / k, with k - 1), each taken with its
-  own t quantile: half-width = sqrt((t_items · se_items)² + (t_seeds · se_seeds)²). Two pseudo-items with the
-  extreme values (±1 for a Δ, 0 and 1 for a score; Agresti-Caffo style) keep it from collapsing when nothing
-  varies: tied seeds never give a zero-width interval or p = 0. Coverage is checked by simulation in
-  `tests/test_analysis.py` and `bench/bench_coverage.py` (BENCHMARKS.md).
+  items): the variance of its mean is split into an item part (the spread of per-item means over seeds) and a seed
+  part (the spread of per-seed means, / k, with k - 1 degrees of freedom), each taken with its own t quantile:
+  half-width = sqrt((t_items · se_items)² + (t_seeds · se_seeds)²). Every seed gets two pseudo-items with the
+  extreme values (±1 for a Δ, 0 and 1 for a score; in the spirit of Agresti-Caffo), so the item part is over
+  n + 2 items with n + 1 degrees of freedom and never collapses when nothing varies: tied seeds never give a
+  zero-width interval or p = 0. The sum of the two parts over-counts the seed × item noise once, which keeps the
+  interval on the safe side. Coverage is checked by simulation in `tests/test_analysis.py` and
+  `bench/bench_coverage.py` (BENCHMARKS.md).
 - Seeds without shared per-item results (`seeds_interval`): the t-interval over seeds, plus, where the number of
   items is known, a binomial bound for the items' sampling error; seeds that agree exactly get no interval.
 - Noise: the baseline's item-level standard error (Agresti-Coull binomial, or sd/sqrt(n) of graded items).
