@@ -52,6 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="*", help="HF checkpoint dir, .gguf file, or the parts of one in order")
     p.add_argument("--table", type=Path, help="only print the table of this DuckDB store")
+    p.add_argument("--exclude", nargs="*", default=[], metavar="RUN_ID",
+                   help="with --table: runs left out of the intervals over seeds (harness-side failures)")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-out")))
     p.add_argument("--work", type=Path, default=Path("/tmp/a2rl-gpu"), help="run dirs, caches (not copied back)")
     p.add_argument("--budget", type=float, default=420.0, help="agent seconds per run (grading excluded)")
@@ -250,9 +252,9 @@ def print_table(store: Path, out: Path | None = None) -> str:
     return text
 
 
-def rl_shares(store: Path) -> dict[str, object]:
+def rl_shares(store: Path) -> dict[str, tuple[object, dict[str, float]]]:
     """RL's share of every run (a2rl.summary.stages: last RL checkpoint against the SFT checkpoint it started from,
-    on the hidden test, paired over items) from the store's post-hoc evaluations."""
+    on the hidden test, paired over items) from the store's post-hoc evaluations, with its per-item differences."""
     import duckdb
 
     from a2rl.summary.stages import SubmissionTest, stage_share
@@ -270,43 +272,60 @@ def rl_shares(store: Path) -> dict[str, object]:
                                    [run_id, f"posthoc-{sid}-test"]).fetchall()  # fmt: skip
                 return dict(rows) or None
 
-            out[run_id] = stage_share(tests, items)
+            share = stage_share(tests, items)
+            if share is not None:
+                before, after = items(share.sft_submission) or {}, items(share.rl_submission) or {}
+                out[run_id] = (share, {i: after[i] - before[i] for i in before if i in after})
         return out
     finally:
         con.close()
 
 
-def seeds_table(store: Path) -> str:
-    """Per setting (agent, mode): n seeds, mean final hidden test, mean Δ and mean RL share with their
-    intervals over seeds (the library's `seeds_interval`), and RL's share per run."""
+def seeds_table(store: Path, exclude: set[str] = frozenset()) -> str:
+    """Per setting (agent, mode): n seeds, mean final hidden test, mean Δ and mean RL share with their intervals
+    over seeds that share the hidden items (the library's `seeds_items_interval`: seeds × items), and RL's share
+    per run. Runs in `exclude` (harness-side failures, by run id) are left out and named."""
     import duckdb
+    import numpy as np
 
-    from a2rl.summary.intervals import seeds_interval
+    from a2rl.summary.intervals import seeds_items_interval
 
     shares = rl_shares(store)
     con = duckdb.connect(str(store), read_only=True)
     try:
         rows = con.execute("""
-            SELECT r.run_id, r.agent, r.mode, r.seed, r.final_test, r.delta_test
+            SELECT r.run_id, r.agent, r.mode, r.seed, r.final_test
             FROM runs r WHERE r.task = 'alfworld' AND r.status = 'completed' ORDER BY r.agent, r.mode, r.seed""").fetchall()
+        pairs: dict[str, dict[str, float]] = {}
+        for run_id, item, base, final in con.execute("SELECT run_id, item_id, base_score, final_score FROM item_pairs").fetchall():
+            pairs.setdefault(run_id, {})[item] = final - base
     finally:
         con.close()
     per_run = ["run | agent | mode | seed | RL's share: SFT start -> last RL checkpoint (hidden test)"]
     settings: dict[tuple[str, str], list[tuple]] = {}
-    for run_id, agent, mode, seed, final, delta in rows:
-        share = shares.get(run_id)
-        settings.setdefault((agent, mode), []).append((seed, final, delta, share.delta if share else None))
+    for run_id, agent, mode, seed, final in rows:
+        if run_id in exclude:
+            per_run.append(f"{run_id} | {agent} | {mode} | {seed} | excluded (harness-side failure)")
+            continue
+        share, diffs = shares.get(run_id, (None, {}))
+        settings.setdefault((agent, mode), []).append((final, pairs.get(run_id, {}), diffs))
         if share is not None:
             ci = f"[{share.ci_low:+.1f}, {share.ci_high:+.1f}] p={share.p_value:.3g}" if share.ci_low is not None else share.method
             per_run.append(f"{run_id} | {agent} | {mode} | {seed} | #{share.sft_submission} {share.sft_test:.1f} -> "
                            f"#{share.rl_submission} {share.rl_test:.1f}: {share.delta:+.1f} {ci} (n={share.n_items})")
+
+    def over_seeds(per_seed: list[dict[str, float]]) -> str:
+        per_seed = [d for d in per_seed if d]
+        if not per_seed:
+            return "n/a"
+        shared = sorted(set.intersection(*(set(d) for d in per_seed)))
+        return seeds_items_interval(np.array([[d[i] for i in shared] for d in per_seed])).text()
+
     lines = ["agent | mode | n seeds | final hidden test (mean) | Δ over seeds | RL share over seeds"]
     for (agent, mode), runs in settings.items():
-        finals = [f for _, f, _, _ in runs if f is not None]
-        delta = seeds_interval([d for _, _, d, _ in runs if d is not None])
-        values = [x for _, _, _, x in runs if x is not None]
-        share = seeds_interval(values).text() if values else "n/a (no RL stage)"
-        lines.append(f"{agent} | {mode} | {len(runs)} | {sum(finals) / max(1, len(finals)):.2f} | {delta.text()} | {share}")
+        finals = [f for f, _, _ in runs if f is not None]
+        lines.append(f"{agent} | {mode} | {len(runs)} | {sum(finals) / max(1, len(finals)):.2f} | "
+                     f"{over_seeds([p for _, p, _ in runs])} | {over_seeds([d for _, _, d in runs])}")  # fmt: skip
     return "\n".join(per_run + [""] + lines)
 
 
@@ -403,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.table:
         print_table(args.table)
-        print(seeds_table(args.table))
+        print(seeds_table(args.table, set(args.exclude)))
         return 0
     t0 = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
