@@ -31,7 +31,7 @@ AXES = {
     "tokens": ("cum_tokens", "cumulative LLM tokens (input + output + cache)"),
     "submissions": ("submission_id", "submissions"),
 }
-PAPER_VIEWS = ("system_task_scores", "budget_deltas", "run_costs", "final_routes", "mode_breaches")
+PAPER_VIEWS = ("system_task_scores", "budget_deltas", "run_costs", "final_routes", "mode_breaches", "stage_shares")
 
 
 @dataclass
@@ -169,8 +169,10 @@ def load_tables(store: Any, n_boot: int = 2000, compare: tuple[str, str] | None 
     gaps["series"] = gaps["setting_id"].map(labels)
     selection = selection_gap_summary(gaps, by=[*SETTING, "series"], n_boot=n_boot) if len(gaps) else pd.DataFrame()
     paper = {name: store.query(f"SELECT * FROM {name}") for name in PAPER_VIEWS}
-    subs = store.query("SELECT s.run_id, s.submission_id, s.agent_elapsed_s, s.split, s.status, s.score, s.route, "
-                       "s.cached, s.error FROM submissions s JOIN analysed_runs USING (run_id) ORDER BY 1, 2")
+    subs = store.query("SELECT s.run_id, s.submission_id, s.agent_elapsed_s, s.stage, s.split, s.status, s.score, "
+                       "t.test_score AS hidden_test_posthoc, s.route, s.cached, s.error FROM submissions s "
+                       "JOIN analysed_runs USING (run_id) LEFT JOIN submission_tests t USING (run_id, submission_id) "
+                       "ORDER BY 1, 2")  # fmt: skip
     order = "task, variant, setting_id"
     return AnalysisTables(
         runs=runs, excluded=excluded, matrix=matrix, leaderboard=board, run_intervals=run_intervals, pass_at_k=pak,

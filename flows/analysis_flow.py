@@ -184,6 +184,13 @@ def _paper_sections(t: AnalysisTables) -> list[Section]:
         Section("Final routes and mode breaches", "Which route produced the final pick, per setting, and the "
                 "submissions whose route broke the run's mode (analysed runs only). " + excluded,
                 tables=[("Final-pick route per setting", p["final_routes"]), ("Mode breaches", p["mode_breaches"])]),
+        Section("What RL added (hidden test, post hoc)", "Runs made with `--test-every-submission`: every submission "
+                "was also evaluated on the hidden test after the session (never shown to the agent; the final pick and "
+                "Δ do not use it). RL's share = the last RL checkpoint's hidden-test score − that of the SFT checkpoint "
+                "RL started from (the best SFT submission on validation before the first RL one; stages as the agent "
+                "labelled its submissions), with the paired 95% interval over the same items. The drill-down's "
+                "submissions carry each one's post-hoc score. " + excluded,
+                tables=[("RL's share per run", p["stage_shares"])]),
     ]  # fmt: skip
 
 

@@ -206,3 +206,12 @@ def test_every_submission_on_the_hidden_test_after_the_session(prefect_harness, 
     report = (harness / "report.md").read_text()
     assert "Every submission on the hidden test (analysis only)" in report and "RL's share" in report
     assert json.loads((harness / "report.json").read_text())["stage_share"]["rl_submission"] == 2
+    # The analysis: the paper tables' RL section and the drill-down's post-hoc scores.
+    from flows.analysis_flow import run_analysis
+
+    with duckdb.connect(str(results), read_only=True) as con:
+        shares = con.execute("SELECT run_id, rl_share, n_items FROM stage_shares").fetchall()
+    assert shares == [(summary.run_id, pytest.approx(share[0]), 3)]
+    run_analysis(results, tmp_path / "analysis")
+    html = (tmp_path / "analysis" / "report.html").read_text()
+    assert "What RL added (hidden test, post hoc)" in html and "hidden_test_posthoc" in html

@@ -773,5 +773,24 @@ MIGRATIONS: list[str] = [
            coalesce(excluded_because, 'analysed') AS counted_as, count(*)::BIGINT AS n_runs
     FROM run_settings GROUP BY ALL;
     """,
+    # 7: what each training stage added on the hidden test (`test_every_submission`): RL's share per analysed run,
+    # from the run's metrics (a2rl.summary.stages: last RL checkpoint against the SFT checkpoint RL started from).
+    """
+    CREATE OR REPLACE VIEW stage_shares AS
+    SELECT r.setting_id, r.task, r.variant, r.item_selection, r.base_model, r.agent, r.driver, r.mode, r.protocol,
+           r.budget_s, r.seed, r.run_id,
+           max(m.value) FILTER (WHERE m.name = 'rl_share_sft_test') AS sft_start_test,
+           max(m.value) FILTER (WHERE m.name = 'rl_share_rl_test') AS last_rl_test,
+           max(m.value) FILTER (WHERE m.name = 'rl_share') AS rl_share,
+           max(m.value) FILTER (WHERE m.name = 'rl_share_ci_low') AS ci_low,
+           max(m.value) FILTER (WHERE m.name = 'rl_share_ci_high') AS ci_high,
+           max(m.value) FILTER (WHERE m.name = 'rl_share_p_value') AS p_value,
+           max(m.value) FILTER (WHERE m.name = 'rl_share_n_items')::BIGINT AS n_items,
+           max(m.text) FILTER (WHERE m.name = 'rl_share_submissions') AS submissions
+    FROM analysed_runs r JOIN metrics m USING (run_id)
+    WHERE m.name LIKE 'rl_share%'
+    GROUP BY ALL
+    ORDER BY r.setting_id, r.seed, r.run_id;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
