@@ -29,6 +29,8 @@ HEAD_SECONDS = 10.0
 """A request's line and headers must arrive whole within this, from the connection's start (or the end of the
 previous response): bytes trickled in one at a time do not hold a connection open."""
 MAX_CONNECTIONS = 256
+MAX_REQUEST_LOG_BYTES = 64 * 1024**2
+"""The request log's size; past it requests are counted, not logged (`RequestGuard._log`)."""
 MAX_CONNECTIONS_PER_CLIENT = 128
 """Per peer address. In the sandbox every agent connection arrives from its shim on 127.0.0.1 (one client)."""
 log = logging.getLogger("a2rl.grading")
@@ -94,6 +96,9 @@ class RequestGuard:
 
     def __init__(self, app, token: str, request_log: Path | None):
         self.app, self.token, self.request_log = app, token.encode(), request_log
+        self._logged = request_log.stat().st_size if request_log is not None and request_log.exists() else 0
+        self._dropped: dict[str, int] = {}
+        self._counted_at = 0.0
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -151,12 +156,22 @@ class RequestGuard:
         return scheme.lower() == b"bearer" and secrets.compare_digest(credentials.strip(), self.token)
 
     def _log(self, scope, status: int, seconds: float) -> None:
+        """One line a request, up to MAX_REQUEST_LOG_BYTES (an agent can make requests at will); past it, counts
+        by status in `<log>.dropped.json`, rewritten at most once a second."""
         if self.request_log is None:
             return
-        line = {"at": time.time(), "method": scope.get("method"), "route": scope.get("path"), "status": status,
-                "latency_s": round(seconds, 4)}  # fmt: skip
+        if self._logged >= MAX_REQUEST_LOG_BYTES:
+            self._dropped[str(status)] = self._dropped.get(str(status), 0) + 1
+            if time.monotonic() - self._counted_at > 1.0:
+                self._counted_at = time.monotonic()
+                self.request_log.with_suffix(".dropped.json").write_text(json.dumps(
+                    {"after_bytes": MAX_REQUEST_LOG_BYTES, "requests_not_logged_by_status": self._dropped}))
+            return
+        line = json.dumps({"at": time.time(), "method": scope.get("method"), "route": scope.get("path")[:200],
+                           "status": status, "latency_s": round(seconds, 4)}) + "\n"  # fmt: skip
         with self.request_log.open("a") as f:
-            f.write(json.dumps(line) + "\n")
+            f.write(line)
+        self._logged += len(line)
 
 
 async def _answer(send, status: int, detail: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
@@ -212,7 +227,8 @@ def create_app(service: GradingService, token: str, request_log: Path | None = N
         return service.validate(body.model_path)
 
     @app.post("/final", dependencies=[Depends(authorized)],
-              responses={404: _error("No such submission"), 409: _error("That submission failed grading")})
+              responses={404: _error("No such submission"), 409: _error("That submission failed grading"),
+                         429: _error("The final pick was changed too often (100 times)")})
     def final(body: FinalRequest) -> dict:
         """Declare the final pick (heldout protocol); default is the best submission on validation."""
         return service.declare_final(body.submission_id)
