@@ -98,3 +98,16 @@ def test_the_request_log_stops_growing_at_its_cap(tmp_path, tiny_model_dir, monk
     assert log.stat().st_size < 2000 + 200
     counted = json.loads(log.with_suffix(".dropped.json").read_text())["requests_not_logged_by_status"]
     assert len(log.read_text().splitlines()) + sum(counted.values()) == 101, counted
+
+
+def test_a_websocket_upgrade_is_answered_as_plain_http(served):
+    """An upgraded connection would leave the HTTP layer's bounds: the grader does not upgrade (no WebSocket route)."""
+    import socket
+
+    _, server = served
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                  b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+        answer = s.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 200") and b"101" not in answer.split(b"\r\n")[0], answer[:200]
+    still_healthy(server)

@@ -386,8 +386,10 @@ class GradingServer:
         # BoundedH11Protocol keeps connections within MAX_CONNECTIONS (an agent opening thousands cannot run the
         # harness process out of file descriptors: its ledger needs them); limit_concurrency, a little above (a
         # connection closed to make room leaves the set a moment later), caps requests in progress: 503 past it.
+        # ws="none": no WebSocket upgrades (the API has no WebSocket route, and an upgraded connection would leave
+        # BoundedH11Protocol's bounds); an upgrade request is answered as plain HTTP.
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False,
-                                limit_concurrency=MAX_CONNECTIONS + 32, http=BoundedH11Protocol)  # fmt: skip
+                                limit_concurrency=MAX_CONNECTIONS + 32, http=BoundedH11Protocol, ws="none")  # fmt: skip
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True, name="grading-server")
 

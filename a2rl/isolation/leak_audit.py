@@ -187,13 +187,23 @@ def audit_leaks(
             continue
         _stream_file(audit, path)
     skip = {str(PurePosixPath(e)) for e in exclude}
-    names = audit.matcher()  # file names are what the agent wrote too (a name can hold an item's words)
+    names, pending = audit.matcher(), []  # file names and link targets are what the agent wrote too
+    listed_past_budget = 0
     for entry in _entries(audit, Path(workspace), skip):
-        names.feed(entry.rel.replace("/", " ") + "\n")
+        if audit.over_budget():  # files past the budget are listed as unread, up to a point
+            listed_past_budget += 1
+            if listed_past_budget > 100_000:
+                audit.unread(f"{workspace}/{entry.rel} and every name after it (the audit's budget ran out)")
+                break
+        pending.append(entry.rel.replace("/", " "))
         if entry.is_link:
-            names.feed(f"{safefs.read_link(entry) or ''}\n")
+            pending.append(safefs.read_link(entry) or "")
         elif entry.is_file:
             _workspace_file(audit, Path(workspace), entry)
+        if len(pending) > 10_000:  # fed in batches: a feed has a fixed cost, millions of names are cheap
+            names.feed("\n".join(pending) + "\n")
+            pending.clear()
+    names.feed("\n".join(pending))
     names.close()
     audit.record(f"{workspace} (file names)", names.found)
     report = audit.report
