@@ -742,3 +742,84 @@ def test_fifty_thousand_scripts_do_not_stall_submissions(tmp_path, tiny_model_di
         assert read_calls < 5_000, f"a submission over an unchanged code/ made {read_calls} read calls"
         _still_healthy(server)
     service.close(30)
+
+
+GRADER_PROCESS = """
+import json, sys
+from pathlib import Path
+from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
+from a2rl.inference.evaluation import EvalSpec, evaluate_in_subprocess
+from a2rl.records import EvalResult, RunConfig
+from tests.hostile_tasks import SleepingTask
+
+root, model = Path(sys.argv[1]), Path(sys.argv[2])
+
+def evaluate(model_dir, weights_hash, spec, device=None):
+    if json.loads((model_dir / "config.json").read_text()).get("a2rl_test_slow"):  # weights that never finish
+        return evaluate_in_subprocess(model_dir, EvalSpec.of(SleepingTask(), "offline", "validation"))
+    return EvalResult(task=spec.task, split=spec.split, score=50.0, n=4, n_correct=2, evaluator_id="constant",
+                      weights_hash=weights_hash)
+
+ctx = GradingContext("grader-run", RunConfig(max_submissions=4), root / "workspace", root / "harness", {},
+                     base_model_dir=model, devices=[None, None])
+service = GradingService(ctx, BudgetClock(600), evaluate=evaluate)
+with GradingServer(service) as server:
+    print(json.dumps({"url": server.url, "token": server.token}), flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_an_evaluation_dies_with_its_grader_and_a_restarted_grader_serves(tmp_path, tiny_model_dir):
+    """Evaluations outlive the grader: SIGKILL of the grading service mid-evaluation left its evaluation process
+    running. Now the evaluation (and the process it started) end with the grader, within seconds; a grader
+    restarted on the run answers /health and grades an honest submission (and its own evaluation ends with it)."""
+    import signal
+    import subprocess
+
+    from a2rl.isolation import procs
+
+    out = tmp_path / "workspace" / "output"
+    shutil.copytree(tiny_model_dir, out / "slow")
+    shutil.copytree(tiny_model_dir, out / "honest")
+    config = json.loads((out / "slow" / "config.json").read_text())
+    (out / "slow" / "config.json").write_text(json.dumps({**config, "a2rl_test_slow": True}))
+    script = tmp_path / "grader.py"
+    script.write_text(GRADER_PROCESS)
+    pid_file = tmp_path / "eval.pids"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "A2RL_TEST_PID_FILE": str(pid_file)}
+
+    def start_grader() -> tuple[subprocess.Popen, str, dict]:
+        proc = subprocess.Popen([sys.executable, str(script), str(tmp_path), str(tiny_model_dir)], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        info = json.loads(proc.stdout.readline())
+        return proc, info["url"], {"Authorization": f"Bearer {info['token']}"}
+
+    def evaluation_pids() -> list[int]:
+        deadline = time.monotonic() + 120
+        while not pid_file.exists() or len(pid_file.read_text().split()) < 2:
+            assert time.monotonic() < deadline, "the evaluation never started"
+            time.sleep(0.2)
+        pids = [int(p) for p in pid_file.read_text().split()]
+        pid_file.unlink()
+        return pids
+
+    def killed_with(grader: subprocess.Popen, pids: list[int]) -> list[int]:
+        grader.send_signal(signal.SIGKILL)
+        grader.wait()
+        deadline = time.monotonic() + 10
+        while (left := [p for p in pids if procs.alive(p)]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        procs.signal_pids(left, signal.SIGKILL)  # never leave them behind, even when the test fails
+        return left
+
+    grader, url, auth = start_grader()
+    assert httpx.post(f"{url}/submit", json={"model_path": "output/slow"}, headers=auth, timeout=60).status_code == 200
+    assert killed_with(grader, evaluation_pids()) == [], "the evaluation outlived the grader"
+    grader, url, auth = start_grader()  # resumes the interrupted evaluation on one worker
+    resumed = evaluation_pids()
+    try:
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+        r = httpx.post(f"{url}/submit", json={"model_path": "output/honest", "wait": True}, headers=auth, timeout=120)
+        assert r.status_code == 200 and r.json()["status"] == "scored", r.text
+    finally:
+        assert killed_with(grader, resumed) == [], "the resumed evaluation outlived the grader"
