@@ -40,9 +40,11 @@ from benchmarks import get_task
 from blocks import resolve_driver
 from tasks.summary_steps import (
     AgentDidNotStart,
+    LedgerTampered,
     completed_before,
     did_not_start,
     log_traceback,
+    output_matcher,
     record_failure,
     write_summary,
 )
@@ -155,7 +157,7 @@ def agent_session(
         )
         with ClockRecorder(clock, clock_file), snapshots.periodic(300), sampler:
             outcome = run_agent(agent, env, clock, ctx.paths.harness_dir / "agent.log", grace_s=grace_s,
-                                sandbox=policy)
+                                sandbox=policy, log_matcher=output_matcher(ctx))
             service.close()
     outcome.agent_seconds = round(clock.elapsed(), 3)
     service.record_event("session-end", **outcome.model_dump(), grading_seconds=round(service.grading_seconds, 3))
@@ -189,6 +191,8 @@ def final_grading(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
 def summarize_run(ctx: RunContext, status: RunStatus, phase_seconds: dict[str, float]) -> RunSummary:
     """Write the report and final results row, and publish them as Prefect artifacts."""
     summary, report = write_summary(ctx, status, phase_seconds)
+    if summary.error and summary.error.startswith("ledger integrity"):
+        raise LedgerTampered(summary.error)
     create_markdown_artifact(report.read_text(), key=_artifact_key(ctx.run_id), description="a2rl run report")
     entries = ledger_of(ctx).entries()
     create_table_artifact(

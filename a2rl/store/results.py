@@ -34,7 +34,7 @@ EvalKind = Literal["baseline", "submission", "final"]
 STORE_BLOCK_SIZE = 16 * 1024
 
 # Metrics written by a step of their own (the leak audit), which a later `record_metrics` must not delete.
-KEPT_METRICS = ("leaked_items",)
+KEPT_METRICS = ("leaked_items", "leak_verdict")
 
 # Primary keys of the tables `bulk_write` may write.
 TABLE_KEYS: dict[str, tuple[str, ...]] = {
