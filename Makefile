@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.a2rl-installed
 ARGS ?=
 
-.PHONY: setup tools run test
+.PHONY: setup tools postgres run test
 
 # The agent CLIs, pinned, into a project-local npm prefix (git-ignored). Every package ships its program in
 # the npm registry's tarballs (native binaries in platform packages such as @openai/codex-linux-x64), so
@@ -51,8 +51,18 @@ $(OPENHANDS_STAMP): Makefile
 
 tools: $(TOOLS_STAMP) $(OPENHANDS_STAMP)
 
+# PostgreSQL server binaries for the multi-host tests, which start a throwaway cluster of their own
+# (tests/postgres_support.py); nothing runs as a service. Debian's package, major version pinned (the generic
+# package where the archive has another major); a no-op where pg_ctl is already there.
+PG_MAJOR := 15
+postgres:
+	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null || { \
+	  test "$$(id -u)" = 0 || { echo "make test needs PostgreSQL: sudo apt-get install postgresql-$(PG_MAJOR)"; exit 1; }; \
+	  apt-get update -qq && { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-$(PG_MAJOR) || \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }; }
+
 run: setup
 	$(VENV)/bin/a2rl run $(ARGS)
 
-test: setup tools
+test: setup tools postgres
 	$(VENV)/bin/pytest -q

@@ -166,8 +166,8 @@ def check_compatible(checked: CheckedCheckpoint, base_model_dir: Path, deadline:
     stats = TensorStats()
     for f in checked.weights:
         if f.name.endswith(".safetensors"):
-            stats.add(check_safetensors(f))
             deadline.check(f"checking {f.name}")
+            stats.add(check_safetensors(f))
     other = sum(f.size for f in checked.weights if not f.name.endswith(".safetensors"))
     check_config_against_weights(mine, stats, other)
     checked.facts["parameters"] = stats.numel or None

@@ -29,6 +29,8 @@ HEAD_SECONDS = 10.0
 """A request's line and headers must arrive whole within this, from the connection's start (or the end of the
 previous response): bytes trickled in one at a time do not hold a connection open."""
 MAX_CONNECTIONS = 256
+MAX_REQUEST_LOG_BYTES = 64 * 1024**2
+"""The request log's size; past it requests are counted, not logged (`RequestGuard._log`)."""
 MAX_CONNECTIONS_PER_CLIENT = 128
 """Per peer address. In the sandbox every agent connection arrives from its shim on 127.0.0.1 (one client)."""
 log = logging.getLogger("a2rl.grading")
@@ -85,6 +87,11 @@ class SubmitRequest(BaseModel):
     model_path: str = Field(description="Checkpoint directory, relative to the workspace (e.g. output/v1).",
                             min_length=1, examples=["output/v1"])
     wait: bool = Field(default=False, description="Block until graded and return the score (original's sync mode).")
+    stage: str | None = Field(
+        default=None, max_length=32, pattern=r"^[A-Za-z0-9 +_.:-]*$", examples=["SFT", "GRPO"],
+        description="Optional label of the training stage that made this checkpoint (e.g. SFT, GRPO): recorded "
+                    "as the agent's own word, used only to group submissions in the analysis.",
+    )  # fmt: skip
 
 
 class RequestGuard:
@@ -94,6 +101,9 @@ class RequestGuard:
 
     def __init__(self, app, token: str, request_log: Path | None):
         self.app, self.token, self.request_log = app, token.encode(), request_log
+        self._logged = request_log.stat().st_size if request_log is not None and request_log.exists() else 0
+        self._dropped: dict[str, int] = {}
+        self._counted_at = 0.0
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -151,12 +161,22 @@ class RequestGuard:
         return scheme.lower() == b"bearer" and secrets.compare_digest(credentials.strip(), self.token)
 
     def _log(self, scope, status: int, seconds: float) -> None:
+        """One line a request, up to MAX_REQUEST_LOG_BYTES (an agent can make requests at will); past it, counts
+        by status in `<log>.dropped.json`, rewritten at most once a second."""
         if self.request_log is None:
             return
-        line = {"at": time.time(), "method": scope.get("method"), "route": scope.get("path"), "status": status,
-                "latency_s": round(seconds, 4)}  # fmt: skip
+        if self._logged >= MAX_REQUEST_LOG_BYTES:
+            self._dropped[str(status)] = self._dropped.get(str(status), 0) + 1
+            if time.monotonic() - self._counted_at > 1.0:
+                self._counted_at = time.monotonic()
+                self.request_log.with_suffix(".dropped.json").write_text(json.dumps(
+                    {"after_bytes": MAX_REQUEST_LOG_BYTES, "requests_not_logged_by_status": self._dropped}))
+            return
+        line = json.dumps({"at": time.time(), "method": scope.get("method"), "route": scope.get("path")[:200],
+                           "status": status, "latency_s": round(seconds, 4)}) + "\n"  # fmt: skip
         with self.request_log.open("a") as f:
-            f.write(json.dumps(line) + "\n")
+            f.write(line)
+        self._logged += len(line)
 
 
 async def _answer(send, status: int, detail: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
@@ -204,7 +224,7 @@ def create_app(service: GradingService, token: str, request_log: Path | None = N
     # Sync endpoints run in FastAPI's thread pool, so a waiting /submit does not block others.
     @app.post("/submit", dependencies=[Depends(authorized)], responses=SUBMISSION_RESPONSES)
     def submit(body: SubmitRequest) -> dict:
-        return service.submit(body.model_path, wait=body.wait)
+        return service.submit(body.model_path, wait=body.wait, stage=body.stage)
 
     @app.post("/validate", dependencies=[Depends(authorized)], responses=SUBMISSION_RESPONSES)
     def validate(body: PathRequest) -> dict:
@@ -212,7 +232,8 @@ def create_app(service: GradingService, token: str, request_log: Path | None = N
         return service.validate(body.model_path)
 
     @app.post("/final", dependencies=[Depends(authorized)],
-              responses={404: _error("No such submission"), 409: _error("That submission failed grading")})
+              responses={404: _error("No such submission"), 409: _error("That submission failed grading"),
+                         429: _error("The final pick was changed too often (100 times)")})
     def final(body: FinalRequest) -> dict:
         """Declare the final pick (heldout protocol); default is the best submission on validation."""
         return service.declare_final(body.submission_id)
@@ -345,18 +366,35 @@ class BoundedH11Protocol(H11Protocol):
         return True
 
 
+def return_large_buffers_to_the_os(threshold: int = 1 << 20) -> None:
+    """glibc's malloc serves a large buffer (a 16 MiB header read) from a thread's arena once a buffer that size
+    was freed (its mmap threshold adapts upwards), and the arena keeps the memory: forty request threads reading
+    hostile headers left ~180 MB resident after the requests. A fixed threshold sends every buffer past it to
+    mmap, returned on free. Process-wide, and harmless elsewhere (numpy and torch buffers are mmap'd already)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, threshold)  # M_MMAP_THRESHOLD: fixed, no longer adaptive
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        pass
+
+
 class GradingServer:
     """Runs the app with uvicorn on a daemon thread, on 127.0.0.1 and a free port."""
 
     def __init__(self, service: GradingService, token: str | None = None, request_log: Path | None = None):
+        return_large_buffers_to_the_os()
         self.token = token or secrets.token_urlsafe(32)
         self.port = _free_port()
         app = create_app(service, self.token, request_log)
         # BoundedH11Protocol keeps connections within MAX_CONNECTIONS (an agent opening thousands cannot run the
         # harness process out of file descriptors: its ledger needs them); limit_concurrency, a little above (a
         # connection closed to make room leaves the set a moment later), caps requests in progress: 503 past it.
+        # ws="none": no WebSocket upgrades (the API has no WebSocket route, and an upgraded connection would leave
+        # BoundedH11Protocol's bounds); an upgrade request is answered as plain HTTP.
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False,
-                                limit_concurrency=MAX_CONNECTIONS + 32, http=BoundedH11Protocol)  # fmt: skip
+                                limit_concurrency=MAX_CONNECTIONS + 32, http=BoundedH11Protocol, ws="none")  # fmt: skip
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True, name="grading-server")
 

@@ -40,6 +40,9 @@ from a2rl.records import EvalResult, LedgerEntry, RunConfig, Split
 
 log = logging.getLogger("a2rl.grading")
 MAX_PARALLEL_COPIES = 2
+MAX_FINAL_PICKS = 100
+"""Changes of the declared final pick per run (each is a ledger line): an agent calling /final in a loop
+cannot grow the ledger and its anchors without bound."""
 
 Evaluate = Callable[..., EvalResult]
 """(checkpoint dir, weights hash, spec, device=...) -> result; raises EvaluationFailed."""
@@ -116,6 +119,10 @@ class GradingService:
         self._lock = threading.Lock()
         self._copy_lock = threading.Lock()
         self._copies = 0  # checkpoints being checked (and copied) right now, outside self._lock
+        from a2rl.summary.routes import GRADER_LIMITS, RouteScanner
+
+        self._routes = RouteScanner(GRADER_LIMITS)  # bounded, and incremental between submissions
+        self._route_lock = threading.Lock()
         self.closed = False
         self.closing = threading.Event()
         self.grading_seconds = 0.0
@@ -146,10 +153,12 @@ class GradingService:
         breach is refused (before it counts as a submission), otherwise it is flagged in the ledger."""
         from a2rl.summary.routes import check_snapshot
 
-        analysis, verdict = check_snapshot(self.ctx.workspace / "code", self.ctx.config.mode)
+        with self._route_lock:  # one scan at a time over the one cache
+            analysis, verdict = check_snapshot(self.ctx.workspace / "code", self.ctx.config.mode, scanner=self._routes)
         if not verdict.ok and self.ctx.config.strict_mode:
             raise SubmissionRejected(verdict.message, 403)
-        return {"route": analysis.label, "mode_ok": verdict.ok, "mode_message": verdict.message}
+        return {"route": analysis.label, "mode_ok": verdict.ok, "mode_message": verdict.message,
+                **({} if analysis.complete else {"route_complete": False})}  # fmt: skip
 
     def _checked(self, model_path: str, deadline: Deadline) -> CheckedCheckpoint:
         """Open the checkpoint by fd (no links followed) and run every check; the caller closes it."""
@@ -199,7 +208,7 @@ class GradingService:
             checked.close()
         return pending, checked.facts
 
-    def submit(self, model_path: str, wait: bool = False, timeout_s: float = 6 * 3600) -> dict:
+    def submit(self, model_path: str, wait: bool = False, timeout_s: float = 6 * 3600, stage: str | None = None) -> dict:
         if self.closed:  # fail fast; the authoritative check is under the lock below
             raise SubmissionRejected("the session is over: no more submissions are accepted", 403)
         if len(self.submissions()) >= self.ctx.config.max_submissions:
@@ -229,7 +238,8 @@ class GradingService:
                         kind="submission", submission_id=submission_id, model_path=model_path,
                         resolved_path=str(snapshot), weights_hash=whash, size_bytes=facts["size_bytes"],
                         split=self.feedback_split, status="queued", agent_elapsed_s=round(self.clock.elapsed(), 3),
-                        detail={"workspace_path": str(self.ctx.workspace / model_path), **route},
+                        detail={"workspace_path": str(self.ctx.workspace / model_path), **route,
+                                **({"stage": stage} if stage else {})},
                     )  # fmt: skip
                     self._done[submission_id] = threading.Event()
                     hit = self._cache.lookup(whash, self._spec(entry.split))
@@ -257,7 +267,14 @@ class GradingService:
             raise SubmissionRejected(f"no submission {submission_id}", 404)
         if subs[submission_id].status == "error":
             raise SubmissionRejected(f"submission {submission_id} failed grading and cannot be the final pick", 409)
-        self.record_event("final-pick", submission_id=submission_id)
+        with self._lock:  # every pick is a ledger line (fsynced, anchored): only changes count, and few of them
+            picks = [e.detail.get("submission_id") for e in self.ledger.entries() if e.detail.get("event") == "final-pick"]
+            if picks and picks[-1] == submission_id:
+                return {"final_submission_id": submission_id}
+            if len(picks) >= MAX_FINAL_PICKS:
+                raise SubmissionRejected(f"the final pick was changed {MAX_FINAL_PICKS} times: it stays "
+                                         f"{picks[-1]}", 429)  # fmt: skip
+            self.record_event("final-pick", submission_id=submission_id)
         return {"final_submission_id": submission_id}
 
     def budget(self) -> dict:

@@ -25,6 +25,8 @@ from a2rl.grading.errors import SubmissionRejected
 
 MAX_SAFETENSORS_HEADER = 16 * 1024**2
 """A real header is ~150 bytes per tensor: a few hundred KiB for the largest shards."""
+MAX_HEADER_BYTES_TOTAL = 64 * 1024**2
+"""All shards' headers together (thousands of shards of 16 MiB headers would each be read in turn)."""
 MAX_TENSORS = 200_000
 """Tensors in one checkpoint; a 671B mixture of experts has ~92,000."""
 DTYPE_BITS = {
@@ -49,7 +51,12 @@ class TensorStats:
     embedding: tuple[str, list[int]] | None = None
     """The input embedding's name and shape, where a tensor has a usual embedding name."""
 
+    header_bytes: int = 0
+
     def add(self, other: TensorStats) -> None:
+        self.header_bytes += other.header_bytes
+        if self.header_bytes > MAX_HEADER_BYTES_TOTAL:
+            raise SubmissionRejected(f"the checkpoint's safetensors headers hold over {MAX_HEADER_BYTES_TOTAL} bytes")
         self.tensors += other.tensors
         self.numel += other.numel
         self.layers |= other.layers
@@ -75,7 +82,7 @@ def parse_safetensors_header(raw: bytes, data_size: int, name: str) -> TensorSta
     """Check a header's bytes against the format (and the file's data size) in one pass; raises
     SubmissionRejected with a one-line reason. Every tensor's byte range must have its dtype's size, and the
     ranges must tile the data exactly (what the safetensors library itself requires before loading)."""
-    stats = TensorStats()
+    stats = TensorStats(header_bytes=len(raw))
     spans: list[tuple[int, int]] = []
     try:
         _check_utf8(raw)
