@@ -210,12 +210,14 @@ class GreedyDecoder:
         finished: Callable[[list[int]], bool],
         pad_id: int,
         prefix: PrefixKV | None = None,
+        report: Callable[[int], None] | None = None,
     ) -> list[list[int]]:
         """Greedy continuation of each row (`prefix + row` is its prompt); returns every row's new tokens.
 
         A row's tokens end at the first chunk boundary where `finished(tokens)` holds (or at `max_new_tokens`);
         tokens past its real end (up to the boundary) are whatever it decoded next. Without a graph, finished
-        rows leave the batch, so the long rows do not carry the finished ones.
+        rows leave the batch, so the long rows do not carry the finished ones. `report(n)` hears, at each chunk
+        boundary, how many rows have finished so far.
         """
         import torch
 
@@ -226,11 +228,11 @@ class GreedyDecoder:
             if self.grouped:
                 self.model.config._attn_implementation = GROUPED_ATTENTION
             try:
-                return self._decode(rows, max_new_tokens, finished, pad_id, prefix)
+                return self._decode(rows, max_new_tokens, finished, pad_id, prefix, report)
             finally:
                 self.model.config._attn_implementation = attn_before
 
-    def _decode(self, rows, max_new_tokens, finished, pad_id, prefix):
+    def _decode(self, rows, max_new_tokens, finished, pad_id, prefix, report=None):
         import torch
 
         batch = len(rows)
@@ -265,6 +267,8 @@ class GreedyDecoder:
             for row, t in zip(alive, tokens):
                 if results[row] is None and (steps_left == 0 or finished(t)):
                     results[row] = t  # a finished row's tokens are final: later ones are cut anyway
+            if report is not None:
+                report(sum(r is not None for r in results))
             if all(r is not None for r in results):
                 return results
             if not self.use_graph:
