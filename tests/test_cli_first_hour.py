@@ -309,14 +309,18 @@ def test_episodes_are_counted_as_they_end():
 def test_eta_comes_from_the_measured_rate():
     from a2rl.ops.progress import ItemProgress, RunProgress, Snapshot, baseline_items, eta_text
 
-    items = ItemProgress(what="validation", done=4, total=16, started_at=1000.0, at=1040.0)
+    items = ItemProgress(what="validation", done=4, total=16, started_at=1000.0, at=1040.0, loaded=True)
     assert items.eta_s(now=1040.0) == pytest.approx(120.0)  # 10 s per item, 12 left
-    assert ItemProgress(what="validation", total=16, started_at=1000.0, at=1000.0).eta_s() is None
+    assert ItemProgress(what="validation", total=16, started_at=1000.0, at=1000.0).left() == "loading the model"
+    assert ItemProgress(what="validation", total=16, at=1000.0, loaded=True).left() == "measuring the rate"
     run = RunProgress(run_id="r", harness_dir=Path("."), phase="baseline", baseline_done=0, baseline_total=48,
                       baseline_split="validation")  # fmt: skip
-    done, eta = baseline_items(Snapshot(progress=run, items=items))
+    done, eta = baseline_items(Snapshot(progress=run, items=items), now=1040.0)
     assert done == 4 and eta == pytest.approx(120.0 + 32 * 10.0, abs=5)  # the test split still to come
     assert eta_text(None) == "measuring the rate" and "2 min" in eta_text(150)
+    test_split = run.model_copy(update={"baseline_done": 16, "baseline_split": "test", "baseline_item_s": 12.0})
+    fresh = ItemProgress(what="test", total=32, started_at=1100.0, at=1100.0, loaded=True)
+    assert baseline_items(Snapshot(progress=test_split, items=fresh), now=1100.0) == (16, 32 * 12.0)
 
 
 def test_a_library_warning_is_never_the_agents_latest_action(tmp_path):

@@ -116,11 +116,12 @@ class RunDisplay:
         if p.baseline_total:
             done, eta = baseline_items(snap)
             split = f" ({p.baseline_split})" if p.baseline_split else ""
-            left = f", {eta_text(eta)}" if p.phase == "baseline" else ""
+            loading = snap.items is not None and not snap.items.loaded
+            left = f", {snap.items.left() if loading else eta_text(eta)}" if p.phase == "baseline" else ""
             grid.add_row("baseline", f"{_bar(done, p.baseline_total)} {done}/{p.baseline_total} items{split}{left}")
         if p.phase == "final_grading" and snap.items:
             i = snap.items
-            grid.add_row("final test", f"{_bar(i.done, i.total)} {i.done}/{i.total} items, {eta_text(i.eta_s())}")
+            grid.add_row("final test", f"{_bar(i.done, i.total)} {i.done}/{i.total} items, {i.left()}")
         if p.phase in ("agent_session", "final_grading", "summary", "done") or snap.agent_s:
             paused = Text(" paused: grading", style="yellow") if snap.grading else Text("")
             grid.add_row("agent time", Text(f"{_bar(snap.agent_s, p.budget_s)} {snap.agent_s:.0f}/{p.budget_s:.0f} s") + paused)

@@ -51,6 +51,9 @@ class RunProgress(BaseModel):
     baseline_done: int = 0
     baseline_total: int = 0
     baseline_split: str | None = None
+    baseline_item_s: float | None = None
+    """Seconds per item of the baseline's last finished split (loading included): the next split's ETA until
+    its own rate is measured."""
     budget_s: float = 0.0
     step: str | None = None
     """What the phase waits on now, in words ("converting the base model ..."); None: nothing to add."""
@@ -138,8 +141,14 @@ class ItemProgress(BaseModel):
     total: int = 0
     started_at: float = 0.0
     """When the first item started (after the model was loaded)."""
+    loaded: bool = False
+    """False while the evaluation process still loads the model (before any item can start)."""
     at: float = 0.0
     """When `done` last changed."""
+
+    def left(self) -> str:
+        """What remains, in words: loading the model, measuring the rate, or about how long."""
+        return "loading the model" if not self.loaded else eta_text(self.eta_s())
 
     def eta_s(self, now: float | None = None) -> float | None:
         """Seconds left at the rate measured so far (model loading included, so never optimistic); None before the
@@ -167,6 +176,7 @@ class ItemProgressWriter:
     def begin(self) -> None:
         """The items start now (the model is loaded): the rate, and so the ETA, counts from here."""
         self.state.started_at = self.state.at = time.time()
+        self.state.loaded = True
         self._write(force=True)
 
     def add(self, n: int = 1) -> None:
@@ -287,17 +297,18 @@ def read_snapshot(progress_path: Path) -> Snapshot | None:
     return snap
 
 
-def baseline_items(snap: Snapshot) -> tuple[int, float | None]:
+def baseline_items(snap: Snapshot, now: float | None = None) -> tuple[int, float | None]:
     """Baseline items done (finished splits plus the running evaluation's finished items) and the seconds left
     at the rate measured so far (None: not measured yet)."""
     p, items = snap.progress, snap.items
+    earlier = (p.baseline_total - p.baseline_done) * p.baseline_item_s if p.baseline_item_s else None
     if items is None or items.what != p.baseline_split:
-        return p.baseline_done, None
+        return p.baseline_done, earlier
     done = min(p.baseline_total, p.baseline_done + items.done)
-    eta = items.eta_s()
+    eta = items.eta_s(now)
     if eta is not None and items.done:  # the splits still to come, at the same rate
         eta += (p.baseline_total - p.baseline_done - items.total) * (items.at - items.started_at) / items.done
-    return done, eta
+    return done, eta if eta is not None else earlier
 
 
 def _read_submissions(ledger: Path, snap: Snapshot) -> None:
@@ -397,9 +408,10 @@ def status_line(snap: Snapshot, with_time: bool = True) -> str:
     parts = [f"[{p.phase}] {PHASE_LABELS.get(p.phase, p.phase)}" + (f": {p.step}" if p.step else "")]
     if p.phase == "baseline" and p.baseline_total and with_time:  # counts move often: not a change to print
         done, eta = baseline_items(snap)
-        parts.append(f"baseline items {done}/{p.baseline_total}, {eta_text(eta)}")
+        left = snap.items.left() if snap.items and not snap.items.loaded else eta_text(eta)
+        parts.append(f"baseline items {done}/{p.baseline_total}, {left}")
     if p.phase == "final_grading" and snap.items and with_time:
-        parts.append(f"test items {snap.items.done}/{snap.items.total}, {eta_text(snap.items.eta_s())}")
+        parts.append(f"test items {snap.items.done}/{snap.items.total}, {snap.items.left()}")
     if p.phase in ("agent_session", "final_grading", "summary"):
         if with_time:
             parts.append(f"agent time {snap.agent_s:.0f}/{p.budget_s:.0f} s" + (" (paused: grading)" if snap.grading else ""))
