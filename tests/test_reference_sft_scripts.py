@@ -241,3 +241,37 @@ def test_training_precision_is_bf16_on_a_gpu_and_fp32_on_cpu(tiny_model_dir):
     assert n_params == count_parameters(str(tiny_model_dir)) == sum(p.numel() for p in model.parameters())
     assert not use_lora and precision.load_dtype == "float32" and next(model.parameters()).dtype.is_floating_point
     assert str(next(model.parameters()).dtype) == "torch.float32"  # this machine has no GPU
+
+
+def test_a_stop_during_a_submission_lets_it_land_first(tmp_path):
+    """The budget can end while the grader copies a checkpoint the agent just sent; SIGTERM then waits for the
+    answer (the grace period is for that), and stops the agent right after it."""
+    script = tmp_path / "stop_while_submitting.py"
+    script.write_text(f"""
+import http.server, json, os, signal, sys, threading, time
+sys.path.insert(0, {str(Path(agent.__file__).parent)!r})
+import agent
+
+class Slow(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        time.sleep(1.0)  # the grader copying and hashing the checkpoint
+        body = json.dumps({{"status": "queued", "submission_id": 1}}).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+signal.signal(signal.SIGTERM, agent.raise_stopped)
+threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+client = agent.GradingClient(f"http://127.0.0.1:{{server.server_address[1]}}", "t")
+try:
+    client.submit("output/v1")
+    print("not stopped")
+except agent.Stopped as stop:
+    print("stopped after the answer:", stop)
+""")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert "SIGTERM while submitting: finishing the submission first" in out.stdout, out.stdout + out.stderr
+    assert out.stdout.strip().endswith("stopped after the answer: SIGTERM"), out.stdout + out.stderr

@@ -213,8 +213,15 @@ class GradingClient:
         return body
 
     def submit(self, model_path: str) -> tuple[int, dict]:
-        """``POST /submit`` and wait for the score (grading can take minutes)."""
-        return self.request("POST", "/submit", {"model_path": model_path, "wait": True}, timeout=6 * 3600)
+        """``POST /submit`` and wait for the score (grading can take minutes). A stop asked for meanwhile (the
+        budget ended while the grader copied the checkpoint) is honoured once the submission is in."""
+        _submitting.set()
+        try:
+            return self.request("POST", "/submit", {"model_path": model_path, "wait": True}, timeout=6 * 3600)
+        finally:
+            _submitting.clear()
+            if _stop_asked:
+                raise Stopped(_stop_asked[0])
 
 
 class TrainResult(NamedTuple):
@@ -230,8 +237,17 @@ class Stopped(Exception):
     """The harness asked the agent to stop (SIGTERM at the end of the budget)."""
 
 
+_submitting = threading.Event()
+_stop_asked: list[str] = []
+
+
 def raise_stopped(signum, frame) -> None:
-    raise Stopped(signal.Signals(signum).name)
+    name = signal.Signals(signum).name
+    if _submitting.is_set():  # the grace after the budget is for exactly this: let the checkpoint land
+        _stop_asked.append(name)
+        log(f"{name} while submitting: finishing the submission first")
+        return
+    raise Stopped(name)
 
 
 def run_training(cmd: list[str], kill_after: float, cwd: Path) -> TrainResult:
