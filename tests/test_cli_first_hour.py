@@ -390,7 +390,8 @@ def test_a_run_without_a_submission_says_why_in_one_line(tmp_path):
     (harness / "ledger.jsonl").write_text(json.dumps({"kind": "event", "detail": {
         "event": "session-end", "ended_by": "budget", "agent_seconds": 120.0, "exit_code": None}}) + "\n")  # fmt: skip
     (harness / "agent.log").write_text("[agent 10:00:01] round 1 (first round): train_sft.py ...\n"
-                                       "  | x.py:1: FutureWarning: soon\n")  # fmt: skip
+                                       "  | x.py:1: FutureWarning: soon\n"
+                                       "[agent 10:02:00] stopped by SIGTERM\n")  # fmt: skip
     line = why_no_submission(harness, 120.0)
     assert "its 120 s budget ended before the agent submitted" in line and "round 1 (first round)" in line
     assert "\n" not in line and "FutureWarning" not in line

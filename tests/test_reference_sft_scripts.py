@@ -140,7 +140,7 @@ def test_fix_tokenizer_config_renames_a_list_of_extra_special_tokens(tmp_path):
         (1000.0, True, True, 75.0),
         (100.0, True, True, 40.0),  # 100 - 10 margin - 50 overhead: a shortened round
         (65.0, True, False, 0.0),  # 5 s of training is not worth a round
-        (65.0, False, True, 1.0),  # ... unless nothing was tried yet: due by half of the 55 s left, one step
+        (65.0, False, True, 27.5),  # ... unless nothing was tried yet: due by half of the 55 s left
         (-5.0, False, True, 1.0),  # the first round starts even with nothing left
     ],
 )

@@ -95,11 +95,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 def cmd_run(args: argparse.Namespace) -> int:
     """Check everything that can be checked (exit 2, one line, no server started), then run the flow under a
     progress display. A failed run gives one line with its phase, report and log, and exit code 1."""
-    from tasks.preflight import PreflightError, check_run
-    from a2rl.run_options import config_from_args
-
     from a2rl.cli.errors import validation_line
-    from a2rl.run_options import option_name
+    from a2rl.run_options import config_from_args, option_name
+    from tasks.preflight import PreflightError, check_run
 
     try:
         config = config_from_args(args)

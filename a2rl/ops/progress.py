@@ -151,8 +151,8 @@ class ItemProgress(BaseModel):
         return "loading the model" if not self.loaded else eta_text(self.eta_s())
 
     def eta_s(self, now: float | None = None) -> float | None:
-        """Seconds left at the rate measured so far (model loading included, so never optimistic); None before the
-        first item has finished."""
+        """Seconds left at the rate measured since the model was loaded (items of a batch finish together, so
+        it moves in steps); None before the first item has finished."""
         if self.done <= 0 or self.total <= self.done:
             return None
         per_item = (self.at - self.started_at) / self.done
@@ -444,6 +444,9 @@ def running_label(harness_dir: str | Path | None) -> str:
     return f"running (pid {progress.pid}, {progress.phase})" if alive else f"running? process {progress.pid} is gone"
 
 
+_SIGN_OFF = re.compile(r"stopped by SIG\w+$|done after \d+ rounds|while submitting: finishing")
+
+
 def why_no_submission(harness_dir: Path, budget_s: float) -> str:
     """One line: why a run ended with no submission, from how its session ended (the ledger's `session-end`)
     and the agent's own last line in `agent.log`."""
@@ -456,7 +459,8 @@ def why_no_submission(harness_dir: Path, budget_s: float) -> str:
             continue
         if entry.get("kind") == "event" and (entry.get("detail") or {}).get("event") == "session-end":
             end = entry["detail"]
-    last = agent_lines(_lines(h / "agent.log", tail_bytes=16384))
+    # The agent's last line about its work (a reference agent's sign-off says only that it stopped).
+    last = [line for line in agent_lines(_lines(h / "agent.log", tail_bytes=16384)) if not _SIGN_OFF.search(line)]
     said = f"; its last line: {' '.join(last[-1].split())[:200]}" if last else "; it wrote nothing to its log"
     ended_by, used = end.get("ended_by"), float(end.get("agent_seconds") or 0.0)
     if ended_by == "budget":

@@ -124,10 +124,9 @@ def plan_round(
         lands well inside the budget on any machine. A later round is full when it fits, shortened when at
         least ``MIN_TRAIN_S`` (and one and a half measured steps) of training fit, and otherwise not started.
     """
-    if not submitted:
+    if not submitted:  # loading time is unknown yet: the trainer's deadline, not a guess of it, ends the steps
         ends_in = max(0.0, FIRST_ROUND_SHARE * (remaining_s - margin_s))
-        time_limit = max(1.0, min(train_s, ends_in - overhead_s))
-        return RoundPlan(True, time_limit, f"first round, checkpoint due in {ends_in:.0f}s", ends_in)
+        return RoundPlan(True, max(1.0, min(train_s, ends_in)), f"first round, checkpoint due in {ends_in:.0f}s", ends_in)
     usable = remaining_s - margin_s - overhead_s
     ends_in = remaining_s - margin_s
     if usable >= train_s:
