@@ -148,8 +148,14 @@ def test_a_version_check_that_never_answers_blames_the_load_not_the_install(tmp_
     assert why is not None and why.endswith(TOO_BUSY) and "reinstall" not in why
 
 
-def test_a_slow_prefect_start_says_what_to_do():
-    from a2rl.cli.starting import TIMED_OUT, start_failure
+def test_a_slow_prefect_start_says_what_to_do(monkeypatch):
+    from a2rl.cli.starting import STARTUP_TIMEOUT_ENV, TIMED_OUT, start_failure, startup_timeout_s
+    from a2rl.ops import load
+
+    monkeypatch.setenv(STARTUP_TIMEOUT_ENV, "90")  # as `a2rl` sets it in its process (and its children inherit)
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+    monkeypatch.setattr(load, "cores", lambda: 2)
+    assert startup_timeout_s() == pytest.approx(405)  # scaled from 90 however it was set
 
     line = start_failure(RuntimeError(f"{TIMED_OUT}. Ephemeral server process exited with code 3."))
     assert "did not answer within" in line and "a2rl server start" in line and "PREFECT_API_URL" in line

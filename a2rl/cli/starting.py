@@ -15,13 +15,12 @@ from a2rl.ops.load import describe_load, scaled_timeout
 
 STARTUP_TIMEOUT_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 STARTUP_TIMEOUT_S = 90.0
-"""On an idle machine (scaled with the load unless the variable above is set)."""
+"""On an idle machine (the variable above, where set, instead); scaled with the load."""
 TIMED_OUT = "Timed out while attempting to connect to ephemeral Prefect API server"
 
 
 def startup_timeout_s() -> float:
-    given = os.environ.get(STARTUP_TIMEOUT_ENV)
-    return float(given) if given else scaled_timeout(STARTUP_TIMEOUT_S)
+    return scaled_timeout(float(os.environ.get(STARTUP_TIMEOUT_ENV) or STARTUP_TIMEOUT_S))
 
 
 def start_prefect(say: Callable[[str], None]) -> None:
