@@ -161,6 +161,23 @@ def test_a_slow_prefect_start_says_what_to_do(monkeypatch):
     assert "did not answer within" in line and "a2rl server start" in line and "PREFECT_API_URL" in line
 
 
+def test_prefects_draining_notice_is_not_a_line_before_the_error(monkeypatch, request):
+    """"Still processing items: N items remaining..." comes from Prefect's background senders as a process exits,
+    under their class names (outside the `prefect` logger tree): with Prefect's lines off it is not shown."""
+    import logging
+
+    from a2rl.cli.display import PREFECT_QUEUE_SERVICES, set_prefect_console_level
+    from test_cli_newcomer import _restore_console_levels_after
+
+    _restore_console_levels_after(request)
+    monkeypatch.setenv("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "NOTSET")  # restored after the test
+    request.addfinalizer(lambda: [logging.getLogger(n).setLevel(logging.NOTSET) for n in PREFECT_QUEUE_SERVICES])
+    set_prefect_console_level("off")
+    assert not any(logging.getLogger(name).isEnabledFor(logging.WARNING) for name in PREFECT_QUEUE_SERVICES)
+    set_prefect_console_level("info")
+    assert logging.getLogger("APILogWorker").isEnabledFor(logging.WARNING)
+
+
 # ---- the small things ---------------------------------------------------------------------------------------------
 
 
