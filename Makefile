@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.a2rl-installed
 ARGS ?=
 
-.PHONY: setup tools run test
+.PHONY: setup tools postgres run test
 
 # Pinned tools, installed once per machine by scripts/tools.sh into a cache keyed by these versions (outside the
 # checkout: /var/cache/a2rl/tools where writable, else ~/.cache/a2rl/tools; A2RL_TOOLS_CACHE overrides) that
@@ -41,8 +41,18 @@ tools:
 	@npm=$$($(TOOLS_SH) npm) && ln -sfn "$$npm" .tools/npm && echo "agent CLIs: .tools/npm -> $$npm"
 	@oh=$$($(TOOLS_SH) openhands) && ln -sfn "$$oh" .tools/openhands && echo "OpenHands: .tools/openhands -> $$oh"
 
+# PostgreSQL server binaries for the multi-host tests, which start a throwaway cluster of their own
+# (tests/postgres_support.py); nothing runs as a service. Debian's package, major version pinned (the generic
+# package where the archive has another major); a no-op where pg_ctl is already there.
+PG_MAJOR := 15
+postgres:
+	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null || { \
+	  test "$$(id -u)" = 0 || { echo "make test needs PostgreSQL: sudo apt-get install postgresql-$(PG_MAJOR)"; exit 1; }; \
+	  apt-get update -qq && { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-$(PG_MAJOR) || \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }; }
+
 run: setup
 	$(VENV)/bin/a2rl run $(ARGS)
 
-test: setup tools
+test: setup tools postgres
 	$(VENV)/bin/pytest -q

@@ -24,6 +24,11 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+ANALYSIS_ONLY = frozenset({"test_every_submission"})
+"""RunConfig fields that add analysis-only evaluations and change nothing the run measures: not in its hash, so
+turning one on names the same run (and a retry with it on resumes the run)."""
+
+
 class RunConfig(BaseModel):
     """What defines a run. `config_hash` covers every field that changes what is measured.
 
@@ -74,6 +79,9 @@ class RunConfig(BaseModel):
     """parallel evaluations; on a GPU machine each worker gets its own GPU"""
     max_checkpoint_bytes: int = 64 * 1024**3
     """largest checkpoint a submission may be, bytes"""
+    test_every_submission: bool = False
+    """after the session, also evaluate every scored submission on the hidden test set, for analysis only (the
+    test curve, what each training stage added); never shown to the agent, and the final pick stays as it is"""
 
     @field_validator("val_limit", "test_limit")
     @classmethod
@@ -82,7 +90,7 @@ class RunConfig(BaseModel):
         return v or None
 
     def config_hash(self) -> str:
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        blob = json.dumps(self.model_dump(mode="json", exclude=ANALYSIS_ONLY), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -127,7 +135,8 @@ class LedgerEntry(BaseModel):
 
     seq: int
     """Position in the ledger, 0-based."""
-    kind: Literal["baseline", "submission", "final", "event"]
+    kind: Literal["baseline", "submission", "final", "posthoc", "event"]
+    """`posthoc`: a submission evaluated on the hidden test after the session, for analysis only."""
     run_id: str
     at: datetime = Field(default_factory=utcnow)
     submission_id: int | None = None

@@ -46,11 +46,20 @@ def write_manifest(ctx: RunContext) -> dict:
         "packages": {name: _version(name) for name in MANIFEST_PACKAGES},
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "machine": {"cpu_count": _cpu_count(), "gpus": gpu_names()},
+        "machine": {"host": host_name(), "cpu_count": _cpu_count(), "gpus": gpu_names()},
         "harness_git_revision": _git_revision(),
     }
     (ctx.paths.harness_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest
+
+
+def host_name() -> str:
+    """The host a run ran on: A2RL_HOST where the operator names hosts (several workers of one machine), else the
+    machine's name."""
+    import os
+    import socket
+
+    return os.environ.get("A2RL_HOST") or socket.gethostname()
 
 
 def _version(name: str) -> str | None:

@@ -5,6 +5,7 @@ of both flows (checked by tests/test_run_config.py) and of prefect.yaml's `bench
 from __future__ import annotations
 
 import argparse
+import os
 import types
 import typing
 from pathlib import Path
@@ -32,6 +33,23 @@ def resolve_results(path: Path | str) -> Path:
     the temporary directory a process worker runs the flow in. The CLI passes absolute paths."""
     path = Path(path).expanduser()
     return path if path.is_absolute() else repo_root() / path
+
+
+HOST_RESULTS_ENV = "A2RL_HOST_RESULTS"
+"""Set on a GPU host's workers: the host's own results store, where every run started there writes (docs/scale-out.md)."""
+
+
+def run_results(results: Path | str, deployed: bool) -> tuple[Path, str | None]:
+    """Where a run writes, and why when it is not `results`: several hosts never share one DuckDB file, so a host
+    whose workers set A2RL_HOST_RESULTS keeps the runs its workers take (`deployed`: runs of a deployment) in its
+    own store, merged centrally by `a2rl store merge`, whatever store their parameters name (a sweep names the
+    central one, which it reads). A run started by hand (`a2rl run --results`) writes where it was told."""
+    host = os.environ.get(HOST_RESULTS_ENV)
+    if not host or not deployed:
+        return resolve_results(results), None
+    mine = resolve_results(host)
+    given = resolve_results(results)
+    return mine, None if mine == given else f"this host's store {mine} ({HOST_RESULTS_ENV}), not {given}"
 
 
 def field_choices(name: str) -> list[Any] | None:

@@ -21,6 +21,7 @@ AGENTS = {
     "reference-sft": "agents.reference_sft.adapter:ReferenceSFT",
     "reference-grpo": "agents.reference_grpo.adapter:ReferenceGRPO",
     "reference-sft-grpo": "agents.reference_sft_grpo.adapter:ReferenceSFTGRPO",
+    "reference-sft-gigpo": "agents.reference_sft_grpo.adapter:ReferenceSFTGiGPO",
     "claude-tools": "agents.claude_tools.adapter:ClaudeTools",
     "claude-code": "agents.cli_agents.adapter:ClaudeCode",
     "codex": "agents.cli_agents.adapter:Codex",

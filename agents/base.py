@@ -17,6 +17,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from a2rl.isolation import procs
+from a2rl.ngrams import StreamMatcher
+from a2rl.recording.agent_log import AgentLog, Capture
 from a2rl.grading.clock import BudgetClock
 from a2rl.isolation.sandbox import SandboxPolicy, agent_uid, sandbox_mode
 from a2rl.isolation.sandbox import describe as describe_sandbox
@@ -232,6 +234,7 @@ def run_agent(
     grace_s: float = 30.0,
     poll_s: float = 0.5,
     sandbox: SandboxPolicy | None = None,
+    log_matcher: StreamMatcher | None = None,
 ) -> SessionOutcome:
     """Start the agent in its own process group and stop the whole group when the budget is spent.
 
@@ -239,6 +242,8 @@ def run_agent(
     deadline. After the budget, the group gets SIGTERM and `grace_s` to make a last submission, then SIGKILL.
     With a `sandbox` policy, a scripted agent runs inside bubblewrap (a2rl.isolation.sandbox); an LLM agent's runner
     holds its key and network access and gets the policy to apply to what it starts.
+    The agent's output goes to `log_path`, capped (head and tail kept, the rest counted); every byte of it is first
+    searched with `log_matcher` (the run's hidden items), whose findings `harness/agent-log.json` records.
     """
     start = time.monotonic()
     try:
@@ -262,16 +267,22 @@ def run_agent(
     if sandbox is None or agent.uses_llm:
         command, death_signal = procs.supervised(command, sys.executable), procs.SUPERVISOR_DEATH_SIGNAL
     clock.start()
-    with log_path.open("ab") as log:
+    # The agent's output goes through a pipe into a capped log, searched for hidden items as it is read
+    # (a2rl.recording.agent_log): an agent printing fast cannot fill the harness disk, nor hide what it printed.
+    read_fd, write_fd = os.pipe()
+    output = Capture(read_fd, AgentLog(log_path, matcher=log_matcher)).start()
+    try:
         try:
             # Its own session (the harness's group signals do not reach it) and a parent-death signal: a
             # harness that is SIGKILLed or OOM-killed takes the agent down with it.
             proc = procs.start(command, group="session", death_signal=death_signal, cwd=env.workspace, env=child_env,
-                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+                               stdout=write_fd, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
         except OSError as e:
             clock.stop()
             return SessionOutcome(exit_code=None, ended_by="launch-error", agent_seconds=0.0,
                                   wall_seconds=time.monotonic() - start, error=str(e))
+        finally:
+            os.close(write_fd)
         _record_session(env, proc, uid)
         ended_by: Literal["exited", "budget"] = "exited"
         try:
@@ -288,6 +299,8 @@ def run_agent(
         # Whatever the leader did, no process of the agent's group, nor of its session (process groups a
         # tool runner made for its commands), survives the session.
         procs.end_session_of(proc)
+    finally:
+        output.finish()
     clock.stop()
     return SessionOutcome(
         exit_code=proc.returncode,

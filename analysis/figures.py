@@ -27,7 +27,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
-from analysis.tables import AXES  # noqa: E402
+from analysis.tables import AXES, as_text, key_of  # noqa: E402
 
 MODE_ORDER = ("free", "sft-only", "rl-only", "multi")
 MAX_PANELS = 6
@@ -35,6 +35,13 @@ MAX_SERIES = 8
 MAX_ROWS = 12
 DPI = 100
 LEGEND = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "fontsize": 7, "borderaxespad": 0.0}
+COLOURS = matplotlib.colormaps["tab10"].colors
+LINES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D")
+MAX_STYLES = len(COLOURS) * len(LINES)
+"""Settings with a distinct (colour, line style, marker) style; beyond it styles repeat, and the figures say so."""
+HEAT_CLIP = 3.0
+"""The heatmap's colour runs over Δ in units of its noise floor, clipped at ± this."""
 
 
 class FigureFile(NamedTuple):
@@ -45,19 +52,35 @@ class FigureFile(NamedTuple):
     title: str
 
 
+class Style(NamedTuple):
+    colour: tuple
+    line: str
+    marker: str
+
+
 class Palette:
-    """A fixed colour (and line style past 10 settings) per series name, the same in every panel and figure."""
+    """One style per series name, the same in every panel and figure: 10 colours, then the same colours with the
+    next line style and marker, so that up to `MAX_STYLES` names get distinct (colour, line style) pairs. Names are
+    taken in sorted order (a stable assignment: the same store gives the same styles)."""
 
     def __init__(self, names: Iterable[str]) -> None:
-        colours = matplotlib.colormaps["tab10"].colors
-        styles = itertools.product(("-", "--", ":", "-."), colours)
-        self._style = {name: style for name, style in zip(sorted(set(map(str, names))), itertools.cycle(styles))}
+        unique = sorted(set(map(str, names)))
+        self._style = {name: Style(COLOURS[i % len(COLOURS)], LINES[(i // len(COLOURS)) % len(LINES)],
+                                   MARKERS[(i // len(COLOURS)) % len(MARKERS)]) for i, name in enumerate(unique)}
+        self.note = (f"Colours and line styles repeat beyond {MAX_STYLES} settings ({len(unique)} here): read the "
+                     "legend." if len(unique) > MAX_STYLES else "")
+
+    def style(self, name: str) -> Style:
+        return self._style.get(str(name), Style((0.4, 0.4, 0.4), "-", "o"))
 
     def colour(self, name: str) -> tuple:
-        return self._style.get(str(name), ("-", (0.4, 0.4, 0.4)))[1]
+        return self.style(name).colour
 
     def line(self, name: str) -> str:
-        return self._style.get(str(name), ("-", None))[0]
+        return self.style(name).line
+
+    def marker(self, name: str) -> str:
+        return self.style(name).marker
 
 
 def save_png(fig: Figure, path: Path | str, name: str | None = None) -> FigureFile:
@@ -127,21 +150,34 @@ def _task_title(task: str, variant_label: str) -> str:
     return f"{task} — " + _wrap(variant_label, 70)
 
 
-def _tasks(frame: pd.DataFrame) -> tuple[list[tuple[str, str]], str]:
-    """(task, variant label) panels to draw, at most MAX_PANELS, and a note when some are left out."""
-    pairs = frame[["task", "variant_label"]].drop_duplicates().sort_values(["task", "variant_label"])
-    pairs = list(pairs.itertuples(index=False, name=None))
-    note = (f"Showing {MAX_PANELS} of {len(pairs)} tasks (alphabetical); every task is in the CSV tables."
-            if len(pairs) > MAX_PANELS else "")
-    return pairs[:MAX_PANELS], note
+class Panel(NamedTuple):
+    task: str
+    variant: str
+    label: str
+
+    def rows(self, frame: pd.DataFrame) -> pd.DataFrame:
+        return frame[(as_text(frame["task"]) == self.task) & (as_text(frame["variant"]) == self.variant)]
 
 
-def _top(frame: pd.DataFrame, weight: str, limit: int, what: str = "series") -> tuple[list[str], str]:
-    """The `limit` series with the largest `weight` (ties by name), and a 'top N of M' label when some are left out."""
-    order = frame.groupby("series")[weight].max().reset_index().sort_values([weight, "series"],
-                                                                            ascending=[False, True])
+def _panels(frame: pd.DataFrame) -> tuple[list[Panel], str]:
+    """(task, variant) panels to draw, at most MAX_PANELS in alphabetical order of task then variant, and a note
+    when some are left out. Two variants of a task are two panels."""
+    keys = as_text(frame[["task", "variant", "variant_label"]]).drop_duplicates(["task", "variant"])
+    panels = [Panel(*k) for k in keys.sort_values(["task", "variant"]).itertuples(index=False, name=None)]
+    note = (f"Showing {MAX_PANELS} of {len(panels)} task panels (alphabetical by task, then variant); every panel "
+            "is in the CSV tables." if len(panels) > MAX_PANELS else "")
+    return panels[:MAX_PANELS], note
+
+
+def _top(frame: pd.DataFrame, weight: str, limit: int, tiebreak: str, what: str = "settings"
+         ) -> tuple[list[str], str]:
+    """The `limit` series with the largest `weight`, ties broken by the larger `tiebreak` (then by setting id, so
+    the pick never depends on the names), and a 'top N of M' label that states the order when some are left out."""
+    order = (frame.groupby("series").agg(w=(weight, "max"), t=(tiebreak, "max"), sid=("setting_id", "first"))
+             .reset_index().fillna({"t": -np.inf}).sort_values(["w", "t", "sid"], ascending=[False, False, True]))
     names = order["series"].tolist()
-    label = f" (top {limit} of {len(names)} {what} by {weight})" if len(names) > limit else ""
+    label = (f" (top {limit} of {len(names)} {what} by {weight.replace('_', ' ')}, ties by "
+             f"{tiebreak.replace('_', ' ')})" if len(names) > limit else "")
     return names[:limit], label
 
 
@@ -150,55 +186,78 @@ def _mode_key(mode: str) -> tuple[int, str]:
 
 
 def _fmt_ci(low: float, high: float) -> str:
-    return "no CI (n=1)" if not np.isfinite(low) else f"[{low:+.1f}, {high:+.1f}]"
+    return "no CI" if not np.isfinite(low) else f"[{low:+.1f}, {high:+.1f}]"
+
+
+def _budget(v: object) -> str:
+    try:
+        return f"budget {float(v):g} s"
+    except (TypeError, ValueError):
+        return "budget ?"
 
 
 # ---- heatmap --------------------------------------------------------------------------------------------------------
 
+HEAT_PANEL = ("agent", "driver", "base_model", "protocol", "budget_s")
+HEAT_COLUMN = ("task", "variant", "item_selection", "evaluator_id")
+"""A cell is a setting: panel (agent setting) × column (task, variant, items, evaluator) × row (mode)."""
+
 
 def heatmap_figure(matrix: pd.DataFrame, note: str = "") -> Figure:
-    """Mode × task heatmap of mean Δ test with its 95% t-interval and n per cell, one panel per agent setting.
-    Colours are scaled per task column (Δ over the column's largest |Δ|), so small tasks are not washed out."""
-    title = "Δ test (final − base) by mode and task: mean [95% t-interval over seeds]"
+    """Mode × task heatmap of mean Δ test with its 95% interval and n per cell, one panel per agent setting.
+    Colour = Δ in units of the cell's noise floor (clipped at ±HEAT_CLIP), the same scale in every column, so a
+    Δ within the noise is pale wherever it is."""
+    title = "Δ test (final − base) by mode and task: mean [95% interval over seeds and items]"
     if matrix.empty:
         return _empty(title, "no completed runs with a Δ", note)
-    keys = ["agent", "driver", "base_model", "protocol", "budget_s"]
-    sizes = matrix.groupby(keys, dropna=False)["n"].sum().reset_index().sort_values(["n", *keys],
-                                                                                    ascending=[False] + [True] * 5)
-    settings = [tuple(r) for r in sizes[keys].itertuples(index=False, name=None)][:MAX_PANELS]
-    columns = matrix[["task", "item_selection"]].drop_duplicates().sort_values(["task", "item_selection"])
+    keys = list(HEAT_PANEL)
+    sizes = (as_text(matrix[keys]).assign(n=matrix["n"], panel_key=key_of(matrix, keys))
+             .groupby("panel_key", sort=False).agg(n=("n", "sum"), **{c: (c, "first") for c in keys}).reset_index()
+             .sort_values(["n", "panel_key"], ascending=[False, True]))  # fmt: skip
+    settings = sizes.head(MAX_PANELS)
+    columns = as_text(matrix[list(HEAT_COLUMN)]).drop_duplicates().sort_values(list(HEAT_COLUMN))
     columns = list(columns.itertuples(index=False, name=None))
-    modes = sorted(matrix["mode"].unique(), key=_mode_key)
-    scale = matrix.assign(a=matrix["mean_delta"].abs()).groupby(["task", "item_selection"])["a"].max()
+    task_count = pd.Series([c[0] for c in columns]).value_counts()
+    modes = sorted(as_text(matrix["mode"]).unique(), key=_mode_key)
     width = max(8.0, 2.4 + 2.0 * len(columns))
     fig = Figure(figsize=(width, 0.95 * len(modes) * len(settings) + 0.9 * len(settings) + 2.2), layout="constrained")
     axes = fig.subplots(len(settings), 1, squeeze=False)[:, 0]
     cmap = matplotlib.colormaps["RdBu"].with_extremes(bad="#eeeeee")
     image = None
-    for ax, setting in zip(axes, settings):
-        cells = matrix[(matrix[keys].astype(str) == pd.Series(setting, index=keys).astype(str)).all(axis=1)]
+    column_of = {c: j for j, c in enumerate(columns)}
+    for ax, setting in zip(axes, settings.itertuples(index=False)):
+        cells = matrix[key_of(matrix, keys) == setting.panel_key]
         grid = np.full((len(modes), len(columns)), np.nan)
         for c in cells.itertuples(index=False):
-            col, row = columns.index((c.task, c.item_selection)), modes.index(c.mode)
-            top = float(scale.loc[(c.task, c.item_selection)]) or 1.0
-            grid[row, col] = c.mean_delta / top
+            col = column_of[tuple(as_text(pd.Series([getattr(c, f) for f in HEAT_COLUMN])))]
+            row = modes.index(as_text(pd.Series([c.mode]))[0])
+            floor = float(c.noise_floor) if c.noise_floor == c.noise_floor and c.noise_floor else np.nan
+            grid[row, col] = np.clip(c.mean_delta / floor, -HEAT_CLIP, HEAT_CLIP) / HEAT_CLIP
             marks = ("★" if c.is_best else "") + ("▲" if c.is_worst else "") + ("†" if c.within_noise else "")
+            shade = grid[row, col]
             ax.text(col, row, f"{c.mean_delta:+.1f}{marks}\n{_fmt_ci(c.ci_low, c.ci_high)}\nn={c.n}", ha="center",
-                    va="center", fontsize=7, color="white" if abs(grid[row, col]) > 0.6 else "black")
+                    va="center", fontsize=7, color="white" if abs(shade) > 0.6 else "black")
         image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-1, vmax=1, aspect="auto")
-        ax.set_xticks(range(len(columns)), [f"{t}\n{_wrap(s, 18)}" for t, s in columns], fontsize=7)
+        labels = []
+        for task, variant, items, evaluator in columns:
+            extra = f"\n{_wrap(variant, 18)}\n{_wrap(evaluator, 18)}" if task_count[task] > 1 else ""
+            labels.append(f"{task}\n{_wrap(items, 18)}{extra}")
+        ax.set_xticks(range(len(columns)), labels, fontsize=7)
         ax.set_yticks(range(len(modes)), modes, fontsize=8)
-        agent, driver, base, protocol, budget = setting
-        name = agent + ("" if driver == "none" else f" · {driver}")
-        suffix = " · paper protocol (test-selected)" if protocol == "paper" else ""
-        ax.set_title(_wrap(f"{name} · base {base} · budget {float(budget):g} s{suffix}", int(width * 12)), fontsize=9)
+        name = setting.agent + ("" if setting.driver == "none" else f" · {setting.driver}")
+        suffix = " · paper protocol (test-selected)" if setting.protocol == "paper" else ""
+        ax.set_title(_wrap(f"{name} · base {setting.base_model} · {_budget(setting.budget_s)}{suffix}",
+                           int(width * 12)), fontsize=9)
     if image is not None:
-        fig.colorbar(image, ax=list(axes), label="Δ / largest |Δ| of its task column", shrink=0.8)
-    more = (f"Showing {len(settings)} of {len(sizes)} agent settings (most runs first); all cells are in "
-            "tables/matrix.csv." if len(sizes) > len(settings) else "")
-    legend = ("Cell: mean Δ (points) [95% t-interval], n = seeds. ★ best / ▲ worst mode of the task for that agent "
-              "setting; † |Δ| below the noise floor (2 × the baseline's item-level SE). Colour is scaled per task "
-              "column.")
+        fig.colorbar(image, ax=list(axes), label=f"Δ / noise floor, clipped at ±{HEAT_CLIP:g}", shrink=0.8,
+                     ticks=[-1, -1 / HEAT_CLIP, 0, 1 / HEAT_CLIP, 1]).ax.set_yticklabels(
+            [f"−{HEAT_CLIP:g}", "−1", "0", "+1", f"+{HEAT_CLIP:g}"])
+    more = (f"Showing {len(settings)} of {len(sizes)} agent settings (most runs first, ties in alphabetical order "
+            "of agent, driver, base model, protocol, budget); all cells are in tables/matrix.csv."
+            if len(sizes) > len(settings) else "")
+    legend = ("Cell: mean Δ (points) [95% interval over seeds and shared items], n = seeds. ★ best / ▲ worst mode "
+              "of the task for that agent setting; † |Δ| below the noise floor (2 × the baseline's item-level SE). "
+              "Colour: Δ in noise floors, the same scale everywhere (grey: no noise floor).")
     return _finish(fig, title, [legend, more, note], _chars(width))
 
 
@@ -206,64 +265,70 @@ def heatmap_figure(matrix: pd.DataFrame, note: str = "") -> Figure:
 
 
 def leaderboard_figure(board: pd.DataFrame, palette: Palette | None = None, note: str = "") -> Figure:
-    """Mean Δ test per setting with its 95% t-interval over seeds (thick) and the item-level interval pooled over
-    seeds (thin); the grey band is the task's noise floor (± 2 × the baseline's item-level SE)."""
+    """Mean Δ test per setting with its one 95% interval (over seeds and the items they share); the grey band
+    beside each row is its noise floor (± 2 × the baseline's item-level SE). One panel per task and variant."""
     title = "Leaderboard: mean Δ test with 95% intervals"
     if board.empty:
         return _empty(title, "no completed runs with a Δ", note)
     palette = palette or Palette(board["series"])
-    tasks, task_note = _tasks(board)
-    counts = [len(board[board["task"] == t]) for t, _ in tasks]
+    panels, task_note = _panels(board)
+    counts = [len(p.rows(board)) for p in panels]
     shown = [min(n, MAX_ROWS) for n in counts]
     longest = max(len(str(s)) for s in board["series"]) + 18
     width = min(16.0, 6.5 + 0.075 * longest)
     fig = Figure(figsize=(width, sum(0.34 * n + 1.5 for n in shown) + 1.6), layout="constrained")
-    axes = fig.subplots(len(tasks), 1, squeeze=False, height_ratios=[n + 3 for n in shown])[:, 0]
-    for ax, (task, label), n, total in zip(axes, tasks, shown, counts):
-        sub = board[board["task"] == task].sort_values(["mean_delta", "series"]).tail(n)
+    axes = fig.subplots(len(panels), 1, squeeze=False, height_ratios=[n + 3 for n in shown])[:, 0]
+    for ax, panel, n, total in zip(axes, panels, shown, counts):
+        sub = panel.rows(board).sort_values(["mean_delta", "setting_id"], ascending=[True, False]).tail(n)
         y = np.arange(len(sub))
         for yi, row in zip(y, sub.itertuples(index=False)):
-            colour = palette.colour(row.series)
+            style = palette.style(row.series)
+            floor = float(row.noise_floor) if row.noise_floor == row.noise_floor else np.nan
+            if np.isfinite(floor):
+                ax.fill_betweenx([yi - 0.4, yi + 0.4], -floor, floor, color="grey", alpha=0.18, lw=0)
             if np.isfinite(row.ci_low):
-                ax.plot([row.ci_low, row.ci_high], [yi, yi], color=colour, lw=3, alpha=0.8, solid_capstyle="butt")
-            if np.isfinite(getattr(row, "pooled_low", np.nan)):
-                ax.plot([row.pooled_low, row.pooled_high], [yi - 0.22] * 2, color=colour, lw=1)
-            ax.plot(row.mean_delta, yi, "o", color=colour, ms=5)
-        floor = sub["noise_floor"].dropna()
-        if len(floor):
-            ax.axvspan(-float(floor.iloc[0]), float(floor.iloc[0]), color="grey", alpha=0.18, lw=0)
+                ax.plot([row.ci_low, row.ci_high], [yi, yi], color=style.colour, ls=style.line, lw=2.5, alpha=0.9,
+                        solid_capstyle="butt")
+            ax.plot(row.mean_delta, yi, style.marker, color=style.colour, ms=5)
         ax.axvline(0, color="grey", lw=0.8)
-        ax.set_yticks(y, [f"{s} (n={k}{', no CI' if k < 2 else ''})" for s, k in zip(sub["series"], sub["n"])],
-                      fontsize=7)
+        ax.set_yticks(y, [f"{s} (n={k}{', no CI' if not np.isfinite(lo) else ''})"
+                          for s, k, lo in zip(sub["series"], sub["n"], sub["ci_low"])], fontsize=7)
         ax.set_ylim(-0.7, len(sub) - 0.3)
-        more = f" — top {n} of {total} settings by mean Δ" if total > n else ""
-        ax.set_title(_wrap(_task_title(task, label) + more, int(width * 11)), fontsize=8)
+        more = f" — top {n} of {total} settings by mean Δ (ties by setting id)" if total > n else ""
+        ax.set_title(_wrap(_task_title(panel.task, panel.label) + more, int(width * 11)), fontsize=8)
         ax.set_xlabel("Δ test (points)", fontsize=8)
         ax.grid(axis="x", alpha=0.3)
-    handles = [matplotlib.lines.Line2D([], [], color="k", lw=3, label="95% t-interval over seeds"),
-               matplotlib.lines.Line2D([], [], color="k", lw=1, label="95% item-level, pooled over seeds"),
+    handles = [matplotlib.lines.Line2D([], [], color="k", lw=2.5, label="95% interval (seeds × items)"),
                matplotlib.patches.Patch(color="grey", alpha=0.3, label="noise floor (± 2 × baseline SE)")]
     axes[0].legend(handles=handles, **LEGEND)
-    return _finish(fig, title, [task_note, note], _chars(width))
+    return _finish(fig, title, [task_note, palette.note, note], _chars(width))
 
 
 # ---- scaling ----------------------------------------------------------------------------------------------------------
 
 
+def _splits(frame: pd.DataFrame) -> str:
+    splits = sorted(set(as_text(frame["split"]))) if "split" in frame and len(frame) else ["validation"]
+    return " / ".join("test (protocol paper)" if s == "test" else s for s in splits)
+
+
 def scaling_figure(scaling: pd.DataFrame, palette: Palette | None = None, note: str = "",
                    axes_order: Sequence[str] = ("time", "tokens", "submissions")) -> Figure:
-    """Best-so-far improvement (median and IQR over seeds) against agent time, LLM tokens and submissions. The base
-    model is always a candidate, so every curve starts at 0 and never falls below it."""
-    title = "Best-so-far improvement over the base model (feedback split): median and IQR over seeds"
+    """Best-so-far improvement (median and IQR over seeds) against agent time, LLM tokens and submissions, on the
+    split the agent got feedback on (validation; test under protocol `paper`), which the y label names. The base
+    model is always a candidate, so every curve starts at 0 and never falls below it; ◆ marks the headline, the
+    mean hidden-test Δ of the final pick. Every axis starts at 0."""
+    title = "Best-so-far gain over the base model on the feedback split: median and IQR over seeds"
     if scaling.empty:
-        return _empty(title, "no submissions in completed runs", note)
+        return _empty(title, "no completed runs", note)
     palette = palette or Palette(scaling["series"])
-    tasks, task_note = _tasks(scaling)
-    fig = Figure(figsize=(16, 3.2 * len(tasks) + 1.6), layout="constrained")
-    grid = fig.subplots(len(tasks), len(axes_order), squeeze=False)
-    for r, (task, label) in enumerate(tasks):
-        sub = scaling[scaling["task"] == task]
-        names, more = _top(sub, "n_runs", MAX_SERIES)
+    panels, task_note = _panels(scaling)
+    fig = Figure(figsize=(16, 3.2 * len(panels) + 1.6), layout="constrained")
+    grid = fig.subplots(len(panels), len(axes_order), squeeze=False)
+    for r, panel in enumerate(panels):
+        sub = panel.rows(scaling)
+        tiebreak = "headline_delta" if "headline_delta" in sub else "n_runs"
+        names, more = _top(sub, "n_runs", MAX_SERIES, tiebreak)
         for c, axis in enumerate(axes_order):
             ax = grid[r, c]
             data = sub[sub["axis"] == axis]
@@ -274,26 +339,36 @@ def scaling_figure(scaling: pd.DataFrame, palette: Palette | None = None, note: 
                 if top == 0:
                     ax.text(0.5, 0.5, "no LLM token data\n(scripted agents)", transform=ax.transAxes, ha="center",
                             va="center", color="grey")
+            if axis == "submissions" and (data.empty or float(data["x"].max()) == 0):
+                ax.text(0.5, 0.5, "no submissions in these runs:\nthe base model stands", transform=ax.transAxes,
+                        ha="center", va="center", color="grey")
             for name in names:
                 line = data[data["series"] == name].sort_values("x")
-                if line.empty or (axis == "tokens" and float(line["x"].max()) == 0):
+                if line.empty or float(line["x"].max()) == 0:
                     continue
                 x = line["x"].to_numpy(dtype=float) / scale
-                colour = palette.colour(name)
-                ax.plot(x, line["median"], color=colour, ls=palette.line(name), drawstyle="steps-post",
+                style = palette.style(name)
+                ax.plot(x, line["median"], color=style.colour, ls=style.line, drawstyle="steps-post",
                         label=_wrap(f"{name} (n={int(line['n_runs'].max())})", 45))
-                ax.fill_between(x, line["q25"], line["q75"], color=colour, alpha=0.15, step="post")
+                ax.fill_between(x, line["q25"], line["q75"], color=style.colour, alpha=0.15, step="post")
+                headline = line["headline_delta"].iloc[0] if "headline_delta" in line else np.nan
+                if axis == "time" and headline == headline:
+                    ax.plot(x[-1], headline, "D", color=style.colour, ms=5, mec="black", mew=0.6)
             ax.axhline(0, color="grey", lw=0.8, ls="--")
             ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]))
+            ax.set_xlim(left=0.0)
             ax.set_xlabel(AXES[axis][1] + unit, fontsize=8)
             ax.tick_params(labelsize=7)
             ax.grid(alpha=0.3)
             if c == 0:
-                ax.set_ylabel("Δ best-so-far (points)", fontsize=8)
-                ax.set_title(_wrap(_task_title(task, label) + more, 60), fontsize=8, loc="left")
+                ax.set_ylabel(f"best-so-far gain on {_splits(sub)} (points)", fontsize=8)
+                ax.set_title(_wrap(_task_title(panel.task, panel.label) + more, 60), fontsize=8, loc="left")
             if c == len(axes_order) - 1 and ax.get_legend_handles_labels()[0]:
                 ax.legend(**LEGEND)
-    return _finish(fig, title, [task_note, note], _chars(16))
+    legend = ("Lines: median over seeds of the best score so far on the feedback split minus the base model's (0 "
+              "before the first submission); bands: IQR. ◆ at the end of the time axis: the headline, the mean "
+              "hidden-test Δ of the final pick.")
+    return _finish(fig, title, [note, legend, task_note, palette.note], _chars(16))
 
 
 # ---- pass@k -----------------------------------------------------------------------------------------------------------
@@ -305,18 +380,20 @@ def pass_at_k_figure(pak: pd.DataFrame, palette: Palette | None = None, note: st
     if pak.empty:
         return _empty(title, "no completed runs with a Δ", note)
     palette = palette or Palette(pak["series"])
-    tasks, task_note = _tasks(pak)
-    fig = Figure(figsize=(11, 3.4 * len(tasks) + 1.4), layout="constrained")
-    axes = fig.subplots(len(tasks), 1, squeeze=False)[:, 0]
-    for ax, (task, label) in zip(axes, tasks):
-        sub = pak[pak["task"] == task]
-        names, more = _top(sub, "n", MAX_SERIES)
+    panels, task_note = _panels(pak)
+    fig = Figure(figsize=(11, 3.4 * len(panels) + 1.4), layout="constrained")
+    axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
+    mean = pak[pak["k"] == 1].set_index("setting_id")["expected_best_delta"]
+    for ax, panel in zip(axes, panels):
+        sub = panel.rows(pak).assign(mean_delta=lambda f: f["setting_id"].map(mean))
+        names, more = _top(sub, "n", MAX_SERIES, "mean_delta")
         for name in names:
             line = sub[sub["series"] == name].sort_values("k")
-            ax.plot(line["k"], line["expected_best_delta"], "o", ls=palette.line(name), color=palette.colour(name),
+            style = palette.style(name)
+            ax.plot(line["k"], line["expected_best_delta"], style.marker, ls=style.line, color=style.colour,
                     ms=4, label=_wrap(f"{name} (n={int(line['n'].max())})", 45))
         ax.axhline(0, color="grey", lw=0.8, ls="--")
-        ax.set_title(_wrap(_task_title(task, label) + more, 90), fontsize=8, loc="left")
+        ax.set_title(_wrap(_task_title(panel.task, panel.label) + more, 90), fontsize=8, loc="left")
         ax.set_xlabel("k (runs)", fontsize=8)
         ax.set_ylabel("E[max Δ test over k runs]", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -324,46 +401,47 @@ def pass_at_k_figure(pak: pd.DataFrame, palette: Palette | None = None, note: st
         ax.grid(alpha=0.3)
         ax.legend(**LEGEND)
     estimator = "Sort Δ ascending; E[max of k] = Σ_{i=k..n} C(i−1,k−1)/C(n,k)·Δ_(i); k = 1 is the mean."
-    return _finish(fig, title, [estimator, task_note, note], _chars(11))
+    return _finish(fig, title, [estimator, task_note, palette.note, note], _chars(11))
 
 
 # ---- selection gap ---------------------------------------------------------------------------------------------------
 
 
-def selection_gap_figure(gaps: pd.DataFrame, note: str = "") -> Figure:
-    """Heldout runs: validation gain of the best submission against the hidden-test gain of the final pick."""
+def selection_gap_figure(gaps: pd.DataFrame, palette: Palette | None = None, note: str = "") -> Figure:
+    """Heldout runs: validation gain of the best submission against the hidden-test gain of the final pick, one
+    point per run, coloured and marked by its setting."""
     title = "Selection gap (heldout protocol): validation gain vs hidden-test gain per run"
     if gaps.empty:
         return _empty(title, "no heldout runs with validation and test scores", note)
-    palette = Palette(gaps["agent"])
-    tasks = sorted(gaps["task"].unique())
-    shown = tasks[:MAX_PANELS]
-    cols = min(2, len(shown))
-    rows = -(-len(shown) // cols)
+    if "series" not in gaps:
+        gaps = gaps.assign(series=gaps["setting_id"])
+    palette = palette or Palette(gaps["series"])
+    panels, task_note = _panels(gaps)
+    cols = min(2, len(panels))
+    rows = -(-len(panels) // cols)
     fig = Figure(figsize=(6.2 * cols + 1.8, 4.2 * rows + 1.3), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    for ax, task in zip(axes, shown):
-        sub = gaps[gaps["task"] == task]
-        agents = sub.groupby("agent").size().reset_index(name="runs").sort_values(["runs", "agent"],
-                                                                                   ascending=[False, True])
-        more = f" (top {MAX_SERIES} of {len(agents)} agents)" if len(agents) > MAX_SERIES else ""
-        for agent in agents["agent"][:MAX_SERIES]:
-            g = sub[sub["agent"] == agent]
+    for ax, panel in zip(axes, panels):
+        sub = panel.rows(gaps)
+        counted = sub.assign(runs=sub.groupby("setting_id")["run_id"].transform("count"),
+                             mean_test_gain=sub.groupby("setting_id")["test_gain"].transform("mean"))
+        names, more = _top(counted, "runs", MAX_SERIES, "mean_test_gain")
+        for name in names:
+            g = sub[sub["series"] == name]
             pts = g.sample(min(len(g), 2000), random_state=0)  # a readable cloud, whatever the run count
-            ax.scatter(pts["val_gain"], pts["test_gain"], s=10, alpha=0.5, color=palette.colour(agent),
-                       label=f"{agent} (n={len(g)})")
+            style = palette.style(name)
+            ax.scatter(pts["val_gain"], pts["test_gain"], s=12, alpha=0.6, color=style.colour, marker=style.marker,
+                       label=_wrap(f"{name} (n={len(g)})", 40))
         lo = float(min(sub["val_gain"].min(), sub["test_gain"].min()))
         hi = float(max(sub["val_gain"].max(), sub["test_gain"].max()))
         ax.plot([lo, hi], [lo, hi], color="grey", ls="--", lw=0.8, label="no gap (y = x)")
-        label = sub["variant_label"].iloc[0] if "variant_label" in sub else ""
-        ax.set_title(_wrap(_task_title(task, label) + more, 55), fontsize=8, loc="left")
+        ax.set_title(_wrap(_task_title(panel.task, panel.label) + more, 55), fontsize=8, loc="left")
         ax.set_xlabel("validation gain of the best submission", fontsize=8)
         ax.set_ylabel("Δ test of the final pick", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
         ax.legend(**LEGEND)
-    for ax in axes[len(shown):]:
+    for ax in axes[len(panels):]:
         ax.set_visible(False)
-    more = (f"Showing {len(shown)} of {len(tasks)} tasks (alphabetical); every run is in tables/selection_runs.csv."
-            if len(tasks) > len(shown) else "")
-    return _finish(fig, title, ["Points: runs; both gains in points.", more, note], _chars(6.2 * cols + 1.8))
+    return _finish(fig, title, ["Points: runs; both gains in points.", task_note, palette.note, note],
+                   _chars(6.2 * cols + 1.8))

@@ -14,20 +14,24 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from a2rl.summary.intervals import paired_item_interval, pooled_item_interval
+from a2rl.summary.intervals import binomial_var, paired_item_interval, seeds_interval, seeds_items_interval
 from a2rl.setting import SETTING_KEY
 from analysis.stats import paired_comparison, pass_at_k, selection_gap_summary
 
 SETTING = ["setting_id", *SETTING_KEY, "variant_label"]
 """What defines one leaderboard row (`a2rl.setting.SETTING_KEY`): runs that differ only in seed are repeats of it."""
-SERIES_FIELDS = [c for c in SETTING_KEY if c not in ("task", "variant")]
+PANEL_KEY = ["task", "variant"]
+"""One panel of a figure: a task and its data variant; the settings inside it are its series."""
+SERIES_FIELDS = [c for c in SETTING_KEY if c not in PANEL_KEY]
+AGENT_SETTING = [c for c in SETTING_KEY if c != "mode"]
+"""Everything but the mode (and the seed): the modes of one agent setting are compared in the mode × task matrix."""
 PASS_AT_K = (1, 3, 5, 10)
 AXES = {
     "time": ("agent_elapsed_s", "agent time (s, grading excluded)"),
     "tokens": ("cum_tokens", "cumulative LLM tokens (input + output + cache)"),
     "submissions": ("submission_id", "submissions"),
 }
-PAPER_VIEWS = ("system_task_scores", "budget_deltas", "run_costs", "final_routes", "mode_breaches")
+PAPER_VIEWS = ("system_task_scores", "budget_deltas", "run_costs", "final_routes", "mode_breaches", "stage_shares")
 
 
 @dataclass
@@ -37,9 +41,10 @@ class AnalysisTables:
     excluded: pd.DataFrame
     """Runs left out, counted by reason (`excluded_runs`)."""
     matrix: pd.DataFrame
-    """mode × task cells: mean Δ with its t-interval, n, best/worst mode flags, within_noise."""
+    """mode × task cells: the leaderboard's rows with best/worst mode flags per agent setting."""
     leaderboard: pd.DataFrame
-    """Mean Δ ± 95% t-interval over seeds per setting, the pooled item-level interval, the noise floor."""
+    """One row per setting: mean Δ with its one 95% interval (over seeds and shared items), p-value and verdict,
+    the noise floor beside it."""
     run_intervals: pd.DataFrame
     """One run's Δ with its paired item-level interval and verdict (runs with per-item results)."""
     pass_at_k: pd.DataFrame
@@ -65,6 +70,21 @@ class AnalysisTables:
         return exclusion_note(self.excluded)
 
 
+def as_text(frame: pd.DataFrame | pd.Series) -> pd.DataFrame | pd.Series:
+    """Cells as text for keys and labels, a missing value (None, NaN, NA: a store's NULL) as `?`."""
+    def one(v: Any) -> str:
+        return "?" if v is None or (not isinstance(v, (str, list, tuple)) and pd.isna(v)) else str(v)
+
+    return frame.map(one)
+
+
+def key_of(frame: pd.DataFrame, columns: Sequence[str]) -> pd.Series:
+    """One text key per row from `columns` (NULLs included), e.g. to group by a setting's fields."""
+    if frame.empty:
+        return pd.Series([], dtype=object, index=frame.index)
+    return as_text(frame[list(columns)]).agg("|".join, axis=1)
+
+
 def exclusion_note(excluded: pd.DataFrame) -> str:
     total = int(excluded["n_runs"].sum()) if len(excluded) else 0
     if not total:
@@ -73,27 +93,40 @@ def exclusion_note(excluded: pd.DataFrame) -> str:
     return f"{total} run{'s' if total != 1 else ''} excluded (not agent results): {parts}."
 
 
-def series_labels(frame: pd.DataFrame, varying: Sequence[str]) -> pd.Series:
-    """Short, honest names for settings: the agent, plus whichever other setting fields vary in the data."""
-    def label(row: Any) -> str:
-        parts = [str(row["agent"])]
-        for f in varying:
-            if f == "agent":
-                continue
-            v = row[f]
-            if f == "protocol" and v == "paper":
-                parts.append("paper protocol: test-selected")
-            elif f == "budget_s":
-                parts.append(f"{float(v):g} s")
-            elif f == "item_selection":
-                parts.append(f"items {v}")
-            elif not (f == "driver" and v == "none"):
-                parts.append(str(v))
-        return " · ".join(parts)
+def setting_labels(board: pd.DataFrame) -> dict[str, str]:
+    """A short, honest, unique name per setting within its panel (task and variant): the agent, plus whichever
+    other setting fields vary among the panel's settings. Two settings that differ in anything get two names (the
+    setting id is appended if their fields print alike). The same system keeps its name, and colour, across tasks."""
+    labels: dict[str, str] = {}
+    if board.empty:
+        return labels
+    for _, panel in board.groupby(PANEL_KEY, dropna=False, sort=False):
+        varying = [f for f in SERIES_FIELDS if as_text(panel[f]).nunique() > 1]
+        names = {row["setting_id"]: _label(row, varying) for _, row in panel.iterrows()}
+        counts = pd.Series(list(names.values())).value_counts()
+        labels |= {sid: name if counts[name] == 1 else f"{name} #{sid[:6]}" for sid, name in names.items()}
+    return labels
 
-    if frame.empty:
-        return pd.Series([], dtype=object, index=frame.index)
-    return frame.apply(label, axis=1)
+
+def _label(row: Any, varying: Sequence[str]) -> str:
+    parts = [str(row["agent"])]
+    for f in varying:
+        v = row[f]
+        if f == "agent":
+            continue
+        if f == "protocol" and v == "paper":
+            parts.append("paper protocol: test-selected")
+        elif f == "budget_s":
+            parts.append("budget ?" if v is None or v != v else f"{float(v):g} s")
+        elif f == "item_selection":
+            parts.append(f"items {v}")
+        elif f == "evaluator_id":
+            parts.append(f"evaluator {v}")
+        elif f == "base_model":
+            parts.append(f"base {v}")
+        elif not (f == "driver" and v == "none"):
+            parts.append(str(v))
+    return " · ".join(parts)
 
 
 def load_tables(store: Any, n_boot: int = 2000, compare: tuple[str, str] | None = None,
@@ -102,50 +135,50 @@ def load_tables(store: Any, n_boot: int = 2000, compare: tuple[str, str] | None 
 
     Args:
         store: an `a2rl.store.results.ResultsStore`.
-        n_boot: bootstrap resamples per interval.
+        n_boot: bootstrap resamples per interval (the selection gap's).
         compare: the two agents of the agent-level paired comparison; default the two with the most runs.
         scaling_points: grid points per scaling curve.
     """
     runs = store.query("SELECT * EXCLUDE (config_json, phase_seconds_json) FROM analysed_runs ORDER BY run_id")
     excluded = store.query("SELECT * FROM excluded_runs")
-    # Fields that vary within one task name the series (an evaluator id that only changes with the task does not).
-    varying = [f for f in SERIES_FIELDS if len(runs) and runs.groupby("task")[f].nunique(dropna=False).max() > 1]
     noise = store.query("SELECT * FROM noise_floor WHERE split = 'test' ORDER BY task, variant, item_selection")
     notes = _notes(runs, excluded)
 
-    matrix = _within_noise(store.query("SELECT * EXCLUDE (seeds, deltas) FROM mode_task_matrix "
-                                       "ORDER BY task, agent, driver, base_model, mode"))
-    board = store.query("SELECT * FROM leaderboard_ci ORDER BY task, mean_delta DESC")
-    board["series"] = series_labels(board, varying)
-    agree = (board["n"] >= 2) & (board["sd_delta"] == 0)  # a zero-width t-interval is no certainty: say so
-    board.loc[agree, "interval"] = "t-interval over seeds (the seeds agree exactly: read the item-level interval)"
+    board = store.query("SELECT * FROM leaderboard_ci ORDER BY task, variant, mean_delta DESC, setting_id")
+    labels = setting_labels(board)
+    board["series"] = board["setting_id"].map(labels)
     pairs = store.query("SELECT p.*, r.setting_id FROM item_pairs p JOIN analysed_runs r USING (run_id)")
-    board = _with_pooled(_within_noise(board), pairs, n_boot)
+    board = _within_noise(with_intervals(board, runs, pairs))
+    matrix = mode_matrix(board)
     pak = _pass_at_k(board)
     board = board.drop(columns=["deltas", "seeds"])
-    run_intervals = _run_intervals(runs, pairs, n_boot)
+    run_intervals = _run_intervals(runs, pairs)
 
     curve = store.query(
         "SELECT run_id, submission_id, agent_elapsed_s, cum_tokens, improvement_so_far FROM scaling_curve"
     )
     scaling = scaling_curves(runs, curve, scaling_points)
-    if not scaling.empty:
-        scaling["series"] = series_labels(scaling, varying)
+    scaling["series"] = scaling["setting_id"].map(labels)
+    scaling["headline_delta"] = scaling["setting_id"].map(board.set_index("setting_id")["mean_delta"])
 
     paired = _paired(runs, compare)
     if paired.empty:
         notes.append("Paired comparisons skipped: no two agents (or two drivers of one agent) share settings and "
                      "seeds.")
-    gaps = store.query("SELECT * FROM selection_gap")
-    selection = selection_gap_summary(gaps, n_boot=n_boot) if len(gaps) else pd.DataFrame()
+    gaps = store.query("SELECT * FROM selection_gap ORDER BY setting_id, seed, run_id")
+    gaps["series"] = gaps["setting_id"].map(labels)
+    selection = selection_gap_summary(gaps, by=[*SETTING, "series"], n_boot=n_boot) if len(gaps) else pd.DataFrame()
     paper = {name: store.query(f"SELECT * FROM {name}") for name in PAPER_VIEWS}
-    subs = store.query("SELECT s.run_id, s.submission_id, s.agent_elapsed_s, s.split, s.status, s.score, s.route, "
-                       "s.cached, s.error FROM submissions s JOIN analysed_runs USING (run_id) ORDER BY 1, 2")
+    subs = store.query("SELECT s.run_id, s.submission_id, s.agent_elapsed_s, s.stage, s.split, s.status, s.score, "
+                       "t.test_score AS hidden_test_posthoc, s.route, s.cached, s.error FROM submissions s "
+                       "JOIN analysed_runs USING (run_id) LEFT JOIN submission_tests t USING (run_id, submission_id) "
+                       "ORDER BY 1, 2")  # fmt: skip
+    order = "task, variant, setting_id"
     return AnalysisTables(
         runs=runs, excluded=excluded, matrix=matrix, leaderboard=board, run_intervals=run_intervals, pass_at_k=pak,
         scaling=scaling, noise=noise, paired=paired, selection=selection, selection_runs=gaps,
-        routes=store.query("SELECT * FROM route_distribution ORDER BY task, agent, mode, route"),
-        failures=store.query("SELECT * FROM failure_classes ORDER BY task, agent, mode, status, failure_class"),
+        routes=store.query(f"SELECT * FROM route_distribution ORDER BY {order}, route"),
+        failures=store.query(f"SELECT * FROM failure_classes ORDER BY {order}, status, failure_class"),
         paper=paper, submissions=subs, notes=notes,
     )  # fmt: skip
 
@@ -173,21 +206,66 @@ def _within_noise(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def _with_pooled(board: pd.DataFrame, pairs: pd.DataFrame, n_boot: int) -> pd.DataFrame:
-    """The item-level interval of each setting, pooled over its seeds (where they scored the same items)."""
-    def interval(g: pd.DataFrame):
-        if g["run_id"].nunique() == 1:  # one seed: its own paired interval (exact for right/wrong items)
-            return paired_item_interval(g["base_score"], g["final_score"], n_boot=n_boot)
-        return pooled_item_interval(g["item_id"], g["base_score"], g["final_score"], n_boot=n_boot)
+def with_intervals(board: pd.DataFrame, runs: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
+    """Each setting's one interval, p-value and verdict (`a2rl.summary.intervals`): over its seeds and the hidden-test
+    items they share (a seeds × items table); one seed: that run's exact paired interval; no shared per-item
+    results: the t-interval over seeds plus a binomial bound for the items."""
+    by_setting = dict(tuple(pairs.groupby("setting_id", sort=False))) if len(pairs) else {}
+    deltas = runs.groupby("setting_id")["delta_test"].apply(list).to_dict() if len(runs) else {}
+    rows = [setting_interval(by_setting.get(r.setting_id), deltas.get(r.setting_id, []), r) for r in
+            board.itertuples(index=False)]  # fmt: skip
+    out = board.copy()
+    for col in ("ci_low", "ci_high", "p_value", "interval", "verdict", "n_items", "design"):
+        out[col] = [row[col] for row in rows] if rows else pd.Series(dtype=object)
+    return out
 
-    pooled = {sid: interval(g) for sid, g in pairs.groupby("setting_id")}
-    board["pooled_low"] = [pooled[s].low if s in pooled else math.nan for s in board["setting_id"]]
-    board["pooled_high"] = [pooled[s].high if s in pooled else math.nan for s in board["setting_id"]]
-    board["pooled_items"] = [pooled[s].n if s in pooled else 0 for s in board["setting_id"]]
-    return board
+
+def setting_interval(pairs: pd.DataFrame | None, deltas: Sequence[float], row: Any) -> dict[str, Any]:
+    """The interval of one leaderboard row (`row`: its `n`, `mean_final_test`, `mean_baseline_test` and
+    `noise_n_items`) from its runs' item pairs and Δs."""
+    k = int(row.n)
+    table = None
+    if pairs is not None and len(pairs):
+        diff = pairs.assign(d=pairs["final_score"] - pairs["base_score"])
+        table = diff.pivot_table(index="run_id", columns="item_id", values="d", aggfunc="first")
+        if len(table) != k or table.isna().to_numpy().any():
+            table = None  # not every seed scored every item: no seeds × items table
+    if table is not None and k == 1:
+        g = pairs
+        iv = paired_item_interval(g["base_score"], g["final_score"])
+        iv = iv._replace(n=1, method="1 seed: that run's item-level interval (seed-to-seed spread not measured); "
+                         + iv.method)
+        design = "1 seed × items"
+    elif table is not None:
+        iv, design = seeds_items_interval(table.to_numpy()), "seeds × items"
+    else:
+        n_items = int(_number(row.noise_n_items, 0))
+        final, base = _number(row.mean_final_test), _number(row.mean_baseline_test)
+        var = binomial_var(final, n_items) + binomial_var(base, n_items) if n_items > 1 and final == final else None
+        iv, design = seeds_interval(deltas, var, n_items), "seeds"
+    return {"ci_low": iv.low, "ci_high": iv.high, "p_value": iv.p_value, "interval": iv.method,
+            "verdict": iv.label(), "n_items": iv.n_items, "design": design}
 
 
-def _run_intervals(runs: pd.DataFrame, pairs: pd.DataFrame, n_boot: int) -> pd.DataFrame:
+def _number(value: Any, missing: float = math.nan) -> float:
+    """A float from a store cell that may be None, NaN or pandas' NA."""
+    return missing if value is None or pd.isna(value) else float(value)
+
+
+def mode_matrix(board: pd.DataFrame) -> pd.DataFrame:
+    """The mode × task heatmap's cells: the leaderboard's rows, with the best and worst mode of each agent setting
+    (everything but the mode; ties all marked) where it ran two modes or more."""
+    if board.empty:
+        return board.assign(is_best=pd.Series(dtype=bool), is_worst=pd.Series(dtype=bool))
+    key = key_of(board, AGENT_SETTING)
+    groups = board.groupby(key, sort=False)["mean_delta"]
+    several = groups.transform("count") > 1
+    matrix = board.drop(columns=[c for c in ("deltas", "seeds") if c in board])
+    return matrix.assign(is_best=several & (board["mean_delta"] == groups.transform("max")),
+                         is_worst=several & (board["mean_delta"] == groups.transform("min")))
+
+
+def _run_intervals(runs: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
     cols = ["run_id", "setting_id", "task", "agent", "driver", "mode", "seed", "delta_test", "n_items", "ci_low",
             "ci_high", "p_value", "method", "verdict"]
     info = runs.set_index("run_id")
@@ -195,7 +273,7 @@ def _run_intervals(runs: pd.DataFrame, pairs: pd.DataFrame, n_boot: int) -> pd.D
     for run_id, g in pairs.groupby("run_id", sort=True):
         if run_id not in info.index:
             continue
-        iv = paired_item_interval(g["base_score"], g["final_score"], n_boot=n_boot)
+        iv = paired_item_interval(g["base_score"], g["final_score"])
         r = info.loc[run_id]
         rows.append({"run_id": run_id, "setting_id": r["setting_id"], "task": r["task"], "agent": r["agent"],
                      "driver": r["driver"], "mode": r["mode"], "seed": r["seed"], "delta_test": r["delta_test"],
@@ -218,26 +296,31 @@ def scaling_curves(runs: pd.DataFrame, curve: pd.DataFrame, points: int = 40) ->
     """Best-so-far improvement at `points + 1` grid points per setting and axis: median and IQR over runs.
 
     Each run's curve is a step function of the axis: it holds the value of its last submission at or before
-    the grid point; before its first submission (and for a run that never submitted) the base model stands,
-    improvement 0. The grid runs from 0 to the setting's extent (the budget for time, else the largest value
-    reached). Vectorised: one sorted search over all runs instead of a join per grid point.
+    the grid point. At 0 (nothing spent yet), before a run's first submission, and for a run that never submitted,
+    the base model stands: improvement 0 (a submission made before the first LLM call shows from the next grid
+    point). The grid runs from 0 to the setting's extent (the budget for time, else the largest value reached).
+    `split` says which scores the gains are on: validation, or the test set under protocol `paper`. Vectorised:
+    one sorted search over all runs instead of a join per grid point.
 
     Args:
-        runs: completed runs with the `SETTING` columns, `run_id` and `budget_s`.
+        runs: completed runs with the `SETTING` columns, `run_id`, `protocol` and `budget_s`.
         curve: rows of the `scaling_curve` view (`run_id`, `submission_id`, the axis columns,
             `improvement_so_far`).
     """
+    columns = SETTING + ["split", "i", "x", "n_runs", "q25", "median", "q75", "axis"]
     if runs.empty:
-        return pd.DataFrame(columns=SETTING + ["i", "x", "n_runs", "q25", "median", "q75", "axis"])
+        return pd.DataFrame(columns=columns)
     runs = runs.reset_index(drop=True)
-    setting_id = runs.groupby(SETTING, dropna=False, sort=True).ngroup().to_numpy()
-    settings = runs[SETTING].drop_duplicates().assign(sid=lambda f: setting_id[f.index]).set_index("sid").sort_index()
+    setting_id, _ = pd.factorize(runs["setting_id"], sort=True)
+    settings = (runs.assign(sid=setting_id).groupby("sid", sort=True)[SETTING].first()
+                .assign(split=lambda f: np.where(f["protocol"] == "paper", "test", "validation")))  # fmt: skip
     n_settings = len(settings)
     curve_run = pd.Index(runs["run_id"]).get_indexer(curve["run_id"])
     curve = curve[curve_run >= 0]
     curve_run = curve_run[curve_run >= 0]
     by_setting = np.argsort(setting_id, kind="stable")
     runs_per_setting = np.bincount(setting_id, minlength=n_settings)
+    grid_frac = np.arange(points + 1) / points
     frames = []
     for axis, (col, _) in AXES.items():
         keep = curve[col].notna().to_numpy()
@@ -254,19 +337,20 @@ def scaling_curves(runs: pd.DataFrame, curve: pd.DataFrame, points: int = 40) ->
         extent = np.zeros(n_settings)
         np.maximum.at(extent, setting_id, run_max)
         if axis == "time":
-            np.maximum.at(extent, setting_id, runs["budget_s"].to_numpy(dtype=float))
-        scale = extent[setting_id]
-        # Position on one line: run r occupies [4r, 4r + 1] (fraction of its setting's extent).
-        frac = np.divide(key, scale[ridx], out=np.zeros_like(key), where=scale[ridx] > 0)
-        line = ridx * 4.0 + np.minimum(frac, 1.0)
-        grid_frac = np.arange(points + 1) / points
-        probe = (np.arange(len(runs))[:, None] * 4.0 + grid_frac[None, :]).ravel()
-        pos = np.searchsorted(line, probe, side="right") - 1
-        probe_run = np.repeat(np.arange(len(runs)), points + 1)
-        hit = (pos >= 0) & (ridx[np.maximum(pos, 0)] == probe_run)
-        values = np.where(hit, value[np.maximum(pos, 0)], 0.0).reshape(len(runs), points + 1)[by_setting]
+            np.fmax.at(extent, setting_id, runs["budget_s"].to_numpy(dtype=float))  # a NULL budget: the data's extent
+        values = np.zeros((len(runs), points + 1))
+        if len(ridx):  # a store where no run submitted has nothing to search: every curve is the base model's 0
+            scale = extent[setting_id]
+            # Position on one line: run r occupies [4r, 4r + 1] (fraction of its setting's extent).
+            frac = np.divide(key, scale[ridx], out=np.zeros_like(key), where=scale[ridx] > 0)
+            line = ridx * 4.0 + np.minimum(frac, 1.0)
+            probe = (np.arange(len(runs))[:, None] * 4.0 + grid_frac[None, :]).ravel()
+            pos = np.searchsorted(line, probe, side="right") - 1
+            probe_run = np.repeat(np.arange(len(runs)), points + 1)
+            hit = (pos >= 0) & (ridx[np.maximum(pos, 0)] == probe_run) & np.tile(grid_frac > 0, len(runs))
+            values = np.where(hit, value[np.maximum(pos, 0)], 0.0).reshape(len(runs), points + 1)
         # Runs grouped by setting: one (runs × grid points) block per setting, quantiles down its columns.
-        blocks = np.split(values, np.cumsum(runs_per_setting)[:-1])
+        blocks = np.split(values[by_setting], np.cumsum(runs_per_setting)[:-1])
         q = np.stack([np.quantile(b, [0.25, 0.5, 0.75], axis=0) for b in blocks])  # settings × 3 × points
         frame = settings.loc[np.repeat(np.arange(n_settings), points + 1)].reset_index(drop=True)
         i = np.tile(np.arange(points + 1), n_settings)
@@ -276,7 +360,7 @@ def scaling_curves(runs: pd.DataFrame, curve: pd.DataFrame, points: int = 40) ->
         frame["q25"], frame["median"], frame["q75"] = (q[:, j, :].ravel() for j in range(3))
         frame["axis"] = axis
         frames.append(frame)
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat(frames, ignore_index=True)[columns]
 
 
 def _notes(runs: pd.DataFrame, excluded: pd.DataFrame) -> list[str]:

@@ -1,6 +1,7 @@
 -- The alfworld hidden-test table (BENCHMARKS.md, "ALFWorld on a GPU") from the DuckDB store the runs wrote.
 -- One row per run: baseline, best validation, final hidden test, delta with an item-level 95% interval,
--- wall time per phase and the GPU. Run: python bench/gpu_alfworld.py --table results/a2rl.duckdb
+-- wall time per phase and the GPU. Run: python bench/gpu_alfworld.py --table results/a2rl.duckdb (which adds
+-- RL's share per run, a2rl.summary.stages, and the intervals over seeds).
 --
 -- Two item-level 95% intervals of delta: delta_ci95_* is Newcombe's hybrid score interval (Wilson bounds of
 -- each success rate, combined) from the stored counts (evaluations.n_correct of n), treating the two
@@ -39,7 +40,8 @@ machine AS (
     SELECT run_id, any_value(json_extract_string(detail_json, '$.gpus[0]')) AS gpu
     FROM events WHERE kind IN ('session-start', 'session-resumed') GROUP BY run_id
 )
-SELECT r.mode,
+SELECT r.agent,
+       r.mode,
        r.base_model,
        r.seed,
        r.budget_s,
@@ -69,4 +71,4 @@ LEFT JOIN item_level i USING (run_id)
 LEFT JOIN grading g USING (run_id)
 LEFT JOIN machine m USING (run_id)
 WHERE r.task = 'alfworld'
-ORDER BY r.started_at;
+ORDER BY r.agent, r.mode, r.seed, r.started_at;

@@ -136,7 +136,7 @@ def engine_state(loaded) -> str:
 
 def identity_check(torch, device, prompt_tokens: int, new_tokens: int) -> dict:
     """135M shape in fp32: the engine's (graph) tokens against greedy `generate`'s, row by row up to EOS."""
-    from a2rl.inference.decode_engine import GreedyDecoder
+    from a2rl.inference.decode_engine import Decoder
     from a2rl.inference.generation import _eos_ids, _generate_batch
 
     loaded = build("135m" if device.type == "cuda" else "tiny", device, torch.float32)
@@ -146,7 +146,7 @@ def identity_check(torch, device, prompt_tokens: int, new_tokens: int) -> dict:
     rows = tok(prompts, add_special_tokens=False)["input_ids"]
     options = {"max_new_tokens": new_tokens, "do_sample": False, "pad_token_id": tok.pad_token_id}
     reference = _generate_batch(loaded.model, tok, prompts, options)
-    decoder = GreedyDecoder(loaded.model, use_graph=True, chunk=32)
+    decoder = Decoder(loaded.model, use_graph=True, chunk=32)
     ends = _eos_ids(loaded.model, tok)  # generate stops (and pads) at the generation config's EOS too
     ours = decoder.decode(rows, new_tokens, lambda t: any(x in ends for x in t), tok.pad_token_id)
     same = 0

@@ -1,17 +1,22 @@
-"""alfworld on one GPU through the real flow (issues #17 and #16 item 5), unattended, within a wall-clock cap.
+"""alfworld on GPUs through the real flow (issues #17, #23), unattended, within a wall-clock cap.
 
-Runs `a2rl run --task alfworld --agent reference-sft-grpo` (mode free: SFT rounds, then GRPO) and, at the same
-time on the same GPU and seed, the same run in `--mode sft-only`: each with an ephemeral Prefect server and its
-own DuckDB file, the full hidden test set (134 games) and the validation set. Then it merges the two stores into
-`$OUT/a2rl.duckdb`, copies each run's report.md, run.log, agent.log and NOTES.md to `$OUT`, and prints the table
-of `bench/alfworld_table.sql`.
+Runs `a2rl run --task alfworld` for every (agent:mode, seed) asked for — by default reference-sft-grpo in
+`--mode sft-only` and `--mode free` (SFT then GRPO) and reference-sft-gigpo in `--mode free` (SFT then
+GiGPO) — each with an ephemeral Prefect server and its own DuckDB file, the full hidden test set (134 games),
+the validation set, and `--test-every-submission` (every submission also on the hidden test, analysis only:
+what GRPO added over its own SFT checkpoint). Runs are spread round-robin over the visible GPUs and started
+together; several share a card. Then it merges the stores into `$OUT/a2rl.duckdb`, copies each run's
+report.md, run.log, agent.log, NOTES.md and rl_curve.jsonl to `$OUT`, and prints the table of
+`bench/alfworld_table.sql` and the interval over seeds per setting.
 
 Started by `bench/gpu_alfworld.sh` (which installs the carried wheels first):
 
-    bash bench/gpu_alfworld.sh MODEL [MODEL_PART ...] [-- OPTIONS]
+    bash bench/gpu_alfworld.sh MODEL [MODEL_PART ...] [OPTIONS]
 
 MODEL is a Hugging Face checkpoint directory, a .gguf file, or the parts of one (`split -n 2`), joined in the
-order given. `--table STORE` only prints the table of an existing store (CPU check of the SQL).
+order given. A lent GPU machine runs one command for at most 10 minutes: `--detach` starts the runs in their
+own sessions (they outlive the command) and returns; a next command `--collect` (same `--work`) waits for them,
+merges and prints. `--table STORE` only prints the table of an existing store (CPU check of the SQL).
 """
 
 from __future__ import annotations
@@ -38,25 +43,40 @@ def log(message: str, t0: float) -> None:
     print(f"[gpu_alfworld {time.monotonic() - t0:6.1f}s] {message}", flush=True)
 
 
+DEFAULT_RUNS = ("reference-sft-grpo:sft-only", "reference-sft-grpo:free", "reference-sft-gigpo:free")
+STATE = "runs-state.json"
+"""Under --work: the started runs (pids, stores), for a later --collect."""
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="*", help="HF checkpoint dir, .gguf file, or the parts of one in order")
     p.add_argument("--table", type=Path, help="only print the table of this DuckDB store")
+    p.add_argument("--exclude", nargs="*", default=[], metavar="RUN_ID",
+                   help="with --table: runs left out of the intervals over seeds (harness-side failures)")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-out")))
     p.add_argument("--work", type=Path, default=Path("/tmp/a2rl-gpu"), help="run dirs, caches (not copied back)")
-    p.add_argument("--budget", type=float, default=90.0,
-                   help="agent seconds per run (grading excluded); lowered to fit the deadline")
+    p.add_argument("--budget", type=float, default=420.0, help="agent seconds per run (grading excluded)")
     p.add_argument("--val-limit", type=int, default=0, help="validation games (0 = all 60)")
     p.add_argument("--test-limit", type=int, default=0, help="hidden-test games (0 = all 134)")
     p.add_argument("--eval-batch-size", type=int, default=160, help="episodes stepped together by the grader")
-    p.add_argument("--max-submissions", type=int, default=3, help="lowered to fit the deadline")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--modes", nargs="+", default=["free", "sft-only"], choices=["free", "sft-only"],
-                   help="runs started together on the one GPU")  # fmt: skip
-    p.add_argument("--deadline-s", type=float, default=290.0,
-                   help="wall seconds from start after which running runs are interrupted (recorded as such)")
-    p.add_argument("--parallel", action="store_true",
-                   help="start the modes' runs together on the one GPU (default: one after the other)")
+    p.add_argument("--max-submissions", type=int, default=10)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--runs", nargs="+", default=list(DEFAULT_RUNS), metavar="AGENT:MODE",
+                   help="agent and mode of each run (every one with every seed)")  # fmt: skip
+    p.add_argument("--deadline-s", type=float, default=560.0,
+                   help="wall seconds from start after which running runs are interrupted (recorded as such); "
+                        "with --collect, from the collect's start")  # fmt: skip
+    p.add_argument("--detach", action="store_true", help="start the runs and return (collect them with --collect)")
+    p.add_argument("--collect", action="store_true", help="wait for the runs --detach started, merge, print")
+    p.add_argument("--launch-only", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--per-gpu", type=int, default=2, help="runs at a time on one GPU (the rest wait for a place)")
+    p.add_argument("--no-test-every-submission", dest="test_every_submission", action="store_false",
+                   help="skip the post-hoc hidden-test evaluation of every submission")
+    p.add_argument("--bench-rollouts", action="store_true",
+                   help="before the runs: bench/bench_rollouts.py on the base model ($OUT/rollouts.json)")
+    p.add_argument("--gpu-tests", action="store_true",
+                   help="before the runs: the CUDA-only tests of the decode engine ($OUT/gpu-tests.log)")
     p.add_argument("--sandbox", default="off", choices=["auto", "required", "off"])
     p.add_argument("--python", default=sys.executable)
     return p.parse_args(argv)
@@ -127,107 +147,83 @@ def precompute_baseline(base: Path, args: argparse.Namespace, t0: float) -> dict
     return {split: seconds for split, _, seconds in done}
 
 
-AGENT_START_S = 12.0
-"""The agent's start-up on the GPU machine: imports, loading the model, tokenising the worked examples."""
-ROUND_OVERHEAD_S = 4.0
-"""Saving and submitting a checkpoint, on the agent's clock."""
+def run_name(agent_mode: str, seed: int) -> str:
+    return f"{agent_mode.replace(':', '-')}-s{seed}"
 
 
-def round_seconds(budget: float, cap: int) -> float:
-    """Training seconds per round when `cap` rounds share the budget (the agent keeps 5 s + 2% in reserve)."""
-    return (budget - AGENT_START_S - (5 + 0.02 * budget) - cap * ROUND_OVERHEAD_S) / cap
-
-
-def plan_budget(args: argparse.Namespace, eval_s: dict[str, float], now_s: float) -> tuple[float, int, float]:
-    """(agent budget, submission cap, training seconds per round) that let the runs end before the deadline:
-    the budget, the grading of each submission (a validation evaluation, slowed ~1.3x by the other run), the
-    final test evaluation and ~30 s of start-up and reporting must fit in what is left. Fewer, not shorter,
-    rounds when time is short: each round trains at least 15 s."""
-    val_s, test_s = 1.3 * eval_s["validation"] + 5, 1.3 * eval_s["test"] + 5
-    left = args.deadline_s - now_s - 30 - test_s
-    for cap in range(args.max_submissions, 0, -1):
-        budget = min(args.budget, left - cap * val_s)
-        if round_seconds(budget, cap) >= 15:
-            return round(budget), cap, round(round_seconds(budget, cap), 1)
-    budget = max(40.0, min(args.budget, left - val_s))
-    return round(budget), 1, round(max(10.0, round_seconds(budget, 1)), 1)
-
-
-def start_run(args: argparse.Namespace, mode: str, base: Path) -> tuple[subprocess.Popen, Path]:
-    results = args.work / f"results-{mode}" / "a2rl.duckdb"
+def start_run(args: argparse.Namespace, agent_mode: str, seed: int, base: Path, gpu: int | None) -> dict:
+    agent, mode = agent_mode.split(":")
+    name = run_name(agent_mode, seed)
+    results = args.work / f"results-{name}" / "a2rl.duckdb"
     results.parent.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
-        "PREFECT_HOME": str(args.work / f"prefect-{mode}"),  # one ephemeral server (and SQLite) per run
-        "A2RL_SFT_ROUND_S": str(args.round_s),
-        "A2RL_GRPO_ROUND_S": str(args.round_s),
-        # The last submission is GRPO's (mode free) or a second, annealed SFT phase's (mode sft-only).
-        "A2RL_SFT_MAX_ROUNDS": str(max(1, args.max_submissions - 1)),
+        "PREFECT_HOME": str(args.work / f"prefect-{name}"),  # one ephemeral server (and SQLite) per run
         "PYTHONUNBUFFERED": "1",
-        # Two ephemeral servers start at once next to the baseline's processes: give them more than 20 s.
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+        # Several ephemeral servers start at once next to the baseline's processes: give them more than 20 s.
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",  # runs share a card: less fragmentation
+        "OMP_NUM_THREADS": "4",  # many runs share the host's cores
     }
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     env.pop("PREFECT_API_URL", None)
     cmd = [args.python, "-c", "import sys; from a2rl.cli import main; sys.exit(main())", "run", "--task", "alfworld",
-           "--agent", "reference-sft-grpo", "--base-model", str(base), "--budget", str(args.budget),
-           "--seed", str(args.seed), "--mode", mode, "--val-limit", str(args.val_limit),
-           "--test-limit", str(args.test_limit), "--eval-batch-size", str(args.eval_batch_size),
-           "--max-submissions", str(args.max_submissions), "--sandbox", args.sandbox,
-           "--results", str(results)]  # fmt: skip
-    logfile = (args.out / f"run-{mode}.log").open("w")
+           "--agent", agent, "--base-model", str(base), "--budget", str(args.budget), "--seed", str(seed),
+           "--mode", mode, "--val-limit", str(args.val_limit), "--test-limit", str(args.test_limit),
+           "--eval-batch-size", str(args.eval_batch_size), "--max-submissions", str(args.max_submissions),
+           "--sandbox", args.sandbox, "--results", str(results),
+           *(["--test-every-submission"] if args.test_every_submission else [])]  # fmt: skip
+    logs = args.work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    logfile = (logs / f"run-{name}.log").open("w")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True)
-    return proc, results
+    return {"name": name, "pid": proc.pid, "results": str(results), "gpu": gpu, "log": str(logs / f"run-{name}.log"),
+            "proc": proc}
 
 
-def wait_all(procs: dict[str, subprocess.Popen], deadline: float, t0: float) -> dict[str, int | None]:
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie child of this process counts as ended
+        return os.waitpid(pid, os.WNOHANG) == (0, 0)
+    except ChildProcessError:
+        return True
+
+
+def wait_all(pids: dict[str, int], deadline: float, t0: float) -> None:
     """Wait for the runs; past the deadline interrupt them (SIGINT: a2rl records the run as interrupted)."""
     interrupted_at = None
-    while any(p.poll() is None for p in procs.values()):
+    while any(alive(pid) for pid in pids.values()):
         now = time.monotonic()
         if interrupted_at is None and now > deadline:
-            for mode, p in procs.items():
-                if p.poll() is None:
-                    log(f"deadline passed: interrupting the {mode} run", t0)
-                    os.killpg(p.pid, signal.SIGINT)
+            for name, pid in pids.items():
+                if alive(pid):
+                    log(f"deadline passed: interrupting {name}", t0)
+                    os.killpg(pid, signal.SIGINT)
             interrupted_at = now
         if interrupted_at is not None and now > interrupted_at + 25:
-            for p in procs.values():
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-        time.sleep(1)
-    return {mode: p.returncode for mode, p in procs.items()}
+            for pid in pids.values():
+                if alive(pid):
+                    os.killpg(pid, signal.SIGKILL)
+        time.sleep(2)
 
 
 def merge_stores(stores: list[Path], dest: Path) -> None:
-    """One store holding every run: a fresh store (the current schema), each run's rows inserted by column name
-    from its own store (attached read-only, so rows still in its write-ahead log are read too)."""
-    import duckdb
-
-    from a2rl.store.results import ResultsStore
+    """One fresh store holding every finished run (`a2rl store merge`: each run rebuilt from its run directory and
+    verified against its own store's ledger anchors); a run the deadline cut off stays in its store and is named."""
+    from a2rl.store.merge import merge_stores as merge
 
     existing = [s for s in stores if s.is_file()]
     if not existing:
         return
     dest.unlink(missing_ok=True)
-    ResultsStore(dest)  # creates the tables and views
-    con = duckdb.connect(str(dest))
-    try:
-        for i, other in enumerate(existing):
-            con.execute(f"ATTACH '{other}' AS s{i} (READ_ONLY)")
-            tables = [t for (t,) in con.execute(
-                "SELECT table_name FROM information_schema.tables WHERE table_catalog = ? AND table_schema = 'main' "
-                "AND table_type = 'BASE TABLE' AND table_name <> 'schema_version'", [f"s{i}"]).fetchall()]  # fmt: skip
-            have = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables "
-                                              "WHERE table_catalog = current_database() AND table_schema = 'main'").fetchall()}
-            for table in tables:
-                if table in have:
-                    con.execute(f"INSERT INTO main.{table} BY NAME SELECT * FROM s{i}.main.{table}")
-                else:  # a table the store makes on first use (not in its migrations)
-                    con.execute(f"CREATE TABLE main.{table} AS SELECT * FROM s{i}.main.{table}")
-            con.execute(f"DETACH s{i}")
-        con.execute("CHECKPOINT")  # one self-contained file to copy back
-    finally:
-        con.close()
+    report = merge(dest, existing)
+    for o in report.notable():
+        print(f"merge: {o.status} {o.run_id} ({o.source}){': ' + o.detail if o.detail else ''}", flush=True)
+    print(f"merge: {report.summary()}", flush=True)
 
 
 def print_table(store: Path, out: Path | None = None) -> str:
@@ -237,16 +233,18 @@ def print_table(store: Path, out: Path | None = None) -> str:
     try:
         rel = con.sql(TABLE_SQL.read_text())
         cols, rows = rel.columns, rel.fetchall()
-        trajectory = con.sql("""SELECT r.mode, s.submission_id, round(s.agent_elapsed_s) AS agent_s, s.score,
-                                       round(s.eval_seconds) AS eval_s, s.status
+        trajectory = con.sql("""SELECT r.agent, r.mode, r.seed, s.submission_id, s.stage,
+                                       round(s.agent_elapsed_s) AS agent_s, s.score AS validation,
+                                       t.test_score AS hidden_test, round(s.eval_seconds) AS eval_s, s.status
                                 FROM submissions s JOIN runs r USING (run_id)
-                                WHERE r.task = 'alfworld' ORDER BY r.mode, s.submission_id""")  # fmt: skip
+                                LEFT JOIN submission_tests t USING (run_id, submission_id)
+                                WHERE r.task = 'alfworld' ORDER BY r.agent, r.mode, r.seed, s.submission_id""")  # fmt: skip
         tcols, trows = trajectory.columns, trajectory.fetchall()
     finally:
         con.close()
     text = "\n".join(
         [" | ".join(cols), *(" | ".join(str(v) for v in row) for row in rows), "",
-         "validation per submission:", " | ".join(tcols), *(" | ".join(str(v) for v in row) for row in trows)]
+         "per submission (hidden test: post hoc, analysis only):", " | ".join(tcols), *(" | ".join(str(v) for v in row) for row in trows)]
     )  # fmt: skip
     print(text, flush=True)
     if out is not None:
@@ -254,80 +252,231 @@ def print_table(store: Path, out: Path | None = None) -> str:
     return text
 
 
+def rl_shares(store: Path) -> dict[str, tuple[object, dict[str, float]]]:
+    """RL's share of every run (a2rl.summary.stages: last RL checkpoint against the SFT checkpoint it started from,
+    on the hidden test, paired over items) from the store's post-hoc evaluations, with its per-item differences."""
+    import duckdb
+
+    from a2rl.summary.stages import SubmissionTest, stage_share
+
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        out = {}
+        for (run_id,) in con.execute("SELECT run_id FROM runs WHERE task = 'alfworld'").fetchall():
+            tests = [SubmissionTest(submission_id=s, stage=st, validation=v, test=t) for s, st, v, t in con.execute(
+                "SELECT submission_id, stage, validation_score, test_score FROM submission_tests WHERE run_id = ? "
+                "ORDER BY submission_id", [run_id]).fetchall()]  # fmt: skip
+
+            def items(sid: int, run_id: str = run_id) -> dict[str, float] | None:
+                rows = con.execute("SELECT item_id, score FROM item_results WHERE run_id = ? AND eval_key = ?",
+                                   [run_id, f"posthoc-{sid}-test"]).fetchall()  # fmt: skip
+                return dict(rows) or None
+
+            share = stage_share(tests, items)
+            if share is not None:
+                before, after = items(share.sft_submission) or {}, items(share.rl_submission) or {}
+                out[run_id] = (share, {i: after[i] - before[i] for i in before if i in after})
+        return out
+    finally:
+        con.close()
+
+
+def seeds_table(store: Path, exclude: set[str] = frozenset()) -> str:
+    """Per setting (agent, mode): n seeds, mean final hidden test, mean Δ and mean RL share with their intervals
+    over seeds that share the hidden items (the library's `seeds_items_interval`: seeds × items), and RL's share
+    per run. Runs in `exclude` (harness-side failures, by run id) are left out and named."""
+    import duckdb
+    import numpy as np
+
+    from a2rl.summary.intervals import seeds_items_interval
+
+    shares = rl_shares(store)
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        rows = con.execute("""
+            SELECT r.run_id, r.agent, r.mode, r.seed, r.final_test
+            FROM runs r WHERE r.task = 'alfworld' AND r.status = 'completed' ORDER BY r.agent, r.mode, r.seed""").fetchall()
+        pairs: dict[str, dict[str, float]] = {}
+        for run_id, item, base, final in con.execute("SELECT run_id, item_id, base_score, final_score FROM item_pairs").fetchall():
+            pairs.setdefault(run_id, {})[item] = final - base
+    finally:
+        con.close()
+    per_run = ["run | agent | mode | seed | RL's share: SFT start -> last RL checkpoint (hidden test)"]
+    settings: dict[tuple[str, str], list[tuple]] = {}
+    for run_id, agent, mode, seed, final in rows:
+        if run_id in exclude:
+            per_run.append(f"{run_id} | {agent} | {mode} | {seed} | excluded (harness-side failure)")
+            continue
+        share, diffs = shares.get(run_id, (None, {}))
+        settings.setdefault((agent, mode), []).append((final, pairs.get(run_id, {}), diffs))
+        if share is not None:
+            ci = f"[{share.ci_low:+.1f}, {share.ci_high:+.1f}] p={share.p_value:.3g}" if share.ci_low is not None else share.method
+            per_run.append(f"{run_id} | {agent} | {mode} | {seed} | #{share.sft_submission} {share.sft_test:.1f} -> "
+                           f"#{share.rl_submission} {share.rl_test:.1f}: {share.delta:+.1f} {ci} (n={share.n_items})")
+
+    def over_seeds(per_seed: list[dict[str, float]]) -> str:
+        per_seed = [d for d in per_seed if d]
+        if not per_seed:
+            return "n/a"
+        shared = sorted(set.intersection(*(set(d) for d in per_seed)))
+        return seeds_items_interval(np.array([[d[i] for i in shared] for d in per_seed])).text()
+
+    lines = ["agent | mode | n seeds | final hidden test (mean) | Δ over seeds | RL share over seeds"]
+    for (agent, mode), runs in settings.items():
+        finals = [f for f, _, _ in runs if f is not None]
+        lines.append(f"{agent} | {mode} | {len(runs)} | {sum(finals) / max(1, len(finals)):.2f} | "
+                     f"{over_seeds([p for _, p, _ in runs])} | {over_seeds([d for _, _, d in runs])}")  # fmt: skip
+    return "\n".join(per_run + [""] + lines)
+
+
 def copy_artifacts(results: Path, dest: Path) -> None:
-    """report.md, run.log, agent.log, ledger and the agent's NOTES.md of each run under `results`."""
+    """report.md, run.log, agent.log, ledger, the agent's NOTES.md and RL curve of each run under `results`."""
     for run in sorted((results.parent / "runs").glob("*")):
         target = dest / run.name
         target.mkdir(parents=True, exist_ok=True)
         for rel in ("harness/report.md", "harness/run.log", "harness/agent.log", "harness/ledger.jsonl",
-                    "harness/manifest.json", "harness/report.json", "workspace/code/NOTES.md"):  # fmt: skip
+                    "harness/manifest.json", "harness/report.json", "workspace/code/NOTES.md",
+                    "workspace/code/rl_curve.jsonl"):  # fmt: skip
             src = run / rel
             if src.is_file() and not src.is_symlink():
                 shutil.copyfile(src, target / src.name)
+
+
+def prepare(args: argparse.Namespace, t0: float) -> tuple[Path, dict]:
+    """The base model as a checkpoint dir, the task data, and the baseline in the shared evaluation cache."""
+    base = model_dir([Path(m) for m in args.model], args.work, t0)
+    from benchmarks import get_task
+
+    get_task("alfworld").prepare("offline")  # once, before the runs would race for it
+    try:
+        eval_s = precompute_baseline(base, args, t0)
+    except Exception as error:  # the runs evaluate the baseline themselves
+        log(f"baseline precompute failed ({' '.join(str(error).split())[-400:]}); the runs will evaluate it", t0)
+        eval_s = {}
+    return base, {k: round(v, 1) for k, v in eval_s.items()}
+
+
+def start_all(args: argparse.Namespace, base: Path, t0: float) -> list[dict]:
+    """Every (agent:mode, seed) run, round-robin over the visible GPUs, at most `--per-gpu` at a time on a card
+    (three SmolLM2 runs on one 80 GB H100 ran out of memory, 2026-11-26): the rest start as runs end. Returns
+    once every run has started; the state file lists them as they start."""
+    import torch
+
+    gpus = list(range(torch.cuda.device_count())) or [None]
+    pending = [(agent_mode, seed) for seed in args.seeds for agent_mode in args.runs]
+    started: list[dict] = []
+    while pending:
+        busy = {g: sum(1 for r in started if r["gpu"] == g and alive(r["pid"])) for g in gpus}
+        free = [g for g in gpus if busy[g] < args.per_gpu]
+        for gpu in sorted(free, key=lambda g: busy[g]):
+            if pending:
+                agent_mode, seed = pending.pop(0)
+                started.append(start_run(args, agent_mode, seed, base, gpu))
+                log(f"started {started[-1]['name']} on GPU {gpu}", t0)
+                write_state(args, started)
+        if pending:
+            time.sleep(5)
+    return started
+
+
+def write_state(args: argparse.Namespace, started: list[dict], facts: dict | None = None) -> None:
+    state = args.work / STATE
+    saved = json.loads(state.read_text()) if state.exists() else {"started_at": time.time(), "facts": facts or {}}
+    saved["runs"] = [{k: v for k, v in r.items() if k != "proc"} for r in started]
+    if facts is not None:
+        saved["facts"] = facts
+    state.write_text(json.dumps(saved))
+
+
+def collect(args: argparse.Namespace, started: list[dict], facts: dict, t0: float) -> int:
+    """Wait for the runs, merge their stores, print the tables, pack the artifacts (at most 8 files in $OUT)."""
+    import tarfile
+
+    wait_all({r["name"]: r["pid"] for r in started}, t0 + args.deadline_s, t0)
+    stores = [Path(r["results"]) for r in started]
+    merge_stores(stores, args.out / "a2rl.duckdb")
+    (args.out / "a2rl.duckdb.lock").unlink(missing_ok=True)  # $OUT brings back 8 files at most
+    bundle = args.work / "artifacts"
+    for store in stores:
+        copy_artifacts(store, bundle)
+    for r in started:
+        if Path(r["log"]).is_file():
+            shutil.copyfile(r["log"], bundle / Path(r["log"]).name)
+    with tarfile.open(args.out / "artifacts.tar.gz", "w:gz") as tar:
+        tar.add(bundle, arcname="artifacts")
+    (args.out / "facts.json").write_text(json.dumps({**facts, "runs": [{k: v for k, v in r.items() if k != "proc"}
+                                                                       for r in started]}, indent=1))  # fmt: skip
+    if not (args.out / "a2rl.duckdb").is_file():
+        log("no run wrote a results store; see the run logs in artifacts.tar.gz", t0)
+        return 1
+    text = print_table(args.out / "a2rl.duckdb") + "\n\nover seeds:\n" + seeds_table(args.out / "a2rl.duckdb")
+    print(text.split("\n\nover seeds:")[1], flush=True)
+    (args.out / "table.txt").write_text(text + "\n")
+    for r in started:
+        tail = Path(r["log"]).read_text(errors="replace").strip().splitlines()[-4:] if Path(r["log"]).is_file() else []
+        print(f"--- {r['name']} (last lines)\n" + "\n".join(tail), flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.table:
         print_table(args.table)
+        print(seeds_table(args.table, set(args.exclude)))
         return 0
     t0 = time.monotonic()
-    deadline = t0 + args.deadline_s
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("A2RL_HOME", str(args.work / "home"))  # converted model, task data, eval cache
+    state = args.work / STATE
+    if args.collect:
+        pid_file = args.work / "launcher.pid"
+        launcher = int(pid_file.read_text()) if pid_file.exists() else None
+        while launcher and alive(launcher) and time.monotonic() - t0 < args.deadline_s:  # runs still to start
+            time.sleep(5)
+        saved = json.loads(state.read_text())
+        log(f"collecting {len(saved['runs'])} runs started {time.time() - saved['started_at']:.0f} s ago", t0)
+        return collect(args, saved["runs"], saved["facts"], t0)
     facts = machine_facts()
     log(f"machine: {json.dumps(facts)}", t0)
     if not args.model:
         print("error: give the model (HF dir, .gguf, or its parts)", file=sys.stderr)
         return 2
-    base = model_dir([Path(m) for m in args.model], args.work, t0)
-    from benchmarks import get_task
-
-    get_task("alfworld").prepare("offline")  # once, before two runs would race for it
-    timings: dict = {"setup_s": round(time.monotonic() - t0, 1)}
-    try:
-        eval_s = precompute_baseline(base, args, t0)
-    except Exception as error:  # the runs evaluate the baseline themselves; plan with slow evaluations
-        log(f"baseline precompute failed ({' '.join(str(error).split())[-400:]}); the runs will evaluate it", t0)
-        eval_s = {"validation": 60.0, "test": 90.0}
-    timings["baseline_s"] = {k: round(v, 1) for k, v in eval_s.items()}
-    # One run at a time unless --parallel: two full fine-tunes of batch 32 x 1,024 tokens on one 80 GB card
-    # (each ~30-45 GB with its fp32 logits) ran out of memory together on an H100 (BENCHMARKS.md).
-    slots = 1 if args.parallel else len(args.modes)
-    share = (args.deadline_s - (time.monotonic() - t0)) * slots / len(args.modes)
-    plan = argparse.Namespace(**{**vars(args), "deadline_s": share + (time.monotonic() - t0)})
-    args.budget, args.max_submissions, args.round_s = plan_budget(plan, eval_s, time.monotonic() - t0)
-    log(f"model {base}; starting {', '.join(args.modes)} ({'together' if args.parallel else 'one after the other'}) "
-        f"with budget {args.budget:.0f}s, {args.max_submissions} submissions, {args.round_s:.0f}s of training "
-        f"per round", t0)  # fmt: skip
-    t_runs = time.monotonic()
-    started, codes = {}, {}
-    if args.parallel:
-        started = {mode: start_run(args, mode, base) for mode in args.modes}
-        codes = wait_all({m: p for m, (p, _) in started.items()}, deadline, t0)
-    else:
-        for k, mode in enumerate(args.modes):
-            started[mode] = start_run(args, mode, base)
-            until = min(deadline, time.monotonic() + (deadline - time.monotonic()) / (len(args.modes) - k))
-            codes |= wait_all({mode: started[mode][0]}, until, t0)
-    timings["runs_s"] = round(time.monotonic() - t_runs, 1)
-    log(f"runs ended: {codes}", t0)
-    stores = [results for _, results in started.values()]
-    merge_stores(stores, args.out / "a2rl.duckdb")
-    for results in stores:
-        copy_artifacts(results, args.out)
-    record = {**facts, **timings, "exit_codes": codes, "args": {k: str(v) for k, v in vars(args).items()}}
-    (args.out / "facts.json").write_text(json.dumps(record, indent=1))
-    if (args.out / "a2rl.duckdb").is_file():
-        print_table(args.out / "a2rl.duckdb", args.out / "table.txt")
-    else:
-        log("no run wrote a results store; see run-*.log", t0)
-    for mode in args.modes:
-        tail = (args.out / f"run-{mode}.log").read_text(errors="replace").strip().splitlines()[-12:]
-        print(f"--- run-{mode}.log (last lines)\n" + "\n".join(tail), flush=True)
-    log(f"done; {timings}", t0)
-    return 0 if all(c == 0 for c in codes.values()) else 1
+    if args.launch_only:  # started by --detach after the preparation: the model is converted, the baseline cached
+        base = model_dir([Path(m) for m in args.model], args.work, t0)
+        start_all(args, base, t0)
+        return 0
+    base, baseline_s = prepare(args, t0)
+    if args.gpu_tests:
+        tests = ["tests/test_sampling_engine.py::test_graph_sampling_equals_eager_sampling_on_cuda",
+                 "tests/test_decode_engine.py::test_graph_engine_equals_generate_on_cuda"]  # fmt: skip
+        done = subprocess.run([args.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=REPO,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        (args.out / "gpu-tests.log").write_text(done.stdout + done.stderr)
+        log(f"GPU tests: rc {done.returncode}: {(done.stdout.strip().splitlines() or ['?'])[-1]}", t0)
+    if args.bench_rollouts:
+        done = subprocess.run([args.python, "bench/bench_rollouts.py", str(base), "--out", str(args.out / "rollouts.json")],
+                              cwd=REPO, capture_output=True, text=True, timeout=400)  # fmt: skip
+        lines = [x for x in done.stdout.splitlines() if x.startswith(("{", "summary", "warm"))]
+        log(f"rollout bench rc {done.returncode}:\n" + "\n".join(lines + done.stderr.splitlines()[-5:]), t0)
+    facts |= {"setup_s": round(time.monotonic() - t0, 1), "baseline_s": baseline_s,
+              "args": {k: str(v) for k, v in vars(args).items()}}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    state.unlink(missing_ok=True)
+    (args.work / "launcher.pid").unlink(missing_ok=True)
+    write_state(args, [], facts)
+    if args.detach:  # a launcher in its own session starts the runs as GPU places free up, and outlives this command
+        argv_rest = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--detach"]
+        launcher = subprocess.Popen([args.python, str(Path(__file__).resolve()), *argv_rest, "--launch-only"],
+                                    cwd=REPO, start_new_session=True, stdout=(args.work / "launcher.log").open("w"),
+                                    stderr=subprocess.STDOUT)  # fmt: skip
+        (args.work / "launcher.pid").write_text(str(launcher.pid))  # not in the state file, which it writes
+        log(f"detached (launcher pid {launcher.pid}): collect with --collect --work {args.work}", t0)
+        return 0
+    started = start_all(args, base, t0)
+    if args.launch_only:
+        return 0
+    return collect(args, started, facts, t0)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from analysis.figures import (
     selection_gap_figure,
 )
 from analysis.html import Section, write_html_report
+from analysis.paper_tables import budget_table, system_task_table
 from analysis.tables import PASS_AT_K, AnalysisTables, load_tables
 
 DEFAULT_OUT = Path("results/analysis")
@@ -47,7 +48,7 @@ def draw_figures(t: AnalysisTables) -> dict[str, Figure]:
         "leaderboard": leaderboard_figure(t.leaderboard, palette, note),
         "scaling": scaling_figure(t.scaling, palette, note),
         "pass_at_k": pass_at_k_figure(t.pass_at_k, palette, note),
-        "selection_gap": selection_gap_figure(t.selection_runs, note),
+        "selection_gap": selection_gap_figure(t.selection_runs, palette, note),
     }
 
 
@@ -98,58 +99,66 @@ def run_analysis(
 
 
 def _sections(t: AnalysisTables, fig: dict[str, Path]) -> list[Section]:
-    board_cols = ["task", "variant", "item_selection", "series", "n", "mean_delta", "ci_low", "ci_high", "interval",
-                  "pooled_low", "pooled_high", "pooled_items", "noise_se", "noise_floor", "within_noise",
-                  "n_mode_breaches", "setting_id"]
-    matrix_cols = ["task", "item_selection", "agent", "driver", "base_model", "budget_s", "mode", "n", "mean_delta",
-                   "ci_low", "ci_high", "noise_floor", "is_best", "is_worst", "within_noise"]
+    board_cols = ["task", "variant", "item_selection", "series", "n", "n_items", "mean_delta", "ci_low", "ci_high",
+                  "p_value", "verdict", "interval", "noise_se", "noise_floor", "within_noise", "n_mode_breaches",
+                  "setting_id"]
+    matrix_cols = ["task", "variant", "item_selection", "evaluator_id", "agent", "driver", "base_model", "protocol",
+                   "budget_s", "mode", "n", "mean_delta", "ci_low", "ci_high", "verdict", "noise_floor", "is_best",
+                   "is_worst", "within_noise", "setting_id"]
     pak = t.pass_at_k[t.pass_at_k["k"].isin(PASS_AT_K)]
-    pak_wide = (pak.pivot_table(index=["task", "variant", "series", "n"], columns="k", values="expected_best_delta")
-                .rename(columns=lambda k: f"pass@{k}").reset_index()) if len(pak) else pak  # fmt: skip
+    pak_wide = (pak.pivot_table(index=["task", "variant", "series", "setting_id", "n"], columns="k",
+                                values="expected_best_delta").rename(columns=lambda k: f"pass@{k}").reset_index()
+                if len(pak) else pak)  # fmt: skip
     excluded = t.exclusion_note
+    interval = ("One 95% interval per setting, over its seeds and the hidden-test items they share (seeds × items; "
+                "one seed: that run's exact paired interval), with its p-value and verdict from the same test; see "
+                "docs/reading-numbers.md. ")
     return [
         Section("Overview", f"{len(t.runs)} runs analysed, {t.runs['task'].nunique()} tasks, "
                 f"{t.runs['agent'].nunique()} agents, {len(t.leaderboard)} settings. A setting is everything but the "
                 "seed: task, variant, item selection, base model, agent, driver, mode, protocol, budget and evaluator "
-                "(decoding included); its n is its number of seeds. Δ = hidden-test score of the final pick − score "
-                f"of the base model on the same items. {excluded}",
+                "(decoding included); every table and figure keys by it, and its n is its number of seeds. Δ = "
+                "hidden-test score of the final pick − score of the base model on the same items: the headline. "
+                f"{excluded}",
                 tables=[("Runs left out of every figure and table, by reason", t.excluded)]),
         *_paper_sections(t),
-        Section("Mode × task", "Mean Δ per cell with its 95% t-interval over seeds; ★ best and ▲ worst mode per task "
-                "within one agent setting; † |Δ| below the noise floor. Colours are scaled per task column. "
-                + excluded,
+        Section("Mode × task", "Mean Δ per cell (one setting) with its 95% interval; ★ best and ▲ worst mode per task "
+                "within one agent setting; † |Δ| below the noise floor. Colour: Δ in units of the noise floor, one "
+                "scale for every cell. " + interval + excluded,
                 tables=[("Mode × task cells", _cols(t.matrix, matrix_cols))],
                 figures=[("Mode × task heatmap", fig["heatmap"])]),
-        Section("Leaderboard", "Mean Δ with a 95% t-interval over seeds (n = 1: no interval) and, where the seeds "
-                "scored the same items, the item-level interval pooled over seeds. noise_se: the base model's "
-                "item-level standard error on these items (binomial, or bootstrap for graded items); noise_floor "
-                "= 2 × noise_se. " + excluded,
+        Section("Leaderboard", interval + "noise_se: the base model's item-level standard error on these items "
+                "(binomial, or bootstrap for graded items); noise_floor = 2 × noise_se. " + excluded,
                 tables=[("Leaderboard", _cols(t.leaderboard, board_cols))],
                 figures=[("Leaderboard", fig["leaderboard"])]),
         Section("One run at a time", "Each run's Δ with a 95% interval from the paired per-item comparison with the "
-                "base model on the same hidden-test items (exact McNemar for right/wrong items, paired bootstrap "
-                "otherwise). `improved` only where the interval excludes 0.",
+                "base model on the same hidden-test items: for right/wrong items the exact McNemar test, and "
+                "Newcombe's interval reaching 0 wherever that test does not reject; for graded items the t-interval "
+                "of the item differences. `improved` only where the interval excludes 0 (exactly where p < 0.05). "
+                + excluded,
                 tables=[("Runs with per-item results", t.run_intervals)]),
-        Section("Scaling", "Best-so-far improvement over the base model on the feedback split (validation under "
-                "`heldout`), against agent time (grading excluded), cumulative LLM tokens and submissions. The base "
-                "model is always a candidate, so a curve starts at 0 and never falls below it; lines are medians "
-                "over seeds, bands the IQR. " + excluded,
+        Section("Scaling", "Best-so-far gain over the base model on the feedback split — validation under `heldout`, "
+                "the test set under `paper`; not the headline, which is the hidden-test Δ of the final pick (◆) — "
+                "against agent time (grading excluded), cumulative LLM tokens and submissions. The base model is "
+                "always a candidate, so a curve starts at 0 and never falls below it; lines are medians over seeds, "
+                "bands the IQR; every axis starts at 0. " + excluded,
                 figures=[("Scaling curves", fig["scaling"])]),
         Section("pass@k", "Expected best Δ among k runs drawn without replacement from the n runs of a setting: "
                 "sort Δ ascending, E[max of k] = Σ_{i=k..n} C(i−1,k−1)/C(n,k)·Δ_(i). " + excluded,
                 tables=[("pass@k", pak_wide)], figures=[("pass@k", fig["pass_at_k"])]),
         Section("Noise floor", "The base model's item-level sampling error per task, item selection and evaluator: "
                 "re-evaluating a greedy evaluator repeats itself, so fresh re-evaluations (k_reevaluations) are only "
-                "counted.", tables=[("Noise floor (test split)", t.noise)]),
+                "counted. " + excluded, tables=[("Noise floor (test split)", t.noise)]),
         Section("Paired comparisons", "Agent level: Δ of agent b minus agent a on runs that agree on everything else "
                 "and the seed, each agent's drivers averaged. Driver level: the same agent with two drivers. "
                 "t-interval over the pairs and a sign-flip randomisation p-value. " + excluded,
                 tables=[("Paired comparisons", t.paired)]),
         Section("Selection gap", "heldout runs: validation gain of the best submission minus the hidden-test gain of "
-                "the final pick. A positive gap is optimism from selecting on validation. " + excluded,
-                tables=[("Selection gap by task and agent", t.selection)],
+                "the final pick, per setting. A positive gap is optimism from selecting on validation. " + excluded,
+                tables=[("Selection gap by setting", t.selection)],
                 figures=[("Selection gap", fig["selection_gap"])]),
-        Section("Routes and failure classes", "Failure classes count every run, the excluded ones included.",
+        Section("Routes and failure classes", "Routes count the submissions of analysed runs, per setting. Failure "
+                "classes count every run, the excluded ones included (column counted_as says which). " + excluded,
                 tables=[("Route labels of submissions", t.routes), ("Failure classes of runs", t.failures)]),
         _drill_down(t),
     ]  # fmt: skip
@@ -157,37 +166,31 @@ def _sections(t: AnalysisTables, fig: dict[str, Path]) -> list[Section]:
 
 def _paper_sections(t: AnalysisTables) -> list[Section]:
     p = t.paper
-    scores = p["system_task_scores"]
-    wide = pd.DataFrame()
-    if len(scores):
-        def system(r: pd.Series) -> str:
-            parts = [r["agent"]] + [str(r[c]) for c in ("driver", "mode") if isinstance(r[c], str) and r[c] != "none"]
-            if isinstance(r["budget_s"], float) and r["budget_s"] == r["budget_s"]:
-                parts.append(f"{r['budget_s']:g} s")
-            return " · ".join(parts + (["paper protocol"] if r["protocol"] == "paper" else []))
-
-        scores = scores.assign(
-            system=scores.apply(system, axis=1),
-            cell=[f"{m:.1f} [{lo:.1f}, {hi:.1f}] n={n}" if hi == hi else f"{m:.1f} (n={n}, no CI)"
-                  for m, lo, hi, n in zip(scores["mean_score"], scores["ci_low"], scores["ci_high"], scores["n"])])
-        wide = scores.pivot_table(index="system", columns="task", values="cell", aggfunc="first").reset_index()
-        order = ["Baseline"] + sorted(s for s in wide["system"] if s != "Baseline")
-        wide = wide.set_index("system").loc[order].reset_index()
-    budget = p["budget_deltas"]
-    if len(budget):
-        budget = budget.assign(budget=budget["budget_fraction"].map(lambda f: f"{f:.0%} of budget"))
+    excluded = t.exclusion_note
     return [
-        Section("Paper tables", "System × task absolute hidden-test scores (mean [95% t-interval] over seeds; the "
-                "Baseline row's interval is its item-level sampling error). " + t.exclusion_note,
-                tables=[("System × task scores", wide), ("System × task scores (long, every setting column)", scores)]),
-        Section("Δ at fixed agent-time budgets", "Best feedback-split gain reached within 25%, 50% and 100% of the "
-                "agent-time budget, from the submission timeline (validation under `heldout`).",
-                tables=[("Δ at 25/50/100% of the budget", budget)]),
-        Section("Cost", "Driver-LLM cost per run and Δ per dollar (mean Δ / mean cost; none for free runs).",
+        Section("Paper tables", "System × task absolute hidden-test scores: each cell is one setting, mean [95% "
+                "interval over seeds and the shared items] n = seeds; the Baseline rows (one per base model) give the "
+                "base model's item-level interval, in 0..100. " + excluded,
+                tables=[("System × task scores", system_task_table(p["system_task_scores"])),
+                        ("System × task scores (long, every setting column)", p["system_task_scores"])]),
+        Section("Δ at fixed agent-time budgets", "Best gain on the feedback split (column split: validation under "
+                "`heldout`) reached within 25%, 50% and 100% of the agent-time budget, from the submission timeline. "
+                "It is floored at 0 (the base model counts as a candidate) and is not the headline: "
+                "headline_delta_test beside it is the hidden-test Δ of the final pick. " + excluded,
+                tables=[("Δ at 25/50/100% of the budget", budget_table(p["budget_deltas"]))]),
+        Section("Cost", "Driver-LLM cost per run and Δ per dollar (mean Δ test / mean cost; none for free runs), per "
+                "setting. " + excluded,
                 tables=[("Cost per run and Δ per dollar", p["run_costs"])]),
-        Section("Final routes and mode breaches", "Which route produced the final pick, per mode, and the submissions "
-                "whose route broke the run's mode.",
-                tables=[("Final-pick route per mode", p["final_routes"]), ("Mode breaches", p["mode_breaches"])]),
+        Section("Final routes and mode breaches", "Which route produced the final pick, per setting, and the "
+                "submissions whose route broke the run's mode (analysed runs only). " + excluded,
+                tables=[("Final-pick route per setting", p["final_routes"]), ("Mode breaches", p["mode_breaches"])]),
+        Section("What RL added (hidden test, post hoc)", "Runs made with `--test-every-submission`: every submission "
+                "was also evaluated on the hidden test after the session (never shown to the agent; the final pick and "
+                "Δ do not use it). RL's share = the last RL checkpoint's hidden-test score − that of the SFT checkpoint "
+                "RL started from (the best SFT submission on validation before the first RL one; stages as the agent "
+                "labelled its submissions), with the paired 95% interval over the same items. The drill-down's "
+                "submissions carry each one's post-hoc score. " + excluded,
+                tables=[("RL's share per run", p["stage_shares"])]),
     ]  # fmt: skip
 
 
@@ -230,12 +233,12 @@ def publish_artifacts(out_dir: Path) -> None:
     """The leaderboard as a table, the notes as markdown, each figure as an image (data URL)."""
     summary = json.loads((out_dir / "summary.json").read_text())
     board = pd.read_csv(out_dir / "tables" / "leaderboard.csv")
-    wanted = ("task", "variant", "item_selection", "series", "n", "mean_delta", "ci_low", "ci_high", "noise_floor",
-              "within_noise")
+    wanted = ("task", "variant", "item_selection", "series", "n", "mean_delta", "ci_low", "ci_high", "p_value",
+              "verdict", "noise_floor", "within_noise")
     cols = [c for c in wanted if c in board]
     rows = board[cols].round(3).astype(object).where(board[cols].notna(), None).to_dict("records")
     create_table_artifact(rows or [{"task": None}], key="analysis-leaderboard",
-                          description="mean Δ test with its 95% t-interval over seeds")
+                          description="mean Δ test with its 95% interval over seeds and shared items")
     lines = [f"# a2rl analysis of `{summary['results']}`", "",
              f"{summary['completed_runs']} runs analysed ({sum(summary['excluded_runs'].values())} excluded); tasks {', '.join(summary['tasks']) or '-'}; "
              f"agents {', '.join(summary['agents']) or '-'}.", "", f"HTML report: `{out_dir / 'report.html'}`", ""]

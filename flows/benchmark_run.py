@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from prefect import flow, get_run_logger
+from prefect.runtime import deployment as prefect_deployment
 from prefect.runtime import flow_run as prefect_flow_run
 from prefect.exceptions import TerminationSignal
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
@@ -27,7 +28,7 @@ from a2rl.grading.service import grading_devices
 from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
 from a2rl.summary.report import last_event, latest_submissions
 from a2rl.run import RunContext, gpu_names, sandbox_for
-from a2rl.run_options import DEFAULT_RESULTS, GRACE_S, resolve_results
+from a2rl.run_options import DEFAULT_RESULTS, GRACE_S, resolve_results, run_results
 from tasks.preflight import check_run
 from a2rl.ops.gpu_slots import hold_gpu_slot
 from a2rl.isolation.procs import end_earlier_attempts
@@ -39,9 +40,11 @@ from benchmarks import get_task
 from blocks import resolve_driver
 from tasks.summary_steps import (
     AgentDidNotStart,
+    LedgerTampered,
     completed_before,
     did_not_start,
     log_traceback,
+    output_matcher,
     record_failure,
     write_summary,
 )
@@ -49,11 +52,14 @@ from tasks.run_steps import (
     base_model_step,
     build_workspace_step,
     evaluate_baseline,
+    evaluate_every_submission,
     evaluate_final,
     ledger_of,
     open_run,
     prepare_base_model,
+    prune_snapshots,
     prepare_task_data,
+    record_attempt,
     record_evaluation,
 )
 
@@ -155,7 +161,7 @@ def agent_session(
         )
         with ClockRecorder(clock, clock_file), snapshots.periodic(300), sampler:
             outcome = run_agent(agent, env, clock, ctx.paths.harness_dir / "agent.log", grace_s=grace_s,
-                                sandbox=policy)
+                                sandbox=policy, log_matcher=output_matcher(ctx))
             service.close()
     outcome.agent_seconds = round(clock.elapsed(), 3)
     service.record_event("session-end", **outcome.model_dump(), grading_seconds=round(service.grading_seconds, 3))
@@ -173,9 +179,15 @@ def end_earlier_attempt(ctx: RunContext) -> None:
 
 @flow(name="final-grading")
 def final_grading(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
-    """Evaluate the final pick on the hidden test set (admin action: not on the agent's API)."""
+    """Evaluate the final pick on the hidden test set (admin action: not on the agent's API); with
+    `test_every_submission`, then every scored submission too, for analysis only."""
     entry = evaluate_final(ctx, base_model_dir)
-    get_run_logger().info("final hidden-test score %.2f (submission %s)", entry.score or 0.0, entry.submission_id)
+    logger = get_run_logger()
+    logger.info("final hidden-test score %.2f (submission %s)", entry.score or 0.0, entry.submission_id)
+    if ctx.config.test_every_submission:
+        for e in evaluate_every_submission(ctx):
+            logger.info("submission %s on the hidden test (analysis only): %.2f", e.submission_id, e.score or 0.0)
+    prune_snapshots(ctx)
     return entry
 
 
@@ -183,6 +195,8 @@ def final_grading(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
 def summarize_run(ctx: RunContext, status: RunStatus, phase_seconds: dict[str, float]) -> RunSummary:
     """Write the report and final results row, and publish them as Prefect artifacts."""
     summary, report = write_summary(ctx, status, phase_seconds)
+    if summary.error and summary.error.startswith("ledger integrity"):
+        raise LedgerTampered(summary.error)
     create_markdown_artifact(report.read_text(), key=_artifact_key(ctx.run_id), description="a2rl run report")
     entries = ledger_of(ctx).entries()
     create_table_artifact(
@@ -228,6 +242,7 @@ def benchmark_run(
     max_workspace_bytes: int = DEFAULTS.max_workspace_bytes,
     grading_workers: int = DEFAULTS.grading_workers,
     max_checkpoint_bytes: int = DEFAULTS.max_checkpoint_bytes,
+    test_every_submission: bool = DEFAULTS.test_every_submission,
 ) -> RunSummary:
     """One benchmark run: (task, variant, agent, mode, base model, seed, budget) → scores, report, DuckDB rows.
 
@@ -237,7 +252,9 @@ def benchmark_run(
     `harness/run.log`, the phase reached to `harness/progress.json`."""
     given = locals()
     config = RunConfig(**{name: given[name] for name in RunConfig.model_fields})
-    results = resolve_results(results)
+    results, elsewhere = run_results(results, deployed=prefect_deployment.get_id() is not None)
+    if elsewhere:
+        get_run_logger().info("results go to %s", elsewhere)
     runs_dir = resolve_results(runs_dir) if runs_dir else results.parent / "runs"
     if (done := completed_before(config, results, runs_dir, prefect_flow_run.get_id())) is not None:
         get_run_logger().warning("run %s had already completed: a retry changes nothing (its row, report and "
@@ -260,6 +277,7 @@ def benchmark_run(
             t = time.perf_counter()
             progress.update(phase=phase)
             end_earlier_attempt(ctx)  # one attempt at a time: before anything else of this one
+            record_attempt(ctx)  # a retry says where it runs, and whether it starts the run over
             # What the CLI checked, again for runs started elsewhere (deployments, sweeps); nothing slow.
             check_run(config, results, runs_dir, probe=False)
             phases[phase] = time.perf_counter() - t

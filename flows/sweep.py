@@ -93,6 +93,22 @@ def completed_hashes(results: Path) -> set[str]:
     return set(df["config_hash"])
 
 
+def merge_hosts(results: Path, patterns: list[str], when: str) -> None:
+    """Merge the host stores the patterns name into the sweep's store (`a2rl.store.merge`), so the skip check and
+    the analysis see every host's runs. A refused run directory is a warning: it must not stop the sweep."""
+    from a2rl.store.merge import expand_sources, merge_stores
+
+    logger = get_run_logger()
+    sources = expand_sources([str(resolve_results(p)) for p in patterns], results)
+    if not sources:
+        logger.info("merge %s: no host store matches %s", when, patterns)
+        return
+    report = merge_stores(results, sources)
+    logger.info("merge %s: %s", when, report.summary())
+    for o in report.refused:
+        logger.warning("merge refused %s from %s: %s", o.run_id, o.source, o.detail)
+
+
 def plan_sweep(configs: list[RunConfig], done: set[str], force: bool, results: Path | str,
                runs_dir: Path | str | None, grace_s: float) -> list[SweepItem]:  # fmt: skip
     items = []
@@ -259,6 +275,7 @@ def sweep(
     max_workspace_bytes: int = DEFAULTS.max_workspace_bytes,
     grading_workers: int = DEFAULTS.grading_workers,
     max_checkpoint_bytes: int = DEFAULTS.max_checkpoint_bytes,
+    test_every_submission: bool = DEFAULTS.test_every_submission,
     grace_s: float = GRACE_S,
     local: bool = False,
     force: bool = False,
@@ -268,6 +285,7 @@ def sweep(
     wait: bool = True,
     poll_s: float = 5.0,
     watch_timeout_s: float | None = None,
+    merge_from: list[str] | None = None,
 ) -> list[SweepItem]:
     """Run the matrix tasks × agents × drivers × modes × seeds; skip completed configurations unless `force`.
 
@@ -279,6 +297,9 @@ def sweep(
         job_variables: per-run infrastructure overrides for the deployment (e.g. {"env": {...}}).
         watch_timeout_s: stop following after this long (the runs go on, the sweep fails saying so); None =
             a bound from the matrix: each run's budget three times over plus an hour, per run.
+        merge_from: host stores (paths or glob patterns; relative ones from the repository root) merged into
+            `results` before planning and after the runs end, when runs write their hosts' own stores
+            (A2RL_HOST_RESULTS; docs/scale-out.md).
     """
     logger = get_run_logger()
     # Every RunConfig field that is not an axis of the matrix is a parameter of this flow of the same name.
@@ -289,6 +310,8 @@ def sweep(
         modes or [DEFAULTS.mode], seeds or [DEFAULTS.seed], **common,
     )  # fmt: skip
     results = resolve_results(results)
+    if merge_from:
+        merge_hosts(results, merge_from, "before planning")
     items = plan_sweep(configs, completed_hashes(Path(results)), force, results, runs_dir, grace_s)
     planned = [i for i in items if i.status == "planned"]
     logger.info("sweep of %d configuration(s): %d to run, %d already completed", len(items), len(planned),
@@ -304,6 +327,8 @@ def sweep(
                 if watch_timeout_s is None:
                     watch_timeout_s = len(planned) * (3 * budget_s + 3600)
                 watch_runs(planned, poll_s, watch_timeout_s)
+                if merge_from:
+                    merge_hosts(results, merge_from, "after the runs")
     create_table_artifact(
         [{"run": i.label, "config_hash": i.config.config_hash(), "status": i.status, "state": i.state,
           "flow_run_id": i.flow_run_id, "detail": i.detail} for i in items],

@@ -18,7 +18,7 @@ from a2rl.base_models.registry import resolve_base_model
 from a2rl.base_models.hashing import weights_hash
 from a2rl.records import EvalResult, LedgerEntry, RunConfig
 from a2rl.summary.report import baseline_scores, best_submission, latest_submissions
-from a2rl.run import RunContext, make_run_id, write_manifest
+from a2rl.run import RunContext, host_name, make_run_id, write_manifest
 from a2rl.store.results import ResultsStore
 from a2rl.workspace import RunPaths, build_workspace, render_instructions
 from agents import get_agent
@@ -66,6 +66,26 @@ def open_run(config: RunConfig, results_path: Path, runs_dir: Path) -> RunContex
     write_manifest(ctx)
     ResultsStore(ctx.results_path).start_run(run_id, config, str(ctx.paths.harness_dir), ctx.variant_label)
     return ctx
+
+
+def record_attempt(ctx: RunContext) -> None:
+    """A retried flow run records in the ledger which attempt this is, on which host, and whether it goes on with
+    this run directory or starts the run over: a retry on a host that never saw the run (its first host died, with
+    the run directory) starts it over under the same run id, and says so. First attempts record nothing."""
+    attempt = flow_run.get_run_count() or 1
+    if attempt <= 1:
+        return
+    ledger = ledger_of(ctx)
+    starts_over = not ledger.entries()
+    detail = {"event": "attempt", "attempt": attempt, "host": host_name(), "starts_over": starts_over}
+    entry = ledger.append(run_id=ctx.run_id, kind="event", detail=detail)
+    ResultsStore(ctx.results_path).record_event(ctx.run_id, entry.seq, "attempt", detail, at=entry.at)
+    run_logger().warning(
+        "attempt %d of run %s on host %s: %s", attempt, ctx.run_id, detail["host"],
+        "starts the run over (no earlier attempt left a ledger entry here: it ran on another host, or died early)"
+        if starts_over
+        else "goes on with this host's run directory",
+    )  # fmt: skip
 
 
 @task(name="prepare-task-data", cache_policy=NO_CACHE)
@@ -199,8 +219,47 @@ def evaluate_final(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
         eval_seconds=round(result.duration_s, 3), detail={"selection": selection},
     )  # fmt: skip
     record_evaluation(ResultsStore(ctx.results_path), ctx, entry, result)
-    _prune_snapshots(ctx, keep=pick.submission_id if pick else None)
     return entry
+
+
+@task(name="evaluate-every-submission", cache_policy=NO_CACHE)
+def evaluate_every_submission(ctx: RunContext) -> list[LedgerEntry]:
+    """Every scored submission on the hidden test set, after the session and for analysis only (kind `posthoc`:
+    the test curve, what each training stage added). The final pick and the headline stay as they are; the
+    agent's session is over, so nothing of this reaches it. Resumable: submissions already done are skipped,
+    and the final pick's own evaluation comes from the cache."""
+    ledger = ledger_of(ctx)
+    entries = ledger.entries()
+    if ctx.config.protocol == "paper":
+        return []  # every submission was scored on the test set already
+    done = {e.submission_id for e in entries if e.kind == "posthoc"}
+    spec = EvalSpec.for_run(ctx.config, "test", get_task(ctx.config.task))
+    store, out = ResultsStore(ctx.results_path), []
+    for sub in latest_submissions(entries):
+        if sub.status != "scored" or sub.submission_id in done or not sub.resolved_path:
+            continue
+        result = evaluate_cached(Path(sub.resolved_path), sub.weights_hash, spec)
+        entry = ledger.append(
+            run_id=ctx.run_id, kind="posthoc", split="test", status="scored", score=result.score,
+            submission_id=sub.submission_id, model_path=sub.model_path, resolved_path=sub.resolved_path,
+            weights_hash=sub.weights_hash, cached=result.cached, eval_seconds=round(result.duration_s, 3),
+            detail={"purpose": "analysis only", **({"stage": sub.detail["stage"]} if sub.detail.get("stage") else {})},
+        )  # fmt: skip
+        record_evaluation(store, ctx, entry, result)
+        out.append(entry)
+    return out
+
+
+@task(name="prune-snapshots", cache_policy=NO_CACHE)
+def prune_snapshots(ctx: RunContext) -> None:
+    """Graded snapshots are only needed until the final (and post-hoc) evaluations; the final pick's stays for
+    audit."""
+    final = next((e for e in ledger_of(ctx).entries() if e.kind == "final"), None)
+    keep = final.submission_id if final else None
+    root = ctx.paths.harness_dir / "snapshots"
+    for snap in root.glob("s*") if root.exists() else []:
+        if snap.name != f"s{keep}":
+            shutil.rmtree(snap, ignore_errors=True)
 
 
 def final_pick(entries: list[LedgerEntry]) -> tuple[LedgerEntry | None, str]:
@@ -212,9 +271,3 @@ def final_pick(entries: list[LedgerEntry]) -> tuple[LedgerEntry | None, str]:
     return best, "best on validation" if best else "no scored submission: base model"
 
 
-def _prune_snapshots(ctx: RunContext, keep: int | None) -> None:
-    """Graded snapshots are only needed until the final evaluation; keep the final pick's for audit."""
-    root = ctx.paths.harness_dir / "snapshots"
-    for snap in root.glob("s*") if root.exists() else []:
-        if snap.name != f"s{keep}":
-            shutil.rmtree(snap, ignore_errors=True)

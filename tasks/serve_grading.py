@@ -17,6 +17,7 @@ from a2rl.grading.clock import BudgetClock
 from a2rl.grading.server import GradingServer
 from a2rl.grading.service import GradingContext, GradingService, grading_devices
 from a2rl.records import RunConfig
+from a2rl.store.results import ResultsStore
 from benchmarks import get_task
 
 
@@ -31,12 +32,17 @@ def main(argv: list[str] | None = None) -> None:
                              "render every prompt (a submission's own are never used)")  # fmt: skip
     parser.add_argument("--token-file", type=Path, required=True, help="file holding the bearer token")
     parser.add_argument("--port-file", type=Path, required=True, help="the chosen port is written here")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="the run's results store: every ledger entry's head is anchored there (without it, "
+                             "what this process appends cannot be verified, and the run's summary withholds its "
+                             "numbers)")  # fmt: skip
     args = parser.parse_args(argv)
 
     config = RunConfig.model_validate_json(args.config.read_text())
+    anchor = ResultsStore(args.results).ledger_anchor(args.run_id) if args.results else None
     ctx = GradingContext(args.run_id, config, args.workspace, args.harness_dir,
                          base_model_dir=args.base_model_dir, devices=grading_devices(config.grading_workers),
-                         task=get_task(config.task))
+                         ledger_anchor=anchor, task=get_task(config.task))
     service = GradingService(ctx, BudgetClock(config.budget_s))
     service.clock.start()
     stop = threading.Event()

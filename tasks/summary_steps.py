@@ -9,7 +9,8 @@ import logging
 import traceback
 from pathlib import Path
 
-from a2rl.isolation.leak_audit import LeakReport, audit_run
+from a2rl.isolation.leak_audit import LeakReport, audit_run, hidden_texts, leak_metrics
+from a2rl.ngrams import StreamMatcher
 from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
 from a2rl.recording.calls import read_llm_calls
 from a2rl.recording.snapshots import CodeSnapshots
@@ -17,7 +18,9 @@ from a2rl.run import RunContext, make_run_id
 from a2rl.store.ingest import store_process_report
 from a2rl.store.results import ResultsStore
 from a2rl.summary.process import render_process_markdown, summarize_process
-from a2rl.summary.report import build_summary, last_event, run_notes, write_report
+from a2rl.summary.report import build_summary, last_event, ledger_integrity, run_notes, withheld, write_report
+from a2rl.summary.stages import render_markdown as render_stages
+from a2rl.summary.stages import run_stage_share, submission_tests
 from a2rl.workspace import RunPaths
 from agents import SessionOutcome, agent_class
 from analysis.run_figure import score_trajectory_png
@@ -25,17 +28,34 @@ from benchmarks import get_task
 from tasks.run_steps import ledger_of
 
 
+def hidden_items(ctx: RunContext) -> list[dict]:
+    """The task's hidden validation and test items: what the agent must never have held."""
+    bench, variant = get_task(ctx.config.task), ctx.config.variant
+    return [item for split in ("validation", "test") for item in bench.load_split(variant, split)]
+
+
 def leak_audit(ctx: RunContext) -> LeakReport:
     """No hidden validation or test item may appear in what the agent wrote or said (long n-gram overlap)."""
-    bench, variant = get_task(ctx.config.task), ctx.config.variant
-    return audit_run(ctx.paths, [item for split in ("validation", "test") for item in bench.load_split(variant, split)])
+    return audit_run(ctx.paths, hidden_items(ctx))
+
+
+def output_matcher(ctx: RunContext) -> StreamMatcher:
+    """The search the agent's output passes through while it is written (the leak audit's matching)."""
+    return StreamMatcher(hidden_texts(hidden_items(ctx)))
 
 
 def write_summary(
     ctx: RunContext, status: RunStatus, phase_seconds: dict[str, float], error: str | None = None
 ) -> tuple[RunSummary, Path]:
     """Summary from the ledger's raw scores → report.md / report.json and the final DuckDB row.
-    Plain function: it must also work when the run is going down and Prefect's API is gone."""
+    Plain function: it must also work when the run is going down and Prefect's API is gone.
+
+    The ledger is checked against the head the results store anchored before any number is written: a ledger
+    edited, cut or extended since (`ledger_integrity`) gives a row marked failed with the reason and no number,
+    and a report that says why (`withheld`); the caller raises on it (`LedgerTampered`)."""
+    integrity = ledger_integrity(ctx)
+    if integrity["tampered"]:
+        return withhold_summary(ctx, status, phase_seconds, integrity)
     entries = ledger_of(ctx).entries()
     session_end = last_event(entries, "session-end")
     detail = session_end.detail if session_end else {}
@@ -48,11 +68,13 @@ def write_summary(
     draw_trajectory(entries, ctx.paths.harness_dir)
     start = last_event(entries, "session-start")
     notes = run_notes(ctx, detail) + [f"Sandbox: {start.detail.get('sandbox', 'n/a') if start else 'no session'}."]
-    notes.append(
-        f"Leak audit: {leaks.leaked_items} of {leaks.n_hidden_items} hidden validation/test items found in the "
-        f"workspace or transcripts (harness/leak_audit.json)."
-    )
-    report = write_report(ctx, summary, entries, notes)
+    notes.append(leaks.summary_line())
+    share = run_stage_share(entries, ctx.paths.harness_dir)
+    report = write_report(
+        ctx, summary, entries, notes, integrity, sections=render_stages(entries, ctx.paths.harness_dir),
+        extra={"submission_tests": [t.model_dump() for t in submission_tests(entries) if t.test is not None],
+               "stage_share": share.model_dump() if share else None},
+    )  # fmt: skip
     store = ResultsStore(ctx.results_path)
     # Process metrics, route labels and the failure class sit beside the scores, in the report and the store.
     process = summarize_process(
@@ -65,8 +87,26 @@ def write_summary(
     # One connection and one transaction for the run's summary rows; the final status last inside it, so a run
     # whose summary step breaks never reads `completed`.
     with store.batch():
-        store.record_metrics(ctx.run_id, {"leaked_items": leaks.leaked_items})
+        store.record_metrics(ctx.run_id, leak_metrics(leaks))
         store_process_report(store, process, ctx.paths.harness_dir)
+        store.finish_run(summary)
+    return summary, report
+
+
+class LedgerTampered(RuntimeError):
+    """The run's ledger does not end where the results store anchored it: its numbers are not reported."""
+
+
+def withhold_summary(ctx: RunContext, status: RunStatus, phase_seconds: dict[str, float],
+                     integrity: dict) -> tuple[RunSummary, Path]:  # fmt: skip
+    """The record of a run whose ledger does not verify: the row marked failed with the reason, no number."""
+    reason = "; ".join(integrity["problems"])
+    summary = withheld(build_summary(ctx, [], status, phase_seconds), reason)
+    report = write_report(ctx, summary, [], [f"The ledger was changed after the harness wrote it ({reason}): "
+                                             "this run's scores are not reported."], integrity)  # fmt: skip
+    store = ResultsStore(ctx.results_path)
+    with store.batch():
+        store.record_metrics(ctx.run_id, {"failure_class": "ledger tampered", "failure_reason": reason})
         store.finish_run(summary)
     return summary, report
 
@@ -126,7 +166,7 @@ def record_failure(ctx: RunContext, status: RunStatus, phases: dict[str, float],
         log_traceback(run_log, "recording the failure failed as well")
         error = f"{error}; then, while recording it: {type(again).__name__}: {' '.join(str(again).split())}"
     try:
-        entries = ledger_of(ctx).entries()
+        entries = [] if ledger_integrity(ctx)["tampered"] else ledger_of(ctx).entries()
     except Exception:  # a damaged ledger must not keep the row `running`
         entries = []
     summary = build_summary(ctx, entries, status, phases, error=error)

@@ -61,6 +61,10 @@ ATTEMPTS = (
 """The attempts of a full session, in order."""
 QUOTA_ATTEMPT = "fill_disk_many_files"
 """Run alone (`--only`): the shim stops the whole sandbox when it works."""
+FLOOD_ATTEMPT = "flood_output_then_leak"
+"""Run alone (`--only`): 60 MiB of output, the hidden item, 20 MiB more; judged from outside (log, audit)."""
+SPARSE_ATTEMPT = "sparse_file_past_the_quota"
+"""Run alone (`--only`): a 4 GiB sparse file in a workspace whose quota is far smaller."""
 
 HOST_MARKERS = ("pytest", "uvicorn", "prefect", "a2rl/isolation/sandbox.py", "a2rl-tests")
 
@@ -442,6 +446,28 @@ class Hostile:
             written, n = written + (16 << 20), n + 1
             self.log({"attempt": QUOTA_ATTEMPT, "progress_bytes": written})
         return False, f"wrote {written >> 20} MiB in {n} files and was never stopped"
+
+    def flood_output_then_leak(self):
+        """Print fast enough to fill the harness disk, with a hidden item where a capped log would drop it."""
+        import sys
+
+        junk = (b"training step loss 0.123 " * 40 + b"\n") * 1000  # ~1 MiB
+        out = sys.stdout.buffer
+        for _ in range(60):
+            out.write(junk)
+        out.write(f"\nWhat is {self.a.canary}?\n".encode())
+        for _ in range(20):
+            out.write(junk)
+        out.flush()
+        return True, "printed 80 MiB with the hidden item after the first 60"
+
+    def sparse_file_past_the_quota(self):
+        """A file of 4 GiB apparent size that occupies a few KiB: any copy of it is 4 GiB."""
+        with open(self.ws / "output" / "sparse.bin", "wb") as f:
+            f.truncate(4 << 30)
+            f.write(b"x")
+        time.sleep(10)  # the quota check runs every fraction of a second: it must stop us here
+        return False, "a 4 GiB sparse file stayed in the workspace for 10 s"
 
     def survive_budget(self):
         if os.fork() == 0:

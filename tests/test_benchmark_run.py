@@ -163,3 +163,55 @@ def test_alpacaeval_run_end_to_end_with_a_judge_endpoint(prefect_harness, tiny_m
     # Per-item outputs and the split-level judge figures stay in the harness dir, outside the workspace.
     for path in (tmp_path / "runs" / summary.run_id / "harness" / "evaluations").glob("*.json"):
         assert {"win_rate", "lc_win_rate", "n_no_verdict"} <= json.loads(path.read_text())["detail"].keys()
+
+
+def test_every_submission_on_the_hidden_test_after_the_session(prefect_harness, tiny_model_dir, tmp_path,
+                                                               monkeypatch):  # fmt: skip
+    """`test_every_submission`: after the session each scored submission is also evaluated on the hidden test,
+    recorded apart (ledger kind `posthoc`, evaluations of kind `posthoc`) and grouped by the agent's stage label
+    (SFT, then GRPO here); the final pick and Δ are those of the ordinary run, and nothing of it happened while
+    the agent could ask."""
+    from flows.benchmark_run import benchmark_run
+
+    knobs = {"A2RL_SFT_MAX_STEPS": "2", "A2RL_SFT_BATCH_SIZE": "2", "A2RL_SFT_LR": "1e-3", "A2RL_SFT_ROUND_S": "12",
+             "A2RL_SFT_MAX_LENGTH": "4096", "A2RL_SFT_MAX_ROUNDS": "1", "A2RL_GRPO_MAX_STEPS": "1",
+             "A2RL_GRPO_GOALS_PER_STEP": "2", "A2RL_GRPO_NUM_GENERATIONS": "2", "A2RL_GRPO_MAX_EPISODE_STEPS": "2",
+             "A2RL_GRPO_ROUND_S": "12"}  # fmt: skip
+    for k, v in knobs.items():
+        monkeypatch.setenv(k, v)
+    results = tmp_path / "results.duckdb"
+    summary = benchmark_run(task="alfworld", agent="reference-sft-grpo", base_model=str(tiny_model_dir), budget_s=90,
+                            results=results, val_limit=2, test_limit=3, max_submissions=2, grace_s=5,
+                            test_every_submission=True)  # fmt: skip
+    assert summary.status == "completed", summary.error
+    harness = tmp_path / "runs" / summary.run_id / "harness"
+    entries = read_ledger(harness / "ledger.jsonl")
+    subs = {e.submission_id: e for e in entries if e.kind == "submission" and e.status == "scored"}
+    assert [subs[k].detail.get("stage") for k in sorted(subs)] == ["SFT", "GRPO"]
+    posthoc = [e for e in entries if e.kind == "posthoc"]
+    assert sorted(e.submission_id for e in posthoc) == sorted(subs) and all(e.split == "test" for e in posthoc)
+    session_end = next(e.seq for e in entries if e.kind == "event" and e.detail.get("event") == "session-end")
+    assert all(e.seq > session_end for e in posthoc)  # after the agent's session: never seen by the agent
+    final = next(e for e in entries if e.kind == "final")
+    assert next(e.score for e in posthoc if e.submission_id == final.submission_id) == final.score
+    assert summary.final_test == final.score  # the headline is the ordinary final pick's
+    with duckdb.connect(str(results), read_only=True) as con:
+        rows = con.execute("SELECT submission_id, stage, test_score, is_final_pick FROM submission_tests "
+                           "WHERE run_id = ? ORDER BY submission_id", [summary.run_id]).fetchall()  # fmt: skip
+        share = con.execute("SELECT value FROM metrics WHERE run_id = ? AND name = 'rl_share'",
+                            [summary.run_id]).fetchone()  # fmt: skip
+    assert [(r[0], r[1]) for r in rows] == [(1, "SFT"), (2, "GRPO")] and all(r[2] is not None for r in rows)
+    assert [r[3] for r in rows] == [k == final.submission_id for k in (1, 2)]
+    assert share is not None and share[0] == pytest.approx(rows[1][2] - rows[0][2])
+    report = (harness / "report.md").read_text()
+    assert "Every submission on the hidden test (analysis only)" in report and "RL's share" in report
+    assert json.loads((harness / "report.json").read_text())["stage_share"]["rl_submission"] == 2
+    # The analysis: the paper tables' RL section and the drill-down's post-hoc scores.
+    from flows.analysis_flow import run_analysis
+
+    with duckdb.connect(str(results), read_only=True) as con:
+        shares = con.execute("SELECT run_id, rl_share, n_items FROM stage_shares").fetchall()
+    assert shares == [(summary.run_id, pytest.approx(share[0]), 3)]
+    run_analysis(results, tmp_path / "analysis")
+    html = (tmp_path / "analysis" / "report.html").read_text()
+    assert "What RL added (hidden test, post hoc)" in html and "hidden_test_posthoc" in html

@@ -62,7 +62,7 @@ def test_cost_uses_all_four_prices():
 
 def test_registry():
     assert list_agents() == ["claude-code", "claude-tools", "codex", "gemini", "opencode", "openhands",
-                             "reference-grpo", "reference-sft", "reference-sft-grpo"]  # fmt: skip
+                             "reference-grpo", "reference-sft", "reference-sft-gigpo", "reference-sft-grpo"]  # fmt: skip
     assert uses_llm("codex") and not uses_llm("reference-grpo")
     with pytest.raises(KeyError, match="known agents"):
         get_agent("gpt-agent")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import a2rl.inference.generation as generation
-from a2rl.inference.decode_engine import GreedyDecoder, unsupported_reason
-from a2rl.inference.generation import LoadedModel, _generate_batch, _shared_prefix, generate, load_model
+from a2rl.inference.decode_engine import Decoder, shared_prefix, unsupported_reason
+from a2rl.inference.generation import LoadedModel, _generate_batch, generate, load_model
 from tests.tiny_model import tiny_questions
 
 MAX_NEW = 40
@@ -42,7 +42,7 @@ def test_engine_tokens_equal_generate_with_left_padding(tiny: LoadedModel, conve
     assert len({len(r) for r in rows}) > 3  # really different lengths → different left padding
     options = {"max_new_tokens": MAX_NEW, "do_sample": False, "pad_token_id": tok.pad_token_id}
     free = _generate_batch(tiny.model, tok, prompts, options)
-    decoder = GreedyDecoder(tiny.model, use_graph=True, chunk=5)  # use_graph is ignored off CUDA
+    decoder = Decoder(tiny.model, use_graph=True, chunk=5)  # use_graph is ignored off CUDA
     assert not decoder.use_graph
     assert decoder.decode(rows, MAX_NEW, lambda t: False, tok.pad_token_id) == free
     # An end token that some rows produce mid-way: those rows end early and generate pads them.
@@ -85,10 +85,10 @@ def test_no_shared_prefix_on_cpu_uses_plain_generate(tiny: LoadedModel, conversa
 
 
 def test_shared_prefix_leaves_every_prompt_a_token() -> None:
-    assert _shared_prefix([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3, 4, 6]]) == [1, 2, 3]
-    assert _shared_prefix([[1, 2, 3], [1, 2, 3]]) == [1, 2]
-    assert _shared_prefix([[1, 2, 3]]) == []
-    assert _shared_prefix([[7, 1], [8, 1]]) == []
+    assert shared_prefix([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3, 4, 6]]) == [1, 2, 3]
+    assert shared_prefix([[1, 2, 3], [1, 2, 3]]) == [1, 2]
+    assert shared_prefix([[1, 2, 3]]) == []
+    assert shared_prefix([[7, 1], [8, 1]]) == []
 
 
 def test_engine_failure_falls_back_to_generate(tiny_model_dir: Path, with_system, monkeypatch, caplog) -> None:
@@ -98,7 +98,7 @@ def test_engine_failure_falls_back_to_generate(tiny_model_dir: Path, with_system
     def broken(self, *args, **kwargs):
         raise RuntimeError("injected fault")
 
-    monkeypatch.setattr(GreedyDecoder, "_prefill", broken)
+    monkeypatch.setattr(Decoder, "_prefill", broken)
     with caplog.at_level(logging.WARNING, logger="a2rl.inference.generation"):
         out = generate(model, with_system[:4], max_new_tokens=8, engine="static")
     assert out.completions == reference.completions
@@ -162,7 +162,7 @@ def test_graph_engine_equals_generate_on_cuda(tiny_model_dir: Path, conversation
     rows = tok(prompts, add_special_tokens=False)["input_ids"]
     options = {"max_new_tokens": MAX_NEW, "do_sample": False, "pad_token_id": tok.pad_token_id}
     reference = _generate_batch(cuda.model, tok, prompts, options)
-    decoder = GreedyDecoder(cuda.model, use_graph=True, chunk=8)
+    decoder = Decoder(cuda.model, use_graph=True, chunk=8)
     assert decoder.decode(rows, MAX_NEW, lambda t: False, tok.pad_token_id) == reference
     assert decoder.graphs_captured == 1
     assert decoder.decode(rows, MAX_NEW, lambda t: False, tok.pad_token_id) == reference  # graph replayed

@@ -89,6 +89,12 @@ def _break(ckpt: Path, how: str) -> None:
         cfg = json.loads((ckpt / "config.json").read_text())
         cfg["vocab_size"] += 7
         (ckpt / "config.json").write_text(json.dumps(cfg))
+    elif how.startswith("inflated-"):  # small weights, a config that builds a huge model (issue 24)
+        cfg = json.loads((ckpt / "config.json").read_text())
+        cfg.update({"inflated-hidden": {"hidden_size": 2**20}, "inflated-layers": {"num_hidden_layers": 10**6},
+                    "inflated-ffn": {"intermediate_size": 2**19}, "inflated-heads": {"num_attention_heads": 4096,
+                    "head_dim": 4096}}[how])  # fmt: skip
+        (ckpt / "config.json").write_text(json.dumps(cfg))
     elif how == "symlinked-file":  # dangles in the agent's sandbox, resolves on the grader's host
         (ckpt / "tokenizer.json").unlink()
         (ckpt / "tokenizer.json").symlink_to("/etc/hostname")
@@ -117,6 +123,10 @@ def _break(ckpt: Path, how: str) -> None:
         ("other-vocab", "vocab_size"),
         ("bad-config-json", "not valid JSON"),
         ("symlinked-file", "symbolic links"),
+        ("inflated-hidden", "config.json"),
+        ("inflated-layers", "config.json"),
+        ("inflated-ffn", "config.json"),
+        ("inflated-heads", "config.json"),
     ],
 )
 def test_bad_checkpoints_get_a_clear_400_and_cost_nothing(tmp_path, workspace, tiny_model_dir, how, message):

@@ -35,9 +35,9 @@ def _sub(ledger: Ledger, sid: int, at: float, whash: str, outcome: dict) -> None
     ledger.append(**fields, **outcome)
 
 
-def build_ledger(harness: Path, final_score: float = 14.0) -> list[LedgerEntry]:
+def build_ledger(harness: Path, final_score: float = 14.0, anchor=None) -> list[LedgerEntry]:
     """Baseline 10 (val) / 12 (test); submissions: a base copy, an error, 8, 15, and 15 again (cached)."""
-    ledger = Ledger(harness / "ledger.jsonl")
+    ledger = Ledger(harness / "ledger.jsonl", anchor=anchor)
     for split, score in (("validation", 10.0), ("test", 12.0)):
         ledger.append(kind="baseline", run_id=RUN, split=split, status="scored", score=score, weights_hash="base")
     ledger.append(kind="event", run_id=RUN, detail={"event": "session-start"})
@@ -255,11 +255,11 @@ def test_a_failing_narrative_call_leaves_the_facts_standing(entries, tmp_path: P
     assert "written from the facts, no LLM" in (tmp_path / "harness" / "narrative.md").read_text()
 
 
-def _run_dir(tmp_path: Path) -> Path:
+def _run_dir(tmp_path: Path, store: ResultsStore) -> Path:
     run_dir = tmp_path / RUN
     harness = run_dir / "harness"
     harness.mkdir(parents=True)
-    build_ledger(harness)
+    build_ledger(harness, anchor=store.ledger_anchor(RUN))  # as the harness writes it: every head anchored
     (harness / "manifest.json").write_text(json.dumps({"run_id": RUN, "config": CONFIG.model_dump(mode="json")}))
     snaps = CodeSnapshots(harness, run_dir / "workspace" / "code")
     for sid in range(1, 6):
@@ -288,7 +288,7 @@ def _dump(store: ResultsStore) -> dict:
 def test_reingesting_a_run_changes_nothing(tmp_path: Path, monkeypatch):
     monkeypatch.setitem(sys.modules, "a2rl.summary.routes", None)
     store = ResultsStore(tmp_path / "results.duckdb")
-    run_dir = _run_dir(tmp_path)
+    run_dir = _run_dir(tmp_path, store)
     first = ingest_run_dir(store, run_dir)
     before = _dump(store)
     ingest_run_dir(store, run_dir)

@@ -68,6 +68,53 @@ def test_train_grpo_runs_real_steps_and_writes_a_merged_lora_checkpoint(tiny_mod
     assert max_weight_change(tiny_model_dir, out) > 0
 
 
+def test_train_grpo_samples_through_the_decode_engine_on_a_lora_policy(tiny_model_dir, train_jsonl, tmp_path):
+    """`--rollouts engine` (on CUDA the default): TRL's completions come from the decode engine on a bf16 copy of
+    the policy with its LoRA merged in, synced before every generation; training and the merged checkpoint are
+    as with `generate`."""
+    out = tmp_path / "output" / "v1"
+    out.parent.mkdir()
+    cmd = [sys.executable, str(TRAIN_GRPO), "--init", str(tiny_model_dir), "--out", str(out), "--data", str(train_jsonl),
+           "--max-steps", "2", "--batch-size", "32", "--num-generations", "8", "--max-completion-length", "32",
+           "--temperature", "1.5", "--lr", "1e-2", "--lora", "--lora-r", "4", "--lora-alpha", "8",
+           "--time-limit", "60", "--seed", "0", "--rollouts", "engine"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "decode engine failed" not in proc.stderr
+    summary = sft_agent.parse_summary(proc.stdout.splitlines())
+    assert summary["steps"] == 2 and summary["engine_generations"] == 2
+    assert summary["correct_mean"] > 0  # 64 random completions: some hit their digit, so the update is real
+    assert max_weight_change(tiny_model_dir, out) > 0
+
+
+def test_engine_rollouts_follow_the_lora_policy(tiny_model_dir):
+    """After the adapters change, `sync` makes the bf16 copy equal to the merged policy (what it samples from)."""
+    import copy
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    policy = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+    rollouts = train_grpo.EngineRollouts(policy, {2}, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=4, seed=0,
+                                         pad_id=0)  # fmt: skip
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_" in name:
+                p.add_(torch.randn_like(p) * 0.5)
+    rollouts.sync(policy)
+    merged = copy.deepcopy(policy).merge_and_unload().state_dict()
+    mine = rollouts.copy.state_dict()
+    assert merged.keys() == mine.keys()
+    for k in merged:
+        assert torch.allclose(mine[k].float(), merged[k].to(torch.bfloat16).float(), atol=1e-2), k
+    assert any(not torch.equal(mine[k].float(), base_w.to(torch.bfloat16).float())
+               for k, base_w in AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict().items())
+    assert len(rollouts.generate([[5, 6, 7], [8, 9]])) == 2
+
+
 def test_train_grpo_refuses_a_batch_that_is_not_whole_groups(tiny_model_dir, train_jsonl, tmp_path):
     cmd = [sys.executable, str(TRAIN_GRPO), "--init", str(tiny_model_dir), "--out", str(tmp_path / "v1"),
            "--data", str(train_jsonl), "--batch-size", "6", "--num-generations", "4"]  # fmt: skip

@@ -68,7 +68,8 @@ def test_mode_comes_from_the_instructions(tmp_path):
 
 def test_knobs_default_to_the_gpu_recipe():
     k = Knobs.from_env({})
-    assert (k.sft_lr, k.sft_batch_size, k.group_size, k.loop_penalty) == (1e-4, 32, 4, 0.5)
+    assert (k.sft_lr, k.sft_batch_size, k.group_size, k.goals_per_step, k.loop_penalty) == (1e-4, 32, 8, 8, 0.5)
+    assert (k.algorithm, k.invalid_penalty, k.rollout_engine) == ("grpo", 0.1, "auto")
     assert Knobs.from_env({"A2RL_SFT_ROUND_S": "7", "A2RL_GRPO_LOOP_PENALTY": "0.2"}).sft_round_s == 7.0
 
 
@@ -167,6 +168,180 @@ def test_play_uses_the_evaluators_environment_and_real_sampling(tiny_model_dir, 
     assert [len(r.steps) for r in cut] == [0, 0] and not any(r.won for r in cut)
 
 
+def test_completion_loss_equals_the_models_own_loss_without_full_logits(tiny_model_dir, alfworld_data):
+    """The output layer on the completion positions only gives the same loss and gradients as the model's own
+    loss over the full (batch, length, vocabulary) logits."""
+    import torch
+
+    model, tokenizer = _tiny(tiny_model_dir)
+    examples, _ = sft_torch.load_examples(alfworld_data / "sft.jsonl", tokenizer, max_length=100_000)
+    ids, mask, labels = sft_torch.collate(examples[:6], tokenizer.pad_token_id, "cpu")
+    reference = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    reference.backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    ours = -sft_torch.target_log_probs(model, ids, mask, labels != sft_torch.IGNORE, "cpu", chunk_rows=7).mean()
+    ours.backward()
+    assert ours.item() == pytest.approx(reference.item(), rel=1e-5)
+    for name, param in model.named_parameters():
+        assert torch.allclose(param.grad, want[name], atol=1e-6, rtol=1e-4), name
+
+
+def test_the_shared_prompt_prefix_runs_once_with_the_same_loss_and_gradients(tiny_model_dir, alfworld_data):
+    """Worked examples share the system prompt: running it once at batch 1 and letting every row attend to its
+    keys and values gives the same target log-probabilities and gradients as the whole rows."""
+    import torch
+
+    model, tokenizer = _tiny(tiny_model_dir)
+    examples, _ = sft_torch.load_examples(alfworld_data / "sft.jsonl", tokenizer, max_length=100_000)
+    batch = examples[:5]
+    prefix = sft_torch.shared_prefix_length([e.input_ids for e in batch], [sft_torch.first_target(e) for e in batch])
+    assert prefix >= sft_torch.MIN_SHARED_PREFIX
+    ids, mask, labels = sft_torch.collate(batch, tokenizer.pad_token_id, "cpu")
+    whole = sft_torch.target_log_probs(model, ids, mask, labels != sft_torch.IGNORE, "cpu")
+    whole.sum().backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    shared = sft_torch.target_log_probs(model, ids, mask, labels != sft_torch.IGNORE, "cpu", prefix=prefix)
+    shared.sum().backward()
+    assert shared.shape == whole.shape and torch.allclose(shared, whole, atol=1e-5)
+    for name, param in model.named_parameters():
+        assert torch.allclose(param.grad, want[name], atol=1e-5, rtol=1e-4), name
+    assert sft_torch.shared_prefix_length([[1, 2, 3, 4], [1, 2, 3, 5]], [3, 3]) == 2  # short of the first target
+
+
+def _rollout(actions, keys, reward, invalid=None):
+    r = grpo_env_torch.Rollout(goal_id="g", steps=[([1], [2])] * len(actions), actions=list(actions),
+                               invalid=list(invalid or [False] * len(actions)), state_keys=list(keys), reward=reward,
+                               won=reward > 0)  # fmt: skip
+    return r
+
+
+def test_step_rewards_sum_to_the_shaped_return_and_charge_the_step_that_earned_them():
+    actions, invalid = ["go to desk 1", "take pen 1 from desk 1", "go to desk 1", "fly"], [False, False, False, True]
+    rewards = grpo_env_torch.step_rewards(1.0, actions, invalid, loop_penalty=0.5, invalid_penalty=0.2)
+    assert sum(rewards) == pytest.approx(grpo_env_torch.shaped_reward(1.0, actions, 0.5, invalid, 0.2))
+    assert rewards[0] == rewards[1] == 0.0 and rewards[2] == pytest.approx(-0.125)
+    assert rewards[3] == pytest.approx(1.0 - 0.05)
+    assert grpo_env_torch.discounted_returns([0.0, 0.0, 1.0], 0.5) == [0.25, 0.5, 1.0]
+    assert grpo_env_torch.invalid_action("Nothing happens.") and not grpo_env_torch.invalid_action("You arrive")
+
+
+def test_gigpo_credits_the_action_taken_from_a_shared_state():
+    """Two episodes of one game share their first two states; at the second they part ways and only one wins.
+    GRPO gives every step of an episode the same advantage; GiGPO adds a step-level one at the shared state,
+    so the deciding step of the winner gains more than its first (shared, identical) step, and a state seen
+    once adds nothing."""
+    win = _rollout(["go to a", "take x from a", "move x to b"], ["s0", "s1", "s2"], 1.0)
+    lose = _rollout(["go to a", "look", "look"], ["s0", "s1", "s1"], 0.0)
+    grpo = grpo_env_torch.step_advantages([win, lose], 2, algorithm="grpo", loop_penalty=0.0, invalid_penalty=0.0)
+    assert grpo[0] == [pytest.approx(1.0, abs=1e-3)] * 3 and grpo[1] == [pytest.approx(-1.0, abs=1e-3)] * 3
+    gigpo = grpo_env_torch.step_advantages([win, lose], 2, algorithm="gigpo", loop_penalty=0.0,
+                                           invalid_penalty=0.0, gamma=0.9)  # fmt: skip
+    # s0: both took the same action, returns 0.81 vs 0 -> normalised +1 / -1 (the winner's path still led on)
+    # s1: the winner's step (return 0.9) against the loser's two steps (0, 0)
+    assert gigpo[0][1] > gigpo[0][0] > grpo[0][0]
+    assert gigpo[1][1] < grpo[1][1]
+    assert gigpo[0][2] == pytest.approx(grpo[0][2])  # s2 is seen once: no step-level term
+    with pytest.raises(ValueError, match="algorithm"):
+        grpo_env_torch.step_advantages([win, lose], 2, algorithm="ppo", loop_penalty=0, invalid_penalty=0)
+
+
+def test_household_state_key_tells_states_apart():
+    from benchmarks import get_task
+
+    task = get_task("alfworld")
+    goal = task.load("offline").train[0]
+    env_a, env_b = task.make_env("offline")(), task.make_env("offline")()
+    env_a.reset(goal)
+    env_b.reset(goal)
+    assert env_a.state_key() == env_b.state_key()
+    recep = goal["receptacles"][0]["name"]
+    env_a.step(f"go to {recep}")
+    assert env_a.state_key() != env_b.state_key()
+    env_b.step(f"go to {recep}")
+    assert env_a.state_key() == env_b.state_key()
+
+
+def test_engine_rollouts_use_the_evaluators_prompts_and_a_seed_reproduces_them(tiny_model_dir, alfworld_data):
+    """The decode-engine sampler (CPU here: no graph) in lockstep episodes: every step's prompt is the
+    evaluator's prompt as the chat template renders it, actions end at the evaluator's stop, the environment
+    state is recorded, and the same seed plays the same episodes."""
+    model, tokenizer = _tiny(tiny_model_dir)
+    envlib = grpo_env_torch.import_envlib(alfworld_data)
+    goals = [g for g in envlib.load_goals(alfworld_data)[:3] for _ in range(2)]  # groups of 2
+
+    def play(seed):
+        sample = grpo_env_torch.make_sampler(model, tokenizer, max_new_tokens=6, temperature=1.0, stop=envlib.STOP,
+                                             seed=seed, engine="engine")  # fmt: skip
+        assert isinstance(sample, grpo_env_torch.EngineSampler)
+        return grpo_env_torch.play(envlib, "alfworld", alfworld_data, goals, sample, max_steps=3, seed=0)
+
+    first = play(1)
+    assert [len(r.steps) for r in first] == [3] * 6
+    prompter = envlib.prompter("alfworld")
+    make_env = envlib.make_env("alfworld", alfworld_data)
+    for goal, r in zip(goals, first):
+        obs = make_env().reset(goal)[0]
+        turns = []
+        env = make_env()
+        env.reset(goal)
+        for (prompt_ids, action_ids), action in zip(r.steps, r.actions):
+            text = tokenizer.apply_chat_template(prompter(goal, obs, turns), tokenize=False, add_generation_prompt=True)
+            assert prompt_ids == tokenizer(text, add_special_tokens=False)["input_ids"]
+            assert len(action_ids) <= 6
+            result = env.step(action)
+            turns.append({"completion": action, "action": action, "observation": result.observation,
+                          "reward": result.reward})  # fmt: skip
+        fresh = make_env()
+        fresh.reset(goal)
+        assert len(r.state_keys) == 3 and r.state_keys[0] == fresh.state_key()
+    again = play(1)
+    assert [(r.steps, r.actions) for r in again] == [(r.steps, r.actions) for r in first]
+    other = play(2)
+    assert [r.actions for r in other] != [r.actions for r in first]
+
+
+def test_an_engine_failure_falls_back_to_generate_for_good(tiny_model_dir, alfworld_data, monkeypatch, capsys):
+    model, tokenizer = _tiny(tiny_model_dir)
+    envlib = grpo_env_torch.import_envlib(alfworld_data)
+    sample = grpo_env_torch.make_sampler(model, tokenizer, max_new_tokens=4, temperature=1.0, stop=envlib.STOP,
+                                         seed=0, engine="engine")  # fmt: skip
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected CUDA graph failure")
+
+    monkeypatch.setattr(sample.decoder, "decode", broken)
+    goals = envlib.load_goals(alfworld_data)[:2]
+    rollouts = grpo_env_torch.play(envlib, "alfworld", alfworld_data, goals, sample, max_steps=2, seed=0)
+    assert [len(r.steps) for r in rollouts] == [2, 2]  # the episodes went on, sampled by generate
+    assert sample.fallback is not None and sample.decoder is None
+    assert "decode engine failed (RuntimeError: injected CUDA graph failure)" in capsys.readouterr().err
+    sample.sync()  # a no-op now, not an error
+
+
+def test_gigpo_step_with_the_engine_sampler_updates_the_policy_and_its_rollout_copy(tiny_model_dir, alfworld_data,
+                                                                                     tmp_path):  # fmt: skip
+    import torch
+
+    model, tokenizer = _tiny(tiny_model_dir)
+    envlib = grpo_env_torch.import_envlib(alfworld_data)
+    curve = tmp_path / "curve.jsonl"
+    grpo = grpo_env_torch.GRPOEnv(model, tokenizer, envlib, "alfworld", alfworld_data, lr=1e-2, goals_per_step=2,
+                                  group_size=3, max_episode_steps=3, temperature=1.5, loop_penalty=0.5, seed=0,
+                                  max_new_tokens=6, algorithm="gigpo", engine="engine", curve=curve)  # fmt: skip
+    assert isinstance(grpo.sample, grpo_env_torch.EngineSampler)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    stats = grpo.grpo_step()
+    assert stats.episodes == 6 and stats.generated_tokens > 0 and stats.mean_steps > 0
+    if stats.samples:  # sampled actions differ within a group (almost surely, at temperature 1.5)
+        assert max((model.state_dict()[k] - before[k]).abs().max().item() for k in before) > 0
+    for mine, theirs in zip(grpo.sample.copy.parameters(), model.parameters()):
+        assert torch.equal(mine, theirs.to(mine.dtype))  # the rollout copy follows the policy
+    row = json.loads(curve.read_text().splitlines()[-1])
+    assert row["algorithm"] == "gigpo" and row["episodes"] == 6
+
+
 # -- a whole session against the grading server ---------------------------------------------------------------
 def _scripted_evaluator(scores: list[float]):
     calls = {"n": 0}
@@ -195,10 +370,11 @@ def _session(tmp_path, tiny_model_dir, alfworld_data, monkeypatch, mode: str, sc
     ctx = GradingContext(f"run-{mode}", RunConfig(task="alfworld", max_submissions=cap, mode=mode),
                          paths.workspace, paths.harness_dir, baseline={"validation": 5.0},
                          base_model_dir=tiny_model_dir)  # fmt: skip
-    service = GradingService(ctx, BudgetClock(900), evaluate=_scripted_evaluator(scores))
+    clock = BudgetClock(900)  # one clock, as in a run: the agent's /budget reads the time its session used
+    service = GradingService(ctx, clock, evaluate=_scripted_evaluator(scores))
     with GradingServer(service) as server:
         env = AgentEnv("alfworld", "tiny", paths.workspace, server.url, server.token, 0, harness_dir=paths.harness_dir)
-        outcome = run_agent(agent, env, BudgetClock(900), paths.harness_dir / "agent.log", grace_s=5)
+        outcome = run_agent(agent, env, clock, paths.harness_dir / "agent.log", grace_s=5)
     service.close(drain_timeout_s=10)
     log = (paths.harness_dir / "agent.log").read_text()
     assert outcome.ended_by == "exited" and outcome.exit_code == 0, log[-3000:]
@@ -217,6 +393,17 @@ def test_session_runs_sft_until_validation_stops_rising_then_grpo(tiny_model_dir
     scored = [(e.model_path, e.score) for e in service.submissions() if e.status == "scored"]
     assert scored == [("output/v1", 10.0), ("output/v2", 20.0), ("output/v3", 20.0), ("output/v4", 30.0)]
     assert route_label(paths.workspace / "code") == "SFT+RL"
+
+
+def test_sft_gives_way_to_rl_once_its_share_of_the_budget_is_used(tiny_model_dir, alfworld_data, tmp_path,
+                                                                   monkeypatch):  # fmt: skip
+    """Validation still rising, but SFT has had its share of the budget: the next round is RL."""
+    monkeypatch.setenv("A2RL_SFT_MAX_SHARE", "0.0001")
+    paths, service, log, methods = _session(tmp_path, tiny_model_dir, alfworld_data, monkeypatch, "free",
+                                            [10.0, 20.0, 30.0], cap=2)  # fmt: skip
+    assert methods == ["SFT", "GRPO"]
+    assert "of the budget used by SFT: next GRPO" in (paths.workspace / "code" / "NOTES.md").read_text()
+    assert [e.detail.get("stage") for e in service.submissions()] == ["SFT", "GRPO"]
 
 
 def test_session_in_mode_sft_only_keeps_to_sft(tiny_model_dir, alfworld_data, tmp_path, monkeypatch):

@@ -278,12 +278,10 @@ def test_forwarder_applies_rlimits_and_returns_the_exit_code():
 
 
 # -- quota ----------------------------------------------------------------------------------------------------
-def test_quota_counts_disk_blocks_once_and_skips_excluded_dirs(tmp_path):
+def test_quota_counts_files_once_at_their_larger_size_and_skips_excluded_dirs(tmp_path):
     (tmp_path / "a.bin").write_bytes(os.urandom(2 * MiB))
     os.link(tmp_path / "a.bin", tmp_path / "a-link.bin")  # hard link: counted once
     (tmp_path / "sym").symlink_to("/usr")  # not followed
-    with open(tmp_path / "sparse.bin", "wb") as f:  # 1 GiB apparent size, almost nothing on disk
-        f.truncate(1 << 30)
     (tmp_path / "base").mkdir()
     (tmp_path / "base" / "w.bin").write_bytes(os.urandom(4 * MiB))
     used = workspace_bytes(tmp_path, exclude=(tmp_path / "base",))
@@ -291,6 +289,12 @@ def test_quota_counts_disk_blocks_once_and_skips_excluded_dirs(tmp_path):
     assert workspace_over_quota(tmp_path, 1 * MiB, exclude=(tmp_path / "base",))
     assert not workspace_over_quota(tmp_path, 3 * MiB, exclude=(tmp_path / "base",))
     assert workspace_over_quota(tmp_path, 3 * MiB)  # the excluded 4 MiB count when not excluded
+    # A sparse file occupies almost nothing, but every copy of it (a submission snapshot) is its full size: it
+    # counts at its apparent size (issue 24: 0.9 MiB counted became 4 GiB in snapshots).
+    with open(tmp_path / "sparse.bin", "wb") as f:
+        f.truncate(1 << 30)
+    assert workspace_bytes(tmp_path, exclude=(tmp_path / "base",)) >= (1 << 30) + 2 * MiB
+    assert workspace_over_quota(tmp_path, 512 * MiB, exclude=(tmp_path / "base",))
 
 
 # -- leak audit -----------------------------------------------------------------------------------------------
@@ -308,14 +312,16 @@ def test_leak_audit_finds_planted_items_in_the_workspace_and_the_transcript(work
     (workspace / "code" / "train.py").write_text(
         "EXTRA = ['weng earns $12 AN HOUR for babysitting yesterday she just did 50 minutes of babysitting']\n")
     (workspace / "output" / "notes.txt").write_text("q: what is the capital of burkina faso today\n")
-    (workspace / "output" / "model.safetensors").write_bytes(items[0].encode())  # binary: skipped, not read
+    (workspace / "output" / "model.safetensors").write_bytes(items[0].encode())  # not tensors: text, read
     transcript = tmp_path / "transcript.jsonl"
     transcript.write_text(json.dumps({"role": "tool", "content": "found: " + items[0]}) + "\n")
     report = audit_leaks(workspace, [transcript], items)
     assert report.leaked_items == 3 and not report.clean
     found = {(h.item, Path(h.path).name, h.kind) for h in report.examples}
     assert found == {(0, "transcript.jsonl", "ngram"), (1, "train.py", "ngram"), (2, "notes.txt", "exact")}
-    assert report.files_skipped == 1 and report.hits_by_path[str(transcript)] == 1
+    assert report.files_skipped == 0 and report.hits_by_path[str(transcript)] == 1
+    assert report.hits_by_path[str(workspace / "output" / "model.safetensors")] == 1
+    assert report.verdict == "found"
 
 
 def test_leak_audit_of_a_clean_workspace_is_clean(workspace, tmp_path):
@@ -325,15 +331,18 @@ def test_leak_audit_of_a_clean_workspace_is_clean(workspace, tmp_path):
     assert report.files_scanned == 2 and not report.truncated  # train.py and data/train.jsonl
 
 
-def test_leak_audit_is_bounded_on_large_workspaces(workspace):
+def test_leak_audit_is_bounded_on_large_workspaces_and_then_says_incomplete(workspace):
+    """Every file is read whole, whatever its size; a budget that runs out makes the verdict "incomplete",
+    never "not found" (issue 24: a flood first and a hidden item later was reported clean)."""
     (workspace / "output" / "huge.txt").write_text("x " * MiB)
-    report = audit_leaks(workspace, [], hidden_texts(HIDDEN), max_file_bytes=MiB)
-    assert report.files_skipped == 1 and not report.truncated
+    report = audit_leaks(workspace, [], hidden_texts(HIDDEN))
+    assert report.files_skipped == 0 and not report.truncated and report.verdict == "not found" and report.clean
     (workspace / "output" / "huge.txt").unlink()
     for i in range(5):
         (workspace / "code" / f"f{i}.txt").write_text(f"file {i} " * 10_000)
     report = audit_leaks(workspace, [], hidden_texts(HIDDEN), max_total_bytes=150_000)
     assert report.truncated and report.files_scanned < 6 and report.files_skipped >= 2
+    assert report.verdict == "incomplete" and not report.clean and "budget" in report.unread[0]
 
 
 def test_policy_round_trips_through_json_for_harness_side_runners(workspace):

@@ -78,7 +78,8 @@ def test_a_local_sweep_runs_the_rest_one_after_another_and_reports_failures(
                  strict_mode: bool = d.strict_mode, eval_batch_size: int = d.eval_batch_size,
                  eval_backend: str = d.eval_backend, sandbox: str = d.sandbox,
                  max_workspace_bytes: int = d.max_workspace_bytes, grading_workers: int = d.grading_workers,
-                 max_checkpoint_bytes: int = d.max_checkpoint_bytes) -> None:  # fmt: skip
+                 max_checkpoint_bytes: int = d.max_checkpoint_bytes,
+                 test_every_submission: bool = d.test_every_submission) -> None:  # fmt: skip
         calls.append(seed)
         if seed == 1:
             raise RuntimeError("the agent broke")

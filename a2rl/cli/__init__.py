@@ -88,6 +88,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     sub.add_parser("agents", help="list the agents and what each needs (driver API, CLI, key)")
     add_driver_parsers(sub, with_fields=argv is None or "drivers" in argv)
     add_ops_parsers(sub)
+    from a2rl.cli.store_cmd import add_store_parsers
+
+    add_store_parsers(sub)
     return parser
 
 
@@ -287,6 +290,10 @@ def add_ops_parsers(sub) -> None:
     server.add_argument("--host", default=prefect_local.DEFAULT_HOST, help="interface to listen on (keep it local)")
     server.add_argument("--port", type=int, default=prefect_local.DEFAULT_PORT)
     server.add_argument("--pool", default=prefect_local.DEFAULT_POOL, help="process work pool of the worker")
+    server.add_argument("--database", default=None,
+                        help="the server's database, e.g. postgresql+asyncpg://prefect:PASSWORD@db-host:5432/prefect "
+                             "(several hosts' workers need PostgreSQL; default: SQLite under PREFECT_HOME, or "
+                             f"{prefect_local.DATABASE_ENV})")
     server.add_argument("--no-worker", action="store_true", help="start the server only")
     server.add_argument("--worker-limit", type=int, default=None,
                         help="most benchmark runs at once on the pool (a limit on its `default` queue; sweeps, on "
@@ -343,8 +350,9 @@ def cmd_server(args: argparse.Namespace) -> int:
     if args.action == "status":
         return _print_server_status()
     print(f"starting a Prefect server on {args.host}:{args.port} (PREFECT_HOME={prefect_local.prefect_home()}) ...", flush=True)
-    server = prefect_local.start_server(args.host, args.port)
-    print(f"server up: {server.url} (pid {server.pid}, log {server.log})")
+    server = prefect_local.start_server(args.host, args.port, database=args.database)
+    print(f"server up: {server.url} (pid {server.pid}, log {server.log}; database: "
+          f"{prefect_local.database_label(args.database or os.environ.get(prefect_local.DATABASE_ENV))})")
     from a2rl.ops import gpu_slots
 
     if freed := gpu_slots.reconcile(server.url, prefect_local.prefect_home()):
@@ -542,8 +550,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    from a2rl.cli.store_cmd import cmd_store
+
     handlers = {"run": cmd_run, "tasks": cmd_tasks, "results": cmd_results, "analyze": cmd_analyze,
-                "agents": cmd_agents, "drivers": cmd_drivers, **OPS_HANDLERS}
+                "agents": cmd_agents, "drivers": cmd_drivers, "store": cmd_store, **OPS_HANDLERS}
     debug = getattr(args, "debug", False) or debug_enabled()
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if main_thread else None

@@ -16,10 +16,14 @@ from typing import Any
 
 from a2rl.grading.errors import SubmissionRejected
 from a2rl.grading.files import CheckpointDir, Deadline, OpenFile, refusal, shown
+from a2rl.grading.weights import (
+    MAX_SAFETENSORS_HEADER,
+    TensorStats,
+    check_config_against_weights,
+    parse_safetensors_header,
+)
 
 MAX_CHECKPOINT_BYTES = 64 * 1024**3
-MAX_SAFETENSORS_HEADER = 16 * 1024**2
-"""A real header is ~150 bytes per tensor: a few hundred KiB for the largest shards."""
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 NOT_WEIGHTS = {"training_args.bin"}  # Trainer's pickled arguments, never loaded by the grader
@@ -143,7 +147,8 @@ def _check_index(index: OpenFile, weight_names: list[str]) -> None:
 
 def check_compatible(checked: CheckedCheckpoint, base_model_dir: Path, deadline: Deadline | None = None) -> None:
     """The submission must be the base model's architecture and vocabulary (the base model's tokenizer and
-    chat template render the prompts), and its safetensors files must be intact."""
+    chat template render the prompts), its safetensors files must be intact, and its config must describe its
+    weights (`weights.check_config_against_weights`: no config that builds a far larger model)."""
     deadline = deadline or Deadline()
     mine = checked.config
     base = json.loads((Path(base_model_dir) / "config.json").read_text())
@@ -158,10 +163,14 @@ def check_compatible(checked: CheckedCheckpoint, base_model_dir: Path, deadline:
             f"checkpoint vocab_size {_short(mine.get('vocab_size'))} differs from the base model's "
             f"{base.get('vocab_size')}: grading uses the base model's tokenizer"
         )
+    stats = TensorStats()
     for f in checked.weights:
         if f.name.endswith(".safetensors"):
-            check_safetensors(f)
             deadline.check(f"checking {f.name}")
+            stats.add(check_safetensors(f))
+    other = sum(f.size for f in checked.weights if not f.name.endswith(".safetensors"))
+    check_config_against_weights(mine, stats, other)
+    checked.facts["parameters"] = stats.numel or None
 
 
 def _short(value: Any) -> str:
@@ -169,9 +178,10 @@ def _short(value: Any) -> str:
     return text
 
 
-def check_safetensors(f: OpenFile) -> None:
-    """Read the header (8-byte length + JSON) and check every tensor's byte range lies inside the file:
-    catches truncated, overwritten and non-safetensors files without loading any weights."""
+def check_safetensors(f: OpenFile) -> TensorStats:
+    """Read the header (8-byte length + JSON) in bounded memory and check that every tensor's byte range has its
+    dtype's size and that the ranges tile the file's data: catches truncated, overwritten and non-safetensors
+    files without loading any weights (`a2rl.grading.weights`)."""
     name = shown(f.name)
     raw_len = f.read_at(0, 8)
     if len(raw_len) < 8:
@@ -179,29 +189,10 @@ def check_safetensors(f: OpenFile) -> None:
     header_len = int.from_bytes(raw_len, "little")
     if header_len <= 0 or 8 + header_len > f.size or header_len > MAX_SAFETENSORS_HEADER:
         raise SubmissionRejected(f"{name} is corrupted: bad safetensors header length")
-    try:
-        header = json.loads(f.read_at(8, header_len))
-    except (ValueError, RecursionError) as e:
-        raise SubmissionRejected(f"{name} is corrupted: unreadable safetensors header") from e
-    if not isinstance(header, dict):
-        raise SubmissionRejected(f"{name} is corrupted: the safetensors header is not a JSON object")
-    data_size = f.size - 8 - header_len
-    for key, info in header.items():
-        if key == "__metadata__":
-            if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
-                raise SubmissionRejected(f"{name} is corrupted: __metadata__ must map strings to strings")
-            continue
-        offsets = info.get("data_offsets") if isinstance(info, dict) else None
-        ok = (
-            isinstance(offsets, list) and len(offsets) == 2
-            and all(type(x) is int for x in offsets)
-            and 0 <= offsets[0] <= offsets[1] <= data_size
-            and isinstance(info.get("dtype"), str)
-            and isinstance(info.get("shape"), list) and all(type(x) is int and x >= 0 for x in info["shape"])
-        )  # fmt: skip
-        if not ok:
-            raise SubmissionRejected(f"{name} is corrupted or truncated (tensor {shown(str(key))} out of bounds "
-                                     "or malformed)")  # fmt: skip
+    raw = f.read_at(8, header_len)
+    if len(raw) != header_len:
+        raise SubmissionRejected(f"{name} changed while it was checked: submit it again", 409)
+    return parse_safetensors_header(raw, f.size - 8 - header_len, name)
 
 
 # -- snapshots -------------------------------------------------------------------------------------------

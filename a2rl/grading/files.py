@@ -26,6 +26,9 @@ FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_JSON_BYTES = 4 * 1024**2
 """config.json / the safetensors index: far larger than any real one."""
+MAX_JSON_VALUES = 250_000
+"""Values (containers and scalars) one JSON file may hold: what `json.loads` builds is ~100 bytes a value, so this
+bounds its memory (~25 MB) whatever the shape; a sharded index names two strings a tensor."""
 MAX_ENTRIES = 10_000
 """Top-level names in a checkpoint dir; a sharded 400B checkpoint has a few hundred."""
 CHECK_SECONDS = 600.0
@@ -79,8 +82,14 @@ class OpenFile:
     def read_json(self, max_bytes: int = MAX_JSON_BYTES) -> Any:
         if self.size > max_bytes:
             raise SubmissionRejected(f"{self.name} is {self.size} bytes, over the {max_bytes} bytes allowed")
+        raw = self.read_at(0, self.size)
+        # Every value but a container's first follows a comma, every key precedes a colon, every container opens
+        # with a bracket: this bounds the objects json.loads would build, counted in C before it builds any.
+        values = raw.count(b",") + raw.count(b":") + raw.count(b"[") + raw.count(b"{") + 1
+        if values > MAX_JSON_VALUES:
+            raise SubmissionRejected(f"{self.name} holds over {MAX_JSON_VALUES} JSON values: not a real one")
         try:
-            return json.loads(self.read_at(0, self.size))
+            return json.loads(raw)
         except (ValueError, RecursionError) as e:  # RecursionError: nesting deeper than the parser's stack
             raise SubmissionRejected(f"{self.name} is not valid JSON") from e
 

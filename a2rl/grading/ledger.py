@@ -7,12 +7,18 @@ store's `ledger_heads` table), and the run report records the head it was built 
 Readers never rewrite the file: a torn last line (a crash mid-write) is reported ("torn tail: N bytes after
 entry K"); only the next append moves it aside into `ledger.jsonl.torn-<K>` and records a `torn-tail` event.
 The ledger is the source of truth for scores; DuckDB is a view of it.
+
+A report also carries `head_mac`: an HMAC of its run id and head under a key that only this machine's harness
+holds (`A2RL_HOME/ledger.key`, never in a sandbox). Ingesting a run directory into a new store, where no anchor
+exists, checks it: a ledger and report edited to agree still fail without the key.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import secrets
 import logging
 import os
 import threading
@@ -164,6 +170,40 @@ class Ledger:
             self._hashes.append(prev)
             entries.append(entry)
         return entries
+
+
+def _ledger_key(create: bool) -> bytes | None:
+    from a2rl.paths import a2rl_home
+
+    path = a2rl_home() / "ledger.key"
+    if not path.exists() and create:
+        tmp = path.with_name(f".ledger.key.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+        try:
+            os.link(tmp, path)  # first writer wins; a concurrent one reads the winner's key
+        except FileExistsError:
+            pass
+        tmp.unlink()
+    try:
+        return path.read_text().strip().encode()
+    except OSError:
+        return None
+
+
+def head_mac(run_id: str, head: LedgerHead, create: bool = True) -> str | None:
+    """HMAC-SHA256 of a run's ledger head under this machine's ledger key (made on first use); None without one."""
+    key = _ledger_key(create)
+    if key is None:
+        return None
+    return hmac.new(key, f"{run_id}|{head.entries}|{head.hash}".encode(), hashlib.sha256).hexdigest()
+
+
+def mac_matches(run_id: str, head: LedgerHead, mac: str) -> bool | None:
+    """Whether `mac` authenticates this head; None where this machine has no ledger key (cannot tell)."""
+    expected = head_mac(run_id, head, create=False)
+    return None if expected is None else hmac.compare_digest(expected, mac)
 
 
 def _line_hash(line: str) -> str:

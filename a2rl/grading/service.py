@@ -16,7 +16,8 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,9 @@ from a2rl.records import EvalResult, LedgerEntry, RunConfig, Split
 
 log = logging.getLogger("a2rl.grading")
 MAX_PARALLEL_COPIES = 2
+MAX_FINAL_PICKS = 100
+"""Changes of the declared final pick per run (each is a ledger line): an agent calling /final in a loop
+cannot grow the ledger and its anchors without bound."""
 
 Evaluate = Callable[..., EvalResult]
 """(checkpoint dir, weights hash, spec, device=...) -> result; raises EvaluationFailed."""
@@ -65,6 +69,9 @@ class GradingContext:
     task: Any = None
     """The task object `config.task` names (`benchmarks.get_task`), resolved by whoever starts the service;
     needed by the real evaluator (`evaluate_cached`), not by a test's own."""
+    on_process: Callable[[Any], None] | None = None
+    """Told every evaluation process as it starts (`a2rl.isolation.procs.Started`: pid and start time), e.g. to
+    record it in the run's attempt record; passed to the evaluator as `on_start` (only when set)."""
 
 
 def grading_devices(workers: int) -> list[str | None]:
@@ -111,7 +118,11 @@ class GradingService:
         self._done: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
         self._copy_lock = threading.Lock()
-        self._copies = 0  # submissions being checked and copied right now (outside self._lock)
+        self._copies = 0  # checkpoints being checked (and copied) right now, outside self._lock
+        from a2rl.summary.routes import GRADER_LIMITS, RouteScanner
+
+        self._routes = RouteScanner(GRADER_LIMITS)  # bounded, and incremental between submissions
+        self._route_lock = threading.Lock()
         self.closed = False
         self.closing = threading.Event()
         self.grading_seconds = 0.0
@@ -130,9 +141,11 @@ class GradingService:
         return "test" if self.ctx.config.protocol == "paper" else "validation"
 
     def validate(self, model_path: str) -> dict:
-        """All checks a submission gets, without spending an evaluation or a submission."""
-        checked = self._checked(model_path, Deadline())
-        checked.close()
+        """All checks a submission gets, without spending an evaluation or a submission; under the same limit of
+        checks at once as submissions (each holds a header or a config in memory while it runs)."""
+        with self._check_slot(MAX_PARALLEL_COPIES):
+            checked = self._checked(model_path, Deadline())
+            checked.close()
         return {"ok": True, "model_path": model_path, **checked.facts}
 
     def _check_mode(self) -> dict:
@@ -140,10 +153,12 @@ class GradingService:
         breach is refused (before it counts as a submission), otherwise it is flagged in the ledger."""
         from a2rl.summary.routes import check_snapshot
 
-        analysis, verdict = check_snapshot(self.ctx.workspace / "code", self.ctx.config.mode)
+        with self._route_lock:  # one scan at a time over the one cache
+            analysis, verdict = check_snapshot(self.ctx.workspace / "code", self.ctx.config.mode, scanner=self._routes)
         if not verdict.ok and self.ctx.config.strict_mode:
             raise SubmissionRejected(verdict.message, 403)
-        return {"route": analysis.label, "mode_ok": verdict.ok, "mode_message": verdict.message}
+        return {"route": analysis.label, "mode_ok": verdict.ok, "mode_message": verdict.message,
+                **({} if analysis.complete else {"route_complete": False})}  # fmt: skip
 
     def _checked(self, model_path: str, deadline: Deadline) -> CheckedCheckpoint:
         """Open the checkpoint by fd (no links followed) and run every check; the caller closes it."""
@@ -162,14 +177,20 @@ class GradingService:
         Runs outside the service lock: a slow or hostile checkpoint never holds up other requests. At most
         MAX_PARALLEL_COPIES run at once, and never more than the submissions left: a burst of concurrent
         submits of a large checkpoint cannot fill the harness disk with copies that the cap then refuses."""
+        left = self.ctx.config.max_submissions - len(self.submissions())
+        with self._check_slot(min(MAX_PARALLEL_COPIES, left)):
+            return self._check_and_copy(model_path)
+
+    @contextmanager
+    def _check_slot(self, limit: int) -> Iterator[None]:
+        """One of the checks (validate or submit) allowed at once; 429 when `limit` already run."""
         with self._copy_lock:  # held for the count only
-            left = self.ctx.config.max_submissions - len(self.submissions())
-            if self._copies >= min(MAX_PARALLEL_COPIES, left):
-                raise SubmissionRejected("another submission is still being checked and copied: retry when it is "
-                                         "answered (or the submission cap is reached)", 429)  # fmt: skip
+            if self._copies >= limit:
+                raise SubmissionRejected("another checkpoint is still being checked: retry when it is answered "
+                                         "(or the submission cap is reached)", 429)  # fmt: skip
             self._copies += 1
         try:
-            return self._check_and_copy(model_path)
+            yield
         finally:
             with self._copy_lock:
                 self._copies -= 1
@@ -187,7 +208,7 @@ class GradingService:
             checked.close()
         return pending, checked.facts
 
-    def submit(self, model_path: str, wait: bool = False, timeout_s: float = 6 * 3600) -> dict:
+    def submit(self, model_path: str, wait: bool = False, timeout_s: float = 6 * 3600, stage: str | None = None) -> dict:
         if self.closed:  # fail fast; the authoritative check is under the lock below
             raise SubmissionRejected("the session is over: no more submissions are accepted", 403)
         if len(self.submissions()) >= self.ctx.config.max_submissions:
@@ -210,7 +231,8 @@ class GradingService:
                     kind="submission", submission_id=submission_id, model_path=model_path,
                     resolved_path=str(snapshot), weights_hash=whash, size_bytes=facts["size_bytes"],
                     split=self.feedback_split, status="queued", agent_elapsed_s=round(self.clock.elapsed(), 3),
-                    detail={"workspace_path": str(self.ctx.workspace / model_path), **route},
+                    detail={"workspace_path": str(self.ctx.workspace / model_path), **route,
+                            **({"stage": stage} if stage else {})},
                 )  # fmt: skip
                 self._done[submission_id] = threading.Event()
                 hit = self._cache.lookup(whash, self._spec(entry.split))
@@ -231,7 +253,14 @@ class GradingService:
             raise SubmissionRejected(f"no submission {submission_id}", 404)
         if subs[submission_id].status == "error":
             raise SubmissionRejected(f"submission {submission_id} failed grading and cannot be the final pick", 409)
-        self.record_event("final-pick", submission_id=submission_id)
+        with self._lock:  # every pick is a ledger line (fsynced, anchored): only changes count, and few of them
+            picks = [e.detail.get("submission_id") for e in self.ledger.entries() if e.detail.get("event") == "final-pick"]
+            if picks and picks[-1] == submission_id:
+                return {"final_submission_id": submission_id}
+            if len(picks) >= MAX_FINAL_PICKS:
+                raise SubmissionRejected(f"the final pick was changed {MAX_FINAL_PICKS} times: it stays "
+                                         f"{picks[-1]}", 429)  # fmt: skip
+            self.record_event("final-pick", submission_id=submission_id)
         return {"final_submission_id": submission_id}
 
     def budget(self) -> dict:
@@ -341,8 +370,9 @@ class GradingService:
         self.clock.pause()
         start = time.monotonic()
         try:
+            extra = {"on_start": self.ctx.on_process} if self.ctx.on_process else {}
             result = self._evaluate(Path(queued.resolved_path), queued.weights_hash, self._spec(queued.split),
-                                    device=device)
+                                    device=device, **extra)
         except (EvaluationFailed, OSError, ValueError, MemoryError) as e:
             # A failed evaluation is recorded as an error and never counted as a score. Its text ran over
             # hidden items: the agent gets a fixed category, the full text goes to the harness log only.

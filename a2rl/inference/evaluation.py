@@ -1,7 +1,7 @@
 """Evaluate one checkpoint on one split of a task: prompts → batched generation → per-item scores.
 
-`evaluate_in_subprocess` runs the evaluation in its own process so that a crash or an
-out-of-memory kill costs that evaluation only (its stderr goes to the harness log, never to the agent);
+`evaluate_in_subprocess` runs the evaluation in its own process, under the harness's process supervisor and a
+memory limit, so that a crash or an out-of-memory kill costs that evaluation only (its stderr goes to the harness log, never to the agent);
 results are cached by content hash of the weights, the evaluator id and the split selection.
 
 The task is an object the caller resolves (`benchmarks.get_task(config.task)` in the flow's steps): the library
@@ -15,17 +15,22 @@ import argparse
 import hashlib
 import importlib
 import json
+import logging
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from a2rl.paths import eval_cache_dir
 from a2rl.records import EvalResult, RunConfig, Split
+
+log = logging.getLogger("a2rl.grading")
 
 
 @dataclass(frozen=True)
@@ -179,24 +184,57 @@ class EvalCache:
 def evaluate_cached(
     model_dir: Path, weights_hash: str, spec: EvalSpec, timeout_s: float = 3600, device: str | None = None,
     progress_file: Path | None = None,
+    on_start: Callable[[Any], None] | None = None,
 ) -> EvalResult:
     """Evaluate in a subprocess unless an identical evaluation is cached (`progress_file`: where it counts its
     finished items, an `a2rl.ops.progress.ItemProgress`)."""
     cache = EvalCache()
     if (hit := cache.lookup(weights_hash, spec)) is not None:
         return hit
-    result = evaluate_in_subprocess(model_dir, spec, timeout_s, device, progress_file)
+    result = evaluate_in_subprocess(model_dir, spec, timeout_s, device, progress_file, on_start=on_start)
     result = result.model_copy(update={"weights_hash": weights_hash})
     cache.store(weights_hash, spec, result)
     return result
 
 
+OUTPUT_TAIL_BYTES = 64 * 1024
+"""What is kept of an evaluation process's output for the harness log (the rest is never held in memory)."""
+
+
+def eval_memory_bytes(model_dir: Path) -> int:
+    """The memory cap of one evaluation: `A2RL_EVAL_MEMORY_BYTES` if set, else 4 x the weights + 6 GiB (fp32 on
+    CPU doubles bf16 weights; activations, the KV cache and the runtime need the rest), at most 90% of RAM."""
+    if (given := os.environ.get("A2RL_EVAL_MEMORY_BYTES")) is not None:
+        return int(given)
+    weights = sum(f.stat().st_size for f in Path(model_dir).iterdir()
+                  if f.is_file() and f.suffix in (".safetensors", ".bin"))  # fmt: skip
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(min(4 * weights + 6 * 2**30, 0.9 * total))
+
+
+def _uses_gpu(device: str | None) -> bool:
+    """The evaluation will initialise CUDA: a GPU was granted, or one is visible to a default-device process."""
+    if device is not None:
+        return True
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return Path("/dev/nvidiactl").exists() and (visible is None or visible.strip() not in ("", "-1"))
+
+
 def evaluate_in_subprocess(
     model_dir: Path, spec: EvalSpec, timeout_s: float = 3600, device: str | None = None,
     progress_file: Path | None = None,
+    on_start: Callable[[Any], None] | None = None,
 ) -> EvalResult:
     """One evaluation in its own process: a crash, a hang or an OOM kill costs this evaluation only.
-    `device` ("0", "1", ...) pins the process to one GPU through CUDA_VISIBLE_DEVICES."""
+
+    It runs under the harness's process supervisor (`a2rl.isolation.procs`): it, and whatever it starts (vLLM's
+    engine processes), dies with the harness and with a timeout; and under a memory limit (`eval_memory_bytes`,
+    a cgroup or RLIMIT_AS: `procs.memory_limit_for`), so weights with an inflated config cannot take the host's
+    memory. `device` ("0", "1", ...) pins the process to one GPU through CUDA_VISIBLE_DEVICES. `on_start` is told
+    the supervisor's `procs.Started` (pid and start time), e.g. for a run's record of its processes."""
+    from a2rl.grading.errors import FailureKind, classify_failure
+    from a2rl.isolation import procs
+
     task_ref = task_class_ref(spec.task_object())
     out_file = eval_cache_dir() / f"run-{os.getpid()}-{time.time_ns()}.json"
     cmd = [
@@ -215,17 +253,33 @@ def evaluate_in_subprocess(
         from a2rl.ops.progress import EVAL_PROGRESS_ENV
 
         env[EVAL_PROGRESS_ENV] = str(progress_file)
-    from a2rl.grading.errors import FailureKind, classify_failure
-
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
-    except subprocess.TimeoutExpired as e:
-        raise EvaluationFailed(f"evaluation timed out after {timeout_s:.0f} s", FailureKind.TIMEOUT) from e
-    if proc.returncode != 0 or not out_file.exists():
-        text = (proc.stderr or proc.stdout or "").strip()
-        tail = text.splitlines()[-40:]
-        raise EvaluationFailed(f"evaluation process exited with {proc.returncode}: " + "\n".join(tail),
-                               classify_failure(text, proc.returncode))
+    memory = procs.memory_limit_for(eval_memory_bytes(model_dir), gpu=_uses_gpu(device), label="eval")
+    log.info("evaluation of %s: memory limit %s", model_dir,
+             memory.describe() if memory else "none (a GPU evaluation and no writable cgroup v2 here)")
+    with tempfile.TemporaryFile() as output:  # on disk, not in memory: only its tail is ever read back
+        try:
+            proc = procs.start(procs.supervised(cmd, sys.executable), group="session",
+                               death_signal=procs.SUPERVISOR_DEATH_SIGNAL, memory=memory, on_start=on_start, env=env,
+                               stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT)  # fmt: skip
+            try:
+                returncode = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired as e:
+                raise EvaluationFailed(f"evaluation timed out after {timeout_s:.0f} s", FailureKind.TIMEOUT) from e
+            finally:
+                procs.end_session_of(proc)  # the supervisor's tree, its group and session: nothing outlives it
+            oom = memory is not None and memory.oom_killed()
+        finally:
+            if memory is not None:
+                memory.release()
+        if returncode != 0 or not out_file.exists():
+            out_file.unlink(missing_ok=True)
+            output.seek(max(0, output.seek(0, os.SEEK_END) - OUTPUT_TAIL_BYTES))
+            text = output.read().decode("utf-8", errors="replace").strip()
+            tail = text.splitlines()[-40:]
+            kind = FailureKind.OOM if oom else classify_failure(text, returncode)
+            raise EvaluationFailed(f"evaluation process exited with {returncode}"
+                                   f"{' (memory limit ' + memory.describe() + ')' if oom else ''}: " + "\n".join(tail),
+                                   kind)  # fmt: skip
     try:
         return EvalResult.model_validate_json(out_file.read_text())
     finally:
@@ -244,6 +298,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", default="transformers", choices=["transformers", "vllm"])
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args(argv)
+    from a2rl.inference.config_check import check_config_matches_weights
+
+    check_config_matches_weights(args.model)  # before any weight is loaded: a config that builds more is refused
     task = task_from_ref(args.task_class, args.task)
     spec = EvalSpec(args.task, args.variant, args.split, args.limit, args.batch_size, args.backend, task)
     result = evaluate(args.model, spec)

@@ -4,8 +4,9 @@ Prompts are rendered with the checkpoint's chat template, sorted by length (less
 (decoder-only models continue from the right end) and generated in batches; the original order is restored.
 `batch_size=1` runs the very same code one prompt at a time and is the baseline batching is measured against.
 
-Greedy batches go through `a2rl.inference.decode_engine` where it pays: on CUDA always (static cache + CUDA graph), on
-CPU when the prompts share a long token prefix (few-shot exemplars), which is then prefilled once per call.
+Batches go through `a2rl.inference.decode_engine` where it pays: on CUDA always (static cache + CUDA graph, greedy
+or sampled), on CPU for greedy prompts that share a long token prefix (few-shot exemplars), which is then
+prefilled once per call.
 Its outputs are cut exactly like `generate`'s; any engine failure falls back to `generate` with a warning.
 """
 
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from pydantic import BaseModel
+
+from a2rl.inference.decode_engine import Sampling, StopTokens, row_seeds, shared_prefix
 
 if TYPE_CHECKING:
     import torch
@@ -123,8 +126,9 @@ def generate(
             op: 1 thread, or OMP_WAIT_POLICY=PASSIVE set before torch starts, can be several times faster
             than the default 2 (tiny model: 0.06 s vs 0.4-4 s per call; SmolLM2 batch 16 on the loaded
             2-core machine: 54 tok/s with 1 thread, 28 with 2 + PASSIVE, 8 with 2).
-        engine: One of `ENGINES`; None reads A2RL_DECODE_ENGINE (default `auto`). Sampling always uses
-            `generate`.
+        engine: One of `ENGINES`; None reads A2RL_DECODE_ENGINE (default `auto`). Sampled decoding uses the
+            engine on CUDA (`auto`) or when asked (`static`, `graph`): each prompt's sample is then a function of
+            `seed` and its position in `conversations`, whatever the batching.
         on_done: Called with n as n more completions are final (rows of a batch end at different steps), for
             progress counted per item rather than per batch.
     """
@@ -149,7 +153,8 @@ def generate(
         torch.set_num_threads(num_threads)
     try:
         return _generate_all(
-            model, tokenizer, conversations, max_new_tokens, temperature, top_p, stop, batch_size, engine, on_done
+            model, tokenizer, conversations, max_new_tokens, temperature, top_p, stop, batch_size, engine, seed,
+            on_done,
         )
     finally:
         torch.set_num_threads(threads_before)
@@ -165,6 +170,7 @@ def _generate_all(
     stop: tuple[str, ...],
     batch_size: int,
     engine: str = "auto",
+    seed: int | None = None,
     on_done: Callable[[int], None] | None = None,
 ) -> GenerationOutput:
     started = time.perf_counter()
@@ -177,13 +183,15 @@ def _generate_all(
     counts: list[int] = [0] * len(prompts)
     options = _decoding_options(tokenizer, max_new_tokens, temperature, top_p, stop)
     eos_ids = _eos_ids(model, tokenizer)
-    fast = _EngineRun.plan(model, engine, temperature, token_ids) if temperature == 0 else None
+    fast = _EngineRun.plan(model, engine, temperature, top_p, token_ids)
+    seeds = row_seeds(seed if seed is not None else int.from_bytes(os.urandom(4), "little"), len(prompts))
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
         report = _BatchReport(len(rows), on_done)
         new_tokens = None
         if fast is not None:
-            new_tokens = fast.try_batch([token_ids[i] for i in rows], max_new_tokens, tokenizer, stop, eos_ids, report)
+            new_tokens = fast.try_batch([token_ids[i] for i in rows], max_new_tokens, tokenizer, stop, eos_ids,
+                                        [seeds[i] for i in rows], report)  # fmt: skip
         if new_tokens is None:
             new_tokens = _generate_batch(model, tokenizer, [prompts[i] for i in rows], options, report, eos_ids)
         report(len(rows))  # the rest: rows that ran to max_new_tokens, or ended unseen
@@ -314,40 +322,32 @@ def _cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
     return text[:cut]
 
 
-def _shared_prefix(token_ids: Sequence[Sequence[int]]) -> list[int]:
-    """The longest token prefix of every prompt, leaving each prompt at least one token of its own."""
-    if len(token_ids) < 2:
-        return []
-    first, n = token_ids[0], min(len(ids) for ids in token_ids) - 1
-    length = 0
-    while length < n and all(ids[length] == first[length] for ids in token_ids):
-        length += 1
-    return list(first[:length])
-
-
 class _EngineRun:
     """The decode engine for one `generate` call: which decoder, which shared prefix, fallback on failure."""
 
-    def __init__(self, decoder, prefix_ids: list[int]):
+    def __init__(self, decoder, prefix_ids: list[int], sampling: Sampling | None = None):
         self.decoder = decoder
         self.prefix_ids = prefix_ids
         self.prefix = None
+        self.sampling = sampling
+        self.stop: StopTokens | None = None
 
     @classmethod
-    def plan(cls, model: PreTrainedModel, engine: str, temperature: float, token_ids) -> _EngineRun | None:
-        if engine == "generate" or temperature > 0:
+    def plan(cls, model: PreTrainedModel, engine: str, temperature: float, top_p: float, token_ids) -> _EngineRun | None:
+        if engine == "generate":
             return None
-        prefix = _shared_prefix(token_ids)
+        prefix = shared_prefix(token_ids)
         if len(prefix) < MIN_SHARED_PREFIX:
             prefix = []
         on_cuda = model.device.type == "cuda"
-        if engine == "auto" and not on_cuda and not prefix:
-            return None  # on CPU without a shared prefix the engine saves nothing over `generate`
+        if engine == "auto" and not on_cuda and (temperature > 0 or not prefix):
+            return None  # on CPU `generate` is the sampler, and without a shared prefix the engine saves nothing
         use_graph = on_cuda and engine in ("auto", "graph")
         decoder = _decoder_for(model, use_graph)
-        return cls(decoder, prefix) if decoder is not None else None
+        sampling = Sampling(temperature=temperature, top_p=top_p) if temperature > 0 else None
+        return cls(decoder, prefix, sampling) if decoder is not None else None
 
-    def try_batch(self, rows, max_new_tokens, tokenizer, stop, eos_ids, report=None) -> list[list[int]] | None:
+    def try_batch(self, rows, max_new_tokens, tokenizer, stop, eos_ids, seeds, report=None) -> list[list[int]] | None:
         """New tokens per row from the engine, or None (after one warning) to use `generate` instead;
         `report(n)`: n rows of the batch have finished by now."""
         if self.decoder is None:
@@ -362,8 +362,12 @@ class _EngineRun:
         try:
             if p and self.prefix is None:
                 self.prefix = self.decoder.cached_prefix(self.prefix_ids)
+            if self.stop is None:
+                self.stop = StopTokens.build(tokenizer, stop, eos_ids)
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-            return self.decoder.decode([r[p:] for r in rows], max_new_tokens, finished, pad, self.prefix, report)
+            return self.decoder.decode([r[p:] for r in rows], max_new_tokens, finished, pad, self.prefix,
+                                       sampling=self.sampling, seeds=seeds if self.sampling else None,
+                                       stop=self.stop, report=report)  # fmt: skip
         except Exception as e:  # noqa: BLE001 - any engine failure: same outputs from `generate`
             log.warning("decode engine failed (%s: %s); falling back to transformers generate", type(e).__name__, e)
             _disable_decoder(self.decoder.model)
@@ -373,13 +377,13 @@ class _EngineRun:
 
 def _decoder_for(model: PreTrainedModel, use_graph: bool):
     """The model's decoder (kept on the model: its caches and graphs serve later calls), or None."""
-    from a2rl.inference.decode_engine import EngineUnsupported, GreedyDecoder
+    from a2rl.inference.decode_engine import Decoder, EngineUnsupported
 
     decoders = model.__dict__.setdefault("_a2rl_decoders", {})
     if use_graph not in decoders:
         try:
             chunk = 32 if model.device.type == "cuda" else 4  # host checks: cheap on CPU, a sync on CUDA
-            decoders[use_graph] = GreedyDecoder(model, use_graph=use_graph, chunk=chunk)
+            decoders[use_graph] = Decoder(model, use_graph=use_graph, chunk=chunk)
         except EngineUnsupported as e:
             log.info("decode engine not used: %s", e)
             decoders[use_graph] = None

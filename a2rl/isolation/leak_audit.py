@@ -1,18 +1,27 @@
 """Post-run leak audit: does any hidden item's text appear in what the agent wrote or said?
 
-After a session, the workspace (everything the agent could write) and its transcripts are searched for the
-hidden test (and validation) items, with the contamination guard's matching (`a2rl.ngrams`, which
-`benchmarks.contamination` shares): an **exact** match of a whole item's normalised text, or a shared run of
-`n` word tokens (**n-gram**, 13 by default). A hit means the agent held a hidden item, whatever the route: a leak through the sandbox, the
-driver LLM reciting a public benchmark, or a task whose training data overlaps its test set.
+After a session, everything the agent wrote (the workspace, its file names included) and what it said (its
+output, transcripts and tool calls) is searched for the hidden test (and validation) items, with the
+contamination guard's matching (`a2rl.ngrams`): an **exact** match of a whole item's normalised text, or a shared
+run of `n` word tokens (**n-gram**, 13 by default). A hit means the agent held a hidden item, whatever the route: a
+leak through the sandbox, the driver LLM reciting a public benchmark, or a task whose training data overlaps its
+test set.
 
-Time is bounded on large workspaces: binary files (a NUL byte near the start, or a weights suffix), files over
-`max_file_bytes`, and anything past `max_total_bytes` or `max_seconds` are skipped and counted, never read.
+The verdict is three-valued, and "not found" means everything was read:
+- **found**: at least one hidden item, with where;
+- **not found**: every byte was read (each file streamed whole through a `StreamMatcher`, whatever its size or
+  kind; the agent's dropped output through the matcher while it was written, `a2rl.recording.agent_log`);
+- **incomplete**: something was not read (the time budget ran out, a file could not be opened, output was
+  dropped unsearched): `unread` says what, and no "clean" is claimed.
+What is read as text is the bytes as written (UTF-8): the tensor data of well-formed safetensors files is not text
+and is counted apart (`tensor_bytes`); encodings (compression, base64, numbers in tensors) are not decoded.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
@@ -21,12 +30,15 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from a2rl.isolation import safefs
-from a2rl.ngrams import DEFAULT_NGRAM, tokens
+from a2rl.ngrams import DEFAULT_NGRAM, StreamMatcher
+from a2rl.recording.agent_log import read_agent_log_records
 from a2rl.workspace import RunPaths
 
-BINARY_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".npy", ".npz", ".pyc", ".so",
-                   ".arrow", ".parquet", ".zip", ".gz", ".tar", ".png", ".jpg", ".pdf")  # fmt: skip
 MAX_EXAMPLES = 20
+MAX_UNREAD_LISTED = 50
+CHUNK = 1 << 20
+
+Verdict = Literal["found", "not found", "incomplete"]
 
 
 class LeakHit(BaseModel):
@@ -37,21 +49,28 @@ class LeakHit(BaseModel):
     path: str
     kind: Literal["exact", "ngram"]
     evidence: str
-    """The shared n-gram, or the start of the item's normalised text."""
+    """The shared n-gram, or the item's normalised text."""
 
 
 class LeakReport(BaseModel):
-    """What the audit read, what it skipped, and which hidden items it found where."""
+    """What the audit read, what it did not, and which hidden items it found where."""
 
     n_hidden_items: int
+    verdict: Verdict = "not found"
     leaked_items: int = 0
     """Distinct hidden items found at least once."""
     files_scanned: int = 0
     bytes_scanned: int = 0
     files_skipped: int = 0
-    """Binary, too large, unreadable, or past the byte or time budget."""
+    """Files not (fully) read: unreadable, or past the time or byte budget (then `truncated`)."""
+    unread: list[str] = Field(default_factory=list)
+    """What was not read and why (the first MAX_UNREAD_LISTED)."""
     truncated: bool = False
-    """The byte or time budget ran out before every file was read."""
+    """The time or byte budget ran out before everything was read."""
+    tensor_bytes: int = 0
+    """Tensor data of well-formed safetensors files: not text, not read (their headers are)."""
+    output_bytes_searched_while_written: int = 0
+    """Agent output dropped from the capped agent.log, but searched as it was written."""
     seconds: float = 0.0
     hits_by_path: dict[str, int] = Field(default_factory=dict)
     """Path -> distinct hidden items found in it."""
@@ -60,37 +79,78 @@ class LeakReport(BaseModel):
 
     @property
     def clean(self) -> bool:
-        return self.leaked_items == 0
+        """Read everything and found nothing (an incomplete audit is never clean)."""
+        return self.verdict == "not found"
+
+    def summary_line(self) -> str:
+        """The report's one line on the audit."""
+        n = self.n_hidden_items
+        if self.verdict == "found":
+            more = " (and not everything was read)" if self.truncated or self.unread else ""
+            return (f"Leak audit: FOUND {self.leaked_items} of {n} hidden validation/test items in what the agent "
+                    f"wrote or said{more} (harness/leak_audit.json).")  # fmt: skip
+        if self.verdict == "incomplete":
+            return (f"Leak audit: INCOMPLETE, no verdict: 0 of {n} hidden items found in what was read, but "
+                    f"{self.files_skipped} file(s) or streams were not read ({'; '.join(self.unread[:2])}; "
+                    "harness/leak_audit.json).")  # fmt: skip
+        tensors = f"; tensor data of safetensors files ({self.tensor_bytes / 1e9:.1f} GB) is not text and was not read" \
+            if self.tensor_bytes else ""  # fmt: skip
+        return (f"Leak audit: not found: 0 of {n} hidden items in everything the agent wrote or said "
+                f"({self.files_scanned} files, {self.bytes_scanned / 1e6:.1f} MB{tensors}; harness/leak_audit.json).")
 
 
-class _Index:
-    """Hidden items by n-gram; items shorter than n tokens by their whole token sequence."""
+class _Audit:
+    """One audit's running state: the matcher per source, the report, the budget."""
 
-    def __init__(self, items: list[str], n: int):
-        self.n = n
-        self.grams: dict[tuple[str, ...], int] = {}
-        self.short: dict[tuple[str, ...], int] = {}
-        for i, text in enumerate(items):
-            words = tuple(tokens(text))
-            if not words:
-                continue
-            if len(words) < n:
-                self.short.setdefault(words, i)
-            for j in range(len(words) - n + 1):
-                self.grams.setdefault(words[j : j + n], i)
-        self.short_lengths = sorted({len(w) for w in self.short})
+    def __init__(self, items: list[str], n: int, min_short_tokens: int, max_total_bytes: int | None,
+                 max_seconds: float):  # fmt: skip
+        self.report = LeakReport(n_hidden_items=len(items))
+        self.start = time.monotonic()
+        self.max_total_bytes, self.max_seconds = max_total_bytes, max_seconds
+        self.found: set[int] = set()
+        self._matcher = StreamMatcher(items, n, min_short_tokens)  # the index, built once
+        self.seen: dict[int, list[bytes]] = {}  # size -> sha256 of files of that size already read
 
-    def find(self, text: str) -> Iterator[tuple[int, Literal["exact", "ngram"], str]]:
-        words = tokens(text)
-        for j in range(len(words) - self.n + 1):
-            gram = tuple(words[j : j + self.n])
-            if gram in self.grams:
-                yield self.grams[gram], "ngram", " ".join(gram)
-        for k in self.short_lengths:  # a short item counts only as a whole (k tokens in a row)
-            for j in range(len(words) - k + 1):
-                window = tuple(words[j : j + k])
-                if window in self.short:
-                    yield self.short[window], "exact", " ".join(window)
+    def over_budget(self) -> bool:
+        over = time.monotonic() - self.start > self.max_seconds or (
+            self.max_total_bytes is not None and self.report.bytes_scanned > self.max_total_bytes)
+        self.report.truncated |= over
+        return over
+
+    def unread(self, what: str) -> None:
+        self.report.files_skipped += 1
+        if len(self.report.unread) < MAX_UNREAD_LISTED:
+            self.report.unread.append(what)
+
+    def matcher(self) -> StreamMatcher:
+        return self._matcher.fresh()
+
+    def record(self, path: str, found: dict[int, tuple[str, str]]) -> None:
+        if not found:
+            return
+        self.report.hits_by_path[path] = self.report.hits_by_path.get(path, 0) + len(found)
+        for item, (kind, evidence) in sorted(found.items()):
+            if item not in self.found and len(self.report.examples) < MAX_EXAMPLES:
+                self.report.examples.append(LeakHit(item=item, path=path, kind=kind, evidence=evidence[:200]))
+            self.found.add(item)
+
+    def stream(self, path: str, chunks: Iterator[bytes]) -> bool:
+        """Search one file's chunks; False (and listed as unread) when the budget ran out before its end."""
+        m = self.matcher()
+        whole = True
+        for data in chunks:
+            if self.over_budget():
+                whole = False
+                break
+            m.feed(data)
+            self.report.bytes_scanned += len(data)
+        m.close()
+        self.record(path, m.found)
+        if whole:
+            self.report.files_scanned += 1
+        else:
+            self.unread(f"{path} (the audit's time or byte budget ran out)")
+        return whole
 
 
 def audit_leaks(
@@ -98,66 +158,154 @@ def audit_leaks(
     transcripts: list[Path],
     hidden_items: list[str],
     n: int = DEFAULT_NGRAM,
-    max_file_bytes: int = 32 * 1024**2,
-    max_total_bytes: int = 1024**3,
-    max_seconds: float = 120.0,
+    max_total_bytes: int | None = None,
+    max_seconds: float = 3600.0,
     min_short_tokens: int = 4,
     exclude: tuple[str, ...] = (),
+    agent_log: Path | None = None,
 ) -> LeakReport:
-    """Search the workspace's text files and the transcripts for hidden items.
+    """Search the workspace (every file, and every file's name) and the transcripts for hidden items.
 
     Args:
-        workspace: The run's workspace; every file under it is a candidate (symlinks are not followed).
-        transcripts: Extra files to search (agent log, LLM transcript, tool calls), read first.
+        workspace: The run's workspace; every file under it is read (symlinks are not followed).
+        transcripts: Harness-side files to search whole (LLM transcript, tool calls), read first.
         hidden_items: Texts the agent must never have held (hidden test and validation questions).
         n: N-gram length in word tokens.
+        max_total_bytes, max_seconds: The budget; past it the verdict is "incomplete" (never "not found").
         min_short_tokens: Items shorter than `n` tokens are matched whole, but only from this length up: a
             two-word item would match everywhere.
         exclude: Workspace sub-paths not searched: what the harness itself put there (training data, base
             model), which the contamination guard checked when the task's data was built.
+        agent_log: The capped agent log: the file is read like a transcript, and what was dropped from it counts
+            as read only where its capture searched every byte (`harness/agent-log.json`).
     """
-    start = time.monotonic()
-    index = _Index([t if len(tokens(t)) >= min_short_tokens else "" for t in hidden_items], n)
-    report = LeakReport(n_hidden_items=len(hidden_items))
-    found: set[int] = set()
-    seen_content: set[str] = set()
-    sources = [(Path(t), _read_chunks(Path(t), max_file_bytes)) for t in transcripts]
-    skip = {str(PurePosixPath(e)) for e in exclude}
-    sources += [(Path(workspace, entry.rel), _read_whole(entry, max_file_bytes))
-                for entry in _files(Path(workspace), skip)]
-    for path, chunks in sources:
-        if report.bytes_scanned > max_total_bytes or time.monotonic() - start > max_seconds:
-            report.truncated = True
-            report.files_skipped += 1
+    audit = _Audit(hidden_items, n, min_short_tokens, max_total_bytes, max_seconds)
+    if agent_log is not None:
+        _agent_output(audit, agent_log)
+    for path in transcripts:
+        if not path.exists():
             continue
-        in_file: set[int] = set()
-        read_any = False
-        for text in chunks:
-            if report.bytes_scanned > max_total_bytes or time.monotonic() - start > max_seconds:
-                report.truncated = True
+        _stream_file(audit, path)
+    skip = {str(PurePosixPath(e)) for e in exclude}
+    names, pending = audit.matcher(), []  # file names and link targets are what the agent wrote too
+    listed_past_budget = 0
+    for entry in _entries(audit, Path(workspace), skip):
+        if audit.over_budget():  # files past the budget are listed as unread, up to a point
+            listed_past_budget += 1
+            if listed_past_budget > 100_000:
+                audit.unread(f"{workspace}/{entry.rel} and every name after it (the audit's budget ran out)")
                 break
-            digest = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
-            if digest in seen_content:  # a file copied into every checkpoint is read once
-                continue
-            seen_content.add(digest)
-            read_any = True
-            report.bytes_scanned += len(text)
-            for item, kind, evidence in index.find(text):
-                if item in in_file:
-                    continue
-                in_file.add(item)
-                if item not in found and len(report.examples) < MAX_EXAMPLES:
-                    report.examples.append(LeakHit(item=item, path=str(path), kind=kind, evidence=evidence[:200]))
-                found.add(item)
-        if chunks is _UNREADABLE:
-            report.files_skipped += 1
-        elif read_any:
-            report.files_scanned += 1
-        if in_file:
-            report.hits_by_path[str(path)] = len(in_file)
-    report.leaked_items = len(found)
-    report.seconds = round(time.monotonic() - start, 3)
+        pending.append(entry.rel.replace("/", " "))
+        if entry.is_link:
+            pending.append(safefs.read_link(entry) or "")
+        elif entry.is_file:
+            _workspace_file(audit, Path(workspace), entry)
+        if len(pending) > 10_000:  # fed in batches: a feed has a fixed cost, millions of names are cheap
+            names.feed("\n".join(pending) + "\n")
+            pending.clear()
+    names.feed("\n".join(pending))
+    names.close()
+    audit.record(f"{workspace} (file names)", names.found)
+    report = audit.report
+    report.leaked_items = len(audit.found)
+    report.verdict = "found" if audit.found else "incomplete" if report.files_skipped else "not found"
+    report.seconds = round(time.monotonic() - audit.start, 3)
     return report
+
+
+def _agent_output(audit: _Audit, log: Path) -> None:
+    """What the agent printed: the capped file, and what each capture dropped (searched as it was written)."""
+    records = read_agent_log_records(log.parent) if log.exists() else []
+    for i, rec in enumerate(records):
+        audit.record(f"{log} (all {rec.total_bytes} bytes of session output {i + 1}, searched as written)",
+                     {int(k): v for k, v in rec.found.items()} if rec.scanned else {})  # fmt: skip
+        if rec.dropped_bytes and rec.scanned and rec.complete:
+            audit.report.output_bytes_searched_while_written += rec.dropped_bytes
+        elif rec.dropped_bytes or not rec.complete:
+            why = "not searched" if not rec.scanned else "its capture was cut short by the harness's end"
+            audit.unread(f"{log}: {rec.dropped_bytes or 'some'} bytes of session output {i + 1} dropped ({why})")
+    if log.exists():
+        _stream_file(audit, log)
+
+
+def _stream_file(audit: _Audit, path: Path) -> None:
+    """A harness file (transcript, log), read whole without following a link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        audit.unread(f"{path} ({e.strerror})")
+        return
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            audit.stream(str(path), _chunks(fd))
+        else:
+            audit.unread(f"{path} (not a regular file)")
+    finally:
+        os.close(fd)
+
+
+def _workspace_file(audit: _Audit, root: Path, entry: safefs.Entry) -> None:
+    path = str(root / entry.rel)
+    if audit.over_budget():
+        audit.unread(f"{path} (the audit's time or byte budget ran out)")
+        return
+    fd = safefs.open_file(entry)
+    if fd is None:
+        audit.unread(f"{path} (gone, swapped or unreadable when opened)")
+        return
+    try:
+        size = os.fstat(fd).st_size
+        if size in audit.seen and _sha256(_chunks(fd)) in audit.seen[size]:  # a copy of a file already read
+            audit.report.files_scanned += 1
+            return
+        text_end = _safetensors_text_end(fd, size) if entry.name.endswith(".safetensors") else size
+        audit.report.tensor_bytes += size - text_end
+        digest = hashlib.sha256()
+        if audit.stream(path, _hashed(_chunks(fd, text_end), digest)) and text_end == size:
+            audit.seen.setdefault(size, []).append(digest.digest())
+    finally:
+        os.close(fd)
+
+
+def _safetensors_text_end(fd: int, size: int) -> int:
+    """Where the text of a safetensors file ends: after its header when the header is well formed (read in
+    bounded memory, as the grader reads it), the rest being tensor data; else the whole file is text to read."""
+    from a2rl.grading.errors import SubmissionRejected
+    from a2rl.grading.weights import MAX_SAFETENSORS_HEADER, parse_safetensors_header
+
+    raw = os.pread(fd, 8, 0)
+    header_len = int.from_bytes(raw, "little") if len(raw) == 8 else 0
+    if not 0 < header_len <= min(MAX_SAFETENSORS_HEADER, size - 8):
+        return size
+    try:
+        parse_safetensors_header(os.pread(fd, header_len, 8), size - 8 - header_len, "")
+    except SubmissionRejected:
+        return size
+    return 8 + header_len
+
+
+def _sha256(chunks: Iterator[bytes]) -> bytes:
+    h = hashlib.sha256()
+    for block in chunks:
+        h.update(block)
+    return h.digest()
+
+
+def _hashed(chunks: Iterator[bytes], digest) -> Iterator[bytes]:
+    for block in chunks:
+        digest.update(block)
+        yield block
+
+
+def _chunks(fd: int, end: int | None = None) -> Iterator[bytes]:
+    """The file's bytes from 0 to `end` (or its end), a chunk at a time (the caller closes `fd`)."""
+    offset = 0
+    while end is None or offset < end:
+        data = os.pread(fd, CHUNK if end is None else min(CHUNK, end - offset), offset)
+        if not data:
+            return
+        offset += len(data)
+        yield data
 
 
 def hidden_texts(items: Iterable[dict], fields: tuple[str, ...] = ("question",)) -> list[str]:
@@ -165,49 +313,36 @@ def hidden_texts(items: Iterable[dict], fields: tuple[str, ...] = ("question",))
     return [str(item[f]) for item in items for f in fields if isinstance(item.get(f), str) and item[f].strip()]
 
 
+def leak_metrics(report: LeakReport) -> dict:
+    """The audit in the results store: the verdict, and the count only where it is one (an incomplete audit's
+    zero is no count)."""
+    return {"leaked_items": None if report.verdict == "incomplete" else report.leaked_items,
+            "leak_verdict": report.verdict}  # fmt: skip
+
+
 def audit_run(paths: RunPaths, hidden_items: Iterable[dict]) -> LeakReport:
-    """A finished run's audit: its workspace (less the data and models the harness put there) and the agent's
-    log and transcripts, for `hidden_items` (the task's validation and test items); writes leak_audit.json."""
+    """A finished run's audit: its workspace (less the data and models the harness put there), the agent's output
+    (capped log and what its capture searched) and transcripts, for `hidden_items` (the task's validation and
+    test items); writes leak_audit.json."""
     h = paths.harness_dir
-    report = audit_leaks(paths.workspace, [h / "agent.log", h / "transcript.jsonl", h / "tool_calls.jsonl"],
-                         hidden_texts(hidden_items), exclude=("data", "models"))  # fmt: skip
+    report = audit_leaks(paths.workspace, [h / "transcript.jsonl", h / "tool_calls.jsonl"], hidden_texts(hidden_items),
+                         exclude=("data", "models"), agent_log=h / "agent.log")  # fmt: skip
     (h / "leak_audit.json").write_text(report.model_dump_json(indent=1))
     return report
 
 
-_UNREADABLE: list[str] = []
-
-
-def _files(root: Path, skip: set[str]) -> Iterator[safefs.Entry]:
-    """Regular files under `root` but not under `skip`, walked without following links (even swapped-in ones)."""
+def _entries(audit: _Audit, root: Path, skip: set[str]) -> Iterator[safefs.Entry]:
+    """Every name under `root` but not under `skip`, walked without following links (even swapped-in ones); a
+    directory too deep to enter is listed as unread."""
     if not root.is_dir() or root.is_symlink():
         return
-    for entry in safefs.walk(root, prune=lambda e: e.rel in skip):
-        if entry.is_file and entry.rel not in skip:
-            yield entry
+    depth = 4 * safefs.MAX_DEPTH
+    for entry in safefs.walk(root, prune=lambda e: e.rel in skip, max_depth=depth):
+        if entry.rel in skip:
+            continue
+        if entry.is_dir and entry.rel.count("/") + 1 >= depth:
+            audit.unread(f"{root / entry.rel} (nested deeper than {depth} directories: not entered)")
+        yield entry
 
 
-def _read_whole(entry: safefs.Entry, max_bytes: int) -> list[str]:
-    """The file's text as one chunk; _UNREADABLE for binary, oversized, unreadable or non-regular files."""
-    if PurePosixPath(entry.name).suffix.lower() in BINARY_SUFFIXES:
-        return _UNREADABLE
-    data = safefs.read_file(entry, max_bytes)
-    if data is None:
-        return _UNREADABLE
-    return _UNREADABLE if b"\x00" in data[:8192] else [data.decode("utf-8", errors="replace")]
-
-
-def _read_chunks(path: Path, chunk_bytes: int) -> Iterator[str]:
-    """A transcript of any size, in chunks that overlap by a few KB so that no item is cut in two."""
-    overlap = 16 * 1024
-    try:
-        with path.open("rb") as f:
-            tail = b""
-            while data := f.read(chunk_bytes):
-                yield (tail + data).decode("utf-8", errors="replace")
-                tail = data[-overlap:]
-    except OSError:
-        return
-
-
-__all__ = ["LeakHit", "LeakReport", "audit_leaks", "audit_run", "hidden_texts"]
+__all__ = ["LeakHit", "LeakReport", "audit_leaks", "audit_run", "hidden_texts", "leak_metrics"]

@@ -8,6 +8,11 @@
 - `SessionRecord` / `end_earlier_attempts`: each agent session's processes are recorded in the run's harness
   directory (pid with its start time, so a reused pid is never mistaken for ours); a retried run first ends
   every process an earlier attempt left on its workspace, and checks they are gone, before it does anything.
+- `MemoryLimit`: a memory cap for what `start` runs (an evaluation): a cgroup v2 child with `memory.max` where
+  the harness's cgroup delegates the memory controller and is writable, else `RLIMIT_AS` (address space, per
+  process, inherited); `memory_limit_for` picks, and says which.
+- `start(..., on_start=...)`: the caller learns each started process as a `Started` (pid + start time), e.g. to
+  record it for a retry to end.
 
 Standard library only at module level: the sandbox shim (run as `python -I -S`) loads this file by path.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -64,19 +70,164 @@ def _prctl():
         return None
 
 
+@dataclass(frozen=True)
+class Started:
+    """A process `start` began: `pid` with `start_ticks` identifies it for good (a reused pid has another start
+    time), e.g. in a run's attempt record that a retry reads to end what an earlier attempt left."""
+
+    pid: int
+    start_ticks: int
+    """Start time in clock ticks after boot (`ProcStat.start_ticks`); -1 when it was already gone."""
+    argv0: str
+    memory_limit: str | None = None
+    """`MemoryLimit.describe()` of the limit it runs under, or None."""
+
+
+OnStart = Callable[[Started], None]
+"""Called with every process `start` began, right after it began (from the calling thread)."""
+
+
 def start(cmd: list[str], group: Literal["session", "group", "inherit"] = "session", die_with_parent: bool = True,
-          death_signal: int = signal.SIGKILL, **popen_kwargs) -> subprocess.Popen:  # fmt: skip
+          death_signal: int = signal.SIGKILL, memory: MemoryLimit | None = None, on_start: OnStart | None = None,
+          **popen_kwargs) -> subprocess.Popen:  # fmt: skip
     """`subprocess.Popen(cmd, **popen_kwargs)` that dies with this harness (unless `die_with_parent` is False: a
     server meant to outlive the command that started it): as the leader of a new session (the harness's group
     signals do not reach it; `stop_group` / `stop_session` do), of a new process group in this session, or in
     the caller's group ("inherit": the caller's group signals reach it). The signal comes when the *thread* that
-    called `start` ends: call it from the thread that waits for the process, not from a short-lived one."""
+    called `start` ends: call it from the thread that waits for the process, not from a short-lived one.
+
+    `memory`: the process (and all it starts) runs under that limit, applied before it executes anything; call
+    `memory.release()` once it has ended. `on_start`: told the process's `Started` as soon as it runs."""
     if group == "session":
         popen_kwargs["start_new_session"] = True
     elif group == "group":
         popen_kwargs["process_group"] = 0
-    preexec = parent_death_signal(death_signal) if die_with_parent else None
-    return subprocess.Popen(cmd, preexec_fn=preexec, **popen_kwargs)
+    steps = [parent_death_signal(death_signal)] if die_with_parent else []
+    if memory is not None:
+        steps.append(memory.preexec())
+    preexec = steps[0] if len(steps) == 1 else (lambda: [step() for step in steps]) if steps else None
+    proc = subprocess.Popen(cmd, preexec_fn=preexec, **popen_kwargs)
+    if on_start is not None:
+        st = proc_stat(proc.pid)
+        on_start(Started(proc.pid, st.start_ticks if st else -1, str(cmd[0]) if cmd else "",
+                         memory.describe() if memory else None))  # fmt: skip
+    return proc
+
+
+# -- memory limits ------------------------------------------------------------------------------------------
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass
+class MemoryLimit:
+    """At most `max_bytes` for a process and everything it starts.
+
+    `how` = "cgroup": a fresh cgroup v2 child of the harness's own cgroup with `memory.max` (and no swap), which
+    the child joins before it executes anything; the kernel's OOM killer then ends only that cgroup (SIGKILL, exit
+    -9), and `release` kills whatever is left in it and removes it. `how` = "rlimit": `RLIMIT_AS` on the process,
+    inherited by its children: each may map at most `max_bytes` (allocations past it fail: MemoryError). Address
+    space is not memory (CUDA reserves far more than it uses), so `memory_limit_for` never picks it for a GPU."""
+
+    max_bytes: int
+    how: Literal["cgroup", "rlimit"]
+    cgroup: Path | None = None
+
+    def preexec(self) -> Callable[[], None]:
+        if self.how == "cgroup":
+            procs_file = str(self.cgroup / "cgroup.procs")
+
+            def join() -> None:  # in the child, before exec: "0" moves the writing process itself
+                fd = os.open(procs_file, os.O_WRONLY)
+                try:
+                    os.write(fd, b"0")
+                finally:
+                    os.close(fd)
+
+            return join
+        limit = self.max_bytes
+
+        def cap() -> None:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+        return cap
+
+    def describe(self) -> str:
+        where = f"cgroup v2 {self.cgroup}" if self.how == "cgroup" else "RLIMIT_AS (address space, per process)"
+        return f"{self.max_bytes / 2**30:.1f} GiB via {where}"
+
+    def oom_killed(self) -> bool:
+        """The cgroup's OOM killer ended a process in it (always False for an rlimit: allocations just fail)."""
+        if self.how != "cgroup" or self.cgroup is None:
+            return False
+        try:
+            events = dict(line.split() for line in (self.cgroup / "memory.events").read_text().splitlines())
+        except (OSError, ValueError):
+            return False
+        return int(events.get("oom_kill", 0)) > 0
+
+    def release(self) -> None:
+        """Kill what is left in the cgroup and remove it (nothing to do for an rlimit)."""
+        if self.how != "cgroup" or self.cgroup is None:
+            return
+        for _ in range(50):
+            try:
+                (self.cgroup / "cgroup.kill").write_text("1")
+            except OSError:
+                signal_pids(_cgroup_pids(self.cgroup), signal.SIGKILL)
+            try:
+                self.cgroup.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:  # still populated: its processes are being reaped
+                time.sleep(0.1)
+
+
+def _cgroup_pids(cgroup: Path) -> list[int]:
+    try:
+        return [int(x) for x in (cgroup / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def own_cgroup() -> Path | None:
+    """This process's cgroup v2 directory where it can make children with a memory limit, else None: the
+    unified hierarchy is mounted, our cgroup's `cgroup.subtree_control` delegates `memory`, and it is writable."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    rel = next((line[3:] for line in lines if line.startswith("0::")), None)
+    if rel is None or not (CGROUP_ROOT / "cgroup.controllers").exists():
+        return None  # cgroup v1 or a hybrid mount: no unified memory controller here
+    here = CGROUP_ROOT / rel.lstrip("/")
+    try:
+        delegated = "memory" in (here / "cgroup.subtree_control").read_text().split()
+    except OSError:
+        return None
+    return here if delegated and os.access(here, os.W_OK) else None
+
+
+def memory_limit_for(max_bytes: int, gpu: bool = False, label: str = "proc") -> MemoryLimit | None:
+    """A `MemoryLimit` of `max_bytes`: a cgroup where one can be made here, else RLIMIT_AS, except for a process
+    that will use a GPU (CUDA reserves address space far beyond memory): then None, and the caller says so."""
+    parent = own_cgroup()
+    if parent is not None:
+        child = parent / f"a2rl-{label}-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            child.mkdir()
+            (child / "memory.max").write_text(str(max_bytes))
+            try:
+                (child / "memory.swap.max").write_text("0")
+            except OSError:  # no swap accounting: memory.max still binds
+                pass
+            return MemoryLimit(max_bytes, "cgroup", child)
+        except OSError:
+            try:
+                child.rmdir()
+            except OSError:
+                pass
+    return None if gpu else MemoryLimit(max_bytes, "rlimit")
 
 
 # -- looking ------------------------------------------------------------------------------------------------

@@ -247,15 +247,18 @@ def _remove_children(parent: int, name: str, depth: int) -> None:
 
 def disk_usage(root: str | os.PathLike, prune: Callable[[Entry], bool] | None = None,
                stop_above: int | None = None) -> int:  # fmt: skip
-    """Disk blocks used under `root` (sparse files count what they occupy, hard links once, links not followed;
-    directories themselves count). Stops counting once past `stop_above`."""
+    """Bytes under `root` as the harness must count them: each file at the larger of its allocated blocks and its
+    apparent size (a sparse file occupies little but every copy of it, a snapshot or a download, is its full
+    size; a preallocated one occupies more than it says), hard links once, links not followed; directories
+    count their blocks. Stops counting once past `stop_above`."""
     total, seen = 0, set()
     for entry in walk(root, prune=prune, max_depth=4 * MAX_DEPTH):
         if prune is not None and entry.is_dir and prune(entry):
             continue
         if (entry.st.st_dev, entry.st.st_ino) not in seen:
             seen.add((entry.st.st_dev, entry.st.st_ino))
-            total += entry.st.st_blocks * 512
+            allocated = entry.st.st_blocks * 512
+            total += max(allocated, entry.st.st_size) if entry.is_file else allocated
             if stop_above is not None and total > stop_above:
                 break
     return total

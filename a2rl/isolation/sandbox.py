@@ -403,8 +403,9 @@ def _inside(path: Path, roots: list[Path]) -> bool:
 
 # -- quota --------------------------------------------------------------------------------------------------
 def workspace_bytes(workspace: Path, exclude: tuple[Path, ...] = (), stop_above: int | None = None) -> int:
-    """Disk blocks used under `workspace` (sparse files count what they occupy; hard links once; links never
-    followed, not even one swapped in while counting). Stops counting once past `stop_above`."""
+    """Bytes under `workspace` (`safefs.disk_usage`: each file at the larger of its allocated and apparent size, so
+    a sparse file counts in full; hard links once; links never followed, not even one swapped in while
+    counting). Stops counting once past `stop_above`."""
     skip = {os.path.relpath(p, workspace) for p in exclude}
     try:
         return _sibling("safefs").disk_usage(workspace, prune=lambda e: e.rel in skip, stop_above=stop_above)

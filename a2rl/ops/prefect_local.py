@@ -113,13 +113,21 @@ def server_healthy(api_url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
+DATABASE_ENV = "PREFECT_SERVER_DATABASE_CONNECTION_URL"
+
+
 def start_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, home: Path | None = None,
-                 env: dict[str, str] | None = None, timeout_s: float = 120) -> ManagedProcess:
+                 env: dict[str, str] | None = None, timeout_s: float = 120,
+                 database: str | None = None) -> ManagedProcess:
     """Start `prefect server start` on host:port in its own session; wait until /api/health answers.
 
-    Its SQLite database and logs live under `home` (PREFECT_HOME); `env` adds server settings. Returns the
-    running server if one we started is already up.
+    Its logs live under `home` (PREFECT_HOME), and so does its SQLite database unless `database` (or
+    PREFECT_SERVER_DATABASE_CONNECTION_URL) names another, e.g. `postgresql+asyncpg://user:pw@db:5432/prefect`
+    for several hosts' workers; `env` adds server settings. Returns the running server if one we started is
+    already up.
     """
+    if database:
+        env = {**(env or {}), DATABASE_ENV: database}
     home = home or prefect_home()
     home.mkdir(parents=True, exist_ok=True)
     url = api_url_of(host, port)
@@ -155,6 +163,17 @@ def start_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, home: Path 
             raise OpsError(f"the Prefect server did not answer on {url} within {timeout_s:.0f} s; see {log}")
         time.sleep(0.5)
     return server
+
+
+def database_label(url: str | None) -> str:
+    """The server's database for a message, without its password: `postgresql on db:5432/prefect`, or SQLite."""
+    if not url:
+        return "SQLite under PREFECT_HOME"
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    kind = parts.scheme.split("+")[0]
+    return f"{kind} {parts.path}" if kind == "sqlite" else f"{kind} on {parts.hostname}:{parts.port or 5432}{parts.path}"
 
 
 def _port_taken(host: str, port: int) -> str | None:
@@ -217,13 +236,13 @@ def ensure_work_pool(api_url: str, pool: str = DEFAULT_POOL, pool_type: str = "p
 
 def start_worker(api_url: str, pool: str = DEFAULT_POOL, home: Path | None = None, queues: tuple[str, ...] = (),
                  limit: int | None = None, env: dict[str, str] | None = None,
-                 timeout_s: float = 60, run_limit: int | None = None) -> ManagedProcess:
+                 timeout_s: float = 60, run_limit: int | None = None, cwd: Path | None = None) -> ManagedProcess:
     """Start a process worker on `pool` (created if missing) in its own session; wait until it polls.
 
     `queues` restricts it to some work queues (default: all of the pool's); `limit` caps concurrent flow
     runs of this worker, sweeps included (a sweep waiting for its runs then holds a place they need: prefer
     `run_limit`, which caps the pool's `default` queue, where benchmark runs go); `env` is added to the
-    worker's environment, which its flow runs inherit.
+    worker's environment, which its flow runs inherit; `cwd` is its working directory (default: the repository).
     """
     home = home or prefect_home()
     if (running := read_state(WORKER_STATE, home)) and running.alive():
@@ -238,7 +257,7 @@ def start_worker(api_url: str, pool: str = DEFAULT_POOL, home: Path | None = Non
         cmd += ["--limit", str(limit)]
     if run_limit:  # on the runs' queue only: a sweep (queue `sweeps`) never takes a place its runs need
         set_queue_limit(api_url, pool, RUNS_QUEUE, run_limit)
-    proc = _spawn(cmd, prefect_env(api_url, {"PREFECT_HOME": str(home), **(env or {})}), log)
+    proc = _spawn(cmd, prefect_env(api_url, {"PREFECT_HOME": str(home), **(env or {})}), log, cwd=cwd)
     worker = ManagedProcess(name="worker", pid=proc.pid, create_time=psutil.Process(proc.pid).create_time(), log=str(log),
                             url=api_url, pool=pool)  # fmt: skip
     _write_state(worker, WORKER_STATE, home)
@@ -420,12 +439,12 @@ def _holds(api_url: str, flow_run_id: str, verify_s: float, poll_s: float, run_c
 # ---- processes ---------------------------------------------------------------------------------------
 
 
-def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+def _spawn(cmd: list[str], env: dict[str, str], log: Path, cwd: Path | None = None) -> subprocess.Popen:
     """Start `cmd` as the leader of a new session (so its whole group can be stopped), output to `log`. It
     outlives this command (`a2rl server start` returns), so it gets no parent-death signal."""
     with log.open("ab") as out:
         return procs.start(cmd, group="session", die_with_parent=False, env=env, stdout=out,
-                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT)  # fmt: skip
+                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd or REPO_ROOT)  # fmt: skip
 
 
 def _stop_group(proc: ManagedProcess, term_signals: int, timeout_s: float) -> None:

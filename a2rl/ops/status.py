@@ -60,9 +60,12 @@ def flow_run_label(api_url: str) -> Any:
 
 
 def flow_runs_by_suffix(api_url: str, suffixes: list[str]) -> dict[str, FlowRunRow]:
-    """The flow runs whose id starts with one of the 8-hex `suffixes` of a2rl run ids (`...-<8 hex>`)."""
-    body = {"flow_runs": {"parent_task_run_id": {"is_null_": True}}, "limit": 200, "sort": "EXPECTED_START_TIME_DESC"}
-    rows = _rows(api_url, _post(api_url, "/flow_runs/filter", body))
+    """The flow runs whose id starts with one of the 8-hex `suffixes` of a2rl run ids (`...-<8 hex>`): top-level
+    ones (`a2rl run`), and runs of deployments, which a sweep's runs are though linked under the sweep."""
+    runs = {r["id"]: r for where in ({"parent_task_run_id": {"is_null_": True}}, {"deployment_id": {"is_null_": False}})
+            for r in _post(api_url, "/flow_runs/filter", {"flow_runs": where, "limit": 200,
+                                                          "sort": "EXPECTED_START_TIME_DESC"})}  # fmt: skip
+    rows = _rows(api_url, list(runs.values()))
     wanted = set(suffixes)
     return {r.id.replace("-", "")[:8]: r for r in rows if r.id.replace("-", "")[:8] in wanted}
 

@@ -11,6 +11,7 @@ from a2rl.summary.process import ProcessReport, summarize_process
 from a2rl.records import LedgerEntry, RunConfig, RunSummary
 from a2rl.summary.report import latest_submissions
 from a2rl.store.results import ITEM_COLUMNS, item_rows
+from a2rl.grading.ledger import LedgerCorrupted
 
 log = logging.getLogger(__name__)
 
@@ -29,16 +30,17 @@ def store_process_report(store: Any, report: ProcessReport, harness_dir: Path | 
     store.replace_run_rows("resources", report.run_id, resource_rows(read_resources(harness_dir / "resources.jsonl")))
 
 
-def ingest_run_dir(store: Any, run_dir: Path | str) -> ProcessReport:
+def ingest_run_dir(store: Any, run_dir: Path | str, unverified_ok: bool = False) -> ProcessReport:
     """(Re)build every row of one run in the results store from its run directory, in one transaction.
 
-    Reads `harness/manifest.json`, the verified ledger, `report.json` (if written), per-evaluation files,
-    the code snapshots, `resources.jsonl` and `llm_calls.jsonl`. All timestamps come from those files, so
-    ingesting the same directory twice leaves the store exactly as it was. No narrative is requested.
+    Reads `harness/manifest.json`, the verified ledger (`verified_entries`), `report.json` (if written),
+    per-evaluation files, the code snapshots, `resources.jsonl` and `llm_calls.jsonl`. All timestamps come from
+    those files, so ingesting the same directory twice leaves the store exactly as it was. No narrative is
+    requested. A run that does not verify (`verified_entries`) is refused: its row is marked failed with the
+    reason, no score is written, and LedgerCorrupted is raised.
     """
     import pandas as pd
 
-    from a2rl.grading.ledger import LedgerHead, read_ledger
     from a2rl.recording.snapshots import CodeSnapshots
     from a2rl.recording.calls import read_llm_calls, read_tool_calls
     from a2rl.recording.resources import read_resources, resource_rows
@@ -48,13 +50,13 @@ def ingest_run_dir(store: Any, run_dir: Path | str) -> ProcessReport:
     manifest = json.loads((harness / "manifest.json").read_text())
     run_id, config = manifest["run_id"], RunConfig.model_validate(manifest["config"])
     report_path = harness / "report.json"
-    # The ledger must end where the results store anchored it and continue the head the report was built on.
-    recorded = json.loads(report_path.read_text()).get("ledger") if report_path.exists() else None
-    entries = read_ledger(harness / "ledger.jsonl", {"the results store": store.ledger_head(run_id)},
-                          LedgerHead(recorded["entries"], recorded["head_hash"]) if recorded else None)  # fmt: skip
-    summary = None
-    if report_path.exists():
-        summary = RunSummary.model_validate(json.loads(report_path.read_text())["summary"])
+    report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    summary = RunSummary.model_validate(report["summary"]) if "summary" in report else None
+    try:
+        entries = verified_entries(store, run_id, harness, report, summary, unverified_ok)
+    except LedgerCorrupted as e:
+        store.replace_run(run_id, _refused_frames(run_id, config, summary, harness, str(e)))
+        raise
     end = next((e for e in reversed(entries) if e.detail.get("event") == "session-end"), None)
     detail = end.detail if end else {}
     status = summary.status if summary else ("completed" if any(e.kind == "final" for e in entries) else "interrupted")
@@ -82,6 +84,59 @@ def ingest_run_dir(store: Any, run_dir: Path | str) -> ProcessReport:
     }
     store.replace_run(run_id, frames)
     return process
+
+
+def verified_entries(store: Any, run_id: str, harness: Path, report: dict, summary: RunSummary | None,
+                     unverified_ok: bool = False) -> list:  # fmt: skip
+    """The run's ledger entries, once they are shown to be the ones the harness wrote; LedgerCorrupted otherwise.
+
+    The chain must verify; the ledger must end where this store anchored it and continue the head the report was
+    built on; the report's numbers must be the ledger's. Without an anchor in this store (a new store), the
+    report's head must carry this machine's MAC (`ledger.head_mac`): a ledger and report edited to agree, or a
+    run with no report at all, cannot be told from the real one, and are refused unless `unverified_ok` (runs
+    from before MACs, from another machine). A head verified by its MAC is then anchored in this store."""
+    from a2rl.grading.ledger import LedgerHead, mac_matches, read_ledger
+    from a2rl.summary.report import numbers_disagree
+
+    path = harness / "ledger.jsonl"
+    recorded = report.get("ledger") or None
+    head = LedgerHead(recorded["entries"], recorded["head_hash"]) if recorded and recorded.get("entries") else None
+    anchored = store.ledger_head(run_id)
+    entries = read_ledger(path, {"the results store": anchored}, head)
+    if recorded and recorded.get("tampered"):
+        raise LedgerCorrupted(f"{path}: the run report says its ledger did not verify: {recorded.get('problems')}")
+    mac = mac_matches(run_id, head, recorded["head_mac"]) if head and recorded.get("head_mac") else None
+    if mac is False:
+        raise LedgerCorrupted(f"{path}: the report's ledger head does not carry this harness's MAC: the ledger "
+                              "and its report were rewritten together")  # fmt: skip
+    if head is not None and summary is not None and not (summary.error or "").startswith("ledger integrity"):
+        if problems := numbers_disagree(summary, entries[: head.entries]):
+            raise LedgerCorrupted(f"{path}: report.json disagrees with the ledger ({'; '.join(problems[:3])})")
+    if anchored is None and not mac and not unverified_ok:
+        raise LedgerCorrupted(f"{path}: cannot be verified here: this results store anchored no head for the run "
+                              "and its report carries no MAC this machine can check (ingest it into the store "
+                              "that ran it, or pass unverified_ok to accept it unverified)")  # fmt: skip
+    if anchored is None and mac:
+        store.record_ledger_head(run_id, head.entries - 1, head.hash)
+    return entries
+
+
+def _refused_frames(run_id: str, config: RunConfig, summary: RunSummary | None, harness: Path,
+                    reason: str) -> dict[str, Any]:  # fmt: skip
+    """A run that does not verify: its row marked failed with the reason, no score in any table."""
+    import pandas as pd
+
+    row = {"run_id": run_id, "config_hash": config.config_hash(), "task": config.task, "variant": config.variant,
+           "variant_label": summary.variant_label if summary else config.variant, "agent": config.agent,
+           "driver": config.driver, "mode": config.mode, "base_model": config.base_model, "seed": config.seed,
+           "budget_s": config.budget_s, "protocol": config.protocol, "status": "failed",
+           "error": f"ledger integrity: {reason}; no number of this run is reported", "config_json":
+           config.model_dump_json(), "harness_dir": str(harness), "failure_class": "ledger tampered"}  # fmt: skip
+    empty = {t: pd.DataFrame() for t in ("submissions", "evaluations", "events", "llm_calls", "tool_calls",
+                                         "resources")}  # fmt: skip
+    metrics = pd.DataFrame([{"run_id": run_id, "name": "failure_class", "value": None, "text": "ledger tampered"}])
+    return {"runs": pd.DataFrame([row]), **empty, "metrics": metrics,
+            "item_results": pd.DataFrame(columns=list(ITEM_COLUMNS))}
 
 
 def _run_row(run_id: str, config: RunConfig, summary: RunSummary | None, process: ProcessReport,
@@ -121,7 +176,7 @@ def _submission_rows(run_id: str, entries: list[LedgerEntry], process: ProcessRe
          "model_path": e.model_path, "weights_hash": e.weights_hash, "size_bytes": e.size_bytes, "status": e.status,
          "split": e.split, "score": e.score, "cached": e.cached, "eval_seconds": e.eval_seconds,
          "agent_elapsed_s": e.agent_elapsed_s, "error": e.error, "route": process.routes.get(e.submission_id),
-         "code_sha": process.code_shas.get(e.submission_id)}
+         "code_sha": process.code_shas.get(e.submission_id), "stage": e.detail.get("stage")}
         for e in latest_submissions(entries)
     ]  # fmt: skip
 
@@ -132,7 +187,7 @@ def _evaluation_rows(run_id: str, entries: list[LedgerEntry], harness: Path) -> 
 
     rows: dict[str, dict[str, Any]] = {}
     for e in entries:
-        if e.kind not in ("baseline", "submission", "final") or e.status != "scored" or e.score is None:
+        if e.kind not in ("baseline", "submission", "final", "posthoc") or e.status != "scored" or e.score is None:
             continue
         key = f"{e.kind}-{e.submission_id or 0}-{e.split}"
         saved = harness / "evaluations" / f"{key}.json"
@@ -152,9 +207,13 @@ def _metric_rows(run_id: str, process: ProcessReport, harness: Path) -> list[dic
 
     values = process.metrics | {"failure_reason": process.failure_reason}
     audit = harness / "leak_audit.json"
-    if audit.exists():  # the leak audit's count is a metric of its own step; re-ingesting keeps it
+    if audit.exists():  # the leak audit's verdict is a metric of its own step; re-ingesting keeps it
+        from a2rl.isolation.leak_audit import LeakReport, leak_metrics
+
         try:
-            values["leaked_items"] = int(json.loads(audit.read_text())["leaked_items"])
+            data = json.loads(audit.read_text())
+            values |= leak_metrics(LeakReport.model_validate(data)) if "verdict" in data else \
+                {"leaked_items": int(data["leaked_items"])}  # an audit from before the three-valued verdict
         except (ValueError, KeyError, TypeError) as e:
             log.warning("leak audit %s unreadable: %s", audit, e)
     return [{"run_id": run_id, "name": k, "value": v, "text": t}

@@ -9,9 +9,10 @@ retried run replaces its rows instead of duplicating them.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -33,7 +34,7 @@ EvalKind = Literal["baseline", "submission", "final"]
 STORE_BLOCK_SIZE = 16 * 1024
 
 # Metrics written by a step of their own (the leak audit), which a later `record_metrics` must not delete.
-KEPT_METRICS = ("leaked_items",)
+KEPT_METRICS = ("leaked_items", "leak_verdict")
 
 # Primary keys of the tables `bulk_write` may write.
 TABLE_KEYS: dict[str, tuple[str, ...]] = {
@@ -60,11 +61,18 @@ class StoreLockTimeout(StoreError, TimeoutError):
 class ResultsStore:
     """One DuckDB results file; each method is a short, locked transaction."""
 
-    def __init__(self, path: Path | str, lock_timeout_s: float = 120.0) -> None:
+    def __init__(self, path: Path | str, lock_timeout_s: float = 120.0, read_only: bool = False) -> None:
+        """`read_only`: another host's store (a copy, or a read-only mount): never created, migrated or written,
+        and read without the lock where its directory does not let us make the lock file."""
         self.path = Path(path).expanduser().resolve()
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self.lock_timeout_s = lock_timeout_s
+        self.read_only = read_only
         self._batch: duckdb.DuckDBPyConnection | None = None
+        if read_only:
+            if not self.path.is_file():
+                raise StoreError(f"no results store at {self.path}")
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._locked(time.monotonic() + lock_timeout_s):
             if not self.path.exists() or self.path.stat().st_size == 0:
@@ -143,8 +151,9 @@ class ResultsStore:
             "cached": entry.cached,
             "eval_seconds": entry.eval_seconds,
             "error": entry.error,
+            "stage": entry.detail.get("stage"),
         }
-        described = {"model_path", "weights_hash", "size_bytes", "split", "agent_elapsed_s"}
+        described = {"model_path", "weights_hash", "size_bytes", "split", "agent_elapsed_s", "stage"}
         with self._transaction() as con:
             _upsert(
                 con, "submissions", ("run_id", "submission_id"), row,
@@ -225,6 +234,26 @@ class ResultsStore:
     def ledger_anchor(self, run_id: str):
         """A `Ledger(anchor=...)` callback that records every new head here."""
         return lambda entry, line_hash: self.record_ledger_head(run_id, entry.seq, line_hash)
+
+    def ledger_heads(self) -> pd.DataFrame:
+        """Every anchored head (run_id, seq, line_hash, recorded_at), in ledger order; empty where none was anchored."""
+        with self._connect(read_only=True) as con:
+            known = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'ledger_heads' "
+                                "AND table_catalog = current_database()").fetchone()[0]  # fmt: skip
+            sql = "SELECT * FROM ledger_heads ORDER BY run_id, seq" if known else (
+                "SELECT NULL::VARCHAR AS run_id, NULL::BIGINT AS seq, NULL::VARCHAR AS line_hash, "
+                "NULL::TIMESTAMPTZ AS recorded_at WHERE false")  # fmt: skip
+            return con.execute(sql).df()
+
+    def adopt_ledger_heads(self, run_id: str, heads: Sequence[tuple[int, str, Any]]) -> None:
+        """Replace a run's anchors with `heads` (seq, line_hash, recorded_at): what a merge does when it takes a run's
+        rows from another host's store, whose anchors the run directory was just verified against."""
+        with self._transaction() as con:
+            con.execute(self._LEDGER_HEADS)
+            con.execute("DELETE FROM ledger_heads WHERE run_id = ?", [run_id])
+            if heads:
+                con.executemany("INSERT INTO ledger_heads VALUES (?, ?, ?, ?)",
+                                [(run_id, int(seq), line_hash, at) for seq, line_hash, at in heads])  # fmt: skip
 
     def delete_run_children(self, run_id: str) -> None:
         """Drop a run's submissions, evaluations (and their items) and events (the run row stays), before a clean re-ingest."""
@@ -365,6 +394,8 @@ class ResultsStore:
     def _locked(self, deadline: float):
         """The store's inter-process lock (`<db>.lock`), waited for until `deadline` (monotonic)."""
         busy = f"timed out waiting for {self.lock_path}: another process kept the results store {self.path} busy"
+        if self.read_only and not os.access(self.lock_path if self.lock_path.exists() else self.path.parent, os.W_OK):
+            return nullcontext()  # a read-only copy or mount: no writer on this machine to take turns with
         return exclusive_lock(self.lock_path, deadline, lambda: StoreLockTimeout(busy))
 
     @contextmanager
@@ -378,6 +409,8 @@ class ResultsStore:
                 con.close()
 
     def _open(self, read_only: bool, deadline: float) -> duckdb.DuckDBPyConnection:
+        if self.read_only and not read_only:
+            raise StoreError(f"results store {self.path} was opened read-only (another host's store): not written")
         if not read_only and self.path.exists() and self.path.stat().st_size == 0:
             # An empty file (e.g. from mkstemp or `touch`) holds no data; DuckDB refuses it, so start fresh.
             self.path.unlink()

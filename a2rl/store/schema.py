@@ -515,5 +515,282 @@ MIGRATIONS: list[str] = [
     JOIN item_results fi ON fi.run_id = f.run_id AND fi.eval_key = f.eval_key
     JOIN item_results bi ON bi.run_id = b.run_id AND bi.eval_key = b.eval_key AND bi.item_id = fi.item_id;
     """,
+    # 5: every submission on the hidden test after the session, for analysis only (evaluations of kind `posthoc`;
+    # DuckDB cannot alter a CHECK constraint, so the table is rebuilt with the same columns and keys), and the
+    # agent's own label of the training stage behind each submission (`stage`, e.g. SFT or GRPO).
+    """
+    CREATE TABLE evaluations_v5 (
+        run_id VARCHAR,
+        eval_key VARCHAR,
+        kind VARCHAR CHECK (kind IN ('baseline', 'submission', 'final', 'posthoc')),
+        submission_id BIGINT,
+        split VARCHAR,
+        score DOUBLE,
+        n BIGINT,
+        n_correct BIGINT,
+        evaluator_id VARCHAR,
+        weights_hash VARCHAR,
+        generated_tokens BIGINT,
+        duration_s DOUBLE,
+        cached BOOLEAN,
+        created_at TIMESTAMPTZ,
+        PRIMARY KEY (run_id, eval_key)
+    );
+    INSERT INTO evaluations_v5 BY NAME SELECT * FROM evaluations;
+    DROP TABLE evaluations;
+    ALTER TABLE evaluations_v5 RENAME TO evaluations;
+    ALTER TABLE submissions ADD COLUMN stage VARCHAR;
+    -- Per submission: its validation score, its hidden-test score when evaluated post hoc, and its stage.
+    CREATE OR REPLACE VIEW submission_tests AS
+    SELECT s.run_id, s.submission_id, s.stage, s.route, s.agent_elapsed_s, s.score AS validation_score,
+           p.score AS test_score, p.n AS test_n, p.eval_key AS test_eval_key,
+           coalesce(f.final_submission_id = s.submission_id, false) AS is_final_pick
+    FROM submissions s
+    LEFT JOIN evaluations p ON p.run_id = s.run_id AND p.submission_id = s.submission_id AND p.kind = 'posthoc'
+    LEFT JOIN runs f ON f.run_id = s.run_id
+    WHERE s.status = 'scored';
+    """,
+    # 6: one interval per setting over its seeds and the hidden-test items they share (a2rl.summary.intervals:
+    # seeds × items, each part with its own t quantile, two pseudo-items so that tied seeds never give a zero-width
+    # interval); without shared per-item results, the t-interval over seeds plus a binomial bound for the items.
+    # Every paper table keyed by the setting; the Baseline row per base model, clipped to 0..100; budget gains say
+    # their split and sit beside the headline hidden-test Δ; mode breaches and routes count analysed runs only.
+    """
+    CREATE OR REPLACE VIEW setting_intervals AS
+    WITH k AS (
+        SELECT setting_id, count(*)::BIGINT AS k, avg(delta_test) AS mean_delta, var_samp(delta_test) AS var_delta,
+               avg(final_test) AS mean_final, var_samp(final_test) AS var_final, avg(baseline_test) AS mean_base,
+               any_value(task) AS task, any_value(variant) AS variant, any_value(item_selection) AS item_selection,
+               any_value(base_model) AS base_model, any_value(evaluator_id) AS evaluator_id
+        FROM analysed_runs GROUP BY setting_id
+    ), v AS (
+        SELECT r.setting_id, p.run_id, p.item_id, p.final_score - p.base_score AS d, p.final_score AS f
+        FROM item_pairs p JOIN analysed_runs r USING (run_id)
+    ), shared AS (  -- every seed scored every item: a seeds x items table
+        SELECT v.setting_id, count(DISTINCT v.item_id)::BIGINT AS n, any_value(k.k) AS k
+        FROM v JOIN k USING (setting_id) GROUP BY v.setting_id
+        HAVING count(DISTINCT v.run_id) = any_value(k.k) AND count(*) = any_value(k.k) * count(DISTINCT v.item_id)
+    ), m AS (
+        SELECT * FROM (VALUES ('delta', -1.0, 1.0), ('score', 0.0, 1.0)) t(metric, lo, hi)
+    ), x AS (
+        SELECT v.setting_id, m.metric, v.run_id, v.item_id, false AS pseudo,
+               CASE m.metric WHEN 'delta' THEN v.d ELSE v.f END AS value
+        FROM v JOIN shared USING (setting_id) CROSS JOIN m
+        UNION ALL
+        SELECT r.setting_id, m.metric, r.run_id, p.item_id, true, CASE p.item_id WHEN 'low' THEN m.lo ELSE m.hi END
+        FROM analysed_runs r JOIN shared USING (setting_id) CROSS JOIN m
+        CROSS JOIN (VALUES ('low'), ('high')) p(item_id)
+    ), items AS (
+        SELECT setting_id, metric, avg(value) AS mean FROM x GROUP BY setting_id, metric, item_id, pseudo
+    ), seeds AS (
+        SELECT setting_id, metric, avg(value) AS mean FROM x GROUP BY setting_id, metric, run_id
+    ), crossed AS (
+        SELECT a.setting_id, a.metric, s.k, s.n, a.estimate, a.centre,
+               (SELECT var_samp(i.mean) FROM items i WHERE i.setting_id = a.setting_id AND i.metric = a.metric)
+                   / (s.n + 2) AS var_items,
+               coalesce((SELECT var_samp(e.mean) FROM seeds e WHERE e.setting_id = a.setting_id AND e.metric = a.metric)
+                   / s.k, 0.0) AS var_seeds
+        FROM (SELECT setting_id, metric, 100 * avg(value) FILTER (WHERE NOT pseudo) AS estimate,
+                     100 * avg(value) AS centre FROM x GROUP BY setting_id, metric) a
+        JOIN shared s USING (setting_id)
+    ), crossed_ci AS (
+        SELECT setting_id, metric, k, n AS n_items, estimate,
+               centre - 100 * sqrt(t975(n + 1) ^ 2 * var_items + coalesce(t975(k - 1) ^ 2, 0) * var_seeds) AS low,
+               centre + 100 * sqrt(t975(n + 1) ^ 2 * var_items + coalesce(t975(k - 1) ^ 2, 0) * var_seeds) AS high,
+               CASE WHEN k > 1 THEN 'seeds × items: ' || k || ' seeds sharing ' || n
+                                    || ' items, t-intervals of both parts combined (+2 pseudo-items)'
+                    ELSE 't over ' || n || ' items (+2 pseudo-items)' END AS interval
+        FROM crossed
+    ), fallback AS (  -- no shared per-item results: t over seeds + a binomial bound for the items (when n is known)
+        SELECT k.setting_id, m.metric, k.k, coalesce(nf.n_items, 0)::BIGINT AS n_items,
+               CASE m.metric WHEN 'delta' THEN k.mean_delta ELSE k.mean_final END AS estimate,
+               CASE m.metric WHEN 'delta' THEN k.var_delta ELSE k.var_final END / k.k AS var_seeds,
+               CASE WHEN nf.n_items > 1 THEN binomial_se(k.mean_final, nf.n_items) ^ 2
+                    + CASE m.metric WHEN 'delta' THEN binomial_se(k.mean_base, nf.n_items) ^ 2 ELSE 0 END
+                    ELSE 0 END AS var_items
+        FROM k CROSS JOIN m
+        LEFT JOIN noise_floor nf ON nf.split = 'test' AND (nf.task, nf.variant, nf.item_selection, nf.base_model,
+                                                            nf.evaluator_id)
+                                     = (k.task, k.variant, k.item_selection, k.base_model, k.evaluator_id)
+        WHERE k.setting_id NOT IN (SELECT setting_id FROM shared)
+    ), fallback_ci AS (
+        SELECT setting_id, metric, k, n_items, estimate,
+               CASE WHEN k >= 2 AND var_seeds + var_items > 0 THEN estimate - sqrt(t975(k - 1) ^ 2 * var_seeds
+                    + coalesce(t975(n_items - 1) ^ 2, 0) * var_items) END AS low,
+               CASE WHEN k >= 2 AND var_seeds + var_items > 0 THEN estimate + sqrt(t975(k - 1) ^ 2 * var_seeds
+                    + coalesce(t975(n_items - 1) ^ 2, 0) * var_items) END AS high,
+               CASE WHEN k < 2 THEN 'n = 1: no interval'
+                    WHEN var_seeds + var_items = 0
+                        THEN 'the seeds agree exactly and no per-item results say how much items vary: no interval'
+                    WHEN var_items > 0 THEN 't-interval over seeds + binomial bound for ' || n_items || ' items'
+                    ELSE 't-interval over seeds (no per-item results: item sampling not included)' END AS interval
+        FROM fallback
+    ), both_ci AS (
+        SELECT *, 'seeds × items' AS design FROM crossed_ci
+        UNION ALL SELECT *, 'seeds' AS design FROM fallback_ci
+    )
+    SELECT setting_id, metric, design, k AS n, n_items, estimate,
+           -- (greatest/least skip NULLs in DuckDB: no interval stays none)
+           CASE WHEN low IS NOT NULL THEN greatest(low, CASE metric WHEN 'delta' THEN -100.0 ELSE 0.0 END) END
+               AS ci_low,
+           CASE WHEN high IS NOT NULL THEN least(high, 100.0) END AS ci_high, interval,
+           CASE WHEN metric = 'score' THEN NULL WHEN low > 0 THEN 'improved' WHEN high < 0 THEN 'worse'
+                ELSE 'no significant change' END AS verdict
+    FROM both_ci
+    -- one seed's Δ: its exact paired test is the run's (`a2rl analyze` reads it from item_pairs); SQL leaves it out
+    WHERE NOT (metric = 'delta' AND k < 2 AND design = 'seeds × items');
+    CREATE OR REPLACE VIEW leaderboard_ci AS
+    WITH s AS (
+        SELECT setting_id, task, variant, item_selection, base_model, agent, driver, mode, protocol, budget_s,
+               evaluator_id, any_value(variant_label) AS variant_label,
+               count(*)::BIGINT AS n, avg(delta_test) AS mean_delta, stddev_samp(delta_test) AS sd_delta,
+               avg(final_test) AS mean_final_test, avg(baseline_test) AS mean_baseline_test,
+               avg((delta_test > 0)::DOUBLE) AS improve_rate,
+               sum(n_mode_breaches)::BIGINT AS n_mode_breaches,
+               count(*) FILTER (WHERE n_mode_breaches > 0)::BIGINT AS runs_with_mode_breaches,
+               list(seed ORDER BY seed, run_id) AS seeds,
+               list(delta_test ORDER BY seed, run_id) AS deltas
+        FROM analysed_runs
+        GROUP BY setting_id, task, variant, item_selection, base_model, agent, driver, mode, protocol, budget_s,
+                 evaluator_id
+    )
+    SELECT s.*, s.sd_delta / sqrt(s.n) AS se_delta,
+           i.ci_low, i.ci_high, coalesce(i.interval, 'n = 1: no interval') AS interval,
+           coalesce(i.verdict, 'no significant change') AS verdict, coalesce(i.n_items, 0)::BIGINT AS n_items,
+           coalesce(i.design, 'seeds') AS design,
+           nf.noise_se, nf.noise_floor, nf.noise_floor_source, nf.n_items AS noise_n_items
+    FROM s LEFT JOIN setting_intervals i ON i.setting_id = s.setting_id AND i.metric = 'delta'
+    LEFT JOIN noise_floor nf
+      ON nf.split = 'test' AND (nf.task, nf.variant, nf.item_selection, nf.base_model, nf.evaluator_id)
+         = (s.task, s.variant, s.item_selection, s.base_model, s.evaluator_id);
+    CREATE OR REPLACE VIEW leaderboard AS SELECT * FROM leaderboard_ci ORDER BY task, mean_delta DESC NULLS LAST;
+    CREATE OR REPLACE VIEW mode_task_matrix AS
+    SELECT *,
+           count(*) OVER agent_setting > 1 AND mean_delta = max(mean_delta) OVER agent_setting AS is_best,
+           count(*) OVER agent_setting > 1 AND mean_delta = min(mean_delta) OVER agent_setting AS is_worst
+    FROM leaderboard_ci
+    WINDOW agent_setting AS (PARTITION BY task, variant, item_selection, base_model, agent, driver, protocol, budget_s,
+                                          evaluator_id);
+    -- Paper table: absolute hidden-test scores, one row per setting (the interval over seeds and shared items), and
+    -- one Baseline row per task, item selection, evaluator and base model (its item-level interval, in 0..100).
+    CREATE OR REPLACE VIEW system_task_scores AS
+    WITH base_items AS (
+        SELECT r.task, r.variant, r.item_selection, r.base_model, r.evaluator_id, p.item_id, avg(p.base_score) AS value
+        FROM item_pairs p JOIN analysed_runs r USING (run_id) GROUP BY ALL
+    ), base_x AS (
+        SELECT task, variant, item_selection, base_model, evaluator_id, value FROM base_items
+        UNION ALL
+        SELECT DISTINCT task, variant, item_selection, base_model, evaluator_id, unnest([0.0, 1.0]) FROM base_items
+    ), base_ci AS (
+        SELECT task, variant, item_selection, base_model, evaluator_id, count(*)::BIGINT - 2 AS n_items,
+               100 * avg(value) AS centre,
+               100 * t975(count(*) - 1) * sqrt(var_samp(value) / count(*)) AS half
+        FROM base_x GROUP BY ALL
+    )
+    SELECT 'system' AS row_kind, r.setting_id, r.agent, r.driver, r.mode, r.protocol, r.budget_s, r.task, r.variant,
+           r.item_selection, r.base_model, r.evaluator_id, count(*)::BIGINT AS n, avg(r.final_test) AS mean_score,
+           any_value(i.ci_low) AS ci_low, any_value(i.ci_high) AS ci_high,
+           coalesce(any_value(i.interval), 'n = 1: no interval') AS interval, any_value(i.n_items) AS n_items
+    FROM analysed_runs r LEFT JOIN setting_intervals i ON i.setting_id = r.setting_id AND i.metric = 'score'
+    GROUP BY r.setting_id, r.agent, r.driver, r.mode, r.protocol, r.budget_s, r.task, r.variant, r.item_selection,
+             r.base_model, r.evaluator_id
+    UNION ALL
+    SELECT 'baseline', NULL, 'Baseline', NULL, NULL, NULL, NULL, r.task, r.variant, r.item_selection, r.base_model,
+           r.evaluator_id, 1, avg(r.baseline_test),
+           CASE WHEN any_value(b.centre) IS NOT NULL OR any_value(nf.noise_se) IS NOT NULL THEN
+               greatest(coalesce(any_value(b.centre - b.half), any_value(nf.mean_baseline_ac - 1.96 * nf.noise_se)), 0.0)
+           END,
+           CASE WHEN any_value(b.centre) IS NOT NULL OR any_value(nf.noise_se) IS NOT NULL THEN
+               least(coalesce(any_value(b.centre + b.half), any_value(nf.mean_baseline_ac + 1.96 * nf.noise_se)), 100.0)
+           END,
+           CASE WHEN any_value(b.centre) IS NOT NULL
+                THEN 'the base model on ' || any_value(b.n_items) || ' items: t over items (+2 pseudo-items), in 0..100'
+                ELSE 'the base model: Agresti-Coull, in 0..100' END,
+           coalesce(any_value(b.n_items), any_value(nf.n_items))
+    FROM analysed_runs r
+    LEFT JOIN base_ci b USING (task, variant, item_selection, base_model, evaluator_id)
+    LEFT JOIN (SELECT *, 100.0 * (mean_baseline / 100.0 * n_items + 2) / (n_items + 4) AS mean_baseline_ac
+               FROM noise_floor WHERE split = 'test') nf
+      USING (task, variant, item_selection, base_model, evaluator_id)
+    GROUP BY r.task, r.variant, r.item_selection, r.base_model, r.evaluator_id;
+    -- Paper table: the best gain on the feedback split (validation; the test set under protocol `paper`) reached within
+    -- 25%, 50% and 100% of the agent-time budget. The base model is a candidate from the start, so the gain is never
+    -- below 0 (`floored_at_0`); the headline is the hidden-test Δ of the final pick, beside it.
+    CREATE OR REPLACE VIEW budget_deltas AS
+    WITH per_run AS (
+        SELECT r.run_id, r.setting_id, r.delta_test, f.budget_fraction,
+               CASE WHEN r.protocol = 'paper' THEN 'test' ELSE 'validation' END AS split,
+               greatest(coalesce(max(s.score - CASE WHEN s.split = 'test' THEN r.baseline_test ELSE r.baseline_val END)
+                                 FILTER (WHERE s.status = 'scored'
+                                         AND s.agent_elapsed_s <= f.budget_fraction * r.budget_s), 0.0), 0.0)
+                   AS best_gain
+        FROM analysed_runs r CROSS JOIN (SELECT unnest([0.25, 0.5, 1.0]) AS budget_fraction) f
+        LEFT JOIN submissions s ON s.run_id = r.run_id
+        GROUP BY r.run_id, r.setting_id, r.delta_test, r.protocol, f.budget_fraction
+    )
+    SELECT l.setting_id, l.task, l.variant, l.item_selection, l.base_model, l.agent, l.driver, l.mode, l.protocol,
+           l.budget_s, l.evaluator_id, p.budget_fraction, any_value(p.split) AS split, count(*)::BIGINT AS n,
+           avg(p.best_gain) AS mean_best_gain, true AS floored_at_0,
+           CASE WHEN count(*) >= 2 AND stddev_samp(p.best_gain) > 0
+                THEN greatest(avg(p.best_gain) - t975(count(*) - 1) * stddev_samp(p.best_gain) / sqrt(count(*)), 0.0)
+                END AS ci_low,
+           CASE WHEN count(*) >= 2 AND stddev_samp(p.best_gain) > 0
+                THEN least(avg(p.best_gain) + t975(count(*) - 1) * stddev_samp(p.best_gain) / sqrt(count(*)), 100.0)
+                END AS ci_high,
+           CASE WHEN count(*) < 2 THEN 'n = 1: no interval'
+                WHEN stddev_samp(p.best_gain) = 0 THEN 'the seeds agree exactly: no interval'
+                ELSE 't-interval over seeds (the feedback items are not resampled)' END AS interval,
+           avg(p.delta_test) AS headline_delta_test
+    FROM per_run p JOIN leaderboard_ci l USING (setting_id)
+    GROUP BY ALL
+    ORDER BY l.task, l.variant, l.setting_id, p.budget_fraction;
+    CREATE OR REPLACE VIEW final_routes AS
+    SELECT r.setting_id, r.task, r.variant, r.item_selection, r.base_model, r.agent, r.driver, r.mode, r.protocol,
+           r.budget_s, r.evaluator_id,
+           coalesce(s.route, CASE WHEN r.final_submission_id IS NULL THEN 'base model (no pick)' ELSE 'unlabelled' END)
+               AS final_route,
+           count(*)::BIGINT AS n_runs, avg(r.delta_test) AS mean_delta
+    FROM analysed_runs r LEFT JOIN submissions s ON s.run_id = r.run_id AND s.submission_id = r.final_submission_id
+    GROUP BY ALL;
+    -- Submissions whose route broke the run's mode, per setting (analysed runs only; excluded runs are in
+    -- `failure_classes`).
+    CREATE OR REPLACE VIEW mode_breaches AS
+    SELECT setting_id, task, variant, item_selection, base_model, agent, driver, mode, protocol, budget_s,
+           evaluator_id, count(*)::BIGINT AS n_runs,
+           count(*) FILTER (WHERE n_mode_breaches > 0)::BIGINT AS runs_with_breaches,
+           sum(n_mode_breaches)::BIGINT AS n_breaches
+    FROM analysed_runs GROUP BY ALL;
+    CREATE OR REPLACE VIEW route_distribution AS
+    SELECT r.setting_id, r.task, r.variant, r.item_selection, r.base_model, r.agent, r.driver, r.mode, r.protocol,
+           r.budget_s, r.evaluator_id, coalesce(s.route, 'unlabelled') AS route,
+           count(*)::BIGINT AS n_submissions, count(DISTINCT s.run_id)::BIGINT AS n_runs
+    FROM submissions s JOIN analysed_runs r USING (run_id)
+    GROUP BY ALL;
+    -- Every run, infrastructure failures and unfinished runs included (they are counted here, nowhere else).
+    CREATE OR REPLACE VIEW failure_classes AS
+    SELECT setting_id, task, variant, item_selection, base_model, agent, driver, mode, protocol, budget_s,
+           evaluator_id, status, coalesce(failure_class, 'unclassified') AS failure_class,
+           coalesce(excluded_because, 'analysed') AS counted_as, count(*)::BIGINT AS n_runs
+    FROM run_settings GROUP BY ALL;
+    """,
+    # 7: what each training stage added on the hidden test (`test_every_submission`): RL's share per analysed run,
+    # from the run's metrics (a2rl.summary.stages: last RL checkpoint against the SFT checkpoint RL started from).
+    """
+    CREATE OR REPLACE VIEW stage_shares AS
+    SELECT r.setting_id, r.task, r.variant, r.item_selection, r.base_model, r.agent, r.driver, r.mode, r.protocol,
+           r.budget_s, r.seed, r.run_id,
+           max(m.value) FILTER (WHERE m.name = 'rl_share_sft_test') AS sft_start_test,
+           max(m.value) FILTER (WHERE m.name = 'rl_share_rl_test') AS last_rl_test,
+           max(m.value) FILTER (WHERE m.name = 'rl_share') AS rl_share,
+           max(m.value) FILTER (WHERE m.name = 'rl_share_ci_low') AS ci_low,
+           max(m.value) FILTER (WHERE m.name = 'rl_share_ci_high') AS ci_high,
+           max(m.value) FILTER (WHERE m.name = 'rl_share_p_value') AS p_value,
+           max(m.value) FILTER (WHERE m.name = 'rl_share_n_items')::BIGINT AS n_items,
+           max(m.text) FILTER (WHERE m.name = 'rl_share_submissions') AS submissions
+    FROM analysed_runs r JOIN metrics m USING (run_id)
+    WHERE m.name LIKE 'rl_share%'
+    GROUP BY ALL
+    ORDER BY r.setting_id, r.seed, r.run_id;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -23,6 +23,7 @@ from a2rl.summary.narrative import deterministic_narrative, narrate
 from a2rl.records import LedgerEntry, RunConfig, RunSummary
 from a2rl.summary.report import latest_submissions
 from a2rl.summary.route_labels import label_routes
+from a2rl.summary.stages import stage_metrics
 from a2rl.summary.verdicts import FailureClass, explain_failure
 
 
@@ -180,6 +181,7 @@ def summarize_process(
     metrics |= summarize_resources(read_resources(harness_dir / "resources.jsonl"))
     metrics |= summarize_llm_calls(read_llm_calls(harness_dir / "llm_calls.jsonl"))
     metrics |= item_level_intervals(harness_dir, entries, config)
+    metrics |= stage_metrics(entries, harness_dir)
     labels = label_routes(entries, snapshots)
     metrics["route_counts"] = {r: list(labels.routes.values()).count(r) for r in sorted(set(labels.routes.values()))}
     context = dict(session_detail) | {

@@ -28,7 +28,9 @@ import ast
 import io
 import json
 import re
+import time
 import tokenize
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
@@ -90,6 +92,24 @@ class RouteAnalysis(BaseModel):
     evidence: list[dict] = Field(default_factory=list)
     """`{method, file, line, what}` per finding (first 50)."""
     files_scanned: int = 0
+    complete: bool = True
+    """Every script was analysed; False when a bound (`ScanLimits`) stopped the scan first: the label is what the
+    scripts read so far show (a later scan of the same directory continues)."""
+    left: int = 0
+    """Scripts (or names) not analysed because of the bounds."""
+
+
+class ScanLimits(NamedTuple):
+    """Bounds of one scan of a directory the agent may fill at will (50,000 scripts made each /submit take 46 s)."""
+
+    max_entries: int = 200_000
+    """Names walked."""
+    max_new_bytes: int = 64 * 1024**2
+    """Bytes of new or changed scripts read."""
+    seconds: float = 15.0
+
+
+GRADER_LIMITS = ScanLimits()
 
 
 class ModeCheck(NamedTuple):
@@ -102,29 +122,63 @@ def route_label(code_dir: Path) -> str:
     return analyze_routes(code_dir).label
 
 
-def analyze_routes(code_dir: Path) -> RouteAnalysis:
-    """Scan every Python file, shell script and notebook under `code_dir` for training methods."""
-    code_dir = Path(code_dir)
-    found: list[Evidence] = []
-    scanned = 0
-    for rel, text in _candidate_files(code_dir):
-        scanned += 1
-        suffix = PurePosixPath(rel).suffix
-        if suffix == ".py":
-            found += analyze_python(text, rel)
-        elif suffix == ".ipynb":
-            found += _analyze_notebook(text, rel)
-        else:
-            found += analyze_shell(text, rel)
-    methods = {e.method for e in found if e.method != "copy"}
-    copies = any(e.method == "copy" for e in found)
-    return RouteAnalysis(
-        label=combine_methods(methods, copies),
-        methods=sorted(methods),
-        copies_base_model=copies,
-        evidence=[e._asdict() for e in found[:50]],
-        files_scanned=scanned,
-    )
+def analyze_routes(code_dir: Path, limits: ScanLimits | None = None) -> RouteAnalysis:
+    """Scan every Python file, shell script and notebook under `code_dir` for training methods (within `limits`,
+    if given)."""
+    return RouteScanner(limits).scan(code_dir)
+
+
+class RouteScanner:
+    """Route analysis of one directory, again and again (one scan per submission, the agent still running).
+
+    A script is analysed once: its evidence is kept, keyed by its path, inode, size and change times, so a later
+    scan reads only new or changed scripts. Each scan stops at its `limits` (names walked, bytes read, seconds):
+    its analysis then says `complete=False`, and the next scan goes on from the cache. Memory: the evidence of
+    each script (a few tuples), never its text past the one being read."""
+
+    def __init__(self, limits: ScanLimits | None = None):
+        self.limits = limits
+        self._cache: dict[str, tuple[tuple, list[Evidence]]] = {}
+
+    def scan(self, code_dir: Path) -> RouteAnalysis:
+        lim = self.limits
+        deadline = time.monotonic() + lim.seconds if lim else None
+        found: list[Evidence] = []
+        scanned = left = new_bytes = 0
+        complete = True
+        cache: dict[str, tuple[tuple, list[Evidence]]] = {}
+        for n, entry in enumerate(_walk(Path(code_dir))):
+            if lim and (n >= lim.max_entries or time.monotonic() > deadline):
+                complete, left = False, left + 1
+                break
+            if not _may_be_script(entry):
+                continue
+            key = (entry.st.st_ino, entry.st.st_size, entry.st.st_mtime_ns, entry.st.st_ctime_ns)
+            cached = self._cache.get(entry.rel)
+            if cached is not None and cached[0] == key:
+                evidence = cached[1]
+            elif lim and new_bytes and new_bytes + entry.st.st_size > lim.max_new_bytes:  # one file at least
+                complete, left = False, left + 1
+                continue
+            else:
+                evidence = _analyze_entry(entry)
+                if evidence is None:
+                    continue
+                new_bytes += entry.st.st_size
+            cache[entry.rel] = (key, evidence)
+            scanned += 1
+            found += evidence
+        if not complete:  # the walk stopped early: what earlier scans found past that point still stands
+            for rel, kept in self._cache.items():
+                if rel not in cache:
+                    cache[rel] = kept
+                    found += kept[1]
+        self._cache = cache
+        methods = {e.method for e in found if e.method != "copy"}
+        copies = any(e.method == "copy" for e in found)
+        return RouteAnalysis(label=combine_methods(methods, copies), methods=sorted(methods),
+                             copies_base_model=copies, evidence=[e._asdict() for e in found[:50]],
+                             files_scanned=scanned, complete=complete, left=left)  # fmt: skip
 
 
 def combine_methods(methods: set[str], copies_base_model: bool = False) -> str:
@@ -170,30 +224,54 @@ def check_mode(mode: str, label: str, dpo_counts_as_rl: bool = False) -> ModeChe
     raise ValueError(f"unknown mode {mode!r}; expected free, sft-only, rl-only or multi")
 
 
-def check_snapshot(code_dir: Path, mode: str, dpo_counts_as_rl: bool = False) -> tuple[RouteAnalysis, ModeCheck]:
-    """`analyze_routes` + `check_mode` for one code snapshot (what the grading service calls per submission)."""
-    analysis = analyze_routes(code_dir)
-    return analysis, check_mode(mode, analysis.label, dpo_counts_as_rl)
+def check_snapshot(code_dir: Path, mode: str, dpo_counts_as_rl: bool = False,
+                   scanner: RouteScanner | None = None) -> tuple[RouteAnalysis, ModeCheck]:  # fmt: skip
+    """`analyze_routes` + `check_mode` for one code snapshot (what the grading service calls per submission, with
+    its own bounded, incremental `scanner`). A scan cut short by its bounds says so in the message."""
+    analysis = (scanner or RouteScanner()).scan(code_dir)
+    verdict = check_mode(mode, analysis.label, dpo_counts_as_rl)
+    if not analysis.complete:
+        verdict = verdict._replace(message=f"{verdict.message} (from {analysis.files_scanned} scripts; "
+                                           f"{analysis.left} more were not yet analysed: code/ is too large to scan "
+                                           "at once)")  # fmt: skip
+    return analysis, verdict
 
 
 # -- files -------------------------------------------------------------------------------------------------
 
 
-def _candidate_files(root: Path) -> list[tuple[str, str]]:
-    """(relative path, text) of the scripts under `root`, sorted. Read while the agent may still run: each file
-    is opened relative to its held directory without following links, and must be a regular file (a FIFO or a
-    link swapped in meanwhile is skipped, not waited on or followed)."""
-    found: list[tuple[str, str]] = []
-    if not root.is_dir() or root.is_symlink():
-        return found
-    for entry in safefs.walk(root, prune=lambda e: e.name in SKIP_DIRS):
-        suffix = PurePosixPath(entry.rel).suffix
-        if not entry.is_file or entry.st.st_size > MAX_FILE_BYTES or (suffix and suffix not in SCRIPT_SUFFIXES):
-            continue
-        data = safefs.read_file(entry, MAX_FILE_BYTES)
-        if data is not None and (suffix or _has_shell_shebang(data)):
-            found.append((entry.rel, data.decode("utf-8", errors="replace")))
-    return sorted(found)
+AST_MAX_BYTES = 512 * 1024
+"""Larger scripts are scanned by their tokens (bounded memory) instead of a syntax tree (~100x their size)."""
+
+
+def _walk(root: Path) -> Iterator[safefs.Entry]:
+    """Every name under `root` (tool and cache directories pruned), sorted by path; walked while the agent may
+    still run, without following links."""
+    if root.is_dir() and not root.is_symlink():
+        yield from safefs.walk(root, prune=lambda e: e.name in SKIP_DIRS)
+
+
+def _may_be_script(entry: safefs.Entry) -> bool:
+    """A regular file that may be a script: by its suffix, or no suffix (a shell shebang is checked on reading)."""
+    suffix = PurePosixPath(entry.rel).suffix
+    return entry.is_file and entry.st.st_size <= MAX_FILE_BYTES and (not suffix or suffix in SCRIPT_SUFFIXES)
+
+
+def _analyze_entry(entry: safefs.Entry) -> list[Evidence] | None:
+    """The evidence in one script, read relative to its held directory (a FIFO or a link swapped in meanwhile is
+    skipped, not waited on or followed); None when it is not a script after all."""
+    data = safefs.read_file(entry, MAX_FILE_BYTES)
+    suffix = PurePosixPath(entry.rel).suffix
+    if data is None or not (suffix or _has_shell_shebang(data)):
+        return None
+    text = data.decode("utf-8", errors="replace")
+    if suffix == ".py":
+        if len(data) > AST_MAX_BYTES:
+            return _analyze_unparsable(text, entry.rel) + _command_evidence(text, entry.rel)
+        return analyze_python(text, entry.rel)
+    if suffix == ".ipynb":
+        return _analyze_notebook(text, entry.rel)
+    return analyze_shell(text, entry.rel)
 
 
 def _has_shell_shebang(data: bytes) -> bool:
@@ -325,10 +403,10 @@ def _command_evidence(text: str, name: str) -> list[Evidence]:
 
 def _analyze_unparsable(source: str, name: str) -> list[Evidence]:
     """Names of trainers outside strings and comments (tokenize copes with most half-written files)."""
-    code = []
+    code = []  # trainer names only: a large file's other tokens are not kept
     try:
         for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-            if tok.type == tokenize.NAME:
+            if tok.type == tokenize.NAME and tok.string in TRAINER_METHODS:
                 code.append((tok.string, tok.start[0]))
     except (tokenize.TokenError, IndentationError, SyntaxError):
         pass

@@ -11,6 +11,8 @@ from agents.base import Agent
 
 HERE = Path(__file__).parent
 REFERENCE_SFT = HERE.parent / "reference_sft"
+DECODE_ENGINE = HERE.parents[1] / "a2rl" / "inference" / "decode_engine.py"
+"""Stand-alone (torch and transformers only): on CUDA the GRPO trainers sample through a copy of it in `code/`."""
 
 
 class ReferenceGRPO(Agent):
@@ -21,7 +23,8 @@ class ReferenceGRPO(Agent):
         """Workspace file name -> source. The loop helpers are reference-sft's `agent.py`, as `round_loop.py`."""
         files = {"agent.py": HERE / "agent.py", "train_grpo.py": HERE / "train_grpo.py",
                  "train_grpo_env.py": HERE / "train_grpo_env.py", "round_loop.py": REFERENCE_SFT / "agent.py",
-                 "train_precision.py": REFERENCE_SFT / "train_precision.py"}  # fmt: skip
+                 "train_precision.py": REFERENCE_SFT / "train_precision.py",
+                 "decode_engine.py": DECODE_ENGINE}  # fmt: skip
         if self.sft_warmup:
             files["train_sft.py"] = REFERENCE_SFT / "train_sft.py"
         return files

@@ -14,6 +14,7 @@ agent's loop helpers (as ``round_loop.py``; with ``--sft-warmup`` also ``train_s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -148,7 +149,7 @@ class Session:
             return True
         if method == "SFT":
             self.warm_path = out
-        status, reply = self.client.submit(self.rel(out))
+        status, reply = self.client.submit(self.rel(out), stage=method)
         if status != 200:
             detail = reply.get("detail", reply)
             loop.log(f"round {self.rounds}: submit answered {status}: {detail}")
@@ -218,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     """Train, submit, repeat while the budget allows; exits 0 after logging whatever went wrong."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sft-warmup", action="store_true", help="start with one SFT round (train_sft.py)")
+    parser.add_argument("--rl", choices=("grpo", "gigpo"), default=None,
+                        help="interactive tasks: the RL rounds' advantages (default: A2RL_GRPO_ALGORITHM, else grpo)")
     args = parser.parse_args(argv)
     settings = loop.Settings.from_env()
     client = loop.GradingClient(settings.server_url, settings.token)
@@ -231,7 +234,10 @@ def main(argv: list[str] | None = None) -> int:
         interactive = interactive_session() if args.sft_warmup else None
         if interactive is not None and interactive.applies(settings.data_path):
             # Worked examples and environments: one process, SFT rounds, then GRPO with online rollouts.
-            interactive.InteractiveSession(settings, interactive.Knobs.from_env(), client, budget).run()
+            knobs = interactive.Knobs.from_env()
+            if args.rl:
+                knobs = dataclasses.replace(knobs, algorithm=args.rl)
+            interactive.InteractiveSession(settings, knobs, client, budget).run()
         else:
             Session(settings, GRPOSettings.from_env(), client, budget, args.sft_warmup).run()
     except Stopped as stop:

@@ -145,6 +145,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument("--lora-alpha", type=int, default=32)
     p.add_argument("--time-limit", type=float, default=None, help="stop training after this many seconds of steps")
+    p.add_argument("--rollouts", choices=("auto", "engine", "generate"),
+                   default=os.environ.get("A2RL_GRPO_ROLLOUT_ENGINE") or "auto",
+                   help="sampler of the completions: the decode engine (auto: on CUDA) or transformers generate")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -178,6 +181,100 @@ def grpo_config(args: argparse.Namespace, lr: float, output_dir: Path, precision
         seed=args.seed,
         data_seed=args.seed,
     )
+
+
+def import_decode_engine():
+    """The static-cache decode engine: the copy in ``code/``, else the harness's own module."""
+    try:
+        import decode_engine
+    except ImportError:
+        from a2rl.inference import decode_engine
+    return decode_engine
+
+
+class EngineRollouts:
+    """Completions for TRL's GRPO from a bf16 copy of the policy (LoRA merged in) through the decode engine: CUDA
+    graphs, sampling and end-of-sequence detection on the device. `sync` copies the policy's current weights in
+    place before each generation (captured graphs keep reading the same tensors)."""
+
+    def __init__(self, policy, eos_ids, *, temperature: float, top_p: float, top_k: int, max_new_tokens: int,
+                 seed: int, pad_id: int):  # fmt: skip
+        import copy
+
+        import torch
+
+        engine = import_decode_engine()
+        self.engine, self.lora = engine, hasattr(policy, "get_base_model")
+        clone = copy.deepcopy(policy)
+        self.copy = (clone.merge_and_unload() if self.lora else clone).to(dtype=torch.bfloat16).eval()
+        for p in self.copy.parameters():
+            p.requires_grad_(False)
+        on_cuda = next(self.copy.parameters()).device.type == "cuda"
+        self.decoder = engine.Decoder(self.copy, use_graph=on_cuda, chunk=16)
+        self.stop = engine.StopTokens(frozenset(eos_ids))
+        self.sampling = engine.Sampling(temperature=temperature, top_p=top_p, top_k=top_k or 0)
+        self.max_new_tokens, self.seed, self.pad_id, self.calls = max_new_tokens, seed, pad_id, 0
+
+    def sync(self, policy) -> None:
+        import torch
+
+        with torch.no_grad():
+            if self.lora:  # only the LoRA-wrapped layers change: base weight + the adapters' delta
+                for name, module in policy.get_base_model().named_modules():
+                    if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
+                        merged = module.base_layer.weight + sum(module.get_delta_weight(a) for a in module.active_adapters)
+                        self.copy.get_submodule(name).weight.copy_(merged)
+            else:
+                for mine, theirs in zip(self.copy.parameters(), policy.parameters()):
+                    mine.copy_(theirs)
+        self.decoder.weights_changed()
+
+    def generate(self, prompt_ids: list[list[int]]) -> list[list[int]]:
+        """One sampled completion per prompt, through its first end-of-sequence token."""
+        seeds = self.engine.row_seeds(self.seed * 1_000_003 + self.calls, len(prompt_ids))
+        self.calls += 1
+        out = self.decoder.decode(prompt_ids, self.max_new_tokens, None, self.pad_id, sampling=self.sampling,
+                                  seeds=seeds, stop=self.stop)  # fmt: skip
+        return [self.stop.cut(tokens) for tokens in out]
+
+
+def engine_trainer(base_cls, mode: str):
+    """`base_cls` (TRL's GRPOTrainer) with its single-process, text-only sampling on the decode engine (`mode`
+    engine, or auto on CUDA); anything the engine does not reproduce (vLLM, images, min-p, a repetition
+    penalty, several processes), or an engine failure, stays with TRL's own `generate`."""
+
+    class EngineGRPOTrainer(base_cls):
+        def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+            if self._engine_applies(images, multimodal_fields):
+                try:
+                    policy = self.accelerator.unwrap_model(self.model)
+                    if getattr(self, "_rollouts", None) is None:
+                        self._rollouts = EngineRollouts(
+                            policy, self.eos_token_ids, temperature=self.temperature, top_p=self.top_p,
+                            top_k=self.top_k, max_new_tokens=self.max_completion_length, seed=self.args.seed,
+                            pad_id=self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0,
+                        )  # fmt: skip
+                    self._rollouts.sync(policy)
+                    self.engine_generations = getattr(self, "engine_generations", 0) + 1
+                    return self._rollouts.generate([list(p) for p in prompt_ids]), None
+                except Exception as error:  # noqa: BLE001 - the same sampling through generate from here on
+                    print(f"decode engine failed ({type(error).__name__}: {error}); sampling with generate",
+                          file=sys.stderr, flush=True)  # fmt: skip
+                    self._engine_off, self._rollouts = True, None
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                 has_tool_images)  # fmt: skip
+
+        def _engine_applies(self, images, multimodal_fields) -> bool:
+            import torch
+
+            wanted = mode == "engine" or (mode == "auto" and torch.cuda.is_available())
+            plain = (not self.use_vllm and not getattr(self, "use_transformers_continuous_batching", False)
+                     and not images and not multimodal_fields and self.min_p is None
+                     and (self.repetition_penalty or 1.0) == 1.0 and self.accelerator.num_processes == 1
+                     and not self.args.generation_kwargs)  # fmt: skip
+            return wanted and plain and not getattr(self, "_engine_off", False)
+
+    return EngineGRPOTrainer
 
 
 def lora_config(model, args: argparse.Namespace):
@@ -319,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     trainer_dir = out.parent / f".{out.name}.trainer-{os.getpid()}"
-    trainer = GRPOTrainer(
+    trainer = engine_trainer(GRPOTrainer, args.rollouts)(
         model=model,
         reward_funcs=[correctness_reward, format_reward],
         args=grpo_config(args, lr, trainer_dir, policy_precision(model, use_lora)),
@@ -352,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         "save_s": round(t_end - t_trained, 1),
         "total_s": round(t_end - t_start, 1),
     }
+    summary["engine_generations"] = getattr(trainer, "engine_generations", 0)
     print(f"GRPO: {steps} steps, mean reward {summary['reward_mean']}, correct {summary['correct_mean']}", flush=True)
     print(SUMMARY_PREFIX + json.dumps(summary), flush=True)
     return 0

@@ -211,12 +211,14 @@ class GradingClient:
             raise RuntimeError(f"/budget answered {status}: {body}")
         return body
 
-    def submit(self, model_path: str) -> tuple[int, dict]:
-        """``POST /submit`` and wait for the score (grading can take minutes). A stop asked for meanwhile (the
-        budget ended while the grader copied the checkpoint) is honoured once the submission is in."""
+    def submit(self, model_path: str, stage: str | None = None) -> tuple[int, dict]:
+        """``POST /submit`` and wait for the score (grading can take minutes); `stage` names the training stage
+        that made the checkpoint (SFT, GRPO, ...), for the harness's analysis of what each stage added. A stop asked for
+        meanwhile (the budget ended while the grader copied the checkpoint) is honoured once the submission is in."""
         _submitting.set()
+        body = {"model_path": model_path, "wait": True, **({"stage": stage} if stage else {})}
         try:
-            return self.request("POST", "/submit", {"model_path": model_path, "wait": True}, timeout=6 * 3600)
+            return self.request("POST", "/submit", body, timeout=6 * 3600)
         finally:
             _submitting.clear()
             if _stop_asked:
@@ -410,7 +412,7 @@ class Session:
             return True
         model_path = self.rel(out)
         log(f"round {self.rounds}: trained in {result.wall_s:.0f}s, submitting {model_path}")
-        status, reply = self.client.submit(model_path)
+        status, reply = self.client.submit(model_path, stage="SFT")
         if status != 200:
             detail = reply.get("detail", reply)
             log(f"round {self.rounds}: submit answered {status}: {detail}")

@@ -1,29 +1,51 @@
-"""GRPO with online rollouts in an interactive task's environment, in plain PyTorch, with a loop penalty.
+"""GRPO (or GiGPO) with online rollouts in an interactive task's environment, in plain PyTorch.
 
-One step: `goals_per_step` training goals, `group_size` sampled episodes each, played in lockstep in the
-task's own environment (``data/envlib.zip``) under the evaluator's own prompts, step limit and action parsing.
-An episode's reward is the environment's reward minus ``loop_penalty`` times the share of its actions that
-repeat an earlier action of the same episode (lost episodes mostly loop). Advantages are the rewards
-normalised within each goal's group; every step of an episode is one sample (its prompt exactly as the
-evaluator shows it, its sampled action tokens), and the policy-gradient loss is
-``-advantage * log-prob(action tokens)`` averaged over the action tokens of the batch, one optimizer step per
-iteration (on-policy, no KL term).
+One step: `goals_per_step` training goals, `group_size` sampled episodes each (a group's episodes start from the
+same game), played in lockstep in the task's own environment (``data/envlib.zip``) under the evaluator's own
+prompts, step limit and action parsing. An episode's return is the environment's reward minus a loop penalty
+(the share of its actions that repeat an earlier one) and an invalid-action penalty (the share of its actions
+the environment refused: "Nothing happens."). Every step of an episode is one sample: its prompt exactly as the
+evaluator shows it and its sampled action tokens; the loss is ``-advantage * log-prob(action tokens)`` averaged
+over the action tokens of the batch, one optimizer step per iteration (on-policy, no KL term).
+
+Advantages:
+* ``grpo``: the episode's return normalised within its group, the same for each of its steps;
+* ``gigpo`` (GiGPO, Feng et al. 2025): that episode-level advantage plus a step-level one: the steps of a
+  group that start from the same environment state (an "anchor" state, `state_key`) are compared on their
+  discounted return-to-go, so the action that led on from a shared state gets the credit, not the episode.
+
+Rollouts on CUDA sample from a bf16 copy of the policy through the static-cache decode engine
+(`decode_engine.py`: CUDA graphs, sampling and stop detection on the device, the shared system prompt prefilled
+once per step), synchronised after every update; on the CPU they use `generate`.
 
 Stand-alone: copied into the workspace's ``code/`` and imported by the agent; imports nothing from the harness.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 import time
-from dataclasses import dataclass, field
+from collections import defaultdict
+from collections.abc import Callable, Hashable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-try:  # in a workspace: the copy beside this file
-    from sft_torch import autocast
+try:  # in a workspace: the copies beside this file
+    from sft_torch import MIN_SHARED_PREFIX as MIN_TRAIN_PREFIX
+    from sft_torch import autocast, shared_prefix_length, target_log_probs
+    from train_grpo import import_decode_engine
 except ImportError:  # in the harness's source tree
-    from agents.reference_sft_grpo.sft_torch import autocast
+    from agents.reference_grpo.train_grpo import import_decode_engine
+    from agents.reference_sft_grpo.sft_torch import MIN_SHARED_PREFIX as MIN_TRAIN_PREFIX
+    from agents.reference_sft_grpo.sft_torch import autocast, shared_prefix_length, target_log_probs
+
+ALGORITHMS = ("grpo", "gigpo")
+INVALID_OBSERVATION = "Nothing happens"
+"""How ALFWorld (and its offline stand-in) answers a command it cannot carry out."""
+MIN_SHARED_PREFIX = 32
+"""Shortest common token prefix of a step's prompts worth prefilling once."""
 
 
 def import_envlib(data_dir: Path):
@@ -36,8 +58,20 @@ def import_envlib(data_dir: Path):
     return envlib
 
 
+# -- rewards -----------------------------------------------------------------------------------------------
 def normalise_action(action: str) -> str:
     return " ".join(action.lower().split())
+
+
+def repeat_flags(actions: list[str]) -> list[bool]:
+    """For each action, whether it repeats an earlier action of the same episode."""
+    seen: set[str] = set()
+    flags = []
+    for action in actions:
+        key = normalise_action(action)
+        flags.append(key in seen)
+        seen.add(key)
+    return flags
 
 
 def repeat_fraction(actions: list[str]) -> float:
@@ -46,18 +80,47 @@ def repeat_fraction(actions: list[str]) -> float:
     >>> repeat_fraction(["go to desk 1", "look", "go to desk 1", "Go to  desk 1"])
     0.5
     """
-    seen: set[str] = set()
-    repeats = 0
-    for action in actions:
-        key = normalise_action(action)
-        repeats += key in seen
-        seen.add(key)
-    return repeats / len(actions) if actions else 0.0
+    return sum(repeat_flags(actions)) / len(actions) if actions else 0.0
 
 
-def shaped_reward(env_reward: float, actions: list[str], loop_penalty: float) -> float:
-    """The environment's reward minus the loop penalty."""
-    return float(env_reward) - loop_penalty * repeat_fraction(actions)
+def invalid_action(observation: str) -> bool:
+    return observation.strip().startswith(INVALID_OBSERVATION)
+
+
+def shaped_reward(env_reward: float, actions: list[str], loop_penalty: float, invalid: list[bool] = (),
+                  invalid_penalty: float = 0.0) -> float:  # fmt: skip
+    """The environment's reward minus the loop penalty and the invalid-action penalty (each times a share)."""
+    invalid_share = sum(invalid) / len(actions) if actions else 0.0
+    return float(env_reward) - loop_penalty * repeat_fraction(actions) - invalid_penalty * invalid_share
+
+
+def step_rewards(env_reward: float, actions: list[str], invalid: list[bool], loop_penalty: float,
+                 invalid_penalty: float) -> list[float]:  # fmt: skip
+    """Per-step rewards that sum to `shaped_reward`: each penalty charged to the step that earned it, the
+    environment's reward to the last step (these environments pay it when the episode ends)."""
+    if not actions:
+        return []
+    n = len(actions)
+    rewards = [-(loop_penalty * rep + invalid_penalty * bad) / n
+               for rep, bad in zip(repeat_flags(actions), list(invalid) + [False] * (n - len(invalid)))]  # fmt: skip
+    rewards[-1] += float(env_reward)
+    return rewards
+
+
+def discounted_returns(rewards: list[float], gamma: float) -> list[float]:
+    """Return-to-go of each step: r_t + gamma r_{t+1} + gamma^2 r_{t+2} + ..."""
+    out, running = [0.0] * len(rewards), 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        running = rewards[t] + gamma * running
+        out[t] = running
+    return out
+
+
+def _normalised(values: list[float]) -> list[float]:
+    """(v - mean) / std within the list; all zero when the values are equal (no signal)."""
+    mean = sum(values) / len(values)
+    std = (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+    return [(v - mean) / (std + 1e-4) if std > 1e-6 else 0.0 for v in values]
 
 
 def group_advantages(rewards: list[float], group_size: int) -> list[float]:
@@ -67,10 +130,7 @@ def group_advantages(rewards: list[float], group_size: int) -> list[float]:
         raise ValueError(f"{len(rewards)} rewards are not whole groups of {group_size}")
     out = []
     for start in range(0, len(rewards), group_size):
-        group = rewards[start : start + group_size]
-        mean = sum(group) / group_size
-        std = (sum((r - mean) ** 2 for r in group) / group_size) ** 0.5
-        out += [(r - mean) / (std + 1e-4) if std > 1e-6 else 0.0 for r in group]
+        out += _normalised(rewards[start : start + group_size])
     return out
 
 
@@ -81,8 +141,41 @@ class Rollout:
     goal_id: str
     steps: list[tuple[list[int], list[int]]] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
+    invalid: list[bool] = field(default_factory=list)
+    state_keys: list[Hashable] = field(default_factory=list)
+    """The environment state each action was taken from (GiGPO's anchor states)."""
     reward: float = 0.0
     won: bool = False
+
+
+def step_advantages(rollouts: list[Rollout], group_size: int, *, algorithm: str, loop_penalty: float,
+                    invalid_penalty: float, gamma: float = 0.95, step_weight: float = 1.0) -> list[list[float]]:  # fmt: skip
+    """One advantage per step of each rollout (rollouts in consecutive groups of `group_size`)."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS} (got {algorithm!r})")
+    returns = [shaped_reward(r.reward, r.actions, loop_penalty, r.invalid, invalid_penalty) for r in rollouts]
+    episode = group_advantages(returns, group_size)
+    out = [[adv] * len(r.steps) for r, adv in zip(rollouts, episode)]
+    if algorithm == "grpo":
+        return out
+    for start in range(0, len(rollouts), group_size):
+        anchors: dict[Hashable, list[tuple[int, int, float]]] = defaultdict(list)
+        for i in range(start, start + group_size):
+            r = rollouts[i]
+            rewards = step_rewards(r.reward, r.actions, r.invalid, loop_penalty, invalid_penalty)
+            for t, (key, ret) in enumerate(zip(r.state_keys, discounted_returns(rewards, gamma))):
+                anchors[key].append((i, t, ret))
+        for members in anchors.values():
+            if len(members) < 2:
+                continue
+            for (i, t, _), adv in zip(members, _normalised([ret for _, _, ret in members])):
+                out[i][t] += step_weight * adv
+    return out
+
+
+# -- sampling ------------------------------------------------------------------------------------------------
+Sample = tuple[list[int], list[int], str]
+"""(prompt ids, action ids through the stop, action text cut at the stop)."""
 
 
 def real_length(ids: list[int], tokenizer, stop: str, eos_ids: set[int]) -> int:
@@ -95,14 +188,19 @@ def real_length(ids: list[int], tokenizer, stop: str, eos_ids: set[int]) -> int:
     return len(ids)
 
 
+def _render(tokenizer, conversations: list[list[dict]]) -> list[list[int]]:
+    texts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
 def sampler(model, tokenizer, *, max_new_tokens: int, temperature: float, stop: str):
-    """A batched sampling policy: conversations -> [(prompt ids, action ids, text cut at the stop)]."""
+    """A batched sampling policy with `generate` (the CPU path): conversations -> [Sample]."""
     import torch
 
     eos_ids = {tokenizer.eos_token_id, tokenizer.pad_token_id} - {None}
     device = next(model.parameters()).device
 
-    def sample(conversations: list[list[dict]]) -> list[tuple[list[int], list[int], str]]:
+    def sample(conversations: list[list[dict]]) -> list[Sample]:
         texts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
         batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         with torch.no_grad(), autocast(device):
@@ -122,14 +220,99 @@ def sampler(model, tokenizer, *, max_new_tokens: int, temperature: float, stop: 
     return sample
 
 
+class EngineSampler:
+    """Sampled actions from a bf16 copy of the policy through the decode engine (CUDA graphs, sampling and stop
+    detection on the device, the shared prompt prefix prefilled once). `sync()` after every update."""
+
+    def __init__(self, model, tokenizer, *, max_new_tokens: int, temperature: float, stop: str, seed: int):
+        import copy
+
+        import torch
+
+        engine = import_decode_engine()
+        self.engine, self.policy, self.tokenizer = engine, model, tokenizer
+        self.copy = copy.deepcopy(model).to(dtype=torch.bfloat16).eval()
+        for p in self.copy.parameters():
+            p.requires_grad_(False)
+        self.decoder = engine.Decoder(self.copy, use_graph=True, chunk=8)
+        eos_ids = {tokenizer.eos_token_id, tokenizer.pad_token_id, *_list(self.copy.generation_config.eos_token_id)}
+        self.stop_text = stop
+        self.stop = engine.StopTokens.build(tokenizer, [stop], eos_ids - {None})
+        self.sampling = engine.Sampling(temperature=temperature)
+        self.max_new_tokens, self.temperature = max_new_tokens, temperature
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.seed, self.calls, self.tokens = seed, 0, 0
+        self.fallback = None
+
+    def sync(self) -> None:
+        """Copy the policy's current weights into the rollout copy (in place: captured graphs stay valid)."""
+        import torch
+
+        if self.fallback is not None:
+            return
+        with torch.no_grad():
+            for mine, theirs in zip(self.copy.parameters(), self.policy.parameters()):
+                mine.copy_(theirs)
+        self.decoder.weights_changed()
+
+    def __call__(self, conversations: list[list[dict]]) -> list[Sample]:
+        if self.fallback is None:
+            try:
+                return self._sample(conversations)
+            except Exception as error:  # noqa: BLE001 - the same policy through generate from here on
+                print(f"decode engine failed ({type(error).__name__}: {error}); sampling with generate from now on",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                self.fallback = sampler(self.policy, self.tokenizer, max_new_tokens=self.max_new_tokens,
+                                        temperature=self.temperature, stop=self.stop_text)  # fmt: skip
+                self.copy = self.decoder = None  # its memory back to the trainer
+        return self.fallback(conversations)
+
+    def _sample(self, conversations: list[list[dict]]) -> list[Sample]:
+        rows = _render(self.tokenizer, conversations)
+        prefix_ids = self.engine.shared_prefix(rows)
+        prefix = self.decoder.cached_prefix(prefix_ids) if len(prefix_ids) >= MIN_SHARED_PREFIX else None
+        p = prefix.length if prefix else 0
+        seeds = self.engine.row_seeds(self.seed * 1_000_003 + self.calls, len(rows))
+        self.calls += 1
+        new = self.decoder.decode([r[p:] for r in rows], self.max_new_tokens, None, self.pad, prefix,
+                                  sampling=self.sampling, seeds=seeds, stop=self.stop)  # fmt: skip
+        out = []
+        for prompt, tokens in zip(rows, new):
+            tokens = self.stop.cut(tokens)
+            self.tokens += len(tokens)
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True).split(self.stop_text, 1)[0].strip()
+            out.append((prompt, tokens, text))
+        return out
+
+
+def _list(value) -> list:
+    return value if isinstance(value, list) else [value] if value is not None else []
+
+
+def make_sampler(model, tokenizer, *, max_new_tokens: int, temperature: float, stop: str, seed: int,
+                 engine: str = "auto") -> Callable[[list[list[dict]]], list[Sample]]:  # fmt: skip
+    """The engine sampler on CUDA (or when `engine == "engine"`), `generate` otherwise or if it cannot start."""
+    device = next(model.parameters()).device
+    if engine == "engine" or (engine == "auto" and device.type == "cuda"):
+        try:
+            return EngineSampler(model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
+                                 stop=stop, seed=seed)  # fmt: skip
+        except Exception as error:  # noqa: BLE001 - any engine failure: the same policy through generate
+            print(f"decode engine unavailable ({type(error).__name__}: {error}); sampling with generate",
+                  file=sys.stderr, flush=True)  # fmt: skip
+    return sampler(model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature, stop=stop)
+
+
+# -- rollouts ------------------------------------------------------------------------------------------------
 def play(envlib, task: str, data_dir: Path, goals: list[dict], sample, max_steps: int, seed: int,
-         deadline: float | None = None) -> list[Rollout]:
+         deadline: float | None = None) -> list[Rollout]:  # fmt: skip
     """One episode per goal, in lockstep (one `sample` call per step for the live episodes), with the
     evaluator's environment, prompts and action parsing. Past `deadline` (monotonic clock) no further step is
     played: the episodes still running end there, unfinished (reward 0, like an episode out of steps)."""
     make_env, prompter = envlib.make_env(task, data_dir), envlib.prompter(task)
     envs = [make_env() for _ in goals]
     first = [env.reset(goal, seed=seed + i)[0] for i, (env, goal) in enumerate(zip(envs, goals))]
+    last = list(first)
     turns: list[list[dict]] = [[] for _ in goals]
     rollouts = [Rollout(goal_id=str(g.get("id", i))) for i, g in enumerate(goals)]
     done = [False] * len(goals)
@@ -139,6 +322,7 @@ def play(envlib, task: str, data_dir: Path, goals: list[dict], sample, max_steps
             break
         samples = sample([prompter(goals[i], first[i], turns[i]) for i in live])
         for i, (prompt_ids, action_ids, text) in zip(live, samples):
+            key = _state_key(envs[i], last[i])
             action = envlib.parse_action(text)
             result = envs[i].step(action)
             turns[i].append({"completion": text, "action": action, "observation": result.observation,
@@ -146,44 +330,72 @@ def play(envlib, task: str, data_dir: Path, goals: list[dict], sample, max_steps
             r = rollouts[i]
             r.steps.append((prompt_ids, action_ids))
             r.actions.append(action)
+            r.invalid.append(invalid_action(result.observation))
+            r.state_keys.append(key)
+            last[i] = result.observation
             r.reward, r.won, done[i] = float(result.reward), bool(result.info.get("won", False)), bool(result.done)
     return rollouts
 
 
+def _state_key(env, observation: str) -> Hashable:
+    """The environment's own state key where it has one, else the observation the action answers."""
+    key = env.state_key() if hasattr(env, "state_key") else None
+    return key if key is not None else observation
+
+
+# -- training ------------------------------------------------------------------------------------------------
 @dataclass
 class StepStats:
     episodes: int
     wins: int
     mean_reward: float
-    """Mean shaped reward (environment reward minus loop penalty)."""
+    """Mean shaped return (environment reward minus the loop and invalid-action penalties)."""
     mean_repeat: float
     samples: int
     """Steps that carried a non-zero advantage into the loss."""
     loss: float
     update_s: float
+    rollout_s: float = 0.0
+    mean_invalid: float = 0.0
+    mean_steps: float = 0.0
+    generated_tokens: int = 0
 
 
 class GRPOEnv:
-    """GRPO steps on one loaded model; its own optimizer across the session's GRPO rounds."""
+    """GRPO / GiGPO steps on one loaded model; its own optimizer across the session's RL rounds."""
 
     def __init__(self, model, tokenizer, envlib, task: str, data_dir: Path, *, lr: float, goals_per_step: int,
                  group_size: int, max_episode_steps: int, temperature: float, loop_penalty: float, seed: int,
-                 micro_batch: int = 16, max_new_tokens: int = 32, max_grad_norm: float = 1.0):  # fmt: skip
+                 invalid_penalty: float = 0.1, algorithm: str = "grpo", gamma: float = 0.95,
+                 step_weight: float = 1.0, micro_batch: int | None = None, max_new_tokens: int = 32,
+                 max_grad_norm: float = 1.0, engine: str = "auto", curve: Path | None = None,
+                 max_samples: int = 1024):  # fmt: skip
         import torch
 
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {ALGORITHMS} (got {algorithm!r})")
         self.model, self.tokenizer, self.envlib, self.task, self.data_dir = model, tokenizer, envlib, task, data_dir
         self.goals_per_step, self.group_size, self.loop_penalty = goals_per_step, group_size, loop_penalty
+        self.invalid_penalty, self.algorithm, self.gamma, self.step_weight = invalid_penalty, algorithm, gamma, step_weight
         self.max_episode_steps = min(max_episode_steps, envlib.MAX_STEPS.get(task, max_episode_steps))
-        self.micro_batch, self.max_grad_norm = micro_batch, max_grad_norm
         self.device = next(model.parameters()).device
+        # With the shared system prompt run once per micro-batch, rows cost their suffix only: 64 on a GPU.
+        self.micro_batch = micro_batch or (64 if self.device.type == "cuda" else 16)
+        self.max_grad_norm, self.max_samples = max_grad_norm, max_samples
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
         self.goals = envlib.load_goals(data_dir)
         self.rng = random.Random(seed)
         self.seed = seed * 100_003
-        self.sample = sampler(model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
-                              stop=envlib.STOP)  # fmt: skip
+        self.sample = make_sampler(model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
+                                   stop=envlib.STOP, seed=seed, engine=engine)  # fmt: skip
         self.steps_done = 0
+        self.curve = curve
+
+    def weights_changed(self) -> None:
+        """The policy's weights changed outside an update (e.g. a checkpoint was restored)."""
+        if hasattr(self.sample, "sync"):
+            self.sample.sync()
 
     def rollouts(self, deadline: float | None = None) -> list[Rollout]:
         goals = self.rng.sample(self.goals, min(self.goals_per_step, len(self.goals)))
@@ -195,17 +407,37 @@ class GRPOEnv:
 
     def grpo_step(self, deadline: float | None = None) -> StepStats:
         """Rollouts (cut at `deadline`), then one update."""
+        t_rollout = time.monotonic()
+        tokens_before = getattr(self.sample, "tokens", 0)
         rollouts = self.rollouts(deadline)
-        rewards = [shaped_reward(r.reward, r.actions, self.loop_penalty) for r in rollouts]
-        advantages = group_advantages(rewards, self.group_size)
-        samples = [(p, a, adv) for r, adv in zip(rollouts, advantages) if adv != 0.0 for p, a in r.steps if a]
+        rollout_s = time.monotonic() - t_rollout
+        advantages = step_advantages(rollouts, self.group_size, algorithm=self.algorithm,
+                                     loop_penalty=self.loop_penalty, invalid_penalty=self.invalid_penalty,
+                                     gamma=self.gamma, step_weight=self.step_weight)  # fmt: skip
+        samples = [(p, a, adv) for r, advs in zip(rollouts, advantages) for (p, a), adv in zip(r.steps, advs)
+                   if adv != 0.0 and a]  # fmt: skip
+        if len(samples) > self.max_samples:  # a uniform subset: the same expected loss, a bounded update time
+            samples = self.rng.sample(samples, self.max_samples)
         t_update = time.monotonic()
         loss = self.update(samples)
+        if hasattr(self.sample, "sync"):
+            self.sample.sync()
         self.steps_done += 1
         n = len(rollouts)
-        return StepStats(n, sum(r.won for r in rollouts), round(sum(rewards) / n, 4),
-                         round(sum(repeat_fraction(r.actions) for r in rollouts) / n, 4), len(samples),
-                         round(loss, 5), round(time.monotonic() - t_update, 2))  # fmt: skip
+        steps = sum(len(r.actions) for r in rollouts)
+        rewards = [shaped_reward(r.reward, r.actions, self.loop_penalty, r.invalid, self.invalid_penalty)
+                   for r in rollouts]  # fmt: skip
+        stats = StepStats(
+            n, sum(r.won for r in rollouts), round(sum(rewards) / n, 4),
+            round(sum(repeat_fraction(r.actions) for r in rollouts) / n, 4), len(samples), round(loss, 5),
+            round(time.monotonic() - t_update, 2), round(rollout_s, 2),
+            round(sum(sum(r.invalid) for r in rollouts) / max(1, steps), 4), round(steps / n, 2),
+            getattr(self.sample, "tokens", 0) - tokens_before,
+        )  # fmt: skip
+        if self.curve is not None:
+            with self.curve.open("a", encoding="utf-8") as f:
+                f.write(json.dumps({"update": self.steps_done, "algorithm": self.algorithm, **asdict(stats)}) + "\n")
+        return stats
 
     def update(self, samples: list[tuple[list[int], list[int], float]]) -> float:
         """One optimizer step on `-advantage * log p(action)`, summed over action tokens / their number."""
@@ -222,17 +454,18 @@ class GRPOEnv:
             width = max(len(p) + len(a) for p, a, _ in chunk)
             ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
             mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            weights = torch.zeros((len(chunk), width), dtype=torch.float32)
+            targets = torch.zeros((len(chunk), width), dtype=torch.bool)
+            weights = []
             for row, (p, a, adv) in enumerate(chunk):
                 ids[row, : len(p) + len(a)] = torch.tensor(p + a)
                 mask[row, : len(p) + len(a)] = 1
-                weights[row, len(p) : len(p) + len(a)] = adv
-            ids, mask, weights = ids.to(self.device), mask.to(self.device), weights.to(self.device)
-            with autocast(self.device):
-                logits = self.model(input_ids=ids, attention_mask=mask).logits[:, :-1]
-            log_probs = torch.log_softmax(logits.float(), dim=-1)
-            token_log_probs = log_probs.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-            loss = -(weights[:, 1:] * token_log_probs).sum() / total_tokens
+                targets[row, len(p) : len(p) + len(a)] = True
+                weights += [adv] * len(a)
+            ids, mask, targets = ids.to(self.device), mask.to(self.device), targets.to(self.device)
+            prefix = shared_prefix_length([p for p, _, _ in chunk], [len(p) for p, _, _ in chunk])
+            log_probs = target_log_probs(self.model, ids, mask, targets, self.device,
+                                         prefix=prefix if prefix >= MIN_TRAIN_PREFIX else 0)  # fmt: skip
+            loss = -(torch.tensor(weights, device=self.device) * log_probs).sum() / total_tokens
             loss.backward()
             loss_sum += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)

@@ -3,8 +3,10 @@
 
 1. SFT rounds: full fine-tuning on the worked examples (``sft_torch.py``), each round submitted, until the
    validation score stops rising (``sft_finished``).
-2. GRPO rounds from the best checkpoint so far: online rollouts on training goals with a loop penalty
-   (``grpo_env_torch.py``), each round submitted; a round that does not beat the best is rolled back.
+2. RL rounds from the best checkpoint so far: GRPO (or GiGPO with ``A2RL_GRPO_ALGORITHM=gigpo``) with online
+   rollouts on training goals, loop and invalid-action penalties (``grpo_env_torch.py``; on CUDA the rollouts
+   run on the decode engine), each round submitted; a round whose validation score falls more than
+   ``A2RL_GRPO_ROLLBACK_MARGIN`` points below the best is rolled back, otherwise RL goes on from it.
 In mode ``sft-only`` (read from ``instructions.md``) the RL code is removed from ``code/`` first and the SFT
 rounds go on from the best checkpoint at half the learning rate instead of GRPO.
 
@@ -73,6 +75,9 @@ class Knobs:
     sft_max_steps: int | None
     """Cap on steps per SFT round (tests)."""
     sft_max_rounds: int
+    sft_max_share: float
+    """SFT rounds stop once this share of the budget is used (the RL phase needs time to take several updates;
+    in mode sft-only the annealed SFT rounds that follow are SFT too)."""
     grpo_lr: float
     grpo_round_s: float | None
     grpo_max_steps: int | None
@@ -81,6 +86,18 @@ class Knobs:
     max_episode_steps: int
     temperature: float
     loop_penalty: float
+    invalid_penalty: float
+    algorithm: str
+    """`grpo` (episode-level advantages) or `gigpo` (plus step-level advantages over anchor states)."""
+    gamma: float
+    """GiGPO's discount of the return-to-go."""
+    rollback_margin: float
+    """An RL round goes on from its own checkpoint unless its validation score fell more than this many points
+    below the best (then the best is restored): RL gains come in small steps that one noisy score would undo."""
+    rollout_engine: str
+    """`auto` (the decode engine on CUDA, `generate` on the CPU), `engine` or `generate`."""
+    max_samples: int
+    """Steps per update at most (a uniform subset of those with a non-zero advantage): bounds the update time."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Knobs:
@@ -96,15 +113,27 @@ class Knobs:
             sft_round_s=opt("A2RL_SFT_ROUND_S", float),
             sft_max_steps=opt("A2RL_SFT_MAX_STEPS", int),
             sft_max_rounds=int(env.get("A2RL_SFT_MAX_ROUNDS") or 6),
+            sft_max_share=float(env.get("A2RL_SFT_MAX_SHARE") or 0.5),
             grpo_lr=float(env.get("A2RL_GRPO_LR") or 1e-5),
             grpo_round_s=opt("A2RL_GRPO_ROUND_S", float),
             grpo_max_steps=opt("A2RL_GRPO_MAX_STEPS", int),
             goals_per_step=int(env.get("A2RL_GRPO_GOALS_PER_STEP") or 8),
-            group_size=int(env.get("A2RL_GRPO_NUM_GENERATIONS") or 4),
-            max_episode_steps=int(env.get("A2RL_GRPO_MAX_EPISODE_STEPS") or 25),
+            group_size=int(env.get("A2RL_GRPO_NUM_GENERATIONS") or 8),
+            max_episode_steps=int(env.get("A2RL_GRPO_MAX_EPISODE_STEPS") or 30),
             temperature=float(env.get("A2RL_GRPO_TEMPERATURE") or 1.0),
             loop_penalty=float(env.get("A2RL_GRPO_LOOP_PENALTY") or 0.5),
+            invalid_penalty=float(env.get("A2RL_GRPO_INVALID_PENALTY") or 0.1),
+            algorithm=env.get("A2RL_GRPO_ALGORITHM") or "grpo",
+            gamma=float(env.get("A2RL_GRPO_GAMMA") or 0.95),
+            rollback_margin=float(env.get("A2RL_GRPO_ROLLBACK_MARGIN") or 10.0),
+            rollout_engine=env.get("A2RL_GRPO_ROLLOUT_ENGINE") or "auto",
+            max_samples=int(env.get("A2RL_GRPO_MAX_SAMPLES") or 1024),
         )
+
+
+def _win_rate(stats) -> str:
+    episodes = sum(x.episodes for x in stats)
+    return f"{100 * sum(x.wins for x in stats) / episodes:.0f}%" if episodes else "-"
 
 
 def default_round_s(budget_s: float) -> float:
@@ -176,6 +205,10 @@ class InteractiveSession:
                  f"mode {self.mode}, {time.monotonic() - t0:.1f}s")  # fmt: skip
 
     def make_grpo(self):
+        import torch
+
+        if torch.cuda.is_available():  # SFT's cached activation blocks go back before the rollout copy is made
+            torch.cuda.empty_cache()
         try:
             import grpo_env_torch
         except ImportError:
@@ -185,7 +218,9 @@ class InteractiveSession:
         return grpo_env_torch.GRPOEnv(
             self.model, self.tokenizer, envlib, self.task, self.s.data_path, lr=k.grpo_lr,
             goals_per_step=k.goals_per_step, group_size=k.group_size, max_episode_steps=k.max_episode_steps,
-            temperature=k.temperature, loop_penalty=k.loop_penalty, seed=self.s.seed,
+            temperature=k.temperature, loop_penalty=k.loop_penalty, invalid_penalty=k.invalid_penalty,
+            algorithm=k.algorithm, gamma=k.gamma, seed=self.s.seed, engine=k.rollout_engine, max_samples=k.max_samples,
+            curve=self.s.workspace / "code" / "rl_curve.jsonl",
         )  # fmt: skip
 
     # -- rounds ------------------------------------------------------------------------------------------
@@ -214,9 +249,12 @@ class InteractiveSession:
                 self.grpo = self.make_grpo()
             steps, stats, train_s = self.grpo.train(seconds, self.k.grpo_max_steps)
             episodes = sum(x.episodes for x in stats)
-            detail = (f"{episodes} episodes, {sum(x.wins for x in stats)} won, shaped reward "
+            rollout_s = sum(x.rollout_s for x in stats)
+            detail = (f"{self.k.algorithm}: {episodes} episodes ({episodes / max(rollout_s, 1e-9):.1f}/s in "
+                      f"rollouts), {sum(x.wins for x in stats)} won, shaped reward "
                       f"{sum(x.mean_reward * x.episodes for x in stats) / max(1, episodes):.3f}, repeats "
-                      f"{sum(x.mean_repeat * x.episodes for x in stats) / max(1, episodes):.2f}")  # fmt: skip
+                      f"{sum(x.mean_repeat * x.episodes for x in stats) / max(1, episodes):.2f}, "
+                      f"win rate first/last update {_win_rate(stats[:1])}/{_win_rate(stats[-1:])}")  # fmt: skip
             loss = stats[-1].loss if stats else 0.0
             return Round(n, "GRPO", init, steps, loss, train_s, detail=detail)
         st = self.sft.train(seconds, self.k.sft_max_steps)
@@ -244,6 +282,8 @@ class InteractiveSession:
         if [m for m in missing if not m.endswith("lm_head.weight")]:  # tied embeddings are saved once
             raise RuntimeError(f"{self.best_path} lacks weights: {missing[:3]}")
         self.current_path = self.best_path
+        if self.grpo is not None:
+            self.grpo.weights_changed()
         loop.log(f"restored the best checkpoint {loop.relative_to_workspace(self.best_path, self.s.workspace)}")
 
     def play_round(self, seconds: float) -> bool:
@@ -253,7 +293,8 @@ class InteractiveSession:
         out = self.save()
         self.current_path = out
         r.submission = loop.relative_to_workspace(out, self.s.workspace)
-        status, reply = self.client.submit(r.submission)
+        stage = "GiGPO" if r.method == "GRPO" and self.k.algorithm == "gigpo" else r.method
+        status, reply = self.client.submit(r.submission, stage=stage)
         # What saving and submitting cost on the agent's clock (grading itself is not charged).
         self.save_s = max(self.SAVE_S, float(self.client.budget()["elapsed_s"]) - charged_before)
         self.rounds.append(r)
@@ -278,14 +319,21 @@ class InteractiveSession:
     def next_phase(self, r: Round) -> None:
         if r.method == "SFT":
             self.sft_scores.append(r.score)
-            if sft_finished(self.sft_scores, self.baseline, self.k.sft_max_rounds):
+            used = float(self.client.budget()["elapsed_s"]) / float(self.budget["budget_s"])
+            rising_stopped = sft_finished(self.sft_scores, self.baseline, self.k.sft_max_rounds)
+            if rising_stopped or used >= self.k.sft_max_share:
                 self.phase = "SFT-anneal" if self.mode == "sft-only" else "GRPO"
-                r.note = (r.note + "; " if r.note else "") + f"SFT stops rising: next {self.phase}"
+                why = "SFT stops rising" if rising_stopped else f"{used:.0%} of the budget used by SFT"
+                r.note = (r.note + "; " if r.note else "") + f"{why}: next {self.phase}"
                 if self.phase == "SFT-anneal":
                     self.sft.set_lr(self.k.sft_lr / 2)
         elif r.method == "SFT-anneal" and r.note != "new best":
             self.sft.set_lr(self.sft.lr / 2)
         if r.note.startswith("new best"):
+            return
+        if r.method == "GRPO" and r.score is not None and self.best_score is not None \
+                and r.score >= self.best_score - self.k.rollback_margin:
+            r.note = (r.note + "; " if r.note else "") + "RL goes on from here"
             return
         self.restore_best()
 
@@ -303,7 +351,8 @@ class InteractiveSession:
             "# reference-sft-grpo notes\n\nOne process: full fine-tuning on data/sft.jsonl in rounds until the "
             "validation score stops rising, then "
             + ("more SFT at half the learning rate (mode sft-only)" if self.mode == "sft-only" else
-               "GRPO with online rollouts on training goals (loop penalty)")
+               f"{self.k.algorithm.upper()} with online rollouts on training goals (loop and invalid-action "
+               "penalties; per-update curve in code/rl_curve.jsonl)")
             + f", one submission per round.\n\n- knobs: {json.dumps(asdict(self.k))}\n\n"
             "| round | method | init | steps | loss | train s | submission | score | note | detail |\n"
             "|---|---|---|---|---|---|---|---|---|---|\n",

@@ -1,8 +1,9 @@
 """Full fine-tuning on worked examples in plain PyTorch, in time-limited rounds of one loaded model.
 
 The examples are the task's ``sft.jsonl`` (prompt-completion conversations in the evaluator's own prompt
-format); the loss is on the completion only (the reply and its end-of-turn). On CUDA the forward pass runs
-under bf16 autocast with fp32 master weights; on CPU everything is fp32.
+format); the loss is on the completion only (the reply and its end-of-turn), with the output layer run on
+those positions alone (`target_log_probs`). On CUDA the forward pass runs under bf16 autocast with fp32
+master weights; on CPU everything is fp32.
 
 Stand-alone: copied into the workspace's ``code/`` and imported by the agent; imports nothing from the harness.
 """
@@ -17,6 +18,8 @@ from pathlib import Path
 
 IGNORE = -100
 """Label of a token that carries no loss (the prompt, the padding)."""
+MIN_SHARED_PREFIX = 32
+"""Shortest prefix all rows of a batch share that is worth running once (the task's system prompt is ~200)."""
 
 
 @dataclass
@@ -34,6 +37,10 @@ class RoundStats:
     loss: float
     """Mean training loss of the round's steps."""
     train_s: float
+
+
+def first_target(example: Example) -> int:
+    return next(i for i, label in enumerate(example.labels) if label != IGNORE)
 
 
 def split_conversation(tokenizer, prompt: list[dict], completion: list[dict]) -> tuple[str, str] | None:
@@ -101,6 +108,73 @@ def collate(examples: list[Example], pad_id: int, device):
     return ids.to(device), mask.to(device), labels.to(device)
 
 
+def target_log_probs(model, ids, mask, targets, device, chunk_rows: int = 2048, prefix: int = 0):
+    """Log-probabilities of the target tokens only: `targets` is a bool (B, L) tensor marking the tokens to
+    score (each predicted from the position before it). Returns a flat tensor in row-major order.
+
+    The output layer runs on the selected positions alone, in chunks whose logits are recomputed in the
+    backward pass, so no (B, L, vocabulary) tensor is ever held: SFT and GRPO memory stays that of the
+    transformer itself (fp32 logits over a 49k vocabulary were most of a 30-45 GB peak).
+
+    `prefix`: the first `prefix` tokens are the same real tokens in every row (a shared system prompt) and
+    hold no target: they run through the model once, at batch 1, and every row attends to their keys and
+    values (gradients flow back through them), so the batch costs its suffixes only."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    with autocast(device):
+        if prefix > 0:
+            hidden = _suffix_hidden(decoder, ids, mask, prefix)
+            ids, targets = ids[:, prefix - 1 :], targets[:, prefix - 1 :]  # hidden covers positions prefix-1 ..
+        else:
+            hidden = decoder(input_ids=ids, attention_mask=mask).last_hidden_state
+    picked = hidden[:, :-1][targets[:, 1:]]  # the position before each target predicts it
+    wanted = ids[:, 1:][targets[:, 1:]]
+
+    def score(h, t):
+        with autocast(device):
+            logits = head(h)
+        return torch.log_softmax(logits.float(), dim=-1).gather(-1, t[:, None]).squeeze(-1)
+
+    parts = [checkpoint(score, picked[i : i + chunk_rows], wanted[i : i + chunk_rows], use_reentrant=False)
+             for i in range(0, picked.shape[0], chunk_rows)]  # fmt: skip
+    return torch.cat(parts) if parts else picked.new_zeros(0, dtype=torch.float32)
+
+
+def _suffix_hidden(decoder, ids, mask, prefix: int):
+    """Hidden states of positions prefix-1 .. L-1 of every row, the shared prefix computed once."""
+    import inspect
+
+    import torch
+    from transformers import DynamicCache
+
+    params = inspect.signature(decoder.forward).parameters
+    cache_arg = "cache" if "cache" in params else "past_key_values"  # transformers >= 5.2x renamed it
+    head = decoder(input_ids=ids[:1, :prefix], use_cache=True)
+    shared = getattr(head, cache_arg, None) or head.past_key_values
+    batch = ids.shape[0]
+    cache = DynamicCache()
+    for i, layer in enumerate(shared.layers):
+        cache.update(layer.keys.expand(batch, -1, -1, -1), layer.values.expand(batch, -1, -1, -1), i)
+    positions = torch.arange(prefix, ids.shape[1], device=ids.device)[None].expand(batch, -1)
+    rest = decoder(input_ids=ids[:, prefix:], attention_mask=mask, position_ids=positions, use_cache=True,
+                   **{cache_arg: cache}).last_hidden_state
+    last = head.last_hidden_state[:, -1:].expand(batch, -1, -1)  # the prefix's last position predicts token `prefix`
+    return torch.cat([last, rest], dim=1)
+
+
+def shared_prefix_length(rows: list[list[int]], targets_from: list[int]) -> int:
+    """Tokens every row starts with, and short of each row's first target (which needs a token before it)."""
+    if len(rows) < 2:
+        return 0
+    first, limit = rows[0], min(min(len(r) for r in rows), min(targets_from)) - 1
+    n = 0
+    while n < limit and all(r[n] == first[n] for r in rows):
+        n += 1
+    return n
+
+
 def autocast(device):
     """bf16 autocast on CUDA (fp32 master weights), nothing on CPU."""
     import contextlib
@@ -153,8 +227,9 @@ class SFTRounds:
             scale = min(1.0, (self.steps + 1) / max(1, self.warmup_steps))
             for group in self.optimizer.param_groups:
                 group["lr"] = self.lr * scale
-            with autocast(self.device):
-                loss = self.model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            prefix = shared_prefix_length([e.input_ids for e in batch], [first_target(e) for e in batch])
+            prefix = prefix if prefix >= MIN_SHARED_PREFIX else 0
+            loss = -target_log_probs(self.model, ids, mask, labels != IGNORE, self.device, prefix=prefix).mean()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
             self.optimizer.step()

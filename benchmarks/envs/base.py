@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Hashable
 from typing import Any, NamedTuple
 
 
@@ -30,6 +31,11 @@ class TextEnv(abc.ABC):
     @abc.abstractmethod
     def step(self, action: str) -> StepResult:
         """Apply one action. After `done`, further steps are an error."""
+
+    def state_key(self) -> Hashable | None:
+        """A hashable summary of the current state, equal exactly when two episodes are in the same state
+        (e.g. GiGPO's anchor states); None where the environment does not say."""
+        return None
 
     @abc.abstractmethod
     def admissible_actions(self) -> list[str]:

@@ -219,6 +219,14 @@ class HouseholdEnv(TextEnv):
         return any(n >= goal["count"] for n in per_receptacle.values())
 
     # -- TextEnv -------------------------------------------------------------------------------------
+    def state_key(self) -> tuple:
+        """Where the agent is and everything that can change: places, states, open receptacles, lamps."""
+        return (
+            self.game.get("id", self.game.get("seed")), self.at, tuple(sorted(self.where.items())),
+            tuple(sorted((o, tuple(sorted(s))) for o, s in self.states.items() if s)),
+            tuple(sorted(self.opened)), tuple(sorted(self.toggled)), tuple(sorted(self.on)),
+        )  # fmt: skip
+
     def step(self, action: str) -> StepResult:
         if self.done:
             raise RuntimeError("the episode is over; call reset()")

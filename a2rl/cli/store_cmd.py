@@ -1,0 +1,46 @@
+"""`a2rl store merge`: every host's finished runs into one results store (a2rl.store.merge)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from a2rl.run_options import DEFAULT_RESULTS
+from a2rl.store.merge import HOSTS_PATTERN
+
+
+def add_store_parsers(sub) -> None:
+    store = sub.add_parser("store", help="results stores of several hosts: merge them into one")
+    actions = store.add_subparsers(dest="store_action", required=True)
+    merge = actions.add_parser(
+        "merge", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="merge the finished runs of host stores into one store (idempotent; tampered run directories refused)",
+        description="Rebuild the rows of every finished run of each host store in --into from its run directory "
+        "(runs/ beside the host's store, else where the host recorded it), verified against the ledger heads the host's "
+        "store anchored. Merging twice changes nothing; a torn or tampered run directory is refused (exit 1) and "
+        "leaves --into as it was; runs still `running` on their host are left for a later merge.",
+    )  # fmt: skip
+    merge.add_argument("sources", nargs="*", default=[HOSTS_PATTERN],
+                       help="host stores (paths or quoted glob patterns)")
+    merge.add_argument("--into", default=str(DEFAULT_RESULTS), help="the central store (created if missing)")
+
+
+def cmd_store(args: argparse.Namespace) -> int:
+    from a2rl.store.merge import expand_sources, merge_stores
+
+    sources = expand_sources(args.sources, args.into)
+    if not sources:
+        print(f"a2rl: no host store matches {' '.join(args.sources)} (other than --into {args.into}); copy each "
+              "host's results directory first, e.g. to results/hosts/<host>/", file=sys.stderr)  # fmt: skip
+        return 2
+    print(f"merging {len(sources)} host store(s) into {Path(args.into).resolve()} ...", flush=True)
+    report = merge_stores(args.into, sources)
+    for o in report.notable():
+        print(f"  {o.status:10}  {o.run_id}  ({o.source}){': ' + o.detail if o.detail else ''}")
+    print(report.summary())
+    if report.refused:
+        print(f"a2rl: {len(report.refused)} run(s) refused and not merged (above); the store holds everything "
+              "else. Copy their run directories again (or find out who changed them) and merge again", file=sys.stderr)  # fmt: skip
+        return 1
+    return 0

@@ -1,0 +1,219 @@
+"""One results store over several hosts: each host's finished runs merged into a central store.
+
+DuckDB has one writer per file, and a file on a network file system is no place for several hosts to write. So
+each host's runs write the host's own store (`A2RL_HOST_RESULTS` on its workers), and one process (the merge: `a2rl
+store merge`, the `merge-stores` deployment, or a sweep's `merge_from`) is the central store's only writer.
+
+The merge does not copy rows. For every finished run of a host's store it finds the run directory (under `runs/`
+beside the host's store, as in a copy of the host's results directory, else where the host recorded it),
+adopts the ledger heads the host's store anchored, and rebuilds the run's rows from the directory with
+`a2rl.store.ingest.ingest_run_dir`, which verifies the ledger against those anchors and the run's report. All of
+it in one transaction: a torn or tampered run directory is refused and leaves the central store as it was.
+
+A run can have several attempts on several hosts: a flow run retried after its host died starts the run over
+elsewhere under the same run id. Per run id the best attempt is merged: completed before failed before
+interrupted, then the later one. An attempt still `running` in its host's store (a live run, or one whose host
+died with it) is not merged. Merging twice changes nothing: an attempt whose anchored head and status the central
+store already holds is left alone.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import duckdb
+
+from a2rl.store.results import ResultsStore, StoreError
+
+HOSTS_PATTERN = "results/hosts/*/a2rl.duckdb"
+"""Where the day-one layout keeps a copy of each host's results directory (docs/scale-out.md)."""
+STATUS_RANK = {"completed": 3, "failed": 2, "interrupted": 1}
+"""Finished statuses; a higher one wins over a later attempt with a lower one."""
+MergeStatus = Literal["merged", "unchanged", "refused", "unfinished", "superseded"]
+EARLIEST = datetime.min.replace(tzinfo=timezone.utc)
+OUTCOME_ORDER: tuple[MergeStatus, ...] = ("merged", "unchanged", "superseded", "unfinished", "refused")
+
+
+class MergeRefused(ValueError):
+    """The run directory does not match what its host's store recorded: not merged."""
+
+
+@dataclass
+class Attempt:
+    """One host's attempt at one run: its row in the host's store and the ledger heads anchored there."""
+
+    run_id: str
+    source: Path
+    status: str
+    started_at: datetime | None
+    harness_dir: str | None
+    heads: list[tuple[int, str, Any]] = field(default_factory=list)
+
+    @property
+    def first_hash(self) -> str | None:
+        """The hash of the ledger's first line: which attempt this is (a fresh start elsewhere has another)."""
+        return self.heads[0][1] if self.heads and self.heads[0][0] == 0 else None
+
+    @property
+    def last_head(self) -> tuple[int, str] | None:
+        return (int(self.heads[-1][0]), self.heads[-1][1]) if self.heads else None
+
+    def rank(self) -> tuple[int, datetime]:
+        return STATUS_RANK.get(self.status, 0), self.started_at or EARLIEST
+
+    def same_attempt(self, other: Attempt) -> bool:
+        return self.first_hash is not None and self.first_hash == other.first_hash
+
+
+@dataclass
+class MergeOutcome:
+    run_id: str
+    source: str
+    status: MergeStatus
+    detail: str = ""
+
+
+@dataclass
+class MergeReport:
+    into: Path
+    sources: list[Path]
+    outcomes: list[MergeOutcome] = field(default_factory=list)
+
+    def count(self, status: MergeStatus) -> int:
+        return sum(o.status == status for o in self.outcomes)
+
+    @property
+    def refused(self) -> list[MergeOutcome]:
+        return [o for o in self.outcomes if o.status == "refused"]
+
+    def summary(self) -> str:
+        counts = ", ".join(f"{self.count(s)} {s}" for s in OUTCOME_ORDER)
+        return f"{len(self.sources)} host store(s) into {self.into}: {counts}"
+
+    def notable(self) -> list[MergeOutcome]:
+        """Every outcome but `unchanged`, refusals first."""
+        return sorted((o for o in self.outcomes if o.status != "unchanged"),
+                      key=lambda o: (-OUTCOME_ORDER.index(o.status), o.run_id, o.source))  # fmt: skip
+
+
+def expand_sources(patterns: list[str] | list[Path], into: Path | str) -> list[Path]:
+    """The host stores the patterns (paths or globs) name, without `into` itself, each once, sorted."""
+    central = Path(into).expanduser().resolve()
+    found = {Path(p).resolve() for pattern in patterns for p in glob.glob(str(Path(pattern).expanduser()))}
+    return sorted(p for p in found if p.is_file() and p != central)
+
+
+def merge_stores(into: Path | str, sources: list[Path]) -> MergeReport:
+    """Merge the finished runs of every host store in `sources` into the store `into` (created if missing)."""
+    report = MergeReport(Path(into).expanduser().resolve(), list(sources))
+    attempts: list[Attempt] = []
+    for source in sources:
+        try:
+            attempts += read_attempts(source)
+        except (StoreError, OSError, ValueError, duckdb.Error) as e:  # one unreadable copy must not stop the others
+            report.outcomes.append(MergeOutcome("*", str(source), "refused", f"cannot read the store: {_line(e)}"))
+    if not attempts:
+        return report
+    central = ResultsStore(report.into)
+    merged = {a.run_id: a for a in read_attempts(report.into, central)}
+    by_run: dict[str, list[Attempt]] = defaultdict(list)
+    for a in attempts:
+        by_run[a.run_id].append(a)
+    for run_id in sorted(by_run):
+        report.outcomes += _merge_run(central, by_run[run_id], merged.get(run_id))
+    return report
+
+
+def read_attempts(path: Path, store: ResultsStore | None = None) -> list[Attempt]:
+    """Every run in a store with its anchored ledger heads."""
+    store = store or ResultsStore(path, read_only=True)
+    runs = store.query("SELECT run_id, status, started_at, harness_dir FROM runs")
+    heads: dict[str, list[tuple[int, str, Any]]] = defaultdict(list)
+    for row in store.ledger_heads().itertuples(index=False):
+        heads[row.run_id].append((int(row.seq), row.line_hash, row.recorded_at))
+    return [Attempt(r.run_id, Path(path), r.status, _time(r.started_at), r.harness_dir, heads.get(r.run_id, []))
+            for r in runs.itertuples(index=False)]  # fmt: skip
+
+
+def _merge_run(central: ResultsStore, attempts: list[Attempt], held: Attempt | None) -> list[MergeOutcome]:
+    out: list[MergeOutcome] = []
+    finished = [a for a in attempts if a.status in STATUS_RANK]
+    for a in attempts:
+        if a.status not in STATUS_RANK:
+            out.append(MergeOutcome(a.run_id, str(a.source), "unfinished",
+                                    f"{a.status} on its host: still going, or its host died mid-run (then retry its "
+                                    "flow run: another host starts it over)"))  # fmt: skip
+    if not finished:
+        return out
+    best = max(finished, key=Attempt.rank)
+    others = [a for a in finished if a is not best]
+    if held is not None and not held.same_attempt(best) and held.rank() > best.rank():
+        best, others = None, finished  # the central store already has a better or later attempt
+    for a in others:
+        where = f"the attempt from {best.source}" if best else "the attempt already in the store"
+        out.append(MergeOutcome(a.run_id, str(a.source), "superseded", f"{a.status}; {where} wins"))
+    if best is None:
+        return out
+    if held is not None and held.same_attempt(best) and held.last_head == best.last_head and held.status == best.status:
+        out.append(MergeOutcome(best.run_id, str(best.source), "unchanged"))
+        return out
+    try:
+        _merge_attempt(central, best)
+    except MergeRefused as e:
+        out.append(MergeOutcome(best.run_id, str(best.source), "refused", _line(e)))
+    else:
+        note = "" if best.heads else "no ledger anchor in its host's store: verified against its report only"
+        out.append(MergeOutcome(best.run_id, str(best.source), "merged", note))
+    return out
+
+
+def _merge_attempt(central: ResultsStore, a: Attempt) -> None:
+    """Adopt the host's anchors and rebuild the run's rows from its directory, in one transaction."""
+    from a2rl.grading.ledger import LedgerCorrupted
+    from a2rl.store.ingest import ingest_run_dir
+
+    harness = locate_harness(a)
+    if a.status == "completed" and not (harness / "report.json").is_file():
+        raise MergeRefused(f"{harness} has no report.json, though its host's store says completed: "
+                           "an incomplete copy? copy the run directory again")  # fmt: skip
+    try:
+        with central.batch():
+            central.adopt_ledger_heads(a.run_id, a.heads)
+            ingest_run_dir(central, harness)
+            got = central.get_run(a.run_id)
+            if got is None or got["status"] != a.status:
+                raise MergeRefused(f"{harness} says {got and got['status']}, its host's store {a.status}")
+    except MergeRefused:
+        raise
+    except (LedgerCorrupted, OSError, ValueError, KeyError, json.JSONDecodeError) as e:
+        raise MergeRefused(f"{harness}: {_line(e)}") from e
+
+
+def locate_harness(a: Attempt) -> Path:
+    """`runs/<run_id>/harness` beside the host's store (a copy of its results directory is copied as one), else
+    where the host recorded it (run directories on shared storage)."""
+    candidates = [a.source.parent / "runs" / a.run_id / "harness"]
+    if a.harness_dir and Path(a.harness_dir) != candidates[0]:
+        candidates.append(Path(a.harness_dir))
+    for harness in candidates:
+        if (harness / "manifest.json").is_file():
+            return harness
+    raise MergeRefused("run directory not found (looked in " + ", ".join(str(c) for c in candidates) + "): copy "
+                       "the host's run directories beside its store, under runs/")  # fmt: skip
+
+
+def _time(value: Any) -> datetime | None:
+    if value is None or value != value:  # None or NaT
+        return None
+    value = value.to_pydatetime() if hasattr(value, "to_pydatetime") else value
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def _line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:400]

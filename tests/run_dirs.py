@@ -1,0 +1,82 @@
+"""Run directories and host-store rows written the way a benchmark run writes them, without an agent or a model:
+an offline stand-in for tests and benchmarks of the store (merge, ingest). The scores are made up; everything else
+goes through the run's own code: manifest, the anchored ledger, evaluations and their per-item files, events,
+submission rows, and the summary step (report, leak audit, process metrics, final row)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from a2rl.records import EvalResult, ItemResult, RunConfig
+from a2rl.run import RunContext, make_run_id, write_manifest
+from a2rl.store.results import ResultsStore
+from a2rl.workspace import RunPaths
+from tasks.run_steps import ledger_of, record_evaluation
+
+
+def synthetic_eval(split: str, n: int, n_correct: int) -> EvalResult:
+    items = [ItemResult(item_id=f"{split}-{i}", completion="", prediction=None, target="", correct=i < n_correct)
+             for i in range(n)]  # fmt: skip
+    return EvalResult(task="gsm8k", split=split, score=100.0 * n_correct / n, n=n, n_correct=n_correct,
+                      evaluator_id="gsm8k/synthetic", items=items)  # fmt: skip
+
+
+def write_run(results: Path, runs_dir: Path, config: RunConfig, flow_run_id: str, *, submissions: int = 2,
+              status: str | None = "completed", session: bool = True) -> RunContext:
+    """One run of `config` recorded in the store `results` with its directory under `runs_dir`.
+
+    `status` None leaves it as a killed run leaves it: the row `running`, no report. `session` False stops before
+    the agent session (baselines only)."""
+    from tasks.summary_steps import write_summary
+
+    ctx = RunContext(run_id=make_run_id(config, flow_run_id), config=config,
+                     paths=RunPaths.for_run(runs_dir, make_run_id(config, flow_run_id)),
+                     results_path=Path(results).resolve(), variant_label="offline")  # fmt: skip
+    ctx.paths.create()
+    write_manifest(ctx)
+    store = ResultsStore(ctx.results_path)
+    store.start_run(ctx.run_id, config, str(ctx.paths.harness_dir), ctx.variant_label)
+    ledger = ledger_of(ctx)
+    for split, n in (("validation", 4), ("test", 8)):
+        result = synthetic_eval(split, n, 1)
+        entry = ledger.append(run_id=ctx.run_id, kind="baseline", split=split, status="scored", score=result.score,
+                              weights_hash="base", eval_seconds=0.1)  # fmt: skip
+        record_evaluation(store, ctx, entry, result)
+    if session:
+        event(store, ledger, ctx.run_id, "session-start", budget_s=config.budget_s)
+        for sid in range(1, submissions + 1):
+            fields = dict(run_id=ctx.run_id, kind="submission", submission_id=sid, model_path=f"output/v{sid}",
+                          weights_hash=f"w{sid}", size_bytes=1000, split="validation", agent_elapsed_s=5.0 * sid)
+            store.record_submission(ctx.run_id, ledger.append(**fields, status="queued"))
+            result = synthetic_eval("validation", 4, min(4, 1 + sid))
+            entry = ledger.append(**fields, status="scored", score=result.score, eval_seconds=0.1)
+            store.record_submission(ctx.run_id, entry)
+            record_evaluation(store, ctx, entry, result)
+        event(store, ledger, ctx.run_id, "session-end", ended_by="exited", exit_code=0, agent_seconds=10.0,
+              wall_seconds=11.0, grading_seconds=1.0)  # fmt: skip
+        if submissions:
+            result = synthetic_eval("test", 8, 3)
+            entry = ledger.append(run_id=ctx.run_id, kind="final", split="test", status="scored", score=result.score,
+                                  submission_id=submissions, weights_hash=f"w{submissions}")  # fmt: skip
+            record_evaluation(store, ctx, entry, result)
+    if status is not None:
+        write_summary(ctx, status, {"agent_session": 11.0}, error=None if status == "completed" else "stopped")
+    return ctx
+
+
+def event(store: ResultsStore, ledger, run_id: str, name: str, **detail) -> None:
+    entry = ledger.append(run_id=run_id, kind="event", detail={"event": name, **detail})
+    store.record_event(run_id, entry.seq, name, entry.detail, at=entry.at)
+
+
+STORE_TABLES = ("runs", "submissions", "evaluations", "item_results", "events", "metrics", "llm_calls", "tool_calls",
+                "resources", "ledger_heads")  # fmt: skip
+
+
+def dump_store(path: Path) -> dict[str, list]:
+    """Every row of every table of a store, in a stable order: two dumps are equal when the stores hold the same."""
+    import duckdb
+
+    with duckdb.connect(str(path), read_only=True) as con:
+        return {t: con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall() for t in STORE_TABLES}
+
