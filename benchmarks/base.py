@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 import importlib.metadata
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -108,9 +109,11 @@ class BenchmarkTask(abc.ABC):
     def preflight(self) -> None:
         """Fail fast, before a run starts, when something the evaluator needs is missing (e.g. a judge)."""
 
-    def run_episodes(self, model_dir: Path, items: list[Item], batch_size: int) -> list[ItemResult] | None:
+    def run_episodes(self, model_dir: Path, items: list[Item], batch_size: int,
+                     on_done: Callable[[int], None] | None = None) -> list[ItemResult] | None:  # fmt: skip
         """Interactive tasks run whole episodes here (many in lockstep, one batched generation per step) and
-        return one result per item; None, the default, means one generation per item via `build_prompt`."""
+        return one result per item, calling `on_done(n)` as n more episodes end; None, the default, means one
+        generation per item via `build_prompt`."""
         return None
 
     def demonstrations(self, variant: str, train: list[Item]) -> list[dict]:

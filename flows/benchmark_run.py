@@ -35,7 +35,7 @@ from tasks.preflight import check_run
 from a2rl.ops.gpu_slots import hold_gpu_slot
 from a2rl.isolation import procs
 from a2rl.ops.housekeeping import clean_stale_temp
-from a2rl.ops.progress import RUN_LOG, ProgressWriter, note_phase
+from a2rl.ops.progress import RUN_LOG, ProgressWriter, note_phase, note_step
 from a2rl.store.results import ResultsStore
 from agents import AgentEnv, SessionOutcome, get_agent, run_agent
 from benchmarks import get_task
@@ -51,6 +51,7 @@ from tasks.summary_steps import (
     write_summary,
 )
 from tasks.run_steps import (
+    base_model_step,
     build_workspace_step,
     evaluate_baseline,
     evaluate_every_submission,
@@ -72,8 +73,11 @@ INTERRUPTIONS = (KeyboardInterrupt, SystemExit, TerminationSignal)
 @flow(name="provision-workspace")
 def provision_workspace(ctx: RunContext) -> Path:
     """Prepare task data and the base model, then build the agent's workspace. Returns the base model dir."""
+    note_step(ctx.paths.harness_dir, "preparing the task data")
     public_dir = prepare_task_data(ctx)
+    note_step(ctx.paths.harness_dir, base_model_step(ctx.config.base_model))
     base_model_dir = prepare_base_model(ctx.config.base_model)
+    note_step(ctx.paths.harness_dir, "building the workspace and installing the agent")
     build_workspace_step(ctx, public_dir, base_model_dir)
     return base_model_dir
 

@@ -38,6 +38,21 @@ def check_run(config: RunConfig, results: Path, runs_dir: Path | None = None, *,
     check_narrative()
 
 
+def check_sweep(configs: list[RunConfig], results: Path, runs_dir: Path | None = None) -> None:
+    """What every run of a sweep can be checked for here, before any starts: limits, the results location, each
+    task and agent named (drivers and CLIs are checked by each run where it runs: a worker may be elsewhere)."""
+    from agents import agent_class
+
+    check_results_location(Path(results), Path(runs_dir) if runs_dir else Path(results).parent / "runs")
+    for c in configs:
+        check_limits(c)
+        check_task(c.task, c.variant, probe=False)
+        try:
+            agent_class(c.agent)
+        except KeyError as e:
+            raise PreflightError(f"{e.args[0]} (see `a2rl agents`)") from e
+
+
 def check_limits(c: RunConfig) -> None:
     if not (math.isfinite(c.budget_s) and 0 < c.budget_s <= MAX_BUDGET_S):
         raise PreflightError(f"--budget must be a number of seconds between 1 and {MAX_BUDGET_S:.0f} (a week), "
@@ -49,6 +64,14 @@ def check_limits(c: RunConfig) -> None:
         raise PreflightError(f"--max-submissions must be at least 1, got {c.max_submissions}")
     if c.seed < 0:
         raise PreflightError(f"--seed must be 0 or positive, got {c.seed}")
+    for flag, value, example in (("--max-workspace-bytes", c.max_workspace_bytes, "107374182400 (100 GiB)"),
+                                 ("--max-checkpoint-bytes", c.max_checkpoint_bytes, "68719476736 (64 GiB)"),
+                                 ("--grading-workers", c.grading_workers, "1")):  # fmt: skip
+        if value < 1:
+            raise PreflightError(f"{flag} must be at least 1, got {value}; e.g. {flag} {example}")
+    if not c.base_model.strip():
+        raise PreflightError("--base-model is empty; name a registry key (e.g. smollm2-135m-instruct), a checkpoint "
+                             "directory or a hub id")  # fmt: skip
 
 
 def check_results_location(results: Path, runs_dir: Path) -> None:
@@ -57,6 +80,30 @@ def check_results_location(results: Path, runs_dir: Path) -> None:
         raise PreflightError(f"--results {results} is a directory; name a file, e.g. --results {results / 'a2rl.duckdb'}")
     for directory, flag in ((results.parent, "--results"), (runs_dir, "--runs-dir")):
         _check_writable_dir(directory.absolute(), flag)
+    if results.is_file() and results.stat().st_size > 0:
+        check_results_file(results)
+
+
+def check_results_file(results: Path) -> None:
+    """An existing results file must be a DuckDB database this DuckDB can open and write (a text file, a torn
+    or newer-format database would otherwise stop the run after the server started and the model loaded)."""
+    import duckdb
+
+    if not os.access(results, os.R_OK | os.W_OK):
+        raise PreflightError(f"--results {results}: the file is not readable and writable by this user; fix its "
+                             f"permissions or name another file")  # fmt: skip
+    try:
+        with duckdb.connect(str(results), read_only=True) as con:  # the catalog, then the tables' row counts
+            tables = [t for (t,) in con.execute("SELECT table_name FROM information_schema.tables "
+                                                "WHERE table_type = 'BASE TABLE'").fetchall()]  # fmt: skip
+            for table in tables:
+                con.execute(f'SELECT count(*) FROM "{table}"').fetchone()
+    except duckdb.Error as e:
+        if "Could not set lock" in str(e):  # in use by a live writer: a results store at work, not a bad file
+            return
+        raise PreflightError(f"--results {results} is not a DuckDB results file this version can open "
+                             f"({_one_line(e)[:160]}); name a new file (e.g. --results {results.with_suffix('.new.duckdb')}) "
+                             f"or move this one away") from e  # fmt: skip
 
 
 def _check_writable_dir(directory: Path, flag: str) -> None:
@@ -169,11 +216,42 @@ def check_agent(c: RunConfig, *, probe: bool = True) -> None:
     if c.driver in ("", "none"):
         raise PreflightError(f"agent {c.agent} needs a driver LLM: pass --driver with a model id (and set "
                              f"ANTHROPIC_API_KEY) or a driver saved with `a2rl drivers add` (see `a2rl agents`)")  # fmt: skip
-    agent = get_agent(c.agent, driver=resolve_run_driver(c.driver))
+    driver = resolve_run_driver(c.driver)
+    apis = getattr(cls, "apis", None) or ("anthropic",)
+    if driver.api not in apis:
+        speaks = " or ".join(apis)
+        raise PreflightError(f"agent {c.agent} speaks the {speaks} API, but --driver {c.driver} speaks {driver.api} "
+                             f"(model {driver.model}); save a driver for it (a2rl drivers add NAME --model M --api "
+                             f"{apis[0]} ...) or pick an agent that speaks {driver.api} (see `a2rl agents`)")  # fmt: skip
+    agent = get_agent(c.agent, driver=driver)
     _check_launch(agent, c)
     if probe and (program := getattr(agent, "executable", None)):
         found = agent.find() if hasattr(agent, "find") else None  # on PATH or in the project's .tools prefix
         _check_runs(str(found or program))
+    if probe:
+        check_driver_endpoint(c.driver, driver)
+
+
+VENDOR_ENDPOINTS = {"anthropic": "https://api.anthropic.com", "openai": "https://api.openai.com",
+                    "gemini": "https://generativelanguage.googleapis.com"}  # fmt: skip
+"""Where a driver without a base_url sends its calls (the SDKs' defaults)."""
+
+
+def check_driver_endpoint(name: str, driver) -> None:
+    """The driver's endpoint accepts a connection (a TCP connect: no request, no key sent, nothing spent)."""
+    url = urlparse(driver.base_url or VENDOR_ENDPOINTS.get(driver.api, ""))
+    if not url.hostname:
+        raise PreflightError(f"--driver {name}: base_url {driver.base_url!r} is not a URL; save it again with "
+                             f"--base-url http://HOST:PORT/... (a2rl drivers add {name} ... --force)")  # fmt: skip
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=NETWORK_TIMEOUT_S):
+            return
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+        raise PreflightError(f"--driver {name}: its endpoint {url.scheme}://{url.hostname}:{port} does not answer "
+                             f"({why}); start that server or fix the driver's base URL (a2rl drivers add {name} "
+                             f"--base-url ... --force), then run again") from e  # fmt: skip
 
 
 def resolve_run_driver(name: str):
@@ -205,11 +283,25 @@ def _check_launch(agent, c: RunConfig) -> None:
             raise PreflightError(f"{_one_line(e)} (see `a2rl agents`)") from e
 
 
+VERSION_TIMEOUT_S = 30.0
+"""`--version` on an idle machine; scaled with the load (a2rl.ops.load) and tried twice before a verdict."""
+
+
 def _check_runs(program: str) -> None:
-    try:
-        out = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise PreflightError(f"`{program} --version` did not run ({_one_line(e)}); reinstall {program}") from e
+    from a2rl.ops.load import describe_load, scaled_timeout
+
+    for attempt in (1, 2):  # a busy machine gets a second, longer chance before anything is called broken
+        timeout = scaled_timeout(VERSION_TIMEOUT_S) * attempt
+        try:
+            out = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=timeout)
+            break
+        except subprocess.TimeoutExpired as e:
+            if attempt == 2:
+                raise PreflightError(f"`{program} --version` did not answer within {timeout:.0f} s, twice "
+                                     f"({describe_load()}): the machine is too busy to tell whether it works; "
+                                     f"try again when it is quieter") from e  # fmt: skip
+        except OSError as e:
+            raise PreflightError(f"`{program} --version` did not run ({_one_line(e)}); reinstall {program}") from e
     if out.returncode != 0:
         said = _one_line(out.stderr or out.stdout or f"exit code {out.returncode}")
         raise PreflightError(f"`{program} --version` failed: {said[:200]}; reinstall {program}")

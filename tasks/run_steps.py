@@ -94,6 +94,18 @@ def prepare_task_data(ctx: RunContext) -> Path:
     return get_task(ctx.config.task).prepare(ctx.config.variant).public_dir
 
 
+def base_model_step(name: str) -> str:
+    """The word for the wait on the base model: a registry model not yet converted on this machine takes minutes
+    (GGUF dequantized into a Hugging Face checkpoint, once); anything else loads in seconds."""
+    from a2rl.base_models.build import MARKER
+    from a2rl.base_models.registry import REGISTRY
+    from a2rl.paths import models_dir
+
+    if name in REGISTRY and not (models_dir() / name / MARKER).is_file():
+        return f"converting the base model {name} (first use on this machine; once)"
+    return f"resolving the base model {name}"
+
+
 @task(name="prepare-base-model", cache_policy=NO_CACHE)
 def prepare_base_model(name: str) -> Path:
     """Resolve (and on first use convert) the base model into the machine-wide model cache."""
@@ -139,7 +151,8 @@ def evaluate_baseline(
             continue
         spec = EvalSpec.for_run(ctx.config, split, bench)
         run_logger().info("base model: evaluating %s (%s items)...", split, spec.limit or "all")
-        result = evaluate_cached(base_model_dir, base_hash, spec, on_start=procs.record_started)
+        result = evaluate_cached(base_model_dir, base_hash, spec, progress_file=eval_progress_file(ctx),
+                                 on_start=procs.record_started)
         run_logger().info("base model: %s score %.2f (%s)", split, result.score,
                           "cached" if result.cached else f"{result.duration_s:.0f} s")  # fmt: skip
         entry = ledger.append(
@@ -149,8 +162,20 @@ def evaluate_baseline(
         )  # fmt: skip
         record_evaluation(store, ctx, entry, result)
         done[split] = result.score
+        if not result.cached and result.n:
+            report(baseline_item_s=result.duration_s / result.n)  # the next split's ETA until it measures its own
     report(baseline_done=sum(sizes.values()), baseline_total=sum(sizes.values()), baseline_split=None)
     return done
+
+
+def eval_progress_file(ctx: RunContext) -> Path:
+    """Where the next evaluation of the run counts its finished items (a fresh file: the display never shows
+    the previous evaluation's count as this one's)."""
+    from a2rl.ops.progress import EVAL_PROGRESS_FILE
+
+    path = ctx.paths.harness_dir / EVAL_PROGRESS_FILE
+    path.unlink(missing_ok=True)
+    return path
 
 
 def record_evaluation(store: ResultsStore, ctx: RunContext, entry: LedgerEntry, result: EvalResult) -> None:
@@ -188,6 +213,7 @@ def evaluate_final(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
     path = Path(pick.resolved_path) if pick else base_model_dir
     whash = pick.weights_hash if pick else weights_hash(base_model_dir)
     result = evaluate_cached(path, whash, EvalSpec.for_run(ctx.config, "test", get_task(ctx.config.task)),
+                             progress_file=eval_progress_file(ctx),
                              on_start=procs.record_started)  # a retry ends it should this attempt die first
     entry = ledger.append(
         run_id=ctx.run_id, kind="final", split="test", status="scored", score=result.score,
@@ -215,7 +241,8 @@ def evaluate_every_submission(ctx: RunContext) -> list[LedgerEntry]:
     for sub in latest_submissions(entries):
         if sub.status != "scored" or sub.submission_id in done or not sub.resolved_path:
             continue
-        result = evaluate_cached(Path(sub.resolved_path), sub.weights_hash, spec)
+        result = evaluate_cached(Path(sub.resolved_path), sub.weights_hash, spec, progress_file=eval_progress_file(ctx),
+                                 on_start=procs.record_started)
         entry = ledger.append(
             run_id=ctx.run_id, kind="posthoc", split="test", status="scored", score=result.score,
             submission_id=sub.submission_id, model_path=sub.model_path, resolved_path=sub.resolved_path,

@@ -28,7 +28,10 @@ def prefect_harness():
     """One Prefect test server for the whole session; request it only in tests that run flows."""
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=90):
+    from a2rl.ops.load import scaled_timeout
+
+    # 90 s on an idle machine; a loaded one (other jobs on the same cores) needs proportionally longer.
+    with prefect_test_harness(server_startup_timeout=int(scaled_timeout(90))):
         yield
 
 

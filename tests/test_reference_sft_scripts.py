@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -139,13 +140,38 @@ def test_fix_tokenizer_config_renames_a_list_of_extra_special_tokens(tmp_path):
         (1000.0, True, True, 75.0),
         (100.0, True, True, 40.0),  # 100 - 10 margin - 50 overhead: a shortened round
         (65.0, True, False, 0.0),  # 5 s of training is not worth a round
-        (65.0, False, True, 15.0),  # ... unless nothing was tried yet
+        (65.0, False, True, 27.5),  # ... unless nothing was tried yet: due by half of the 55 s left
         (-5.0, False, True, 1.0),  # the first round starts even with nothing left
     ],
 )
 def test_plan_round_fits_rounds_into_the_budget(remaining, submitted, start, time_limit):
     plan = agent.plan_round(remaining, overhead_s=50.0, train_s=75.0, margin_s=10.0, submitted=submitted)
     assert (plan.start, plan.time_limit_s) == (start, time_limit)
+
+
+def test_the_first_round_is_due_by_half_the_budget_left_and_later_rounds_by_measured_steps():
+    """Issue #26: on a loaded machine the first round must still submit well inside a 120 s budget, and a later
+    round starts only when one and a half measured steps fit."""
+    first = agent.plan_round(118.0, overhead_s=45.0, train_s=90.0, margin_s=13.6, submitted=False)
+    assert first.start and first.ends_in_s == pytest.approx(0.5 * (118.0 - 13.6))
+    later = agent.plan_round(60.0, overhead_s=20.0, train_s=90.0, margin_s=13.6, submitted=True, step_s=14.0)
+    assert later.start and later.time_limit_s == pytest.approx(26.4) and later.ends_in_s == pytest.approx(46.4)
+    slow = agent.plan_round(60.0, overhead_s=20.0, train_s=90.0, margin_s=13.6, submitted=True, step_s=30.0)
+    assert not slow.start and "a round needs 79s" in slow.reason
+
+
+def test_time_limit_callback_stops_before_a_step_would_pass_the_deadline():
+    """The deadline is wall-clock: loading may have used most of it; the last step's time predicts the next."""
+    from transformers import TrainerControl, TrainerState
+
+    state, control = TrainerState(), TrainerControl()
+    callback = train_sft.time_limit_callback(None, deadline=time.time() + 60.0, reserve_s=15.0)
+    callback.on_train_begin(None, state, control)
+    callback.on_step_end(None, state, control)  # a quick step: 45 s are left for the next ones
+    assert not control.should_training_stop
+    callback.t_last -= 50.0  # a 50 s step: the next one would leave less than the 15 s reserve
+    callback.on_step_end(None, state, control)
+    assert control.should_training_stop
 
 
 def test_next_version_never_reuses_a_checkpoint_name(tmp_path):
@@ -215,3 +241,37 @@ def test_training_precision_is_bf16_on_a_gpu_and_fp32_on_cpu(tiny_model_dir):
     assert n_params == count_parameters(str(tiny_model_dir)) == sum(p.numel() for p in model.parameters())
     assert not use_lora and precision.load_dtype == "float32" and next(model.parameters()).dtype.is_floating_point
     assert str(next(model.parameters()).dtype) == "torch.float32"  # this machine has no GPU
+
+
+def test_a_stop_during_a_submission_lets_it_land_first(tmp_path):
+    """The budget can end while the grader copies a checkpoint the agent just sent; SIGTERM then waits for the
+    answer (the grace period is for that), and stops the agent right after it."""
+    script = tmp_path / "stop_while_submitting.py"
+    script.write_text(f"""
+import http.server, json, os, signal, sys, threading, time
+sys.path.insert(0, {str(Path(agent.__file__).parent)!r})
+import agent
+
+class Slow(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        time.sleep(1.0)  # the grader copying and hashing the checkpoint
+        body = json.dumps({{"status": "queued", "submission_id": 1}}).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+signal.signal(signal.SIGTERM, agent.raise_stopped)
+threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+client = agent.GradingClient(f"http://127.0.0.1:{{server.server_address[1]}}", "t")
+try:
+    client.submit("output/v1")
+    print("not stopped")
+except agent.Stopped as stop:
+    print("stopped after the answer:", stop)
+""")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert "SIGTERM while submitting: finishing the submission first" in out.stdout, out.stdout + out.stderr
+    assert out.stdout.strip().endswith("stopped after the answer: SIGTERM"), out.stdout + out.stderr

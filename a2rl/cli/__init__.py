@@ -18,6 +18,7 @@ def _quiet_defaults() -> None:
     """Settings that make a local run work offline and start reliably on a small machine."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")  # Prefect's client-side telemetry, and its notice on a terminal
+    # Prefect's 20 s is too short on a small machine; `a2rl run` scales this with the load (a2rl.cli.starting).
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -29,16 +30,17 @@ def _quiet_defaults() -> None:
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The whole command line; `argv` (when given) lets commands other than `drivers` skip importing Prefect."""
     from a2rl.cli.catalog import add_driver_parsers, agents_help
+    from a2rl.cli.errors import DefaultsHelpFormatter, OneLineParser
     from a2rl.records import RunConfig
     from a2rl.run_options import add_config_options
 
     d = RunConfig()
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="a2rl",
         description="a2rl: does an LLM agent's post-training (SFT, GRPO, ...) improve a base model? "
         "Runs Agent² RL-Bench-style benchmark runs as Prefect flows, results in DuckDB.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command")  # none: the help
 
     run = sub.add_parser(
         "run",
@@ -47,7 +49,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         "train and submit checkpoints under its budget, evaluate the final pick on the hidden test set, "
         "write a report and record everything in the DuckDB results file. Uses an ephemeral Prefect server "
         "unless PREFECT_API_URL is set.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     add_config_options(run, help_extra={"agent": f": {agents_help()}" if agents_help() else ""})
     run.add_argument("--results", default=str(DEFAULT_RESULTS), help="DuckDB results file (created if missing)")
@@ -73,7 +75,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         "with 95% intervals and the noise floor, scaling curves, pass@k, agent- and driver-level paired "
         "comparisons, selection gap, the paper's tables and a per-run drill-down. Writes PNGs, CSVs, summary.json "
         "and report.html (self-contained) under --out.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     analyze.add_argument("--results", default=str(DEFAULT_RESULTS), help="DuckDB results file")
     analyze.add_argument("--out", default="results/analysis", help="output directory")
@@ -95,13 +97,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 def cmd_run(args: argparse.Namespace) -> int:
     """Check everything that can be checked (exit 2, one line, no server started), then run the flow under a
     progress display. A failed run gives one line with its phase, report and log, and exit code 1."""
+    from a2rl.cli.errors import validation_line
+    from a2rl.run_options import config_from_args, option_name
     from tasks.preflight import PreflightError, check_run
-    from a2rl.run_options import config_from_args
 
     try:
         config = config_from_args(args)
     except ValueError as e:
-        raise PreflightError(" ".join(str(e).split())) from e
+        raise PreflightError(validation_line(e, option_name)) from e
     results, runs_dir = Path(args.results), Path(args.runs_dir) if args.runs_dir else None
     check_run(config, results, runs_dir)
     return _run_flow(args, config, results, runs_dir)
@@ -112,25 +115,34 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
     import tempfile
 
     from a2rl.cli.display import RunDisplay, set_prefect_console_level
+    from a2rl.cli.errors import interrupted_how
+    from a2rl.cli.starting import start_failure, start_prefect
     from a2rl.ops.progress import ANNOUNCE_ENV, read_announced
 
-    set_prefect_console_level(args.log_level)
-    from flows.benchmark_run import benchmark_run
-
-    set_prefect_console_level(args.log_level)
-    logging.captureWarnings(True)  # library warnings go to the run's log, not between the display's lines
     announce = Path(tempfile.mkdtemp(prefix="a2rl-run-")) / "announce.json"
     os.environ[ANNOUNCE_ENV] = str(announce)
     start = time.perf_counter()
     try:
-        with RunDisplay(announce):
+        with RunDisplay(announce) as display:  # from the start: every wait has its word
+            display.waiting("loading Prefect and the pipeline")
+            set_prefect_console_level(args.log_level)
+            from flows.benchmark_run import benchmark_run
+
+            set_prefect_console_level(args.log_level)
+            logging.captureWarnings(True)  # library warnings go to the run's log, not between the display's lines
+            start_prefect(display.waiting)
+            display.waiting("opening the run (its row, its directories)")
             summary = benchmark_run(**config.model_dump(), results=results.resolve(),
                                     runs_dir=runs_dir.resolve() if runs_dir else None)
-    except KeyboardInterrupt:
-        # The flow has already written the run's row (status interrupted) and its ledger; no traceback.
-        print(f"\na2rl: interrupted after {time.perf_counter() - start:.0f} s; the run is recorded as "
-              f"'interrupted' in {args.results} (see: a2rl results --results {args.results})", file=sys.stderr)  # fmt: skip
-        return 130
+    except KeyboardInterrupt as e:
+        how, code = interrupted_how(e)
+        after = f"after {time.perf_counter() - start:.0f} s"
+        if read_announced(announce) is None:
+            print(f"\na2rl: stopped by {how} {after}, before the run had a row: nothing was recorded", file=sys.stderr)
+        else:  # the flow has written the run's row (status interrupted) and its ledger; no traceback
+            print(f"\na2rl: stopped by {how} {after}; the run is recorded as 'interrupted' in {args.results} "
+                  f"(see: a2rl results --results {args.results})", file=sys.stderr)  # fmt: skip
+        return code
     except Exception as e:
         if args.debug:
             import traceback
@@ -138,7 +150,7 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
             traceback.print_exc()
         run = read_announced(announce)
         if run is None:  # it broke before the run had a row (e.g. the Prefect server did not start)
-            print(f"a2rl: the run could not start: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
+            print(f"a2rl: the run could not start: {start_failure(e)}", file=sys.stderr)
             return 1
         from a2rl.ops.progress import PROGRESS_FILE, read_snapshot
 
@@ -175,12 +187,18 @@ def render_summary(s, results: str, wall_s: float) -> str:
         return "n/a" if x is None else f"{x:.2f}"
 
     harness = Path(results).parent / "runs" / s.run_id / "harness"
+    if s.n_submissions == 0:  # say why, in one line: "best validation n/a" alone explains nothing
+        from a2rl.ops.progress import why_no_submission
+
+        best = f"   NO SUBMISSION: {why_no_submission(harness, s.config.budget_s)}"
+    else:
+        best = f"   best validation {f(s.best_val)} (submission {s.best_submission_id or '-'})"
     return "\n".join([
         "",
         f"== a2rl run {s.run_id}: {s.status}",
         f"   task {s.config.task} ({s.variant_label}), agent {s.config.agent}, protocol {s.protocol}",
         f"   baseline   validation {f(s.baseline_val)}   hidden test {f(s.baseline_test)}",
-        f"   best validation {f(s.best_val)} (submission {s.best_submission_id or '-'})",
+        best,
         f"   final hidden test {f(s.final_test)}   Δ test {f(s.delta_test)}{_delta_interval(harness)}",
         "   one seed: the same config and seed can give another Δ (data order and sampling), so read the interval",
         f"   mode {s.config.mode}{' (strict)' if s.config.strict_mode else ''}: "
@@ -211,15 +229,24 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 def cmd_results(args: argparse.Namespace) -> int:
     from a2rl.store.results import ResultsStore
 
-    if not Path(args.results).exists():
-        print(f"no results file at {args.results}; run `a2rl run` first", file=sys.stderr)
-        return 1
+    if not Path(args.results).exists():  # nothing run yet is not an error
+        print(f"no results yet: {args.results} does not exist; `make run` (or `a2rl run`) makes the first run")
+        return 0
+    _check_store(Path(args.results))
     df = ResultsStore(Path(args.results)).query(
         "SELECT run_id, task, agent, status, baseline_test, best_val, final_test, delta_test, n_submissions, "
         "started_at FROM runs ORDER BY started_at DESC LIMIT ?", [args.limit]
     )
     print(df.to_string(index=False))
     return 0
+
+
+def _check_store(results: Path) -> None:
+    """A results file that is no DuckDB store (a text file, a torn copy) is a mistake: one line, exit 2."""
+    from tasks.preflight import check_results_file
+
+    if results.is_file() and results.stat().st_size > 0:
+        check_results_file(results)
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
@@ -235,6 +262,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if not Path(args.results).exists():
         print(f"no results file at {args.results}; run `a2rl run` first", file=sys.stderr)
         return 1
+    _check_store(Path(args.results))
     paths = run_analysis(Path(args.results), Path(args.out), n_boot=args.n_boot,
                          compare=tuple(args.compare) if args.compare else None)
     report = next(p for p in paths if p.name == "report.html")
@@ -370,10 +398,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from a2rl.run_options import GRACE_S, common_from_args
     from flows.sweep import completed_hashes, expand_matrix, plan_sweep, sweep
 
+    from tasks.preflight import check_sweep
+
     common = common_from_args(args)
     matrix = dict(tasks=args.task, agents=args.agent, drivers=args.driver, modes=args.mode, seeds=args.seed)
+    configs = expand_matrix(*matrix.values(), **common)
+    check_sweep(configs, Path(args.results), Path(args.runs_dir) if args.runs_dir else None)  # before any run starts
     if args.dry_run:
-        configs = expand_matrix(*matrix.values(), **common)
         items = plan_sweep(configs, completed_hashes(Path(args.results)), args.force, args.results, args.runs_dir,
                            GRACE_S)  # fmt: skip
         for item in items:
@@ -401,11 +432,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     """Server and worker, the flow runs an operator started, sweeps' runs included (flow / name, true state,
     elapsed, next step), GPU slots and their holders, the next scheduled runs, and the latest store rows with the
     state their flow run is really in."""
-    rc = _print_server_status()
+    rc = _print_server_status(none_is_error=False)  # no lasting server is normal: each run starts its own
     from a2rl.ops import gpu_slots, prefect_local, status
 
     flow_runs: dict[str, status.FlowRunRow] = {}
     results = Path(args.results)
+    if results.exists():
+        _check_store(results)
     rows = status.store_rows(results, args.limit) if results.exists() else []
     if (url := prefect_local.resolve_api_url()) and rc == 0:
         try:
@@ -423,7 +456,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             for r in upcoming:
                 print(f"scheduled: {r.flow} / {r.name} at {r.start} UTC ({r.state})")
     if not results.exists():
-        print(f"no results store at {results.resolve()}")
+        print(f"no results yet: {results.resolve()} does not exist; `make run` (or `a2rl run`) makes the first run")
         return rc
     from a2rl.ops.progress import running_label
 
@@ -452,7 +485,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_server_status() -> int:
+def _print_server_status(none_is_error: bool = True) -> int:
     from a2rl.ops import prefect_local
 
     url = prefect_local.resolve_api_url()
@@ -462,7 +495,7 @@ def _print_server_status() -> int:
             print(f"{name}: pid {proc.pid} {'running' if proc.alive() else 'NOT running'} (log {proc.log})")
     if not url:
         print("server: none (start one with `a2rl server start`, or set PREFECT_API_URL)")
-        return 1
+        return 1 if none_is_error else 0
     up = prefect_local.server_healthy(url)
     print(f"server {url}: {'up' if up else 'DOWN'}")
     return 0 if up else 1
@@ -510,34 +543,59 @@ def debug_enabled() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """Every mistake a user can make answers with one line on stderr: exit 2 for a setting that cannot work,
-    1 for a failure; the traceback only with --debug or A2RL_DEBUG=1."""
+    1 for a failure; the traceback only with --debug or A2RL_DEBUG=1. SIGTERM is answered like Ctrl-C."""
+    import signal
+    import threading
+
+    from pydantic import ValidationError
+
     from a2rl.cli.catalog import cmd_agents, cmd_drivers
+    from a2rl.cli.errors import interrupted_how, terminate_like_ctrl_c, validation_line
     from a2rl.ops.prefect_local import OpsError
     from tasks.preflight import PreflightError
 
     _quiet_defaults()
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
     from a2rl.cli.store_cmd import cmd_store
 
     handlers = {"run": cmd_run, "tasks": cmd_tasks, "results": cmd_results, "analyze": cmd_analyze,
                 "agents": cmd_agents, "drivers": cmd_drivers, "store": cmd_store, **OPS_HANDLERS}
     debug = getattr(args, "debug", False) or debug_enabled()
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main_thread else None
+    if main_thread:
+        terminate_like_ctrl_c()
     try:
         return handlers[args.command](args)
     except (KeyError, PreflightError) as e:
         _traceback_if(debug)
         print(f"a2rl: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
+    except ValidationError as e:  # a value the settings refuse (a sweep's, a driver's)
+        _traceback_if(debug)
+        print(f"a2rl: {validation_line(e)}", file=sys.stderr)
+        return 2
     except OpsError as e:  # server, worker, deployment or retry: the message says what to do
         _traceback_if(debug)
         print(f"a2rl: {_one_line(e)}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as e:  # outside a run's flow (a run answers its own): before it, or another command
+        how, code = interrupted_how(e)
+        print(f"\na2rl: stopped by {how}", file=sys.stderr)
+        return code
     except Exception as e:
         _traceback_if(debug)
         hint = "" if debug else " (A2RL_DEBUG=1 shows the traceback)"
         print(f"a2rl: {type(e).__name__}: {_one_line(e)}{hint}", file=sys.stderr)
         return 1
+    finally:
+        if main_thread and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _traceback_if(debug: bool) -> None:

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import json
 import os
 import sys
 import typing
 from dataclasses import dataclass
 
 KEY_FIELD = "api_key"
+KEY_ENV_FIELD = "api_key_env"
+"""A block may name the variable to read its key from at run time; from the command line the key is given
+once (`--key-env` reads it now), so there is one option for it, not two that differ in when they read."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,27 @@ def agents_help() -> str:
 def cmd_agents(args: argparse.Namespace) -> int:
     for info in agent_infos():
         print(f"{info.id:20} {info.summary}\n{'':20} needs: {info.needs}")
+        if info.program:
+            print(f"{'':20} {installed(info.program)}")
     return 0
+
+
+def installed(program: str) -> str:
+    """Where the agent's CLI is (PATH first, then the project's tools), with its version where the install
+    records one (an npm package.json; nothing is run), or that it is missing and how to get it."""
+    from agents.cli_agents.install import find_cli, npm_package
+
+    found = find_cli(program)
+    if found is None:
+        return f"`{program}`: NOT installed (make tools)"
+    package = npm_package(found.resolve())
+    version = ""
+    if package is not None:
+        try:
+            version = " " + json.loads((package / "package.json").read_text())["version"]
+        except (OSError, ValueError, KeyError):
+            pass
+    return f"`{program}`{version}: installed at {found}"
 
 
 # ---- drivers ---------------------------------------------------------------------------------------------------
@@ -87,13 +111,17 @@ def add_driver_parsers(sub, with_fields: bool = True) -> None:
                              description="Driver LLMs of LLM agents, saved as Prefect DriverConfig blocks on the "
                              "Prefect server in use (the local one under PREFECT_HOME unless PREFECT_API_URL is set). "
                              "A run names one with --driver NAME.")  # fmt: skip
-    actions = drivers.add_subparsers(dest="action", required=True)
-    add = actions.add_parser("add", help="save a driver", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    drivers.set_defaults(print_help=drivers.print_help)  # `a2rl drivers` alone: the help, not an error
+    actions = drivers.add_subparsers(dest="action")
+    from a2rl.cli.errors import DefaultsHelpFormatter
+
+    add = actions.add_parser("add", help="save a driver", formatter_class=DefaultsHelpFormatter)
     add.add_argument("name", help="name to save it under (what --driver takes)")
     if with_fields:
         _add_field_options(add)
     key = add.add_mutually_exclusive_group()
-    key.add_argument("--key-env", metavar="VAR", help="read the API key from this environment variable now")
+    key.add_argument("--key-env", metavar="VAR", help="read the API key from this environment variable now and save "
+                     "it with the driver (secret; never shown)")
     key.add_argument("--key-prompt", action="store_true", help="ask for the API key (not echoed)")
     add.add_argument("--force", action="store_true", help="replace a saved driver of the same name")
     actions.add_parser("list", help="list the saved drivers (keys never shown)")
@@ -105,7 +133,7 @@ def _add_field_options(add: argparse.ArgumentParser) -> None:
     from blocks import DriverConfig
 
     for name, field in DriverConfig.model_fields.items():
-        if name == KEY_FIELD:
+        if name in (KEY_FIELD, KEY_ENV_FIELD):  # one way to give a key here: --key-env or --key-prompt
             continue
         kind, choices = _arg_type(field.annotation)
         add.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, choices=choices,
@@ -126,6 +154,9 @@ def _arg_type(annotation) -> tuple[typing.Callable | None, list | None]:
 def cmd_drivers(args: argparse.Namespace) -> int:
     from a2rl.cli.display import set_prefect_console_level
 
+    if args.action is None:
+        args.print_help()
+        return 0
     set_prefect_console_level("off")  # the server's start and stop lines are not what the user asked for
     return {"add": _drivers_add, "list": _drivers_list, "rm": _drivers_rm}[args.action](args)
 
@@ -133,7 +164,7 @@ def cmd_drivers(args: argparse.Namespace) -> int:
 def _drivers_add(args: argparse.Namespace) -> int:
     from blocks import DriverConfig
 
-    fields = {name: getattr(args, name) for name in DriverConfig.model_fields if name != KEY_FIELD}
+    fields = {name: getattr(args, name) for name in DriverConfig.model_fields if name not in (KEY_FIELD, KEY_ENV_FIELD)}
     if args.key_env:
         if not os.environ.get(args.key_env):
             print(f"a2rl: --key-env {args.key_env}: that variable is not set here; export it, or use --key-prompt",
@@ -147,10 +178,21 @@ def _drivers_add(args: argparse.Namespace) -> int:
         print(f"a2rl: a driver named {args.name!r} is saved already; add --force to replace it", file=sys.stderr)
         return 2
     block.save(args.name, overwrite=True)
-    shown = ", ".join(f"{k}={v}" for k, v in block.model_dump(exclude={KEY_FIELD}).items() if v not in (None, 0.0))
-    has_key = "with" if block.api_key.get_secret_value() else "WITHOUT"
-    print(f"saved driver {args.name!r} ({shown}) {has_key} an API key; use it with: a2rl run --driver {args.name}")
+    print(f"saved driver {args.name!r}: {describe_driver(block)}; use it with: a2rl run --driver {args.name}")
     return 0
+
+
+def describe_driver(block) -> str:
+    """What a user set: model, API, endpoint, prices, whether a key is saved (never the key)."""
+    prices = [f"{getattr(block, f)} {label}" for f, label in (("input_usd_per_mtok", "in"), ("output_usd_per_mtok", "out"),
+              ("cache_read_usd_per_mtok", "cache read"), ("cache_write_usd_per_mtok", "cache write")) if getattr(block, f)]  # fmt: skip
+    parts = [f"model {block.model}", f"{block.api} API", f"endpoint {block.base_url or 'the vendor default'}",
+             f"USD per million tokens: {', '.join(prices)}" if prices else "no prices (costs read 0)"]  # fmt: skip
+    if block.api_key_env:
+        parts.append(f"key read from ${block.api_key_env} when a run starts")
+    else:
+        parts.append("with an API key" if block.api_key.get_secret_value() else "WITHOUT an API key")
+    return "; ".join(parts)
 
 
 def _saved_drivers():

@@ -14,7 +14,16 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from a2rl.ops.progress import PHASE_LABELS, PROGRESS_FILE, Snapshot, read_announced, read_snapshot, status_line
+from a2rl.ops.progress import (
+    PHASE_LABELS,
+    PROGRESS_FILE,
+    Snapshot,
+    baseline_items,
+    eta_text,
+    read_announced,
+    read_snapshot,
+    status_line,
+)
 
 PLAIN_HEARTBEAT_S = 30.0
 """Without a terminal, a line at every change and at least this often."""
@@ -33,6 +42,11 @@ class RunDisplay:
         self._thread = threading.Thread(target=self._loop, daemon=True, name="a2rl-display")
         self._started = time.monotonic()
         self._last_plain = ("", 0.0)
+        self._waiting = ("starting", time.monotonic())
+
+    def waiting(self, what: str) -> None:
+        """What the command waits on before the run has a row (loading Prefect, starting its server, ...)."""
+        self._waiting = (what, time.monotonic())
 
     def __enter__(self) -> RunDisplay:
         self._thread.start()
@@ -62,14 +76,24 @@ class RunDisplay:
             live.update(self._render(self.snapshot()))
 
     def _plain(self, snap: Snapshot | None) -> None:
-        if snap is None:
-            return
         key, at = self._last_plain
+        if snap is None:
+            what, since = self._waiting
+            if what != key or time.monotonic() - at >= PLAIN_HEARTBEAT_S:
+                print(f"a2rl {time.strftime('%H:%M:%S')} {what} ({time.monotonic() - since:.0f} s)", file=self.stream,
+                      flush=True)  # fmt: skip
+                self._last_plain = (what, time.monotonic())
+            return
         events = status_line(snap, with_time=False)
         if events != key or time.monotonic() - at >= PLAIN_HEARTBEAT_S:
             activity = f" | {snap.last_activity[:160]}" if snap.last_activity and snap.progress.phase == "agent_session" else ""
-            print(f"a2rl {time.strftime('%H:%M:%S')} {status_line(snap)}{activity}", file=self.stream, flush=True)
+            print(f"a2rl {time.strftime('%H:%M:%S')} {status_line(snap)}; elapsed {self._elapsed()}{activity}",
+                  file=self.stream, flush=True)  # fmt: skip
             self._last_plain = (events, time.monotonic())
+
+    def _elapsed(self) -> str:
+        seconds = round(time.monotonic() - self._started)
+        return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
 
     def _render(self, snap: Snapshot | None):
         from rich.table import Table
@@ -79,20 +103,32 @@ class RunDisplay:
         grid.add_column(style="bold", no_wrap=True)
         grid.add_column(overflow="ellipsis", no_wrap=True)
         if snap is None:
-            grid.add_row("a2rl run", f"starting (Prefect, opening the run) {time.monotonic() - self._started:.0f} s")
+            what, since = self._waiting
+            grid.add_row("a2rl run", Text(f"{what} ({time.monotonic() - since:.0f} s)", style="cyan"))
+            grid.add_row("elapsed", self._elapsed())
             return grid
         p = snap.progress
         grid.add_row("run", f"{p.run_id}")
         in_phase = time.time() - p.phase_started_at if p.phase_started_at else 0.0
-        grid.add_row("phase", Text(f"{PHASE_LABELS.get(p.phase, p.phase)} ({in_phase:.0f} s)", style="cyan"))
+        step = f": {p.step}" if p.step else ""
+        grid.add_row("phase", Text(f"{PHASE_LABELS.get(p.phase, p.phase)}{step} ({in_phase:.0f} s)", style="cyan"))
+        grid.add_row("elapsed", self._elapsed())
         if p.baseline_total:
+            done, eta = baseline_items(snap)
             split = f" ({p.baseline_split})" if p.baseline_split else ""
-            grid.add_row("baseline", f"{_bar(p.baseline_done, p.baseline_total)} {p.baseline_done}/{p.baseline_total} items{split}")
+            loading = snap.items is not None and not snap.items.loaded
+            left = f", {snap.items.left() if loading else eta_text(eta)}" if p.phase == "baseline" else ""
+            grid.add_row("baseline", f"{_bar(done, p.baseline_total)} {done}/{p.baseline_total} items{split}{left}")
+        if p.phase == "final_grading" and snap.items:
+            i = snap.items
+            grid.add_row("final test", f"{_bar(i.done, i.total)} {i.done}/{i.total} items, {i.left()}")
         if p.phase in ("agent_session", "final_grading", "summary", "done") or snap.agent_s:
             paused = Text(" paused: grading", style="yellow") if snap.grading else Text("")
             grid.add_row("agent time", Text(f"{_bar(snap.agent_s, p.budget_s)} {snap.agent_s:.0f}/{p.budget_s:.0f} s") + paused)
             scores = ", ".join(snap.scores[-6:]) or "-"
             grid.add_row("submissions", f"{snap.queued} queued, {snap.graded} graded: {scores}")
+        if snap.llm:
+            grid.add_row("driver", snap.llm.text())
         if snap.mode_breaches:
             grid.add_row("mode", Text(f"{snap.mode_breaches} submission(s) broke the mode", style="bold red"))
         if snap.last_activity:
@@ -107,11 +143,19 @@ def _bar(done: float, total: float, width: int = 20) -> str:
     return "█" * filled + "░" * (width - filled)
 
 
+PREFECT_QUEUE_SERVICES = ("APILogWorker", "EventsWorker")
+"""Prefect's background senders log under their class names, outside the `prefect` logger tree; as a process
+exits they warn that they are still draining, a line that would stand before a run's one-line error."""
+
+
 def set_prefect_console_level(level: str) -> None:
     """Prefect's console lines at `level` ("off" = none). Its loggers keep their levels, so a run's log file
     still gets every line. Set before and after Prefect is imported: its subprocesses read the variable."""
-    level = "CRITICAL" if level.lower() == "off" else level.upper()
+    off = level.lower() == "off"
+    level = "CRITICAL" if off else level.upper()
     os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = level
+    for service in PREFECT_QUEUE_SERVICES:  # "Still processing items: N items remaining..." while exiting
+        logging.getLogger(service).setLevel(logging.ERROR if off else logging.NOTSET)
     if "prefect" not in sys.modules:
         return
     from prefect.logging.handlers import PrefectConsoleHandler

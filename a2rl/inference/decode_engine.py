@@ -380,13 +380,15 @@ class Decoder:
         sampling: Sampling | None = None,
         seeds: Sequence[int] | None = None,
         stop: StopTokens | None = None,
+        report: Callable[[int], None] | None = None,
     ) -> list[list[int]]:
         """The continuation of each row (`prefix + row` is its prompt); returns every row's new tokens.
 
         Greedy unless `sampling` is given (then `seeds` gives one seed per row). A row ends when the device sees
         one of `stop`'s tokens (it then emits `pad_id`), when `finished(tokens)` holds at a chunk boundary, or
         at `max_new_tokens`; its tokens past the real end (up to the boundary) are padding or whatever it
-        decoded next, which the caller cuts. Without a graph, finished rows leave the batch.
+        decoded next, which the caller cuts. Without a graph, finished rows leave the batch. `report(n)` hears, at each chunk
+        boundary, how many rows have finished so far.
         """
         import torch
 
@@ -399,11 +401,11 @@ class Decoder:
             if self.grouped:
                 self.model.config._attn_implementation = GROUPED_ATTENTION
             try:
-                return self._decode(rows, max_new_tokens, finished, pad_id, prefix, sampling, seeds, stop)
+                return self._decode(rows, max_new_tokens, finished, pad_id, prefix, sampling, seeds, stop, report)
             finally:
                 self.model.config._attn_implementation = attn_before
 
-    def _decode(self, rows, max_new_tokens, finished, pad_id, prefix, sampling, seeds, stop):
+    def _decode(self, rows, max_new_tokens, finished, pad_id, prefix, sampling, seeds, stop, report=None):
         import torch
 
         n_rows = len(rows)
@@ -455,6 +457,8 @@ class Decoder:
             for row, t, end in zip(alive, tokens, ended):
                 if results[row] is None and (steps_left == 0 or end or (host_check and finished(t))):
                     results[row] = t  # a finished row's tokens are final: later ones are cut anyway
+            if report is not None:
+                report(sum(r is not None for r in results))
             if all(r is not None for r in results):
                 return results
             if not self.use_graph:

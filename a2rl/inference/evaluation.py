@@ -102,13 +102,17 @@ def evaluate(model_dir: Path, spec: EvalSpec) -> EvalResult:
     """Run the evaluation of `spec.evaluator` (the task object) in this process. Prompts are rendered with the
     tokenizer and chat template in `model_dir`: for a submission that is the grader's snapshot, whose tokenizer
     files are the base model's (a2rl.grading.checkpoint.write_snapshot), never the agent's."""
-    from a2rl.inference.generation import generate
+    from a2rl.inference.generation import generate, load_model
+    from a2rl.ops.progress import ItemProgressWriter
 
     task = spec.task_object()
     items = task.load_split(spec.variant, spec.split, spec.limit)
+    progress = ItemProgressWriter.from_env(len(items), spec.split)  # items counted as each one finishes
     d = task.decoding
     start = time.perf_counter()
-    results = task.run_episodes(model_dir, items, spec.batch_size)
+    model = model_dir if spec.backend == "vllm" else load_model(model_dir)  # loaded first: the ETA counts items
+    progress.begin()
+    results = task.run_episodes(model, items, spec.batch_size, on_done=progress.add)
     if results is not None:  # an interactive task: its episodes carry their own token counts
         generated_tokens = sum(r.detail.get("generated_tokens", 0) for r in results)
     else:
@@ -120,12 +124,13 @@ def evaluate(model_dir: Path, spec: EvalSpec) -> EvalResult:
                                 temperature=d.temperature, stop=d.stop)
         else:
             out = generate(
-                model_dir,
+                model,
                 conversations,
                 max_new_tokens=d.max_new_tokens,
                 temperature=d.temperature,
                 stop=d.stop,
                 batch_size=spec.batch_size,
+                on_done=progress.add,
             )
         results = task.score_items(items, out.completions)
         for result, tokens in zip(results, out.completion_tokens):  # per item, for the store's item_results
@@ -178,13 +183,15 @@ class EvalCache:
 
 def evaluate_cached(
     model_dir: Path, weights_hash: str, spec: EvalSpec, timeout_s: float = 3600, device: str | None = None,
+    progress_file: Path | None = None,
     on_start: Callable[[Any], None] | None = None,
 ) -> EvalResult:
-    """Evaluate in a subprocess unless an identical evaluation is cached."""
+    """Evaluate in a subprocess unless an identical evaluation is cached (`progress_file`: where it counts its
+    finished items, an `a2rl.ops.progress.ItemProgress`)."""
     cache = EvalCache()
     if (hit := cache.lookup(weights_hash, spec)) is not None:
         return hit
-    result = evaluate_in_subprocess(model_dir, spec, timeout_s, device, on_start=on_start)
+    result = evaluate_in_subprocess(model_dir, spec, timeout_s, device, progress_file, on_start=on_start)
     result = result.model_copy(update={"weights_hash": weights_hash})
     cache.store(weights_hash, spec, result)
     return result
@@ -215,6 +222,7 @@ def _uses_gpu(device: str | None) -> bool:
 
 def evaluate_in_subprocess(
     model_dir: Path, spec: EvalSpec, timeout_s: float = 3600, device: str | None = None,
+    progress_file: Path | None = None,
     on_start: Callable[[Any], None] | None = None,
 ) -> EvalResult:
     """One evaluation in its own process: a crash, a hang or an OOM kill costs this evaluation only.
@@ -241,6 +249,10 @@ def evaluate_in_subprocess(
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # it shares the CPU with the agent's training
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
+    if progress_file is not None:
+        from a2rl.ops.progress import EVAL_PROGRESS_ENV
+
+        env[EVAL_PROGRESS_ENV] = str(progress_file)
     memory = procs.memory_limit_for(eval_memory_bytes(model_dir), gpu=_uses_gpu(device), label="eval")
     log.info("evaluation of %s: memory limit %s", model_dir,
              memory.describe() if memory else "none (a GPU evaluation and no writable cgroup v2 here)")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -106,6 +106,7 @@ def generate(
     seed: int | None = None,
     num_threads: int | None = None,
     engine: str | None = None,
+    on_done: Callable[[int], None] | None = None,
 ) -> GenerationOutput:
     """Generate one assistant reply per conversation; greedy when `temperature == 0`.
 
@@ -128,6 +129,8 @@ def generate(
         engine: One of `ENGINES`; None reads A2RL_DECODE_ENGINE (default `auto`). Sampled decoding uses the
             engine on CUDA (`auto`) or when asked (`static`, `graph`): each prompt's sample is then a function of
             `seed` and its position in `conversations`, whatever the batching.
+        on_done: Called with n as n more completions are final (rows of a batch end at different steps), for
+            progress counted per item rather than per batch.
     """
     import torch
 
@@ -150,7 +153,8 @@ def generate(
         torch.set_num_threads(num_threads)
     try:
         return _generate_all(
-            model, tokenizer, conversations, max_new_tokens, temperature, top_p, stop, batch_size, engine, seed
+            model, tokenizer, conversations, max_new_tokens, temperature, top_p, stop, batch_size, engine, seed,
+            on_done,
         )
     finally:
         torch.set_num_threads(threads_before)
@@ -167,6 +171,7 @@ def _generate_all(
     batch_size: int,
     engine: str = "auto",
     seed: int | None = None,
+    on_done: Callable[[int], None] | None = None,
 ) -> GenerationOutput:
     started = time.perf_counter()
     prompts = [render_prompt(tokenizer, c) for c in conversations]
@@ -182,12 +187,14 @@ def _generate_all(
     seeds = row_seeds(seed if seed is not None else int.from_bytes(os.urandom(4), "little"), len(prompts))
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
+        report = _BatchReport(len(rows), on_done)
         new_tokens = None
         if fast is not None:
             new_tokens = fast.try_batch([token_ids[i] for i in rows], max_new_tokens, tokenizer, stop, eos_ids,
-                                        [seeds[i] for i in rows])  # fmt: skip
+                                        [seeds[i] for i in rows], report)  # fmt: skip
         if new_tokens is None:
-            new_tokens = _generate_batch(model, tokenizer, [prompts[i] for i in rows], options)
+            new_tokens = _generate_batch(model, tokenizer, [prompts[i] for i in rows], options, report, eos_ids)
+        report(len(rows))  # the rest: rows that ran to max_new_tokens, or ended unseen
         texts, tokens = _finish_rows(new_tokens, tokenizer, stop, eos_ids)
         for row, text, count in zip(rows, texts, tokens):
             completions[row], counts[row] = text, count
@@ -213,19 +220,57 @@ def _decoding_options(
     return options
 
 
+class _BatchReport:
+    """Counts a batch's finished rows towards `on_done`, never more than the batch has (an engine that fails
+    mid-batch hands it to `generate`, which finishes the same rows again)."""
+
+    def __init__(self, size: int, on_done: Callable[[int], None] | None):
+        self.size, self.on_done, self.reported = size, on_done, 0
+
+    def __call__(self, finished: int) -> None:
+        """`finished`: rows of the batch known to be final by now (a running total)."""
+        new = min(finished, self.size) - self.reported
+        if new > 0 and self.on_done is not None:
+            self.reported += new
+            self.on_done(new)
+
+
 def _generate_batch(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     prompts: list[str],
     options: dict,
+    report: Callable[[int], None] | None = None,
+    eos_ids: set[int] | None = None,
 ) -> list[list[int]]:
-    """New tokens per prompt from `model.generate` (rows that ended early are padded)."""
+    """New tokens per prompt from `model.generate` (rows that ended early are padded); `report(n)` hears how
+    many rows have ended so far, step by step."""
     import torch
+    from transformers import StoppingCriteriaList
 
     batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    prompt_length = batch["input_ids"].shape[1]
+    if report is not None:
+        ends = {*(eos_ids or ()), *([tokenizer.pad_token_id] if tokenizer.pad_token_id is not None else [])}
+        options = {**options, "stopping_criteria": StoppingCriteriaList([_rows_ended(prompt_length, ends, report)])}
     with torch.inference_mode():
         output = model.generate(**batch, **options)
-    return output[:, batch["input_ids"].shape[1] :].tolist()
+    return output[:, prompt_length:].tolist()
+
+
+def _rows_ended(prompt_length: int, end_ids: set[int], report: Callable[[int], None]):
+    """A stopping criterion that stops nothing: it counts the rows whose new tokens hold an end (EOS, or the pad
+    `generate` writes after a row stopped on a stop string) and reports the total."""
+    import torch
+    from transformers import StoppingCriteria
+
+    class RowsEnded(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            ends = torch.tensor(sorted(end_ids), device=input_ids.device)
+            report(int(torch.isin(input_ids[:, prompt_length:], ends).any(dim=1).sum()))
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    return RowsEnded()
 
 
 def _finish_rows(
@@ -302,8 +347,9 @@ class _EngineRun:
         sampling = Sampling(temperature=temperature, top_p=top_p) if temperature > 0 else None
         return cls(decoder, prefix, sampling) if decoder is not None else None
 
-    def try_batch(self, rows, max_new_tokens, tokenizer, stop, eos_ids, seeds) -> list[list[int]] | None:
-        """New tokens per row from the engine, or None (after one warning) to use `generate` instead."""
+    def try_batch(self, rows, max_new_tokens, tokenizer, stop, eos_ids, seeds, report=None) -> list[list[int]] | None:
+        """New tokens per row from the engine, or None (after one warning) to use `generate` instead;
+        `report(n)`: n rows of the batch have finished by now."""
         if self.decoder is None:
             return None
         p = len(self.prefix_ids)
@@ -321,7 +367,7 @@ class _EngineRun:
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
             return self.decoder.decode([r[p:] for r in rows], max_new_tokens, finished, pad, self.prefix,
                                        sampling=self.sampling, seeds=seeds if self.sampling else None,
-                                       stop=self.stop)  # fmt: skip
+                                       stop=self.stop, report=report)  # fmt: skip
         except Exception as e:  # noqa: BLE001 - any engine failure: same outputs from `generate`
             log.warning("decode engine failed (%s: %s); falling back to transformers generate", type(e).__name__, e)
             _disable_decoder(self.decoder.model)

@@ -1,5 +1,7 @@
-"""Progress of a run as files: the flow writes `harness/progress.json` (phase, baseline items); a watcher reads
-it with the files the run writes anyway (clock.json, ledger.jsonl, tool_calls.jsonl, agent.log).
+"""Progress of a run as files: the flow writes `harness/progress.json` (phase, the step it waits on, baseline
+splits); an evaluation process writes `harness/eval_progress.json` (items counted as they finish); a watcher
+reads them with the files the run writes anyway (clock.json, ledger.jsonl, tool_calls.jsonl, llm_calls.jsonl,
+agent.log).
 
 Nothing here depends on Prefect: the CLI's display works the same for a run in this process or another.
 A launcher that wants to know where a run it starts will live sets `A2RL_RUN_ANNOUNCE` to a file path; the
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass, field
@@ -21,6 +24,9 @@ ANNOUNCE_ENV = "A2RL_RUN_ANNOUNCE"
 PROGRESS_FILE = "progress.json"
 RUN_LOG = "run.log"
 """The run's own log: Prefect's log lines and, when it fails, the traceback."""
+EVAL_PROGRESS_FILE = "eval_progress.json"
+EVAL_PROGRESS_ENV = "A2RL_EVAL_PROGRESS"
+"""Set for an evaluation process: the file it counts its finished items in."""
 
 PHASE_LABELS = {
     "open": "opening the run",
@@ -45,7 +51,12 @@ class RunProgress(BaseModel):
     baseline_done: int = 0
     baseline_total: int = 0
     baseline_split: str | None = None
+    baseline_item_s: float | None = None
+    """Seconds per item of the baseline's last finished split (loading included): the next split's ETA until
+    its own rate is measured."""
     budget_s: float = 0.0
+    step: str | None = None
+    """What the phase waits on now, in words ("converting the base model ..."); None: nothing to add."""
     error: str | None = None
     pid: int = 0
     """The process running the flow, and its host: a `running` row with no such process died without a trace."""
@@ -89,6 +100,7 @@ class ProgressWriter:
     def update(self, **fields) -> None:
         if "phase" in fields and fields["phase"] != self.state.phase:
             fields.setdefault("phase_started_at", time.time())
+            fields.setdefault("step", None)  # a step belongs to its phase
         self.state = self.state.model_copy(update=fields)
         self._write()
 
@@ -104,11 +116,83 @@ def note_phase(harness_dir: Path, phase: str) -> None:
     path = Path(harness_dir) / PROGRESS_FILE
     if (progress := read_announced(path)) is None or progress.phase == phase:
         return
+    _rewrite(path, progress, {"phase": phase, "phase_started_at": time.time(), "step": None})
+
+
+def note_step(harness_dir: Path, step: str | None) -> None:
+    """Say what the current phase waits on (a conversion, a download), from any part of the flow."""
+    path = Path(harness_dir) / PROGRESS_FILE
+    if (progress := read_announced(path)) is not None and progress.step != step:
+        _rewrite(path, progress, {"step": step})
+
+
+def _rewrite(path: Path, progress: RunProgress, update: dict) -> None:
     try:
-        updated = progress.model_copy(update={"phase": phase, "phase_started_at": time.time()})
-        _write_atomic(path, updated.model_dump_json())
+        _write_atomic(path, progress.model_copy(update=update).model_dump_json())
     except OSError:  # progress is a convenience: never the reason a run fails
         pass
+
+
+class ItemProgress(BaseModel):
+    """The content of `eval_progress.json`: one evaluation's items, counted as each one finishes."""
+
+    what: str = ""
+    done: int = 0
+    total: int = 0
+    started_at: float = 0.0
+    """When the first item started (after the model was loaded)."""
+    loaded: bool = False
+    """False while the evaluation process still loads the model (before any item can start)."""
+    at: float = 0.0
+    """When `done` last changed."""
+
+    def left(self) -> str:
+        """What remains, in words: loading the model, measuring the rate, or about how long."""
+        return "loading the model" if not self.loaded else eta_text(self.eta_s())
+
+    def eta_s(self, now: float | None = None) -> float | None:
+        """Seconds left at the rate measured since the model was loaded (items of a batch finish together, so
+        it moves in steps); None before the first item has finished."""
+        if self.done <= 0 or self.total <= self.done:
+            return None
+        per_item = (self.at - self.started_at) / self.done
+        return max(0.0, per_item * (self.total - self.done) - ((now or time.time()) - self.at))
+
+
+class ItemProgressWriter:
+    """Evaluation side: `add(n)` as items finish; the file is rewritten at most every `every_s` (and at the end)."""
+
+    def __init__(self, path: Path | str | None, total: int, what: str, every_s: float = 0.5):
+        self.path = Path(path) if path else None
+        self.state = ItemProgress(what=what, total=total, started_at=time.time(), at=time.time())
+        self.every_s = every_s
+        self._written = 0.0
+        self._write(force=True)
+
+    @classmethod
+    def from_env(cls, total: int, what: str) -> ItemProgressWriter:
+        return cls(os.environ.get(EVAL_PROGRESS_ENV), total, what)
+
+    def begin(self) -> None:
+        """The items start now (the model is loaded): the rate, and so the ETA, counts from here."""
+        self.state.started_at = self.state.at = time.time()
+        self.state.loaded = True
+        self._write(force=True)
+
+    def add(self, n: int = 1) -> None:
+        if n > 0:
+            self.state.done = min(self.state.total, self.state.done + n)
+            self.state.at = time.time()
+            self._write(force=self.state.done == self.state.total)
+
+    def _write(self, force: bool = False) -> None:
+        if self.path is None or (not force and time.monotonic() - self._written < self.every_s):
+            return
+        try:
+            _write_atomic(self.path, self.state.model_dump_json())
+            self._written = time.monotonic()
+        except OSError:  # progress is a convenience: never the reason an evaluation fails
+            self.path = None
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -128,6 +212,49 @@ def read_announced(path: Path) -> RunProgress | None:
 
 
 @dataclass
+class LLMTally:
+    """An LLM agent's calls so far (from `llm_calls.jsonl`): tokens and the driver's cost."""
+
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    offset: int = 0
+    """Bytes of the file already counted: each read adds only the calls appended since."""
+
+    def read(self, path: Path) -> LLMTally:
+        try:
+            with open(path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return self
+        whole = data[: data.rfind(b"\n") + 1]  # a line being written is counted next time
+        for line in whole.splitlines():
+            try:
+                call = json.loads(line)
+            except ValueError:
+                continue
+            self.calls += 1
+            self.input_tokens += int(call.get("input_tokens") or 0) + int(call.get("cache_read_tokens") or 0)
+            self.output_tokens += int(call.get("output_tokens") or 0)
+            self.cost_usd += float(call.get("cost_usd") or 0.0)
+        self.offset += len(whole)
+        return self
+
+    def text(self) -> str:
+        return (f"{self.calls} LLM calls, {_tokens(self.input_tokens)} in / {_tokens(self.output_tokens)} out tokens, "
+                f"${self.cost_usd:.2f}")  # fmt: skip
+
+
+_LLM_TALLIES: dict[Path, LLMTally] = {}
+
+
+def _tokens(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e3 else str(n)
+
+
+@dataclass
 class Snapshot:
     """What the display shows, read from the run's files."""
 
@@ -139,6 +266,9 @@ class Snapshot:
     scores: list[str] = field(default_factory=list)
     mode_breaches: int = 0
     last_activity: str = ""
+    items: ItemProgress | None = None
+    """The evaluation running now (baseline, final), counted per finished item."""
+    llm: LLMTally | None = None
 
 
 def read_snapshot(progress_path: Path) -> Snapshot | None:
@@ -157,7 +287,28 @@ def read_snapshot(progress_path: Path) -> Snapshot | None:
             snap.agent_s += max(0.0, time.time() - float(clock.get("at", time.time())))
     snap.agent_s = min(snap.agent_s, progress.budget_s or snap.agent_s)
     snap.last_activity = _last_activity(h)
+    if progress.phase in ("baseline", "final_grading"):
+        try:
+            snap.items = ItemProgress.model_validate_json((h / EVAL_PROGRESS_FILE).read_text())
+        except (OSError, ValueError):
+            snap.items = None
+    if (h / "llm_calls.jsonl").exists():
+        snap.llm = _LLM_TALLIES.setdefault(h / "llm_calls.jsonl", LLMTally()).read(h / "llm_calls.jsonl")
     return snap
+
+
+def baseline_items(snap: Snapshot, now: float | None = None) -> tuple[int, float | None]:
+    """Baseline items done (finished splits plus the running evaluation's finished items) and the seconds left
+    at the rate measured so far (None: not measured yet)."""
+    p, items = snap.progress, snap.items
+    earlier = (p.baseline_total - p.baseline_done) * p.baseline_item_s if p.baseline_item_s else None
+    if items is None or items.what != p.baseline_split:
+        return p.baseline_done, earlier
+    done = min(p.baseline_total, p.baseline_done + items.done)
+    eta = items.eta_s(now)
+    if eta is not None and items.done:  # the splits still to come, at the same rate
+        eta += (p.baseline_total - p.baseline_done - items.total) * (items.at - items.started_at) / items.done
+    return done, eta if eta is not None else earlier
 
 
 def _read_submissions(ledger: Path, snap: Snapshot) -> None:
@@ -194,22 +345,46 @@ def _last_activity(h: Path) -> str:
             candidates.append((_mtime(h / "tool_calls.jsonl"), f"tool {call.get('tool')}: {' '.join(args.split())}"))
         except ValueError:
             pass
-    log_lines = [line for line in _lines(h / "agent.log", tail_bytes=8192) if line.strip()]
+    log_lines = agent_lines(_lines(h / "agent.log", tail_bytes=8192))
     if log_lines:
         candidates.append((_mtime(h / "agent.log"), "log: " + " ".join(log_lines[-1].split())))
     return max(candidates)[1] if candidates else ""
 
 
+_WARNING = re.compile(r"\b\w*(Warning|Deprecation)\b[:(]|^\s*warnings\.warn\(|^\s*(warn|warnings)\(|^WARNING\b|\bUserWarning\b")
+
+
+def agent_lines(lines: list[str]) -> list[str]:
+    """The agent's own lines: blank lines, library warnings and the source line Python prints under a warning
+    (`  x = f(...)`) left out, so that the latest line shown is what the agent did."""
+    kept: list[str] = []
+    after_warning = False
+    for line in lines:
+        raw = line.split("| ", 1)[1] if line.lstrip().startswith("| ") else line  # the reference agent's echo
+        if not raw.strip():
+            continue
+        if _WARNING.search(raw):
+            after_warning = True
+            continue
+        if after_warning and raw[:1] in (" ", "\t"):
+            continue
+        after_warning = False
+        kept.append(line)
+    return kept
+
+
 def _lines(path: Path, tail_bytes: int | None = None) -> list[str]:
+    start = 0
     try:
         with open(path, "rb") as f:
             if tail_bytes:
-                f.seek(max(0, os.fstat(f.fileno()).st_size - tail_bytes))
+                start = max(0, os.fstat(f.fileno()).st_size - tail_bytes)
+                f.seek(start)
             data = f.read()
     except OSError:
         return []
     lines = data.decode("utf-8", "replace").splitlines()
-    return lines[1:] if tail_bytes and len(lines) > 1 else lines
+    return lines[1:] if start > 0 and len(lines) > 1 else lines  # a tail starts inside a line
 
 
 def _read_json(path: Path) -> dict | None:
@@ -230,9 +405,13 @@ def status_line(snap: Snapshot, with_time: bool = True) -> str:
     """One line for a log or a pipe: phase and the counters that matter in it (`with_time=False`: without the
     agent's clock, i.e. what changes only when something happens)."""
     p = snap.progress
-    parts = [f"[{p.phase}] {PHASE_LABELS.get(p.phase, p.phase)}"]
-    if p.phase == "baseline" and p.baseline_total:
-        parts.append(f"baseline items {p.baseline_done}/{p.baseline_total}")
+    parts = [f"[{p.phase}] {PHASE_LABELS.get(p.phase, p.phase)}" + (f": {p.step}" if p.step else "")]
+    if p.phase == "baseline" and p.baseline_total and with_time:  # counts move often: not a change to print
+        done, eta = baseline_items(snap)
+        left = snap.items.left() if snap.items and not snap.items.loaded else eta_text(eta)
+        parts.append(f"baseline items {done}/{p.baseline_total}, {left}")
+    if p.phase == "final_grading" and snap.items and with_time:
+        parts.append(f"test items {snap.items.done}/{snap.items.total}, {snap.items.left()}")
     if p.phase in ("agent_session", "final_grading", "summary"):
         if with_time:
             parts.append(f"agent time {snap.agent_s:.0f}/{p.budget_s:.0f} s" + (" (paused: grading)" if snap.grading else ""))
@@ -240,7 +419,18 @@ def status_line(snap: Snapshot, with_time: bool = True) -> str:
                      (f" [{', '.join(snap.scores[-5:])}]" if snap.scores else ""))
         if snap.mode_breaches:
             parts.append(f"MODE BREACHES {snap.mode_breaches}")
+        if snap.llm and with_time:
+            parts.append(snap.llm.text())
     return "; ".join(parts)
+
+
+def eta_text(eta_s: float | None) -> str:
+    return "measuring the rate" if eta_s is None else f"about {_duration(eta_s)} left"
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
 
 
 def running_label(harness_dir: str | Path | None) -> str:
@@ -252,3 +442,35 @@ def running_label(harness_dir: str | Path | None) -> str:
     if alive is None:
         return "running" if progress else "running (no progress file)"
     return f"running (pid {progress.pid}, {progress.phase})" if alive else f"running? process {progress.pid} is gone"
+
+
+_SIGN_OFF = re.compile(r"stopped by SIG\w+$|done after \d+ rounds|while submitting: finishing")
+
+
+def why_no_submission(harness_dir: Path, budget_s: float) -> str:
+    """One line: why a run ended with no submission, from how its session ended (the ledger's `session-end`)
+    and the agent's own last line in `agent.log`."""
+    h = Path(harness_dir)
+    end: dict = {}
+    for line in _lines(h / "ledger.jsonl"):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("kind") == "event" and (entry.get("detail") or {}).get("event") == "session-end":
+            end = entry["detail"]
+    # The agent's last line about its work (a reference agent's sign-off says only that it stopped).
+    last = [line for line in agent_lines(_lines(h / "agent.log", tail_bytes=16384)) if not _SIGN_OFF.search(line)]
+    said = f"; its last line: {' '.join(last[-1].split())[:200]}" if last else "; it wrote nothing to its log"
+    ended_by, used = end.get("ended_by"), float(end.get("agent_seconds") or 0.0)
+    if ended_by == "budget":
+        why = f"its {budget_s:.0f} s budget ended before the agent submitted"
+    elif ended_by == "exited":
+        why = f"the agent exited (code {end.get('exit_code')}) after {used:.0f} s without submitting"
+    elif ended_by == "launch-error":
+        return f"the agent could not be launched: {end.get('error')}"
+    elif ended_by == "interrupted":
+        return f"the session was interrupted: {end.get('error')}"
+    else:
+        return "the run ended before its agent session did (see the report)"
+    return f"{why}{said} (all of it: {h / 'agent.log'})"

@@ -14,7 +14,7 @@ from pathlib import Path
 from a2rl.isolation.sandbox import SandboxPolicy
 from agents.base import HARNESS_ENV_PREFIX, AgentEnv, AgentLaunchError, agent_environment
 from agents.claude_tools.adapter import LLMAgent
-from agents.cli_agents.install import PROJECT_ROOT, check_starts, find_cli
+from agents.cli_agents.install import PROJECT_ROOT, TOO_BUSY, check_starts, find_cli
 
 
 class CLIAgent(LLMAgent):
@@ -63,6 +63,8 @@ class CLIAgent(LLMAgent):
         if why is None:
             return None
         where = "in the sandbox" if sandbox is not None else "on this host"
+        if why.endswith(TOO_BUSY):  # slow, not broken: reinstalling would not help
+            return f"agent {self.id}: {why}"
         return f"agent {self.id}: `{command}` does not start {where} ({why}); {self.install_hint}"
 
     def launch_env(self, env: AgentEnv) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """Where a CLI agent's program is installed, what it loads at run time, and whether it starts.
 
-A CLI is looked up on PATH, then in the project-local npm prefix that `make test` / `make tools` fills
-(`.tools/npm`, pinned versions). What the sandbox must bind read-only is found from the install itself: the
+A CLI is looked up on PATH, then in the npm prefix that `make test` / `make tools` links as `.tools/npm`
+(pinned versions, installed once per machine in a cache outside the checkout: scripts/tools.sh). What the sandbox must bind read-only is found from the install itself: the
 command's directory, its npm package and every package it depends on at run time (dependencies and
 optional ones such as codex's `@openai/codex-linux-x64`, resolved the way node resolves them), and the same
 for the interpreter its `#!` line names. Nothing under /usr (bound in every sandbox), and never / or the
@@ -19,10 +19,12 @@ from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TOOLS_DIR = Path(os.environ.get("A2RL_TOOLS_DIR") or PROJECT_ROOT / ".tools")
-"""Where `make tools` installs the pinned CLIs (git-ignored); A2RL_TOOLS_DIR points elsewhere (a shared install)."""
-LOCAL_PREFIX = TOOLS_DIR / "npm"
-"""The project-local npm prefix that the Makefile installs the pinned CLIs into."""
-LOCAL_BINS = (LOCAL_PREFIX / "node_modules" / ".bin", TOOLS_DIR / "openhands" / "bin")
+"""Where `make tools` links the pinned CLIs (git-ignored); A2RL_TOOLS_DIR points elsewhere (a shared install)."""
+LOCAL_PREFIX = (TOOLS_DIR / "npm").resolve()
+"""The npm prefix holding the pinned CLIs: `.tools/npm` links into the machine-wide tools cache
+(scripts/tools.sh), and the link is followed here, so that a sandbox binds the real directories the CLIs'
+relative links lead to."""
+LOCAL_BINS = (LOCAL_PREFIX / "node_modules" / ".bin", (TOOLS_DIR / "openhands").resolve() / "bin")
 """Where the project-local installs put their commands (npm's bin links; OpenHands' own venv)."""
 
 
@@ -125,20 +127,32 @@ def shebang_interpreter(command: Path) -> str | None:
     return program if Path(program).is_absolute() and Path(words[0].decode()).name != "env" else Path(program).name
 
 
+TOO_BUSY = "the machine is too busy to tell whether it works; try again when it is quieter"
+"""The end of `check_starts`'s answer when the program only ran out of time (not a reason to reinstall)."""
+
+
 def check_starts(argv: list[str], env: dict[str, str], sandbox=None, timeout_s: float = 60.0) -> str | None:
     """Run `argv` (a CLI's `--version`) as the session would run it, in the sandbox `sandbox` (a
     `SandboxPolicy`, with the CLI's install directories bound) or on the host; None if it exits 0, else one
-    line saying why it cannot start."""
+    line saying why it cannot start. `timeout_s` is for an idle machine: it grows with the load, and a
+    program that runs out of time gets a second, longer try before the answer says the machine is busy."""
     from a2rl.isolation.sandbox import wrap
+    from a2rl.ops.load import describe_load, scaled_timeout
 
     if sandbox is not None:
         sandbox = replace(sandbox, extra_ro=(*sandbox.extra_ro, *install_dirs(argv[0], env.get("PATH"))))
         argv, env = wrap(argv, env, sandbox)
-    try:
-        done = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s,
-                              cwd=sandbox.workspace if sandbox is not None else None)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"`{' '.join(argv[-2:])}` did not run: {e}"
+    for attempt in (1, 2):
+        timeout = scaled_timeout(timeout_s) * attempt
+        try:
+            done = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout,
+                                  cwd=sandbox.workspace if sandbox is not None else None)  # fmt: skip
+            break
+        except subprocess.TimeoutExpired:
+            if attempt == 2:
+                return f"`{' '.join(argv[-2:])}` did not answer within {timeout:.0f} s, twice ({describe_load()}): {TOO_BUSY}"
+        except OSError as e:
+            return f"`{' '.join(argv[-2:])}` did not run: {e}"
     if done.returncode == 0:
         return None
     last = (done.stderr or done.stdout).decode(errors="replace").strip().splitlines()

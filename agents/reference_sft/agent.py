@@ -7,6 +7,7 @@ Stand-alone (standard library only): the harness copies this file and ``train_sf
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -26,6 +27,12 @@ FIRST_ROUND_OVERHEAD_S = 45.0
 """Guess for start-up, loading, merging and saving before any round has been timed."""
 MIN_TRAIN_S = 10.0
 """A round with less training time than this is not worth starting (after the first round)."""
+FIRST_ROUND_SHARE = 0.5
+"""The first round's checkpoint is due by this share of the budget left (after the margin): however slow the
+machine (a loaded CPU takes tens of seconds to import and load, and a step may take as long), the first
+submission lands well inside the budget. Later rounds are sized from the times the first one measured."""
+FIRST_SAVE_RESERVE_S = 15.0
+"""Seconds kept for merging and saving the checkpoint before any round has measured it."""
 MAX_FAILURES_IN_A_ROW = 3
 
 
@@ -42,6 +49,10 @@ class Settings:
     seed: int
     max_steps: int
     batch_size: int
+    first_batch_size: int
+    """Batch size of the first round, whose step time nothing has measured yet: one example per step, so that on
+    a loaded machine the first step (which always runs) ends in a quarter of the time (the same examples, in
+    more steps, if time allows)."""
     max_length: int
     lr: float | None
     train_s: float
@@ -73,6 +84,7 @@ class Settings:
             seed=int(env.get("AGENT_SEED", "0")),
             max_steps=int(env.get("A2RL_SFT_MAX_STEPS", "14")),
             batch_size=int(env.get("A2RL_SFT_BATCH_SIZE", "4")),
+            first_batch_size=int(env.get("A2RL_SFT_FIRST_BATCH_SIZE", "1")),
             max_length=int(env.get("A2RL_SFT_MAX_LENGTH", default_length)),
             lr=float(lr) if lr else None,
             train_s=float(env.get("A2RL_SFT_TRAIN_S", "90")),
@@ -80,11 +92,13 @@ class Settings:
 
 
 class RoundPlan(NamedTuple):
-    """Whether to start another round, and with how many seconds of training."""
+    """Whether to start another round, with how many seconds of training, and by when it must be saved."""
 
     start: bool
     time_limit_s: float
     reason: str
+    ends_in_s: float = math.inf
+    """Seconds from now by which the round's checkpoint must be written (the trainer's ``--deadline``)."""
 
 
 def plan_round(
@@ -93,6 +107,7 @@ def plan_round(
     train_s: float,
     margin_s: float,
     submitted: bool,
+    step_s: float = 0.0,
 ) -> RoundPlan:
     """Decide the next round from the budget left and the last round's timing.
 
@@ -102,19 +117,24 @@ def plan_round(
         train_s: training seconds a full round gets.
         margin_s: seconds kept free at the end of the budget.
         submitted: whether a round was already tried; the first one is always started.
+        step_s: the last round's seconds per training step (0: not measured yet).
 
     Returns:
-        A full round when it fits, a shortened one when at least ``MIN_TRAIN_S`` of training fits, otherwise
-        stop, except that the first round is always started with whatever training time is left (at least 1 s).
+        The first round always starts, due by ``FIRST_ROUND_SHARE`` of the budget left, so that its submission
+        lands well inside the budget on any machine. A later round is full when it fits, shortened when at
+        least ``MIN_TRAIN_S`` (and one and a half measured steps) of training fit, and otherwise not started.
     """
+    if not submitted:  # loading time is unknown yet: the trainer's deadline, not a guess of it, ends the steps
+        ends_in = max(0.0, FIRST_ROUND_SHARE * (remaining_s - margin_s))
+        return RoundPlan(True, max(1.0, min(train_s, ends_in)), f"first round, checkpoint due in {ends_in:.0f}s", ends_in)
     usable = remaining_s - margin_s - overhead_s
+    ends_in = remaining_s - margin_s
     if usable >= train_s:
-        return RoundPlan(True, train_s, "full round")
-    if usable >= MIN_TRAIN_S:
-        return RoundPlan(True, usable, "shortened round")
-    if not submitted:
-        return RoundPlan(True, max(1.0, min(train_s, remaining_s - overhead_s)), "first submission, short budget")
-    return RoundPlan(False, 0.0, f"{remaining_s:.0f}s left, a round needs {overhead_s + MIN_TRAIN_S + margin_s:.0f}s")
+        return RoundPlan(True, train_s, "full round", ends_in)
+    needed = max(MIN_TRAIN_S, 1.5 * step_s)
+    if usable >= needed:
+        return RoundPlan(True, usable, "shortened round", ends_in)
+    return RoundPlan(False, 0.0, f"{remaining_s:.0f}s left, a round needs {overhead_s + needed + margin_s:.0f}s")
 
 
 def kill_after_s(time_limit_s: float, overhead_s: float) -> float:
@@ -193,9 +213,16 @@ class GradingClient:
 
     def submit(self, model_path: str, stage: str | None = None) -> tuple[int, dict]:
         """``POST /submit`` and wait for the score (grading can take minutes); `stage` names the training stage
-        that made the checkpoint (SFT, GRPO, ...), for the harness's analysis of what each stage added."""
+        that made the checkpoint (SFT, GRPO, ...), for the harness's analysis of what each stage added. A stop asked for
+        meanwhile (the budget ended while the grader copied the checkpoint) is honoured once the submission is in."""
+        _submitting.set()
         body = {"model_path": model_path, "wait": True, **({"stage": stage} if stage else {})}
-        return self.request("POST", "/submit", body, timeout=6 * 3600)
+        try:
+            return self.request("POST", "/submit", body, timeout=6 * 3600)
+        finally:
+            _submitting.clear()
+            if _stop_asked:
+                raise Stopped(_stop_asked[0])
 
 
 class TrainResult(NamedTuple):
@@ -211,8 +238,17 @@ class Stopped(Exception):
     """The harness asked the agent to stop (SIGTERM at the end of the budget)."""
 
 
+_submitting = threading.Event()
+_stop_asked: list[str] = []
+
+
 def raise_stopped(signum, frame) -> None:
-    raise Stopped(signal.Signals(signum).name)
+    name = signal.Signals(signum).name
+    if _submitting.is_set():  # the grace after the budget is for exactly this: let the checkpoint land
+        _stop_asked.append(name)
+        log(f"{name} while submitting: finishing the submission first")
+        return
+    raise Stopped(name)
 
 
 def run_training(cmd: list[str], kill_after: float, cwd: Path) -> TrainResult:
@@ -301,6 +337,9 @@ class Session:
         self.notes = Notes(settings.workspace / "code" / "NOTES.md")
         self.margin_s = 10.0 + 0.03 * float(budget["budget_s"])
         self.overhead_s = FIRST_ROUND_OVERHEAD_S
+        self.step_s = 0.0
+        """Seconds per training step in the last round that trained (0 before the first)."""
+        self.save_reserve_s = FIRST_SAVE_RESERVE_S
         self.best_score: float | None = None
         self.best_path: Path | None = None
         self.baseline_score: float | None = None
@@ -323,23 +362,33 @@ class Session:
         if self.failures_in_a_row >= MAX_FAILURES_IN_A_ROW:
             return RoundPlan(False, 0.0, f"{self.failures_in_a_row} failed rounds in a row")
         tried = self.submitted or self.rounds > 0
-        return plan_round(self.budget["remaining_s"], self.overhead_s, self.settings.train_s, self.margin_s, tried)
+        return plan_round(self.budget["remaining_s"], self.overhead_s, self.settings.train_s, self.margin_s, tried,
+                          self.step_s)
 
     def train(self, plan: RoundPlan, init: Path, out: Path, seed: int) -> TrainResult:
         """One ``train_sft.py`` process; updates the overhead estimate from its timing."""
         s = self.settings
+        batch = s.batch_size if self.step_s else min(s.first_batch_size, s.batch_size)  # not measured: small steps
+        steps = s.max_steps * s.batch_size // batch
         cmd = [sys.executable, str(self.trainer), "--init", str(init), "--out", str(out),
-               "--data", str(s.train_file), "--max-steps", str(s.max_steps),
-               "--batch-size", str(s.batch_size), "--max-length", str(s.max_length),
+               "--data", str(s.train_file), "--max-steps", str(steps),
+               "--batch-size", str(batch), "--max-length", str(s.max_length),
                "--time-limit", f"{plan.time_limit_s:.0f}", "--seed", str(seed)]  # fmt: skip
+        if math.isfinite(plan.ends_in_s):
+            # A wall-clock deadline: the clock runs while training (it stops only while a submission is graded),
+            # so the trainer can stop stepping in time to save, however long its start-up took.
+            cmd += ["--deadline", f"{time.time() + plan.ends_in_s:.1f}", "--save-reserve", f"{self.save_reserve_s:.0f}"]
         if s.lr is not None:
             cmd += ["--lr", str(s.lr)]
-        log(f"round {self.rounds} ({plan.reason}, {plan.time_limit_s:.0f}s of training): {' '.join(cmd[1:])}")
+        log(f"round {self.rounds} ({plan.reason}, up to {plan.time_limit_s:.0f}s of training): {' '.join(cmd[1:])}")
         result = run_training(cmd, kill_after_s(plan.time_limit_s, self.overhead_s), s.workspace)
         if result.summary:
             # The slowest round seen so far: on a shared machine, loading and saving times vary a lot.
             measured = result.wall_s - result.summary["train_s"]
             self.overhead_s = max(measured, self.overhead_s if self.rounds > 1 else 0.0, 5.0)
+            # Per step of the full batch (a step's time grows with its examples).
+            self.step_s = float(result.summary.get("s_per_step") or 0.0) * s.batch_size / batch
+            self.save_reserve_s = max(5.0, 1.5 * float(result.summary.get("save_s") or 0.0) + 2.0)
         elif not result.ok:
             self.overhead_s = max(self.overhead_s, result.wall_s - plan.time_limit_s)
         return result

@@ -127,6 +127,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="seconds of training steps; stops before a step would overrun them (loading and saving come on top)",
     )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="wall-clock time (seconds since the epoch) by which the checkpoint must be saved: training stops "
+        "before a step (at the measured step time) would leave less than --save-reserve seconds; at least one step",
+    )
+    p.add_argument("--save-reserve", type=float, default=15.0, help="seconds kept before --deadline to merge and save")
     p.add_argument("--seed", type=int, default=0, help="seed for the data subset and training")
     return p.parse_args(argv)
 
@@ -179,11 +187,13 @@ def sft_config(args: argparse.Namespace, lr: float, output_dir: Path, precision=
     )
 
 
-def time_limit_callback(limit_s: float | None):
-    """A ``TrainerCallback`` that ends training before a step would end past ``limit_s`` seconds of steps.
+def time_limit_callback(limit_s: float | None, deadline: float | None = None, reserve_s: float = 0.0):
+    """A ``TrainerCallback`` that ends training before a step would end past ``limit_s`` seconds of steps, or
+    past ``deadline - reserve_s`` (wall clock: the time to merge and save comes after the last step).
 
     The next step is assumed to take as long as the last one, so a slow (e.g. CPU-contended) run stops early
-    instead of overrunning by a whole step.
+    instead of overrunning by a whole step. The first step always runs: a round that was started submits
+    a trained checkpoint, however late its start-up ended.
     """
     from transformers import TrainerCallback
 
@@ -196,6 +206,10 @@ def time_limit_callback(limit_s: float | None):
             last_step_s, self.t_last = now - self.t_last, now
             if limit_s is not None and now - self.t0 + last_step_s > limit_s:
                 print(f"stopping at step {state.global_step}: {now - self.t0:.0f}s of {limit_s:.0f}s used", flush=True)
+                control.should_training_stop = True
+            elif deadline is not None and time.time() + last_step_s + reserve_s > deadline:
+                print(f"stopping at step {state.global_step} ({last_step_s:.1f}s per step): the checkpoint is due in "
+                      f"{deadline - time.time():.0f}s, {reserve_s:.0f}s kept to save it", flush=True)
                 control.should_training_stop = True
 
     return TimeLimit()
@@ -211,6 +225,10 @@ def save_checkpoint(model, tokenizer, out: Path) -> None:
     for path in tmp.iterdir():
         path.chmod(0o644)  # safetensors writes 0600; a grader running as another user must read it
     os.rename(tmp, out)
+
+
+def _due_in(deadline: float | None) -> str:
+    return "none" if deadline is None else f"{deadline - time.time():.0f}s"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         f"init={args.init} params={n_params:,} lora={use_lora} lr={lr} steps={args.max_steps} "
         f"batch={args.batch_size}x{args.grad_accum} max_length={args.max_length} examples={len(examples)}/{len(rows)} "
         f"dtype={precision.load_dtype} bf16={precision.bf16} checkpointing={precision.gradient_checkpointing} "
-        f"time_limit={args.time_limit} load_s={t_loaded - t_start:.1f}",
+        f"time_limit={args.time_limit} due_in={_due_in(args.deadline)} load_s={t_loaded - t_start:.1f}",
         flush=True,
     )
 
@@ -259,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         train_dataset=datasets.Dataset.from_list(examples),
         processing_class=tokenizer,
         peft_config=lora_config(model, args) if use_lora else None,
-        callbacks=[time_limit_callback(args.time_limit)],
+        callbacks=[time_limit_callback(args.time_limit, args.deadline, args.save_reserve)],
     )
     t_train = time.monotonic()
     result = trainer.train()

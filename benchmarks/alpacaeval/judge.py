@@ -106,7 +106,8 @@ class JudgeConfig:
                 "the alpacaeval task is scored by an LLM judge, and none is configured: set ANTHROPIC_API_KEY "
                 f"(Anthropic API; judge model A2RL_JUDGE_MODEL, default {DEFAULT_JUDGE_MODEL}), or "
                 "A2RL_JUDGE_BASE_URL for an Anthropic-compatible endpoint (plus ANTHROPIC_API_KEY if it needs "
-                "a key); optional: A2RL_JUDGE_REFERENCE_MODEL, A2RL_JUDGE_CONCURRENCY"
+                "a key), or A2RL_JUDGE_API=openai with A2RL_JUDGE_BASE_URL for an OpenAI-compatible server such as "
+                "`vllm serve` (no Anthropic key needed); optional: A2RL_JUDGE_REFERENCE_MODEL, A2RL_JUDGE_CONCURRENCY"
             )
         base_url = env.get("A2RL_JUDGE_BASE_URL") or None
         temperature: float | None = 0.0 if base_url or api == "openai" else None

@@ -71,13 +71,15 @@ def run_episodes(
     max_steps: int,
     seed: int = 0,
     action_parser: Callable[[str], str] = parse_action,
+    on_done: Callable[[int], None] | None = None,
 ) -> list[Episode]:
     """Run one episode per goal, all in lockstep; returns episodes in the order of `goals`.
 
     Each step asks the policy once, for the episodes not yet done, in goal order. An episode that is not
     done after `max_steps` ends with the reward of its last step (0 for the environments here). Episode
     `i` is reset with seed `seed + i`, so a run is reproducible and independent of how goals are batched
-    only if the caller keeps the same goal order and seed.
+    only if the caller keeps the same goal order and seed. `on_done(n)` hears of n more episodes ended
+    after each step (and of the rest at the end).
     """
     envs = [make_env() for _ in goals]
     episodes = []
@@ -101,6 +103,10 @@ def run_episodes(
             )
             ep.reward, ep.done, ep.info = result.reward, result.done, result.info
             ep.won = bool(result.info.get("won", False))
+        if on_done is not None:
+            on_done(sum(episodes[i].done for i in live))
+    if on_done is not None:
+        on_done(sum(not ep.done for ep in episodes))  # the ones that ran out of steps
     return episodes
 
 

@@ -135,22 +135,25 @@ class InteractiveTask(BenchmarkTask):
             "mean_steps": sum(r.detail.get("steps", 0) for r in results) / n,
         }
 
-    def play(self, items: list[Item], policy: BatchPolicy, variant: str | None = None) -> list[ItemResult]:
+    def play(self, items: list[Item], policy: BatchPolicy, variant: str | None = None,
+             on_done: Callable[[int], None] | None = None) -> list[ItemResult]:  # fmt: skip
         """Run episodes for items with any batched policy (a model, an oracle, a random policy)."""
         if not items:
             return []
         variant = variant or items[0].get("variant", "offline")
         episodes = run_episodes(
-            self.make_env(variant), items, policy, self.prompt, self.max_steps, EPISODE_SEED, self.parse_action
+            self.make_env(variant), items, policy, self.prompt, self.max_steps, EPISODE_SEED, self.parse_action,
+            on_done=on_done,
         )
         return [self.score_episode(item, ep) for item, ep in zip(items, episodes)]
 
-    def run_episodes(self, model_dir: Path | Any, items: list[Item], batch_size: int) -> list[ItemResult] | None:
+    def run_episodes(self, model_dir: Path | Any, items: list[Item], batch_size: int,
+                     on_done: Callable[[int], None] | None = None) -> list[ItemResult] | None:  # fmt: skip
         from a2rl.inference.generation import load_model
 
         model = model_dir if isinstance(model_dir, tuple) else load_model(model_dir)
         policy = ModelPolicy(model, self.decoding, batch_size)
-        results = self.play(items, policy)
+        results = self.play(items, policy, on_done=on_done)
         for r in results:
             r.detail["policy_calls"] = policy.calls
         if results:

@@ -1,0 +1,70 @@
+"""The pinned tools (uv, the agent CLIs, OpenHands) are installed once per machine into a cache keyed by their
+versions, outside the checkout, and every clone links to it (scripts/tools.sh, issue #26)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pin(name: str) -> str:
+    return re.search(rf"^{name} := (.+)$", (REPO / "Makefile").read_text(), re.MULTILINE).group(1).strip()
+
+
+def tools(*args: str, cache: Path | None = None, **extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "UV_VERSION": pin("UV_VERSION"), "CLI_PACKAGES": pin("CLI_PACKAGES"),
+           "OPENHANDS_VERSION": pin("OPENHANDS_VERSION"), **extra}  # fmt: skip
+    if cache is not None:
+        env["A2RL_TOOLS_CACHE"] = str(cache)
+    return subprocess.run(["sh", str(REPO / "scripts" / "tools.sh"), *args], env=env, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+
+
+def test_the_cache_survives_a_fresh_home_and_can_be_pointed_elsewhere(tmp_path):
+    assert tools("cache-dir", cache=tmp_path / "mine").stdout.strip() == str(tmp_path / "mine")
+    env = {k: v for k, v in os.environ.items() if k != "A2RL_TOOLS_CACHE"}
+    fresh = subprocess.run(["sh", str(REPO / "scripts" / "tools.sh"), "cache-dir"], capture_output=True, text=True,
+                           env={**env, "HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": ""})  # fmt: skip
+    where = fresh.stdout.strip()
+    if os.access("/var/cache", os.W_OK):  # a system cache dir: every HOME (CI's too) finds the same installs
+        assert where == "/var/cache/a2rl/tools"
+    else:
+        assert where == str(tmp_path / "home" / ".cache" / "a2rl" / "tools")
+
+
+def test_uv_is_installed_once_per_version_even_by_clones_at_the_same_time(tmp_path):
+    """Two clones installing at once: one installs under the lock, the other waits and uses it; a later call
+    installs nothing. The directory is named by the pinned version, so a bump installs anew beside it."""
+    cache = tmp_path / "cache"
+    with ThreadPoolExecutor(2) as pool:
+        first, second = pool.map(lambda _: tools("uv", cache=cache), range(2))
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    uv = Path(first.stdout.strip())
+    assert uv == Path(second.stdout.strip()) == cache / f"uv-{pin('UV_VERSION')}" / "bin" / "uv"
+    marker = uv.parent.parent / ".a2rl-installed"
+    installed_at = marker.stat().st_mtime_ns
+    assert tools("uv", cache=cache).stdout.strip() == str(uv) and marker.stat().st_mtime_ns == installed_at
+    version = subprocess.run([str(uv), "--version"], capture_output=True, text=True).stdout
+    assert version.split()[:2] == ["uv", pin("UV_VERSION")]
+
+
+def test_a_checkout_links_the_shared_install_and_the_sandbox_binds_its_real_paths():
+    from agents.cli_agents import install
+
+    link = install.TOOLS_DIR / "npm"
+    if not link.is_symlink():
+        pytest.skip("`make tools` has not linked .tools/npm in this checkout")
+    target = link.resolve()
+    assert re.fullmatch(r"npm-[0-9a-f]{12}", target.name) and (target / ".a2rl-installed").is_file()
+    assert install.LOCAL_PREFIX == target  # followed: the CLIs' relative links resolve inside a sandbox too
+    claude = install.find_cli("claude", path="/nonexistent")
+    assert claude is not None and str(claude).startswith(str(target))
+    assert all(str(d).startswith(str(target)) for d in install.install_dirs(claude, path="/usr/bin:/bin")
+               if "node_modules" in str(d))  # fmt: skip
