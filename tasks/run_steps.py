@@ -241,8 +241,8 @@ def evaluate_every_submission(ctx: RunContext) -> list[LedgerEntry]:
     for sub in latest_submissions(entries):
         if sub.status != "scored" or sub.submission_id in done or not sub.resolved_path:
             continue
-        result = evaluate_cached(Path(sub.resolved_path), sub.weights_hash, spec, progress_file=eval_progress_file(ctx),
-                                 on_start=procs.record_started)
+        result = evaluate_cached(Path(sub.resolved_path), sub.weights_hash, spec,
+                                 progress_file=eval_progress_file(ctx), on_start=procs.record_started)
         entry = ledger.append(
             run_id=ctx.run_id, kind="posthoc", split="test", status="scored", score=result.score,
             submission_id=sub.submission_id, model_path=sub.model_path, resolved_path=sub.resolved_path,
