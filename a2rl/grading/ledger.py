@@ -193,17 +193,33 @@ def _ledger_key(create: bool) -> bytes | None:
 
 
 def head_mac(run_id: str, head: LedgerHead, create: bool = True) -> str | None:
-    """HMAC-SHA256 of a run's ledger head under this machine's ledger key (made on first use); None without one."""
+    """HMAC-SHA256 of a run's ledger head under this machine's ledger key (made on first use), as
+    `<key id>:<mac>`; None without a key. The key id (a hash of the key, not the key) lets another machine's
+    store tell a MAC it cannot check from a forged one."""
     key = _ledger_key(create)
     if key is None:
         return None
-    return hmac.new(key, f"{run_id}|{head.entries}|{head.hash}".encode(), hashlib.sha256).hexdigest()
+    return f"{_key_id(key)}:{_mac(key, run_id, head)}"
 
 
 def mac_matches(run_id: str, head: LedgerHead, mac: str) -> bool | None:
-    """Whether `mac` authenticates this head; None where this machine has no ledger key (cannot tell)."""
-    expected = head_mac(run_id, head, create=False)
-    return None if expected is None else hmac.compare_digest(expected, mac)
+    """Whether `mac` authenticates this head; None where this machine cannot tell (no ledger key, or the MAC was
+    made under another machine's key: the run came from another host, whose store anchors it instead)."""
+    key = _ledger_key(create=False)
+    if key is None:
+        return None
+    key_id, _, digest = mac.rpartition(":")
+    if key_id and key_id != _key_id(key):
+        return None
+    return hmac.compare_digest(_mac(key, run_id, head), digest)
+
+
+def _key_id(key: bytes) -> str:
+    return hashlib.sha256(b"a2rl ledger key id|" + key).hexdigest()[:16]
+
+
+def _mac(key: bytes, run_id: str, head: LedgerHead) -> str:
+    return hmac.new(key, f"{run_id}|{head.entries}|{head.hash}".encode(), hashlib.sha256).hexdigest()
 
 
 def _line_hash(line: str) -> str:
