@@ -245,3 +245,24 @@ def test_the_results_store_anchors_every_head_and_catches_an_edited_final_score(
     path.write_text(path.read_text().replace('"score":3.125', '"score":93.125'))
     with pytest.raises(LedgerCorrupted, match="edited"):
         read_ledger(path, {"the results store": store.ledger_head("r")})
+
+
+def test_a_mac_from_another_hosts_key_cannot_be_checked_here_but_a_forged_one_under_this_key_fails(tmp_path,
+                                                                                                   monkeypatch):
+    """A sweep over several hosts merges runs whose reports carry their own host's MAC: that is 'cannot tell'
+    (their host store's anchors verify them), never 'forged'; a MAC under this machine's key that does not match
+    is forged."""
+    from a2rl.grading.ledger import LedgerHead, head_mac, mac_matches
+
+    head, other = LedgerHead(5, "a" * 64), LedgerHead(6, "b" * 64)
+    monkeypatch.setenv("A2RL_HOME", str(tmp_path / "host-a"))
+    made_on_a = head_mac("run-1", head)
+    assert mac_matches("run-1", head, made_on_a) is True
+    assert mac_matches("run-1", other, made_on_a) is False  # same key, another head: forged
+    assert mac_matches("run-2", head, made_on_a) is False  # same key, another run
+    monkeypatch.setenv("A2RL_HOME", str(tmp_path / "host-b"))
+    assert head_mac("run-1", head) != made_on_a  # host b has its own key
+    assert mac_matches("run-1", head, made_on_a) is None  # made under host a's key: cannot tell here
+    key_id_b = head_mac("run-1", head).split(":")[0]
+    forged = f"{key_id_b}:{made_on_a.split(':')[1]}"  # claims host b's key
+    assert mac_matches("run-1", head, forged) is False
