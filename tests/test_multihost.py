@@ -25,8 +25,13 @@ from a2rl.grading.ledger import read_ledger
 from a2rl.ops import prefect_local
 from tests.postgres_support import LocalPostgres, PostgresUnavailable, free_port
 from tests.run_dirs import dump_store
-from tests.test_deployments import FAST_POLLING, SERVER_ENV, SMALL_AGENT, _family, _final_run, _flow_run, _kill_worker_host
-from tests.test_deployments import _set_state, _wait_for
+from tests.live_server import FAST_POLLING, SERVER_ENV, SMALL_AGENT
+from tests.live_server import family as _family
+from tests.live_server import final_run as _final_run
+from tests.live_server import flow_run as _flow_run
+from tests.live_server import kill_worker_host as _kill_worker_host
+from tests.live_server import set_state as _set_state
+from tests.live_server import wait_for as _wait_for
 
 pytestmark = pytest.mark.prefect_server
 
