@@ -45,7 +45,7 @@ class SleepingTask(_Misbehaving):
 
     id: str = "sleeping"
 
-    def run_episodes(self, model_dir: Path, items, batch_size: int):
+    def run_episodes(self, model_dir: Path, items, batch_size: int, on_done=None):
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         Path(os.environ["A2RL_TEST_PID_FILE"]).write_text(f"{os.getpid()} {child.pid}")
         time.sleep(600)
@@ -58,6 +58,6 @@ class HoggingTask(_Misbehaving):
 
     id: str = "hogging"
 
-    def run_episodes(self, model_dir: Path, items, batch_size: int):
+    def run_episodes(self, model_dir: Path, items, batch_size: int, on_done=None):
         held = [bytearray(64 << 20) for _ in range(64)]
         return [self.score_item(item, str(len(held))) for item in items]

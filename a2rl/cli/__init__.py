@@ -135,15 +135,10 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
             summary = benchmark_run(**config.model_dump(), results=results.resolve(),
                                     runs_dir=runs_dir.resolve() if runs_dir else None)
     except KeyboardInterrupt as e:
-        how, code = interrupted_how(e)
-        after = f"after {time.perf_counter() - start:.0f} s"
-        if read_announced(announce) is None:
-            print(f"\na2rl: stopped by {how} {after}, before the run had a row: nothing was recorded", file=sys.stderr)
-        else:  # the flow has written the run's row (status interrupted) and its ledger; no traceback
-            print(f"\na2rl: stopped by {how} {after}; the run is recorded as 'interrupted' in {args.results} "
-                  f"(see: a2rl results --results {args.results})", file=sys.stderr)  # fmt: skip
-        return code
+        return _stopped(*interrupted_how(e), time.perf_counter() - start, read_announced(announce) is not None, args)
     except Exception as e:
+        if _ended_cancelled(e):  # SIGTERM inside the flow: Prefect's own handler; the run recorded it interrupted
+            return _stopped("SIGTERM", 143, time.perf_counter() - start, True, args)
         if args.debug:
             import traceback
 
@@ -165,6 +160,25 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
     if summary.status != "completed":
         print(f"a2rl: run {summary.run_id} {summary.status}: {summary.error}", file=sys.stderr)
     return 0 if summary.status == "completed" else 1
+
+
+def _stopped(how: str, code: int, seconds: float, has_row: bool, args: argparse.Namespace) -> int:
+    """One line for a run stopped by a signal (`how`), and its exit code by the shell's rule."""
+    if not has_row:
+        print(f"\na2rl: stopped by {how} after {seconds:.0f} s, before the run had a row: nothing was recorded",
+              file=sys.stderr)  # fmt: skip
+    else:  # the flow has written the run's row (status interrupted) and its ledger; no traceback
+        print(f"\na2rl: stopped by {how} after {seconds:.0f} s; the run is recorded as 'interrupted' in "
+              f"{args.results} (see: a2rl results --results {args.results})", file=sys.stderr)  # fmt: skip
+    return code
+
+
+def _ended_cancelled(e: Exception) -> bool:
+    """The flow ended its run Cancelled (a stop on request, recorded as interrupted): Prefect raises that to the
+    caller of a flow as CancelledRun."""
+    from prefect.exceptions import CancelledRun
+
+    return isinstance(e, CancelledRun)
 
 
 def _one_line(e: object) -> str:

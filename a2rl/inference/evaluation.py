@@ -106,6 +106,7 @@ def evaluate(model_dir: Path, spec: EvalSpec) -> EvalResult:
     from a2rl.ops.progress import ItemProgressWriter
 
     task = spec.task_object()
+    task.preflight()  # what the task needs besides the model (a judge): checked before the model is loaded
     items = task.load_split(spec.variant, spec.split, spec.limit)
     progress = ItemProgressWriter.from_env(len(items), spec.split)  # items counted as each one finishes
     d = task.decoding
