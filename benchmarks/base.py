@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from a2rl.jsonl import read_jsonl, write_jsonl
 from a2rl.paths import task_data_dir
@@ -85,10 +85,21 @@ class BenchmarkTask(abc.ABC):
     data_version: str = "1"
     """Bump when the split or the item format changes: prepared data lives under a versioned path."""
 
+    benchmark_name: ClassVar[str] = ""
+    """How messages name the benchmark (e.g. 'GSM8K'); its `id` where empty."""
+
     # -- to implement per task -------------------------------------------------------------
-    @abc.abstractmethod
+    def loaders(self) -> dict[str, Callable[[], TaskData]]:
+        """variant -> what loads its split data (deterministic); the keys are the variants the task offers."""
+        raise NotImplementedError(f"{type(self).__name__} defines neither loaders() nor load()")
+
     def load(self, variant: str) -> TaskData:
-        """Return the split data for a variant (deterministic)."""
+        """Return the split data for a variant, from `loaders`; an unknown variant names the known ones."""
+        loaders = self.loaders()
+        if variant not in loaders:
+            known = " or ".join(repr(v) for v in loaders)
+            raise ValueError(f"unknown {self.benchmark_name or self.id} variant {variant!r}; use {known}")
+        return loaders[variant]()
 
     @abc.abstractmethod
     def build_prompt(self, item: Item) -> Messages:

@@ -1,86 +1,107 @@
-"""The layers point one way (static: every `import`, at the top of a module or inside a function, read with `ast`).
+"""The layers point one way, checked by import-linter's contracts in `.importlinter` (every import, at the top of
+a module or inside a function, so a loop hidden behind a lazy import fails like any other):
 
     a2rl.cli, a2rl/__main__.py     the command line: the top layer, may import everything below
     flows, tasks                   orchestration: put the library and the plug-ins together (tasks below flows)
     benchmarks, agents, blocks,    plug-ins: tasks, agents, driver LLMs, analysis; they import the library
     analysis
-    a2rl (the rest)                the library: imports none of the packages above
+    a2rl (the rest)                the library: imports none of the packages above; inside it, its packages are
+                                   layered too (store > summary > leak audit > grading > inference > building blocks)
 
 So the library can be read, tested and reused without a task, an agent, a Prefect flow or a figure, and no
-import cycle between the library and the benchmarks hides behind a lazy import.
+import cycle between packages hides behind a lazy import.
 """
 
 from __future__ import annotations
 
-import ast
+import configparser
+import subprocess
+import sys
 from pathlib import Path
 
-import pytest
+import grimp
 
 ROOT = Path(__file__).resolve().parents[1]
-CLI_LAYER = ("a2rl/cli/", "a2rl/__main__.py")
-ABOVE_LIBRARY = ("flows", "tasks", "agents", "analysis", "blocks", "benchmarks", "a2rl.cli")
-ABOVE_PLUGINS = ("flows", "tasks", "a2rl.cli")
+CONFIG = ROOT / ".importlinter"
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 
-def imported_modules(path: Path) -> list[tuple[int, str]]:
-    """(line, module) of every absolute import in the file, wherever it stands."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found += [(node.lineno, node.module)]
-            # `from a2rl import cli` names a module in the import's names
-            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
-    return found
+def lint_imports(cwd: Path, config: Path = CONFIG) -> subprocess.CompletedProcess:
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache", "--no-logo", str(config)], cwd=cwd,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
 
 
-def violations(files: list[Path], forbidden: tuple[str, ...]) -> list[str]:
-    def hits(module: str) -> bool:
-        return any(module == f or module.startswith(f + ".") for f in forbidden)
-
-    return sorted({f"{path.relative_to(ROOT)}:{line} imports {module}"
-            for path in files for line, module in imported_modules(path) if hits(module)})  # fmt: skip
+def broken_contracts(output: str) -> str:
+    """The part of lint-imports' report that names each broken contract and its offending imports."""
+    return output.partition("Broken contracts")[2].strip() or output
 
 
-def python_files(package: str) -> list[Path]:
-    return sorted(p for p in (ROOT / package).rglob("*.py") if "__pycache__" not in p.parts)
+def contract(name: str) -> configparser.SectionProxy:
+    parser = configparser.ConfigParser()
+    parser.read(CONFIG)
+    return parser[f"importlinter:contract:{name}"]
 
 
-def library_files() -> list[Path]:
-    return [p for p in python_files("a2rl") if not str(p.relative_to(ROOT)).startswith(CLI_LAYER)]
+def listed(section: configparser.SectionProxy, key: str) -> list[str]:
+    """A contract's list option: one entry a line (a layer line may hold several modules, split by : or |)."""
+    lines = [line.split("#")[0].strip() for line in section.get(key, "").splitlines()]
+    return [m.strip() for line in lines if line for m in line.replace("|", ":").split(":")]
 
 
-def test_the_library_imports_no_layer_above_it():
-    assert library_files(), "no library files found"
-    assert violations(library_files(), ABOVE_LIBRARY) == []
+def test_the_import_contracts_hold():
+    done = lint_imports(ROOT)
+    assert done.returncode == 0, f"import contracts broken (.importlinter):\n{broken_contracts(done.stdout)}"
+    assert "0 broken" in done.stdout and "5 kept" in done.stdout
 
 
-@pytest.mark.parametrize("package", ["benchmarks", "agents", "blocks", "analysis"])
-def test_plugins_import_the_library_but_not_the_orchestration_or_the_cli(package):
-    assert violations(python_files(package), ABOVE_PLUGINS) == []
+def test_the_contracts_see_imports_inside_functions(tmp_path):
+    """The check itself: a lazy import inside a function is an import, and it breaks a layers contract."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "high.py").write_text("import pkg.low\n")
+    (package / "low.py").write_text("def f():\n    from pkg import high\n    return high\n")
+    config = tmp_path / ".importlinter"
+    config.write_text("[importlinter]\nroot_package = pkg\n\n[importlinter:contract:one]\nname = high over low\n"
+                      "type = layers\nlayers =\n    pkg.high\n    pkg.low\n")  # fmt: skip
+    done = lint_imports(tmp_path, config)
+    assert done.returncode != 0 and "pkg.low -> pkg.high (l.2)" in done.stdout, done.stdout
 
 
-@pytest.mark.parametrize("package", ["flows", "tasks"])
-def test_the_orchestration_does_not_import_the_cli(package):
-    assert violations(python_files(package), ("a2rl.cli",)) == []
+def test_the_library_contract_names_every_library_module():
+    """A new library module must be placed in the layers (the library-layers contract is exhaustive over the
+    top level; ops and isolation are placed module by module) and in the list of what may not import upward."""
+    top = {p.stem if p.suffix else p.name for p in (ROOT / "a2rl").iterdir()
+           if p.suffix == ".py" or (p / "__init__.py").is_file()} - {"__init__"}  # fmt: skip
+    library = {m.removeprefix("a2rl.") for m in listed(contract("library-below-plugins"), "source_modules")}
+    assert library == top - {"cli", "__main__"}
+    layers = set(listed(contract("library-layers"), "layers"))
+    for package in ("ops", "isolation"):
+        modules = {f"{package}.{p.stem}" for p in (ROOT / "a2rl" / package).glob("*.py") if p.stem != "__init__"}
+        assert modules <= layers, f"a2rl/{package} modules missing from the library layers: {modules - layers}"
 
 
-def test_the_steps_do_not_import_the_flows_that_run_them():
-    assert violations(python_files("tasks"), ("flows",)) == []
+def test_every_package_is_checked_for_import_cycles_among_its_modules():
+    """The library's and the agents' packages are named one by one (a cycle between the library's packages is the
+    layers contract's to find); a new package must join the list."""
+    ancestors = set(listed(contract("no-cycles-inside-packages"), "ancestors"))
+    for parent in ("a2rl", "agents"):
+        packages = {f"{parent}.{p.name}" for p in (ROOT / parent).iterdir() if (p / "__init__.py").is_file()}
+        assert packages <= ancestors, f"packages not checked for cycles: {sorted(packages - ancestors)}"
 
 
-def test_the_check_sees_imports_inside_functions_and_the_cli_exemption_is_exact(tmp_path):
-    """The check itself: a lazy import inside a function is an import; only the CLI layer is exempt."""
-    module = tmp_path / "m.py"
-    module.write_text("import os\n\ndef f():\n    from benchmarks import get_task\n    import flows.sweep\n"
-                      "from a2rl import cli\n")  # fmt: skip
-    found = [m for _, m in imported_modules(module)]
-    assert "benchmarks" in found and "flows.sweep" in found and "a2rl.cli" in found
-    exempt = {str(p.relative_to(ROOT)) for p in set(python_files("a2rl")) - set(library_files())}
-    assert exempt and all(p.startswith(CLI_LAYER) for p in exempt)
-    assert "a2rl/cli/__init__.py" in exempt and "a2rl/inference/evaluation.py" not in exempt
+def test_the_shipped_environment_code_contract_is_the_shipped_set():
+    """The code shipped to agents (`envlib.zip`) must run in a workspace alone: the contract's list is exactly
+    the shipped modules, and the package's `__init__` (shipped too) imports shipped modules only."""
+    from benchmarks.envs.export import ENVLIB_MODULES
+
+    section = contract("envlib-alone")
+    shipped = {f"benchmarks.envs.{name}" for name in ENVLIB_MODULES if name != "__init__"}
+    assert set(listed(section, "source_modules")) == shipped
+    rest = {f"benchmarks.envs.{p.stem}" for p in (ROOT / "benchmarks" / "envs").glob("*.py")} - shipped
+    assert set(listed(section, "forbidden_modules")) >= rest - {"benchmarks.envs.__init__"}
+    graph = grimp.build_graph("benchmarks", cache_dir=None)
+    assert graph.find_modules_directly_imported_by("benchmarks.envs") <= shipped
 
 
 def test_no_flow_or_step_module_hides_a_top_level_package():
@@ -110,12 +131,3 @@ def test_the_library_top_level_is_its_concept_packages_and_a_few_shared_modules(
         for module in (top / package).glob("*.py"):
             if module.name != "__init__.py":
                 assert f"{package}/{module.name}" in documented, f"a2rl/{package}/{module.name} is not in the table"
-
-
-def test_the_library_and_the_benchmarks_do_not_import_each_other_in_a_cycle():
-    """`benchmarks` imports the library; the library never imports `benchmarks` (checked above), so no lazy import
-    hides a cycle. The code shipped to agents (`envlib.zip`) imports neither: it must run in a workspace alone."""
-    from benchmarks.envs.export import ENVLIB_MODULES
-
-    shipped = [ROOT / "benchmarks" / "envs" / f"{name}.py" for name in ENVLIB_MODULES]
-    assert violations(shipped, ("a2rl", "benchmarks", "agents", "flows", "tasks", "blocks", "analysis")) == []

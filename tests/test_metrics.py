@@ -144,9 +144,9 @@ def test_score_trajectory_png_is_a_readable_800x450_image(entries, tmp_path: Pat
 
 
 def _fake_routes(monkeypatch, labeller):
-    module = types.ModuleType("a2rl.summary.routes")
+    module = types.ModuleType("a2rl.grading.route_audit")
     module.route_label = labeller
-    monkeypatch.setitem(sys.modules, "a2rl.summary.routes", module)
+    monkeypatch.setitem(sys.modules, "a2rl.grading.route_audit", module)
 
 
 def _snapshot_per_submission(tmp_path: Path) -> CodeSnapshots:
@@ -177,13 +177,13 @@ def test_route_labels_come_from_each_submission_snapshot(entries, tmp_path: Path
 
 
 def test_route_labels_without_the_routes_module_say_why(entries, tmp_path: Path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "a2rl.summary.routes", None)  # import fails
+    monkeypatch.setitem(sys.modules, "a2rl.grading.route_audit", None)  # import fails
     labels = label_routes(entries, _snapshot_per_submission(tmp_path))
-    assert labels.routes == {1: "copy"} and "a2rl.summary.routes" in labels.note
+    assert labels.routes == {1: "copy"} and "a2rl.grading.route_audit" in labels.note
 
 
 def test_route_labels_with_the_real_static_labeller_and_the_mode_check_view(entries, tmp_path: Path):
-    pytest.importorskip("a2rl.summary.routes")
+    pytest.importorskip("a2rl.grading.route_audit")
     code = tmp_path / "workspace" / "code"
     code.mkdir(parents=True)
     snaps = CodeSnapshots(tmp_path / "harness", code)
@@ -286,7 +286,7 @@ def _dump(store: ResultsStore) -> dict:
 
 
 def test_reingesting_a_run_changes_nothing(tmp_path: Path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "a2rl.summary.routes", None)
+    monkeypatch.setitem(sys.modules, "a2rl.grading.route_audit", None)
     store = ResultsStore(tmp_path / "results.duckdb")
     run_dir = _run_dir(tmp_path, store)
     first = ingest_run_dir(store, run_dir)

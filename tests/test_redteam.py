@@ -714,7 +714,7 @@ def test_fifty_thousand_scripts_do_not_stall_submissions(tmp_path, tiny_model_di
     every submission). The scan is bounded (names, bytes, seconds) and incremental: each /submit answers within
     the scan's time bound (plus slack for a loaded machine), and once every script was analysed, a submission
     reads none of them again (counted in read system calls of this process, where the grader runs)."""
-    from a2rl.summary.routes import GRADER_LIMITS
+    from a2rl.grading.route_audit import GRADER_LIMITS
 
     def reads() -> int:
         return int(next(x for x in Path("/proc/self/io").read_text().splitlines() if x.startswith("syscr")).split()[1])

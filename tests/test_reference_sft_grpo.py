@@ -12,7 +12,7 @@ import pytest
 
 from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
 from a2rl.records import EvalResult, RunConfig
-from a2rl.summary.routes import route_label
+from a2rl.grading.route_audit import route_label
 from a2rl.workspace import RunPaths, build_workspace
 from agents import AgentEnv, get_agent, run_agent
 from agents.reference_sft_grpo import grpo_env_torch, sft_torch

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.summary.routes import analyze_python, analyze_routes, check_mode, check_snapshot, combine_methods, route_label
+from a2rl.grading.route_audit import (analyze_python, analyze_routes, check_mode, check_snapshot, combine_methods,
+                                      route_label)
 from agents import get_agent
 
 # -- real training scripts, as an agent would write them (they read MODEL_PATH, DATA_PATH, OUTPUT_DIR) ------
@@ -206,15 +207,17 @@ def test_names_in_strings_and_comments_are_not_evidence():
 @pytest.mark.parametrize(
     ("agent_id", "label", "files"),
     [
-        ("reference-sft", "SFT", {"agent.py", "train_sft.py", "train_precision.py"}),
-        ("reference-grpo", "GRPO", {"agent.py", "train_grpo.py", "train_grpo_env.py", "round_loop.py", "train_precision.py",
-                                    "decode_engine.py"}),
-        ("reference-sft-grpo", "SFT+RL", {"agent.py", "train_grpo.py", "train_grpo_env.py", "round_loop.py", "train_sft.py",
-                                          "train_precision.py", "sft_grpo_session.py", "sft_torch.py", "grpo_env_torch.py",
+        ("reference-sft", "SFT", {"agent.py", "train_sft.py", "train_precision.py", "train_common.py"}),
+        ("reference-grpo", "GRPO", {"agent.py", "train_grpo.py", "train_grpo_env.py", "round_loop.py",
+                                    "train_precision.py", "train_common.py", "decode_engine.py"}),
+        ("reference-sft-grpo", "SFT+RL", {"agent.py", "train_grpo.py", "train_grpo_env.py", "round_loop.py",
+                                          "train_sft.py", "train_precision.py", "train_common.py",
+                                          "sft_grpo_session.py", "sft_torch.py", "grpo_env_torch.py",
                                           "decode_engine.py"}),
         ("reference-sft-gigpo", "SFT+RL", {"agent.py", "train_grpo.py", "train_grpo_env.py", "round_loop.py",
-                                           "train_sft.py", "train_precision.py", "sft_grpo_session.py", "sft_torch.py",
-                                           "grpo_env_torch.py", "decode_engine.py"}),
+                                           "train_sft.py", "train_precision.py", "train_common.py",
+                                           "sft_grpo_session.py", "sft_torch.py", "grpo_env_torch.py",
+                                           "decode_engine.py"}),
     ],
 )
 def test_reference_agents_code_gets_its_route(tmp_path, agent_id, label, files):
@@ -302,7 +305,7 @@ def test_generation_and_gradient_clipping_are_not_a_ppo_ratio():
 def test_a_bounded_scan_stops_says_so_and_the_next_one_goes_on_without_rereading(tmp_path, monkeypatch):
     """Route scans in the grader (issue 24): bounded per scan (names, bytes, seconds), and incremental: a script
     analysed once is not read again while it is unchanged; a scan cut short says `complete=False`."""
-    from a2rl.summary import routes
+    from a2rl.grading import route_audit as routes
 
     code = tmp_path / "code"
     code.mkdir()

@@ -59,9 +59,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     run.add_argument("--debug", action="store_true", default=debug_enabled(),
                      help="show tracebacks (also: A2RL_DEBUG=1)")
 
-    tasks = sub.add_parser("tasks", help="list the benchmark tasks")
+    # "tasks" are the benchmark tasks here (benchmarks/*/task.py), not the Prefect steps in tasks/
+    tasks = sub.add_parser("tasks", help="list the benchmark tasks, or show one (its splits, sources, evaluator)")
     tasks.add_argument("action", nargs="?", choices=["list", "show"], default="list")
-    tasks.add_argument("task_id", nargs="?")
+    tasks.add_argument("task_id", nargs="?", help="a benchmark task id, for `show` (e.g. gsm8k)")
 
     results = sub.add_parser("results", help="show the latest runs in a results file")
     results.add_argument("--results", default=str(DEFAULT_RESULTS))
@@ -231,7 +232,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
         from benchmarks.describe import describe_task
 
         if not args.task_id:
-            print("usage: a2rl tasks show TASK_ID", file=sys.stderr)
+            print("usage: a2rl tasks show TASK_ID (a benchmark task id: `a2rl tasks` lists them)", file=sys.stderr)
             return 2
         print(describe_task(args.task_id))
         return 0

@@ -1,4 +1,4 @@
-"""The grading service: ledger, budget clock, checkpoint checks, evaluation queue and HTTP API."""
+"""The grading service: ledger, budget clock, checkpoint checks, the route audit, evaluation queue and HTTP API."""
 
 from a2rl.grading.errors import SubmissionRejected
 from a2rl.grading.clock import BudgetClock

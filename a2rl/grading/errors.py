@@ -8,7 +8,9 @@ one fixed category, the full text goes to the harness log only.
 
 from __future__ import annotations
 
-from enum import Enum
+from a2rl.inference.failures import PUBLIC_REASONS, FailureKind, classify_failure
+
+__all__ = ["PUBLIC_REASONS", "FailureKind", "SubmissionRejected", "classify_failure", "public_failure"]
 
 
 class SubmissionRejected(ValueError):
@@ -17,41 +19,6 @@ class SubmissionRejected(ValueError):
     def __init__(self, message: str, status_code: int = 400):
         super().__init__(message)
         self.status_code = status_code
-
-
-class FailureKind(str, Enum):
-    """Why an evaluation produced no score; `.reason` is all the agent sees of it."""
-
-    LOAD = "load"
-    OOM = "oom"
-    TIMEOUT = "timeout"
-    CRASH = "crash"
-    INTERRUPTED = "interrupted"
-
-    @property
-    def reason(self) -> str:
-        return PUBLIC_REASONS[self]
-
-
-PUBLIC_REASONS = {
-    FailureKind.LOAD: "could not load the weights",
-    FailureKind.OOM: "evaluation ran out of memory",
-    FailureKind.TIMEOUT: "evaluation timed out",
-    FailureKind.CRASH: "evaluation failed (details are in the harness log only)",
-    FailureKind.INTERRUPTED: "evaluation was interrupted by a grader restart and could not be resumed",
-}
-
-_OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "MemoryError", "Cannot allocate memory")
-_LOAD_MARKERS = ("from_pretrained", "load_state_dict", "safetensors", "size mismatch", "SafetensorError")
-
-
-def classify_failure(text: str, returncode: int | None = None) -> FailureKind:
-    """The category of an evaluation process's failure, from its exit status and its traceback."""
-    if returncode in (-9, 137) or any(m in text for m in _OOM_MARKERS):
-        return FailureKind.OOM  # SIGKILL from outside is, in practice, the OOM killer
-    if any(m in text for m in _LOAD_MARKERS):
-        return FailureKind.LOAD
-    return FailureKind.CRASH
 
 
 def public_failure(exc: BaseException) -> str:

@@ -119,7 +119,7 @@ class GradingService:
         self._lock = threading.Lock()
         self._copy_lock = threading.Lock()
         self._copies = 0  # checkpoints being checked (and copied) right now, outside self._lock
-        from a2rl.summary.routes import GRADER_LIMITS, RouteScanner
+        from a2rl.grading.route_audit import GRADER_LIMITS, RouteScanner
 
         self._routes = RouteScanner(GRADER_LIMITS)  # bounded, and incremental between submissions
         self._route_lock = threading.Lock()
@@ -151,7 +151,7 @@ class GradingService:
     def _check_mode(self) -> dict:
         """Route label of the agent's code now, and whether it keeps to the run's mode; in strict mode a
         breach is refused (before it counts as a submission), otherwise it is flagged in the ledger."""
-        from a2rl.summary.routes import check_snapshot
+        from a2rl.grading.route_audit import check_snapshot
 
         with self._route_lock:  # one scan at a time over the one cache
             analysis, verdict = check_snapshot(self.ctx.workspace / "code", self.ctx.config.mode, scanner=self._routes)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from a2rl.inference.failures import FailureKind, classify_failure
 from a2rl.paths import eval_cache_dir
 from a2rl.records import EvalResult, RunConfig, Split
 
@@ -76,7 +77,7 @@ class EvaluationFailed(RuntimeError):
     """The evaluation process crashed, timed out or produced no result; never counted as a score.
 
     The message is the full text (stderr tail) for the harness log; `kind` is an
-    `a2rl.grading.errors.FailureKind` value, the only part the agent sees."""
+    `a2rl.inference.failures.FailureKind` value, the only part the agent sees."""
 
     def __init__(self, message: str, kind: str = "crash"):
         super().__init__(message)
@@ -233,7 +234,6 @@ def evaluate_in_subprocess(
     a cgroup or RLIMIT_AS: `procs.memory_limit_for`), so weights with an inflated config cannot take the host's
     memory. `device` ("0", "1", ...) pins the process to one GPU through CUDA_VISIBLE_DEVICES. `on_start` is told
     the supervisor's `procs.Started` (pid and start time), e.g. for a run's record of its processes."""
-    from a2rl.grading.errors import FailureKind, classify_failure
     from a2rl.isolation import procs
 
     task_ref = task_class_ref(spec.task_object())

@@ -253,7 +253,7 @@ MIGRATIONS: list[str] = [
     WHERE status IN ('completed', 'failed')
     GROUP BY ALL;
     """,
-    # 3: mode violations follow `a2rl.summary.routes.check_mode` (its label set: RLOO and RL count as RL; DPO is
+    # 3: mode violations follow `a2rl.grading.route_audit.check_mode` (its label set: RLOO and RL count as RL; DPO is
     # neither SFT nor RL; under rl-only, no training method at all is a violation too).
     """
     CREATE OR REPLACE VIEW mode_violations AS

@@ -17,7 +17,7 @@ class RouteLabels(NamedTuple):
 
 
 def label_routes(entries: list[LedgerEntry], snapshots: Any) -> RouteLabels:
-    """Route label per submission from its code snapshot (`a2rl.summary.routes.route_label`, imported lazily).
+    """Route label per submission from its code snapshot (`a2rl.grading.route_audit.route_label`, imported lazily).
 
     The snapshot of submission N is found by the ledger's `code-snapshot` event or the label `submission-N`
     in the snapshot log; a submission whose weights equal the base model's is labelled `copy` whatever its code.
@@ -35,9 +35,9 @@ def label_routes(entries: list[LedgerEntry], snapshots: Any) -> RouteLabels:
             shas[e.submission_id] = sha
     routes = {e.submission_id: "copy" for e in subs if e.weights_hash and e.weights_hash in base_hashes}
     try:
-        from a2rl.summary.routes import route_label
+        from a2rl.grading.route_audit import route_label
     except ImportError:
-        return RouteLabels(routes, shas, "route labels unavailable: a2rl.summary.routes is not installed")
+        return RouteLabels(routes, shas, "route labels unavailable: a2rl.grading.route_audit is not installed")
     if snapshots is None:
         return RouteLabels(routes, shas, "route labels unavailable: no code snapshots were recorded")
     labelled: dict[str, str] = {}

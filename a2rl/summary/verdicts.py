@@ -32,7 +32,7 @@ FailureClass = Literal[
     "rollout construction failure",
     "reward/data design failure",
 ]
-RL_ROUTES = frozenset({"GRPO", "PPO", "RLOO", "RL", "SFT+RL"})  # as a2rl.summary.routes.RL_LABELS
+RL_ROUTES = frozenset({"GRPO", "PPO", "RLOO", "RL", "SFT+RL"})  # as a2rl.grading.route_audit.RL_LABELS
 # Error texts of failed evaluations that point at the grader or the machine, not at the agent's checkpoint.
 INFRA_ERROR_MARKERS = ("grader crash", "cuda out of memory", "no space left on device", "cuda error",
                        "nccl", "evaluator error", "connection refused")  # fmt: skip

@@ -23,6 +23,7 @@ class ReferenceGRPO(Agent):
         """Workspace file name -> source. The loop helpers are reference-sft's `agent.py`, as `round_loop.py`."""
         files = {"agent.py": HERE / "agent.py", "train_grpo.py": HERE / "train_grpo.py",
                  "train_grpo_env.py": HERE / "train_grpo_env.py", "round_loop.py": REFERENCE_SFT / "agent.py",
+                 "train_common.py": REFERENCE_SFT / "train_common.py",
                  "train_precision.py": REFERENCE_SFT / "train_precision.py",
                  "decode_engine.py": DECODE_ENGINE}  # fmt: skip
         if self.sft_warmup:

@@ -6,9 +6,10 @@ GRPO uses the task's rule reward (``train_grpo.py``: GSM8K's exact final number)
 (``train_grpo_env.py``). The SFT warm-up trains on the task's worked examples (``data/sft.jsonl``) where it
 ships them.
 
-Stand-alone: the harness copies this file, ``train_grpo.py``, ``train_grpo_env.py`` and the reference-sft
-agent's loop helpers (as ``round_loop.py``; with ``--sft-warmup`` also ``train_sft.py``) into ``code/`` and runs
-``python code/agent.py [--sft-warmup]`` with the workspace as working directory.
+Stand-alone: the harness copies this file, ``train_grpo.py``, ``train_grpo_env.py``, the reference-sft agent's
+``train_common.py``, ``train_precision.py`` and loop helpers (as ``round_loop.py``; with ``--sft-warmup`` also
+``train_sft.py``) into ``code/`` and runs ``python code/agent.py [--sft-warmup]`` with the workspace as working
+directory.
 """
 
 from __future__ import annotations

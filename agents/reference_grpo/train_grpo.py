@@ -8,6 +8,7 @@ answer extraction below is a small copy of the grader's rule).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -18,10 +19,24 @@ import time
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
-PROMPT_TEMPLATE = "Question: {question}\nLet's think step by step\nAnswer:"
-LORA_AUTO_MIN_PARAMS = 50_000_000
-LORA_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-SUMMARY_PREFIX = "TRAIN_SUMMARY "
+
+def shared_module(name: str):
+    """`name.py` shared with the SFT script: beside this script in a workspace, in `agents/reference_sft/` in the
+    repository."""
+    if name in sys.modules:
+        return sys.modules[name]
+    here = Path(__file__).resolve().parent
+    path = next(p for p in (here, here.parent / "reference_sft") if (p / f"{name}.py").exists())
+    spec = importlib.util.spec_from_file_location(name, path / f"{name}.py")
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)  # dataclasses look it up
+    spec.loader.exec_module(module)
+    return module
+
+
+shared_module("train_common")  # now in sys.modules, where the import below finds it
+from train_common import (LORA_AUTO_MIN_PARAMS, PROMPT_TEMPLATE, SUMMARY_PREFIX, lora_config,  # noqa: E402
+                          save_checkpoint)
+
 FORMAT_WEIGHT = 0.2
 """Weight of the format reward next to the correctness reward (1.0)."""
 
@@ -108,18 +123,6 @@ def read_rows(path: Path) -> list[dict]:
     return rows
 
 
-def fix_tokenizer_config(directory: Path) -> None:
-    """Store a list-valued `extra_special_tokens` (transformers 5) under its pre-5 name, which both read."""
-    path = directory / "tokenizer_config.json"
-    if not path.exists():
-        return
-    config = json.loads(path.read_text(encoding="utf-8"))
-    extra = config.get("extra_special_tokens")
-    if isinstance(extra, list):
-        del config["extra_special_tokens"]
-        if extra:
-            config.setdefault("additional_special_tokens", extra)
-        path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -277,15 +280,6 @@ def engine_trainer(base_cls, mode: str):
     return EngineGRPOTrainer
 
 
-def lora_config(model, args: argparse.Namespace):
-    """LoRA on the attention and MLP projections the model has (all linear layers if it has none of them)."""
-    from peft import LoraConfig
-
-    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    targets = sorted(names & set(LORA_TARGET_MODULES)) or "all-linear"
-    return LoraConfig(
-        r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM"
-    )
 
 
 def time_limit_callback(limit_s: float | None):
@@ -304,30 +298,11 @@ def time_limit_callback(limit_s: float | None):
     return TimeLimit()
 
 
-def save_checkpoint(model, tokenizer, out: Path) -> None:
-    """Write into a temp dir beside `out`, then rename: a half-written checkpoint is never visible."""
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    fix_tokenizer_config(tmp)
-    for path in tmp.iterdir():
-        path.chmod(0o644)
-    os.rename(tmp, out)
 
 
 def train_precision():
-    """`train_precision.py`: beside this script in a workspace, in `agents/reference_sft/` in the repository."""
-    import importlib.util
-
-    if "train_precision" in sys.modules:
-        return sys.modules["train_precision"]
-    here = Path(__file__).resolve().parent
-    path = next(p for p in (here, here.parent / "reference_sft") if (p / "train_precision.py").exists())
-    spec = importlib.util.spec_from_file_location("train_precision", path / "train_precision.py")
-    module = sys.modules["train_precision"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
-    spec.loader.exec_module(module)
-    return module
+    """`train_precision.py`, the dtype rule."""
+    return shared_module("train_precision")
 
 
 def load_policy(args: argparse.Namespace, padding_side: str | None = None):

@@ -8,7 +8,7 @@ from pathlib import Path
 from a2rl.isolation import safefs
 from agents.base import Agent
 
-SCRIPTS = ("agent.py", "train_sft.py", "train_precision.py")
+SCRIPTS = ("agent.py", "train_sft.py", "train_common.py", "train_precision.py")
 
 
 class ReferenceSFT(Agent):

@@ -1,7 +1,8 @@
 """Scripted reference agent: repeated SFT rounds, each submitted to the grading server, while budget remains.
 
-Stand-alone (standard library only): the harness copies this file and ``train_sft.py`` into the workspace's
-``code/`` and runs ``python code/agent.py`` with the workspace as working directory.
+Stand-alone (standard library only): the harness copies this file and ``train_sft.py`` (with its siblings
+``train_common.py``, ``train_precision.py``) into the workspace's ``code/`` and runs ``python code/agent.py``
+with the workspace as working directory.
 """
 
 from __future__ import annotations

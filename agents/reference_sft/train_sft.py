@@ -16,10 +16,13 @@ import sys
 import time
 from pathlib import Path
 
-PROMPT_TEMPLATE = "Question: {question}\nLet's think step by step\nAnswer:"
-LORA_AUTO_MIN_PARAMS = 50_000_000
-LORA_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-SUMMARY_PREFIX = "TRAIN_SUMMARY "
+try:  # run as a script, in a workspace's code/ or here: the sibling module
+    from train_common import (LORA_AUTO_MIN_PARAMS, PROMPT_TEMPLATE, SUMMARY_PREFIX, fix_tokenizer_config,  # noqa: F401
+                              lora_config, save_checkpoint)
+except ImportError:  # imported as agents.reference_sft.train_sft (tests, the SFT+GRPO session)
+    from agents.reference_sft.train_common import (LORA_AUTO_MIN_PARAMS, PROMPT_TEMPLATE, SUMMARY_PREFIX,
+                                                   fix_tokenizer_config, lora_config, save_checkpoint)
+
 
 _CALCULATOR_ANNOTATION = re.compile(r"<<[^<>]*>>")
 _FINAL_ANSWER = re.compile(r"####\s*(.+?)\s*$")
@@ -81,22 +84,6 @@ def select_examples(rows: list[dict], n: int, seed: int, fits) -> list[dict]:
     return chosen
 
 
-def fix_tokenizer_config(directory: Path) -> None:
-    """Make ``tokenizer_config.json`` loadable by older ``AutoTokenizer`` versions too.
-
-    transformers 5 may write ``extra_special_tokens`` as a list; versions before 5 expect a dict there and fail
-    to load it. The list is stored under its pre-5 name ``additional_special_tokens``, which 5 also reads.
-    """
-    path = directory / "tokenizer_config.json"
-    if not path.exists():
-        return
-    config = json.loads(path.read_text(encoding="utf-8"))
-    extra = config.get("extra_special_tokens")
-    if isinstance(extra, list):
-        del config["extra_special_tokens"]
-        if extra:
-            config.setdefault("additional_special_tokens", extra)
-        path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -145,15 +132,6 @@ def count_tokens(tokenizer, example: dict) -> int:
     return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def lora_config(model, args: argparse.Namespace):
-    """LoRA on the attention and MLP projections the model has (all linear layers if it has none of them)."""
-    from peft import LoraConfig
-
-    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    targets = sorted(names & set(LORA_TARGET_MODULES)) or "all-linear"
-    return LoraConfig(
-        r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM"
-    )
 
 
 def sft_config(args: argparse.Namespace, lr: float, output_dir: Path, precision=None):
@@ -215,16 +193,6 @@ def time_limit_callback(limit_s: float | None, deadline: float | None = None, re
     return TimeLimit()
 
 
-def save_checkpoint(model, tokenizer, out: Path) -> None:
-    """Write into a temp dir beside ``out``, then rename: a half-written checkpoint is never visible."""
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    fix_tokenizer_config(tmp)
-    for path in tmp.iterdir():
-        path.chmod(0o644)  # safetensors writes 0600; a grader running as another user must read it
-    os.rename(tmp, out)
 
 
 def _due_in(deadline: float | None) -> str:

@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from benchmarks.alfworld.games import PACKAGE, VERSION, ALFWorldDataError, game_hash, generate_game, layout_names
 from benchmarks.base import Decoding, Item, Messages, TaskData
@@ -84,6 +84,7 @@ def load_offline(path: Path = MANIFEST) -> TaskData:
 @dataclass
 class ALFWorld(InteractiveTask):
     id: str = "alfworld"
+    benchmark_name: ClassVar[str] = "ALFWorld"
     level: str = "L3"
     metric: str = "success rate over episodes ×100 (≤ 50 steps)"
     title: str = "ALFWorld household tasks in text (pick, clean, heat, cool, look, pick two)"
@@ -98,12 +99,8 @@ class ALFWorld(InteractiveTask):
         }
     )
 
-    def load(self, variant: str) -> TaskData:
-        if variant == "offline":
-            return load_offline()
-        if variant == "full":
-            return load_full()
-        raise ValueError(f"unknown ALFWorld variant {variant!r}; use 'offline' or 'full'")
+    def loaders(self) -> dict[str, Callable[[], TaskData]]:
+        return {"offline": load_offline, "full": load_full}
 
     def evaluator_id(self) -> str:
         """Includes the offline simulation's version: its rules decide which episodes win."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,12 +51,8 @@ class AlpacaEval(BenchmarkTask):
     """Set by tests; otherwise made from the environment on first use (see `judge.py`)."""
     _judge_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
-    def load(self, variant: str) -> TaskData:
-        if variant == "offline":
-            return load_offline()
-        if variant == "full":
-            return load_full()
-        raise ValueError(f"unknown alpacaeval variant {variant!r}; use 'offline' or 'full'")
+    def loaders(self) -> dict[str, Callable[[], TaskData]]:
+        return {"offline": load_offline, "full": load_full}
 
     def get_judge(self) -> PairwiseJudge:
         """The judge, made from the environment once; raises `JudgeNotConfigured` naming the variables."""

@@ -10,7 +10,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from benchmarks.base import Decoding, Item, Messages, TaskData
 from benchmarks.deepsearchqa.corpus import (
@@ -136,6 +136,7 @@ def full_task_data(rows: list[dict[str, Any]]) -> TaskData:
 @dataclass
 class DeepSearchQA(InteractiveTask):
     id: str = "deepsearchqa"
+    benchmark_name: ClassVar[str] = "DeepSearchQA"
     level: str = "L3"
     metric: str = "answer accuracy ×100 (normalised alias match; optional pinned LLM judge)"
     title: str = "Search-and-answer questions with a search tool (ReAct: search / open / answer)"
@@ -153,12 +154,8 @@ class DeepSearchQA(InteractiveTask):
         }
     )
 
-    def load(self, variant: str) -> TaskData:
-        if variant == "offline":
-            return load_offline()
-        if variant == "full":
-            return load_full()
-        raise ValueError(f"unknown DeepSearchQA variant {variant!r}; use 'offline' or 'full'")
+    def loaders(self) -> dict[str, Callable[[], TaskData]]:
+        return {"offline": load_offline, "full": load_full}
 
     def make_env(self, variant: str) -> Callable[[], TextEnv]:
         if variant == "full":

@@ -12,10 +12,10 @@ import hashlib
 import json
 import random
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from a2rl.records import ItemResult
 from benchmarks.contamination import check_contamination
@@ -226,6 +226,7 @@ def fewshot_messages(exemplars: list[Item], question: str) -> Messages:
 @dataclass
 class GSM8K(BenchmarkTask):
     id: str = "gsm8k"
+    benchmark_name: ClassVar[str] = "GSM8K"
     level: str = "L1"
     metric: str = "exact match of the final number (accuracy ×100)"
     title: str = "GSM8K grade-school math word problems (4-shot chain of thought)"
@@ -243,12 +244,9 @@ class GSM8K(BenchmarkTask):
     )
     _exemplars: dict[str, list[Item]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
-    def load(self, variant: str) -> TaskData:
-        if variant == "offline":
-            return check_contamination(load_offline(), "gsm8k", allow=REVIEWED_OVERLAPS)
-        if variant == "full":
-            return check_contamination(load_full(), "gsm8k")
-        raise ValueError(f"unknown GSM8K variant {variant!r}; use 'offline' or 'full'")
+    def loaders(self) -> dict[str, Callable[[], TaskData]]:
+        return {"offline": lambda: check_contamination(load_offline(), "gsm8k", allow=REVIEWED_OVERLAPS),
+                "full": lambda: check_contamination(load_full(), "gsm8k")}
 
     def exemplars(self, variant: str) -> list[Item]:
         """The first train items of the variant, read from its prepared agent-visible train file.

@@ -13,10 +13,10 @@ import gzip
 import hashlib
 import json
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from a2rl.records import ItemResult
 from benchmarks.base import BenchmarkTask, Decoding, Item, Messages, TaskData, wheel_data_file
@@ -184,6 +184,7 @@ def read_split_manifest(path: Path = SPLIT_MANIFEST) -> dict[str, Any]:
 @dataclass
 class HumanEval(BenchmarkTask):
     id: str = "humaneval"
+    benchmark_name: ClassVar[str] = "HumanEval"
     level: str = "L1"
     metric: str = "pass@1 by executing the unit tests, greedy (×100)"
     title: str = "HumanEval Python functions from docstrings (OpenCompass instruction prompt)"
@@ -204,12 +205,8 @@ class HumanEval(BenchmarkTask):
     )
     limits: SandboxLimits = SandboxLimits()
 
-    def load(self, variant: str) -> TaskData:
-        if variant == "offline":
-            return load_offline()
-        if variant == "full":
-            return load_full()
-        raise ValueError(f"unknown HumanEval variant {variant!r}; use 'offline' or 'full'")
+    def loaders(self) -> dict[str, Callable[[], TaskData]]:
+        return {"offline": load_offline, "full": load_full}
 
     def evaluator_id(self) -> str:
         # The time limit decides whether slow but correct code passes, so it is part of the evaluator.

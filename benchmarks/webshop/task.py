@@ -11,7 +11,7 @@ import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from benchmarks.base import Decoding, Item, Messages, TaskData
 from benchmarks.envs.base import TextEnv
@@ -101,6 +101,7 @@ def real_webshop_available() -> bool:
 @dataclass
 class WebShop(InteractiveTask):
     id: str = "webshop"
+    benchmark_name: ClassVar[str] = "WebShop"
     level: str = "L3"
     metric: str = "success rate (reward = 1.0) ×100; mean reward reported beside it"
     title: str = "WebShop-style shopping: search, pick an item, choose options, buy"
@@ -115,12 +116,8 @@ class WebShop(InteractiveTask):
         }
     )
 
-    def load(self, variant: str) -> TaskData:
-        if variant == "offline":
-            return load_offline()
-        if variant == "full":
-            return load_full()
-        raise ValueError(f"unknown WebShop variant {variant!r}; use 'offline' or 'full'")
+    def loaders(self) -> dict[str, Callable[[], TaskData]]:
+        return {"offline": load_offline, "full": load_full}
 
     def make_env(self, variant: str) -> Callable[[], TextEnv]:
         if variant == "full":

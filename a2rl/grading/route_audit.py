@@ -1,4 +1,4 @@
-"""Route labels: which post-training method a code snapshot uses (static analysis), and the mode check.
+"""The route audit: which post-training method a code snapshot uses (static analysis), and the mode check.
 
 Labels: `SFT`, `GRPO`, `PPO`, `RLOO`, `RL` (a policy-gradient loss the analysis cannot name, or several RL
 methods), `DPO` (preference optimisation: DPO and its relatives KTO, ORPO, CPO, online DPO), `SFT+RL`,
