@@ -313,6 +313,27 @@ def test_an_evaluation_counts_into_its_progress_file(tiny_model_dir, tmp_path, m
     assert (final.what, final.done, final.total) == ("validation", 3, 3) == ("validation", result.n, 3)
 
 
+def test_a_new_evaluation_never_shows_the_last_ones_count_while_it_starts(tmp_path, monkeypatch):
+    """The final evaluation read 'test items 32/32' (the baseline's) for its first half minute, then 0/32."""
+    from a2rl.inference import evaluation
+    from a2rl.isolation import procs
+    from benchmarks import get_task
+
+    progress = tmp_path / "eval_progress.json"
+    progress.write_text('{"what": "test", "done": 32, "total": 32}')
+    seen_at_start = []
+
+    def start(*args, **kwargs):
+        seen_at_start.append(progress.exists())
+        raise OSError("stop here: only the start matters")
+
+    monkeypatch.setattr(procs, "start", start)
+    with pytest.raises(OSError, match="stop here"):
+        evaluation.evaluate_in_subprocess(tmp_path, evaluation.EvalSpec.of(get_task("gsm8k"), "offline", "test", 2),
+                                          progress_file=progress)  # fmt: skip
+    assert seen_at_start == [False]
+
+
 def test_episodes_are_counted_as_they_end():
     """Interactive tasks run episodes in lockstep; each one is counted at the step it ends (the issue's webshop
     line read 0/200 for 140 s)."""

@@ -254,6 +254,8 @@ def evaluate_in_subprocess(
         from a2rl.ops.progress import EVAL_PROGRESS_ENV
 
         env[EVAL_PROGRESS_ENV] = str(progress_file)
+        # The last evaluation's count (e.g. the baseline's 32/32) is not this one's while its process starts.
+        Path(progress_file).unlink(missing_ok=True)
     memory = procs.memory_limit_for(eval_memory_bytes(model_dir), gpu=_uses_gpu(device), label="eval")
     log.info("evaluation of %s: memory limit %s", model_dir,
              memory.describe() if memory else "none (a GPU evaluation and no writable cgroup v2 here)")
