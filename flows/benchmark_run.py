@@ -28,7 +28,8 @@ from a2rl.recording.snapshots import CodeSnapshots
 from a2rl.recording.resources import ResourceSampler, workspace_pids
 from a2rl.grading.service import grading_devices
 from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
-from a2rl.summary.report import last_event, latest_submissions
+from a2rl.protocol.picking import latest_submissions
+from a2rl.summary.report import last_event
 from a2rl.run import RunContext, gpu_names, sandbox_for
 from a2rl.run_options import DEFAULT_RESULTS, GRACE_S, resolve_results, run_results
 from tasks.preflight import check_run

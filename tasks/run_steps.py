@@ -15,10 +15,14 @@ from prefect.runtime import flow_run
 from a2rl.inference.evaluation import EvalSpec, evaluate_cached
 from a2rl.isolation import procs
 from a2rl.grading.ledger import Ledger
-from a2rl.base_models.registry import resolve_base_model
+from a2rl.base_models.build import MARKER
+from a2rl.base_models.registry import REGISTRY, resolve_base_model
+from a2rl.ops.progress import EVAL_PROGRESS_FILE
+from a2rl.paths import models_dir
 from a2rl.base_models.hashing import weights_hash
 from a2rl.records import EvalResult, LedgerEntry, RunConfig
-from a2rl.summary.report import baseline_scores, best_submission, latest_submissions
+from a2rl.protocol.picking import final_pick, latest_submissions
+from a2rl.summary.headline import baseline_scores
 from a2rl.run import RunContext, host_name, make_run_id, write_manifest
 from a2rl.store.results import ResultsStore
 from a2rl.workspace import RunPaths, build_workspace, render_instructions
@@ -97,10 +101,6 @@ def prepare_task_data(ctx: RunContext) -> Path:
 def base_model_step(name: str) -> str:
     """The word for the wait on the base model: a registry model not yet converted on this machine takes minutes
     (GGUF dequantized into a Hugging Face checkpoint, once); anything else loads in seconds."""
-    from a2rl.base_models.build import MARKER
-    from a2rl.base_models.registry import REGISTRY
-    from a2rl.paths import models_dir
-
     if name in REGISTRY and not (models_dir() / name / MARKER).is_file():
         return f"converting the base model {name} (first use on this machine; once)"
     return f"resolving the base model {name}"
@@ -171,8 +171,6 @@ def evaluate_baseline(
 def eval_progress_file(ctx: RunContext) -> Path:
     """Where the next evaluation of the run counts its finished items (a fresh file: the display never shows
     the previous evaluation's count as this one's)."""
-    from a2rl.ops.progress import EVAL_PROGRESS_FILE
-
     path = ctx.paths.harness_dir / EVAL_PROGRESS_FILE
     path.unlink(missing_ok=True)
     return path
@@ -203,13 +201,12 @@ def evaluate_final(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
     existing = next((e for e in entries if e.kind == "final"), None)
     if existing is not None:  # resumed after the final evaluation was recorded
         return existing
-    if ctx.config.protocol == "paper":
-        pick = best_submission(entries, "test")
+    chosen = final_pick(entries, ctx.config.protocol)
+    pick, selection = chosen.entry, chosen.selection
+    if ctx.config.protocol == "paper":  # scored on the test set already: no evaluation of its own
         score = pick.score if pick else baseline_scores(entries).get("test")
         return ledger.append(run_id=ctx.run_id, kind="final", split="test", status="scored", score=score,
-                             submission_id=pick.submission_id if pick else None,
-                             detail={"selection": "max over test scores (paper protocol: selection on the test set)"})
-    pick, selection = final_pick(entries)
+                             submission_id=pick.submission_id if pick else None, detail={"selection": selection})
     path = Path(pick.resolved_path) if pick else base_model_dir
     whash = pick.weights_hash if pick else weights_hash(base_model_dir)
     result = evaluate_cached(path, whash, EvalSpec.for_run(ctx.config, "test", get_task(ctx.config.task)),
@@ -264,14 +261,3 @@ def prune_snapshots(ctx: RunContext) -> None:
     for snap in root.glob("s*") if root.exists() else []:
         if snap.name != f"s{keep}":
             shutil.rmtree(snap, ignore_errors=True)
-
-
-def final_pick(entries: list[LedgerEntry]) -> tuple[LedgerEntry | None, str]:
-    subs = {e.submission_id: e for e in latest_submissions(entries)}
-    declared = [e.detail["submission_id"] for e in entries if e.detail.get("event") == "final-pick"]
-    if declared and subs.get(declared[-1]) and subs[declared[-1]].status == "scored":
-        return subs[declared[-1]], "declared by the agent (POST /final)"
-    best = best_submission(entries, "validation")
-    return best, "best on validation" if best else "no scored submission: base model"
-
-

@@ -9,6 +9,7 @@ import logging
 import traceback
 from pathlib import Path
 
+from a2rl.grading.ledger import Ledger, LedgerCorrupted, head_mac
 from a2rl.isolation.leak_audit import LeakReport, audit_run, hidden_texts, leak_metrics
 from a2rl.ngrams import StreamMatcher
 from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
@@ -19,7 +20,7 @@ from a2rl.run import RunContext, make_run_id
 from a2rl.store.ingest import store_process_report
 from a2rl.store.results import ResultsStore
 from a2rl.summary.process import render_process_markdown, summarize_process
-from a2rl.summary.report import build_summary, last_event, ledger_integrity, run_notes, withheld, write_report
+from a2rl.summary.report import build_summary, last_event, run_notes, withheld, write_report
 from a2rl.summary.stages import render_markdown as render_stages
 from a2rl.summary.stages import run_stage_share, submission_tests
 from a2rl.workspace import RunPaths
@@ -93,6 +94,34 @@ def write_summary(
         store_process_report(store, process, ctx.paths.harness_dir)
         store.finish_run(summary)
     return summary, report
+
+
+def ledger_integrity(ctx: RunContext) -> dict:
+    """The ledger's head as this report is built from it, checked against the head the results store
+    anchored at every append: an edited last entry, a cut-off end or entries appended past the anchored head
+    show up here, as `tampered` (no number may be written from this ledger). `head_mac` authenticates the head
+    for a later ingest into another store (`a2rl.grading.ledger.head_mac`)."""
+    try:
+        ledger = Ledger(ctx.paths.harness_dir / "ledger.jsonl")
+    except LedgerCorrupted as e:
+        return {"entries": None, "head_hash": None, "anchored": False, "tampered": True, "problems": [str(e)]}
+    head = ledger.head()
+    out = {"entries": head.entries, "head_hash": head.hash, "head_mac": head_mac(ctx.run_id, head),
+           "anchored": False, "tampered": False, "problems": []}  # fmt: skip
+    try:
+        anchored = ResultsStore(ctx.results_path).ledger_head(ctx.run_id)
+    except Exception as e:  # noqa: BLE001 - a report must still be written; it says what could not be checked
+        out["problems"].append(f"the results store could not be read to check the ledger's end ({type(e).__name__})")
+        return out
+    out["anchored"] = anchored is not None
+    if anchored is None:
+        out["problems"].append("no head anchored in the results store for this run")
+    elif mismatch := ledger.check_head(anchored, "the results store"):
+        out["problems"].append(mismatch)
+        out["tampered"] = True
+    if ledger.torn_tail is not None:
+        out["problems"].append(str(ledger.torn_tail))
+    return out
 
 
 class LedgerTampered(RuntimeError):
@@ -176,7 +205,8 @@ def record_failure(ctx: RunContext, status: RunStatus, phases: dict[str, float],
     store.finish_run(summary)
     store.record_metrics(ctx.run_id, {"failure_class": "infrastructure failure"})
     try:
-        write_report(ctx, summary, entries, [f"The run {status}; its full report could not be written (see {run_log})."])
+        write_report(ctx, summary, entries, [f"The run {status}; its full report could not be written (see {run_log})."],
+                     ledger_integrity(ctx))
     except Exception:
         log_traceback(run_log, "writing the short report failed")
 
