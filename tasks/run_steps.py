@@ -50,9 +50,11 @@ def run_logger() -> logging.Logger | logging.LoggerAdapter:
         return logging.getLogger("a2rl")
 
 
-def ledger_of(ctx: RunContext) -> Ledger:
-    # Every append anchors the new head in the results store (the ledger's end is checked against it).
-    return Ledger(ctx.paths.harness_dir / "ledger.jsonl", anchor=ResultsStore(ctx.results_path).ledger_anchor(ctx.run_id))
+def ledger_of(ctx: RunContext, store: ResultsStore | None = None) -> Ledger:
+    """The run's ledger; every append anchors the new head in the results store (`store`, else the run's), which
+    the ledger's end is checked against."""
+    store = store or ResultsStore(ctx.results_path)
+    return Ledger(ctx.paths.harness_dir / "ledger.jsonl", anchor=store.ledger_anchor(ctx.run_id))
 
 
 @task(name="open-run", cache_policy=NO_CACHE)
@@ -80,11 +82,12 @@ def record_attempt(ctx: RunContext) -> None:
     attempt = flow_run.get_run_count() or 1
     if attempt <= 1:
         return
-    ledger = ledger_of(ctx)
+    store = ResultsStore(ctx.results_path)
+    ledger = ledger_of(ctx, store)
     starts_over = not ledger.entries()
     detail = {"event": "attempt", "attempt": attempt, "host": host_name(), "starts_over": starts_over}
     entry = ledger.append(run_id=ctx.run_id, kind="event", detail=detail)
-    ResultsStore(ctx.results_path).record_event(ctx.run_id, entry.seq, "attempt", detail, at=entry.at)
+    store.record_event(ctx.run_id, entry.seq, "attempt", detail, at=entry.at)
     run_logger().warning(
         "attempt %d of run %s on host %s: %s", attempt, ctx.run_id, detail["host"],
         "starts the run over (no earlier attempt left a ledger entry here: it ran on another host, or died early)"
@@ -136,9 +139,9 @@ def evaluate_baseline(
 ) -> dict[str, float]:
     """The base model's validation and test scores (cached by weights hash + evaluator config).
     `progress(baseline_done=, baseline_total=, baseline_split=)` hears of each split started and finished."""
-    ledger = ledger_of(ctx)
-    done = baseline_scores(ledger.entries())
     store = ResultsStore(ctx.results_path)
+    ledger = ledger_of(ctx, store)
+    done = baseline_scores(ledger.entries())
     base_hash = weights_hash(base_model_dir)
     bench = get_task(ctx.config.task)
     sizes = {split: len(bench.load_split(ctx.config.variant, split, EvalSpec.for_run(ctx.config, split).limit))
@@ -196,7 +199,8 @@ def evaluate_final(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
     heldout: the agent's declared pick (POST /final), else its best submission on validation; with no
     scored submission the base model stands (Δ = 0). paper: the best test score already seen (the original).
     """
-    ledger = ledger_of(ctx)
+    store = ResultsStore(ctx.results_path)
+    ledger = ledger_of(ctx, store)
     entries = ledger.entries()
     existing = next((e for e in entries if e.kind == "final"), None)
     if existing is not None:  # resumed after the final evaluation was recorded
@@ -218,7 +222,7 @@ def evaluate_final(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
         resolved_path=str(path), weights_hash=whash, cached=result.cached,
         eval_seconds=round(result.duration_s, 3), detail={"selection": selection},
     )  # fmt: skip
-    record_evaluation(ResultsStore(ctx.results_path), ctx, entry, result)
+    record_evaluation(store, ctx, entry, result)
     return entry
 
 
@@ -228,13 +232,14 @@ def evaluate_every_submission(ctx: RunContext) -> list[LedgerEntry]:
     the test curve, what each training stage added). The final pick and the headline stay as they are; the
     agent's session is over, so nothing of this reaches it. Resumable: submissions already done are skipped,
     and the final pick's own evaluation comes from the cache."""
-    ledger = ledger_of(ctx)
+    store = ResultsStore(ctx.results_path)
+    ledger = ledger_of(ctx, store)
     entries = ledger.entries()
     if ctx.config.protocol == "paper":
         return []  # every submission was scored on the test set already
     done = {e.submission_id for e in entries if e.kind == "posthoc"}
     spec = EvalSpec.for_run(ctx.config, "test", get_task(ctx.config.task))
-    store, out = ResultsStore(ctx.results_path), []
+    out = []
     for sub in latest_submissions(entries):
         if sub.status != "scored" or sub.submission_id in done or not sub.resolved_path:
             continue

@@ -124,7 +124,7 @@ CALLERS = {
                                                   "a2rl/grading/service.py"]},
     "a2rl.protocol.picking": {
         "latest_submissions": ["a2rl/summary/headline.py", "a2rl/summary/process.py", "a2rl/grading/service.py",
-                               "a2rl/summary/report.py", "a2rl/summary/stages.py", "a2rl/store/ingest.py",
+                               "a2rl/summary/record.py", "a2rl/summary/stages.py", "a2rl/store/ingest.py",
                                "tasks/run_steps.py"],
         "best_submission": ["a2rl/summary/headline.py", "a2rl/summary/process.py", "a2rl/grading/service.py"],
         "final_pick": ["tasks/run_steps.py"],

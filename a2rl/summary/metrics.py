@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, model_serializer
+from pydantic import ConfigDict
 
-from a2rl.records import Split
+from a2rl.records import Sparse, Split
 
 
-class RunMetrics(BaseModel):
+class RunMetrics(Sparse):
     """The process metrics of one run (see the module docstring; times on the agent's budget clock)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -112,11 +112,6 @@ class RunMetrics(BaseModel):
     # ---- routes and the failure class --------------------------------------------------------------------
     route_counts: dict[str, int] | None = None
     failure_class: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _only_what_was_set(self, handler: Any) -> dict[str, Any]:
-        """Only the fields a step set: an absent group stays absent in process.json and the store."""
-        return {k: v for k, v in handler(self).items() if k in self.model_fields_set}
 
     def add(self, values: dict[str, Any]) -> None:
         """Set one step's group of metrics (checked against the declared fields and their types)."""

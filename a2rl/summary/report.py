@@ -1,73 +1,25 @@
-"""The run report: headline numbers computed from the ledger's raw scores, as report.json and report.md."""
+"""The run report: a run's record (`a2rl.summary.record`) written as report.json and rendered as report.md."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from a2rl.protocol.picking import latest_submissions
-from a2rl.summary.headline import SCORES, headline
-from a2rl.records import LedgerEntry, RunStatus, RunSummary
+from a2rl.records import LedgerEntry, RunSummary
 from a2rl.run import RunContext
+from a2rl.summary.record import RunRecord
 
 
 def last_event(entries: list[LedgerEntry], name: str) -> LedgerEntry | None:
     return next((e for e in reversed(entries) if e.kind == "event" and e.detail.get("event") == name), None)
 
 
-def build_summary(
-    ctx: RunContext,
-    entries: list[LedgerEntry],
-    status: RunStatus,
-    phase_seconds: dict[str, float],
-    agent_seconds: float = 0.0,
-    grading_seconds: float = 0.0,
-    error: str | None = None,
-    grace_seconds: float = 0.0,
-    attempts: int = 1,
-) -> RunSummary:
-    """The run's summary: its `headline` numbers with the run's identity, status and times."""
-    return RunSummary(
-        run_id=ctx.run_id,
-        config=ctx.config,
-        status=status,
-        protocol=ctx.config.protocol,
-        variant_label=ctx.variant_label,
-        agent_seconds=round(agent_seconds, 3),
-        grading_seconds=round(grading_seconds, 3),
-        wall_seconds=round(sum(phase_seconds.values()), 3),
-        phase_seconds={k: round(v, 3) for k, v in phase_seconds.items()},
-        error=error,
-        **headline(entries, ctx.config.protocol).model_dump(),
-        grace_seconds=round(grace_seconds, 3),
-        attempts=attempts,
-    )
-
-
-def withheld(summary: RunSummary, reason: str) -> RunSummary:
-    """A run whose ledger does not verify: marked failed, with the reason, and no number from that ledger."""
-    return summary.model_copy(update={**dict.fromkeys(SCORES), "status": "failed", "n_scored": 0,
-                                      "error": f"ledger integrity: {reason}; no number of this run is reported"})
-
-
-def write_report(ctx: RunContext, summary: RunSummary, entries: list[LedgerEntry], notes: list[str],
-                 integrity: dict, sections: list[str] = (), extra: dict | None = None) -> Path:
-    """report.json and report.md; `integrity` is the ledger's check against the store's anchor
-    (`tasks.summary_steps.ledger_integrity`), `sections` are markdown lines placed after the submissions, `extra`
-    more top-level keys of report.json."""
-    out = ctx.paths.harness_dir
-    subs = [] if integrity["tampered"] else latest_submissions(entries)
-    notes = [f"LEDGER INTEGRITY: {p}" for p in integrity["problems"]] + notes
-    data = {
-        "summary": json.loads(summary.model_dump_json()),
-        "submissions": [json.loads(e.model_dump_json()) for e in subs],
-        **(extra or {}),
-        "ledger": integrity,
-        "notes": notes,
-    }
-    (out / "report.json").write_text(json.dumps(data, indent=2))
-    md_path = out / "report.md"
-    md_path.write_text(render_markdown(summary, subs, notes, sections))
+def write_report(harness_dir: Path, record: RunRecord, sections: list[str] = ()) -> Path:
+    """report.json (the record) and report.md (rendered from it); `sections` are markdown lines placed after the
+    submissions."""
+    (harness_dir / "report.json").write_text(json.dumps(record.model_dump(mode="json"), indent=2))
+    md_path = harness_dir / "report.md"
+    md_path.write_text(render_markdown(record.summary, record.submissions, record.notes, sections))
     return md_path
 
 
