@@ -23,9 +23,9 @@ from prefect.artifacts import create_image_artifact, create_markdown_artifact, c
 
 from a2rl.grading import BudgetClock, GradingServer
 from a2rl.grading.clock import CLOCK_FILE, ClockRecorder
-from a2rl.recording.attempts import AttemptLog
-from a2rl.recording.snapshots import CodeSnapshots
-from a2rl.recording.resources import ResourceSampler, workspace_pids
+from a2rl.capture.attempts import AttemptLog
+from a2rl.capture.snapshots import CodeSnapshots
+from a2rl.capture.resources import ResourceSampler, workspace_pids
 from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
 from a2rl.protocol.picking import latest_submissions
 from a2rl.summary.report import last_event

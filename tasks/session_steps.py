@@ -10,7 +10,7 @@ from a2rl.grading import BudgetClock, GradingContext, GradingService
 from a2rl.grading.service import grading_devices
 from a2rl.isolation import procs
 from a2rl.ops.progress import note_phase
-from a2rl.recording.snapshots import CodeSnapshots
+from a2rl.capture.snapshots import CodeSnapshots
 from a2rl.records import EvalResult, LedgerEntry
 from a2rl.run import RunContext
 from a2rl.store.results import ResultsStore

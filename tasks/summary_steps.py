@@ -13,13 +13,13 @@ from a2rl.grading.ledger import Ledger, LedgerCorrupted, head_mac
 from a2rl.isolation.leak_audit import LeakReport, audit_run, hidden_texts, leak_metrics
 from a2rl.ngrams import StreamMatcher
 from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
-from a2rl.recording.attempts import read_attempts
-from a2rl.recording.calls import read_llm_calls
-from a2rl.recording.snapshots import CodeSnapshots
+from a2rl.capture.attempts import read_attempts
+from a2rl.capture.calls import read_llm_calls
+from a2rl.capture.snapshots import CodeSnapshots
 from a2rl.run import RunContext, make_run_id
 from a2rl.store.ingest import store_process_report
 from a2rl.store.results import ResultsStore
-from a2rl.summary.process import render_process_markdown, summarize_process
+from a2rl.summary.process_facts import render_process_markdown, summarize_process
 from a2rl.summary.record import LedgerCheck, build_record, build_summary, withheld
 from a2rl.summary.report import last_event, run_notes, write_report
 from a2rl.summary.stages import render_markdown as render_stages

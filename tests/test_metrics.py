@@ -12,12 +12,12 @@ import pytest
 from a2rl.grading.ledger import Ledger
 from a2rl.store.ingest import ingest_run_dir, store_process_report
 from a2rl.summary.metrics import RunMetrics
-from a2rl.summary.process import process_metrics, render_process_markdown, summarize_process
+from a2rl.summary.process_facts import process_metrics, render_process_markdown, summarize_process
 from a2rl.summary.narrative import narrate
 from a2rl.summary.route_labels import label_routes
 from a2rl.summary.verdicts import explain_failure, failure_class
 from analysis.run_figure import score_trajectory_png
-from a2rl.recording.snapshots import CodeSnapshots
+from a2rl.capture.snapshots import CodeSnapshots
 from a2rl.jsonl import append_jsonl
 from agents.base import LLMCallEvent, ToolCallEvent
 from a2rl.records import LedgerEntry, RunConfig

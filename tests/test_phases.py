@@ -8,7 +8,7 @@ import time
 import pytest
 
 from a2rl.ops.progress import PROGRESS_FILE, ProgressWriter
-from a2rl.recording.attempts import AttemptLog, read_attempts
+from a2rl.capture.attempts import AttemptLog, read_attempts
 from tasks.phases import RunPhases
 
 

@@ -120,15 +120,15 @@ def test_a_breach_is_a_flagged_submission_counted_once():
 # ---- every caller uses the rules, and no copy is left ------------------------------------------------------
 
 CALLERS = {
-    "a2rl.protocol.feedback": {"feedback_split": ["a2rl/summary/headline.py", "a2rl/summary/process.py",
+    "a2rl.protocol.feedback": {"feedback_split": ["a2rl/summary/headline.py", "a2rl/summary/process_facts.py",
                                                   "a2rl/grading/service.py"]},
     "a2rl.protocol.picking": {
-        "latest_submissions": ["a2rl/summary/headline.py", "a2rl/summary/process.py", "a2rl/grading/service.py",
+        "latest_submissions": ["a2rl/summary/headline.py", "a2rl/summary/process_facts.py", "a2rl/grading/service.py",
                                "a2rl/summary/record.py", "a2rl/summary/stages.py", "a2rl/store/ingest.py",
                                "tasks/run_steps.py"],
-        "best_submission": ["a2rl/summary/headline.py", "a2rl/summary/process.py", "a2rl/grading/service.py"],
+        "best_submission": ["a2rl/summary/headline.py", "a2rl/summary/process_facts.py", "a2rl/grading/service.py"],
         "final_pick": ["tasks/run_steps.py"],
-        "final_entry": ["a2rl/summary/headline.py", "a2rl/summary/process.py"],
+        "final_entry": ["a2rl/summary/headline.py", "a2rl/summary/process_facts.py"],
         "pick_best": ["a2rl/summary/stages.py"],
     },
     "a2rl.protocol.breaches": {"mode_breaches": ["a2rl/summary/headline.py"], "breaks_mode": ["a2rl/ops/progress.py"]},

@@ -10,18 +10,18 @@ from typing import Any
 from a2rl.grading.ledger import LedgerCorrupted, LedgerHead, mac_matches, read_ledger
 from a2rl.isolation.leak_audit import LeakReport, leak_metrics
 from a2rl.protocol.picking import latest_submissions
-from a2rl.recording.calls import read_llm_calls, read_tool_calls
-from a2rl.recording.resources import read_resources, resource_rows
-from a2rl.recording.snapshots import CodeSnapshots
+from a2rl.capture.calls import read_llm_calls, read_tool_calls
+from a2rl.capture.resources import read_resources, resource_rows
+from a2rl.capture.snapshots import CodeSnapshots
 from a2rl.records import EvalResult, LedgerEntry, RunConfig, RunSummary
 from a2rl.store.results import ITEM_COLUMNS, item_rows, metric_cells
 from a2rl.summary.headline import numbers_disagree
-from a2rl.summary.process import ProcessReport, summarize_process
+from a2rl.summary.process_facts import ProcessFacts, summarize_process
 
 log = logging.getLogger(__name__)
 
 
-def store_process_report(store: Any, report: ProcessReport, harness_dir: Path | str) -> None:
+def store_process_report(store: Any, report: ProcessFacts, harness_dir: Path | str) -> None:
     """Write a run's process facts to the results store: metrics (+ failure class), route labels, LLM and
     tool calls, and resource samples. Each write replaces the run's earlier rows, so calling it again is harmless."""
     harness_dir = Path(harness_dir)
@@ -32,7 +32,7 @@ def store_process_report(store: Any, report: ProcessReport, harness_dir: Path | 
     store.replace_run_rows("resources", report.run_id, resource_rows(read_resources(harness_dir / "resources.jsonl")))
 
 
-def ingest_run_dir(store: Any, run_dir: Path | str, unverified_ok: bool = False) -> ProcessReport:
+def ingest_run_dir(store: Any, run_dir: Path | str, unverified_ok: bool = False) -> ProcessFacts:
     """(Re)build every row of one run in the results store from its run directory, in one transaction.
 
     Reads `harness/manifest.json`, the verified ledger (`verified_entries`), `report.json` (if written),
@@ -134,7 +134,7 @@ def _refused_frames(run_id: str, config: RunConfig, summary: RunSummary | None, 
             "item_results": pd.DataFrame(columns=list(ITEM_COLUMNS))}
 
 
-def _run_row(run_id: str, config: RunConfig, summary: RunSummary | None, process: ProcessReport,
+def _run_row(run_id: str, config: RunConfig, summary: RunSummary | None, process: ProcessFacts,
              entries: list[LedgerEntry], status: str, harness: Path) -> dict[str, Any]:
     m = process.metrics
     base = {e.split: e.score for e in entries if e.kind == "baseline" and e.split}
@@ -162,7 +162,7 @@ def _run_row(run_id: str, config: RunConfig, summary: RunSummary | None, process
     return row
 
 
-def _submission_rows(run_id: str, entries: list[LedgerEntry], process: ProcessReport) -> list[dict[str, Any]]:
+def _submission_rows(run_id: str, entries: list[LedgerEntry], process: ProcessFacts) -> list[dict[str, Any]]:
     first_at: dict[int, Any] = {}
     for e in entries:
         if e.kind == "submission" and e.submission_id is not None:
@@ -196,7 +196,7 @@ def _evaluation_rows(run_id: str, entries: list[LedgerEntry], harness: Path) -> 
     return list(rows.values())
 
 
-def _metric_rows(run_id: str, process: ProcessReport, harness: Path) -> list[dict[str, Any]]:
+def _metric_rows(run_id: str, process: ProcessFacts, harness: Path) -> list[dict[str, Any]]:
     values = process.metrics.model_dump() | {"failure_reason": process.failure_reason}
     audit = harness / "leak_audit.json"
     if audit.exists():  # the leak audit's verdict is a metric of its own step; re-ingesting keeps it

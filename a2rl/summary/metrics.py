@@ -21,7 +21,7 @@ class RunMetrics(Sparse):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    # ---- from the ledger (`a2rl.summary.process.process_metrics`) -------------------------------------------
+    # ---- from the ledger (`a2rl.summary.process_facts.process_metrics`) -------------------------------------------
     feedback_split: Split | None = None
     """The split whose scores the agent saw (`a2rl.protocol.feedback`)."""
     n_submissions: int | None = None
@@ -65,7 +65,7 @@ class RunMetrics(Sparse):
     best_so_far_trajectory: list[float | None] | None = None
     submission_times: list[float | None] | None = None
 
-    # ---- resource samples (`a2rl.recording.resources.summarize_resources`) ----------------------------------
+    # ---- resource samples (`a2rl.capture.resources.summarize_resources`) ----------------------------------
     resource_samples: int | None = None
     cpu_percent_mean: float | None = None
     cpu_percent_peak: float | None = None
@@ -75,7 +75,7 @@ class RunMetrics(Sparse):
     gpu_util_percent_mean: float | None = None
     gpu_mem_peak_bytes: int | None = None
 
-    # ---- the agents' LLM calls (`a2rl.recording.calls.summarize_llm_calls`) --------------------------------
+    # ---- the agents' LLM calls (`a2rl.capture.calls.summarize_llm_calls`) --------------------------------
     llm_requests: int | None = None
     llm_failed_requests: int | None = None
     llm_tokens_total: int | None = None
@@ -85,7 +85,7 @@ class RunMetrics(Sparse):
     llm_cost_usd: float | None = None
     llm_latency_s_mean: float | None = None
 
-    # ---- item-level intervals (`a2rl.summary.process.item_level_intervals`) --------------------------------
+    # ---- item-level intervals (`a2rl.summary.process_facts.item_level_intervals`) --------------------------------
     delta_test_ci_low: float | None = None
     delta_test_ci_high: float | None = None
     delta_test_p_value: float | None = None

@@ -56,7 +56,7 @@ def narrate(report_json: Mapping[str, Any], client: Any = None, model: str | Non
 
 
 def deterministic_narrative(report: Any) -> str:
-    """A plain account of a `ProcessReport` from its facts alone (used when the LLM narrative is unavailable)."""
+    """A plain account of a `ProcessFacts` from its facts alone (used when the LLM narrative is unavailable)."""
     m = report.metrics
     parts = [f"The agent made {m.n_submissions or 0} submission(s), {m.n_scored or 0} of them scored."]
     if report.routes:

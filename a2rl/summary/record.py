@@ -5,8 +5,8 @@ alike.
 The record holds the run's summary (identity and config, status, times per phase summed over its attempts, the
 headline numbers of `a2rl.summary.headline`), each submission's latest state, the ledger's check against the
 store's anchor and the notes; a full report adds the post-hoc hidden-test evaluations (`submission_tests`,
-`stage_share`). The process facts (metrics, routes, failure class) are the `ProcessReport` of
-`a2rl.summary.process`, written beside it (process.json).
+`stage_share`). The process facts (metrics, routes, failure class) are the `ProcessFacts` of
+`a2rl.summary.process_facts`, written beside it (process.json).
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""Post-hoc summary of a run (README, "Where results land"): process metrics and the summary step that
-gathers the run's facts.
+"""The process facts of a run (README, "Where results land"): how the agent worked — its process metrics, route
+labels, failure class and narrative (`ProcessFacts`, written to `harness/process.json`) — and the summary step that
+gathers them (`summarize_process`). "Process" is the agent's way of working, not an operating-system process
+(those are `a2rl.isolation.procs`); the run's report is `a2rl.summary.report`.
 
 Everything except the narrative is computed deterministically from the ledger, the code snapshots and the
 resource samples, so a re-run of the summary gives the same facts. Times are on the agent's budget clock
@@ -26,14 +28,14 @@ from a2rl.protocol.feedback import feedback_split
 from a2rl.protocol.picking import (best_submission, final_entry, final_evaluation_key, latest_submissions,
                                    scored_submissions)
 from a2rl.records import EvalResult, LedgerEntry, RunConfig, RunSummary
-from a2rl.recording.calls import read_llm_calls, summarize_llm_calls
-from a2rl.recording.resources import read_resources, summarize_resources
+from a2rl.capture.calls import read_llm_calls, summarize_llm_calls
+from a2rl.capture.resources import read_resources, summarize_resources
 from a2rl.summary.route_labels import label_routes
 from a2rl.summary.stages import stage_metrics
 from a2rl.summary.verdicts import FailureClass, explain_failure
 
 
-class ProcessReport(BaseModel):
+class ProcessFacts(BaseModel):
     """The post-hoc facts of one run, written to `harness/process.json` and the results store."""
 
     run_id: str
@@ -167,7 +169,7 @@ def summarize_process(
     narrative_client: Any = None,
     narrative: bool = True,
     write_files: bool = True,
-) -> ProcessReport:
+) -> ProcessFacts:
     """Metrics, route labels, resource summary and failure class of a finished run; writes `process.json` and
     (when a narrative model is set) `narrative.md` to the harness dir. The flow's summary step draws the figure.
 
@@ -192,7 +194,7 @@ def summarize_process(
     }
     verdict = explain_failure(metrics, labels.routes, context)
     metrics.failure_class = verdict.label
-    report = ProcessReport(
+    report = ProcessFacts(
         run_id=run_id, metrics=metrics, routes=labels.routes, code_shas=labels.code_shas, routes_note=labels.note,
         failure_class=verdict.label, failure_reason=verdict.reason,
     )  # fmt: skip
@@ -212,7 +214,7 @@ def summarize_process(
     return report
 
 
-def _narrative_md(report: ProcessReport) -> str:
+def _narrative_md(report: ProcessFacts) -> str:
     note = f"\n_{report.narrative_note}_\n" if report.narrative_note else ""
     if report.narrative_model and report.narrative_model.startswith("deterministic"):
         return f"## Narrative (written from the facts, no LLM)\n\n{report.narrative}\n{note}"
@@ -220,7 +222,7 @@ def _narrative_md(report: ProcessReport) -> str:
             f"{report.narrative}\n{note}")
 
 
-def render_process_markdown(report: ProcessReport) -> str:
+def render_process_markdown(report: ProcessFacts) -> str:
     """A markdown section for report.md: the facts first, the narrative (if any) clearly apart."""
     m = report.metrics
 
