@@ -9,15 +9,24 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime, timezone
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
 Split = Literal["validation", "test"]
 Protocol = Literal["heldout", "paper"]
 Mode = Literal["free", "sft-only", "rl-only"]
 RunStatus = Literal["running", "completed", "failed", "interrupted"]
 SubmissionStatus = Literal["queued", "running", "scored", "error"]
+
+
+class Sparse(BaseModel):
+    """A record that writes only the fields that were set: a part that does not apply to a run is absent from its
+    JSON, not null (the files and rows keep the keys they always had)."""
+
+    @model_serializer(mode="wrap")
+    def _only_what_was_set(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if k in self.model_fields_set}
 
 
 def utcnow() -> datetime:

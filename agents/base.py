@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from a2rl.isolation import procs
 from a2rl.ngrams import StreamMatcher
-from a2rl.recording.agent_log import AgentLog, Capture
+from a2rl.capture.agent_log import AgentLog, Capture
 from a2rl.grading.clock import BudgetClock
 from a2rl.isolation.sandbox import SandboxPolicy, agent_uid, sandbox_mode
 from a2rl.isolation.sandbox import describe as describe_sandbox
@@ -272,7 +272,7 @@ def run_agent(
         command, death_signal = procs.supervised(command, sys.executable), procs.SUPERVISOR_DEATH_SIGNAL
     clock.start()
     # The agent's output goes through a pipe into a capped log, searched for hidden items as it is read
-    # (a2rl.recording.agent_log): an agent printing fast cannot fill the harness disk, nor hide what it printed.
+    # (a2rl.capture.agent_log): an agent printing fast cannot fill the harness disk, nor hide what it printed.
     read_fd, write_fd = os.pipe()
     output = Capture(read_fd, AgentLog(log_path, matcher=log_matcher)).start()
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from a2rl.records import LedgerEntry
-from a2rl.summary.report import latest_submissions
+from a2rl.protocol.picking import final_entry, latest_submissions
 
 
 def score_trajectory_png(entries: list[LedgerEntry], path: Path | str, title: str | None = None) -> Path:
@@ -19,7 +19,7 @@ def score_trajectory_png(entries: list[LedgerEntry], path: Path | str, title: st
     split = next((e.split for e in subs if e.split), "validation")
     base = next((e.score for e in entries if e.kind == "baseline" and e.split == split), None)
     base_hashes = {e.weights_hash for e in entries if e.kind == "baseline" and e.weights_hash}
-    final = next((e for e in reversed(entries) if e.kind == "final" and e.score is not None), None)
+    final = final_entry(entries)
     fig = Figure(figsize=(8, 4.5), dpi=100)
     ax = fig.add_subplot()
     xs = [e.submission_id for e in subs if e.status == "scored" and e.score is not None]

@@ -21,14 +21,14 @@ from prefect.exceptions import TerminationSignal
 from prefect.states import Cancelled
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 
-from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
+from a2rl.grading import BudgetClock, GradingServer
 from a2rl.grading.clock import CLOCK_FILE, ClockRecorder
-from a2rl.recording.attempts import AttemptLog
-from a2rl.recording.snapshots import CodeSnapshots
-from a2rl.recording.resources import ResourceSampler, workspace_pids
-from a2rl.grading.service import grading_devices
+from a2rl.capture.attempts import AttemptLog
+from a2rl.capture.snapshots import CodeSnapshots
+from a2rl.capture.resources import ResourceSampler, workspace_pids
 from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
-from a2rl.summary.report import last_event, latest_submissions
+from a2rl.protocol.picking import latest_submissions
+from a2rl.summary.report import last_event
 from a2rl.run import RunContext, gpu_names, sandbox_for
 from a2rl.run_options import DEFAULT_RESULTS, GRACE_S, resolve_results, run_results
 from tasks.preflight import check_run
@@ -36,9 +36,10 @@ from a2rl.ops.gpu_slots import hold_gpu_slot
 from a2rl.isolation import procs
 from a2rl.ops.housekeeping import clean_stale_temp
 from a2rl.ops.progress import RUN_LOG, ProgressWriter, note_phase, note_step
+from tasks.phases import RunPhases
+from tasks.session_steps import GpuWaitNotice, SessionRecorder, start_grading
 from a2rl.store.results import ResultsStore
 from agents import AgentEnv, SessionOutcome, get_agent, run_agent
-from benchmarks import get_task
 from blocks import resolve_driver
 from tasks.summary_steps import (
     AgentDidNotStart,
@@ -62,7 +63,6 @@ from tasks.run_steps import (
     prune_snapshots,
     prepare_task_data,
     record_attempt,
-    record_evaluation,
 )
 
 DEFAULTS = RunConfig()
@@ -97,41 +97,16 @@ def agent_session(
     """
     logger = get_run_logger()
     end_earlier_attempt(ctx)
-    entries = ledger_of(ctx).entries()
+    store = ResultsStore(ctx.results_path)
+    entries = ledger_of(ctx, store).entries()
     if (done := last_event(entries, "session-end")) is not None:
         logger.info("agent session already finished (%s); reusing its outcome", done.detail.get("ended_by"))
         return SessionOutcome.model_validate(done.detail)
     clock_file = ctx.paths.harness_dir / CLOCK_FILE
     used_s = ClockRecorder.used_seconds(clock_file)
-    store = ResultsStore(ctx.results_path)
     clock = BudgetClock(ctx.config.budget_s, already_used_s=used_s)
     snapshots = CodeSnapshots(ctx.paths.harness_dir, ctx.paths.workspace / "code")
-
-    def on_entry(entry: LedgerEntry) -> None:
-        if entry.kind == "submission" and entry.status == "queued":
-            # The code that produced a submission, committed to a harness-owned git history.
-            sha = snapshots.snapshot(f"submission-{entry.submission_id}")
-            service.record_event("code-snapshot", submission_id=entry.submission_id, sha=sha)
-        if entry.kind == "event":
-            store.record_event(ctx.run_id, entry.seq, entry.detail.get("event", "event"), entry.detail, at=entry.at)
-            return
-        store.record_submission(ctx.run_id, entry)
-        if entry.status in ("scored", "error"):
-            logger.info(
-                "submission %s (%s): %s %s",
-                entry.submission_id, entry.model_path, entry.status,
-                f"{entry.split} score {entry.score:.2f}" if entry.score is not None else entry.error,
-            )  # fmt: skip
-
-    service = GradingService(
-        GradingContext(ctx.run_id, ctx.config, ctx.paths.workspace, ctx.paths.harness_dir, baseline,
-                       base_model_dir=base_model_dir, devices=grading_devices(ctx.config.grading_workers),
-                       ledger_anchor=store.ledger_anchor(ctx.run_id), task=get_task(ctx.config.task),
-                       on_process=procs.record_started),  # each evaluation recorded as this attempt's
-        clock,
-        on_entry=on_entry,
-        on_evaluation=lambda entry, result: record_evaluation(store, ctx, entry, result),
-    )
+    service = start_grading(ctx, baseline, base_model_dir, store, clock, SessionRecorder(ctx, store, snapshots, logger))
     interrupted = last_event(entries, "session-start") is not None
     if interrupted and on_resume == "interrupted":
         service.close()
@@ -152,12 +127,8 @@ def agent_session(
     agent = get_agent(ctx.config.agent, driver=resolve_driver(ctx.config.driver))
     # One GPU slot per agent session (global concurrency limit `gpu`, made by sweeps; a no-op without it).
     # A short lease frees a dead run's slot within a minute; a run that waits says so (log and progress).
-    def waiting(line: str) -> None:
-        logger.warning(line)
-        note_phase(ctx.paths.harness_dir, "waiting_gpu")
-
     holder = prefect_flow_run.get_parent_flow_run_id() or prefect_flow_run.get_id()  # the benchmark-run
-    with hold_gpu_slot(holder, waiting), \
+    with hold_gpu_slot(holder, GpuWaitNotice(ctx.paths.harness_dir, logger)), \
             GradingServer(service, request_log=ctx.paths.harness_dir / "requests.jsonl") as server:
         note_phase(ctx.paths.harness_dir, "agent_session")
         policy, sandbox = sandbox_for(ctx, server.url, agent.uses_llm)
@@ -294,41 +265,36 @@ def benchmark_run(
     procs.begin_attempt(ctx.paths.harness_dir,
                         procs.Attempt.here(ctx.run_id, prefect_flow_run.get_id(), attempts.current.number))
     progress = ProgressWriter(ctx.run_id, ctx.paths.harness_dir, config.budget_s)
+    phases = RunPhases(attempts, progress)
     run_log = ctx.paths.harness_dir / RUN_LOG
-    phase = "preflight"
-
-    def enter(name: str) -> str:
-        attempts.phase(name)
-        progress.update(phase=name)
-        return name
 
     with logs_to(run_log):
         try:
-            phase = enter("preflight")
-            end_earlier_attempt(ctx)  # one attempt at a time: before anything else of this one
-            record_attempt(ctx)  # a retry says where it runs, and whether it starts the run over
-            # What the CLI checked, again for runs started elsewhere (deployments, sweeps); nothing slow.
-            check_run(config, results, runs_dir, probe=False)
-            phase = enter("provision")
-            base_model_dir = provision_workspace(ctx)
-            phase = enter("baseline")
-            baseline = evaluate_baseline(ctx, base_model_dir, progress=progress.update)
-            phase = enter("agent_session")
-            outcome = agent_session(ctx, baseline, base_model_dir, grace_s=grace_s, on_resume=on_resume)
-            if reason := did_not_start(ctx, outcome):
-                raise AgentDidNotStart(reason)
-            phase = enter("final_grading")
-            final_grading(ctx, base_model_dir)
-            phase = enter("summary")
-            summary = summarize_run(ctx, "completed", attempts.totals())
+            with phases.enter("preflight"):
+                end_earlier_attempt(ctx)  # one attempt at a time: before anything else of this one
+                record_attempt(ctx)  # a retry says where it runs, and whether it starts the run over
+                # What the CLI checked, again for runs started elsewhere (deployments, sweeps); nothing slow.
+                check_run(config, results, runs_dir, probe=False)
+            with phases.enter("provision"):
+                base_model_dir = provision_workspace(ctx)
+            with phases.enter("baseline"):
+                baseline = evaluate_baseline(ctx, base_model_dir, progress=progress.update)
+            with phases.enter("agent_session"):
+                outcome = agent_session(ctx, baseline, base_model_dir, grace_s=grace_s, on_resume=on_resume)
+                if reason := did_not_start(ctx, outcome):
+                    raise AgentDidNotStart(reason)
+            with phases.enter("final_grading"):
+                final_grading(ctx, base_model_dir)
+            with phases.enter("summary"):
+                summary = summarize_run(ctx, "completed", attempts.totals())
             attempts.end("completed")
         except BaseException as e:
             # Recorded without Prefect (its API may be going down too). A stop on request (SIGTERM: `a2rl server
             # stop`, a cancelled worker) ends the flow run Cancelled, with what happened; anything else is
             # re-raised so Prefect marks the flow run failed or crashed. Either way a Retry resumes it.
             status: RunStatus = "interrupted" if isinstance(e, INTERRUPTIONS) else "failed"
-            error = f"{type(e).__name__} in {phase}: {one_line_error(e)}"
-            log_traceback(run_log, f"run {status} in phase {phase}")
+            error = f"{type(e).__name__} in {phases.current}: {one_line_error(e)}"
+            log_traceback(run_log, f"run {status} in phase {phases.current}")
             progress.update(error=error)
             attempts.end(status)
             record_failure(ctx, status, attempts.totals(), error, run_log)

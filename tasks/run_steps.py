@@ -15,10 +15,14 @@ from prefect.runtime import flow_run
 from a2rl.inference.evaluation import EvalSpec, evaluate_cached
 from a2rl.isolation import procs
 from a2rl.grading.ledger import Ledger
-from a2rl.base_models.registry import resolve_base_model
+from a2rl.base_models.build import MARKER
+from a2rl.base_models.registry import REGISTRY, resolve_base_model
+from a2rl.ops.progress import EVAL_PROGRESS_FILE
+from a2rl.paths import models_dir
 from a2rl.base_models.hashing import weights_hash
 from a2rl.records import EvalResult, LedgerEntry, RunConfig
-from a2rl.summary.report import baseline_scores, best_submission, latest_submissions
+from a2rl.protocol.picking import final_pick, latest_submissions
+from a2rl.summary.headline import baseline_scores
 from a2rl.run import RunContext, host_name, make_run_id, write_manifest
 from a2rl.store.results import ResultsStore
 from a2rl.workspace import RunPaths, build_workspace, render_instructions
@@ -46,9 +50,11 @@ def run_logger() -> logging.Logger | logging.LoggerAdapter:
         return logging.getLogger("a2rl")
 
 
-def ledger_of(ctx: RunContext) -> Ledger:
-    # Every append anchors the new head in the results store (the ledger's end is checked against it).
-    return Ledger(ctx.paths.harness_dir / "ledger.jsonl", anchor=ResultsStore(ctx.results_path).ledger_anchor(ctx.run_id))
+def ledger_of(ctx: RunContext, store: ResultsStore | None = None) -> Ledger:
+    """The run's ledger; every append anchors the new head in the results store (`store`, else the run's), which
+    the ledger's end is checked against."""
+    store = store or ResultsStore(ctx.results_path)
+    return Ledger(ctx.paths.harness_dir / "ledger.jsonl", anchor=store.ledger_anchor(ctx.run_id))
 
 
 @task(name="open-run", cache_policy=NO_CACHE)
@@ -76,11 +82,12 @@ def record_attempt(ctx: RunContext) -> None:
     attempt = flow_run.get_run_count() or 1
     if attempt <= 1:
         return
-    ledger = ledger_of(ctx)
+    store = ResultsStore(ctx.results_path)
+    ledger = ledger_of(ctx, store)
     starts_over = not ledger.entries()
     detail = {"event": "attempt", "attempt": attempt, "host": host_name(), "starts_over": starts_over}
     entry = ledger.append(run_id=ctx.run_id, kind="event", detail=detail)
-    ResultsStore(ctx.results_path).record_event(ctx.run_id, entry.seq, "attempt", detail, at=entry.at)
+    store.record_event(ctx.run_id, entry.seq, "attempt", detail, at=entry.at)
     run_logger().warning(
         "attempt %d of run %s on host %s: %s", attempt, ctx.run_id, detail["host"],
         "starts the run over (no earlier attempt left a ledger entry here: it ran on another host, or died early)"
@@ -97,10 +104,6 @@ def prepare_task_data(ctx: RunContext) -> Path:
 def base_model_step(name: str) -> str:
     """The word for the wait on the base model: a registry model not yet converted on this machine takes minutes
     (GGUF dequantized into a Hugging Face checkpoint, once); anything else loads in seconds."""
-    from a2rl.base_models.build import MARKER
-    from a2rl.base_models.registry import REGISTRY
-    from a2rl.paths import models_dir
-
     if name in REGISTRY and not (models_dir() / name / MARKER).is_file():
         return f"converting the base model {name} (first use on this machine; once)"
     return f"resolving the base model {name}"
@@ -136,9 +139,9 @@ def evaluate_baseline(
 ) -> dict[str, float]:
     """The base model's validation and test scores (cached by weights hash + evaluator config).
     `progress(baseline_done=, baseline_total=, baseline_split=)` hears of each split started and finished."""
-    ledger = ledger_of(ctx)
-    done = baseline_scores(ledger.entries())
     store = ResultsStore(ctx.results_path)
+    ledger = ledger_of(ctx, store)
+    done = baseline_scores(ledger.entries())
     base_hash = weights_hash(base_model_dir)
     bench = get_task(ctx.config.task)
     sizes = {split: len(bench.load_split(ctx.config.variant, split, EvalSpec.for_run(ctx.config, split).limit))
@@ -171,8 +174,6 @@ def evaluate_baseline(
 def eval_progress_file(ctx: RunContext) -> Path:
     """Where the next evaluation of the run counts its finished items (a fresh file: the display never shows
     the previous evaluation's count as this one's)."""
-    from a2rl.ops.progress import EVAL_PROGRESS_FILE
-
     path = ctx.paths.harness_dir / EVAL_PROGRESS_FILE
     path.unlink(missing_ok=True)
     return path
@@ -198,18 +199,18 @@ def evaluate_final(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
     heldout: the agent's declared pick (POST /final), else its best submission on validation; with no
     scored submission the base model stands (Δ = 0). paper: the best test score already seen (the original).
     """
-    ledger = ledger_of(ctx)
+    store = ResultsStore(ctx.results_path)
+    ledger = ledger_of(ctx, store)
     entries = ledger.entries()
     existing = next((e for e in entries if e.kind == "final"), None)
     if existing is not None:  # resumed after the final evaluation was recorded
         return existing
-    if ctx.config.protocol == "paper":
-        pick = best_submission(entries, "test")
+    chosen = final_pick(entries, ctx.config.protocol)
+    pick, selection = chosen.entry, chosen.selection
+    if ctx.config.protocol == "paper":  # scored on the test set already: no evaluation of its own
         score = pick.score if pick else baseline_scores(entries).get("test")
         return ledger.append(run_id=ctx.run_id, kind="final", split="test", status="scored", score=score,
-                             submission_id=pick.submission_id if pick else None,
-                             detail={"selection": "max over test scores (paper protocol: selection on the test set)"})
-    pick, selection = final_pick(entries)
+                             submission_id=pick.submission_id if pick else None, detail={"selection": selection})
     path = Path(pick.resolved_path) if pick else base_model_dir
     whash = pick.weights_hash if pick else weights_hash(base_model_dir)
     result = evaluate_cached(path, whash, EvalSpec.for_run(ctx.config, "test", get_task(ctx.config.task)),
@@ -221,7 +222,7 @@ def evaluate_final(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
         resolved_path=str(path), weights_hash=whash, cached=result.cached,
         eval_seconds=round(result.duration_s, 3), detail={"selection": selection},
     )  # fmt: skip
-    record_evaluation(ResultsStore(ctx.results_path), ctx, entry, result)
+    record_evaluation(store, ctx, entry, result)
     return entry
 
 
@@ -231,13 +232,14 @@ def evaluate_every_submission(ctx: RunContext) -> list[LedgerEntry]:
     the test curve, what each training stage added). The final pick and the headline stay as they are; the
     agent's session is over, so nothing of this reaches it. Resumable: submissions already done are skipped,
     and the final pick's own evaluation comes from the cache."""
-    ledger = ledger_of(ctx)
+    store = ResultsStore(ctx.results_path)
+    ledger = ledger_of(ctx, store)
     entries = ledger.entries()
     if ctx.config.protocol == "paper":
         return []  # every submission was scored on the test set already
     done = {e.submission_id for e in entries if e.kind == "posthoc"}
     spec = EvalSpec.for_run(ctx.config, "test", get_task(ctx.config.task))
-    store, out = ResultsStore(ctx.results_path), []
+    out = []
     for sub in latest_submissions(entries):
         if sub.status != "scored" or sub.submission_id in done or not sub.resolved_path:
             continue
@@ -264,14 +266,3 @@ def prune_snapshots(ctx: RunContext) -> None:
     for snap in root.glob("s*") if root.exists() else []:
         if snap.name != f"s{keep}":
             shutil.rmtree(snap, ignore_errors=True)
-
-
-def final_pick(entries: list[LedgerEntry]) -> tuple[LedgerEntry | None, str]:
-    subs = {e.submission_id: e for e in latest_submissions(entries)}
-    declared = [e.detail["submission_id"] for e in entries if e.detail.get("event") == "final-pick"]
-    if declared and subs.get(declared[-1]) and subs[declared[-1]].status == "scored":
-        return subs[declared[-1]], "declared by the agent (POST /final)"
-    best = best_submission(entries, "validation")
-    return best, "best on validation" if best else "no scored submission: base model"
-
-

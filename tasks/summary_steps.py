@@ -9,17 +9,19 @@ import logging
 import traceback
 from pathlib import Path
 
+from a2rl.grading.ledger import Ledger, LedgerCorrupted, head_mac
 from a2rl.isolation.leak_audit import LeakReport, audit_run, hidden_texts, leak_metrics
 from a2rl.ngrams import StreamMatcher
 from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
-from a2rl.recording.attempts import read_attempts
-from a2rl.recording.calls import read_llm_calls
-from a2rl.recording.snapshots import CodeSnapshots
+from a2rl.capture.attempts import read_attempts
+from a2rl.capture.calls import read_llm_calls
+from a2rl.capture.snapshots import CodeSnapshots
 from a2rl.run import RunContext, make_run_id
 from a2rl.store.ingest import store_process_report
 from a2rl.store.results import ResultsStore
-from a2rl.summary.process import render_process_markdown, summarize_process
-from a2rl.summary.report import build_summary, last_event, ledger_integrity, run_notes, withheld, write_report
+from a2rl.summary.process_facts import render_process_markdown, summarize_process
+from a2rl.summary.record import LedgerCheck, build_record, build_summary, withheld
+from a2rl.summary.report import last_event, run_notes, write_report
 from a2rl.summary.stages import render_markdown as render_stages
 from a2rl.summary.stages import run_stage_share, submission_tests
 from a2rl.workspace import RunPaths
@@ -55,29 +57,24 @@ def write_summary(
     edited, cut or extended since (`ledger_integrity`) gives a row marked failed with the reason and no number,
     and a report that says why (`withheld`); the caller raises on it (`LedgerTampered`)."""
     integrity = ledger_integrity(ctx)
-    if integrity["tampered"]:
-        return withhold_summary(ctx, status, phase_seconds, integrity)
-    entries = ledger_of(ctx).entries()
+    store = ResultsStore(ctx.results_path)
+    if integrity.tampered:
+        return withhold_summary(ctx, store, status, phase_seconds, integrity)
+    entries = ledger_of(ctx, store).entries()
     session_end = last_event(entries, "session-end")
     detail = session_end.detail if session_end else {}
     attempts = read_attempts(ctx.paths.harness_dir)
-    summary = build_summary(
-        ctx, entries, status, phase_seconds,
-        agent_seconds=detail.get("agent_seconds", 0.0), grading_seconds=detail.get("grading_seconds", 0.0),
-        error=error, grace_seconds=detail.get("grace_seconds", 0.0), attempts=max(1, len(attempts.attempts)),
-    )  # fmt: skip
+    summary = build_summary(ctx, entries, status, phase_seconds, session=detail,
+                            attempts=max(1, len(attempts.attempts)), error=error)  # fmt: skip
     leaks = leak_audit(ctx)
     draw_trajectory(entries, ctx.paths.harness_dir)
     start = last_event(entries, "session-start")
     notes = run_notes(ctx, detail) + [f"Sandbox: {start.detail.get('sandbox', 'n/a') if start else 'no session'}."]
     notes.append(leaks.summary_line())
     share = run_stage_share(entries, ctx.paths.harness_dir)
-    report = write_report(
-        ctx, summary, entries, notes, integrity, sections=render_stages(entries, ctx.paths.harness_dir),
-        extra={"submission_tests": [t.model_dump() for t in submission_tests(entries) if t.test is not None],
-               "stage_share": share.model_dump() if share else None},
-    )  # fmt: skip
-    store = ResultsStore(ctx.results_path)
+    record = build_record(summary, entries, integrity, notes, stage_share=share,
+                          submission_tests=[t for t in submission_tests(entries) if t.test is not None])
+    report = write_report(ctx.paths.harness_dir, record, sections=render_stages(entries, ctx.paths.harness_dir))
     # Process metrics, route labels and the failure class sit beside the scores, in the report and the store.
     process = summarize_process(
         ctx.run_id, ctx.paths.harness_dir, entries, ctx.config, detail,
@@ -95,18 +92,46 @@ def write_summary(
     return summary, report
 
 
+def ledger_integrity(ctx: RunContext) -> LedgerCheck:
+    """The ledger's head as this report is built from it, checked against the head the results store
+    anchored at every append: an edited last entry, a cut-off end or entries appended past the anchored head
+    show up here, as `tampered` (no number may be written from this ledger). `head_mac` authenticates the head
+    for a later ingest into another store (`a2rl.grading.ledger.head_mac`)."""
+    try:
+        ledger = Ledger(ctx.paths.harness_dir / "ledger.jsonl")
+    except LedgerCorrupted as e:
+        return LedgerCheck(entries=None, head_hash=None, anchored=False, tampered=True, problems=[str(e)])
+    head = ledger.head()
+    out = LedgerCheck(entries=head.entries, head_hash=head.hash, head_mac=head_mac(ctx.run_id, head), anchored=False,
+                      tampered=False, problems=[])  # fmt: skip
+    try:
+        anchored = ResultsStore(ctx.results_path).ledger_head(ctx.run_id)
+    except Exception as e:  # noqa: BLE001 - a report must still be written; it says what could not be checked
+        out.problems.append(f"the results store could not be read to check the ledger's end ({type(e).__name__})")
+        return out
+    out.anchored = anchored is not None
+    if anchored is None:
+        out.problems.append("no head anchored in the results store for this run")
+    elif mismatch := ledger.check_head(anchored, "the results store"):
+        out.problems.append(mismatch)
+        out.tampered = True
+    if ledger.torn_tail is not None:
+        out.problems.append(str(ledger.torn_tail))
+    return out
+
+
 class LedgerTampered(RuntimeError):
     """The run's ledger does not end where the results store anchored it: its numbers are not reported."""
 
 
-def withhold_summary(ctx: RunContext, status: RunStatus, phase_seconds: dict[str, float],
-                     integrity: dict) -> tuple[RunSummary, Path]:  # fmt: skip
+def withhold_summary(ctx: RunContext, store: ResultsStore, status: RunStatus, phase_seconds: dict[str, float],
+                     integrity: LedgerCheck) -> tuple[RunSummary, Path]:  # fmt: skip
     """The record of a run whose ledger does not verify: the row marked failed with the reason, no number."""
-    reason = "; ".join(integrity["problems"])
+    reason = "; ".join(integrity.problems)
     summary = withheld(build_summary(ctx, [], status, phase_seconds), reason)
-    report = write_report(ctx, summary, [], [f"The ledger was changed after the harness wrote it ({reason}): "
-                                             "this run's scores are not reported."], integrity)  # fmt: skip
-    store = ResultsStore(ctx.results_path)
+    record = build_record(summary, [], integrity, [f"The ledger was changed after the harness wrote it ({reason}): "
+                                                   "this run's scores are not reported."])  # fmt: skip
+    report = write_report(ctx.paths.harness_dir, record)
     with store.batch():
         store.record_metrics(ctx.run_id, {"failure_class": "ledger tampered", "failure_reason": reason})
         store.finish_run(summary)
@@ -168,7 +193,7 @@ def record_failure(ctx: RunContext, status: RunStatus, phases: dict[str, float],
         log_traceback(run_log, "recording the failure failed as well")
         error = f"{error}; then, while recording it: {type(again).__name__}: {' '.join(str(again).split())}"
     try:
-        entries = [] if ledger_integrity(ctx)["tampered"] else ledger_of(ctx).entries()
+        entries = [] if ledger_integrity(ctx).tampered else ledger_of(ctx).entries()
     except Exception:  # a damaged ledger must not keep the row `running`
         entries = []
     summary = build_summary(ctx, entries, status, phases, error=error)
@@ -176,7 +201,8 @@ def record_failure(ctx: RunContext, status: RunStatus, phases: dict[str, float],
     store.finish_run(summary)
     store.record_metrics(ctx.run_id, {"failure_class": "infrastructure failure"})
     try:
-        write_report(ctx, summary, entries, [f"The run {status}; its full report could not be written (see {run_log})."])
+        note = f"The run {status}; its full report could not be written (see {run_log})."
+        write_report(ctx.paths.harness_dir, build_record(summary, entries, ledger_integrity(ctx), [note]))
     except Exception:
         log_traceback(run_log, "writing the short report failed")
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from a2rl.grading.clock import CLOCK_FILE, BudgetClock, ClockRecorder
-from a2rl.recording.attempts import AttemptLog, read_attempts
+from a2rl.capture.attempts import AttemptLog, read_attempts
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,7 +23,7 @@ HARNESS = """
 import sys, time
 from pathlib import Path
 from a2rl.grading.clock import BudgetClock, ClockRecorder
-from a2rl.recording.attempts import AttemptLog
+from a2rl.capture.attempts import AttemptLog
 
 h = Path(sys.argv[1])
 log = AttemptLog(h, "fr-1", 1)

@@ -16,7 +16,7 @@ from cli_loopback import USAGE, ScriptedLLM
 from sandbox_support import needs_bwrap
 
 from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
-from a2rl.recording.calls import read_llm_calls, read_tool_calls
+from a2rl.capture.calls import read_llm_calls, read_tool_calls
 from a2rl.records import EvalResult, RunConfig
 from a2rl.isolation.sandbox import SandboxPolicy
 from a2rl.store.results import ResultsStore

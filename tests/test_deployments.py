@@ -118,7 +118,7 @@ def test_a_worker_stopped_mid_session_records_the_run_interrupted_and_one_retry_
     process of it survives, and a Retry pressed at once resumes it to one completed run with graded submissions
     only and a monotone agent clock. A Retry of the completed run is refused."""
     from a2rl.ops import gpu_slots
-    from a2rl.recording.resources import workspace_pids
+    from a2rl.capture.resources import workspace_pids
 
     if gpu_slots.read_limit(live.url) is None:  # as a sweep makes it: the session holds one of its slots
         httpx.post(f"{live.url}/v2/concurrency_limits/", json={"name": gpu_slots.GPU_LIMIT, "limit": 1},

@@ -228,7 +228,7 @@ class Run:
         return any("train_sft.py" in (c := " ".join(cmdline(p.pid))) and ws in c for p in procs.all_procs())
 
     def agent_pids(self) -> list[int]:
-        from a2rl.recording.resources import workspace_pids
+        from a2rl.capture.resources import workspace_pids
 
         return workspace_pids(self.harness.parent / "workspace")()
 

@@ -11,12 +11,13 @@ import pytest
 
 from a2rl.grading.ledger import Ledger
 from a2rl.store.ingest import ingest_run_dir, store_process_report
-from a2rl.summary.process import process_metrics, render_process_markdown, summarize_process
+from a2rl.summary.metrics import RunMetrics
+from a2rl.summary.process_facts import process_metrics, render_process_markdown, summarize_process
 from a2rl.summary.narrative import narrate
 from a2rl.summary.route_labels import label_routes
 from a2rl.summary.verdicts import explain_failure, failure_class
 from analysis.run_figure import score_trajectory_png
-from a2rl.recording.snapshots import CodeSnapshots
+from a2rl.capture.snapshots import CodeSnapshots
 from a2rl.jsonl import append_jsonl
 from agents.base import LLMCallEvent, ToolCallEvent
 from a2rl.records import LedgerEntry, RunConfig
@@ -59,35 +60,35 @@ def entries(tmp_path: Path) -> list[LedgerEntry]:
 
 def test_process_metrics_on_a_hand_built_ledger(entries):
     m = process_metrics(entries, CONFIG, SESSION)
-    assert (m["n_submissions"], m["n_scored"], m["n_errors"], m["n_cached"]) == (5, 4, 1, 1)
-    assert m["valid_submission_rate"] == 0.8 and m["nonzero_score_rate"] == 0.8
-    assert m["first_valid_idx"] == 1 and m["first_valid_delay"] == 5.0
-    assert m["best_feedback"] == 15.0 and m["best_submission_id"] == 4  # ties go to the earliest
-    assert m["improvement_feedback"] == 5.0
-    assert m["time_to_first_improvement"] == 60.0 and m["time_to_best"] == 60.0
-    assert m["monotonic_ratio"] == pytest.approx(1 / 3)  # 10 → 8 → 15 → 15: one rise in three steps
-    assert m["copy_model_count"] == 1 and m["duplicate_submission_count"] == 1
-    assert m["time_used_ratio"] == 0.9 and m["last_submit_gap"] == 20.0
-    assert m["grading_seconds_share"] == 0.25 and m["submissions_used_ratio"] == 0.5
-    assert m["eval_seconds_total"] == 9.5  # cached evaluations cost nothing
-    assert m["delta_test"] == 2.0 and m["selection_gap"] == 3.0 and m["improved"] is True
-    assert m["score_trajectory"] == [10.0, None, 8.0, 15.0, 15.0]
-    assert m["best_so_far_trajectory"] == [10.0, 10.0, 10.0, 15.0, 15.0]
+    assert (m.n_submissions, m.n_scored, m.n_errors, m.n_cached) == (5, 4, 1, 1)
+    assert m.valid_submission_rate == 0.8 and m.nonzero_score_rate == 0.8
+    assert m.first_valid_idx == 1 and m.first_valid_delay == 5.0
+    assert m.best_feedback == 15.0 and m.best_submission_id == 4  # ties go to the earliest
+    assert m.improvement_feedback == 5.0
+    assert m.time_to_first_improvement == 60.0 and m.time_to_best == 60.0
+    assert m.monotonic_ratio == pytest.approx(1 / 3)  # 10 → 8 → 15 → 15: one rise in three steps
+    assert m.copy_model_count == 1 and m.duplicate_submission_count == 1
+    assert m.time_used_ratio == 0.9 and m.last_submit_gap == 20.0
+    assert m.grading_seconds_share == 0.25 and m.submissions_used_ratio == 0.5
+    assert m.eval_seconds_total == 9.5  # cached evaluations cost nothing
+    assert m.delta_test == 2.0 and m.selection_gap == 3.0 and m.improved is True
+    assert m.score_trajectory == [10.0, None, 8.0, 15.0, 15.0]
+    assert m.best_so_far_trajectory == [10.0, 10.0, 10.0, 15.0, 15.0]
 
 
 def test_process_metrics_without_submissions_or_session_end(tmp_path: Path):
     ledger = Ledger(tmp_path / "ledger.jsonl")
     ledger.append(kind="baseline", run_id=RUN, split="validation", status="scored", score=10.0)
     m = process_metrics(ledger.entries(), CONFIG, {})
-    assert m["n_submissions"] == 0 and m["valid_submission_rate"] is None and m["monotonic_ratio"] is None
-    assert m["time_used_ratio"] is None and m["last_submit_gap"] is None and m["improved"] is False
+    assert m.n_submissions == 0 and m.valid_submission_rate is None and m.monotonic_ratio is None
+    assert m.time_used_ratio is None and m.last_submit_gap is None and m.improved is False
 
 
-def _metrics(**kw) -> dict:
+def _metrics(**kw) -> RunMetrics:
     base = dict(n_submissions=3, n_scored=3, baseline_feedback=50.0, best_feedback=50.5, improvement_feedback=0.5,
                 delta_test=-0.5, improved=False, copy_model_count=0, submission_ids=[1, 2, 3],
                 scored_submission_ids=[1, 2, 3], score_trajectory=[49.0, 50.5, 50.0], feedback_split="validation")
-    return base | kw
+    return RunMetrics(**(base | kw))
 
 
 @pytest.mark.parametrize(
@@ -325,7 +326,7 @@ def test_store_process_report_is_idempotent_next_to_live_writes(entries, tmp_pat
     assert store.query("SELECT count(*) AS n FROM llm_calls")["n"][0] == 1
     assert store.query("SELECT route FROM submissions WHERE submission_id = 4")["route"][0] == "SFT"
     n_metrics = store.query("SELECT count(*) AS n FROM metrics")["n"][0]
-    assert n_metrics == len(report.metrics) + 1  # + failure_reason
+    assert n_metrics == len(report.metrics.model_dump()) + 1  # + failure_reason
 
 
 def _write_eval(harness: Path, key: str, correct: list[bool]) -> None:
@@ -356,14 +357,14 @@ def test_one_item_of_32_is_no_significant_change_and_no_static_shortcut(tmp_path
     _write_eval(harness, "submission-1-validation", [True] + [False] * 31)
     report = summarize_process(RUN, harness, ledger.entries(), CONFIG, SESSION, write_files=False, narrative=False)
     m = report.metrics
-    assert m["delta_test"] == pytest.approx(3.125) and m["delta_test_ci_low"] < 0 < m["delta_test_ci_high"]
-    assert m["delta_test_p_value"] == 1.0 and m["delta_test_n_items"] == 32
-    assert m["verdict"] == "no significant change" and m["improved"] is False
+    assert m.delta_test == pytest.approx(3.125) and m.delta_test_ci_low < 0 < m.delta_test_ci_high
+    assert m.delta_test_p_value == 1.0 and m.delta_test_n_items == 32
+    assert m.verdict == "no significant change" and m.improved is False
     assert report.failure_class not in ("none", "static shortcut")
     # 12 of 32 gained, none lost: significant.
     _write_eval(harness, "final-1-test", [True] * 12 + [False] * 20)
     report = summarize_process(RUN, harness, ledger.entries(), CONFIG, SESSION, write_files=False, narrative=False)
-    assert report.metrics["verdict"] == "improved" and report.failure_class == "none"
+    assert report.metrics.verdict == "improved" and report.failure_class == "none"
     assert "95%" in report.failure_reason
 
 
@@ -376,3 +377,20 @@ def test_a_narrative_model_without_a_key_gives_the_deterministic_narrative_and_a
     assert "unavailable" in report.narrative_note and report.failure_class == "none"
     assert "no LLM" in (tmp_path / "harness" / "narrative.md").read_text()
     assert "## Narrative" in render_process_markdown(report)
+
+
+def test_the_metrics_are_typed_and_only_what_a_run_measured_is_written(entries, tmp_path: Path, monkeypatch):
+    """`RunMetrics`: a misspelt or mistyped metric is an error; a group that does not apply (no resource samples,
+    no RL stage) is absent from process.json and the store, and process.json reads back into the same model."""
+    monkeypatch.delenv("A2RL_NARRATIVE_MODEL", raising=False)
+    with pytest.raises(ValueError):
+        RunMetrics(n_submisions=3)
+    with pytest.raises(ValueError):
+        RunMetrics().add({"n_scored": "many"})
+    harness = tmp_path / "harness"
+    report = summarize_process(RUN, harness, entries, CONFIG, SESSION, narrative=False)
+    written = json.loads((harness / "process.json").read_text())["metrics"]
+    assert "rss_peak_bytes" not in written and "rl_share" not in written and "llm_requests" not in written
+    assert written["n_submissions"] == 5 and written["failure_class"] == report.failure_class
+    assert list(written) == list(report.metrics.model_dump())
+    assert RunMetrics.model_validate(written) == report.metrics

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 import pytest
 
-from a2rl.recording.snapshots import CodeSnapshots
-from a2rl.recording.resources import ResourceSampler, read_resources, resource_rows, summarize_resources, workspace_pids
-from a2rl.recording.calls import read_llm_calls, read_tool_calls, summarize_llm_calls
+from a2rl.capture.snapshots import CodeSnapshots
+from a2rl.capture.resources import ResourceSampler, read_resources, resource_rows, summarize_resources, workspace_pids
+from a2rl.capture.calls import read_llm_calls, read_tool_calls, summarize_llm_calls
 
 
 @pytest.fixture

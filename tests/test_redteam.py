@@ -630,7 +630,7 @@ def test_an_output_flood_is_capped_and_a_leak_inside_it_still_found(tmp_path, ti
     in the dropped middle: "found", never "0 of N" (issue 24: 3 GiB in 36 s; a flood then a leak read clean)."""
     from a2rl.isolation.leak_audit import audit_run, hidden_texts
     from a2rl.ngrams import StreamMatcher
-    from a2rl.recording.agent_log import HEAD_BYTES, TAIL_BYTES, read_agent_log_records
+    from a2rl.capture.agent_log import HEAD_BYTES, TAIL_BYTES, read_agent_log_records
     from tests.redteam_agent import FLOOD_ATTEMPT
 
     items = [{"question": f"What is {CANARY}?"}]

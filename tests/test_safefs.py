@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from a2rl.isolation import safefs
-from a2rl.recording.snapshots import CodeSnapshots
+from a2rl.capture.snapshots import CodeSnapshots
 from a2rl.isolation.sandbox import _give_workspace, workspace_bytes
 
 AGENT_UID = 1_000_123_457

@@ -188,11 +188,13 @@ def _one_line(e: object) -> str:
 
 def _delta_interval(harness: Path) -> str:
     """' [95% lo, hi] over n items, p=…: verdict' from the run's process.json, or '' when it has none."""
+    from a2rl.summary.metrics import RunMetrics  # the CLI imports lazily: `a2rl --help` stays fast
+
     try:
-        m = json.loads((harness / "process.json").read_text())["metrics"]
-        low, high = m["delta_test_ci_low"], m["delta_test_ci_high"]
-        return (f" [95% {low:+.2f}, {high:+.2f}; paired over {m['delta_test_n_items']} items, "
-                f"p={m['delta_test_p_value']:.2g}: {m['verdict']}]")
+        m = RunMetrics.model_validate(json.loads((harness / "process.json").read_text())["metrics"])
+        low, high = m.ci("delta_test")
+        return (f" [95% {low:+.2f}, {high:+.2f}; paired over {m.delta_test_n_items} items, "
+                f"p={m.delta_test_p_value:.2g}: {m.verdict}]")
     except (OSError, ValueError, KeyError, TypeError):
         return " (no per-item results: no interval)"
 

@@ -35,6 +35,9 @@ from a2rl.grading.clock import BudgetClock
 from a2rl.grading.errors import FailureKind, SubmissionRejected, public_failure
 from a2rl.grading.files import Deadline
 from a2rl.grading.ledger import Ledger
+from a2rl.protocol.feedback import feedback_split
+from a2rl.protocol.picking import best_submission, latest_submissions
+from a2rl.grading.route_audit import GRADER_LIMITS, RouteScanner, check_snapshot
 from a2rl.base_models.hashing import weights_hash
 from a2rl.records import EvalResult, LedgerEntry, RunConfig, Split
 
@@ -119,8 +122,6 @@ class GradingService:
         self._lock = threading.Lock()
         self._copy_lock = threading.Lock()
         self._copies = 0  # checkpoints being checked (and copied) right now, outside self._lock
-        from a2rl.grading.route_audit import GRADER_LIMITS, RouteScanner
-
         self._routes = RouteScanner(GRADER_LIMITS)  # bounded, and incremental between submissions
         self._route_lock = threading.Lock()
         self.closed = False
@@ -137,8 +138,7 @@ class GradingService:
     # -- agent-facing ------------------------------------------------------------------------
     @property
     def feedback_split(self) -> Split:
-        # heldout: the agent only ever sees validation scores; paper: test scores, as the original.
-        return "test" if self.ctx.config.protocol == "paper" else "validation"
+        return feedback_split(self.ctx.config.protocol)
 
     def validate(self, model_path: str) -> dict:
         """All checks a submission gets, without spending an evaluation or a submission; under the same limit of
@@ -151,8 +151,6 @@ class GradingService:
     def _check_mode(self) -> dict:
         """Route label of the agent's code now, and whether it keeps to the run's mode; in strict mode a
         breach is refused (before it counts as a submission), otherwise it is flagged in the ledger."""
-        from a2rl.grading.route_audit import check_snapshot
-
         with self._route_lock:  # one scan at a time over the one cache
             analysis, verdict = check_snapshot(self.ctx.workspace / "code", self.ctx.config.mode, scanner=self._routes)
         if not verdict.ok and self.ctx.config.strict_mode:
@@ -290,16 +288,11 @@ class GradingService:
 
     def submissions(self) -> list[LedgerEntry]:
         """Latest state of each submission, in submission order."""
-        latest: dict[int, LedgerEntry] = {}
-        for e in self.ledger.entries():
-            if e.kind == "submission" and e.submission_id is not None:
-                latest[e.submission_id] = e
-        return [latest[k] for k in sorted(latest)]
+        return latest_submissions(self.ledger.entries())
 
     def best(self) -> LedgerEntry | None:
-        scored = [e for e in self.submissions() if e.status == "scored" and e.score is not None]
-        # Ties go to the earliest submission, as in the original.
-        return max(scored, key=lambda e: (e.score, -e.submission_id)) if scored else None
+        """The best scored submission on the feedback split (ties: the earliest, as in the original)."""
+        return best_submission(self.ledger.entries(), self.feedback_split)
 
     def response(self, submission_id: int) -> dict:
         """A submission in the original grader's response shape, plus our fields."""

@@ -10,7 +10,7 @@ test set.
 The verdict is three-valued, and "not found" means everything was read:
 - **found**: at least one hidden item, with where;
 - **not found**: every byte was read (each file streamed whole through a `StreamMatcher`, whatever its size or
-  kind; the agent's dropped output through the matcher while it was written, `a2rl.recording.agent_log`);
+  kind; the agent's dropped output through the matcher while it was written, `a2rl.capture.agent_log`);
 - **incomplete**: something was not read (the time budget ran out, a file could not be opened, output was
   dropped unsearched): `unread` says what, and no "clean" is claimed.
 What is read as text is the bytes as written (UTF-8): the tensor data of well-formed safetensors files is not text
@@ -31,7 +31,7 @@ from pydantic import BaseModel, Field
 
 from a2rl.isolation import safefs
 from a2rl.ngrams import DEFAULT_NGRAM, StreamMatcher
-from a2rl.recording.agent_log import read_agent_log_records
+from a2rl.capture.agent_log import read_agent_log_records
 from a2rl.workspace import RunPaths
 
 MAX_EXAMPLES = 20

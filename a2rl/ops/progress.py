@@ -20,6 +20,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from a2rl.protocol.breaches import breaks_mode
+
 ANNOUNCE_ENV = "A2RL_RUN_ANNOUNCE"
 PROGRESS_FILE = "progress.json"
 RUN_LOG = "run.log"
@@ -321,7 +323,7 @@ def _read_submissions(ledger: Path, snap: Snapshot) -> None:
             continue  # a line being written
         if entry.get("kind") == "submission" and entry.get("submission_id") is not None:
             latest[entry["submission_id"]] = entry
-            if (entry.get("detail") or {}).get("mode_ok") is False:
+            if breaks_mode(entry.get("detail")):
                 breaches.add(entry["submission_id"])
     snap.mode_breaches = len(breaches)
     for sid, e in sorted(latest.items()):

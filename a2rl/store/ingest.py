@@ -7,30 +7,32 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from a2rl.summary.process import ProcessReport, summarize_process
-from a2rl.records import LedgerEntry, RunConfig, RunSummary
-from a2rl.summary.report import latest_submissions
-from a2rl.store.results import ITEM_COLUMNS, item_rows
-from a2rl.grading.ledger import LedgerCorrupted
+from a2rl.grading.ledger import LedgerCorrupted, LedgerHead, mac_matches, read_ledger
+from a2rl.isolation.leak_audit import LeakReport, leak_metrics
+from a2rl.protocol.picking import latest_submissions
+from a2rl.capture.calls import read_llm_calls, read_tool_calls
+from a2rl.capture.resources import read_resources, resource_rows
+from a2rl.capture.snapshots import CodeSnapshots
+from a2rl.records import EvalResult, LedgerEntry, RunConfig, RunSummary
+from a2rl.store.results import ITEM_COLUMNS, item_rows, metric_cells
+from a2rl.summary.headline import numbers_disagree
+from a2rl.summary.process_facts import ProcessFacts, summarize_process
 
 log = logging.getLogger(__name__)
 
 
-def store_process_report(store: Any, report: ProcessReport, harness_dir: Path | str) -> None:
+def store_process_report(store: Any, report: ProcessFacts, harness_dir: Path | str) -> None:
     """Write a run's process facts to the results store: metrics (+ failure class), route labels, LLM and
     tool calls, and resource samples. Each write replaces the run's earlier rows, so calling it again is harmless."""
-    from a2rl.recording.calls import read_llm_calls, read_tool_calls
-    from a2rl.recording.resources import read_resources, resource_rows
-
     harness_dir = Path(harness_dir)
-    store.record_metrics(report.run_id, report.metrics | {"failure_reason": report.failure_reason})
+    store.record_metrics(report.run_id, report.metrics.model_dump() | {"failure_reason": report.failure_reason})
     store.record_routes(report.run_id, report.routes, report.code_shas)
     store.replace_run_rows("llm_calls", report.run_id, read_llm_calls(harness_dir / "llm_calls.jsonl"))
     store.replace_run_rows("tool_calls", report.run_id, read_tool_calls(harness_dir / "tool_calls.jsonl"))
     store.replace_run_rows("resources", report.run_id, resource_rows(read_resources(harness_dir / "resources.jsonl")))
 
 
-def ingest_run_dir(store: Any, run_dir: Path | str, unverified_ok: bool = False) -> ProcessReport:
+def ingest_run_dir(store: Any, run_dir: Path | str, unverified_ok: bool = False) -> ProcessFacts:
     """(Re)build every row of one run in the results store from its run directory, in one transaction.
 
     Reads `harness/manifest.json`, the verified ledger (`verified_entries`), `report.json` (if written),
@@ -40,10 +42,6 @@ def ingest_run_dir(store: Any, run_dir: Path | str, unverified_ok: bool = False)
     reason, no score is written, and LedgerCorrupted is raised.
     """
     import pandas as pd
-
-    from a2rl.recording.snapshots import CodeSnapshots
-    from a2rl.recording.calls import read_llm_calls, read_tool_calls
-    from a2rl.recording.resources import read_resources, resource_rows
 
     run_dir = Path(run_dir)
     harness = run_dir / "harness" if (run_dir / "harness").is_dir() else run_dir
@@ -95,9 +93,6 @@ def verified_entries(store: Any, run_id: str, harness: Path, report: dict, summa
     report's head must carry this machine's MAC (`ledger.head_mac`): a ledger and report edited to agree, or a
     run with no report at all, cannot be told from the real one, and are refused unless `unverified_ok` (runs
     from before MACs, from another machine). A head verified by its MAC is then anchored in this store."""
-    from a2rl.grading.ledger import LedgerHead, mac_matches, read_ledger
-    from a2rl.summary.report import numbers_disagree
-
     path = harness / "ledger.jsonl"
     recorded = report.get("ledger") or None
     head = LedgerHead(recorded["entries"], recorded["head_hash"]) if recorded and recorded.get("entries") else None
@@ -139,7 +134,7 @@ def _refused_frames(run_id: str, config: RunConfig, summary: RunSummary | None, 
             "item_results": pd.DataFrame(columns=list(ITEM_COLUMNS))}
 
 
-def _run_row(run_id: str, config: RunConfig, summary: RunSummary | None, process: ProcessReport,
+def _run_row(run_id: str, config: RunConfig, summary: RunSummary | None, process: ProcessFacts,
              entries: list[LedgerEntry], status: str, harness: Path) -> dict[str, Any]:
     m = process.metrics
     base = {e.split: e.score for e in entries if e.kind == "baseline" and e.split}
@@ -151,10 +146,10 @@ def _run_row(run_id: str, config: RunConfig, summary: RunSummary | None, process
         "budget_s": config.budget_s, "protocol": config.protocol, "status": status,
         "started_at": entries[0].at if entries else None, "finished_at": last_at if status != "running" else None,
         "baseline_val": base.get("validation"), "baseline_test": base.get("test"),
-        "best_val": m["best_feedback"] if m["feedback_split"] == "validation" else None,
-        "best_submission_id": m["best_submission_id"], "final_submission_id": m["final_submission_id"],
-        "final_test": m["final_test"], "delta_test": m["delta_test"], "n_submissions": m["n_submissions"],
-        "n_scored": m["n_scored"], "agent_seconds": m["agent_seconds"], "grading_seconds": m["grading_seconds"],
+        "best_val": m.best_feedback if m.feedback_split == "validation" else None,
+        "best_submission_id": m.best_submission_id, "final_submission_id": m.final_submission_id,
+        "final_test": m.final_test, "delta_test": m.delta_test, "n_submissions": m.n_submissions,
+        "n_scored": m.n_scored, "agent_seconds": m.agent_seconds, "grading_seconds": m.grading_seconds,
         "error": None, "config_json": config.model_dump_json(), "harness_dir": str(harness),
         "failure_class": process.failure_class, "updated_at": last_at,
     }  # fmt: skip
@@ -167,7 +162,7 @@ def _run_row(run_id: str, config: RunConfig, summary: RunSummary | None, process
     return row
 
 
-def _submission_rows(run_id: str, entries: list[LedgerEntry], process: ProcessReport) -> list[dict[str, Any]]:
+def _submission_rows(run_id: str, entries: list[LedgerEntry], process: ProcessFacts) -> list[dict[str, Any]]:
     first_at: dict[int, Any] = {}
     for e in entries:
         if e.kind == "submission" and e.submission_id is not None:
@@ -184,8 +179,6 @@ def _submission_rows(run_id: str, entries: list[LedgerEntry], process: ProcessRe
 
 def _evaluation_rows(run_id: str, entries: list[LedgerEntry], harness: Path) -> list[dict[str, Any]]:
     """One row per scored evaluation, keyed as the live flow keys them (`<kind>-<submission or 0>-<split>`)."""
-    from a2rl.records import EvalResult
-
     rows: dict[str, dict[str, Any]] = {}
     for e in entries:
         if e.kind not in ("baseline", "submission", "final", "posthoc") or e.status != "scored" or e.score is None:
@@ -203,14 +196,10 @@ def _evaluation_rows(run_id: str, entries: list[LedgerEntry], harness: Path) -> 
     return list(rows.values())
 
 
-def _metric_rows(run_id: str, process: ProcessReport, harness: Path) -> list[dict[str, Any]]:
-    from a2rl.store.results import metric_cells
-
-    values = process.metrics | {"failure_reason": process.failure_reason}
+def _metric_rows(run_id: str, process: ProcessFacts, harness: Path) -> list[dict[str, Any]]:
+    values = process.metrics.model_dump() | {"failure_reason": process.failure_reason}
     audit = harness / "leak_audit.json"
     if audit.exists():  # the leak audit's verdict is a metric of its own step; re-ingesting keeps it
-        from a2rl.isolation.leak_audit import LeakReport, leak_metrics
-
         try:
             data = json.loads(audit.read_text())
             values |= leak_metrics(LeakReport.model_validate(data)) if "verdict" in data else \
@@ -223,8 +212,6 @@ def _metric_rows(run_id: str, process: ProcessReport, harness: Path) -> list[dic
 
 def _item_rows(run_id: str, harness: Path) -> list[dict[str, Any]]:
     """Per-item results of every evaluation file the run wrote (`harness/evaluations/<eval_key>.json`)."""
-    from a2rl.records import EvalResult
-
     rows: list[dict[str, Any]] = []
     for saved in sorted((harness / "evaluations").glob("*.json")):
         try:

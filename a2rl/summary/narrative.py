@@ -56,15 +56,15 @@ def narrate(report_json: Mapping[str, Any], client: Any = None, model: str | Non
 
 
 def deterministic_narrative(report: Any) -> str:
-    """A plain account of a `ProcessReport` from its facts alone (used when the LLM narrative is unavailable)."""
+    """A plain account of a `ProcessFacts` from its facts alone (used when the LLM narrative is unavailable)."""
     m = report.metrics
-    parts = [f"The agent made {m.get('n_submissions', 0)} submission(s), {m.get('n_scored', 0)} of them scored."]
+    parts = [f"The agent made {m.n_submissions or 0} submission(s), {m.n_scored or 0} of them scored."]
     if report.routes:
         parts.append("Routes: " + ", ".join(f"#{k} {v}" for k, v in report.routes.items()) + ".")
-    if m.get("delta_test") is not None:
-        low, high = m.get("delta_test_ci_low"), m.get("delta_test_ci_high")
+    if m.delta_test is not None:
+        low, high = m.ci("delta_test")
         ci = f" (95% interval {low:+.2f} to {high:+.2f})" if low is not None and high is not None else ""
-        parts.append(f"The final pick changed the hidden-test score by {m['delta_test']:+.2f} points{ci}: "
-                     f"{m.get('verdict', 'not tested')}.")
+        parts.append(f"The final pick changed the hidden-test score by {m.delta_test:+.2f} points{ci}: "
+                     f"{m.verdict or 'not tested'}.")
     parts.append(f"Failure class: {report.failure_class} — {report.failure_reason}.")
     return " ".join(parts)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from a2rl.records import LedgerEntry
-from a2rl.summary.report import latest_submissions
+from a2rl.protocol.picking import latest_submissions
 
 
 class RouteLabels(NamedTuple):

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from a2rl.records import EvalResult, LedgerEntry
 from a2rl.summary.intervals import paired_item_interval
-from a2rl.summary.report import latest_submissions
+from a2rl.protocol.picking import latest_submissions, pick_best
 
 RL_STAGES = ("GRPO", "GIGPO", "RL", "PPO", "RLOO", "DPO", "REINFORCE")
 """Stage labels (case-insensitive prefixes) that count as reinforcement learning."""
@@ -73,7 +73,7 @@ def stage_share(tests: list[SubmissionTest], items: Callable[[int], dict[str, fl
     sft = [t for t in tested if stage_kind(t.stage) == "SFT" and t.submission_id < first_rl]
     if not sft:
         return None
-    start = max(sft, key=lambda t: (t.validation, -t.submission_id))  # the earlier one on a tie
+    start = pick_best(sft, lambda t: t.validation, lambda t: t.submission_id)  # the earlier one on a tie
     last = [t for t in tested if stage_kind(t.stage) == "RL"][-1]
     before, after = items(start.submission_id), items(last.submission_id)
     paired = [(before[i], after[i]) for i in sorted(before) if i in after] if before and after else []

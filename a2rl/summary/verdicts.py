@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
+from a2rl.summary.metrics import RunMetrics
+
 FailureClass = Literal[
     "none",
     "infrastructure failure",
@@ -46,18 +48,18 @@ class FailureVerdict(NamedTuple):
 
 
 def explain_failure(
-    metrics: Mapping[str, Any], routes: Mapping[int, str], session_detail: Mapping[str, Any]
+    metrics: RunMetrics, routes: Mapping[int, str], session_detail: Mapping[str, Any]
 ) -> FailureVerdict:
     """Apply the rule table of the module docstring. `session_detail` may also carry `run_status` and
     `run_error` (the run's final status and harness error) and `submission_errors` (error texts)."""
     m = metrics
-    n, n_scored = m.get("n_submissions") or 0, m.get("n_scored") or 0
-    base = m.get("baseline_feedback")
+    n, n_scored = m.n_submissions or 0, m.n_scored or 0
+    base = m.baseline_feedback
     if session_detail.get("run_status") == "failed":  # a harness error is never the agent's result
         return FailureVerdict("infrastructure failure", f"the run failed: {session_detail.get('run_error')}")
     if _significant(m, "delta_test", above=True):
-        what = f"Δ test = {m['delta_test']:+.2f}" if m.get("delta_test") is not None else (
-            f"best {m.get('feedback_split')} score {m.get('best_feedback')} > baseline {base}")
+        what = f"Δ test = {m.delta_test:+.2f}" if m.delta_test is not None else (
+            f"best {m.feedback_split} score {m.best_feedback} > baseline {base}")
         return FailureVerdict("none", f"improved: {what}{_ci(m, 'delta_test')}")
     errors = [str(x).lower() for x in session_detail.get("submission_errors", [])]
     if session_detail.get("ended_by") == "launch-error":
@@ -73,26 +75,26 @@ def explain_failure(
         return FailureVerdict("infrastructure failure", f"{why}: {session_detail.get('run_error')}")
     if n_scored == 0 and errors and all(any(k in x for k in INFRA_ERROR_MARKERS) for x in errors):
         return FailureVerdict("infrastructure failure", "every submission failed with a grader-side error")
-    scored_ids = m.get("scored_submission_ids") or []
+    scored_ids = m.scored_submission_ids or []
     if scored_ids and all(routes.get(sid) == "copy" for sid in scored_ids):
         return FailureVerdict("static shortcut", "every scored submission is the base model (weights or route `copy`)")
     if n_scored == 0:
         why = "no submission" if n == 0 else f"{n} submission(s), none scored"
         return FailureVerdict("early coding failure", f"{why}: no train → submit → score cycle completed")
-    if m.get("delta_test") is not None and _significant(m, "improvement_feedback", above=True):
+    if m.delta_test is not None and _significant(m, "improvement_feedback", above=True):
         return FailureVerdict(
             "static shortcut",
-            f"validation improved by {m['improvement_feedback']:+.2f}{_ci(m, 'improvement_feedback')} but the hidden "
-            f"test by {m['delta_test']:+.2f}{_ci(m, 'delta_test')}, not significantly",
+            f"validation improved by {m.improvement_feedback:+.2f}{_ci(m, 'improvement_feedback')} but the hidden "
+            f"test by {m.delta_test:+.2f}{_ci(m, 'delta_test')}, not significantly",
         )
     tol = max(COLLAPSE_MIN_POINTS, COLLAPSE_FRACTION * abs(base))
-    best = m.get("best_feedback")
+    best = m.best_feedback
     if best is not None and best < base - tol and _significant(m, "improvement_feedback", above=False):
         return FailureVerdict("training collapse", f"best score {best:.2f} is below baseline {base:.2f} by > {tol:.2f}")
-    trajectory = m.get("score_trajectory") or []
+    trajectory = m.score_trajectory or []
     rl = [sid for sid, label in routes.items() if label in RL_ROUTES]
     if rl:
-        scores = dict(zip(m.get("submission_ids") or [], trajectory))
+        scores = dict(zip(m.submission_ids or [], trajectory))
         rl_scores = [scores.get(sid) for sid in rl]
         if all(s is None or s == base for s in rl_scores):
             return FailureVerdict(
@@ -107,26 +109,26 @@ def explain_failure(
 
 
 def failure_class(
-    metrics: Mapping[str, Any], routes: Mapping[int, str], session_detail: Mapping[str, Any]
+    metrics: RunMetrics, routes: Mapping[int, str], session_detail: Mapping[str, Any]
 ) -> FailureClass:
     """The failure class label alone (see `explain_failure`)."""
     return explain_failure(metrics, routes, session_detail).label
 
 
-def _significant(m: Mapping[str, Any], name: str, above: bool) -> bool:
+def _significant(m: RunMetrics, name: str, above: bool) -> bool:
     """Whether metric `name` is above (or below) 0 beyond its 95% item-level interval. Without per-item results
     (older runs, hand-built ledgers) only the sign can be used; the reason then says it was not tested."""
-    low, high = m.get(f"{name}_ci_low"), m.get(f"{name}_ci_high")
+    low, high = m.ci(name)
     if low is not None and high is not None and low == low:
         return low > 0 if above else high < 0
-    value = m.get(name)
+    value = getattr(m, name)
     if name == "delta_test" and value is None:  # no final test score: the best feedback score decides
-        value = m.get("improvement_feedback")
+        value = m.improvement_feedback
     return value is not None and (value > 0 if above else value < 0)
 
 
-def _ci(m: Mapping[str, Any], name: str) -> str:
-    low, high = m.get(f"{name}_ci_low"), m.get(f"{name}_ci_high")
+def _ci(m: RunMetrics, name: str) -> str:
+    low, high = m.ci(name)
     if low is not None and high is not None and low == low:
-        return f" [95% {low:+.2f}, {high:+.2f}, n={m.get(f'{name}_n_items')} items]"
+        return f" [95% {low:+.2f}, {high:+.2f}, n={getattr(m, f'{name}_n_items')} items]"
     return " (not tested for significance: no item-level results)"

@@ -1,5 +1,7 @@
-"""Post-hoc summary of a run (README, "Where results land"): process metrics and the summary step that
-gathers the run's facts.
+"""The process facts of a run (README, "Where results land"): how the agent worked — its process metrics, route
+labels, failure class and narrative (`ProcessFacts`, written to `harness/process.json`) — and the summary step that
+gathers them (`summarize_process`). "Process" is the agent's way of working, not an operating-system process
+(those are `a2rl.isolation.procs`); the run's report is `a2rl.summary.report`.
 
 Everything except the narrative is computed deterministically from the ledger, the code snapshots and the
 resource samples, so a re-run of the summary gives the same facts. Times are on the agent's budget clock
@@ -18,20 +20,26 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from a2rl.summary.headline import baseline_scores, delta, headline
 from a2rl.summary.intervals import paired_item_interval
+from a2rl.summary.metrics import RunMetrics
 from a2rl.summary.narrative import deterministic_narrative, narrate
-from a2rl.records import LedgerEntry, RunConfig, RunSummary
-from a2rl.summary.report import latest_submissions
+from a2rl.protocol.feedback import feedback_split
+from a2rl.protocol.picking import (best_submission, final_entry, final_evaluation_key, latest_submissions,
+                                   scored_submissions)
+from a2rl.records import EvalResult, LedgerEntry, RunConfig, RunSummary
+from a2rl.capture.calls import read_llm_calls, summarize_llm_calls
+from a2rl.capture.resources import read_resources, summarize_resources
 from a2rl.summary.route_labels import label_routes
 from a2rl.summary.stages import stage_metrics
 from a2rl.summary.verdicts import FailureClass, explain_failure
 
 
-class ProcessReport(BaseModel):
+class ProcessFacts(BaseModel):
     """The post-hoc facts of one run, written to `harness/process.json` and the results store."""
 
     run_id: str
-    metrics: dict[str, Any]
+    metrics: RunMetrics
     routes: dict[int, str] = Field(default_factory=dict)
     """Route label per submission id, from static analysis of the code snapshot taken at submission."""
     code_shas: dict[int, str] = Field(default_factory=dict)
@@ -49,7 +57,7 @@ class ProcessReport(BaseModel):
 # ---- process metrics -------------------------------------------------------------------------------------
 
 
-def process_metrics(entries: list[LedgerEntry], config: RunConfig, session_detail: Mapping[str, Any]) -> dict:
+def process_metrics(entries: list[LedgerEntry], config: RunConfig, session_detail: Mapping[str, Any]) -> RunMetrics:
     """The original's §5.2 process metrics and more, from the ledger (see the module docstring for times).
 
     Args:
@@ -58,19 +66,17 @@ def process_metrics(entries: list[LedgerEntry], config: RunConfig, session_detai
         session_detail: the `session-end` event's detail (`agent_seconds`, `grading_seconds`, `ended_by`,
             `exit_code`); empty when the session never ended.
     """
-    split = "test" if config.protocol == "paper" else "validation"
+    split = feedback_split(config.protocol)
     subs = latest_submissions(entries)
-    baselines = [e for e in entries if e.kind == "baseline"]
-    base = next((e.score for e in baselines if e.split == split and e.score is not None), None)
-    base_test = next((e.score for e in baselines if e.split == "test" and e.score is not None), None)
-    base_hashes = {e.weights_hash for e in baselines if e.weights_hash}
-    scored = [e for e in subs if e.status == "scored" and e.score is not None]
-    final = next((e for e in reversed(entries) if e.kind == "final" and e.score is not None), None)
+    numbers = headline(entries, config.protocol)  # the final score and Δ test, computed there only
+    base = baseline_scores(entries).get(split)
+    base_hashes = {e.weights_hash for e in entries if e.kind == "baseline" and e.weights_hash}
+    scored = scored_submissions(entries)
     agent_s = _num(session_detail.get("agent_seconds"))
     grading_s = _num(session_detail.get("grading_seconds"))
     n = len(subs)
 
-    best = max(scored, key=lambda e: (e.score, -e.submission_id)) if scored else None
+    best = best_submission(entries, split)
     first_valid = scored[0] if scored else None
     first_better = next((e for e in scored if base is not None and e.score > base), None)
     seen_hashes: set[str] = set()
@@ -88,13 +94,13 @@ def process_metrics(entries: list[LedgerEntry], config: RunConfig, session_detai
             running = e.score if running is None else max(running, e.score)
         best_so_far.append(running)
     last_at = max((e.agent_elapsed_s for e in subs if e.agent_elapsed_s is not None), default=None)
-    delta_test = round(final.score - base_test, 6) if final and base_test is not None else None
-    improvement = round(best.score - base, 6) if best and base is not None else None
+    delta_test = numbers.delta_test
+    improvement = delta(best.score if best else None, base)
     # heldout only: the validation gain of the best submission that did not carry over to the hidden test.
     has_gap = split == "validation" and improvement is not None and delta_test is not None
     selection_gap = round(improvement - delta_test, 6) if has_gap else None
 
-    return {
+    return RunMetrics.model_validate({
         "feedback_split": split,
         "n_submissions": n,
         "n_scored": len(scored),
@@ -124,9 +130,9 @@ def process_metrics(entries: list[LedgerEntry], config: RunConfig, session_detai
         "submissions_used_ratio": _ratio(n, config.max_submissions),
         "ended_by": session_detail.get("ended_by"),
         "exit_code": session_detail.get("exit_code"),
-        "baseline_test": base_test,
-        "final_test": final.score if final else None,
-        "final_submission_id": final.submission_id if final else None,
+        "baseline_test": numbers.baseline_test,
+        "final_test": numbers.final_test,
+        "final_submission_id": numbers.final_submission_id,
         "delta_test": delta_test,
         "selection_gap": selection_gap,
         "improved": (delta_test > 0) if delta_test is not None else (improvement is not None and improvement > 0),
@@ -135,7 +141,7 @@ def process_metrics(entries: list[LedgerEntry], config: RunConfig, session_detai
         "score_trajectory": [e.score if e.status == "scored" else None for e in subs],
         "best_so_far_trajectory": best_so_far,
         "submission_times": [e.agent_elapsed_s for e in subs],
-    }
+    })
 
 
 def _num(x: Any) -> float | None:
@@ -163,7 +169,7 @@ def summarize_process(
     narrative_client: Any = None,
     narrative: bool = True,
     write_files: bool = True,
-) -> ProcessReport:
+) -> ProcessFacts:
     """Metrics, route labels, resource summary and failure class of a finished run; writes `process.json` and
     (when a narrative model is set) `narrative.md` to the harness dir. The flow's summary step draws the figure.
 
@@ -173,25 +179,22 @@ def summarize_process(
         run_status, run_error: the run's final status and harness error (for the infrastructure rule).
         narrative: False never asks an LLM (re-ingesting must be deterministic).
     """
-    from a2rl.recording.calls import read_llm_calls, summarize_llm_calls
-    from a2rl.recording.resources import read_resources, summarize_resources
-
     harness_dir = Path(harness_dir)
     metrics = process_metrics(entries, config, session_detail)
-    metrics |= summarize_resources(read_resources(harness_dir / "resources.jsonl"))
-    metrics |= summarize_llm_calls(read_llm_calls(harness_dir / "llm_calls.jsonl"))
-    metrics |= item_level_intervals(harness_dir, entries, config)
-    metrics |= stage_metrics(entries, harness_dir)
+    metrics.add(summarize_resources(read_resources(harness_dir / "resources.jsonl")))
+    metrics.add(summarize_llm_calls(read_llm_calls(harness_dir / "llm_calls.jsonl")))
+    metrics.add(item_level_intervals(harness_dir, entries, config))
+    metrics.add(stage_metrics(entries, harness_dir))
     labels = label_routes(entries, snapshots)
-    metrics["route_counts"] = {r: list(labels.routes.values()).count(r) for r in sorted(set(labels.routes.values()))}
+    metrics.route_counts = {r: list(labels.routes.values()).count(r) for r in sorted(set(labels.routes.values()))}
     context = dict(session_detail) | {
         "run_status": run_status,
         "run_error": run_error,
         "submission_errors": [e.error for e in latest_submissions(entries) if e.status == "error" and e.error],
     }
     verdict = explain_failure(metrics, labels.routes, context)
-    metrics["failure_class"] = verdict.label
-    report = ProcessReport(
+    metrics.failure_class = verdict.label
+    report = ProcessFacts(
         run_id=run_id, metrics=metrics, routes=labels.routes, code_shas=labels.code_shas, routes_note=labels.note,
         failure_class=verdict.label, failure_reason=verdict.reason,
     )  # fmt: skip
@@ -211,7 +214,7 @@ def summarize_process(
     return report
 
 
-def _narrative_md(report: ProcessReport) -> str:
+def _narrative_md(report: ProcessFacts) -> str:
     note = f"\n_{report.narrative_note}_\n" if report.narrative_note else ""
     if report.narrative_model and report.narrative_model.startswith("deterministic"):
         return f"## Narrative (written from the facts, no LLM)\n\n{report.narrative}\n{note}"
@@ -219,12 +222,12 @@ def _narrative_md(report: ProcessReport) -> str:
             f"{report.narrative}\n{note}")
 
 
-def render_process_markdown(report: ProcessReport) -> str:
+def render_process_markdown(report: ProcessFacts) -> str:
     """A markdown section for report.md: the facts first, the narrative (if any) clearly apart."""
     m = report.metrics
 
     def f(key: str, digits: int = 2) -> str:
-        v = m.get(key)
+        v = getattr(m, key)
         return "n/a" if v is None else f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
     rows = [
@@ -241,7 +244,7 @@ def render_process_markdown(report: ProcessReport) -> str:
         ("grading share of session time", f("grading_seconds_share")),
         ("selection gap (validation gain − test gain)", f("selection_gap")),
         ("peak RSS of the agent (GB)",
-         "n/a" if m.get("rss_peak_bytes") is None else f"{m['rss_peak_bytes'] / 1e9:.2f}"),
+         "n/a" if m.rss_peak_bytes is None else f"{m.rss_peak_bytes / 1e9:.2f}"),
     ]
     lines = ["## Process", "", "| metric | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
     if report.routes:
@@ -258,11 +261,10 @@ def item_level_intervals(harness_dir: Path, entries: list[LedgerEntry], config: 
     """The run's Δ test and best feedback gain with 95% intervals from the paired per-item results the evaluations
     wrote (`harness/evaluations/<kind>-<submission>-<split>.json`): the same items, base model against the pick.
     Missing files give None (the verdicts then say the change was not tested for significance)."""
-    final = next((e for e in reversed(entries) if e.kind == "final" and e.score is not None), None)
-    final_key = f"{'submission' if config.protocol == 'paper' else 'final'}-{final.submission_id or 0}-test" if final else None
-    subs = [e for e in latest_submissions(entries) if e.status == "scored" and e.score is not None]
-    best = max(subs, key=lambda e: (e.score, -e.submission_id)) if subs else None
-    split = "test" if config.protocol == "paper" else "validation"
+    final = final_entry(entries)
+    final_key = final_evaluation_key(config.protocol, final) if final else None
+    split = feedback_split(config.protocol)
+    best = best_submission(entries, split)
     out: dict[str, Any] = {}
     for name, key, base_key in (("delta_test", final_key, "baseline-0-test"),
                                 ("improvement_feedback", best and f"submission-{best.submission_id}-{split}",
@@ -278,8 +280,6 @@ def item_level_intervals(harness_dir: Path, entries: list[LedgerEntry], config: 
 
 
 def _paired_from_files(folder: Path, base_key: str, key: str):
-    from a2rl.records import EvalResult
-
     try:
         base, pick = (EvalResult.model_validate_json((folder / f"{k}.json").read_text()) for k in (base_key, key))
     except (OSError, ValueError):

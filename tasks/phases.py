@@ -1,0 +1,27 @@
+"""The phases of a run attempt, timed in one place: `with phases.enter("baseline"): ...` records the phase's wall
+time into the attempt's record (`a2rl.capture.attempts`) and shows it in the run's progress file; the phase
+reached is what a failure is reported in."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from a2rl.ops.progress import ProgressWriter
+from a2rl.capture.attempts import AttemptLog
+
+
+class RunPhases:
+    """The current attempt's phases (a phase lasts until the next begins, or the attempt ends)."""
+
+    def __init__(self, attempts: AttemptLog, progress: ProgressWriter, first: str = "preflight") -> None:
+        self.attempts, self.progress = attempts, progress
+        self.current = first
+        """The phase reached: set on entering, kept when it raises (a failure is reported in it)."""
+
+    @contextmanager
+    def enter(self, name: str) -> Iterator[None]:
+        self.current = name
+        self.attempts.phase(name)
+        self.progress.update(phase=name)
+        yield

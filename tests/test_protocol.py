@@ -1,0 +1,166 @@
+"""The protocol's rules, once each (a2rl/protocol): their behaviour (ties, no submission, failed submissions,
+paper against heldout), that every caller uses them, and that no copy of them is left elsewhere."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from a2rl.protocol.breaches import breaks_mode, mode_breaches
+from a2rl.protocol.feedback import feedback_split
+from a2rl.protocol.picking import (BASE_SELECTION, BEST_SELECTION, DECLARED_SELECTION, PAPER_SELECTION,
+                                   best_submission, final_entry, final_evaluation_key, final_pick,
+                                   latest_submissions, pick_best)
+from a2rl.records import LedgerEntry
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = "protocol-run"
+
+
+class Ledger:
+    """Ledger lines in order, as the grader appends them."""
+
+    def __init__(self) -> None:
+        self.entries: list[LedgerEntry] = []
+
+    def add(self, **fields) -> None:
+        self.entries.append(LedgerEntry(seq=len(self.entries), run_id=RUN, **fields))
+
+    def sub(self, sid: int, split: str = "validation", score: float | None = None, status: str = "scored",
+            **detail) -> None:
+        self.add(kind="submission", submission_id=sid, split=split, status="queued", detail=detail)
+        self.add(kind="submission", submission_id=sid, split=split, status=status, score=score, detail=detail)
+
+
+def test_feedback_split_is_validation_unless_paper():
+    assert feedback_split("heldout") == "validation"
+    assert feedback_split("paper") == "test"
+
+
+def test_the_latest_line_of_each_submission_counts():
+    led = Ledger()
+    led.sub(2, score=3.0)
+    led.sub(1, score=5.0)
+    led.add(kind="submission", submission_id=3, split="validation", status="queued")
+    assert [(e.submission_id, e.status) for e in latest_submissions(led.entries)] == [
+        (1, "scored"), (2, "scored"), (3, "queued")]
+
+
+def test_best_ties_go_to_the_earliest_and_failures_never_count():
+    led = Ledger()
+    led.sub(1, score=7.0)
+    led.sub(2, score=9.0)
+    led.sub(3, status="error")
+    led.sub(4, score=9.0)
+    led.sub(5, split="test", score=99.0)  # another split's score is not a validation best
+    assert best_submission(led.entries, "validation").submission_id == 2
+    assert best_submission(led.entries, "test").submission_id == 5
+    assert pick_best([("b", 1.0, 2), ("a", 1.0, 1)], lambda c: c[1], lambda c: c[2])[0] == "a"
+
+
+def test_no_scored_submission_means_no_best_and_the_base_model_as_final():
+    led = Ledger()
+    assert best_submission(led.entries, "validation") is None
+    led.sub(1, status="error")
+    assert best_submission(led.entries, "validation") is None
+    pick = final_pick(led.entries, "heldout")
+    assert pick.entry is None and pick.selection == BASE_SELECTION
+    paper = final_pick(led.entries, "paper")
+    assert paper.entry is None and paper.selection == PAPER_SELECTION
+    assert pick_best([], float, int) is None
+
+
+def test_heldout_final_pick_is_the_declared_scored_submission_else_the_best():
+    led = Ledger()
+    led.sub(1, score=4.0)
+    led.sub(2, score=8.0)
+    led.sub(3, status="error")
+    assert (final_pick(led.entries, "heldout").entry.submission_id, final_pick(led.entries, "heldout").selection) == (
+        2, BEST_SELECTION)
+    led.add(kind="event", detail={"event": "final-pick", "submission_id": 1})
+    pick = final_pick(led.entries, "heldout")
+    assert (pick.entry.submission_id, pick.selection) == (1, DECLARED_SELECTION)
+    led.add(kind="event", detail={"event": "final-pick", "submission_id": 3})  # failed: the best stands
+    assert final_pick(led.entries, "heldout").entry.submission_id == 2
+
+
+def test_paper_final_pick_is_the_best_test_score_whatever_was_declared():
+    led = Ledger()
+    led.sub(1, split="test", score=6.0)
+    led.sub(2, split="test", score=5.0)
+    led.add(kind="event", detail={"event": "final-pick", "submission_id": 2})
+    pick = final_pick(led.entries, "paper")
+    assert (pick.entry.submission_id, pick.selection) == (1, PAPER_SELECTION)
+
+
+def test_the_final_entry_and_where_its_items_are():
+    led = Ledger()
+    assert final_entry(led.entries) is None
+    led.add(kind="final", split="test", status="scored", score=3.0, submission_id=2)
+    final = final_entry(led.entries)
+    assert final.score == 3.0
+    assert final_evaluation_key("heldout", final) == "final-2-test"
+    assert final_evaluation_key("paper", final) == "submission-2-test"
+    led.add(kind="final", split="test", status="scored", score=1.0)
+    assert final_evaluation_key("heldout", final_entry(led.entries)) == "final-0-test"
+
+
+def test_a_breach_is_a_flagged_submission_counted_once():
+    led = Ledger()
+    led.sub(1, score=1.0, mode_ok=True)
+    led.sub(2, score=1.0, mode_ok=False)
+    led.sub(3, score=1.0)  # not checked: no breach
+    assert [e.submission_id for e in mode_breaches(led.entries)] == [2]
+    assert breaks_mode({"mode_ok": False}) and not breaks_mode(None) and not breaks_mode({"mode_ok": None})
+
+
+# ---- every caller uses the rules, and no copy is left ------------------------------------------------------
+
+CALLERS = {
+    "a2rl.protocol.feedback": {"feedback_split": ["a2rl/summary/headline.py", "a2rl/summary/process_facts.py",
+                                                  "a2rl/grading/service.py"]},
+    "a2rl.protocol.picking": {
+        "latest_submissions": ["a2rl/summary/headline.py", "a2rl/summary/process_facts.py", "a2rl/grading/service.py",
+                               "a2rl/summary/record.py", "a2rl/summary/stages.py", "a2rl/store/ingest.py",
+                               "tasks/run_steps.py"],
+        "best_submission": ["a2rl/summary/headline.py", "a2rl/summary/process_facts.py", "a2rl/grading/service.py"],
+        "final_pick": ["tasks/run_steps.py"],
+        "final_entry": ["a2rl/summary/headline.py", "a2rl/summary/process_facts.py"],
+        "pick_best": ["a2rl/summary/stages.py"],
+    },
+    "a2rl.protocol.breaches": {"mode_breaches": ["a2rl/summary/headline.py"], "breaks_mode": ["a2rl/ops/progress.py"]},
+}
+
+
+def _imports(path: Path) -> set[tuple[str, str]]:
+    tree = ast.parse(path.read_text())
+    return {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+
+
+@pytest.mark.parametrize("module", sorted(CALLERS))
+def test_the_callers_import_the_rule(module):
+    missing = [f"{path} does not import {name} from {module}"
+               for name, paths in CALLERS[module].items() for path in paths
+               if (module, name) not in _imports(ROOT / path)]  # fmt: skip
+    assert missing == []
+
+
+COPIES = {
+    "the feedback split": re.compile(r'"test" if .*"paper"|"paper" else "validation"'),
+    "the best pick (ties to the earliest)": re.compile(r"-\w+\.submission_id\)"),
+    "the latest line per submission": re.compile(r"latest\[\w+\.submission_id\] = "),
+    "the final entry": re.compile(r'e\.kind == "final" and e\.score is not None'),
+    "the breach flag": re.compile(r'\.get\("mode_ok"\) is False'),
+}
+
+
+def test_no_copy_of_a_rule_outside_the_protocol_package():
+    files = [p for pkg in ("a2rl", "tasks", "flows", "analysis", "agents", "benchmarks", "blocks")
+             for p in (ROOT / pkg).rglob("*.py") if "protocol" not in p.relative_to(ROOT).parts[:2]]
+    copies = [f"{p.relative_to(ROOT)}:{n}: a copy of {rule}" for p in files
+              for n, line in enumerate(p.read_text().splitlines(), 1)
+              for rule, pattern in COPIES.items() if pattern.search(line)]  # fmt: skip
+    assert copies == []
