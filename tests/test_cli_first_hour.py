@@ -486,9 +486,9 @@ def test_the_default_agent_submits_well_inside_its_budget_on_a_loaded_machine(tm
             super().__init__(*args, **kwargs)
             self.asked_at: list[float] = []
 
-        def submit(self, model_path: str, wait: bool = False, timeout_s: float = 6 * 3600) -> dict:
+        def submit(self, model_path: str, *args, **kwargs) -> dict:
             self.asked_at.append(self.clock.elapsed())
-            return super().submit(model_path, wait, timeout_s)
+            return super().submit(model_path, *args, **kwargs)
 
     for name in [k for k in os.environ if k.startswith("A2RL_SFT_")]:
         monkeypatch.delenv(name)  # the agent's own defaults, as `make run` has them
