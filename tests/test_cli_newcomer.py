@@ -270,8 +270,10 @@ def test_progress_display_and_mode_breaches_on_a_terminal(prefect_harness, tiny_
     """`a2rl run --mode rl-only --agent reference-sft` on a pty: a live display (phases, baseline items, the
     agent's clock moving, submissions) and the SFT submission's mode breach in the display, the summary, the
     report's headline table and `a2rl status`."""
+    # Its own A2RL_HOME: a baseline cached by an earlier test would skip the evaluation this test watches.
     env = cli_env(tmp_path, A2RL_SFT_TRAIN_S="4", A2RL_SFT_MAX_STEPS="4", A2RL_SFT_BATCH_SIZE="4",
-                  A2RL_SFT_MAX_LENGTH="512", COLUMNS="160", LINES="40", **harness_api_url())  # fmt: skip
+                  A2RL_SFT_MAX_LENGTH="512", COLUMNS="160", LINES="40", A2RL_HOME=str(tmp_path / "a2rl-home"),
+                  **harness_api_url())  # fmt: skip
     results = tmp_path / "a.duckdb"
     cmd = [sys.executable, "-m", "a2rl.cli", "run", "--base-model", str(tiny_model_dir), "--budget", "45",
            "--val-limit", "1", "--test-limit", "1", "--mode", "rl-only", "--results", str(results),
