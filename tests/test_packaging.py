@@ -1,0 +1,81 @@
+"""The distribution declares what it imports (issue #38): a fresh install must not depend on what another
+package happens to pull in, and a private API we subclass must not move under us."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata as md
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("a2rl", "agents", "analysis", "benchmarks", "blocks", "flows", "tasks")
+
+OPTIONAL = {
+    "vllm": "GPU backend, its own environment (a2rl/inference/generation_worker.py imports it inside a function)",
+    "pynvml": "GPU resource samples, only where an NVIDIA driver is present (guarded import)",
+}
+"""Third-party modules imported only where present, each with why it is not a dependency."""
+
+AGENT_LOCAL = {"envlib", "decode_engine", "grpo_env_torch", "round_loop", "sft_grpo_session", "sft_torch",
+               "train_common", "train_grpo", "train_precision", "train_sft", "web_agent_site", "textworld"}
+"""Modules that are files copied into an agent's workspace or shipped task data (data/envlib.zip), not packages."""
+
+
+def _requirement_names(lines: list[str]) -> set[str]:
+    names = set()
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if line:
+            names.add(re.split(r"[=<>!~\[; ]", line, maxsplit=1)[0].lower().replace("_", "-"))
+    return names
+
+
+def _declared() -> tuple[set[str], dict[str, str]]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    data = (REPO / "requirements-data.txt").read_text().splitlines()
+    pins = {re.split(r"[=<>!~\[; ]", d, maxsplit=1)[0].lower().replace("_", "-"): d for d in project["dependencies"]}
+    return _requirement_names(project["dependencies"]) | _requirement_names(data), pins
+
+
+def _direct_imports() -> dict[str, str]:
+    """Top-level third-party module -> the first file that imports it."""
+    found: dict[str, str] = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for name in names:
+                    top = name.split(".")[0]
+                    if top not in sys.stdlib_module_names and top not in PACKAGES:
+                        found.setdefault(top, str(path.relative_to(REPO)))
+    return found
+
+
+def test_every_direct_import_is_a_declared_dependency():
+    declared, _ = _declared()
+    dists = md.packages_distributions()
+    missing = []
+    for module, where in sorted(_direct_imports().items()):
+        if module in OPTIONAL or module in AGENT_LOCAL:
+            continue
+        owners = {d.lower().replace("_", "-") for d in dists.get(module, [])}
+        if not owners & declared:
+            missing.append(f"{module} (imported by {where}; distribution {sorted(owners) or 'not installed'})")
+    assert not missing, "imported but not declared in pyproject.toml: " + "; ".join(missing)
+
+
+def test_private_api_we_subclass_is_pinned_exactly():
+    """a2rl/grading/server.py subclasses uvicorn's H11Protocol: an unpinned uvicorn could change it silently."""
+    assert "H11Protocol" in (REPO / "a2rl/grading/server.py").read_text()
+    _, pins = _declared()
+    for name in ("uvicorn", "h11"):
+        assert "==" in pins.get(name, ""), f"{name} must be pinned exactly, got {pins.get(name)!r}"
+        assert md.version(name) == pins[name].split("==")[1].split()[0], f"installed {name} differs from its pin"
