@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.a2rl-installed
 ARGS ?=
 
-.PHONY: setup tools postgres run test
+.PHONY: setup tools postgres run test vllm-env
 
 # Pinned tools, installed once per machine by scripts/tools.sh into a cache keyed by these versions (outside the
 # checkout: /var/cache/a2rl/tools where writable, else ~/.cache/a2rl/tools; A2RL_TOOLS_CACHE overrides) that
@@ -56,3 +56,10 @@ run: setup
 
 test: setup tools postgres
 	$(VENV)/bin/pytest -q
+
+# vLLM in its own environment (requirements-vllm.txt says why); then run with
+#   A2RL_VLLM_PYTHON=$(CURDIR)/.venv-vllm/bin/python a2rl run --eval-backend vllm ...
+vllm-env:
+	uv=$$($(TOOLS_SH) uv) && "$$uv" venv -q --python $(PYTHON) .venv-vllm && \
+	  "$$uv" pip install -q --python .venv-vllm/bin/python -r requirements-vllm.txt && \
+	  echo "vLLM environment ready: export A2RL_VLLM_PYTHON=$(CURDIR)/.venv-vllm/bin/python"

@@ -79,3 +79,38 @@ def test_private_api_we_subclass_is_pinned_exactly():
     for name in ("uvicorn", "h11"):
         assert "==" in pins.get(name, ""), f"{name} must be pinned exactly, got {pins.get(name)!r}"
         assert md.version(name) == pins[name].split("==")[1].split()[0], f"installed {name} differs from its pin"
+
+
+def _uv() -> str:
+    import subprocess
+
+    out = subprocess.run(["sh", str(REPO / "scripts/tools.sh"), "uv"], capture_output=True, text=True,
+                         env={**__import__("os").environ, "UV_VERSION": _make_var("UV_VERSION")}, check=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def _make_var(name: str) -> str:
+    match = re.search(rf"^{name}\s*:=\s*(\S+)", (REPO / "Makefile").read_text(), re.M)
+    assert match, f"{name} not in Makefile"
+    return match.group(1)
+
+
+def test_the_lock_file_matches_pyproject():
+    """`make setup` installs from uv.lock; a pyproject change without `uv lock` must fail here, not on a user."""
+    import subprocess
+
+    result = subprocess.run([_uv(), "lock", "--check", "--project", str(REPO)], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, f"uv.lock is stale (run `uv lock`): {result.stderr.strip()[-500:]}"
+
+
+def test_the_vllm_environment_resolves():
+    """The vLLM environment (`make vllm-env`) is resolvable from PyPI, for the Python and platform of a GPU host."""
+    import subprocess
+
+    result = subprocess.run([_uv(), "pip", "compile", "-q", str(REPO / "requirements-vllm.txt"),
+                             "--python-version", "3.12", "--python-platform", "x86_64-manylinux_2_28"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"requirements-vllm.txt does not resolve: {result.stderr.strip()[-800:]}"
+    pins = dict(line.split("==", 1) for line in result.stdout.splitlines() if "==" in line and not line.startswith("#"))
+    assert pins["vllm"].split()[0] == "0.31.0" and pins["torch"].split()[0].startswith("2.")
