@@ -16,14 +16,18 @@ OPENHANDS_VERSION := 1.16.0
 TOOLS_SH := UV_VERSION=$(UV_VERSION) CLI_PACKAGES='$(CLI_PACKAGES)' OPENHANDS_VERSION=$(OPENHANDS_VERSION) \
 	PYTHON=$(PYTHON) sh scripts/tools.sh
 
-$(STAMP): pyproject.toml requirements-data.txt
+$(STAMP): pyproject.toml uv.lock requirements-data.txt
 	rm -rf $(VENV)
 	uv=$$($(TOOLS_SH) uv) && export UV_CACHE_DIR=$$($(TOOLS_SH) cache-dir)/uv-cache && \
 	  "$$uv" venv -q --seed --python $(PYTHON) $(VENV) && \
 	  $(PY) -m pip install -q --no-compile torch==2.13.0 && \
-	  "$$uv" pip install -q --python $(PY) -e '.[dev]' && \
+	  "$$uv" export -q --frozen --no-hashes --no-emit-project --extra dev --prune torch -o $(VENV)/locked.txt && \
+	  "$$uv" pip install -q --python $(PY) -r $(VENV)/locked.txt && \
+	  "$$uv" pip install -q --python $(PY) --no-deps -e . && \
 	  "$$uv" pip install -q --python $(PY) --no-deps -r requirements-data.txt
 	-$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null 2>&1
+	# The versions come from uv.lock (`uv lock` after a pyproject change; tests/test_packaging.py checks it), less
+	# torch and what only torch needs (`--prune torch`): the lock's torch is PyPI's CUDA build.
 	# torch first, pinned, with pip: pip reads this machine's pip configuration (e.g. a CPU wheel on disk in
 	# find-links), which uv does not, and an unpinned torch from PyPI is a multi-GB CUDA build. uv then keeps that
 	# torch and installs the rest in seconds. Bytecode is compiled once, on every core, at the end (pip does it on
