@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
-
+from a2rl.registry import Registry
 from agents.base import (
     Agent,
     AgentEnv,
@@ -16,8 +15,9 @@ from agents.base import (
     run_agent,
 )
 
-# id -> "module:class"; modules are imported on use, so the registry loads no SDK.
-AGENTS = {
+# id -> "module:class"; modules are imported on use, so the registry loads no SDK. An installed package adds an
+# agent under the `a2rl.agents` entry point group (docs/architecture.md, "Adding an agent").
+AGENTS: Registry[type[Agent]] = Registry("agent", "a2rl.agents", {
     "reference-sft": "agents.reference_sft.adapter:ReferenceSFT",
     "reference-grpo": "agents.reference_grpo.adapter:ReferenceGRPO",
     "reference-sft-grpo": "agents.reference_sft_grpo.adapter:ReferenceSFTGRPO",
@@ -28,14 +28,11 @@ AGENTS = {
     "gemini": "agents.cli_agents.adapter:GeminiCLI",
     "opencode": "agents.cli_agents.adapter:OpenCode",
     "openhands": "agents.cli_agents.adapter:OpenHands",
-}
+})
 
 
 def agent_class(agent_id: str) -> type[Agent]:
-    if agent_id not in AGENTS:
-        raise KeyError(f"unknown agent {agent_id!r}; known agents: {', '.join(sorted(AGENTS))}")
-    module, name = AGENTS[agent_id].split(":")
-    return getattr(importlib.import_module(module), name)
+    return AGENTS.load(agent_id)
 
 
 def get_agent(agent_id: str, driver: object | None = None, options: object | None = None) -> Agent:
@@ -56,7 +53,7 @@ def uses_llm(agent_id: str) -> bool:
 
 
 def list_agents() -> list[str]:
-    return sorted(AGENTS)
+    return AGENTS.names()
 
 
 __all__ = [

@@ -2,31 +2,31 @@
 
 from __future__ import annotations
 
+from a2rl.registry import PluginError, Registry
 from benchmarks.base import BenchmarkTask, Decoding, PreparedData, TaskData
 
-
-def _registry() -> dict[str, BenchmarkTask]:
-    # Imported lazily so that `import benchmarks` stays cheap.
-    from benchmarks.alfworld import ALFWorld
-    from benchmarks.alpacaeval import AlpacaEval
-    from benchmarks.deepsearchqa import DeepSearchQA
-    from benchmarks.gsm8k import GSM8K
-    from benchmarks.humaneval import HumanEval
-    from benchmarks.webshop import WebShop
-
-    tasks = [GSM8K(), HumanEval(), AlpacaEval(), ALFWorld(), WebShop(), DeepSearchQA()]
-    return {t.id: t for t in tasks}
+TASKS: Registry[type[BenchmarkTask]] = Registry("task", "a2rl.tasks", {
+    "gsm8k": "benchmarks.gsm8k:GSM8K",
+    "humaneval": "benchmarks.humaneval:HumanEval",
+    "alpacaeval": "benchmarks.alpacaeval:AlpacaEval",
+    "alfworld": "benchmarks.alfworld:ALFWorld",
+    "webshop": "benchmarks.webshop:WebShop",
+    "deepsearchqa": "benchmarks.deepsearchqa:DeepSearchQA",
+})
+"""Benchmark tasks by id: the six built in, plus any an installed package declares under the `a2rl.tasks` entry
+point group (docs/architecture.md, "Adding a benchmark task"). Imported on first use."""
 
 
 def get_task(task_id: str) -> BenchmarkTask:
-    tasks = _registry()
-    if task_id not in tasks:
-        raise KeyError(f"unknown task {task_id!r}; known tasks: {', '.join(sorted(tasks))}")
-    return tasks[task_id]
+    """A new instance of the task (tasks are small declarative objects; their data is cached on disk)."""
+    task = TASKS.load(task_id)()
+    if task.id != task_id:
+        raise PluginError(f"task {task_id!r} ({TASKS.ref(task_id).target}) calls itself {task.id!r}")
+    return task
 
 
 def list_tasks() -> list[BenchmarkTask]:
-    return list(_registry().values())
+    return [get_task(name) for name in TASKS.names()]
 
 
-__all__ = ["BenchmarkTask", "Decoding", "PreparedData", "TaskData", "get_task", "list_tasks"]
+__all__ = ["TASKS", "BenchmarkTask", "Decoding", "PreparedData", "TaskData", "get_task", "list_tasks"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import importlib.metadata
+import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -140,7 +141,9 @@ class BenchmarkTask(abc.ABC):
     # -- shared ----------------------------------------------------------------------------
     @property
     def package_dir(self) -> Path:
-        return Path(__file__).parent / self.id
+        """The folder of the module that defines the task (its description.md lives there), so that a task from
+        an installed outside package finds its own files."""
+        return Path(inspect.getfile(type(self))).parent
 
     @property
     def ships_demonstrations(self) -> bool:

@@ -1,0 +1,155 @@
+"""Plug-ins that register themselves (issue #38): an outside package adds a benchmark task and an agent through
+entry points, without editing this repository; two plug-ins under one name are refused, naming both."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import agents
+import benchmarks
+from a2rl.registry import PluginError
+
+REPO = Path(__file__).resolve().parents[1]
+
+TASK_MODULE = '''
+from dataclasses import dataclass, field
+
+from a2rl.records import ItemResult
+from benchmarks.base import BenchmarkTask, Decoding, TaskData
+
+WORDS = ["apple", "river", "stone", "cloud", "maple", "ember", "frost", "grain"]
+
+
+@dataclass
+class Echo(BenchmarkTask):
+    id: str = "toy-echo"
+    level: str = "L1"
+    metric: str = "exact match"
+    title: str = "Repeat the word"
+    prompt_version: str = "1"
+    decoding: Decoding = field(default_factory=lambda: Decoding(max_new_tokens=4))
+    default_base_model: str = "smollm2-135m-instruct"
+    variant_labels: dict = field(default_factory=lambda: {"offline": "echo words, generated offline"})
+
+    def loaders(self):
+        return {"offline": self._words}
+
+    def _words(self) -> TaskData:
+        items = [{"id": f"w{i}", "word": w} for i, w in enumerate(WORDS)]
+        return TaskData(train=items[:4], validation=items[4:6], test=items[6:], source="a word list in the plug-in")
+
+    def build_prompt(self, item):
+        return [{"role": "user", "content": f"Repeat: {item['word']}"}]
+
+    def score_item(self, item, completion):
+        said = completion.strip()
+        return ItemResult(item_id=item["id"], completion=completion, prediction=said, target=item["word"],
+                          correct=said == item["word"])
+'''
+
+AGENT_MODULE = '''
+from agents.reference_sft.adapter import ReferenceSFT
+
+
+class ToySFT(ReferenceSFT):
+    id = "toy-sft"
+'''
+
+
+def _plugin_package(root: Path, entry_points: str) -> Path:
+    """A package as pip would leave it in site-packages: its modules and a dist-info with entry_points.txt."""
+    pkg = root / "a2rl_toy_plugin"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "task.py").write_text(TASK_MODULE)
+    (pkg / "agent.py").write_text(AGENT_MODULE)
+    (pkg / "description.md").write_text("# Repeat the word\nTrain the model to repeat the word it is given.\n")
+    info = root / "a2rl_toy_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: a2rl-toy-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(textwrap.dedent(entry_points))
+    return root
+
+
+@pytest.fixture
+def installed_plugin(tmp_path, monkeypatch):
+    root = _plugin_package(tmp_path / "site", """
+        [a2rl.tasks]
+        toy-echo = a2rl_toy_plugin.task:Echo
+
+        [a2rl.agents]
+        toy-sft = a2rl_toy_plugin.agent:ToySFT
+        """)
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setenv("A2RL_HOME", str(tmp_path / "home"))
+    benchmarks.TASKS.refresh()
+    agents.AGENTS.refresh()
+    yield root
+    monkeypatch.undo()
+    benchmarks.TASKS.refresh()
+    agents.AGENTS.refresh()
+
+
+def test_an_installed_package_adds_a_task_and_an_agent(installed_plugin):
+    assert "toy-echo" in benchmarks.TASKS and "gsm8k" in benchmarks.TASKS
+    assert benchmarks.TASKS.ref("toy-echo").source == "a2rl-toy-plugin"
+    task = benchmarks.get_task("toy-echo")
+    assert [t.id for t in benchmarks.list_tasks()].count("toy-echo") == 1
+    # Its description comes from its own package, with the harness's grading section after it.
+    assert task.description().startswith("# Repeat the word") and "How submissions are graded" in task.description()
+    prepared = task.prepare("offline")
+    assert prepared.manifest["sizes"] == {"train": 4, "validation": 2, "test": 2}
+    assert not (prepared.public_dir / "test.jsonl").exists()  # hidden items stay private, as for built-ins
+    items = task.load_split("offline", "test")
+    assert [task.score_item(i, f" {i['word']}\n").correct for i in items] == [True, True]
+    assert agents.agent_class("toy-sft").id == "toy-sft" and "toy-sft" in agents.list_agents()
+
+
+def test_the_command_line_lists_an_installed_task(installed_plugin):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(installed_plugin), str(REPO)])}
+    out = subprocess.run([sys.executable, "-m", "a2rl", "tasks"], capture_output=True, text=True, env=env,
+                         timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert "toy-echo" in out.stdout and "Repeat the word" in out.stdout and "gsm8k" in out.stdout
+
+
+def test_two_plugins_under_one_name_are_refused_naming_both(tmp_path, monkeypatch):
+    root = _plugin_package(tmp_path / "site", """
+        [a2rl.tasks]
+        gsm8k = a2rl_toy_plugin.task:Echo
+        """)
+    monkeypatch.syspath_prepend(str(root))
+    benchmarks.TASKS.refresh()
+    try:
+        with pytest.raises(PluginError) as caught:
+            benchmarks.get_task("gsm8k")
+        message = str(caught.value)
+        assert "benchmarks.gsm8k:GSM8K (built-in)" in message and "a2rl_toy_plugin.task:Echo (a2rl-toy-plugin)" in message
+    finally:
+        monkeypatch.undo()
+        benchmarks.TASKS.refresh()
+
+
+def test_an_unknown_or_broken_plugin_is_one_clear_error(tmp_path, monkeypatch):
+    with pytest.raises(KeyError, match="unknown task 'nope'; known tasks: .*gsm8k"):
+        benchmarks.get_task("nope")
+    root = _plugin_package(tmp_path / "site", """
+        [a2rl.agents]
+        broken = a2rl_toy_plugin.missing:Nothing
+        """)
+    monkeypatch.syspath_prepend(str(root))
+    agents.AGENTS.refresh()
+    try:
+        with pytest.raises(PluginError, match=r"agent 'broken' \(a2rl_toy_plugin.missing:Nothing, from a2rl-toy-plugin\) "
+                                              r"does not load"):
+            agents.agent_class("broken")
+        assert agents.agent_class("reference-sft").id == "reference-sft"  # a broken plug-in breaks only itself
+    finally:
+        monkeypatch.undo()
+        agents.AGENTS.refresh()
