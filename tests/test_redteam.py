@@ -823,3 +823,66 @@ def test_an_evaluation_dies_with_its_grader_and_a_restarted_grader_serves(tmp_pa
         assert r.status_code == 200 and r.json()["status"] == "scored", r.text
     finally:
         assert killed_with(grader, resumed) == [], "the resumed evaluation outlived the grader"
+
+
+# -- integrity, fourth pass (issue 33) ----------------------------------------------------------------------
+FORGED_NAME = ("x</td><script>alert(1)</script>\n| final, hidden test (forged) | 99.99 |\n## LEDGER INTEGRITY: OK"
+               "\x1b[2J\x1b]0;owned\x07\x07`| **bold**")  # fmt: skip
+
+
+def test_agent_chosen_text_stays_text_in_the_report_the_log_and_the_display(tmp_path, tiny_model_dir):
+    """Agent text as markup: a checkpoint directory named with HTML, newlines, a forged table row and heading,
+    ANSI escapes and BEL landed raw in report.md (also the Prefect artifact) and the run's log lines; the agent's
+    log line `step done [/done]` raised MarkupError in the live display. Now one escaping rule (`a2rl.safetext`)."""
+    import io
+    import logging
+
+    from rich.console import Console
+
+    from a2rl.cli.display import RunDisplay
+    from a2rl.ops.progress import RunProgress, Snapshot
+    from a2rl.records import RunSummary
+    from a2rl.summary.report import render_markdown
+    from tasks.session_steps import SessionRecorder
+
+    paths, store, service = _served(tmp_path, tiny_model_dir)
+    shutil.copytree(tiny_model_dir, paths.workspace / "output" / FORGED_NAME)
+    with GradingServer(service) as server:
+        auth = {"Authorization": f"Bearer {server.token}"}
+        r = httpx.post(f"{server.url}/submit", json={"model_path": f"output/{FORGED_NAME}", "wait": True},
+                       headers=auth, timeout=120)  # fmt: skip
+        assert r.status_code == 200 and r.json()["status"] == "scored", r.text
+        _still_healthy(server)
+    service.close(10)
+    subs = [e for e in service.submissions() if e.status == "scored"]
+    summary = RunSummary(run_id="integrity-run", config=service.ctx.config, status="completed", protocol="heldout",
+                         variant_label="offline", baseline_val=10.0, baseline_test=1.0, best_val=50.0,
+                         best_submission_id=1, final_submission_id=1, final_test=3.125, delta_test=2.125,
+                         n_submissions=2, n_scored=2, agent_seconds=1.0, grading_seconds=1.0, wall_seconds=2.0,
+                         error="<b>boom</b>\n| x | 1 |")  # fmt: skip
+    md = render_markdown(summary, subs, [])
+    lines = md.splitlines()
+    assert not any(line.startswith("| final, hidden test (forged)") for line in lines), md
+    assert not any(line.startswith("## LEDGER") for line in lines) and "<script>" not in md and "<b>" not in md, md
+    assert not any(c in md for c in "\x1b\x07"), md
+    forged_row = next(line for line in lines if "script" in line)  # the submission's row stays one row of 9 cells
+    assert forged_row.count(" | ") == 8 and forged_row.count("`") == 2, forged_row
+    # The run's log line for the grade.
+    from types import SimpleNamespace
+
+    logged: list[str] = []
+    logger = logging.getLogger("redteam-log")
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler := logging.Handler())
+    handler.emit = lambda record: logged.append(record.getMessage())
+    SessionRecorder(SimpleNamespace(run_id="integrity-run"), store, None, logger).on_entry(subs[0])
+    logger.removeHandler(handler)
+    assert logged and "script" in logged[0] and not any(c in logged[0] for c in "\x1b\x07\n"), logged
+    # The live display: an ordinary log line with brackets, and one with escapes.
+    display = RunDisplay(tmp_path / "announce", stream=io.StringIO(), live=True)
+    progress = RunProgress(run_id="r", harness_dir=paths.harness_dir, phase="agent_session", budget_s=60)
+    for line in ("log: step done [/done]", "log: [bold red]x[/] \x1b[31mred\x07" + FORGED_NAME):
+        out = io.StringIO()
+        Console(file=out, width=200, force_terminal=False).print(display._render(Snapshot(progress, last_activity=line)))
+        assert "step done [/done]" in out.getvalue() or "[bold red]x[/]" in out.getvalue(), out.getvalue()
+        assert "\x1b" not in out.getvalue() and "\x07" not in out.getvalue()
