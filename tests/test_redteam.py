@@ -949,3 +949,69 @@ def test_unused_tensors_do_not_raise_the_evaluation_memory_cap(tmp_path, tiny_mo
     inflated = json.loads((honest / "config.json").read_text()) | {"num_hidden_layers": 4000}
     (padded / "config.json").write_text(json.dumps(inflated))
     assert eval_memory_bytes(padded) <= 4 * sum(f.stat().st_size for f in padded.glob("*.safetensors")) + 6 * 2**30
+
+
+TIMING_AGENT = r"""
+import json, os, sys, time, urllib.request
+out = sys.argv[1]
+req = urllib.request.Request(os.environ["GRADING_SERVER_URL"] + "/submit", method="POST",
+                             data=json.dumps({"model_path": "output/slow"}).encode(),
+                             headers={"Authorization": "Bearer " + os.environ["GRADING_TOKEN"],
+                                      "Content-Type": "application/json"})
+unfrozen = frozen = 0.0
+last = time.monotonic()
+urllib.request.urlopen(req, timeout=60).read()  # submitted without waiting for the grade
+while True:  # unbudgeted work would show as unfrozen time past budget + grace
+    time.sleep(0.02)
+    now = time.monotonic()
+    step, last = now - last, now
+    if step < 0.5:
+        unfrozen += step
+    else:
+        frozen += step
+    with open(out + ".tmp", "w") as f:
+        json.dump({"unfrozen": unfrozen, "frozen": frozen}, f)
+    os.replace(out + ".tmp", out)
+"""
+
+
+def test_a_slow_evaluation_buys_the_agent_no_unbudgeted_time(tmp_path, tiny_model_dir):
+    """Grading bought free time: the clock paused while a submission waited for or was in grading, but the agent
+    kept running; a checkpoint slow to evaluate, submitted without waiting, gave up to the evaluation time limit
+    of unbudgeted work per submission. Now the agent's processes are stopped while its clock is paused: a real
+    agent process measuring its own running time runs no longer than its budget plus the grace."""
+    from a2rl.isolation.freezer import RULE
+
+    budget_s, grace_s, eval_s = 4.0, 1.0, 8.0
+
+    def slow(model_dir, weights_hash, spec, device=None):
+        time.sleep(eval_s)
+        return _constant(model_dir, weights_hash, spec)
+
+    paths = _make_run(tmp_path, "clock-run", tiny_model_dir)
+    shutil.copytree(tiny_model_dir, paths.workspace / "output" / "slow")
+    (paths.workspace / "code" / "timing.py").write_text(TIMING_AGENT)
+    measured = paths.workspace / "timing.json"
+
+    class TimingAgent(Agent):
+        id = "timing"
+
+        def install(self, workspace: Path) -> None:
+            pass
+
+        def command(self, workspace: Path) -> list[str]:
+            return [sys.executable, "code/timing.py", str(measured)]
+
+    clock = BudgetClock(budget_s)
+    service = GradingService(GradingContext("clock-run", RunConfig(max_submissions=3), paths.workspace,
+                                            paths.harness_dir, {"validation": 10.0}), clock, evaluate=slow)  # fmt: skip
+    with GradingServer(service) as server:
+        env = AgentEnv("gsm8k", "tiny", paths.workspace, server.url, server.token, seed=0)
+        outcome = run_agent(TimingAgent(), env, clock, paths.harness_dir / "agent.log", grace_s=grace_s)
+        assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+    service.close(drain_timeout_s=eval_s + 5)
+    took = json.loads(measured.read_text())
+    assert took["unfrozen"] <= budget_s + grace_s + 0.5, (took, outcome)
+    assert took["frozen"] >= eval_s - 2, (took, outcome)  # it was stopped while its submission was graded
+    assert outcome.ended_by == "budget" and outcome.clock_rule["clock_rule"] == RULE, outcome
+    assert outcome.clock_rule["freezes"] >= 1 and not _processes(lambda e: "timing.py" in (e / "cmdline").read_text())

@@ -86,6 +86,12 @@ def run_notes(ctx: RunContext, session_detail: dict) -> list[str]:
                      "i.e. selection on the test set (optimistic).")
     if session_detail.get("ended_by") == "budget":
         notes.append("The agent was stopped at the end of its budget.")
+    if rule := session_detail.get("clock_rule"):
+        notes.append(f"Budget clock: {rule['clock_rule']} ({rule['freezes']} freezes, {rule['frozen_s']:.0f} s "
+                     "frozen).")
+    elif session_detail:
+        notes.append("Budget clock: paused while grading; the agent's processes were not frozen (a session "
+                     "recorded before issue 33).")
     if session_detail.get("exit_code") not in (0, None):
         notes.append(f"The agent exited with code {session_detail['exit_code']} (see harness/agent.log).")
     return notes
