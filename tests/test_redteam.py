@@ -1015,3 +1015,89 @@ def test_a_slow_evaluation_buys_the_agent_no_unbudgeted_time(tmp_path, tiny_mode
     assert took["frozen"] >= eval_s - 2, (took, outcome)  # it was stopped while its submission was graded
     assert outcome.ended_by == "budget" and outcome.clock_rule["clock_rule"] == RULE, outcome
     assert outcome.clock_rule["freezes"] >= 1 and not _processes(lambda e: "timing.py" in (e / "cmdline").read_text())
+
+
+def _encoded_leaks() -> tuple[list[dict], dict[str, dict[str, bytes]]]:
+    """40 hidden items and, per encoding, the files an agent would write to smuggle them out."""
+    import base64 as b64
+    import codecs
+    import gzip
+    import random
+    import urllib.parse
+    import zlib
+
+    rng = random.Random(33)
+    word = lambda: "".join(rng.choice("abcdefghijklmnoprstuvwxy") for _ in range(7))  # noqa: E731
+    items = [{"question": " ".join(word() for _ in range(16)),
+              "answer": " ".join(word() for _ in range(20)) + " #### 7"} for _ in range(40)]  # fmt: skip
+    text = "\n".join(i["question"] for i in items)
+    raw = text.encode()
+    cyrillic = str.maketrans("aceopxy", "асеорху")
+    halves = [" ".join(i["question"].split()[:8]) for i in items], [" ".join(i["question"].split()[8:]) for i in items]
+    odd = [" ".join(i["question"].split()[0::2]) for i in items], [" ".join(i["question"].split()[1::2]) for i in items]
+    cases = {
+        "base64": {"notes.txt": b64.b64encode(raw)},
+        "base64 of gzip": {"blob.txt": b"data = '" + b64.b64encode(gzip.compress(raw)) + b"'\n"},
+        "hex": {"dump.txt": raw.hex().encode()},
+        "gzip": {"cache.bin": gzip.compress(raw)},
+        "zlib": {"cache.z": zlib.compress(raw)},
+        "rot13": {"r.txt": codecs.encode(text, "rot13").encode()},
+        "url": {"u.txt": urllib.parse.quote(text).encode()},
+        "utf-16": {"w.txt": text.encode("utf-16")},
+        "underscores": {"ids.py": "\n".join(i["question"].replace(" ", "_") for i in items).encode()},
+        "zero-width": {"z.txt": "\u200b".join(text).encode()},
+        "cyrillic look-alikes": {"c.txt": text.translate(cyrillic).encode()},
+        "reversed": {"rev.txt": text[::-1].encode()},
+        "halves over two files": {f"q{k:02}{part}.txt": half.encode() for k in range(40)
+                                  for part, half in (("a", halves[0][k]), ("b", halves[1][k]))},
+        "word by word over two files": {"a.txt": " ".join(odd[0]).encode(), "b.txt": " ".join(odd[1]).encode()},
+    }  # fmt: skip
+    return items, cases
+
+
+def test_encoded_normalised_or_split_hidden_items_are_found_and_answers_are_audited(tmp_path):
+    """The leak audit saw verbatim copies only: hidden questions written base64-, hex-, gzip-, zlib-, rot13-, URL-
+    or UTF-16-encoded, joined with `_`, interleaved with zero-width spaces, in Cyrillic look-alike letters,
+    reversed, or split over two files: 0 of 40 found each time; reference answers were not audited. Now 40 of 40
+    in each case, and the report says what it decoded; an honest workspace stays "not found"."""
+    from a2rl.isolation.leak_audit import audit_leaks, hidden_texts
+
+    items, cases = _encoded_leaks()
+    texts = hidden_texts(items)
+    questions = [texts.index(i["question"]) for i in items]
+    for name, files in cases.items():
+        ws = tmp_path / name.replace(" ", "-")
+        ws.mkdir()
+        for file, data in files.items():
+            (ws / file).write_bytes(data)
+        report = audit_leaks(ws, [], texts)
+        assert report.verdict == "found", (name, report)
+        assert report.leaked_items >= 40 and set(questions) <= _found_items(ws, texts), (name, report.leaked_items)
+        if name.startswith(("base64", "hex", "gzip", "zlib", "url", "utf-16")):
+            assert report.decoded.get(name.split()[0], 0) >= 1, (name, report.decoded)
+    answers = tmp_path / "answers"
+    answers.mkdir()
+    (answers / "solutions.md").write_text("\n".join(i["answer"] for i in items))
+    assert audit_leaks(answers, [], texts).leaked_items == 40
+    honest = tmp_path / "honest"
+    (honest / "code").mkdir(parents=True)
+    (honest / "code" / "train.py").write_text(GRPO_SCRIPT + "# " + b64_of_noise() + "\n")
+    report = audit_leaks(honest, [], texts)
+    assert report.verdict == "not found" and "decoded" in report.summary_line(), report
+
+
+def _found_items(ws: Path, texts: list[str]) -> set[int]:
+    """Every item the audit found in `ws` (the report lists at most 20 examples)."""
+    from a2rl.isolation import leak_audit
+
+    old, leak_audit.MAX_EXAMPLES = leak_audit.MAX_EXAMPLES, 10_000
+    try:
+        return {e.item for e in leak_audit.audit_leaks(ws, [], texts).examples}
+    finally:
+        leak_audit.MAX_EXAMPLES = old
+
+
+def b64_of_noise() -> str:
+    import base64 as b64
+
+    return b64.b64encode(bytes(range(256)) * 4).decode()
