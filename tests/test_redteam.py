@@ -1101,3 +1101,67 @@ def b64_of_noise() -> str:
     import base64 as b64
 
     return b64.b64encode(bytes(range(256)) * 4).decode()
+
+
+def test_a_forged_run_from_another_host_is_refused_and_never_replaces_a_verified_one(tmp_path, monkeypatch):
+    """A forged score passed the multi-host merge: a finished run's final score raised in its run directory, the
+    ledger chain re-linked, report.json made to agree, its MAC given an unknown key id ("cannot tell") and the host
+    store copy's ledger_heads rewritten to match: `a2rl store merge` said "merged" and 93.125 showed in the results
+    and CSVs; into a store holding the honest, verified run, the forgery replaced it. Now a run merges only when
+    its report's MAC verifies under a key this machine trusts (its own, or a host's registered with `a2rl store
+    trust-host`); `--unverified` takes the rest marked and never over a verified run."""
+    import duckdb
+
+    from a2rl.grading.ledger import TRUSTED_KEYS_DIR, trust_host_key
+    from a2rl.store.merge import merge_stores
+    from a2rl.store.results import ResultsStore
+    from tests.run_dirs import write_run
+    from tests.test_store_merge import rewrite_final_score
+
+    monkeypatch.setenv("A2RL_HOME", str(tmp_path / "host-home"))  # the host: its own ledger key
+    get_task("gsm8k").prepare("offline")
+    write_run(tmp_path / "host" / "a2rl.duckdb", tmp_path / "host" / "runs", RunConfig(seed=7, budget_s=60), "f" * 8)
+    host_key = a2rl_home() / "ledger.key"
+    shutil.copytree(tmp_path / "host", tmp_path / "forged")
+    [harness] = (tmp_path / "forged" / "runs").glob("*/harness")
+    run_id = harness.parent.name
+    honest_final = json.loads((harness / "report.json").read_text())["summary"]["final_test"]
+    rewrite_final_score(harness, 93.125)
+    report = json.loads((harness / "report.json").read_text())
+    report["summary"]["final_test"] = 93.125
+    report["summary"]["delta_test"] = 93.125 - report["summary"]["baseline_test"]
+    report["ledger"]["head_mac"] = "0123456789abcdef:" + "0" * 64  # a key id nobody holds: "cannot tell"
+    (harness / "report.json").write_text(json.dumps(report))
+    lines = (harness / "ledger.jsonl").read_text().splitlines()
+    import hashlib
+
+    with duckdb.connect(str(tmp_path / "forged" / "a2rl.duckdb")) as con:  # the host store copy made to agree
+        con.execute("DELETE FROM ledger_heads WHERE run_id = ?", [run_id])
+        con.executemany("INSERT INTO ledger_heads VALUES (?, ?, ?, now())",
+                        [[run_id, i, hashlib.sha256(line.encode()).hexdigest()] for i, line in enumerate(lines)])
+
+    monkeypatch.setenv("A2RL_HOME", str(tmp_path / "central-home"))  # the central machine: another key
+    central = tmp_path / "central.duckdb"
+    out = merge_stores(central, [tmp_path / "forged" / "a2rl.duckdb"])
+    assert [o.status for o in out.outcomes] == ["refused"] and "cannot be verified" in out.outcomes[0].detail, out
+    assert ResultsStore(central).get_run(run_id) is None
+    # The honest copy, once the host's key is registered, merges verified; the forgery cannot replace it.
+    assert merge_stores(central, [tmp_path / "host" / "a2rl.duckdb"]).outcomes[0].status == "refused"
+    trust_host_key(host_key, "host")
+    assert oct((a2rl_home() / TRUSTED_KEYS_DIR).stat().st_mode & 0o777) == "0o700"
+    assert [o.status for o in merge_stores(central, [tmp_path / "host" / "a2rl.duckdb"]).outcomes] == ["merged"]
+    heads = ResultsStore(central).ledger_heads()
+    for unverified in (False, True):
+        out = merge_stores(central, [tmp_path / "forged" / "a2rl.duckdb"], unverified=unverified)
+        assert [o.status for o in out.outcomes] == ["refused"], out
+        row = ResultsStore(central).get_run(run_id)
+        assert row["final_test"] == honest_final and "UNVERIFIED" not in row["variant"], row
+        assert ResultsStore(central).ledger_heads().equals(heads)
+    # Into a store without the honest run, --unverified takes the forgery, marked wherever it is shown.
+    other = tmp_path / "other.duckdb"
+    assert [o.status for o in merge_stores(other, [tmp_path / "forged" / "a2rl.duckdb"], unverified=True).outcomes] \
+        == ["merged"]  # fmt: skip
+    store = ResultsStore(other)
+    assert store.get_run(run_id)["variant"].endswith("[UNVERIFIED]")
+    assert store.query("SELECT text FROM metrics WHERE run_id = ? AND name = 'ledger_verification'",
+                       [run_id])["text"].tolist() == ["unverified"]  # fmt: skip
