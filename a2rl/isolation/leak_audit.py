@@ -125,7 +125,9 @@ class _Audit:
         self.max_total_bytes, self.max_seconds = max_total_bytes, max_seconds
         self.found: set[int] = set()
         self._matcher = StreamMatcher(items, n, min_short_tokens)  # the index, built once
-        self._normal = StreamMatcher([normalize(t) for t in items], n, min_short_tokens)  # for normalised views
+        normal = [normalize(t) for t in items]  # for normalised views: the same index where tokens agree
+        same = all(a == b or tokens(a) == tokens(b) for a, b in zip(items, normal))
+        self._normal = self._matcher if same else StreamMatcher(normal, n, min_short_tokens)
         self.across = self._normal.fresh()  # every file's normal form, one after the other
         self._previous: list[str] = []  # the last file's words, to interleave with the next one's
         self.seen: dict[int, list[bytes]] = {}  # size -> sha256 of files of that size already read
