@@ -1163,5 +1163,12 @@ def test_a_forged_run_from_another_host_is_refused_and_never_replaces_a_verified
         == ["merged"]  # fmt: skip
     store = ResultsStore(other)
     assert store.get_run(run_id)["variant"].endswith("[UNVERIFIED]")
+    assert store.get_run(run_id)["variant_label"].endswith("[UNVERIFIED]")  # the figures' panel titles
     assert store.query("SELECT text FROM metrics WHERE run_id = ? AND name = 'ledger_verification'",
                        [run_id])["text"].tolist() == ["unverified"]  # fmt: skip
+    from flows.analysis_flow import run_analysis
+
+    run_analysis(other, tmp_path / "analysis")
+    shown = [p for p in (tmp_path / "analysis").rglob("*") if p.suffix in (".csv", ".html", ".md")
+             and "UNVERIFIED" in p.read_text(errors="replace")]  # fmt: skip
+    assert shown, "the unverified run is not flagged in the analysis"

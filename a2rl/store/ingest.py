@@ -66,7 +66,7 @@ def ingest_run_dir(store: Any, run_dir: Path | str, unverified_ok: bool = False)
     )  # fmt: skip
     row = _run_row(run_id, config, summary, process, entries, status, harness)
     if not verified:  # its own setting in every table, CSV and figure: never pooled with verified runs
-        row["variant"] = unverified_variant(config.variant)
+        row["variant"], row["variant_label"] = unverified_variant(config.variant), unverified_variant(row["variant_label"])
     frames = {
         "runs": pd.DataFrame([row]),
         "submissions": pd.DataFrame(_submission_rows(run_id, entries, process)),
