@@ -353,14 +353,20 @@ class CodeFirstWalk:
         except OSError:
             return
         try:
+            groups: tuple[list[str], list[str]] = ([], [])  # names only (a bulk directory may hold millions)
             with os.scandir(fd) as it:
-                names = sorted((_name_key(e.name), e.name) for e in it if not e.is_dir(follow_symlinks=False)
-                               and (bulk or not PurePosixPath(e.name).suffix))  # fmt: skip
-            for key, name in names:
-                if after is not None and key <= after:
-                    continue
-                if (entry := _entry(fd, name, f"{rel}/" if rel else "")) is not None:
-                    yield entry
+                for e in it:
+                    suffix = PurePosixPath(e.name).suffix
+                    if e.is_dir(follow_symlinks=False) or (suffix and (not bulk or suffix not in SCRIPT_SUFFIXES)):
+                        continue
+                    groups[bool(not suffix)].append(e.name)
+            for rank, names in enumerate(groups):
+                names.sort()
+                for name in names:
+                    if after is not None and (rank, name) <= after:
+                        continue
+                    if (entry := _entry(fd, name, f"{rel}/" if rel else "")) is not None:
+                        yield entry
         finally:
             os.close(fd)
 
