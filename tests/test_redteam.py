@@ -1015,6 +1015,12 @@ def test_a_slow_evaluation_buys_the_agent_no_unbudgeted_time(tmp_path, tiny_mode
     assert took["frozen"] >= eval_s - 2, (took, outcome)  # it was stopped while its submission was graded
     assert outcome.ended_by == "budget" and outcome.clock_rule["clock_rule"] == RULE, outcome
     assert outcome.clock_rule["freezes"] >= 1 and not _processes(lambda e: "timing.py" in (e / "cmdline").read_text())
+    from types import SimpleNamespace
+
+    from a2rl.summary.report import run_notes
+
+    notes = run_notes(SimpleNamespace(config=RunConfig(), variant_label="offline"), outcome.model_dump())
+    assert any(RULE in n for n in notes), notes  # the report states the rule that applied
 
 
 def _encoded_leaks() -> tuple[list[dict], dict[str, dict[str, bytes]]]:
