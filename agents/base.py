@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from a2rl.isolation import procs
+from a2rl.isolation.freezer import AgentFreezer
 from a2rl.ngrams import StreamMatcher
 from a2rl.capture.agent_log import AgentLog, Capture
 from a2rl.grading.clock import BudgetClock
@@ -49,6 +50,8 @@ class SessionOutcome(BaseModel):
     error: str | None = None
     grace_seconds: float = 0.0
     """The agent's time past its budget: the grace it gets to stop and make a last submission."""
+    clock_rule: dict | None = None
+    """How grading pauses were kept free of agent work (`a2rl.isolation.freezer`): the rule, freezes, seconds."""
 
 
 @dataclass(frozen=True)
@@ -275,6 +278,7 @@ def run_agent(
     # (a2rl.capture.agent_log): an agent printing fast cannot fill the harness disk, nor hide what it printed.
     read_fd, write_fd = os.pipe()
     output = Capture(read_fd, AgentLog(log_path, matcher=log_matcher)).start()
+    freezer: AgentFreezer | None = None
     try:
         try:
             # Its own session (the harness's group signals do not reach it) and a parent-death signal: a
@@ -289,6 +293,7 @@ def run_agent(
             os.close(write_fd)
         _record_session(env, proc, uid)
         ended_by: Literal["exited", "budget"] = "exited"
+        clock.listen(freezer := AgentFreezer(proc.pid))  # stopped while the clock is paused for grading
         try:
             while proc.poll() is None:
                 if clock.expired:
@@ -304,6 +309,9 @@ def run_agent(
         # tool runner made for its commands), survives the session.
         procs.end_session_of(proc)
     finally:
+        if freezer is not None:
+            clock.unlisten(freezer)
+            freezer.on_resume()  # never leave a stopped process behind, whatever ended the session
         output.finish()
     clock.stop()
     return SessionOutcome(
@@ -312,6 +320,7 @@ def run_agent(
         agent_seconds=round(clock.agent_seconds(), 3),
         grace_seconds=round(clock.grace_seconds(), 3),
         wall_seconds=round(time.monotonic() - start, 3),
+        clock_rule=freezer.describe() if freezer else None,
     )
 
 

@@ -13,6 +13,7 @@ from a2rl.ops.progress import note_phase
 from a2rl.capture.snapshots import CodeSnapshots
 from a2rl.records import EvalResult, LedgerEntry
 from a2rl.run import RunContext
+from a2rl.safetext import terminal
 from a2rl.store.results import ResultsStore
 from benchmarks import get_task
 from tasks.run_steps import record_evaluation
@@ -40,8 +41,8 @@ class SessionRecorder:
         if entry.status in ("scored", "error"):
             self.logger.info(
                 "submission %s (%s): %s %s",
-                entry.submission_id, entry.model_path, entry.status,
-                f"{entry.split} score {entry.score:.2f}" if entry.score is not None else entry.error,
+                entry.submission_id, terminal(entry.model_path), entry.status,
+                f"{entry.split} score {entry.score:.2f}" if entry.score is not None else terminal(entry.error),
             )  # fmt: skip
 
     def on_evaluation(self, entry: LedgerEntry, result: EvalResult) -> None:

@@ -113,7 +113,7 @@ def test_a_tampered_or_torn_run_directory_is_refused_and_leaves_the_store_as_it_
     assert set(refused) == {RUN_IDS[0], RUN_IDS[2], RUN_IDS[3]}, refused
     assert "cut off" in refused[RUN_IDS[0]]
     assert "hash chain broken" in refused[RUN_IDS[2]]
-    assert "the results store recorded" in refused[RUN_IDS[3]]
+    assert "does not match its MAC" in refused[RUN_IDS[3]]  # the report's head no longer carries its MAC
     with duckdb.connect(str(central), read_only=True) as con:
         assert con.execute("SELECT run_id FROM runs").fetchall() == [(RUN_IDS[1],)]
         heads = con.execute("SELECT DISTINCT run_id FROM ledger_heads").fetchall()

@@ -251,7 +251,7 @@ def cmd_results(args: argparse.Namespace) -> int:
         return 0
     _check_store(Path(args.results))
     df = ResultsStore(Path(args.results)).query(
-        "SELECT run_id, task, agent, status, baseline_test, best_val, final_test, delta_test, n_submissions, "
+        "SELECT run_id, task, variant, agent, status, baseline_test, best_val, final_test, delta_test, n_submissions, "
         "started_at FROM runs ORDER BY started_at DESC LIMIT ?", [args.limit]
     )
     print(df.to_string(index=False))

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+from a2rl.safetext import terminal
 from a2rl.ops.progress import (
     PHASE_LABELS,
     PROGRESS_FILE,
@@ -86,7 +87,7 @@ class RunDisplay:
             return
         events = status_line(snap, with_time=False)
         if events != key or time.monotonic() - at >= PLAIN_HEARTBEAT_S:
-            activity = f" | {snap.last_activity[:160]}" if snap.last_activity and snap.progress.phase == "agent_session" else ""
+            activity = f" | {terminal(snap.last_activity, 160)}" if snap.last_activity and snap.progress.phase == "agent_session" else ""
             print(f"a2rl {time.strftime('%H:%M:%S')} {status_line(snap)}; elapsed {self._elapsed()}{activity}",
                   file=self.stream, flush=True)  # fmt: skip
             self._last_plain = (events, time.monotonic())
@@ -132,9 +133,9 @@ class RunDisplay:
         if snap.mode_breaches:
             grid.add_row("mode", Text(f"{snap.mode_breaches} submission(s) broke the mode", style="bold red"))
         if snap.last_activity:
-            grid.add_row("agent", snap.last_activity[:400])
+            grid.add_row("agent", Text(terminal(snap.last_activity, 400)))
         if p.error:
-            grid.add_row("error", Text(p.error[:400], style="red"))
+            grid.add_row("error", Text(terminal(p.error, 400), style="red"))
         return grid
 
 

@@ -1,4 +1,5 @@
-"""`a2rl store merge`: every host's finished runs into one results store (a2rl.store.merge)."""
+"""`a2rl store merge`: every host's finished runs into one results store (a2rl.store.merge); `a2rl store
+trust-host`: register a host's ledger key, so that its runs verify here."""
 
 from __future__ import annotations
 
@@ -24,10 +25,33 @@ def add_store_parsers(sub) -> None:
     merge.add_argument("sources", nargs="*", default=[HOSTS_PATTERN],
                        help="host stores (paths or quoted glob patterns)")
     merge.add_argument("--into", default=str(DEFAULT_RESULTS), help="the central store (created if missing)")
+    merge.add_argument("--unverified", action="store_true",
+                       help="also take runs whose ledger cannot be verified here (no MAC under a trusted key): each is "
+                       "marked UNVERIFIED in every table, CSV and figure, and never replaces a verified run")  # fmt: skip
+    trust = actions.add_parser(
+        "trust-host", help="register a host's ledger key: its runs' reports then verify in this machine's stores",
+        description="Copy a host's ledger key (its A2RL_HOME/ledger.key, brought over a trusted channel) into this "
+        "machine's A2RL_HOME/trusted-ledger-keys/ (readable by this user only; never into a results store). "
+        "`a2rl store merge` accepts a run only when its report's ledger head carries a MAC under this machine's own "
+        "key or a registered one.",
+    )  # fmt: skip
+    trust.add_argument("key_file", help="the host's ledger.key")
+    trust.add_argument("--host", default="", help="a name for the host (recorded beside the key id)")
 
 
 def cmd_store(args: argparse.Namespace) -> int:
     from a2rl.store.merge import expand_sources, merge_stores
+
+    if args.store_action == "trust-host":
+        from a2rl.grading.ledger import trust_host_key
+
+        try:
+            key_id = trust_host_key(Path(args.key_file), args.host)
+        except (OSError, ValueError) as e:
+            print(f"a2rl: {e}", file=sys.stderr)
+            return 2
+        print(f"trusted ledger key {key_id}{' of ' + args.host if args.host else ''}: its runs verify here")
+        return 0
 
     sources = expand_sources(args.sources, args.into)
     if not sources:
@@ -35,7 +59,7 @@ def cmd_store(args: argparse.Namespace) -> int:
               "host's results directory first, e.g. to results/hosts/<host>/", file=sys.stderr)  # fmt: skip
         return 2
     print(f"merging {len(sources)} host store(s) into {Path(args.into).resolve()} ...", flush=True)
-    report = merge_stores(args.into, sources)
+    report = merge_stores(args.into, sources, unverified=args.unverified)
     for o in report.notable():
         print(f"  {o.status:10}  {o.run_id}  ({o.source}){': ' + o.detail if o.detail else ''}")
     print(report.summary())

@@ -35,6 +35,20 @@ class BudgetClock:
         self._pauses = 0  # nested: several evaluations may be in flight at once
         self._paused_at = 0.0
         self._paused_total = 0.0
+        self._listeners: list = []  # told when pauses begin and end (`a2rl.isolation.freezer.AgentFreezer`)
+
+    def listen(self, listener) -> None:
+        """`listener.on_pause()` when the clock stops for grading, `on_resume()` when it may run again; called
+        under the clock's lock, in order. A listener attached while paused is told at once."""
+        with self._lock:
+            self._listeners.append(listener)
+            if self._pauses:
+                listener.on_pause()
+
+    def unlisten(self, listener) -> None:
+        with self._lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
 
     def start(self) -> None:
         with self._lock:
@@ -53,6 +67,8 @@ class BudgetClock:
             if self._pauses == 0:
                 self._paused_at = now
                 self._close_stretch(now)
+                for listener in self._listeners:
+                    listener.on_pause()
             self._pauses += 1
 
     def resume(self) -> None:
@@ -63,7 +79,9 @@ class BudgetClock:
             if self._pauses == 0:
                 now = time.monotonic()
                 self._paused_total += now - self._paused_at
-                self._run_if_free(now)
+                for listener in self._listeners:
+                    listener.on_resume()
+                self._run_if_free(time.monotonic())
 
     def elapsed(self) -> float:
         """Agent seconds used so far (grading pauses excluded); never decreases."""

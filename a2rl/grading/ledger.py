@@ -22,6 +22,7 @@ import secrets
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,15 +204,61 @@ def head_mac(run_id: str, head: LedgerHead, create: bool = True) -> str | None:
 
 
 def mac_matches(run_id: str, head: LedgerHead, mac: str) -> bool | None:
-    """Whether `mac` authenticates this head; None where this machine cannot tell (no ledger key, or the MAC was
-    made under another machine's key: the run came from another host, whose store anchors it instead)."""
-    key = _ledger_key(create=False)
+    """Whether `mac` authenticates this head under this machine's key or a host key it trusts (`trust_host_key`);
+    None where it cannot tell (the MAC names a key it does not hold)."""
+    key_id, _, digest = mac.rpartition(":")
+    keys = trusted_keys()
+    if key_id:
+        key = keys.get(key_id)
+    else:  # a MAC from before key ids: this machine's key only
+        key = _ledger_key(create=False)
     if key is None:
         return None
-    key_id, _, digest = mac.rpartition(":")
-    if key_id and key_id != _key_id(key):
-        return None
     return hmac.compare_digest(_mac(key, run_id, head), digest)
+
+
+TRUSTED_KEYS_DIR = "trusted-ledger-keys"
+"""In A2RL_HOME: the ledger keys of the hosts whose runs this machine's stores accept (one file per key id)."""
+
+
+def trusted_keys() -> dict[str, bytes]:
+    """Key id -> key: this machine's own ledger key and every host key registered with `trust_host_key`."""
+    from a2rl.paths import a2rl_home
+
+    keys = {}
+    if (own := _ledger_key(create=False)) is not None:
+        keys[_key_id(own)] = own
+    folder = a2rl_home() / TRUSTED_KEYS_DIR
+    for path in sorted(folder.glob("*.key")) if folder.is_dir() else []:
+        try:
+            key = path.read_text().strip().encode()
+        except OSError:
+            continue
+        if key and _key_id(key) == path.stem:
+            keys[path.stem] = key
+    return keys
+
+
+def trust_host_key(key_file: Path, host: str = "") -> str:
+    """Register a host's ledger key (its `A2RL_HOME/ledger.key`, copied over a trusted channel) so that runs whose
+    reports carry its MACs verify here; returns the key id. The key stays secret: a file readable by this user
+    only, never in a results store."""
+    from a2rl.paths import a2rl_home
+
+    key = Path(key_file).read_text().strip().encode()
+    if len(key) < 32 or not all(c in b"0123456789abcdef" for c in key):
+        raise ValueError(f"{key_file} is not an a2rl ledger key (64 hex digits, as A2RL_HOME/ledger.key holds)")
+    key_id = _key_id(key)
+    folder = a2rl_home() / TRUSTED_KEYS_DIR
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    target = folder / f"{key_id}.key"
+    fd = os.open(target.with_name(f".{key_id}.{os.getpid()}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key.decode() + "\n")
+    os.replace(target.with_name(f".{key_id}.{os.getpid()}"), target)
+    with (folder / "hosts.jsonl").open("a") as f:
+        f.write(json.dumps({"key_id": key_id, "host": host, "at": time.time()}) + "\n")
+    return key_id
 
 
 def _key_id(key: bytes) -> str:

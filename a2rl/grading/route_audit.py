@@ -25,8 +25,10 @@ and it never satisfies `sft-only`.
 from __future__ import annotations
 
 import ast
+import contextlib
 import io
 import json
+import os
 import re
 import time
 import tokenize
@@ -132,13 +134,17 @@ class RouteScanner:
     """Route analysis of one directory, again and again (one scan per submission, the agent still running).
 
     A script is analysed once: its evidence is kept, keyed by its path, inode, size and change times, so a later
-    scan reads only new or changed scripts. Each scan stops at its `limits` (names walked, bytes read, seconds):
-    its analysis then says `complete=False`, and the next scan goes on from the cache. Memory: the evidence of
+    scan reads only new or changed scripts (a file found not to be a script is remembered as such). Names are
+    visited code files first (`CodeFirstWalk`). Each scan stops at its `limits` (names visited, bytes read,
+    seconds): its analysis then says `complete=False`, and the next scan starts where it stopped (a cursor), so a
+    directory of 200,000 empty files can delay the label by a few scans, never hide a script for good. Memory: the evidence of
     each script (a few tuples), never its text past the one being read."""
 
     def __init__(self, limits: ScanLimits | None = None):
         self.limits = limits
-        self._cache: dict[str, tuple[tuple, list[Evidence]]] = {}
+        self._cache: dict[str, tuple[tuple, list[Evidence] | None]] = {}
+        self._cursor: tuple[str, tuple[int, str]] | None = None
+        """Where the last scan that stopped early stopped (directory, name key): the next one starts there."""
 
     def scan(self, code_dir: Path) -> RouteAnalysis:
         lim = self.limits
@@ -146,33 +152,43 @@ class RouteScanner:
         found: list[Evidence] = []
         scanned = left = new_bytes = 0
         complete = True
-        cache: dict[str, tuple[tuple, list[Evidence]]] = {}
-        for n, entry in enumerate(_walk(Path(code_dir))):
-            if lim and (n >= lim.max_entries or time.monotonic() > deadline):
-                complete, left = False, left + 1
-                break
-            if not _may_be_script(entry):
-                continue
-            key = (entry.st.st_ino, entry.st.st_size, entry.st.st_mtime_ns, entry.st.st_ctime_ns)
-            cached = self._cache.get(entry.rel)
-            if cached is not None and cached[0] == key:
-                evidence = cached[1]
-            elif lim and new_bytes and new_bytes + entry.st.st_size > lim.max_new_bytes:  # one file at least
-                complete, left = False, left + 1
-                continue
-            else:
-                evidence = _analyze_entry(entry)
-                if evidence is None:
+        cache: dict[str, tuple[tuple, list[Evidence] | None]] = {}
+        walk = CodeFirstWalk(Path(code_dir), self._cursor, deadline)
+        with contextlib.closing(iter(walk)) as entries:
+            for n, entry in enumerate(entries):
+                if lim and (n >= lim.max_entries or time.monotonic() > deadline):
+                    complete, left = False, left + 1
+                    break
+                key = (entry.st.st_ino, entry.st.st_size, entry.st.st_mtime_ns, entry.st.st_ctime_ns)
+                cached = self._cache.get(entry.rel)
+                if cached is not None and cached[0] == key:
+                    evidence = cached[1]
+                elif _too_short_for_a_shebang(entry):
+                    walk.handled(entry)
                     continue
-                new_bytes += entry.st.st_size
-            cache[entry.rel] = (key, evidence)
-            scanned += 1
-            found += evidence
-        if not complete:  # the walk stopped early: what earlier scans found past that point still stands
+                elif lim and new_bytes and new_bytes + entry.st.st_size > lim.max_new_bytes:  # one file at least
+                    complete, left = False, left + 1
+                    if walk.resumable:
+                        break  # the cursor must not pass a file left unread
+                    continue
+                else:
+                    evidence = _analyze_entry(entry)
+                    new_bytes += entry.st.st_size
+                    if evidence is UNREADABLE:
+                        continue
+                walk.handled(entry)
+                cache[entry.rel] = (key, evidence)  # not a script (None) is remembered too: never read again
+                if evidence is not None:
+                    scanned += 1
+                    found += evidence
+        # A scan stopped early resumes after the last name it handled: a bulk directory cannot hold it at the top.
+        complete = complete and walk.finished
+        self._cursor = None if complete else walk.cursor
+        if not complete:  # what earlier scans found where this one did not reach still stands
             for rel, kept in self._cache.items():
                 if rel not in cache:
                     cache[rel] = kept
-                    found += kept[1]
+                    found += kept[1] or []
         self._cache = cache
         methods = {e.method for e in found if e.method != "copy"}
         copies = any(e.method == "copy" for e in found)
@@ -227,13 +243,18 @@ def check_mode(mode: str, label: str, dpo_counts_as_rl: bool = False) -> ModeChe
 def check_snapshot(code_dir: Path, mode: str, dpo_counts_as_rl: bool = False,
                    scanner: RouteScanner | None = None) -> tuple[RouteAnalysis, ModeCheck]:  # fmt: skip
     """`analyze_routes` + `check_mode` for one code snapshot (what the grading service calls per submission, with
-    its own bounded, incremental `scanner`). A scan cut short by its bounds says so in the message."""
+    its own bounded, incremental `scanner`). A scan cut short by its bounds says so in the message, and in a mode
+    that forbids a method it fails the check unless no unread script could change the verdict: scripts only add
+    methods, so an RL label found in `rl-only` stays allowed, while `sft-only` can be broken by any script."""
     analysis = (scanner or RouteScanner()).scan(code_dir)
     verdict = check_mode(mode, analysis.label, dpo_counts_as_rl)
     if not analysis.complete:
-        verdict = verdict._replace(message=f"{verdict.message} (from {analysis.files_scanned} scripts; "
-                                           f"{analysis.left} more were not yet analysed: code/ is too large to scan "
-                                           "at once)")  # fmt: skip
+        unread = (f"from {analysis.files_scanned} scripts; {analysis.left} more were not yet analysed: code/ is "
+                  "too large to scan at once, the next submission's scan goes on where this one stopped")  # fmt: skip
+        if mode == "sft-only" and verdict.ok:
+            verdict = ModeCheck(False, f"mode sft-only could not be confirmed: the route scan is incomplete ({unread})")
+        else:
+            verdict = verdict._replace(message=f"{verdict.message} ({unread})")
     return analysis, verdict
 
 
@@ -244,25 +265,154 @@ AST_MAX_BYTES = 512 * 1024
 """Larger scripts are scanned by their tokens (bounded memory) instead of a syntax tree (~100x their size)."""
 
 
-def _walk(root: Path) -> Iterator[safefs.Entry]:
-    """Every name under `root` (tool and cache directories pruned), sorted by path; walked while the agent may
-    still run, without following links."""
-    if root.is_dir() and not root.is_symlink():
-        yield from safefs.walk(root, prune=lambda e: e.name in SKIP_DIRS)
+BULK_DIR_NAMES = 1_000
+"""A directory of more names than this is bulk: its files are visited after every code file elsewhere."""
+UNREADABLE: list[Evidence] = []
+"""`_analyze_entry`'s answer for a file that could not be read (gone, swapped, too large): not cached."""
 
 
-def _may_be_script(entry: safefs.Entry) -> bool:
-    """A regular file that may be a script: by its suffix, or no suffix (a shell shebang is checked on reading)."""
-    suffix = PurePosixPath(entry.rel).suffix
-    return entry.is_file and entry.st.st_size <= MAX_FILE_BYTES and (not suffix or suffix in SCRIPT_SUFFIXES)
+class CodeFirstWalk:
+    """The names a scan visits, code files first, resumable at a cursor.
+
+    Pass 1 walks every directory (listing names only, no stat) and visits the files with a script suffix of the
+    directories that are not bulk, on every scan. Pass 2 visits what remains: files without a suffix (a shebang
+    may make them scripts), then bulk directories, each by name (suffixed files first). Pass 2 starts after
+    `cursor` (the last name an earlier, unfinished scan handled there), so successive scans walk it to its end
+    however large one directory is; reaching the end completes the round and the next one starts at the top.
+    Directories are opened one component at a time without following links (`safefs`): the agent may swap them.
+    A file without a suffix written behind the cursor during a round is seen in the next round."""
+
+    def __init__(self, root: Path, cursor: tuple[str, tuple[int, str]] | None = None,
+                 deadline: float | None = None):  # fmt: skip
+        self.root, self.start, self.deadline = root, cursor, deadline
+        self.cursor = cursor
+        self.finished = False
+        self._pass = 1
+
+    @property
+    def resumable(self) -> bool:
+        """In pass 2, where the next scan starts after the last name handled."""
+        return self._pass == 2
+
+    def handled(self, entry: safefs.Entry) -> None:
+        if self._pass == 2:
+            self.cursor = (entry.rel.rpartition("/")[0], _name_key(entry.name))
+
+    def __iter__(self) -> Iterator[safefs.Entry]:
+        if not self.root.is_dir() or self.root.is_symlink():
+            self.finished = True
+            return
+        later: list[tuple[bool, str]] = []  # (bulk, directory) for pass 2, in a stable order
+        fd = safefs.open_dir(self.root)
+        try:
+            yield from self._pass_one(fd, "", 0, later)
+        finally:
+            os.close(fd)
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            return
+        self._pass = 2
+        order = [d for _, d in sorted(later)]
+        bulk = {d for b, d in later if b}
+        at = order.index(self.start[0]) if self.start and self.start[0] in order else None
+        segments = [(d, None) for d in order] if at is None else [(order[at], self.start[1])] + [
+            (d, None) for d in order[at + 1:]]  # fmt: skip
+        for d, after in segments:
+            yield from self._pass_two(d, d in bulk, after)
+        self.finished = True
+
+    def _pass_one(self, fd: int, prefix: str, depth: int, later: list) -> Iterator[safefs.Entry]:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            return  # listing alone ran out of time (a tree of empty directories): not finished
+        try:
+            with os.scandir(fd) as it:
+                listed = sorted((e.name, e.is_dir(follow_symlinks=False)) for e in it)
+        except OSError:
+            return
+        bulk = len(listed) > BULK_DIR_NAMES
+        if bulk or any(not is_dir and not PurePosixPath(name).suffix for name, is_dir in listed):
+            later.append((bulk, prefix.rstrip("/")))
+        for name, is_dir in listed:
+            if is_dir:
+                if name in SKIP_DIRS or depth + 1 >= safefs.MAX_DEPTH:
+                    continue
+                try:
+                    child = safefs.open_dir(name, dir_fd=fd)
+                except OSError:  # swapped for a link or a file: not ours to enter
+                    continue
+                try:
+                    yield from self._pass_one(child, f"{prefix}{name}/", depth + 1, later)
+                finally:
+                    os.close(child)
+            elif not bulk and PurePosixPath(name).suffix in SCRIPT_SUFFIXES:
+                if (entry := _entry(fd, name, prefix)) is not None:
+                    yield entry
+
+    def _pass_two(self, rel: str, bulk: bool, after: tuple[int, str] | None) -> Iterator[safefs.Entry]:
+        try:
+            fd = _open_rel(self.root, rel)
+        except OSError:
+            return
+        try:
+            groups: tuple[list[str], list[str]] = ([], [])  # names only (a bulk directory may hold millions)
+            with os.scandir(fd) as it:
+                for e in it:
+                    suffix = PurePosixPath(e.name).suffix
+                    if e.is_dir(follow_symlinks=False) or (suffix and (not bulk or suffix not in SCRIPT_SUFFIXES)):
+                        continue
+                    groups[bool(not suffix)].append(e.name)
+            for rank, names in enumerate(groups):
+                names.sort()
+                for name in names:
+                    if after is not None and (rank, name) <= after:
+                        continue
+                    if (entry := _entry(fd, name, f"{rel}/" if rel else "")) is not None:
+                        yield entry
+        finally:
+            os.close(fd)
+
+
+def _name_key(name: str) -> tuple[int, str]:
+    """Order in a directory: files with a script suffix first, then the rest, each by name."""
+    return (0 if PurePosixPath(name).suffix in SCRIPT_SUFFIXES else 1, name)
+
+
+def _entry(fd: int, name: str, prefix: str) -> safefs.Entry | None:
+    """The entry of a regular file that may be a script (script suffix, or none), else None."""
+    suffix = PurePosixPath(name).suffix
+    if suffix and suffix not in SCRIPT_SUFFIXES:
+        return None
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return None
+    entry = safefs.Entry(fd, name, prefix + name, st)
+    return entry if entry.is_file and st.st_size <= MAX_FILE_BYTES else None
+
+
+def _open_rel(root: Path, rel: str) -> int:
+    """A directory under `root` opened one component at a time, never through a link."""
+    fd = safefs.open_dir(root)
+    for part in [p for p in rel.split("/") if p]:
+        try:
+            child = safefs.open_dir(part, dir_fd=fd)
+        finally:
+            os.close(fd)
+        fd = child
+    return fd
+
+
+def _too_short_for_a_shebang(entry: safefs.Entry) -> bool:
+    return not PurePosixPath(entry.rel).suffix and entry.st.st_size < 4  # "#!sh" at least
 
 
 def _analyze_entry(entry: safefs.Entry) -> list[Evidence] | None:
     """The evidence in one script, read relative to its held directory (a FIFO or a link swapped in meanwhile is
-    skipped, not waited on or followed); None when it is not a script after all."""
+    skipped, not waited on or followed); None when it is not a script after all, `UNREADABLE` when unread."""
     data = safefs.read_file(entry, MAX_FILE_BYTES)
     suffix = PurePosixPath(entry.rel).suffix
-    if data is None or not (suffix or _has_shell_shebang(data)):
+    if data is None:
+        return UNREADABLE
+    if not (suffix or _has_shell_shebang(data)):
         return None
     text = data.decode("utf-8", errors="replace")
     if suffix == ".py":

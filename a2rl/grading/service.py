@@ -40,6 +40,7 @@ from a2rl.protocol.picking import best_submission, latest_submissions
 from a2rl.grading.route_audit import GRADER_LIMITS, RouteScanner, check_snapshot
 from a2rl.base_models.hashing import weights_hash
 from a2rl.records import EvalResult, LedgerEntry, RunConfig, Split
+from a2rl.safetext import terminal
 
 log = logging.getLogger("a2rl.grading")
 MAX_PARALLEL_COPIES = 2
@@ -401,7 +402,7 @@ class GradingService:
 
     def _record_failure(self, queued: LedgerEntry, public_reason: str, seconds: float, full_text: str) -> None:
         """`public_reason` is harness-written (agent-visible); `full_text` goes to the harness log only."""
-        log.warning("submission %s evaluation failed: %s", queued.submission_id, full_text)
+        log.warning("submission %s evaluation failed: %s", queued.submission_id, terminal(full_text, 8000, keep_lines=True))
         with (self.ctx.harness_dir / "evaluation-errors.jsonl").open("a") as f:
             f.write(json.dumps({"at": time.time(), "submission_id": queued.submission_id, "error": full_text}) + "\n")
         fields = _carry(queued)

@@ -203,15 +203,44 @@ OUTPUT_TAIL_BYTES = 64 * 1024
 """What is kept of an evaluation process's output for the harness log (the rest is never held in memory)."""
 
 
+BYTES_PER_PARAMETER = 8
+"""Memory per parameter of the model an evaluation builds: fp32 on CPU (4), with as much again for loading."""
+EVAL_HEADROOM_BYTES = 6 * 2**30
+"""Activations, the KV cache and the runtime."""
+
+
 def eval_memory_bytes(model_dir: Path) -> int:
-    """The memory cap of one evaluation: `A2RL_EVAL_MEMORY_BYTES` if set, else 4 x the weights + 6 GiB (fp32 on
-    CPU doubles bf16 weights; activations, the KV cache and the runtime need the rest), at most 90% of RAM."""
+    """The memory cap of one evaluation: `A2RL_EVAL_MEMORY_BYTES` if set, else 8 bytes per parameter of the
+    model the config builds (`architecture_parameters`) + 6 GiB, at most 90% of RAM. Never more than 4 x the
+    weights' bytes + 6 GiB (the old rule), so neither an inflated config nor unused tensors the agent ships (an
+    extra 1 GiB tensor raised the cap by 4 GiB) buy memory; where the config names no size, the bytes rule."""
     if (given := os.environ.get("A2RL_EVAL_MEMORY_BYTES")) is not None:
         return int(given)
     weights = sum(f.stat().st_size for f in Path(model_dir).iterdir()
                   if f.is_file() and f.suffix in (".safetensors", ".bin"))  # fmt: skip
+    by_bytes = 4 * weights
+    params = architecture_parameters(model_dir)
+    need = by_bytes if params is None else min(by_bytes, BYTES_PER_PARAMETER * params)
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return int(min(4 * weights + 6 * 2**30, 0.9 * total))
+    return int(min(need + EVAL_HEADROOM_BYTES, 0.9 * total))
+
+
+def architecture_parameters(model_dir: Path) -> int | None:
+    """The parameters of the model `config.json` describes (the grader's estimate, plus an untied output head),
+    or None where the config is unreadable or names no size. The evaluation loads exactly this model (its count
+    is checked against the weights before loading, `config_check`), whatever else the files hold."""
+    from a2rl.grading.errors import SubmissionRejected
+    from a2rl.grading.weights import config_sizes, estimated_parameters
+
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        sizes = config_sizes(config) if isinstance(config, dict) else {}
+    except (OSError, ValueError, SubmissionRejected):
+        return None
+    if not {"hidden", "layers", "vocab"} <= sizes.keys():
+        return None
+    head = 0 if config.get("tie_word_embeddings") is True else sizes["vocab"] * sizes["hidden"]
+    return estimated_parameters(sizes) + head
 
 
 def _uses_gpu(device: str | None) -> bool:

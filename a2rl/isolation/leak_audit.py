@@ -14,13 +14,18 @@ The verdict is three-valued, and "not found" means everything was read:
 - **incomplete**: something was not read (the time budget ran out, a file could not be opened, output was
   dropped unsearched): `unread` says what, and no "clean" is claimed.
 What is read as text is the bytes as written (UTF-8): the tensor data of well-formed safetensors files is not text
-and is counted apart (`tensor_bytes`); encodings (compression, base64, numbers in tensors) are not decoded.
+and is counted apart (`tensor_bytes`). Besides, each file's first 16 MiB, the file names and the agent's output are
+normalised and decoded (`a2rl.isolation.leak_decode`: look-alike letters, invisible characters, joiners, reversed
+text, rot13, URL, UTF-16, gzip/zlib, base64, hex) and searched in that form too, every file's normal form also
+concatenated with the others and interleaved word by word with the one before it (an item split over two files);
+`decoded` counts what was decoded. Numbers in tensors are not decoded.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from itertools import zip_longest
 import stat
 import time
 from collections.abc import Iterable, Iterator
@@ -30,11 +35,14 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from a2rl.isolation import safefs
-from a2rl.ngrams import DEFAULT_NGRAM, StreamMatcher
+from a2rl.isolation.leak_decode import MAX_VIEW_BYTES, Views, normalize
+from a2rl.ngrams import DEFAULT_NGRAM, StreamMatcher, tokens
 from a2rl.capture.agent_log import read_agent_log_records
 from a2rl.workspace import RunPaths
 
 MAX_EXAMPLES = 20
+INTERLEAVE_WORDS = 20_000
+"""Words of each file interleaved with the next file's (an item written one word per file, alternately)."""
 MAX_UNREAD_LISTED = 50
 CHUNK = 1 << 20
 
@@ -76,6 +84,12 @@ class LeakReport(BaseModel):
     """Path -> distinct hidden items found in it."""
     examples: list[LeakHit] = Field(default_factory=list)
     """Up to MAX_EXAMPLES hits, one per item first."""
+    decoded: dict[str, int] = Field(default_factory=dict)
+    """What the audit decoded before matching, by kind (base64, hex, gzip, zlib, url, utf-16): blobs or files."""
+    viewed_files: int = 0
+    """Files (and streams) also searched normalised, reversed, rot13 and decoded."""
+    viewed_in_part: int = 0
+    """Of those, files larger than the viewed part (16 MiB): only their start was normalised and decoded."""
 
     @property
     def clean(self) -> bool:
@@ -87,16 +101,18 @@ class LeakReport(BaseModel):
         n = self.n_hidden_items
         if self.verdict == "found":
             more = " (and not everything was read)" if self.truncated or self.unread else ""
-            return (f"Leak audit: FOUND {self.leaked_items} of {n} hidden validation/test items in what the agent "
-                    f"wrote or said{more} (harness/leak_audit.json).")  # fmt: skip
+            return (f"Leak audit: FOUND {self.leaked_items} of {n} hidden validation/test texts (questions, reference "
+                    f"answers, solutions) in what the agent wrote or said{more} (harness/leak_audit.json).")  # fmt: skip
         if self.verdict == "incomplete":
             return (f"Leak audit: INCOMPLETE, no verdict: 0 of {n} hidden items found in what was read, but "
                     f"{self.files_skipped} file(s) or streams were not read ({'; '.join(self.unread[:2])}; "
                     "harness/leak_audit.json).")  # fmt: skip
         tensors = f"; tensor data of safetensors files ({self.tensor_bytes / 1e9:.1f} GB) is not text and was not read" \
             if self.tensor_bytes else ""  # fmt: skip
+        decoded = ", ".join(f"{k} {v}" for k, v in sorted(self.decoded.items())) or "nothing encoded found"
         return (f"Leak audit: not found: 0 of {n} hidden items in everything the agent wrote or said "
-                f"({self.files_scanned} files, {self.bytes_scanned / 1e6:.1f} MB{tensors}; harness/leak_audit.json).")
+                f"({self.files_scanned} files, {self.bytes_scanned / 1e6:.1f} MB{tensors}; also normalised, reversed "
+                f"and decoded: {decoded}; harness/leak_audit.json).")
 
 
 class _Audit:
@@ -109,6 +125,11 @@ class _Audit:
         self.max_total_bytes, self.max_seconds = max_total_bytes, max_seconds
         self.found: set[int] = set()
         self._matcher = StreamMatcher(items, n, min_short_tokens)  # the index, built once
+        normal = [normalize(t) for t in items]  # for normalised views: the same index where tokens agree
+        same = all(a == b or tokens(a) == tokens(b) for a, b in zip(items, normal))
+        self._normal = self._matcher if same else StreamMatcher(normal, n, min_short_tokens)
+        self.across = self._normal.fresh()  # every file's normal form, one after the other
+        self._previous: list[str] = []  # the last file's words, to interleave with the next one's
         self.seen: dict[int, list[bytes]] = {}  # size -> sha256 of files of that size already read
 
     def over_budget(self) -> bool:
@@ -125,6 +146,9 @@ class _Audit:
     def matcher(self) -> StreamMatcher:
         return self._matcher.fresh()
 
+    def normal_matcher(self) -> StreamMatcher:
+        return self._normal.fresh()
+
     def record(self, path: str, found: dict[int, tuple[str, str]]) -> None:
         if not found:
             return
@@ -133,6 +157,36 @@ class _Audit:
             if item not in self.found and len(self.report.examples) < MAX_EXAMPLES:
                 self.report.examples.append(LeakHit(item=item, path=path, kind=kind, evidence=evidence[:200]))
             self.found.add(item)
+
+    def views(self, path: str, data: bytes, size: int) -> None:
+        """Search `data` (a file's start) normalised, reversed, rot13 and decoded; its normal form also joins
+        the concatenation of all files and is interleaved word by word with the previous file's."""
+        views = Views()
+        for kind, text in views.of(data):
+            if self.over_budget():
+                self.unread(f"{path} (normalised and decoded views: the audit's budget ran out)")
+                break
+            m = self.normal_matcher()
+            m.feed(text)
+            m.close()
+            self.record(f"{path} ({kind})", m.found)
+            if kind == "normalised":
+                self.across.feed(text + "\n")
+                words = text.split()[:INTERLEAVE_WORDS]
+                if self._previous and words:
+                    m = self.normal_matcher()
+                    m.feed(" ".join(w for pair in zip_longest(self._previous, words, fillvalue="") for w in pair))
+                    m.close()
+                    self.record(f"{path} (word by word with the file before it)", m.found)
+                self._previous = words
+        for kind, count in views.decoded.items():
+            self.report.decoded[kind] = self.report.decoded.get(kind, 0) + count
+        self.report.viewed_files += 1
+        self.report.viewed_in_part += size > MAX_VIEW_BYTES
+
+    def finish_views(self) -> None:
+        self.across.close()
+        self.record("(all files concatenated)", self.across.found)
 
     def stream(self, path: str, chunks: Iterator[bytes]) -> bool:
         """Search one file's chunks; False (and listed as unread) when the budget ran out before its end."""
@@ -188,6 +242,7 @@ def audit_leaks(
         _stream_file(audit, path)
     skip = {str(PurePosixPath(e)) for e in exclude}
     names, pending = audit.matcher(), []  # file names and link targets are what the agent wrote too
+    normal_names = audit.normal_matcher()
     listed_past_budget = 0
     for entry in _entries(audit, Path(workspace), skip):
         if audit.over_budget():  # files past the budget are listed as unread, up to a point
@@ -202,10 +257,15 @@ def audit_leaks(
             _workspace_file(audit, Path(workspace), entry)
         if len(pending) > 10_000:  # fed in batches: a feed has a fixed cost, millions of names are cheap
             names.feed("\n".join(pending) + "\n")
+            normal_names.feed(normalize("\n".join(pending)) + "\n")
             pending.clear()
     names.feed("\n".join(pending))
     names.close()
+    normal_names.feed(normalize("\n".join(pending)))
+    normal_names.close()
     audit.record(f"{workspace} (file names)", names.found)
+    audit.record(f"{workspace} (file names, normalised)", normal_names.found)
+    audit.finish_views()
     report = audit.report
     report.leaked_items = len(audit.found)
     report.verdict = "found" if audit.found else "incomplete" if report.files_skipped else "not found"
@@ -237,7 +297,8 @@ def _stream_file(audit: _Audit, path: Path) -> None:
         return
     try:
         if stat.S_ISREG(os.fstat(fd).st_mode):
-            audit.stream(str(path), _chunks(fd))
+            if audit.stream(str(path), _chunks(fd)):
+                audit.views(str(path), os.pread(fd, MAX_VIEW_BYTES, 0), os.fstat(fd).st_size)
         else:
             audit.unread(f"{path} (not a regular file)")
     finally:
@@ -261,8 +322,11 @@ def _workspace_file(audit: _Audit, root: Path, entry: safefs.Entry) -> None:
         text_end = _safetensors_text_end(fd, size) if entry.name.endswith(".safetensors") else size
         audit.report.tensor_bytes += size - text_end
         digest = hashlib.sha256()
-        if audit.stream(path, _hashed(_chunks(fd, text_end), digest)) and text_end == size:
+        whole = audit.stream(path, _hashed(_chunks(fd, text_end), digest))
+        if whole and text_end == size:
             audit.seen.setdefault(size, []).append(digest.digest())
+        if whole:
+            audit.views(path, os.pread(fd, min(text_end, MAX_VIEW_BYTES), 0), text_end)
     finally:
         os.close(fd)
 
@@ -308,9 +372,20 @@ def _chunks(fd: int, end: int | None = None) -> Iterator[bytes]:
         yield data
 
 
-def hidden_texts(items: Iterable[dict], fields: tuple[str, ...] = ("question",)) -> list[str]:
-    """The texts of task items to audit for (by default the question: answers are often a bare number)."""
-    return [str(item[f]) for item in items for f in fields if isinstance(item.get(f), str) and item[f].strip()]
+ANSWER_FIELDS = ("answer", "solution", "canonical_solution", "reference", "reference_answer", "output")
+"""Reference answers and solutions: audited too, where they are long enough to be told from chance (n tokens)."""
+
+
+def hidden_texts(items: Iterable[dict], fields: tuple[str, ...] = ("question",),
+                 answers: tuple[str, ...] = ANSWER_FIELDS, n: int = DEFAULT_NGRAM) -> list[str]:  # fmt: skip
+    """The texts of task items to audit for: the question, and each reference answer or solution of at least `n`
+    word tokens (a bare number or a short answer would match by chance)."""
+    out = []
+    for item in items:
+        out += [str(item[f]) for f in fields if isinstance(item.get(f), str) and item[f].strip()]
+        out += [item[f] for f in answers if f not in fields and isinstance(item.get(f), str)
+                and len(tokens(item[f])) >= n]  # fmt: skip
+    return out
 
 
 def leak_metrics(report: LeakReport) -> dict:

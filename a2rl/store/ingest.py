@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from a2rl.grading.ledger import LedgerCorrupted, LedgerHead, mac_matches, read_ledger
 from a2rl.isolation.leak_audit import LeakReport, leak_metrics
@@ -51,7 +51,7 @@ def ingest_run_dir(store: Any, run_dir: Path | str, unverified_ok: bool = False)
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
     summary = RunSummary.model_validate(report["summary"]) if "summary" in report else None
     try:
-        entries = verified_entries(store, run_id, harness, report, summary, unverified_ok)
+        entries, verified = verified_entries(store, run_id, harness, report, summary, unverified_ok)
     except LedgerCorrupted as e:
         store.replace_run(run_id, _refused_frames(run_id, config, summary, harness, str(e)))
         raise
@@ -64,8 +64,11 @@ def ingest_run_dir(store: Any, run_dir: Path | str, unverified_ok: bool = False)
         run_id, harness, entries, config, detail, snapshots=snapshots, summary=summary, run_status=status,
         run_error=summary.error if summary else None, narrative=False, write_files=False,
     )  # fmt: skip
+    row = _run_row(run_id, config, summary, process, entries, status, harness)
+    if not verified:  # its own setting in every table, CSV and figure: never pooled with verified runs
+        row["variant"], row["variant_label"] = unverified_variant(config.variant), unverified_variant(row["variant_label"])
     frames = {
-        "runs": pd.DataFrame([_run_row(run_id, config, summary, process, entries, status, harness)]),
+        "runs": pd.DataFrame([row]),
         "submissions": pd.DataFrame(_submission_rows(run_id, entries, process)),
         "evaluations": pd.DataFrame(_evaluation_rows(run_id, entries, harness)),
         "item_results": pd.DataFrame(_item_rows(run_id, harness), columns=list(ITEM_COLUMNS)),
@@ -74,7 +77,9 @@ def ingest_run_dir(store: Any, run_dir: Path | str, unverified_ok: bool = False)
              "detail_json": json.dumps(e.detail, sort_keys=True, default=str)}
             for e in entries if e.kind == "event"
         ]),  # fmt: skip
-        "metrics": pd.DataFrame(_metric_rows(run_id, process, harness)),
+        "metrics": pd.DataFrame(_metric_rows(run_id, process, harness)
+                                + ([] if verified else [{"run_id": run_id, "name": VERIFICATION_METRIC, "value": None,
+                                                         "text": "unverified"}])),  # fmt: skip
         "llm_calls": pd.DataFrame([r | {"run_id": run_id} for r in read_llm_calls(harness / "llm_calls.jsonl")]),
         "tool_calls": pd.DataFrame([r | {"run_id": run_id} for r in read_tool_calls(harness / "tool_calls.jsonl")]),
         "resources": pd.DataFrame([r | {"run_id": run_id}
@@ -84,13 +89,29 @@ def ingest_run_dir(store: Any, run_dir: Path | str, unverified_ok: bool = False)
     return process
 
 
+VERIFICATION_METRIC = "ledger_verification"
+"""A metric of runs taken without a verified ledger (text `unverified`); verified runs have none."""
+
+
+def unverified_variant(variant: str) -> str:
+    """The `variant` column of a run taken unverified: a setting of its own, flagged wherever it is shown."""
+    return f"{variant} [UNVERIFIED]"
+
+
+class Verified(NamedTuple):
+    entries: list
+    verified: bool
+    """False: taken with `unverified_ok`, its ledger shown to be nobody's in particular."""
+
+
 def verified_entries(store: Any, run_id: str, harness: Path, report: dict, summary: RunSummary | None,
-                     unverified_ok: bool = False) -> list:  # fmt: skip
+                     unverified_ok: bool = False) -> Verified:  # fmt: skip
     """The run's ledger entries, once they are shown to be the ones the harness wrote; LedgerCorrupted otherwise.
 
     The chain must verify; the ledger must end where this store anchored it and continue the head the report was
     built on; the report's numbers must be the ledger's. Without an anchor in this store (a new store), the
-    report's head must carry this machine's MAC (`ledger.head_mac`): a ledger and report edited to agree, or a
+    report's head must carry a MAC under a key this machine trusts (its own or a registered host's,
+    `ledger.mac_matches`): a ledger and report edited to agree, or a
     run with no report at all, cannot be told from the real one, and are refused unless `unverified_ok` (runs
     from before MACs, from another machine). A head verified by its MAC is then anchored in this store."""
     path = harness / "ledger.jsonl"
@@ -113,7 +134,7 @@ def verified_entries(store: Any, run_id: str, harness: Path, report: dict, summa
                               "that ran it, or pass unverified_ok to accept it unverified)")  # fmt: skip
     if anchored is None and mac:
         store.record_ledger_head(run_id, head.entries - 1, head.hash)
-    return entries
+    return Verified(entries, anchored is not None or bool(mac))
 
 
 def _refused_frames(run_id: str, config: RunConfig, summary: RunSummary | None, harness: Path,

@@ -6,9 +6,13 @@ store merge`, the `merge-stores` deployment, or a sweep's `merge_from`) is the c
 
 The merge does not copy rows. For every finished run of a host's store it finds the run directory (under `runs/`
 beside the host's store, as in a copy of the host's results directory, else where the host recorded it),
-adopts the ledger heads the host's store anchored, and rebuilds the run's rows from the directory with
-`a2rl.store.ingest.ingest_run_dir`, which verifies the ledger against those anchors and the run's report. All of
-it in one transaction: a torn or tampered run directory is refused and leaves the central store as it was.
+checks that the report's ledger head carries a MAC under a key this machine trusts (its own, or the host's,
+registered with `a2rl store trust-host`), adopts the ledger heads the host's store anchored, and rebuilds the
+run's rows from the directory with `a2rl.store.ingest.ingest_run_dir`, which verifies the ledger against those
+anchors and the run's report. All of it in one transaction: a torn or tampered run directory is refused and
+leaves the central store as it was. A run that cannot be told (no MAC, an unregistered key) is refused unless the
+merge is `--unverified`; then it is marked in every table (its `variant` reads `... [UNVERIFIED]`, a setting of
+its own) and never replaces a verified run or its anchors.
 
 A run can have several attempts on several hosts: a flow run retried after its host died starts the run over
 elsewhere under the same run id. Per run id the best attempt is merged: completed before failed before
@@ -109,8 +113,12 @@ def expand_sources(patterns: list[str] | list[Path], into: Path | str) -> list[P
     return sorted(p for p in found if p.is_file() and p != central)
 
 
-def merge_stores(into: Path | str, sources: list[Path]) -> MergeReport:
-    """Merge the finished runs of every host store in `sources` into the store `into` (created if missing)."""
+def merge_stores(into: Path | str, sources: list[Path], unverified: bool = False) -> MergeReport:
+    """Merge the finished runs of every host store in `sources` into the store `into` (created if missing).
+    A run is merged when its report's ledger head carries a MAC under a key this machine trusts (its own, or a
+    host's registered with `a2rl store trust-host`); one that cannot be told is refused unless `unverified`,
+    which takes it marked (`ingest.unverified_variant`, metric `ledger_verification`) and never in place of a
+    verified run."""
     report = MergeReport(Path(into).expanduser().resolve(), list(sources))
     attempts: list[Attempt] = []
     for source in sources:
@@ -122,12 +130,22 @@ def merge_stores(into: Path | str, sources: list[Path]) -> MergeReport:
         return report
     central = ResultsStore(report.into)
     merged = {a.run_id: a for a in read_attempts(report.into, central)}
+    unverified_held = _unverified_runs(central)
     by_run: dict[str, list[Attempt]] = defaultdict(list)
     for a in attempts:
         by_run[a.run_id].append(a)
     for run_id in sorted(by_run):
-        report.outcomes += _merge_run(central, by_run[run_id], merged.get(run_id))
+        held = merged.get(run_id)
+        report.outcomes += _merge_run(central, by_run[run_id], held, unverified,
+                                      held_verified=held is not None and run_id not in unverified_held)  # fmt: skip
     return report
+
+
+def _unverified_runs(central: ResultsStore) -> set[str]:
+    from a2rl.store.ingest import VERIFICATION_METRIC
+
+    rows = central.query("SELECT run_id FROM metrics WHERE name = ? AND text = 'unverified'", [VERIFICATION_METRIC])
+    return set(rows["run_id"])
 
 
 def read_attempts(path: Path, store: ResultsStore | None = None) -> list[Attempt]:
@@ -141,7 +159,8 @@ def read_attempts(path: Path, store: ResultsStore | None = None) -> list[Attempt
             for r in runs.itertuples(index=False)]  # fmt: skip
 
 
-def _merge_run(central: ResultsStore, attempts: list[Attempt], held: Attempt | None) -> list[MergeOutcome]:
+def _merge_run(central: ResultsStore, attempts: list[Attempt], held: Attempt | None, unverified: bool = False,
+               held_verified: bool = False) -> list[MergeOutcome]:  # fmt: skip
     out: list[MergeOutcome] = []
     finished = [a for a in attempts if a.status in STATUS_RANK]
     for a in attempts:
@@ -164,17 +183,33 @@ def _merge_run(central: ResultsStore, attempts: list[Attempt], held: Attempt | N
         out.append(MergeOutcome(best.run_id, str(best.source), "unchanged"))
         return out
     try:
-        _merge_attempt(central, best)
+        verified = _merge_attempt(central, best, unverified, held_verified)
     except MergeRefused as e:
         out.append(MergeOutcome(best.run_id, str(best.source), "refused", _line(e)))
     else:
-        note = "" if best.heads else "no ledger anchor in its host's store: verified against its report only"
+        note = "" if verified else "UNVERIFIED (--unverified): marked in every table, CSV and figure"
         out.append(MergeOutcome(best.run_id, str(best.source), "merged", note))
     return out
 
 
-def _merge_attempt(central: ResultsStore, a: Attempt) -> None:
-    """Adopt the host's anchors and rebuild the run's rows from its directory, in one transaction."""
+def ledger_trust(harness: Path, run_id: str) -> bool | None:
+    """Whether the run's report carries a MAC of its ledger head under a key this machine trusts: True, False
+    (forged or altered), None (cannot tell: no report or MAC, or a key not registered here). The host store's
+    anchors do not count: a copy of that store can be rewritten together with the run directory."""
+    from a2rl.grading.ledger import LedgerHead, mac_matches
+
+    try:
+        recorded = json.loads((harness / "report.json").read_text()).get("ledger") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not recorded.get("entries") or not recorded.get("head_hash") or not recorded.get("head_mac"):
+        return None
+    return mac_matches(run_id, LedgerHead(recorded["entries"], recorded["head_hash"]), recorded["head_mac"])
+
+
+def _merge_attempt(central: ResultsStore, a: Attempt, unverified: bool = False, held_verified: bool = False) -> bool:
+    """Adopt the host's anchors and rebuild the run's rows from its directory, in one transaction, once its ledger
+    verifies under a trusted key (`ledger_trust`); returns whether it did (False: taken with `unverified`)."""
     from a2rl.grading.ledger import LedgerCorrupted
     from a2rl.store.ingest import ingest_run_dir
 
@@ -182,10 +217,25 @@ def _merge_attempt(central: ResultsStore, a: Attempt) -> None:
     if a.status == "completed" and not (harness / "report.json").is_file():
         raise MergeRefused(f"{harness} has no report.json, though its host's store says completed: "
                            "an incomplete copy? copy the run directory again")  # fmt: skip
+    trust = ledger_trust(harness, a.run_id)
+    if trust is False:
+        raise MergeRefused(f"{harness}: the report's ledger head does not match its MAC: the ledger and its report "
+                           "were changed after the harness wrote them")  # fmt: skip
+    if trust is None and not unverified:
+        raise MergeRefused(f"{harness}: cannot be verified: its report carries no MAC under a key this machine "
+                           "trusts (register the host's key: `a2rl store trust-host <its A2RL_HOME/ledger.key>`; or "
+                           "merge with --unverified to take it, marked unverified)")  # fmt: skip
+    if trust is None and held_verified:
+        raise MergeRefused("an unverified copy never replaces the verified run this store holds (nor its anchors)")
     try:
         with central.batch():
-            central.adopt_ledger_heads(a.run_id, a.heads)
-            ingest_run_dir(central, harness)
+            if trust:
+                central.adopt_ledger_heads(a.run_id, a.heads)
+                ingest_run_dir(central, harness)
+            else:  # checked against nothing but itself: ingested without anchors, then the host's kept beside it
+                central.adopt_ledger_heads(a.run_id, [])
+                ingest_run_dir(central, harness, unverified_ok=True)
+                central.adopt_ledger_heads(a.run_id, a.heads)
             got = central.get_run(a.run_id)
             if got is None or got["status"] != a.status:
                 raise MergeRefused(f"{harness} says {got and got['status']}, its host's store {a.status}")
@@ -193,6 +243,7 @@ def _merge_attempt(central: ResultsStore, a: Attempt) -> None:
         raise
     except (LedgerCorrupted, OSError, ValueError, KeyError, json.JSONDecodeError) as e:
         raise MergeRefused(f"{harness}: {_line(e)}") from e
+    return bool(trust)
 
 
 def locate_harness(a: Attempt) -> Path:

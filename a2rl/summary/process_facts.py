@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from a2rl.safetext import md_text
 from a2rl.summary.headline import baseline_scores, delta, headline
 from a2rl.summary.intervals import paired_item_interval
 from a2rl.summary.metrics import RunMetrics
@@ -231,7 +232,7 @@ def render_process_markdown(report: ProcessFacts) -> str:
         return "n/a" if v is None else f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
     rows = [
-        ("failure class", f"**{report.failure_class}** — {report.failure_reason}"),
+        ("failure class", f"**{report.failure_class}** — {md_text(report.failure_reason, 300)}"),
         ("valid submission rate (scored / submitted)", f("valid_submission_rate")),
         ("first valid submission (agent s)", f"#{f('first_valid_idx')} at {f('first_valid_delay', 0)}"),
         ("time to first improvement / to best (agent s)",

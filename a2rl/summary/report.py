@@ -7,6 +7,7 @@ from pathlib import Path
 
 from a2rl.records import LedgerEntry, RunSummary
 from a2rl.run import RunContext
+from a2rl.safetext import md_code, md_text
 from a2rl.summary.record import RunRecord
 
 
@@ -30,7 +31,7 @@ def _fmt(x: float | None, digits: int = 2) -> str:
 def render_markdown(s: RunSummary, subs: list[LedgerEntry], notes: list[str], sections: list[str] = ()) -> str:
     c = s.config
     lines = [
-        f"# a2rl run `{s.run_id}`",
+        f"# a2rl run {md_code(s.run_id)}",
         "",
         f"**{c.task}** ({s.variant_label}) · agent **{c.agent}** · driver {c.driver} · mode {c.mode} · "
         f"base model {c.base_model} · seed {c.seed} · protocol **{s.protocol}** · status **{s.status}**",
@@ -52,15 +53,14 @@ def render_markdown(s: RunSummary, subs: list[LedgerEntry], notes: list[str], se
         "",
     ]
     if s.error:
-        lines += [f"**Error:** {s.error}", ""]
+        lines += [f"**Error:** {md_text(s.error, 500)}", ""]
     if subs:
         lines += ["## Submissions", "", "| # | path | status | split | score | cached | grading s | agent s at submit | error |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for e in subs:
-            err = (e.error or "").replace("|", "/").replace("\n", " ")[:120]
             lines.append(
-                f"| {e.submission_id} | `{e.model_path}` | {e.status} | {e.split} | {_fmt(e.score)} | "
-                f"{'yes' if e.cached else ''} | {_fmt(e.eval_seconds, 1)} | {_fmt(e.agent_elapsed_s, 0)} | {err} |"
+                f"| {e.submission_id} | {md_code(e.model_path)} | {e.status} | {e.split} | {_fmt(e.score)} | "
+                f"{'yes' if e.cached else ''} | {_fmt(e.eval_seconds, 1)} | {_fmt(e.agent_elapsed_s, 0)} | {md_text(e.error or '', 120)} |"
             )
         lines.append("")
     lines += list(sections)
@@ -86,6 +86,12 @@ def run_notes(ctx: RunContext, session_detail: dict) -> list[str]:
                      "i.e. selection on the test set (optimistic).")
     if session_detail.get("ended_by") == "budget":
         notes.append("The agent was stopped at the end of its budget.")
+    if rule := session_detail.get("clock_rule"):
+        notes.append(f"Budget clock: {rule['clock_rule']} ({rule['freezes']} freezes, {rule['frozen_s']:.0f} s "
+                     "frozen).")
+    elif session_detail:
+        notes.append("Budget clock: paused while grading; the agent's processes were not frozen (a session "
+                     "recorded before issue 33).")
     if session_detail.get("exit_code") not in (0, None):
         notes.append(f"The agent exited with code {session_detail['exit_code']} (see harness/agent.log).")
     return notes

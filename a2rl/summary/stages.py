@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from a2rl.records import EvalResult, LedgerEntry
 from a2rl.summary.intervals import paired_item_interval
 from a2rl.protocol.picking import latest_submissions, pick_best
+from a2rl.safetext import md_text
 
 RL_STAGES = ("GRPO", "GIGPO", "RL", "PPO", "RLOO", "DPO", "REINFORCE")
 """Stage labels (case-insensitive prefixes) that count as reinforcement learning."""
@@ -131,7 +132,7 @@ def render_markdown(entries: list[LedgerEntry], harness_dir: Path | str) -> list
              "", "| # | stage (agent's label) | validation | hidden test | |", "|---|---|---|---|---|"]  # fmt: skip
     for t in tests:
         fmt = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
-        lines.append(f"| {t.submission_id} | {t.stage or '-'} | {fmt(t.validation)} | {fmt(t.test)} | "
+        lines.append(f"| {t.submission_id} | {md_text(t.stage, 40) if t.stage else '-'} | {fmt(t.validation)} | {fmt(t.test)} | "
                      f"{'final pick' if t.submission_id == final else ''} |")  # fmt: skip
     share = run_stage_share(entries, harness_dir)
     if share is not None:
