@@ -113,6 +113,19 @@ def server_healthy(api_url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
+def database_problem(api_url: str, timeout_s: float = 10.0) -> str | None:
+    """Why the server's database does not answer (None when it does). `/health` answers without touching the
+    database; `/ready` connects to it, and reading the flow runs' count runs a real query."""
+    try:
+        ready = httpx.get(f"{api_url}/ready", timeout=timeout_s)
+        if ready.status_code != 404 and ready.status_code != 200:
+            return f"GET /ready answered HTTP {ready.status_code}"
+        count = httpx.post(f"{api_url}/flow_runs/count", json={}, timeout=timeout_s)
+    except httpx.HTTPError as e:
+        return f"{type(e).__name__} after {timeout_s:.0f} s"
+    return None if count.status_code == 200 else f"POST /flow_runs/count answered HTTP {count.status_code}"
+
+
 DATABASE_ENV = "PREFECT_SERVER_DATABASE_CONNECTION_URL"
 
 
