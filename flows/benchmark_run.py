@@ -264,6 +264,7 @@ def benchmark_run(
                           opened_s=time.perf_counter() - t)  # fmt: skip
     procs.begin_attempt(ctx.paths.harness_dir,
                         procs.Attempt.here(ctx.run_id, prefect_flow_run.get_id(), attempts.current.number))
+    record_flow_run(ctx, "Running")
     progress = ProgressWriter(ctx.run_id, ctx.paths.harness_dir, config.budget_s)
     phases = RunPhases(attempts, progress)
     run_log = ctx.paths.harness_dir / RUN_LOG
@@ -288,6 +289,7 @@ def benchmark_run(
             with phases.enter("summary"):
                 summary = summarize_run(ctx, "completed", attempts.totals())
             attempts.end("completed")
+            record_flow_run(ctx, "Completed")
         except BaseException as e:
             # Recorded without Prefect (its API may be going down too). A stop on request (SIGTERM: `a2rl server
             # stop`, a cancelled worker) ends the flow run Cancelled, with what happened; anything else is
@@ -298,6 +300,8 @@ def benchmark_run(
             progress.update(error=error)
             attempts.end(status)
             record_failure(ctx, status, attempts.totals(), error, run_log)
+            record_flow_run(ctx, "Cancelled" if isinstance(e, TerminationSignal)
+                            else "Failed" if isinstance(e, Exception) else "Crashed")  # as Prefect will have it
             if isinstance(e, TerminationSignal):
                 return Cancelled(message=f"a2rl recorded the run interrupted ({error}); a Retry resumes it")
             raise
@@ -305,6 +309,20 @@ def benchmark_run(
             procs.end_attempt()
     progress.update(phase="done")
     return summary
+
+
+def record_flow_run(ctx: RunContext, state: str) -> None:
+    """The run's flow run, this attempt's number and its last Prefect state in the run's row: what SQL over the
+    central store answers "what failed or crashed, and which flow run to retry" from (a crash leaves "Running",
+    which the merge turns into `crashed` once the server says the attempt is over). Never fails the run."""
+    import pandas as pd
+
+    row = {"run_id": ctx.run_id, "flow_run_id": prefect_flow_run.get_id(), "attempts": prefect_flow_run.get_run_count(),
+           "prefect_state": state}  # fmt: skip
+    try:
+        ResultsStore(ctx.results_path).bulk_write("runs", pd.DataFrame([row]))
+    except Exception as e:  # the store is locked or gone: the row lacks it, the run goes on
+        logging.getLogger(__name__).warning("could not record the flow run in the results store: %s", e)
 
 
 def one_line_error(e: BaseException) -> str:

@@ -73,6 +73,24 @@ def last_sweep_runs(api_url: str, page: int = 200) -> list[dict[str, Any]]:
         offset += page
 
 
+def flow_run_states(api_url: str, ids: list[str]) -> dict[str, Any]:
+    """flow-run id → its state now and its attempt count (a2rl.store.merge.FlowRunState); {} when the server does
+    not answer (the merge then leaves `running` attempts unfinished, as without a server)."""
+    from a2rl.store.merge import FlowRunState
+
+    found: dict[str, Any] = {}
+    try:
+        for start in range(0, len(ids), 200):
+            body = {"flow_runs": {"id": {"any_": ids[start:start + 200]}}, "limit": 200}
+            for r in _post(api_url, "/flow_runs/filter", body):
+                state = r.get("state") or {}
+                found[r["id"]] = FlowRunState(state.get("type") or r.get("state_type") or "?",
+                                              r.get("state_name") or state.get("name") or "?", int(r.get("run_count") or 0))  # fmt: skip
+    except (httpx.HTTPError, ValueError):
+        return {}
+    return found
+
+
 def next_step(row: FlowRunRow) -> str:
     """The one thing to do next about a flow run, as a command where there is one."""
     t = row.state_type
