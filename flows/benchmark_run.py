@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
+import httpx
 from prefect import flow, get_run_logger
 from prefect.runtime import deployment as prefect_deployment
 from prefect.runtime import flow_run as prefect_flow_run
@@ -33,6 +36,7 @@ from a2rl.run import RunContext, gpu_names, sandbox_for
 from a2rl.run_options import DEFAULT_RESULTS, GRACE_S, resolve_results, run_results
 from tasks.preflight import check_run
 from a2rl.ops.gpu_slots import hold_gpu_slot
+from a2rl.ops.run_lease import AttemptLease, StaleAttempt
 from a2rl.isolation import procs
 from a2rl.ops.housekeeping import clean_stale_temp
 from a2rl.ops.progress import RUN_LOG, ProgressWriter, note_phase, note_step
@@ -265,6 +269,7 @@ def benchmark_run(
     procs.begin_attempt(ctx.paths.harness_dir,
                         procs.Attempt.here(ctx.run_id, prefect_flow_run.get_id(), attempts.current.number))
     record_flow_run(ctx, "Running")
+    lease = take_run_lease(ctx)  # one attempt at a time across hosts: a stale one stops itself
     progress = ProgressWriter(ctx.run_id, ctx.paths.harness_dir, config.budget_s)
     phases = RunPhases(attempts, progress)
     run_log = ctx.paths.harness_dir / RUN_LOG
@@ -307,8 +312,47 @@ def benchmark_run(
             raise
         finally:
             procs.end_attempt()
+            if lease is not None:
+                lease.release()
     progress.update(phase="done")
     return summary
+
+
+STALE_EXIT = 75
+"""The exit status of an attempt that stopped itself because a later attempt holds the run's lease."""
+
+
+def take_run_lease(ctx: RunContext) -> AttemptLease | None:
+    """This attempt's hold on the run's lease in the server (a2rl.ops.run_lease); None without a server (an
+    ephemeral one: `a2rl run`, one process, nobody to retry it elsewhere)."""
+    from prefect.settings import PREFECT_API_URL
+
+    api_url, flow_run_id = PREFECT_API_URL.value(), prefect_flow_run.get_id()
+    if not api_url or not flow_run_id:
+        return None
+    logger = logging.getLogger(__name__)
+    lease = AttemptLease(api_url, flow_run_id, prefect_flow_run.get_run_count(),
+                         lambda why: stop_stale_attempt(ctx, why))  # fmt: skip
+    try:
+        if (earlier := lease.take()) is not None:
+            logger.warning("took the run's lease from %s, which stops itself", earlier.describe())
+    except StaleAttempt as e:
+        stop_stale_attempt(ctx, str(e))
+    except httpx.HTTPError as e:
+        logger.warning("could not take the run's lease (%s): this attempt goes on without it", e)
+        return None
+    return lease
+
+
+def stop_stale_attempt(ctx: RunContext, why: str) -> None:
+    """A later attempt holds the run's lease: end this attempt's processes and exit at once, writing nothing more
+    (the flow run's state and the run's files are the later attempt's now)."""
+    logging.getLogger(__name__).error("this attempt of %s stops itself: %s", ctx.run_id, why)
+    for record in procs.read_records(ctx.paths.harness_dir):
+        if record.ours():
+            procs.stop_session(record.leader)
+    procs.signal_pids(procs.descendants(os.getpid()), signal.SIGKILL)
+    os._exit(STALE_EXIT)
 
 
 def record_flow_run(ctx: RunContext, state: str) -> None:

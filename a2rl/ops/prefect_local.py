@@ -252,13 +252,15 @@ def ensure_work_pool(api_url: str, pool: str = DEFAULT_POOL, pool_type: str = "p
 
 def start_worker(api_url: str, pool: str = DEFAULT_POOL, home: Path | None = None, queues: tuple[str, ...] = (),
                  limit: int | None = None, env: dict[str, str] | None = None,
-                 timeout_s: float = 60, run_limit: int | None = None, cwd: Path | None = None) -> ManagedProcess:
+                 timeout_s: float = 60, run_limit: int | None = None, cwd: Path | None = None,
+                 plain: bool = False) -> ManagedProcess:
     """Start a process worker on `pool` (created if missing) in its own session; wait until it polls.
 
     `queues` restricts it to some work queues (default: all of the pool's); `limit` caps concurrent flow
     runs of this worker, sweeps included (a sweep waiting for its runs then holds a place they need: prefer
     `run_limit`, which caps the pool's `default` queue, where benchmark runs go); `env` is added to the
-    worker's environment, which its flow runs inherit; `cwd` is its working directory (default: the repository).
+    worker's environment, which its flow runs inherit; `cwd` is its working directory (default: the repository);
+    `plain`: Prefect's `prefect worker start` as is, as other hosts run it (docs/scale-out.md §5).
     """
     home = home or prefect_home()
     if (running := read_state(WORKER_STATE, home)) and running.alive():
@@ -266,7 +268,8 @@ def start_worker(api_url: str, pool: str = DEFAULT_POOL, home: Path | None = Non
     ensure_work_pool(api_url, pool)
     log = home / "a2rl-worker.log"
     # Prefect's process worker that reports crashes of current attempts only (a2rl.ops.crash_reports).
-    cmd = [sys.executable, "-m", "a2rl.ops.crash_reports", "worker", "start", "--pool", pool, "--type", "process",
+    entry = ["prefect"] if plain else ["a2rl.ops.crash_reports"]
+    cmd = [sys.executable, "-m", *entry, "worker", "start", "--pool", pool, "--type", "process",
            "--install-policy", "never"]  # fmt: skip
     for q in queues:
         cmd += ["--work-queue", q]
