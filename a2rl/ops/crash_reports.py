@@ -13,9 +13,9 @@ installed through Prefect's injection point for flow policies (`prefect.server.o
 * one for a run that is Pending or Running is aborted while the run's lease (a2rl.ops.run_lease) is live: an
   attempt is at work, the current one or the earlier one the report is about. If the current attempt is the one
   that died, its lease expires within LEASE_S, and the server's lease sweep (a thread of the same process) then
-  marks the run Crashed, as it does for a run whose whole host died: nothing reports those;
-* a Retry (Scheduled, not forced) for a run that is Pending or Running while its lease is live is aborted too:
-  a second press, or an automation's retry landing after an operator's, never starts a second attempt.
+  marks the run Crashed, as it does for a run whose whole host died: nothing reports those. A Retry pressed
+  meanwhile (the UI's, on a run that reads Running) is applied: the new attempt takes the lease, and the old one,
+  should it still live, stops itself.
 
 Forced state changes (the UI's "Mark as crashed", `a2rl retry`, the lease sweep, automations) pass the rule.
 `python -m a2rl.ops.crash_reports worker start ...` (what `a2rl server start`'s own worker runs) also drops, on
@@ -48,16 +48,10 @@ def flow_policy() -> type:
         attempt holds the run's lease, is about an attempt that is over: no state is written."""
 
         FROM_STATES = {StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING}
-        TO_STATES = {StateType.CRASHED, StateType.SCHEDULED}
+        TO_STATES = {StateType.CRASHED}
 
         async def before_transition(self, initial_state, proposed_state, context) -> None:
             if initial_state is None or proposed_state is None:
-                return
-            if proposed_state.type == StateType.SCHEDULED:  # a second Retry (an automation's, a late press)
-                if initial_state.type != StateType.SCHEDULED and (lease := await _lease_of(context)) is not None \
-                        and lease.live():  # fmt: skip
-                    await self.abort_transition(f"the run is {initial_state.name}: {lease.describe()}; a retry of "
-                                                "a run at work is not applied")  # fmt: skip
                 return
             if initial_state.type == StateType.SCHEDULED:
                 await self.abort_transition(
