@@ -128,7 +128,7 @@ def start_lease_sweep(argv: list[str]) -> None:
     import os
     import threading
 
-    from a2rl.ops.run_lease import SWEEP_S
+    from a2rl.ops.run_lease import LEASE_S, RENEW_S, SWEEP_S
 
     def option(name: str, default: str) -> str:
         return argv[argv.index(name) + 1] if name in argv[:-1] else default
@@ -138,6 +138,7 @@ def start_lease_sweep(argv: list[str]) -> None:
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}/api"
 
     def loop() -> None:
+        time.sleep(LEASE_S + RENEW_S)  # after a restart, attempts that were cut off renew their leases first
         while True:
             time.sleep(SWEEP_S)
             try:
