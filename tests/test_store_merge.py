@@ -266,3 +266,5 @@ def test_a_run_that_crashed_on_its_host_comes_in_as_crashed_never_as_a_result_an
     assert (RUN_IDS[1], "b", "merged") in outcomes(report) and (RUN_IDS[1], "a", "superseded") in outcomes(report)
     got = ResultsStore(central).get_run(RUN_IDS[1])
     assert got["status"] == "completed" and got["flow_run_id"] == FLOW_RUNS[1] and got["attempts"] == 2
+    again = merge_stores(central, [hosts / n / "a2rl.duckdb" for n in ("a", "b")], later)
+    assert {(RUN_IDS[1], "b", "unchanged"), (RUN_IDS[1], "a", "superseded")} <= outcomes(again)  # said every time

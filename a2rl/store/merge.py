@@ -185,14 +185,15 @@ def _merge_run(central: ResultsStore, attempts: list[Attempt], held: Attempt | N
     for a in others:
         where = f"the attempt from {best.source}" if best else "the attempt already in the store"
         out.append(MergeOutcome(a.run_id, str(a.source), "superseded", f"{a.status}; {where} wins"))
+    for a in attempts:  # a `running` attempt that is over, with a finished one of its run: it lost
+        if id(a) in ended:
+            winner = best.status if best else "the attempt already in the store"
+            out.append(MergeOutcome(a.run_id, str(a.source), "superseded", f"{ended[id(a)]}; {winner} wins"))
     if best is None:
         return out
     if held is not None and held.same_attempt(best) and held.last_head == best.last_head and held.status == best.status:
         out.append(MergeOutcome(best.run_id, str(best.source), "unchanged"))
         return out
-    for a in attempts:
-        if id(a) in ended:
-            out.append(MergeOutcome(a.run_id, str(a.source), "superseded", f"{ended[id(a)]}; {best.status} wins"))
     try:
         _merge_attempt(central, best)
     except MergeRefused as e:
