@@ -332,23 +332,23 @@ def take_run_lease(ctx: RunContext) -> AttemptLease | None:
         return None
     logger = logging.getLogger(__name__)
     lease = AttemptLease(api_url, flow_run_id, prefect_flow_run.get_run_count(),
-                         lambda why: stop_stale_attempt(ctx, why))  # fmt: skip
+                         lambda why: stop_stale_attempt(ctx.paths.harness_dir, ctx.run_id, why))  # fmt: skip
     try:
         if (earlier := lease.take()) is not None:
             logger.warning("took the run's lease from %s, which stops itself", earlier.describe())
     except StaleAttempt as e:
-        stop_stale_attempt(ctx, str(e))
+        stop_stale_attempt(ctx.paths.harness_dir, ctx.run_id, str(e))
     except httpx.HTTPError as e:
         logger.warning("could not take the run's lease (%s): this attempt goes on without it", e)
         return None
     return lease
 
 
-def stop_stale_attempt(ctx: RunContext, why: str) -> None:
+def stop_stale_attempt(harness_dir: Path, run_id: str, why: str) -> None:
     """A later attempt holds the run's lease: end this attempt's processes and exit at once, writing nothing more
     (the flow run's state and the run's files are the later attempt's now)."""
-    logging.getLogger(__name__).error("this attempt of %s stops itself: %s", ctx.run_id, why)
-    for record in procs.read_records(ctx.paths.harness_dir):
+    logging.getLogger(__name__).error("this attempt of %s stops itself: %s", run_id, why)
+    for record in procs.read_records(harness_dir):
         if record.ours():
             procs.stop_session(record.leader)
     procs.signal_pids(procs.descendants(os.getpid()), signal.SIGKILL)

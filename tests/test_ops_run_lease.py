@@ -6,6 +6,9 @@ a2rl's own server in tests/test_multihost.py."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -95,3 +98,45 @@ def test_the_servers_verdicts_on_crash_reports_and_expired_leases():
     assert run_lease.expired_verdict(expired, 3, "RUNNING", now) is None  # a later attempt is starting
     assert run_lease.expired_verdict(expired, 2, "COMPLETED", now) is None
     assert RunLease.from_value({"attempt": "x"}) is None and RunLease.from_value("not json") is None
+
+
+STALE_ATTEMPT = """
+import subprocess, sys, time
+from pathlib import Path
+from a2rl.ops import run_lease
+from flows.benchmark_run import stop_stale_attempt
+
+run_lease.RENEW_S = 0.2
+api_url, flow_run_id, harness = sys.argv[1:4]
+child = subprocess.Popen(["sleep", "600"])  # what an attempt starts: its agent, an evaluation
+lease = run_lease.AttemptLease(api_url, flow_run_id, 1, lambda why: stop_stale_attempt(Path(harness), "run", why),
+                               host="gpu-host-1")
+lease.take()
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_stale_attempt_ends_its_processes_and_exits_without_a_word(api_url, tmp_path):
+    """The flow side's answer to a lost lease (flows/benchmark_run.stop_stale_attempt), in a process of its own:
+    its children end with it, and it exits STALE_EXIT."""
+    from pathlib import Path
+
+    import psutil
+
+    from flows.benchmark_run import STALE_EXIT
+
+    repo = Path(__file__).resolve().parents[1]
+    flow_run_id = str(uuid.uuid4())
+    proc = subprocess.Popen([sys.executable, "-c", STALE_ATTEMPT, api_url, flow_run_id, str(tmp_path)], cwd=repo,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(repo)})  # fmt: skip
+    try:
+        child = int(proc.stdout.readline())
+        assert run_lease.read_lease(api_url, flow_run_id).attempt == 1
+        AttemptLease(api_url, flow_run_id, 2, lambda why: pytest.fail(why), host="gpu-host-2").take(wait=lambda s: None)
+        assert proc.wait(timeout=60) == STALE_EXIT
+        assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+        assert run_lease.read_lease(api_url, flow_run_id).attempt == 2  # the stale one left the lease alone
+    finally:
+        proc.kill()
+        run_lease.drop_lease(api_url, flow_run_id)
