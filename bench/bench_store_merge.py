@@ -6,7 +6,7 @@
    seconds), and one small upsert (an event row) timed on its own: the unit bench/bench_ducklake.py times on
    DuckLake.
 2. Merge side: RUNS runs over three host stores, cloned from the written ones (new run ids, each ledger re-chained
-   and its head anchored in its host's store, the report's head updated), then merged into an empty central store,
+   and its head anchored in its host's store, the report's head and its MAC updated), then merged into an empty central store,
    merged again (nothing changes), and merged again after one host finished one more run.
 
 Usage (repository root):  python bench/bench_store_merge.py --runs 1000 --written 12
@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from a2rl.grading.ledger import Ledger, read_ledger  # noqa: E402
+from a2rl.grading.ledger import Ledger, LedgerHead, head_mac, read_ledger  # noqa: E402
 from a2rl.records import RunConfig  # noqa: E402
 from a2rl.store.merge import merge_stores  # noqa: E402
 from a2rl.store.results import ResultsStore  # noqa: E402
@@ -111,7 +111,9 @@ def clone(template: tuple[str, Path], template_store: Path, host: str, root: Pat
         heads.append((entry.seq, ledger._last_hash_of(entry), e.at))
     report = json.loads((harness / "report.json").read_text())
     report["summary"]["run_id"] = new_id
-    report["ledger"].update(entries=len(heads), head_hash=heads[-1][1])
+    head = LedgerHead(len(heads), heads[-1][1])
+    # the report's head MAC names the run id and head, so a clone carries its own (the merge checks it)
+    report["ledger"].update(entries=head.entries, head_hash=head.hash, head_mac=head_mac(new_id, head))
     (harness / "report.json").write_text(json.dumps(report))
     row = ResultsStore(template_store, read_only=True).query("SELECT * FROM runs WHERE run_id = ?", [run_id])
     row["run_id"], row["harness_dir"] = new_id, str(harness)
@@ -139,10 +141,11 @@ def main() -> int:
 
     sources = [root / "hosts" / h / "a2rl.duckdb" for h in HOSTS]
     central = root / "central.duckdb"
-    timings = {}
+    timings, refused = {}, []
     for label in ("first merge (all new)", "second merge (nothing changed)"):
         t = time.perf_counter()
         report = merge_stores(central, sources)
+        refused += report.refused
         timings[label] = {"s": round(time.perf_counter() - t, 1), "outcome": report.summary().split(": ", 1)[1]}
     clone(written[0], template_store, HOSTS[0], root / "hosts", args.runs)  # one host finished one more run
     t = time.perf_counter()
@@ -150,11 +153,18 @@ def main() -> int:
     timings["third merge (one new run)"] = {"s": round(time.perf_counter() - t, 1),
                                             "outcome": report.summary().split(": ", 1)[1]}  # fmt: skip
     facts["merge"] = timings
+    refused += report.refused
     facts["central_store_mb"] = round(central.stat().st_size / 1e6, 1)
     facts["host_store_mb"] = round(sources[0].stat().st_size / 1e6, 1)
     print(json.dumps(facts, indent=1))
     if args.out is None:
         shutil.rmtree(root, ignore_errors=True)
+    if refused:  # a refused clone is the bench's fault, and its timings would measure refusals
+        for o in refused[:5]:
+            print(f"REFUSED {o.run_id} ({o.source}): {o.detail}", file=sys.stderr)
+        print(f"bench_store_merge: the merge refused {len(refused)} run(s): these timings are not the merge's",
+              file=sys.stderr)
+        return 1
     return 0
 
 

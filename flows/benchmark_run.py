@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
+import httpx
 from prefect import flow, get_run_logger
 from prefect.runtime import deployment as prefect_deployment
 from prefect.runtime import flow_run as prefect_flow_run
@@ -33,6 +36,7 @@ from a2rl.run import RunContext, gpu_names, sandbox_for
 from a2rl.run_options import DEFAULT_RESULTS, GRACE_S, resolve_results, run_results
 from tasks.preflight import check_run
 from a2rl.ops.gpu_slots import hold_gpu_slot
+from a2rl.ops.run_lease import AttemptLease, StaleAttempt
 from a2rl.isolation import procs
 from a2rl.ops.housekeeping import clean_stale_temp
 from a2rl.ops.progress import RUN_LOG, ProgressWriter, note_phase, note_step
@@ -264,6 +268,8 @@ def benchmark_run(
                           opened_s=time.perf_counter() - t)  # fmt: skip
     procs.begin_attempt(ctx.paths.harness_dir,
                         procs.Attempt.here(ctx.run_id, prefect_flow_run.get_id(), attempts.current.number))
+    record_flow_run(ctx, "Running")
+    lease = take_run_lease(ctx)  # one attempt at a time across hosts: a stale one stops itself
     progress = ProgressWriter(ctx.run_id, ctx.paths.harness_dir, config.budget_s)
     phases = RunPhases(attempts, progress)
     run_log = ctx.paths.harness_dir / RUN_LOG
@@ -288,6 +294,7 @@ def benchmark_run(
             with phases.enter("summary"):
                 summary = summarize_run(ctx, "completed", attempts.totals())
             attempts.end("completed")
+            record_flow_run(ctx, "Completed")
         except BaseException as e:
             # Recorded without Prefect (its API may be going down too). A stop on request (SIGTERM: `a2rl server
             # stop`, a cancelled worker) ends the flow run Cancelled, with what happened; anything else is
@@ -298,13 +305,68 @@ def benchmark_run(
             progress.update(error=error)
             attempts.end(status)
             record_failure(ctx, status, attempts.totals(), error, run_log)
+            record_flow_run(ctx, "Cancelled" if isinstance(e, TerminationSignal)
+                            else "Failed" if isinstance(e, Exception) else "Crashed")  # as Prefect will have it
             if isinstance(e, TerminationSignal):
                 return Cancelled(message=f"a2rl recorded the run interrupted ({error}); a Retry resumes it")
             raise
         finally:
             procs.end_attempt()
+            if lease is not None:
+                lease.release()
     progress.update(phase="done")
     return summary
+
+
+STALE_EXIT = 75
+"""The exit status of an attempt that stopped itself because a later attempt holds the run's lease."""
+
+
+def take_run_lease(ctx: RunContext) -> AttemptLease | None:
+    """This attempt's hold on the run's lease in the server (a2rl.ops.run_lease); None without a server (an
+    ephemeral one: `a2rl run`, one process, nobody to retry it elsewhere)."""
+    from prefect.settings import PREFECT_API_URL
+
+    api_url, flow_run_id = PREFECT_API_URL.value(), prefect_flow_run.get_id()
+    if not api_url or not flow_run_id:
+        return None
+    logger = logging.getLogger(__name__)
+    lease = AttemptLease(api_url, flow_run_id, prefect_flow_run.get_run_count(),
+                         lambda why: stop_stale_attempt(ctx.paths.harness_dir, ctx.run_id, why))  # fmt: skip
+    try:
+        if (earlier := lease.take()) is not None:
+            logger.warning("took the run's lease from %s, which stops itself", earlier.describe())
+    except StaleAttempt as e:
+        stop_stale_attempt(ctx.paths.harness_dir, ctx.run_id, str(e))
+    except httpx.HTTPError as e:
+        logger.warning("could not take the run's lease (%s): this attempt goes on without it", e)
+        return None
+    return lease
+
+
+def stop_stale_attempt(harness_dir: Path, run_id: str, why: str) -> None:
+    """A later attempt holds the run's lease: end this attempt's processes and exit at once, writing nothing more
+    (the flow run's state and the run's files are the later attempt's now)."""
+    logging.getLogger(__name__).error("this attempt of %s stops itself: %s", run_id, why)
+    for record in procs.read_records(harness_dir):
+        if record.ours():
+            procs.stop_session(record.leader)
+    procs.signal_pids(procs.descendants(os.getpid()), signal.SIGKILL)
+    os._exit(STALE_EXIT)
+
+
+def record_flow_run(ctx: RunContext, state: str) -> None:
+    """The run's flow run, this attempt's number and its last Prefect state in the run's row: what SQL over the
+    central store answers "what failed or crashed, and which flow run to retry" from (a crash leaves "Running",
+    which the merge turns into `crashed` once the server says the attempt is over). Never fails the run."""
+    import pandas as pd
+
+    row = {"run_id": ctx.run_id, "flow_run_id": prefect_flow_run.get_id(), "attempts": prefect_flow_run.get_run_count(),
+           "prefect_state": state}  # fmt: skip
+    try:
+        ResultsStore(ctx.results_path).bulk_write("runs", pd.DataFrame([row]))
+    except Exception as e:  # the store is locked or gone: the row lacks it, the run goes on
+        logging.getLogger(__name__).warning("could not record the flow run in the results store: %s", e)
 
 
 def one_line_error(e: BaseException) -> str:

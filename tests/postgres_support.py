@@ -81,6 +81,10 @@ class LocalPostgres:
         return self._run("psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", self.USER, "-d", database, "-tA",
                          "-v", "ON_ERROR_STOP=1", "-c", sql, timeout_s=60).strip()  # fmt: skip
 
+    def halt(self) -> None:
+        """Stop the server (fast shutdown), keeping its files: the database is down, `stop()` still cleans up."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "-t", "60", "stop", timeout_s=90)
+
     def stop(self) -> None:
         """Stop the server (fast shutdown) and delete the cluster's files."""
         try:

@@ -1,30 +1,35 @@
 """Several hosts, simulated on one machine: a Prefect server on PostgreSQL, three GPU-host workers that share
 nothing but the server (each its own working directory, PREFECT_HOME, A2RL_HOME, TMPDIR, results store and run
-directories, one run at a time: its "GPU"), and a sweep worker on the server host. A nightly-style sweep of three
-configurations spreads over them; one host is killed mid-run and its run is retried on another; the sweep merges
-every host's store into one, from which `a2rl analyze` draws.
+directories, one run at a time: its "GPU"), all plain `prefect worker start` as docs/scale-out.md says, and a sweep
+worker on the server host; automatic retry on. A nightly-style sweep of three configurations spreads over them; one
+host dies with its run (noticed by the server, retried automatically), another's run is killed and Retry pressed
+1 s later while its plain worker reports the crash; the sweep merges every host's store into one, from which `a2rl
+analyze` draws. The server's rule and lease sweep are checked on their own first; the database goes down last.
 
-Slow (about 8-12 minutes on 2 busy cores): a PostgreSQL cluster, a server, four workers and four benchmark runs of
+Slow (about 10-14 minutes on 2 busy cores): a PostgreSQL cluster, a server, four workers and five benchmark runs of
 the reference agent on the tiny model. Deselect with `-m "not prefect_server"`.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import httpx
 import pytest
 
-from a2rl.grading.ledger import read_ledger
-from a2rl.ops import prefect_local
+from a2rl.ops import auto_retry, prefect_local, run_lease
 from tests.postgres_support import LocalPostgres, PostgresUnavailable, free_port
-from tests.run_dirs import dump_store
 from tests.live_server import FAST_POLLING, SERVER_ENV, SMALL_AGENT
 from tests.live_server import family as _family
 from tests.live_server import final_run as _final_run
@@ -55,6 +60,14 @@ class Cluster:
         return path.relative_to(self.root / "hosts").parts[0]
 
 
+def _join(host: str, env: dict[str, str]) -> None:
+    """A host joins as docs/scale-out.md says: its ledger key is registered where stores are merged (here the test's
+    own A2RL_HOME, which the sweep worker shares), so that its runs verify in the central store."""
+    run = functools.partial(subprocess.run, capture_output=True, text=True, check=True, timeout=300)
+    key = run([sys.executable, "-m", "a2rl", "store", "host-key"], env={**os.environ, **env}).stdout.strip()
+    run([sys.executable, "-m", "a2rl", "store", "trust-host", key, "--host", host])
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
     """PostgreSQL, a Prefect server on it, the deployments (no schedules), three GPU-host workers and a sweep worker."""
@@ -77,6 +90,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
                                             timeout_s=300)  # fmt: skip
         pids.append(server.pid)
         prefect_local.deploy(server.url)
+        auto_retry.set_auto_retry(server.url, "benchmark-run/benchmark-run", 2)
         # Stored in PostgreSQL, then dropped: the sweep worker below must never start tonight's nightly sweep.
         schedules = _unschedule(server.url)
         assert schedules == {"sweep/nightly-sweep": [("0 2 * * *", True)],
@@ -88,13 +102,14 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
                 (d / sub).mkdir(parents=True)
             env = {**FAST_POLLING, "A2RL_HOST": host, "A2RL_HOME": str(d / "cache"), "TMPDIR": str(d / "tmp"),
                    "A2RL_HOST_RESULTS": str(cluster.host_store(host))}  # fmt: skip
+            _join(host, env)
             homes.append(d / "prefect")
             pids.append(prefect_local.start_worker(server.url, home=d / "prefect", queues=("default",), limit=1,
-                                                   env=env, cwd=d / "work").pid)  # fmt: skip
+                                                   env=env, cwd=d / "work", plain=True).pid)  # fmt: skip
         homes.append(root / "server-host" / "worker")
         homes[-1].mkdir()
         pids.append(prefect_local.start_worker(server.url, home=homes[-1], queues=("sweeps",), env=FAST_POLLING,
-                                               cwd=root / "server-host").pid)  # fmt: skip
+                                               cwd=root / "server-host", plain=True).pid)  # fmt: skip
         with temporary_settings(updates={PREFECT_API_URL: server.url}):
             yield cluster
     finally:
@@ -106,13 +121,43 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
         assert not leaked, f"processes left behind: {leaked}"
 
 
-def test_a_nightly_sweep_over_three_hosts_survives_a_dead_host_and_lands_in_one_store(cluster, tiny_model_dir,
-                                                                                      tmp_path, monkeypatch, capsys):
+def test_the_server_refuses_crash_reports_and_retries_while_an_attempt_holds_the_lease_and_crashes_a_dead_one(
+        cluster):  # fmt: skip
+    """#35: a plain worker's crash report names no attempt; the server's rule keeps it off a run whose attempt holds
+    the run's lease, and its lease sweep marks the run Crashed once that lease expires."""
+    httpx.post(f"{cluster.url}/work_pools/", json={"name": "nobody", "type": "process"}, timeout=10)
+    flow = httpx.post(f"{cluster.url}/flows/", json={"name": "leased"}, timeout=10).json()
+    deployment = httpx.post(f"{cluster.url}/deployments/", timeout=10, json={
+        "name": "leased", "flow_id": flow["id"], "work_pool_name": "nobody"}).json()  # fmt: skip
+    run = httpx.post(f"{cluster.url}/deployments/{deployment['id']}/create_flow_run", json={}, timeout=10).json()
+    for state in ({"type": "PENDING", "name": "Pending"}, {"type": "RUNNING", "name": "Running"}):
+        assert _set_state(cluster.url, run["id"], state, force=False)["status"] == "ACCEPT"
+    now = datetime.now(timezone.utc)
+    run_lease.write_lease(cluster.url, run_lease.RunLease(run["id"], 1, "gpu-host-2", 4242, now + timedelta(seconds=60)))
+    late = _set_state(cluster.url, run["id"], {"type": "CRASHED", "name": "Crashed",
+                                               "message": "Flow run infrastructure exited with non-zero status code -9."},
+                      force=False)  # fmt: skip
+    assert late["status"] == "ABORT" and "holds the run's lease" in late["details"]["reason"], late
+    assert _flow_run(cluster.url, run["id"])["state_type"] == "RUNNING"
+
+    # The attempt's host dies: its lease is not renewed; the server's sweep marks the run crashed.
+    run_lease.write_lease(cluster.url, run_lease.RunLease(run["id"], 1, "gpu-host-2", 4242, datetime.now(timezone.utc)))
+    t = time.monotonic()
+    crashed = _wait_for(lambda: (r := _flow_run(cluster.url, run["id"]))["state_type"] == "CRASHED" and r,
+                        timeout_s=120, what="the lease sweep")  # fmt: skip
+    assert time.monotonic() - t <= 120
+    assert "its attempt 1 on gpu-host-2 stopped renewing the run's lease" in crashed["state"]["message"]
+
+
+def test_a_nightly_sweep_over_three_plain_hosts_survives_a_dead_host_and_a_killed_run_and_lands_in_one_store(
+        cluster, tiny_model_dir, tmp_path, monkeypatch, capsys):  # fmt: skip
     from prefect.deployments import run_deployment
 
     from a2rl.cli import main
-    from a2rl.ops.status import flow_runs_by_suffix
+    from a2rl.isolation.procs import kill_tree
+    from a2rl.ops.status import flow_runs_by_suffix, run_process
 
+    monkeypatch.setenv("PREFECT_API_URL", cluster.url)  # the merge below asks the server which attempts are over
     central = tmp_path / "central" / "a2rl.duckdb"
     params = dict(
         tasks=["gsm8k"], agents=["reference-sft"], drivers=["none"], modes=["free"], seeds=[0, 1, 2], budget_s=45,
@@ -122,48 +167,53 @@ def test_a_nightly_sweep_over_three_hosts_survives_a_dead_host_and_lands_in_one_
     )  # fmt: skip
     sweep = run_deployment("sweep/nightly-sweep", parameters=params, timeout=0)
 
-    # The first run whose agent session starts is on the host that dies.
-    ledger = _wait_for(lambda: _first_session(cluster), timeout_s=600, what="an agent session on some host",
-                       run=(cluster.url, sweep.id))  # fmt: skip
-    victim_host, run_id = cluster.host_of(ledger), ledger.parts[-3]
-    (victim,) = flow_runs_by_suffix(cluster.url, [run_id.rsplit("-", 1)[1]]).values()
-    time.sleep(3)  # the agent trains
-    killed = _kill_worker_host(cluster.host_dir(victim_host) / "prefect")
+    # Two agent sessions at work on two hosts: one host dies whole (worker, flow run and agent; nobody reports it:
+    # the server notices its lease expiring and the automation retries it elsewhere); on the other, the run loses
+    # its flow-run process: its plain worker reports the crash twice (at once and 5-20 s later) while Retry is
+    # pressed 1 s after the kill (the V1 UI's call, on a run that reads Running): neither report may land on the
+    # retry, wherever it runs.
+    two = _wait_for(lambda: len(s := _sessions(cluster)) >= 2 and s, timeout_s=600,
+                    what="agent sessions on two hosts", run=(cluster.url, sweep.id))  # fmt: skip
+    (dead_host, dead_run), (_, killed_run) = [(cluster.host_of(p), p.parts[-3]) for p in two[:2]]
+    (dead,) = flow_runs_by_suffix(cluster.url, [dead_run.rsplit("-", 1)[1]]).values()
+    (victim,) = flow_runs_by_suffix(cluster.url, [killed_run.rsplit("-", 1)[1]]).values()
+    time.sleep(3)  # the agents train
+    killed = _kill_worker_host(cluster.host_dir(dead_host) / "prefect")
     assert len(killed) >= 3, f"expected worker, flow-run process and agent, killed {killed}"
-    _set_state(cluster.url, victim.id, {"type": "CRASHED", "name": "Crashed", "message": "host lost"})
-    prefect_local.retry_flow_run(cluster.url, victim.id, settle_s=3)
+    t_dead = time.monotonic()
+    pid, _ = run_process(two[1].parent)
+    kill_tree(pid)
+    time.sleep(1)
+    pressed = _set_state(cluster.url, victim.id, {"type": "SCHEDULED", "name": "AwaitingRetry",
+                                                  "message": "Retry from the UI"}, force=False)  # fmt: skip
+    assert pressed["status"] == "ACCEPT", pressed
+    _wait_for(lambda: _ever(cluster.url, dead.id, "CRASHED"), timeout_s=180, what="the dead host's run crashed")
+    assert time.monotonic() - t_dead <= 120  # ≤ 2 minutes, as docs/scale-out.md §4 states (30 s lease + 10 s sweep)
 
     final = _wait_for(lambda: _final_run(cluster.url, sweep.id), timeout_s=1800, what="the sweep to end")
     assert final["state_type"] == "COMPLETED", final["state"]
-    retried = _flow_run(cluster.url, victim.id)
-    assert retried["state_type"] == "COMPLETED" and retried["run_count"] >= 2
+    for fr, run_id in ((dead, dead_run), (victim, killed_run)):
+        done = _flow_run(cluster.url, fr.id)
+        assert done["state_type"] == "COMPLETED" and done["run_count"] == 2, (run_id, done["run_count"])
+        after_retry = _states_since_retry(cluster.url, fr.id)  # one attempt after the retry, ended once
+        assert [s["type"] for s in after_retry if s["type"] in ("CRASHED", "COMPLETED", "FAILED")] == ["COMPLETED"]
+        completed = [h for h in HOSTS if _status(cluster.host_store(h), run_id) == "completed"]
+        assert len(completed) == 1, (run_id, completed)  # one completed row, from one host
 
-    # The dead host still holds its lost attempt; another host started the run over and completed it.
-    with duckdb.connect(str(cluster.host_store(victim_host)), read_only=True) as con:
-        assert con.execute("SELECT status FROM runs WHERE run_id = ?", [run_id]).fetchall() == [("running",)]
-    (done,) = [h for h in HOSTS if h != victim_host and _status(cluster.host_store(h), run_id) == "completed"]
-    attempts = [e.detail for e in read_ledger(cluster.host_dir(done) / "results" / "runs" / run_id / "harness" /
-                                              "ledger.jsonl") if e.detail.get("event") == "attempt"]  # fmt: skip
-    assert attempts and attempts[0]["host"] == done and attempts[0]["starts_over"] is True, attempts
-
-    # One store: one completed row per configuration, the retried run from the host that completed it.
+    # One store: one completed row per configuration, each with its flow run, attempt and state.
     with duckdb.connect(str(central), read_only=True) as con:
-        rows = con.execute("SELECT run_id, seed, status, harness_dir FROM runs ORDER BY seed").fetchall()
-    assert [(seed, status) for _, seed, status, _ in rows] == [(0, "completed"), (1, "completed"), (2, "completed")]
-    assert cluster.host_of(Path(dict((r[0], r[3]) for r in rows)[run_id])) == done
-    assert {cluster.host_of(Path(r[3])) for r in rows} <= set(HOSTS)
+        rows = con.execute("SELECT run_id, seed, status, flow_run_id, attempts, prefect_state FROM runs "
+                           "ORDER BY seed").fetchall()  # fmt: skip
+    assert [(seed, status, state) for _, seed, status, _, _, state in rows] == [
+        (0, "completed", "Completed"), (1, "completed", "Completed"), (2, "completed", "Completed")]
+    assert {r[0]: r[4] for r in rows}[dead_run] == 2 and {r[0]: r[3] for r in rows}[dead_run] == str(dead.id)
 
-    # Merging again changes nothing; the lost attempt stays out.
-    before = dump_store(central)
+    # Merging again changes nothing; the lost attempts are superseded.
     assert main(["store", "merge", "--into", str(central), *params["merge_from"]]) == 0
     out = capsys.readouterr().out
-    assert "0 merged, 3 unchanged" in out and f"unfinished  {run_id}" in out
-    assert dump_store(central) == before
+    assert "0 merged, 3 unchanged, 0 crashed" in out and f"superseded  {dead_run}" in out
 
-    # `a2rl results` and `a2rl analyze` draw from it; a second sweep finds every configuration done.
-    assert main(["results", "--results", str(central)]) == 0
-    listed = capsys.readouterr().out
-    assert all(r[0] in listed for r in rows)
+    # `a2rl analyze` draws from it; a second sweep finds every configuration done.
     out_dir = tmp_path / "analysis"
     assert main(["analyze", "--results", str(central), "--out", str(out_dir), "--n-boot", "200"]) == 0
     summary = json.loads((out_dir / "summary.json").read_text())
@@ -172,14 +222,21 @@ def test_a_nightly_sweep_over_three_hosts_survives_a_dead_host_and_lands_in_one_
     assert again.state.is_completed(), again.state
     assert _benchmark_runs(cluster.url) == 3  # one flow run per configuration: the second sweep started none
 
-    # The server's state is in PostgreSQL, and `a2rl status` reads it.
+    # The server's state is in PostgreSQL, and `a2rl status` reads it: every run of the last sweep.
     assert int(cluster.pg.psql("prefect", "SELECT count(*) FROM flow_run")) >= 6
-    monkeypatch.setenv("PREFECT_API_URL", cluster.url)
     monkeypatch.setenv("PREFECT_HOME", str(cluster.server_home))
     assert main(["status", "--results", str(central)]) == 0
     status = capsys.readouterr().out
-    assert f"server {cluster.url}: up" in status and run_id in status
-    assert "GPU slots: 0 of 3 in use" in status  # the sweep's limit; the dead host's slot expired with its lease
+    assert f"server {cluster.url}: up, its database answers" in status and dead_run in status
+    assert "GPU slots: 0 of 3 in use" in status  # the dead host's slot expired with its lease
+
+    # The database goes down: `a2rl status` says so in one line, no HTTP 500 dump.
+    cluster.pg.halt()
+    assert main(["status", "--results", str(central)]) == 1
+    status = capsys.readouterr().out
+    line = next(x for x in status.splitlines() if x.startswith(f"server {cluster.url}"))
+    assert "the server is up but its database is not answering" in line
+    assert "Traceback" not in status and "flow runs on" not in status
 
 
 # ---- helpers -----------------------------------------------------------------------------------------
@@ -199,11 +256,30 @@ def _unschedule(url: str) -> dict[str, list[tuple[str, bool]]]:
     return found
 
 
-def _first_session(cluster: Cluster) -> Path | None:
+def _sessions(cluster: Cluster) -> list[Path]:
+    """Ledgers of runs whose agent session is at work, one per host."""
+    found: dict[str, Path] = {}
     for ledger in sorted((cluster.root / "hosts").glob("*/results/runs/*/harness/ledger.jsonl")):
-        if '"session-start"' in ledger.read_text():  # raw text: the writer may be half-way through a line
-            return ledger
-    return None
+        text = ledger.read_text()  # raw text: the writer may be half-way through a line
+        if '"session-start"' in text and '"session-end"' not in text:
+            found.setdefault(cluster.host_of(ledger), ledger)
+    return list(found.values())
+
+
+def _states(url: str, flow_run_id: Any) -> list[dict]:
+    r = httpx.get(f"{url}/flow_run_states/", params={"flow_run_id": str(flow_run_id)}, timeout=10)
+    r.raise_for_status()
+    return sorted(r.json(), key=lambda s: s["timestamp"])
+
+
+def _ever(url: str, flow_run_id: Any, state_type: str) -> bool:
+    return any(s["type"] == state_type for s in _states(url, flow_run_id))
+
+
+def _states_since_retry(url: str, flow_run_id: Any) -> list[dict]:
+    states = _states(url, flow_run_id)
+    last_retry = max(i for i, s in enumerate(states) if s["name"] == "AwaitingRetry")
+    return states[last_retry + 1:]
 
 
 def _status(store: Path, run_id: str) -> str | None:

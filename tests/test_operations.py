@@ -207,7 +207,7 @@ def _sweep_child(api_url: str, deployment_id: str, task_run_id: str, runs_dir: P
 
 def test_status_lists_a_sweeps_runs_with_their_true_state_and_one_next_step_each(api_url, tmp_path, monkeypatch,
                                                                                   capsys):  # fmt: skip
-    """#29.5: the runs a sweep started through the deployment (they have a parent task run) are listed, each
+    """#29.5: every run the last sweep started through the deployment (they have a parent task run) is listed, each
     with one next step: a crashed one `a2rl retry <id>`; one that reads Running while its process is gone says
     so; and their store rows read the flow run's true state instead of "running? process N is gone"."""
     from a2rl.cli import main
@@ -226,6 +226,8 @@ def test_status_lists_a_sweeps_runs_with_their_true_state_and_one_next_step_each
     runs_dir = tmp_path / "runs"
     crashed = _sweep_child(api_url, deployment_id, task_run["id"], runs_dir, {"type": "CRASHED", "name": "Crashed"})
     gone = _sweep_child(api_url, deployment_id, task_run["id"], runs_dir, {"type": "RUNNING", "name": "Running"})
+    done = [_sweep_child(api_url, deployment_id, task_run["id"], runs_dir, {"type": "COMPLETED", "name": "Completed"})
+            for _ in range(10)]  # more than the newest 8 `status` lists besides the last sweep's runs
     results = runs_dir / "r.db"
     store = ResultsStore(results)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -238,8 +240,9 @@ def test_status_lists_a_sweeps_runs_with_their_true_state_and_one_next_step_each
     monkeypatch.setenv("PREFECT_API_URL", api_url)
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
     monkeypatch.setenv("COLUMNS", "400")
-    assert main(["status", "--results", str(results), "--limit", "200"]) == 0
+    assert main(["status", "--results", str(results)]) == 0
     lines = capsys.readouterr().out.splitlines()
+    assert all(any(child in line and "Completed" in line for line in lines) for child in done)  # every one, by default
     crashed_line = next(line for line in lines if crashed in line and "(in a sweep)" in line)
     assert "Crashed" in crashed_line and f"a2rl retry {crashed}" in crashed_line
     gone_line = next(line for line in lines if gone in line and "(in a sweep)" in line)

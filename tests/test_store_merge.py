@@ -210,3 +210,62 @@ def test_the_merge_deployment_names_its_flows_parameters_runs_beside_the_sweeps_
     assert merge_dep["work_pool"]["work_queue_name"] == "sweeps"  # never on a GPU worker's queue
     assert [s["active"] for s in merge_dep["schedules"]] == [False]
     assert merge_dep["parameters"]["sources"] == nightly["parameters"]["merge_from"]
+
+
+def _ran_on(store: Path, run_id: str, flow_run_id: str, attempt: int) -> None:
+    """What benchmark_run records when an attempt starts (its host then dies: the row stays `running`)."""
+    import pandas as pd
+
+    ResultsStore(store).bulk_write("runs", pd.DataFrame([{"run_id": run_id, "flow_run_id": flow_run_id,
+                                                          "attempts": attempt, "prefect_state": "Running"}]))
+
+
+def test_a_run_that_crashed_on_its_host_comes_in_as_crashed_never_as_a_result_and_sql_says_what_to_retry(hosts):
+    """#35: once the server shows the attempt over, a run whose host died is in the central store as `crashed`
+    (no score, left out of every aggregate), and the README's query lists it with the command that retries it;
+    a completed attempt from another host later takes its place."""
+    import re
+
+    from a2rl.store.merge import FlowRunState
+
+    _ran_on(hosts / "a" / "a2rl.duckdb", RUN_IDS[1], FLOW_RUNS[1], 1)
+    still_running = {FLOW_RUNS[1]: FlowRunState("RUNNING", "Running", 1)}
+    report = merge_stores(hosts.parent / "central.duckdb", [hosts / "a" / "a2rl.duckdb"],
+                          flow_runs=lambda ids: still_running)
+    central = hosts.parent / "central.duckdb"
+    assert (RUN_IDS[1], "a", "unfinished") in outcomes(report)  # a live run is not merged
+    assert ResultsStore(central).get_run(RUN_IDS[1]) is None
+
+    crashed = lambda ids: {FLOW_RUNS[1]: FlowRunState("CRASHED", "Crashed", 1)}  # noqa: E731
+    report = merge_stores(central, [hosts / "a" / "a2rl.duckdb"], flow_runs=crashed)
+    assert (RUN_IDS[1], "a", "crashed") in outcomes(report)
+    with duckdb.connect(str(central), read_only=True) as con:
+        row = con.execute("SELECT status, prefect_state, attempts, flow_run_id, delta_test, final_test, seed "
+                          "FROM runs WHERE run_id = ?", [RUN_IDS[1]]).fetchone()  # fmt: skip
+        analysed = {r[0] for r in con.execute("SELECT run_id FROM analysed_runs").fetchall()}
+        excluded = dict(con.execute("SELECT reason, n_runs FROM excluded_runs").fetchall())
+    assert row == ("crashed", "Crashed", 1, FLOW_RUNS[1], None, None, 1)
+    assert analysed == {RUN_IDS[0]} and excluded == {"run crashed": 1}
+    before = dump_store(central)
+    again = merge_stores(central, [hosts / "a" / "a2rl.duckdb"], flow_runs=crashed)
+    assert (RUN_IDS[1], "a", "unchanged") in outcomes(again) and dump_store(central) == before
+
+    # The README's query: what ran in the last day, what failed or crashed, and the command to retry each.
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (query,) = re.findall(r'con\.sql\("""(SELECT run_id, task, agent, seed, status, prefect_state.*?)"""\)', readme,
+                          re.DOTALL)  # fmt: skip
+    with duckdb.connect(str(central), read_only=True) as con:
+        listed = {r[0]: r for r in con.execute(query).fetchall()}
+    assert set(listed) == {RUN_IDS[0], RUN_IDS[1]}
+    assert listed[RUN_IDS[1]][4] == "crashed" and listed[RUN_IDS[1]][-1] == f"a2rl retry {FLOW_RUNS[1]}"
+    assert listed[RUN_IDS[0]][4] == "completed" and listed[RUN_IDS[0]][-1] is None
+
+    # Retried on host b and completed there: that attempt replaces the crashed record, flow run and all.
+    _ran_on(hosts / "b" / "a2rl.duckdb", RUN_IDS[1], FLOW_RUNS[1], 2)
+    later = lambda ids: {FLOW_RUNS[1]: FlowRunState("COMPLETED", "Completed", 2)}  # noqa: E731
+    report = merge_stores(central, [hosts / n / "a2rl.duckdb" for n in ("a", "b")], later)
+    assert (RUN_IDS[1], "b", "merged") in outcomes(report) and (RUN_IDS[1], "a", "superseded") in outcomes(report)
+    got = ResultsStore(central).get_run(RUN_IDS[1])
+    assert got["status"] == "completed" and got["flow_run_id"] == FLOW_RUNS[1] and got["attempts"] == 2
+    again = merge_stores(central, [hosts / n / "a2rl.duckdb" for n in ("a", "b")], later)
+    assert {(RUN_IDS[1], "b", "unchanged"), (RUN_IDS[1], "a", "superseded")} <= outcomes(again)  # said every time

@@ -356,7 +356,8 @@ def add_ops_parsers(sub) -> None:
 
     status = sub.add_parser("status", help="server, recent flow runs and the latest runs in the results store")
     status.add_argument("--results", default=str(DEFAULT_RESULTS))
-    status.add_argument("--limit", type=int, default=8)
+    status.add_argument("--limit", type=int, default=8,
+                        help="the newest N flow runs and store rows (every run of the last sweep is listed too)")
 
 
 def cmd_server(args: argparse.Namespace) -> int:
@@ -513,9 +514,14 @@ def _print_server_status(none_is_error: bool = True) -> int:
     if not url:
         print("server: none (start one with `a2rl server start`, or set PREFECT_API_URL)")
         return 1 if none_is_error else 0
-    up = prefect_local.server_healthy(url)
-    print(f"server {url}: {'up' if up else 'DOWN'}")
-    return 0 if up else 1
+    if not prefect_local.server_healthy(url):
+        print(f"server {url}: DOWN")
+        return 1
+    if problem := prefect_local.database_problem(url):
+        print(f"server {url}: the server is up but its database is not answering ({problem})")
+        return 1
+    print(f"server {url}: up, its database answers")
+    return 0
 
 
 def _print_sweep(items) -> None:

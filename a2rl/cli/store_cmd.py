@@ -35,6 +35,11 @@ def add_store_parsers(sub) -> None:
         "`a2rl store merge` accepts a run only when its report's ledger head carries a MAC under this machine's own "
         "key or a registered one.",
     )  # fmt: skip
+    actions.add_parser(
+        "host-key", help="print the path of this machine's ledger key (made if missing), for `trust-host` elsewhere",
+        description="When a host joins: run this on the host, copy the file it names to the machine that merges "
+        "(over a trusted channel: it is a secret), and run `a2rl store trust-host FILE --host NAME` there.",
+    )  # fmt: skip
     trust.add_argument("key_file", help="the host's ledger.key")
     trust.add_argument("--host", default="", help="a name for the host (recorded beside the key id)")
 
@@ -42,6 +47,11 @@ def add_store_parsers(sub) -> None:
 def cmd_store(args: argparse.Namespace) -> int:
     from a2rl.store.merge import expand_sources, merge_stores
 
+    if args.store_action == "host-key":
+        from a2rl.grading.ledger import own_key_path
+
+        print(own_key_path(create=True))
+        return 0
     if args.store_action == "trust-host":
         from a2rl.grading.ledger import trust_host_key
 

@@ -173,6 +173,15 @@ class Ledger:
         return entries
 
 
+def own_key_path(create: bool = False) -> Path:
+    """This machine's ledger key file (`A2RL_HOME/ledger.key`), made first where `create`."""
+    from a2rl.paths import a2rl_home
+
+    if create:
+        _ledger_key(create=True)
+    return a2rl_home() / "ledger.key"
+
+
 def _ledger_key(create: bool) -> bytes | None:
     from a2rl.paths import a2rl_home
 

@@ -1,22 +1,25 @@
-"""Crash reports that agree with retries: a late "Crashed" for an attempt that is over never undoes a Retry.
+"""Crash reports that agree with retries: a crash report about an attempt that is over never undoes a Retry
+or lands on the attempt running now, whatever worker sends it.
 
 A process worker reports a flow run's crash twice: once when the flow-run process exits, and again 5-20 s
-later, after it has loaded the flow's code for its crash hooks. A Retry pressed in between (the UI's, an
-automation's, `a2rl retry`) is overwritten by the second report, and a retried attempt that ends the processes
-an earlier one left is reported crashed by the worker that had started them. Two guards, one on each side:
+later, after it has loaded the flow's code for its crash hooks. A plain `prefect worker start` on a host whose
+attempt was retried elsewhere sends both while the retry is Scheduled, Pending or already Running on another
+host, and its report names no attempt. So the server decides (`a2rl server start` runs Prefect's server through
+`python -m a2rl.ops.crash_reports server start ...`): Prefect's own flow policy plus one orchestration rule,
+installed through Prefect's injection point for flow policies (`prefect.server.orchestration.dependencies`):
 
-* Server (`a2rl server start` runs Prefect's server through `python -m a2rl.ops.crash_reports server start
-  ...`): Prefect's own flow policy plus one orchestration rule: a Crashed report (not forced) for a run that
-  is Scheduled is aborted. A scheduled run has no process that could have crashed: the report is about the
-  attempt a Retry has just closed. Installed through Prefect's injection point for flow policies
-  (`prefect.server.orchestration.dependencies`), so the server is Prefect's, unchanged otherwise.
-* Worker (`python -m a2rl.ops.crash_reports worker start ...`): before it reports a crash, the worker checks
-  that the attempt it launched is still the run's current one: no Scheduled state (a Retry) came after the one
-  it picked the run up from. A report for an earlier attempt is dropped with a log line, so ending an earlier
-  attempt's processes never touches the current attempt's state. Flows with in-process `retries` (none of
-  a2rl's) would have their later crashes dropped too: their retry is a Scheduled state as well.
+* a Crashed report (not forced) for a run that is Scheduled is aborted: a scheduled run has no process that could
+  have crashed, the report is about the attempt a Retry has just closed;
+* one for a run that is Pending or Running is aborted while the run's lease (a2rl.ops.run_lease) is live: an
+  attempt is at work, the current one or the earlier one the report is about. If the current attempt is the one
+  that died, its lease expires within LEASE_S, and the server's lease sweep (a thread of the same process) then
+  marks the run Crashed, as it does for a run whose whole host died: nothing reports those. A Retry pressed
+  meanwhile (the UI's, on a run that reads Running) is applied: the new attempt takes the lease, and the old one,
+  should it still live, stops itself.
 
-Forced state changes (the UI's "Mark as crashed", `a2rl retry`, Prefect's zombie automation) pass both.
+Forced state changes (the UI's "Mark as crashed", `a2rl retry`, the lease sweep, automations) pass the rule.
+`python -m a2rl.ops.crash_reports worker start ...` (what `a2rl server start`'s own worker runs) also drops, on
+the worker's side, a report about an attempt a Retry has superseded; hosts need only `prefect worker start`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+import time
 from typing import Any
 
 GUARDED = "a2rl crash-report guard"
@@ -37,20 +41,27 @@ def flow_policy() -> type:
     from prefect.server.orchestration.rules import FlowRunOrchestrationRule
     from prefect.server.schemas.states import StateType
 
-    class AbortCrashReportsOfScheduledRuns(FlowRunOrchestrationRule):
-        """A Crashed report for a run that is Scheduled (a Retry is waiting for a worker) is about an attempt
-        that is over: no state is written, the retry stands."""
+    from a2rl.ops.run_lease import crash_report_verdict
 
-        FROM_STATES = {StateType.SCHEDULED}
+    class AbortCrashReportsOfScheduledRuns(FlowRunOrchestrationRule):
+        """A Crashed report for a run that is Scheduled (a Retry waits for a worker), or Pending/Running while an
+        attempt holds the run's lease, is about an attempt that is over: no state is written."""
+
+        FROM_STATES = {StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING}
         TO_STATES = {StateType.CRASHED}
 
         async def before_transition(self, initial_state, proposed_state, context) -> None:
             if initial_state is None or proposed_state is None:
                 return
-            await self.abort_transition(
-                f"the run is {initial_state.name} (a retry waits for a worker): a crash report for its earlier "
-                "attempt is not applied"
-            )
+            if initial_state.type == StateType.SCHEDULED:
+                await self.abort_transition(
+                    f"the run is {initial_state.name} (a retry waits for a worker): a crash report for its earlier "
+                    "attempt is not applied"
+                )
+                return
+            why = crash_report_verdict(await _lease_of(context), int(context.run.run_count or 0))
+            if why is not None:
+                await self.abort_transition(why)
 
     class A2rlFlowPolicy(CoreFlowPolicy):
         @staticmethod
@@ -58,6 +69,16 @@ def flow_policy() -> type:
             return [AbortCrashReportsOfScheduledRuns, *CoreFlowPolicy.priority()]
 
     return A2rlFlowPolicy
+
+
+async def _lease_of(context: Any) -> Any:
+    """The run's lease as the server's database holds it (a Prefect Variable)."""
+    from prefect.server.models.variables import read_variable_by_name
+
+    from a2rl.ops.run_lease import RunLease, variable_name
+
+    variable = await read_variable_by_name(session=context.session, name=variable_name(str(context.run.id)))
+    return RunLease.from_value(variable.value) if variable is not None else None
 
 
 def install_server_rule() -> None:
@@ -71,7 +92,61 @@ def install_server_rule() -> None:
         return policy
 
     ORCHESTRATION_DEPENDENCIES["flow_policy_provider"] = provide
-    logging.getLogger("a2rl").warning("%s: crash reports for scheduled runs are not applied", GUARDED)
+    logging.getLogger("a2rl").warning("%s: crash reports of attempts that are over are not applied", GUARDED)
+
+
+def sweep_expired_leases(api_url: str) -> list[str]:
+    """Mark Crashed (forced) each Running flow run whose current attempt's lease expired, and drop leases whose
+    runs ended; returns the flow-run ids marked. What notices a dead host: nothing else reports its runs."""
+    import httpx
+
+    from a2rl.ops.run_lease import all_leases, drop_lease, expired_verdict
+
+    marked = []
+    for lease in all_leases(api_url):
+        if lease.live():
+            continue
+        r = httpx.get(f"{api_url}/flow_runs/{lease.flow_run_id}", timeout=10)
+        if r.status_code == 404:
+            drop_lease(api_url, lease.flow_run_id)
+            continue
+        r.raise_for_status()
+        run = r.json()
+        state_type = (run.get("state") or {}).get("type") or "?"
+        if why := expired_verdict(lease, int(run.get("run_count") or 0), state_type):
+            body = {"state": {"type": "CRASHED", "name": "Crashed", "message": why}, "force": True}
+            httpx.post(f"{api_url}/flow_runs/{lease.flow_run_id}/set_state", json=body, timeout=10).raise_for_status()
+            logging.getLogger("a2rl.crash_reports").warning("flow run %s marked crashed: %s", lease.flow_run_id, why)
+            marked.append(lease.flow_run_id)
+        if marked[-1:] == [lease.flow_run_id] or state_type not in ("RUNNING", "PENDING", "SCHEDULED", "PAUSED"):
+            drop_lease(api_url, lease.flow_run_id)  # its run ended (or was marked just now): the lease is done
+    return marked
+
+
+def start_lease_sweep(argv: list[str]) -> None:
+    """A daemon thread of the server process that runs `sweep_expired_leases` every SWEEP_S against this server."""
+    import os
+    import threading
+
+    from a2rl.ops.run_lease import LEASE_S, RENEW_S, SWEEP_S
+
+    def option(name: str, default: str) -> str:
+        return argv[argv.index(name) + 1] if name in argv[:-1] else default
+
+    host = option("--host", os.environ.get("PREFECT_SERVER_API_HOST", "127.0.0.1"))
+    port = option("--port", os.environ.get("PREFECT_SERVER_API_PORT", "4200"))
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}/api"
+
+    def loop() -> None:
+        time.sleep(LEASE_S + RENEW_S)  # after a restart, attempts that were cut off renew their leases first
+        while True:
+            time.sleep(SWEEP_S)
+            try:
+                sweep_expired_leases(url)
+            except Exception as e:  # the server is starting, stopping, or its database is away: next round
+                logging.getLogger("a2rl.crash_reports").debug("lease sweep: %s", e)
+
+    threading.Thread(target=loop, name="a2rl-lease-sweep", daemon=True).start()
 
 
 # -- worker side -------------------------------------------------------------------------------------------
@@ -128,6 +203,7 @@ def main(argv: list[str]) -> None:
         if "--workers" in argv:  # uvicorn's worker processes would not have the rule
             raise SystemExit("a2rl: the crash-report rule needs a single server process (no --workers)")
         install_server_rule()
+        start_lease_sweep(argv)
     elif argv[:1] == ["worker"]:
         install_worker_guard()
     else:

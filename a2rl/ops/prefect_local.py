@@ -113,6 +113,19 @@ def server_healthy(api_url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
+def database_problem(api_url: str, timeout_s: float = 10.0) -> str | None:
+    """Why the server's database does not answer (None when it does). `/health` answers without touching the
+    database; `/ready` connects to it, and reading the flow runs' count runs a real query."""
+    try:
+        ready = httpx.get(f"{api_url}/ready", timeout=timeout_s)
+        if ready.status_code != 404 and ready.status_code != 200:
+            return f"GET /ready answered HTTP {ready.status_code}"
+        count = httpx.post(f"{api_url}/flow_runs/count", json={}, timeout=timeout_s)
+    except httpx.HTTPError as e:
+        return f"{type(e).__name__} after {timeout_s:.0f} s"
+    return None if count.status_code == 200 else f"POST /flow_runs/count answered HTTP {count.status_code}"
+
+
 DATABASE_ENV = "PREFECT_SERVER_DATABASE_CONNECTION_URL"
 
 
@@ -239,13 +252,15 @@ def ensure_work_pool(api_url: str, pool: str = DEFAULT_POOL, pool_type: str = "p
 
 def start_worker(api_url: str, pool: str = DEFAULT_POOL, home: Path | None = None, queues: tuple[str, ...] = (),
                  limit: int | None = None, env: dict[str, str] | None = None,
-                 timeout_s: float = 60, run_limit: int | None = None, cwd: Path | None = None) -> ManagedProcess:
+                 timeout_s: float = 60, run_limit: int | None = None, cwd: Path | None = None,
+                 plain: bool = False) -> ManagedProcess:
     """Start a process worker on `pool` (created if missing) in its own session; wait until it polls.
 
     `queues` restricts it to some work queues (default: all of the pool's); `limit` caps concurrent flow
     runs of this worker, sweeps included (a sweep waiting for its runs then holds a place they need: prefer
     `run_limit`, which caps the pool's `default` queue, where benchmark runs go); `env` is added to the
-    worker's environment, which its flow runs inherit; `cwd` is its working directory (default: the repository).
+    worker's environment, which its flow runs inherit; `cwd` is its working directory (default: the repository);
+    `plain`: Prefect's `prefect worker start` as is, as other hosts run it (docs/scale-out.md §5).
     """
     home = home or prefect_home()
     if (running := read_state(WORKER_STATE, home)) and running.alive():
@@ -253,7 +268,8 @@ def start_worker(api_url: str, pool: str = DEFAULT_POOL, home: Path | None = Non
     ensure_work_pool(api_url, pool)
     log = home / "a2rl-worker.log"
     # Prefect's process worker that reports crashes of current attempts only (a2rl.ops.crash_reports).
-    cmd = [sys.executable, "-m", "a2rl.ops.crash_reports", "worker", "start", "--pool", pool, "--type", "process",
+    entry = ["prefect"] if plain else ["a2rl.ops.crash_reports"]
+    cmd = [sys.executable, "-m", *entry, "worker", "start", "--pool", pool, "--type", "process",
            "--install-policy", "never"]  # fmt: skip
     for q in queues:
         cmd += ["--work-queue", q]

@@ -41,16 +41,54 @@ class FlowRunRow:
 OWN_RUNS = ({"parent_task_run_id": {"is_null_": True}}, {"parent_task_run_id": {"is_null_": False}, "deployment_id": {"is_null_": False}})
 
 
-def operator_flow_runs(api_url: str, limit: int = 10) -> list[FlowRunRow]:
-    """The latest flow runs an operator looks after (top-level runs and sweeps' benchmark runs) that are not
-    waiting for their time, newest first."""
+def operator_flow_runs(api_url: str, limit: int = 8) -> list[FlowRunRow]:
+    """The latest `limit` flow runs an operator looks after (top-level runs and sweeps' benchmark runs) that are
+    not waiting for their time, and every run of the last sweep however many, newest first."""
     runs: dict[str, dict[str, Any]] = {}
     for which in OWN_RUNS:
         body = {"flow_runs": {"state": {"type": {"not_any_": ["SCHEDULED"]}}, **which}, "limit": limit,
                 "sort": "EXPECTED_START_TIME_DESC"}  # fmt: skip
         runs |= {r["id"]: r for r in _post(api_url, "/flow_runs/filter", body)}
     newest = sorted(runs.values(), key=lambda r: r.get("expected_start_time") or "", reverse=True)[:limit]
+    newest += [r for r in last_sweep_runs(api_url) if r["id"] not in {n["id"] for n in newest}]
+    newest.sort(key=lambda r: r.get("expected_start_time") or "", reverse=True)
     return flow_run_rows(api_url, newest)
+
+
+def last_sweep_runs(api_url: str, page: int = 200) -> list[dict[str, Any]]:
+    """The latest sweep's own flow run and every benchmark run it started (as the API returns them)."""
+    body = {"flows": {"name": {"any_": ["sweep"]}}, "limit": 1, "sort": "EXPECTED_START_TIME_DESC",
+            "flow_runs": {"state": {"type": {"not_any_": ["SCHEDULED"]}}, **OWN_RUNS[0]}}  # fmt: skip
+    sweeps = _post(api_url, "/flow_runs/filter", body)
+    if not sweeps:
+        return []
+    runs, offset = list(sweeps), 0
+    while True:  # the API hands out at most `page` per call; a sweep can have hundreds
+        body = {"flow_runs": {"parent_flow_run_id": {"any_": [sweeps[0]["id"]]}}, "flows": {"name": {"any_": [
+            "benchmark-run"]}}, "limit": page, "offset": offset, "sort": "EXPECTED_START_TIME_DESC"}  # fmt: skip
+        got = _post(api_url, "/flow_runs/filter", body)
+        runs += got
+        if len(got) < page:
+            return runs
+        offset += page
+
+
+def flow_run_states(api_url: str, ids: list[str]) -> dict[str, Any]:
+    """flow-run id → its state now and its attempt count (a2rl.store.merge.FlowRunState); {} when the server does
+    not answer (the merge then leaves `running` attempts unfinished, as without a server)."""
+    from a2rl.store.merge import FlowRunState
+
+    found: dict[str, Any] = {}
+    try:
+        for start in range(0, len(ids), 200):
+            body = {"flow_runs": {"id": {"any_": ids[start:start + 200]}}, "limit": 200}
+            for r in _post(api_url, "/flow_runs/filter", body):
+                state = r.get("state") or {}
+                found[r["id"]] = FlowRunState(state.get("type") or r.get("state_type") or "?",
+                                              r.get("state_name") or state.get("name") or "?", int(r.get("run_count") or 0))  # fmt: skip
+    except (httpx.HTTPError, ValueError):
+        return {}
+    return found
 
 
 def next_step(row: FlowRunRow) -> str:

@@ -16,9 +16,12 @@ its own) and never replaces a verified run or its anchors.
 
 A run can have several attempts on several hosts: a flow run retried after its host died starts the run over
 elsewhere under the same run id. Per run id the best attempt is merged: completed before failed before
-interrupted, then the later one. An attempt still `running` in its host's store (a live run, or one whose host
-died with it) is not merged. Merging twice changes nothing: an attempt whose anchored head and status the central
-store already holds is left alone.
+interrupted, then the later one. An attempt still `running` in its host's store is a live run, or one whose host
+died with it: the Prefect server tells them apart (its flow run Crashed, Failed or Cancelled, or a later attempt
+of it started). An attempt that is over and has nothing better is recorded as `crashed`: the host's row with its
+flow run, attempt and Prefect state, never its scores (no leaderboard or Δ counts it); a live one is not merged.
+Merging twice changes nothing: an attempt whose anchored head and status the central store already holds is left
+alone.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import duckdb
 
@@ -39,9 +42,24 @@ HOSTS_PATTERN = "results/hosts/*/a2rl.duckdb"
 """Where the day-one layout keeps a copy of each host's results directory (docs/scale-out.md)."""
 STATUS_RANK = {"completed": 3, "failed": 2, "interrupted": 1}
 """Finished statuses; a higher one wins over a later attempt with a lower one."""
-MergeStatus = Literal["merged", "unchanged", "refused", "unfinished", "superseded"]
+MergeStatus = Literal["merged", "unchanged", "refused", "unfinished", "superseded", "crashed"]
 EARLIEST = datetime.min.replace(tzinfo=timezone.utc)
-OUTCOME_ORDER: tuple[MergeStatus, ...] = ("merged", "unchanged", "superseded", "unfinished", "refused")
+OUTCOME_ORDER: tuple[MergeStatus, ...] = ("merged", "unchanged", "crashed", "superseded", "unfinished", "refused")
+FLOW_RUN_COLUMNS = ("flow_run_id", "attempts", "prefect_state")
+"""What a host's row says about the run's flow run (schema migration 9); the merge carries them over."""
+
+
+@dataclass(frozen=True)
+class FlowRunState:
+    """A flow run as the Prefect server has it now: its state and how many attempts it has had."""
+
+    state_type: str
+    state_name: str
+    run_count: int
+
+
+FlowRunLookup = Callable[[list[str]], dict[str, FlowRunState]]
+"""flow-run ids → what the server says of each (missing: unknown). a2rl.ops.status.flow_run_states is one."""
 
 
 class MergeRefused(ValueError):
@@ -58,6 +76,8 @@ class Attempt:
     started_at: datetime | None
     harness_dir: str | None
     heads: list[tuple[int, str, Any]] = field(default_factory=list)
+    flow_run: dict[str, Any] = field(default_factory=dict)
+    """The host row's FLOW_RUN_COLUMNS (those it has)."""
 
     @property
     def first_hash(self) -> str | None:
@@ -113,12 +133,13 @@ def expand_sources(patterns: list[str] | list[Path], into: Path | str) -> list[P
     return sorted(p for p in found if p.is_file() and p != central)
 
 
-def merge_stores(into: Path | str, sources: list[Path], unverified: bool = False) -> MergeReport:
+def merge_stores(into: Path | str, sources: list[Path], unverified: bool = False,
+                 flow_runs: FlowRunLookup | None = None) -> MergeReport:
     """Merge the finished runs of every host store in `sources` into the store `into` (created if missing).
     A run is merged when its report's ledger head carries a MAC under a key this machine trusts (its own, or a
     host's registered with `a2rl store trust-host`); one that cannot be told is refused unless `unverified`,
     which takes it marked (`ingest.unverified_variant`, metric `ledger_verification`) and never in place of a
-    verified run."""
+    verified run. `flow_runs` says which `running` attempts are over (default: ask the Prefect server, if any)."""
     report = MergeReport(Path(into).expanduser().resolve(), list(sources))
     attempts: list[Attempt] = []
     for source in sources:
@@ -134,9 +155,10 @@ def merge_stores(into: Path | str, sources: list[Path], unverified: bool = False
     by_run: dict[str, list[Attempt]] = defaultdict(list)
     for a in attempts:
         by_run[a.run_id].append(a)
+    ended = _ended_attempts([a for a in attempts if a.status not in STATUS_RANK], flow_runs)
     for run_id in sorted(by_run):
         held = merged.get(run_id)
-        report.outcomes += _merge_run(central, by_run[run_id], held, unverified,
+        report.outcomes += _merge_run(central, by_run[run_id], held, ended, unverified,
                                       held_verified=held is not None and run_id not in unverified_held)  # fmt: skip
     return report
 
@@ -151,24 +173,28 @@ def _unverified_runs(central: ResultsStore) -> set[str]:
 def read_attempts(path: Path, store: ResultsStore | None = None) -> list[Attempt]:
     """Every run in a store with its anchored ledger heads."""
     store = store or ResultsStore(path, read_only=True)
-    runs = store.query("SELECT run_id, status, started_at, harness_dir FROM runs")
+    runs = store.query("SELECT * FROM runs")  # a host on an older schema has no FLOW_RUN_COLUMNS
     heads: dict[str, list[tuple[int, str, Any]]] = defaultdict(list)
     for row in store.ledger_heads().itertuples(index=False):
         heads[row.run_id].append((int(row.seq), row.line_hash, row.recorded_at))
-    return [Attempt(r.run_id, Path(path), r.status, _time(r.started_at), r.harness_dir, heads.get(r.run_id, []))
-            for r in runs.itertuples(index=False)]  # fmt: skip
+    return [Attempt(r["run_id"], Path(path), r["status"], _time(r["started_at"]), r["harness_dir"],
+                    heads.get(r["run_id"], []), {c: _value(r[c]) for c in FLOW_RUN_COLUMNS if c in r})
+            for r in runs.to_dict("records")]  # fmt: skip
 
 
-def _merge_run(central: ResultsStore, attempts: list[Attempt], held: Attempt | None, unverified: bool = False,
-               held_verified: bool = False) -> list[MergeOutcome]:  # fmt: skip
+def _merge_run(central: ResultsStore, attempts: list[Attempt], held: Attempt | None, ended: dict[int, str],
+               unverified: bool = False, held_verified: bool = False) -> list[MergeOutcome]:  # fmt: skip
     out: list[MergeOutcome] = []
     finished = [a for a in attempts if a.status in STATUS_RANK]
     for a in attempts:
-        if a.status not in STATUS_RANK:
+        if a.status not in STATUS_RANK and id(a) not in ended:
             out.append(MergeOutcome(a.run_id, str(a.source), "unfinished",
                                     f"{a.status} on its host: still going, or its host died mid-run (then retry its "
                                     "flow run: another host starts it over)"))  # fmt: skip
     if not finished:
+        over = [a for a in attempts if id(a) in ended]
+        if over:
+            out.append(_record_crashed(central, max(over, key=Attempt.rank), held, ended))
         return out
     best = max(finished, key=Attempt.rank)
     others = [a for a in finished if a is not best]
@@ -177,6 +203,10 @@ def _merge_run(central: ResultsStore, attempts: list[Attempt], held: Attempt | N
     for a in others:
         where = f"the attempt from {best.source}" if best else "the attempt already in the store"
         out.append(MergeOutcome(a.run_id, str(a.source), "superseded", f"{a.status}; {where} wins"))
+    for a in attempts:  # a `running` attempt that is over, with a finished one of its run: it lost
+        if id(a) in ended:
+            winner = best.status if best else "the attempt already in the store"
+            out.append(MergeOutcome(a.run_id, str(a.source), "superseded", f"{ended[id(a)]}; {winner} wins"))
     if best is None:
         return out
     if held is not None and held.same_attempt(best) and held.last_head == best.last_head and held.status == best.status:
@@ -236,6 +266,8 @@ def _merge_attempt(central: ResultsStore, a: Attempt, unverified: bool = False, 
                 central.adopt_ledger_heads(a.run_id, [])
                 ingest_run_dir(central, harness, unverified_ok=True)
                 central.adopt_ledger_heads(a.run_id, a.heads)
+            if any(a.flow_run.values()):  # the rebuilt row knows nothing of Prefect; the host's row does
+                central.bulk_write("runs", _frame([{"run_id": a.run_id, **a.flow_run}]))
             got = central.get_run(a.run_id)
             if got is None or got["status"] != a.status:
                 raise MergeRefused(f"{harness} says {got and got['status']}, its host's store {a.status}")
@@ -257,6 +289,74 @@ def locate_harness(a: Attempt) -> Path:
             return harness
     raise MergeRefused("run directory not found (looked in " + ", ".join(str(c) for c in candidates) + "): copy "
                        "the host's run directories beside its store, under runs/")  # fmt: skip
+
+
+# -- attempts that ended on their host without a word (crashed) ---------------------------------------------
+def _ended_attempts(unfinished: list[Attempt], flow_runs: FlowRunLookup | None) -> dict[int, str]:
+    """id(attempt) → why it is over, for each `running` attempt the Prefect server shows to be over: its flow
+    run ended Crashed, Failed or Cancelled, or a later attempt of it started. Unknown ones (no server, no flow
+    run recorded) stay unfinished."""
+    known = [a for a in unfinished if a.flow_run.get("flow_run_id")]
+    if not known:
+        return {}
+    lookup = flow_runs or _server_lookup()
+    states = lookup(sorted({a.flow_run["flow_run_id"] for a in known})) if lookup else {}
+    ended = {}
+    for a in known:
+        now = states.get(a.flow_run["flow_run_id"])
+        attempt = int(a.flow_run.get("attempts") or 0)
+        if now is None:
+            continue
+        if now.run_count > attempt:
+            ended[id(a)] = f"attempt {attempt} ended on its host (its flow run is at attempt {now.run_count})"
+        elif now.state_type in ("CRASHED", "FAILED", "CANCELLED"):
+            ended[id(a)] = f"its flow run is {now.state_name}"
+    return ended
+
+
+def _record_crashed(central: ResultsStore, a: Attempt, held: Attempt | None, ended: dict[int, str]) -> MergeOutcome:
+    """The attempt's row as its host left it, marked `crashed`, without scores: a record that it ran, never a
+    result. A run the central store holds as finished is left alone."""
+    if held is not None and held.status in STATUS_RANK:
+        return MergeOutcome(a.run_id, str(a.source), "superseded", f"{ended[id(a)]}; the store holds it {held.status}")
+    row = ResultsStore(a.source, read_only=True).query("SELECT * FROM runs WHERE run_id = ?", [a.run_id])
+    keep = [c for c in row.columns if c in CRASHED_KEEPS or c in FLOW_RUN_COLUMNS]
+    record = {c: _value(v) for c, v in row[keep].to_dict("records")[0].items()}
+    state = a.flow_run.get("prefect_state")
+    record |= {"status": "crashed", "prefect_state": "Crashed" if state in (None, "Running") else state,
+               "error": f"crashed on its host: {ended[id(a)]}"}
+    if held is not None and held.status == "crashed" and all(held.flow_run.get(c) == record.get(c)
+                                                              for c in FLOW_RUN_COLUMNS):  # fmt: skip
+        return MergeOutcome(a.run_id, str(a.source), "unchanged")
+    with central.batch():
+        central.replace_run(a.run_id, {"runs": _frame([record])})
+    return MergeOutcome(a.run_id, str(a.source), "crashed", ended[id(a)])
+
+
+CRASHED_KEEPS = {"run_id", "config_hash", "task", "variant", "agent", "driver", "mode", "base_model", "protocol",
+                 "seed", "budget_s", "config_json", "variant_label", "harness_dir", "started_at", "updated_at"}
+"""What a crashed attempt's row carries over: what ran, where and when; no score."""
+
+
+def _server_lookup() -> FlowRunLookup | None:
+    from a2rl.ops.prefect_local import resolve_api_url
+    from a2rl.ops.status import flow_run_states
+
+    url = resolve_api_url()
+    return (lambda ids: flow_run_states(url, ids)) if url else None
+
+
+def _frame(rows: list[dict[str, Any]]) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame(rows)
+
+
+def _value(value: Any) -> Any:
+    """A pandas cell as a plain value (NaN/NaT → None)."""
+    if value is None or (not isinstance(value, str) and value != value):
+        return None
+    return value.item() if hasattr(value, "item") else value
 
 
 def _time(value: Any) -> datetime | None:

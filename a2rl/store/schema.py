@@ -797,5 +797,11 @@ MIGRATIONS: list[str] = [
     ALTER TABLE runs ADD COLUMN grace_seconds DOUBLE;
     ALTER TABLE runs ADD COLUMN attempts BIGINT;
     """,
+    # 9: the run's Prefect flow run and the last state an attempt of it reached (`attempts` counts them), so SQL
+    # over the central store answers what ran, what failed or crashed on a host, and which flow run to retry.
+    """
+    ALTER TABLE runs ADD COLUMN flow_run_id VARCHAR;
+    ALTER TABLE runs ADD COLUMN prefect_state VARCHAR;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,145 @@
+"""The run's lease in the server (a2rl.ops.run_lease): one attempt at a time across hosts, a stale attempt stops
+itself, an expired lease marks its Running flow run Crashed, and the verdicts the server's rule takes from it.
+
+Fast: the session's Prefect test server (its Variables hold the leases); the server-side rule itself runs on
+a2rl's own server in tests/test_multihost.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import httpx
+import pytest
+
+from a2rl.ops import run_lease
+from a2rl.ops.run_lease import AttemptLease, RunLease, StaleAttempt
+
+
+@pytest.fixture
+def api_url(prefect_harness) -> str:
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value()
+
+
+def _running_flow_run(api_url: str) -> str:
+    """A flow run that went Pending → Running the way an engine takes it (run_count 1)."""
+    flow = httpx.post(f"{api_url}/flows/", json={"name": "lease-target"}, timeout=10).json()
+    run = httpx.post(f"{api_url}/flow_runs/", json={"flow_id": flow["id"], "name": f"lease-{uuid.uuid4().hex[:6]}",
+                                                    "state": {"type": "SCHEDULED"}}, timeout=10).json()  # fmt: skip
+    for state in ({"type": "PENDING"}, {"type": "RUNNING"}):
+        httpx.post(f"{api_url}/flow_runs/{run['id']}/set_state", json={"state": state}, timeout=10).raise_for_status()
+    return run["id"]
+
+
+def test_a_later_attempt_takes_the_lease_and_the_earlier_one_stops_itself(api_url, monkeypatch):
+    monkeypatch.setattr(run_lease, "RENEW_S", 0.2)
+    flow_run_id = str(uuid.uuid4())
+    stale = threading.Event()
+    reasons: list[str] = []
+
+    def on_stale(why: str) -> None:
+        reasons.append(why)
+        stale.set()
+
+    first = AttemptLease(api_url, flow_run_id, 1, on_stale, host="gpu-host-1")
+    assert first.take() is None
+    held = run_lease.read_lease(api_url, flow_run_id)
+    assert held is not None and (held.attempt, held.host) == (1, "gpu-host-1") and held.live()
+
+    waited: list[float] = []
+    second = AttemptLease(api_url, flow_run_id, 2, lambda why: pytest.fail(why), host="gpu-host-2")
+    taken_from = second.take(wait=waited.append)
+    assert taken_from is not None and taken_from.attempt == 1  # a live holder on another host: wait for it
+    assert waited == [run_lease.TAKEOVER_WAIT_S]
+    assert stale.wait(5), "the earlier attempt never noticed"
+    assert "a later attempt took the run's lease: attempt 2 on gpu-host-2" in reasons[0]
+
+    first.release()  # the stale attempt leaves the later one's lease alone
+    assert run_lease.read_lease(api_url, flow_run_id).attempt == 2
+    with pytest.raises(StaleAttempt, match="attempt 1 of flow run .* is over: attempt 2 on gpu-host-2"):
+        AttemptLease(api_url, flow_run_id, 1, on_stale, host="gpu-host-1").take()  # a late starter never works
+    second.release()
+    assert run_lease.read_lease(api_url, flow_run_id) is None
+
+
+def test_an_expired_lease_marks_its_running_flow_run_crashed_and_a_live_one_does_not(api_url):
+    from a2rl.ops.crash_reports import sweep_expired_leases
+
+    dead, alive = _running_flow_run(api_url), _running_flow_run(api_url)
+    now = datetime.now(timezone.utc)
+    run_lease.write_lease(api_url, RunLease(dead, 1, "gpu-host-1", 4242, now - timedelta(seconds=1)))
+    run_lease.write_lease(api_url, RunLease(alive, 1, "gpu-host-2", 4343, now + timedelta(seconds=30)))
+    marked = sweep_expired_leases(api_url)
+    assert dead in marked and alive not in marked
+    state = httpx.get(f"{api_url}/flow_runs/{dead}", timeout=10).json()["state"]
+    assert state["type"] == "CRASHED" and "its attempt 1 on gpu-host-1 stopped renewing the run's lease" in state["message"]
+    assert run_lease.read_lease(api_url, dead) is None  # done with
+    assert httpx.get(f"{api_url}/flow_runs/{alive}", timeout=10).json()["state"]["type"] == "RUNNING"
+    run_lease.drop_lease(api_url, alive)
+
+
+def test_the_servers_verdicts_on_crash_reports_and_expired_leases():
+    now = datetime.now(timezone.utc)
+    live = RunLease("f", 2, "gpu-host-2", 7, now + timedelta(seconds=20))
+    expired = RunLease("f", 2, "gpu-host-2", 7, now - timedelta(seconds=1))
+    # A live lease: a report is about an attempt that is over (or is confirmed later by the lease expiring).
+    assert "the current attempt holds the run's lease" in run_lease.crash_report_verdict(live, 2, now)
+    assert "attempt 2 (run at 1)" in run_lease.crash_report_verdict(live, 1, now)  # Pending: not counted yet
+    assert run_lease.crash_report_verdict(expired, 2, now) is None  # nobody at work: the report applies
+    assert run_lease.crash_report_verdict(None, 2, now) is None  # not an a2rl benchmark run
+    assert "stopped renewing the run's lease" in run_lease.expired_verdict(expired, 2, "RUNNING", now)
+    assert run_lease.expired_verdict(live, 2, "RUNNING", now) is None
+    assert run_lease.expired_verdict(expired, 3, "RUNNING", now) is None  # a later attempt is starting
+    assert run_lease.expired_verdict(expired, 2, "COMPLETED", now) is None
+    assert RunLease.from_value({"attempt": "x"}) is None and RunLease.from_value("not json") is None
+
+
+STALE_ATTEMPT = """
+import subprocess, sys, time
+from pathlib import Path
+from a2rl.ops import run_lease
+from flows.benchmark_run import stop_stale_attempt
+
+run_lease.RENEW_S = 0.2
+api_url, flow_run_id, harness = sys.argv[1:4]
+child = subprocess.Popen(["sleep", "600"])  # what an attempt starts: its agent, an evaluation
+lease = run_lease.AttemptLease(api_url, flow_run_id, 1, lambda why: stop_stale_attempt(Path(harness), "run", why),
+                               host="gpu-host-1")
+lease.take()
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_stale_attempt_ends_its_processes_and_exits_without_a_word(api_url, tmp_path):
+    """The flow side's answer to a lost lease (flows/benchmark_run.stop_stale_attempt), in a process of its own:
+    its children end with it, and it exits STALE_EXIT."""
+    from pathlib import Path
+
+    import psutil
+
+    from flows.benchmark_run import STALE_EXIT
+
+    repo = Path(__file__).resolve().parents[1]
+    flow_run_id = str(uuid.uuid4())
+    proc = subprocess.Popen([sys.executable, "-c", STALE_ATTEMPT, api_url, flow_run_id, str(tmp_path)], cwd=repo,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(repo)})  # fmt: skip
+    try:
+        child = int(proc.stdout.readline())
+        assert run_lease.read_lease(api_url, flow_run_id).attempt == 1
+        AttemptLease(api_url, flow_run_id, 2, lambda why: pytest.fail(why), host="gpu-host-2").take(wait=lambda s: None)
+        assert proc.wait(timeout=120) == STALE_EXIT
+        try:  # SIGKILLed: gone, or a zombie until init reaps it
+            assert psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            pass
+        assert run_lease.read_lease(api_url, flow_run_id).attempt == 2  # the stale one left the lease alone
+    finally:
+        proc.kill()
+        run_lease.drop_lease(api_url, flow_run_id)
