@@ -228,8 +228,11 @@ def heatmap_figure(matrix: pd.DataFrame, note: str = "") -> Figure:
     for ax, setting in zip(axes, settings.itertuples(index=False)):
         cells = matrix[key_of(matrix, keys) == setting.panel_key]
         grid = np.full((len(modes), len(columns)), np.nan)
+        undetected: dict[int, str] = {}
         for c in cells.itertuples(index=False):
             col = column_of[tuple(as_text(pd.Series([getattr(c, f) for f in HEAT_COLUMN])))]
+            if str(getattr(c, "mark_note", "")).startswith("no detectable"):
+                undetected[col] = str(c.mark_note).replace("no detectable difference", "modes: no detectable diff.")
             row = modes.index(as_text(pd.Series([c.mode]))[0])
             floor = float(c.noise_floor) if c.noise_floor == c.noise_floor and c.noise_floor else np.nan
             grid[row, col] = np.clip(c.mean_delta / floor, -HEAT_CLIP, HEAT_CLIP) / HEAT_CLIP
@@ -239,8 +242,9 @@ def heatmap_figure(matrix: pd.DataFrame, note: str = "") -> Figure:
                     va="center", fontsize=7, color="white" if abs(shade) > 0.6 else "black")
         image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-1, vmax=1, aspect="auto")
         labels = []
-        for task, variant, items, evaluator in columns:
+        for j, (task, variant, items, evaluator) in enumerate(columns):
             extra = f"\n{_wrap(variant, 18)}\n{_wrap(evaluator, 18)}" if task_count[task] > 1 else ""
+            extra += f"\n{_wrap(undetected[j], 18)}" if j in undetected else ""
             labels.append(f"{task}\n{_wrap(items, 18)}{extra}")
         ax.set_xticks(range(len(columns)), labels, fontsize=7)
         ax.set_yticks(range(len(modes)), modes, fontsize=8)
@@ -256,7 +260,8 @@ def heatmap_figure(matrix: pd.DataFrame, note: str = "") -> Figure:
             "of agent, driver, base model, protocol, budget); all cells are in tables/matrix.csv."
             if len(sizes) > len(settings) else "")
     legend = ("Cell: mean Δ (points) [95% interval over seeds and shared items], n = seeds. ★ best / ▲ worst mode "
-              "of the task for that agent setting; † |Δ| below the noise floor (2 × the baseline's item-level SE). "
+              "of the task for that agent setting, only where its difference from the runner-up (paired by seed and "
+              "item) has a 95% interval without 0; else the column says \"no detectable diff. (± half-width)\"; † |Δ| below the noise floor (2 × the baseline's item-level SE). "
               "Colour: Δ in noise floors, the same scale everywhere (grey: no noise floor).")
     return _finish(fig, title, [legend, more, note], _chars(width))
 
