@@ -1,0 +1,114 @@
+"""The one comparison model (`analysis.compare`): its coverage and false verdicts by simulation with a shared test
+set, interval and p agreeing on every table, and the eight-run "did RL help?" store of issue 34."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from a2rl.store.results import ResultsStore
+from a2rl.summary.intervals import crossed, seeds_items_interval
+from analysis.compare import compare_items
+from analysis.coverage import Scenario, covers, simulate_comparison
+from analysis.synthetic import StageStudySpec, stage_study_sheets, write_stage_study
+from analysis.tables import load_tables
+
+# Deterministic training: a seed changes (almost) nothing; noisy: seeds differ by ~8-10 points and items churn.
+TRAINING = {"deterministic": dict(rho=0.99, tau=0.0), "noisy": dict(rho=0.7, tau=0.3)}
+
+
+def _bounds(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    c = crossed(table)  # the comparison's interval (compare_items → seeds_items_interval), vectorised
+    return c.centre - c.half, c.centre + c.half
+
+
+@pytest.mark.parametrize("k", [2, 3, 5, 10])
+@pytest.mark.parametrize("training", sorted(TRAINING))
+def test_comparisons_cover_and_rarely_give_false_verdicts_with_a_shared_test_set(k: int, training: str):
+    rng = np.random.default_rng(k)
+    kw = TRAINING[training]
+    reps, n = 400, 64
+    for p_base in (0.3, 0.6):
+        for delta_a, delta_b in ((0.1, 0.1), (0.0, 0.0), (0.05, 0.15)):
+            table, truth = simulate_comparison(rng, reps, k, n, Scenario(p_base, delta_a, **kw),
+                                               Scenario(p_base, delta_b, **kw))
+            low, high = _bounds(table)
+            where = (training, k, p_base, delta_a, delta_b)
+            assert covers(low, high, truth).mean() >= 0.93, where  # measured: ≥ 0.965 on every scenario
+            if truth == 0:
+                assert ((low > 0) | (high < 0)).mean() <= 0.06, where  # measured: ≤ 0.03
+
+def test_interval_and_p_agree_on_every_comparison_table_tried():
+    rng = np.random.default_rng(7)
+    disagree = 0
+    for _ in range(3000):
+        k, n = int(rng.integers(1, 11)), int(rng.integers(1, 60))
+        # Item differences of right/wrong items: -1, 0, +1, with seed-specific drifts.
+        p = rng.dirichlet((1, 2, 1), size=(k, 1)).repeat(n, axis=1)
+        u = rng.random((k, n))
+        table = np.where(u < p[..., 0], -1.0, np.where(u < p[..., 0] + p[..., 1], 0.0, 1.0))
+        iv = seeds_items_interval(table, bounds=(-200, 200))
+        disagree += (iv.p_value < 0.05) != (iv.low > 0 or iv.high < 0)
+    assert disagree == 0
+
+
+def test_unpaired_seeds_are_left_out_and_counted():
+    a = pd.DataFrame({"seed": [0, 0, 1, 1], "item_id": ["x", "y"] * 2, "value": [0.0, 1.0, 1.0, 0.0]})
+    b = pd.DataFrame({"seed": [1, 1, 2, 2], "item_id": ["x", "y"] * 2, "value": [1.0, 1.0, 0.0, 0.0]})
+    c = compare_items(a, b)
+    assert (c.interval.n, c.unpaired_seeds, c.interval.n_items) == (1, 2, 2)
+    assert c.interval.estimate == pytest.approx(50.0)
+    none = compare_items(a, b.assign(seed=[5, 5, 6, 6]))
+    assert none.interval.low != none.interval.low and "no seed in common" in none.interval.method
+
+
+# ---- issue 34's eight-run store: did the RL stage help? ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stage_study(tmp_path_factory):
+    path = tmp_path_factory.mktemp("study") / "results.duckdb"
+    write_stage_study(path)
+    return path
+
+
+def test_the_stage_study_store_is_built_to_its_spec():
+    spec, sheets = StageStudySpec(), stage_study_sheets()
+    diff = (sheets["free_rl"] - sheets["sft_only"])
+    assert diff.sum(axis=1).tolist() == list(spec.mode_nets)
+    assert (sheets["free_rl"] - sheets["free_sft"]).sum(axis=1).tolist() == list(spec.share_nets)
+    for name in ("sft_only", "free_sft", "free_rl"):
+        assert set(np.unique(sheets[name])) <= {0, 1}, name
+
+
+def test_did_rl_help_reads_the_numbers_of_issue_34_and_marks_no_mode(stage_study: Path, tmp_path: Path):
+    t = load_tables(ResultsStore(stage_study))
+    modes = t.rl_modes
+    assert len(modes) == 1
+    row = modes.iloc[0]
+    assert (row["a"], row["b"], row["n_seeds"], row["n_items"]) == ("sft-only", "free", 4, 134)
+    assert (round(row["mean_diff"], 2), round(row["ci_low"], 1), round(row["ci_high"], 1)) == (0.19, -7.9, 8.3)
+    assert row["verdict"] == "no detectable difference"
+    share = t.rl_shares.iloc[0]
+    assert (share["n_seeds"], share["n_items"]) == (4, 134)
+    assert (round(share["mean_diff"], 1), round(share["ci_low"], 1), round(share["ci_high"], 1),
+            round(share["p_value"], 2)) == (2.6, -8.8, 14.0, 0.55)
+    # One seed's own share is significant (+12.7, 20 gained, 3 lost); over seeds it is not.
+    per_run = t.paper["stage_shares"]
+    assert round(per_run["rl_share"].max(), 1) == 12.7 and per_run["p_value"].min() < 0.05
+    assert not t.matrix["is_best"].any() and not t.matrix["is_worst"].any()
+    assert t.matrix["mark_note"].str.fullmatch(r"no detectable difference \(± 8\.1\)").all()
+
+    from flows.analysis_flow import run_analysis
+
+    run_analysis(stage_study, tmp_path / "out")
+    text = (tmp_path / "out" / "report.html").read_text()
+    assert ("alfworld, reference-sft-grpo: free − sft-only = +0.19 [95% -7.90, +8.27], p = 0.95, n = 4 seeds × 134 "
+            "items: no detectable difference") in text
+    assert ("RL&#x27;s share over seeds = +2.61 [95% -8.81, +13.96], p = 0.55, n = 4 seeds × 134 items: no detectable "
+            "difference") in text
+    paired = pd.read_csv(tmp_path / "out" / "tables" / "paired.csv")
+    assert set(paired["compared"]) == {"mode"} and "sign-flip" not in paired.to_csv()
