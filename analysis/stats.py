@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from a2rl.summary.intervals import binomial_var, seeds_interval, two_tables_interval
+from a2rl.summary.intervals import Interval, binomial_var, seeds_interval, two_tables_interval
 
 
 def pass_at_k(deltas: Sequence[float], k: int) -> float:
@@ -50,9 +50,9 @@ def selection_gap_summary(gaps: pd.DataFrame, items: pd.DataFrame, by: Sequence[
     """
     rows = []
     for group, g in gaps.groupby(list(by), dropna=False, sort=True):
-        iv = _gap_interval(g, items)
+        iv, n_val, n_test = _gap_interval(g, items)
         rows.append(dict(zip(by, group if isinstance(group, tuple) else (group,))) | {
-            "n": len(g), "n_val_items": _count(g, "val_n"), "n_test_items": iv.n_items or _count(g, "test_n"),
+            "n": len(g), "n_val_items": n_val, "n_test_items": n_test,
             "mean_val_gain": float(g["val_gain"].mean()), "mean_test_gain": float(g["test_gain"].mean()),
             "mean_gap": float(g["selection_gap"].mean()), "gap_ci_low": iv.low, "gap_ci_high": iv.high,
             "p_value": iv.p_value, "verdict": {"improved": "validation overstates the test"}.get(iv.label(), iv.label()),
@@ -64,7 +64,8 @@ def selection_gap_summary(gaps: pd.DataFrame, items: pd.DataFrame, by: Sequence[
         "p_value", "verdict", "interval", "final_is_val_best_rate"])
 
 
-def _gap_interval(g: pd.DataFrame, items: pd.DataFrame):
+def _gap_interval(g: pd.DataFrame, items: pd.DataFrame) -> tuple[Interval, int, int]:
+    """The gap's interval and the validation and test items it rests on."""
     mine = items[items["run_id"].isin(g["run_id"])] if len(items) else items
     tables = []
     for split in ("validation", "test"):
@@ -76,7 +77,7 @@ def _gap_interval(g: pd.DataFrame, items: pd.DataFrame):
             break
         tables.append(table.loc[g["run_id"]].to_numpy(dtype=float))
     if tables:
-        return two_tables_interval(*tables)
+        return two_tables_interval(*tables), tables[0].shape[1], tables[1].shape[1]
     # No shared per-item results on both splits: the t-interval over seeds plus binomial bounds of the four scores.
     n_val, n_test = _count(g, "val_n"), _count(g, "test_n")
     var = None
@@ -84,7 +85,8 @@ def _gap_interval(g: pd.DataFrame, items: pd.DataFrame):
         var = (binomial_var(float(g["best_val"].mean()), n_val) + binomial_var(float(g["baseline_val"].mean()), n_val)
                + binomial_var(float(g["final_test"].mean()), n_test)
                + binomial_var(float(g["baseline_test"].mean()), n_test))
-    return seeds_interval(g["selection_gap"].tolist(), var, min(n_val, n_test) if var else 0, bounds=(-200.0, 200.0))
+    iv = seeds_interval(g["selection_gap"].tolist(), var, min(n_val, n_test) if var else 0, bounds=(-200.0, 200.0))
+    return iv, n_val, n_test
 
 
 def _count(g: pd.DataFrame, column: str) -> int:

@@ -112,3 +112,80 @@ def test_did_rl_help_reads_the_numbers_of_issue_34_and_marks_no_mode(stage_study
             "difference") in text
     paired = pd.read_csv(tmp_path / "out" / "tables" / "paired.csv")
     assert set(paired["compared"]) == {"mode"} and "sign-flip" not in paired.to_csv()
+
+
+# ---- a run's failure explanation -----------------------------------------------------------------------------------
+
+
+def _run_metrics(n_val: int, gained: int, **kw):
+    from a2rl.summary.intervals import paired_item_interval
+    from a2rl.summary.metrics import RunMetrics
+
+    val = paired_item_interval([0.0] * n_val, [1.0] * gained + [0.0] * (n_val - gained))
+    test = paired_item_interval([0.0] * 67 + [1.0] * 67, [0.0] * 67 + [1.0] * 67)
+    return RunMetrics(**{
+        "n_submissions": 2, "n_scored": 2, "submission_ids": [1, 2], "scored_submission_ids": [1, 2],
+        "score_trajectory": [0.0, val.estimate], "feedback_split": "validation", "baseline_feedback": 0.0,
+        "best_feedback": val.estimate, "improvement_feedback": val.estimate,
+        "improvement_feedback_ci_low": val.low, "improvement_feedback_ci_high": val.high,
+        "improvement_feedback_n_items": n_val, "delta_test": 0.0, "delta_test_ci_low": test.low,
+        "delta_test_ci_high": test.high, "delta_test_n_items": 134} | kw)  # fmt: skip
+
+
+def test_a_one_item_validation_set_is_never_called_a_design_failure():
+    from a2rl.summary.verdicts import explain_failure
+
+    one = explain_failure(_run_metrics(1, 1), {1: "SFT", 2: "GRPO"}, {})
+    assert one.label == "inconclusive", one.reason
+    for number in ("best validation score 100.00", "baseline 0.00", "n=1 items", "hidden test Δ +0.00", "n=134 items"):
+        assert number in one.reason, (number, one.reason)
+    # A validation set large enough to show the models stayed near the baseline: the design failure, with its numbers.
+    many = explain_failure(_run_metrics(64, 1), {1: "SFT", 2: "GRPO"}, {})
+    assert many.label == "reward/data design failure", many.reason
+    assert "best validation score 1.56, baseline 0.00, gain +1.56 [95%" in many.reason and "n=64 items" in many.reason
+
+
+# ---- the selection gap ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_selection_gap_interval_covers_a_zero_gap_from_the_shared_items(k: int):
+    from a2rl.summary.intervals import two_tables_interval
+    from analysis.coverage import simulate_gap
+
+    rng = np.random.default_rng(10 + k)
+    for s in (Scenario(0.3, 0.1, rho=0.99, tau=0.0), Scenario(0.5, 0.05, rho=0.7, tau=0.3)):
+        val, test = simulate_gap(rng, 300, k, 32, 64, s)
+        ivs = [two_tables_interval(v, t) for v, t in zip(val, test)]
+        false = np.mean([iv.low > 0 or iv.high < 0 for iv in ivs])
+        assert false <= 0.06, (k, s, false)  # the old bootstrap over runs: about 0.3
+        assert all((iv.p_value < 0.05) == (iv.low > 0 or iv.high < 0) for iv in ivs)
+
+
+def test_tied_seeds_give_the_selection_gap_a_real_width():
+    from a2rl.summary.intervals import two_tables_interval
+
+    val = np.tile([1.0] + [0.0] * 31, (3, 1))  # three seeds, each +1 of 32 validation items, the same one
+    test = np.zeros((3, 64))
+    iv = two_tables_interval(val, test)
+    assert iv.estimate == pytest.approx(3.125)
+    assert iv.low < 0 < iv.high and iv.high - iv.low > 5 and iv.p_value > 0.05
+
+
+def test_the_selection_table_uses_the_validation_items_where_the_store_has_them(tmp_path: Path):
+    from analysis.synthetic import _write, stage_study_frames
+
+    data = stage_study_frames()
+    runs = data.frames["runs"]
+    rows = []
+    for r in runs.itertuples(index=False):  # 16 validation items: the base gets 4 right, every pick 6
+        for key, right in (("baseline-0-validation", 4), (f"submission-{r.best_submission_id}-validation", 6)):
+            rows.append(pd.DataFrame({"run_id": r.run_id, "eval_key": key, "split": "validation",
+                                      "item_id": [f"v{i}" for i in range(16)], "score": [1.0] * right + [0.0] * (16 - right),
+                                      "correct": [True] * right + [False] * (16 - right), "tokens": 64}))
+    frames = data.frames | {"item_results": pd.concat([data.frames["item_results"], *rows], ignore_index=True)}
+    _write(tmp_path / "s.duckdb", frames)
+    selection = load_tables(ResultsStore(tmp_path / "s.duckdb")).selection
+    assert len(selection) == 2 and selection["interval"].str.startswith("seeds × items on two item sets").all()
+    assert (selection["n"] == 4).all() and (selection["n_val_items"] == 16).all() and (selection["n_test_items"] == 134).all()
+    assert ((selection["p_value"] < 0.05) == ((selection["gap_ci_low"] > 0) | (selection["gap_ci_high"] < 0))).all()
