@@ -272,7 +272,7 @@ def heatmap_figure(matrix: pd.DataFrame, note: str = "") -> Figure:
 def leaderboard_figure(board: pd.DataFrame, palette: Palette | None = None, note: str = "") -> Figure:
     """Mean Δ test per setting with its one 95% interval (over seeds and the items they share); the grey band
     beside each row is its noise floor (± 2 × the baseline's item-level SE). One panel per task and variant."""
-    title = "Leaderboard: mean Δ test with 95% intervals"
+    title = "Leaderboard: mean Δ test with 95% intervals (★ best / ▲ worst only where the gap to the next is detectable)"
     if board.empty:
         return _empty(title, "no completed runs with a Δ", note)
     palette = palette or Palette(board["series"])
@@ -296,10 +296,15 @@ def leaderboard_figure(board: pd.DataFrame, palette: Palette | None = None, note
                         solid_capstyle="butt")
             ax.plot(row.mean_delta, yi, style.marker, color=style.colour, ms=5)
         ax.axvline(0, color="grey", lw=0.8)
-        ax.set_yticks(y, [f"{s} (n={k}{', no CI' if not np.isfinite(lo) else ''})"
-                          for s, k, lo in zip(sub["series"], sub["n"], sub["ci_low"])], fontsize=7)
+        flags = [("★ " if b else "") + ("▲ " if w else "") for b, w in
+                 zip(sub.get("is_best", [False] * len(sub)), sub.get("is_worst", [False] * len(sub)))]
+        ax.set_yticks(y, [f"{f}{s} (n={k}{', no CI' if not np.isfinite(lo) else ''})"
+                          for f, s, k, lo in zip(flags, sub["series"], sub["n"], sub["ci_low"])], fontsize=7)
         ax.set_ylim(-0.7, len(sub) - 0.3)
         more = f" — top {n} of {total} settings by mean Δ (ties by setting id)" if total > n else ""
+        notes = panel.rows(board)["mark_note"] if "mark_note" in board else pd.Series(dtype=object)
+        if len(notes) and str(notes.iloc[0]).startswith("no detectable"):
+            more += f" — best / worst: {notes.iloc[0]}"
         ax.set_title(_wrap(_task_title(panel.task, panel.label) + more, int(width * 11)), fontsize=8)
         ax.set_xlabel("Δ test (points)", fontsize=8)
         ax.grid(axis="x", alpha=0.3)

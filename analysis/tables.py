@@ -45,7 +45,8 @@ class AnalysisTables:
     """mode × task cells: the leaderboard's rows with best/worst mode flags per agent setting."""
     leaderboard: pd.DataFrame
     """One row per setting: mean Δ with its one 95% interval (over seeds and shared items), p-value and verdict,
-    the noise floor beside it."""
+    the noise floor beside it; is_best / is_worst of its task panel only where the comparison with the runner-up
+    leaves 0 out (`mark_note` says so, or "no detectable difference")."""
     run_intervals: pd.DataFrame
     """One run's Δ with its paired item-level interval and verdict (runs with per-item results)."""
     pass_at_k: pd.DataFrame
@@ -157,6 +158,7 @@ def load_tables(store: Any, compare: Sequence[str] | None = None, scaling_points
     board = _within_noise(with_intervals(board, runs, pairs))
     values = item_values(runs, pairs)
     matrix = mode_matrix(board, runs, values)
+    board = marks(board, runs, values, key_of(board, PANEL_KEY), "series")  # ★/▲ within a task panel
     pak = _pass_at_k(board)
     board = board.drop(columns=["deltas", "seeds"])
     run_intervals = _run_intervals(runs, pairs)

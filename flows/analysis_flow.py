@@ -99,8 +99,8 @@ def run_analysis(
 
 def _sections(t: AnalysisTables, fig: dict[str, Path]) -> list[Section]:
     board_cols = ["task", "variant", "item_selection", "series", "n", "n_items", "mean_delta", "ci_low", "ci_high",
-                  "p_value", "verdict", "interval", "noise_se", "noise_floor", "within_noise", "n_mode_breaches",
-                  "setting_id"]
+                  "p_value", "verdict", "interval", "noise_se", "noise_floor", "within_noise", "is_best", "is_worst",
+                  "mark_note", "n_mode_breaches", "setting_id"]
     matrix_cols = ["task", "variant", "item_selection", "evaluator_id", "agent", "driver", "base_model", "protocol",
                    "budget_s", "mode", "n", "mean_delta", "ci_low", "ci_high", "verdict", "noise_floor", "is_best",
                    "is_worst", "mark_note", "within_noise", "setting_id"]

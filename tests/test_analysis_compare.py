@@ -101,6 +101,8 @@ def test_did_rl_help_reads_the_numbers_of_issue_34_and_marks_no_mode(stage_study
     assert round(per_run["rl_share"].max(), 1) == 12.7 and per_run["p_value"].min() < 0.05
     assert not t.matrix["is_best"].any() and not t.matrix["is_worst"].any()
     assert t.matrix["mark_note"].str.fullmatch(r"no detectable difference \(± 8\.1\)").all()
+    assert not t.leaderboard["is_best"].any() and not t.leaderboard["is_worst"].any()
+    assert t.leaderboard["mark_note"].str.startswith("no detectable difference").all()
 
     from flows.analysis_flow import run_analysis
 
