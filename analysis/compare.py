@@ -83,7 +83,9 @@ def compare_items(a: pd.DataFrame, b: pd.DataFrame) -> Comparison:
     diff = tb[shared].to_numpy(dtype=float) - ta[shared].to_numpy(dtype=float)
     iv = seeds_items_interval(diff, bounds=DIFF_BOUNDS)
     method = (f"paired by seed ({len(seeds)} pairs) and item ({len(shared)} shared): seeds × items interval of the "
-              "item differences (+2 pseudo-items per seed)")
+              "item differences (+2 pseudo-items per seed)" if len(seeds) > 1 else
+              f"1 seed pair, {len(shared)} shared items: t over the item differences (+2 pseudo-items); seed-to-seed "
+              "spread not measured")
     return Comparison(iv._replace(method=method), unpaired, dropped)
 
 

@@ -73,8 +73,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         help="figures, tables and an HTML report from a results file",
         description="Analyse the completed runs of a results file, grouped by setting (everything but the seed; "
         "failed, interrupted and infrastructure-failure runs left out and counted): mode×task heatmap, leaderboard "
-        "with 95% intervals and the noise floor, scaling curves, pass@k, agent- and driver-level paired "
-        "comparisons, selection gap, the paper's tables and a per-run drill-down. Writes PNGs, CSVs, summary.json "
+        "with 95% intervals and the noise floor, scaling curves, pass@k, comparisons of settings one field "
+        "apart (--compare), did the RL stage help, selection gap, the paper's tables and a per-run drill-down. Writes PNGs, CSVs, summary.json "
         "and report.html (self-contained) under --out.",
         formatter_class=DefaultsHelpFormatter,
     )
