@@ -67,26 +67,68 @@ class Comparison:
 def compare_items(a: pd.DataFrame, b: pd.DataFrame) -> Comparison:
     """B − A from per-item values: frames with columns `seed`, `item_id`, `value` (a run's Δ on that item, in
     item units: -1..1 for right/wrong items). Paired by seed, then by item (module docstring)."""
-    ta, tb = (f.pivot_table(index="seed", columns="item_id", values="value", aggfunc="mean") for f in (a, b))
-    seeds = ta.index.intersection(tb.index)
-    unpaired = len(ta.index.union(tb.index)) - len(seeds)
+    codes, items = pd.factorize(pd.concat([a["item_id"], b["item_id"]], ignore_index=True))
+    return compare_tables(_seed_table(a["seed"], codes[:len(a)], a["value"], len(items)),
+                          _seed_table(b["seed"], codes[len(a):], b["value"], len(items)))
+
+
+SeedTable = tuple[np.ndarray, np.ndarray]
+"""(sorted seeds, seeds × items values with NaN where a seed has no value), items aligned between the two sides."""
+
+
+def _seed_table(seed: pd.Series, item_code: np.ndarray, value: pd.Series, n_items: int) -> SeedTable:
+    """Per seed and item the mean value (reruns of a seed averaged); numpy, as hundreds of pivots are too slow."""
+    seeds, seed_code = np.unique(seed.to_numpy(), return_inverse=True)
+    total, count = np.zeros((len(seeds), n_items)), np.zeros((len(seeds), n_items))
+    v = value.to_numpy(dtype=float)
+    ok = ~np.isnan(v)
+    np.add.at(total, (seed_code[ok], item_code[ok]), v[ok])
+    np.add.at(count, (seed_code[ok], item_code[ok]), 1.0)
+    return seeds, np.divide(total, count, out=np.full_like(total, np.nan), where=count > 0)
+
+
+def compare_tables(a: SeedTable, b: SeedTable) -> Comparison:
+    """B − A from the two sides' seed tables: paired by seed, then by the items every paired seed scored."""
+    (sa, ta), (sb, tb) = a, b
+    seeds = np.intersect1d(sa, sb)
+    unpaired = len(np.union1d(sa, sb)) - len(seeds)
     if len(seeds) == 0:
         return Comparison(_no_interval(f"no seed in common ({unpaired} unpaired seeds): no paired comparison"),
                           unpaired)
-    ta, tb = ta.loc[seeds], tb.loc[seeds]
-    items = ta.columns.intersection(tb.columns)
-    both = ta[items].notna().all() & tb[items].notna().all()
-    shared = items[both.to_numpy()]
-    dropped = len(ta.columns.union(tb.columns)) - len(shared)
-    if len(shared) == 0:
+    ta, tb = ta[np.searchsorted(sa, seeds)], tb[np.searchsorted(sb, seeds)]
+    scored = ~np.isnan(a[1]).all(axis=0) | ~np.isnan(b[1]).all(axis=0)
+    shared = ~np.isnan(ta).any(axis=0) & ~np.isnan(tb).any(axis=0)
+    dropped = int(scored.sum() - shared.sum())
+    if not shared.any():
         return Comparison(_no_interval("no hidden-test item scored by every paired run"), unpaired, dropped)
-    diff = tb[shared].to_numpy(dtype=float) - ta[shared].to_numpy(dtype=float)
-    iv = seeds_items_interval(diff, bounds=DIFF_BOUNDS)
-    method = (f"paired by seed ({len(seeds)} pairs) and item ({len(shared)} shared): seeds × items interval of the "
-              "item differences (+2 pseudo-items per seed)" if len(seeds) > 1 else
-              f"1 seed pair, {len(shared)} shared items: t over the item differences (+2 pseudo-items); seed-to-seed "
-              "spread not measured")
+    n = int(shared.sum())
+    iv = seeds_items_interval(tb[:, shared] - ta[:, shared], bounds=DIFF_BOUNDS)
+    method = (f"paired by seed ({len(seeds)} pairs) and item ({n} shared): seeds × items interval of the item "
+              "differences (+2 pseudo-items per seed)" if len(seeds) > 1 else
+              f"1 seed pair, {n} shared items: t over the item differences (+2 pseudo-items); seed-to-seed spread not "
+              "measured")
     return Comparison(iv._replace(method=method), unpaired, dropped)
+
+
+class RunItems:
+    """Per-run item values as one runs × items matrix (NaN: not scored), built once for many comparisons."""
+
+    def __init__(self, values: pd.DataFrame):
+        run_code, runs = pd.factorize(values["run_id"])
+        item_code, items = pd.factorize(values["item_id"])
+        self.matrix = np.full((len(runs), len(items)), np.nan)
+        self.matrix[run_code, item_code] = values["value"].to_numpy(dtype=float)
+        self.row = {r: i for i, r in enumerate(runs)}
+
+    def table(self, runs: pd.DataFrame) -> SeedTable | None:
+        """The seed table of these runs; None unless every one has per-item values."""
+        rows = [self.row.get(r) for r in runs["run_id"]]
+        if not rows or any(r is None for r in rows):
+            return None
+        m = self.matrix[rows]
+        n_items = m.shape[1]
+        item_code = np.tile(np.arange(n_items), len(rows))
+        return _seed_table(runs["seed"].repeat(n_items), item_code, pd.Series(m.ravel()), n_items)
 
 
 def compare_deltas(a: pd.DataFrame, b: pd.DataFrame, n_items: int = 0) -> Comparison:
@@ -101,8 +143,8 @@ def compare_deltas(a: pd.DataFrame, b: pd.DataFrame, n_items: int = 0) -> Compar
     var = None
     if n_items > 1 and {"final_test", "baseline_test"} <= set(a.columns) & set(b.columns):
         # Both sides' final scores vary over items; the base model's cancels when it is one model on one item set.
+        # The seeds share the items, so this part does not shrink with more seeds (as for a setting's Δ).
         var = sum(binomial_var(float(f.loc[f["seed"].isin(seeds), "final_test"].mean()), n_items) for f in (a, b))
-        var /= len(seeds)
     iv = seeds_interval((db.loc[seeds] - da.loc[seeds]).tolist(), var, n_items, bounds=DIFF_BOUNDS)
     method = f"no per-item results: paired by seed ({len(seeds)} pairs), {iv.method}"
     return Comparison(iv._replace(method=method), unpaired)
@@ -123,13 +165,12 @@ def item_values(runs: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
     return v.merge(runs[["run_id", "seed"]], on="run_id")[["run_id", "seed", "item_id", "value"]]
 
 
-def compare_runs(a: pd.DataFrame, b: pd.DataFrame, values: pd.DataFrame) -> Comparison:
+def compare_runs(a: pd.DataFrame, b: pd.DataFrame, items: RunItems) -> Comparison:
     """B − A for two sets of runs (rows of `analysed_runs`), from their per-item values where every run has them."""
-    va, vb = (values[values["run_id"].isin(f["run_id"])] for f in (a, b))
-    if va["run_id"].nunique() == len(a) and vb["run_id"].nunique() == len(b) and len(a) and len(b):
-        return compare_items(va, vb)
-    n_items = _n_items(a, b)
-    return compare_deltas(a, b, n_items)
+    ta, tb = items.table(a), items.table(b)
+    if ta is not None and tb is not None:
+        return compare_tables(ta, tb)
+    return compare_deltas(a, b, _n_items(a, b))
 
 
 def _n_items(a: pd.DataFrame, b: pd.DataFrame) -> int:
@@ -160,13 +201,14 @@ def compare_field(runs: pd.DataFrame, pairs: pd.DataFrame, field: str,
     done = runs[runs["delta_test"].notna()]
     rows = []
     for group, g in done.groupby(fixed, dropna=False, sort=True):
+        mine = RunItems(values[values["run_id"].isin(g["run_id"])])  # once per group, for its every comparison
         levels = sorted(g[field].dropna().unique().tolist(), key=str)
         todo = [pair] if pair else [(x, y) for i, x in enumerate(levels) for y in levels[i + 1:]]
         for a, b in todo:
             ga, gb = g[g[field].astype(str) == str(a)], g[g[field].astype(str) == str(b)]
             if ga.empty or gb.empty:
                 continue
-            c = compare_runs(ga, gb, values)
+            c = compare_runs(ga, gb, mine)
             rows.append(dict(zip(fixed, group)) | {
                 "compared": field, "a": a, "b": b, "mean_delta_a": float(ga["delta_test"].mean()),
                 "mean_delta_b": float(gb["delta_test"].mean())} | c.row())  # fmt: skip
@@ -253,14 +295,15 @@ def marks(cells: pd.DataFrame, runs: pd.DataFrame, values: pd.DataFrame, groups:
     out = cells.assign(is_best=False, is_worst=False, mark_note="")
     if cells.empty:
         return out
+    items = RunItems(values)
     for _, g in out.groupby(groups, sort=False):
         if len(g) < 2:
             continue
         order = g.sort_values(["mean_delta", "setting_id"], ascending=[False, True])
         best, second = order.iloc[0], order.iloc[1]
         worst, next_worst = order.iloc[-1], order.iloc[-2]
-        top = compare_runs(_runs_of(runs, second), _runs_of(runs, best), values)
-        bottom = compare_runs(_runs_of(runs, worst), _runs_of(runs, next_worst), values)
+        top = compare_runs(_runs_of(runs, second), _runs_of(runs, best), items)
+        bottom = compare_runs(_runs_of(runs, worst), _runs_of(runs, next_worst), items)
         notes = []
         if top.interval.low > 0:
             out.loc[best.name, "is_best"] = True

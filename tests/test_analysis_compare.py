@@ -65,6 +65,18 @@ def test_unpaired_seeds_are_left_out_and_counted():
     assert none.interval.low != none.interval.low and "no seed in common" in none.interval.method
 
 
+def test_marks_fall_on_the_known_best_and_worst_modes_when_the_difference_is_detectable(tmp_path: Path):
+    from analysis.synthetic import SyntheticSpec, write_synthetic_store
+
+    spec = SyntheticSpec(tasks=("gsm8k", "humaneval"), agents=("agent-a",), n_seeds=4, mode_step=25.0, n_items=64)
+    data = write_synthetic_store(tmp_path / "s.duckdb", spec)
+    matrix = load_tables(ResultsStore(tmp_path / "s.duckdb")).matrix
+    for task, cells in matrix.groupby("task"):
+        assert cells.loc[cells["is_best"], "mode"].tolist() == [data.truth["best_mode"][task]], cells["mark_note"]
+        assert cells.loc[cells["is_worst"], "mode"].tolist() == [data.truth["worst_mode"][task]], cells["mark_note"]
+        assert cells["mark_note"].str.contains("★ .* best: \\+[0-9.]+ over .*; ▲ .* worst", regex=True).all()
+
+
 # ---- issue 34's eight-run store: did the RL stage help? ------------------------------------------------------------
 
 
