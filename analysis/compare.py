@@ -21,6 +21,7 @@ What is left out, and said:
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -274,8 +275,6 @@ def _share_items(g: pd.DataFrame, items: pd.DataFrame) -> tuple[pd.DataFrame, pd
 
 
 def _submission_ids(text: object) -> tuple[int, int] | None:
-    import json
-
     try:
         ids = json.loads(str(text))
         return int(ids[0]), int(ids[1])
