@@ -92,3 +92,37 @@ def t_over_seeds_bounds(d: Draw) -> tuple[np.ndarray, np.ndarray]:
     k = deltas.shape[-1]
     half = t975(k - 1) * deltas.std(axis=-1, ddof=1) / math.sqrt(k)
     return deltas.mean(axis=-1) - half, deltas.mean(axis=-1) + half
+
+
+def simulate_comparison(rng: np.random.Generator, reps: int, k: int, n: int, a: Scenario, b: Scenario
+                        ) -> tuple[np.ndarray, float]:
+    """`reps` replications of comparing two settings (same base model, same n hidden items drawn afresh per
+    replication, k seeds each, paired by seed number): the (reps, k, n) table of B's item Δ − A's item Δ (what
+    `analysis.compare.compare_items` takes) and the true difference B − A (proportion)."""
+    if a.p_base != b.p_base:
+        raise ValueError("the two settings share one base model: give them the same p_base")
+    z = rng.standard_normal((reps, 1, n))
+
+    def finals(s: Scenario) -> np.ndarray:
+        theta_f = _N01.inv_cdf(1 - (s.p_base + s.delta)) * math.sqrt(1 + s.tau**2)
+        u = rng.normal(0.0, s.tau, (reps, k, 1)) if s.tau else np.zeros((reps, k, 1))
+        return (s.rho * z + math.sqrt(1 - s.rho**2) * rng.standard_normal((reps, k, n)) + u > theta_f).astype(float)
+
+    return finals(b) - finals(a), b.delta - a.delta
+
+
+def simulate_gap(rng: np.random.Generator, reps: int, k: int, n_val: int, n_test: int, s: Scenario
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """`reps` replications of a setting's selection gap when there is none: each seed's one model gains on a
+    validation set and a hidden test set drawn from the same item population (items shared by the seeds). Returns
+    the (reps, k, n_val) and (reps, k, n_test) tables of item gains (final − base); the true gap is 0."""
+    theta_b = _N01.inv_cdf(1 - s.p_base)
+    theta_f = _N01.inv_cdf(1 - (s.p_base + s.delta)) * math.sqrt(1 + s.tau**2)
+    u = rng.normal(0.0, s.tau, (reps, k, 1)) if s.tau else np.zeros((reps, k, 1))
+
+    def gains(n: int) -> np.ndarray:
+        z = rng.standard_normal((reps, 1, n))
+        final = s.rho * z + math.sqrt(1 - s.rho**2) * rng.standard_normal((reps, k, n)) + u > theta_f
+        return final.astype(float) - (z > theta_b).astype(float)
+
+    return gains(n_val), gains(n_test)

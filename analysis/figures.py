@@ -228,8 +228,11 @@ def heatmap_figure(matrix: pd.DataFrame, note: str = "") -> Figure:
     for ax, setting in zip(axes, settings.itertuples(index=False)):
         cells = matrix[key_of(matrix, keys) == setting.panel_key]
         grid = np.full((len(modes), len(columns)), np.nan)
+        undetected: dict[int, str] = {}
         for c in cells.itertuples(index=False):
             col = column_of[tuple(as_text(pd.Series([getattr(c, f) for f in HEAT_COLUMN])))]
+            if str(getattr(c, "mark_note", "")).startswith("no detectable"):
+                undetected[col] = str(c.mark_note).replace("no detectable difference", "modes: no detectable diff.")
             row = modes.index(as_text(pd.Series([c.mode]))[0])
             floor = float(c.noise_floor) if c.noise_floor == c.noise_floor and c.noise_floor else np.nan
             grid[row, col] = np.clip(c.mean_delta / floor, -HEAT_CLIP, HEAT_CLIP) / HEAT_CLIP
@@ -239,8 +242,9 @@ def heatmap_figure(matrix: pd.DataFrame, note: str = "") -> Figure:
                     va="center", fontsize=7, color="white" if abs(shade) > 0.6 else "black")
         image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-1, vmax=1, aspect="auto")
         labels = []
-        for task, variant, items, evaluator in columns:
+        for j, (task, variant, items, evaluator) in enumerate(columns):
             extra = f"\n{_wrap(variant, 18)}\n{_wrap(evaluator, 18)}" if task_count[task] > 1 else ""
+            extra += f"\n{_wrap(undetected[j], 18)}" if j in undetected else ""
             labels.append(f"{task}\n{_wrap(items, 18)}{extra}")
         ax.set_xticks(range(len(columns)), labels, fontsize=7)
         ax.set_yticks(range(len(modes)), modes, fontsize=8)
@@ -256,7 +260,8 @@ def heatmap_figure(matrix: pd.DataFrame, note: str = "") -> Figure:
             "of agent, driver, base model, protocol, budget); all cells are in tables/matrix.csv."
             if len(sizes) > len(settings) else "")
     legend = ("Cell: mean Δ (points) [95% interval over seeds and shared items], n = seeds. ★ best / ▲ worst mode "
-              "of the task for that agent setting; † |Δ| below the noise floor (2 × the baseline's item-level SE). "
+              "of the task for that agent setting, only where its difference from the runner-up (paired by seed and "
+              "item) has a 95% interval without 0; else the column says \"no detectable diff. (± half-width)\"; † |Δ| below the noise floor (2 × the baseline's item-level SE). "
               "Colour: Δ in noise floors, the same scale everywhere (grey: no noise floor).")
     return _finish(fig, title, [legend, more, note], _chars(width))
 
@@ -267,7 +272,7 @@ def heatmap_figure(matrix: pd.DataFrame, note: str = "") -> Figure:
 def leaderboard_figure(board: pd.DataFrame, palette: Palette | None = None, note: str = "") -> Figure:
     """Mean Δ test per setting with its one 95% interval (over seeds and the items they share); the grey band
     beside each row is its noise floor (± 2 × the baseline's item-level SE). One panel per task and variant."""
-    title = "Leaderboard: mean Δ test with 95% intervals"
+    title = "Leaderboard: mean Δ test with 95% intervals (★ best / ▲ worst only where the gap to the next is detectable)"
     if board.empty:
         return _empty(title, "no completed runs with a Δ", note)
     palette = palette or Palette(board["series"])
@@ -291,10 +296,15 @@ def leaderboard_figure(board: pd.DataFrame, palette: Palette | None = None, note
                         solid_capstyle="butt")
             ax.plot(row.mean_delta, yi, style.marker, color=style.colour, ms=5)
         ax.axvline(0, color="grey", lw=0.8)
-        ax.set_yticks(y, [f"{s} (n={k}{', no CI' if not np.isfinite(lo) else ''})"
-                          for s, k, lo in zip(sub["series"], sub["n"], sub["ci_low"])], fontsize=7)
+        flags = [("★ " if b else "") + ("▲ " if w else "") for b, w in
+                 zip(sub.get("is_best", [False] * len(sub)), sub.get("is_worst", [False] * len(sub)))]
+        ax.set_yticks(y, [f"{f}{s} (n={k}{', no CI' if not np.isfinite(lo) else ''})"
+                          for f, s, k, lo in zip(flags, sub["series"], sub["n"], sub["ci_low"])], fontsize=7)
         ax.set_ylim(-0.7, len(sub) - 0.3)
         more = f" — top {n} of {total} settings by mean Δ (ties by setting id)" if total > n else ""
+        notes = panel.rows(board)["mark_note"] if "mark_note" in board else pd.Series(dtype=object)
+        if len(notes) and str(notes.iloc[0]).startswith("no detectable"):
+            more += f" — best / worst: {notes.iloc[0]}"
         ax.set_title(_wrap(_task_title(panel.task, panel.label) + more, int(width * 11)), fontsize=8)
         ax.set_xlabel("Δ test (points)", fontsize=8)
         ax.grid(axis="x", alpha=0.3)

@@ -248,12 +248,8 @@ def _llm_calls(run_ids, start, spec: SyntheticSpec, rng) -> pd.DataFrame:
 
 def write_synthetic_store(path: Path | str, spec: SyntheticSpec = SyntheticSpec()) -> SyntheticData:
     """Write a synthetic store at `path` (bulk inserts, one per table) and return its frames and truth."""
-    from a2rl.store.results import ResultsStore
-
     data = synthetic_frames(spec)
-    store = ResultsStore(path)
-    for table, frame in data.frames.items():
-        store.bulk_write(table, frame)
+    _write(path, data.frames)
     data.truth["store"] = str(Path(path))
     data.truth["spec"] = json.loads(json.dumps(spec.__dict__, default=list))
     return data
@@ -265,3 +261,142 @@ def demo_spec(n_runs: int) -> SyntheticSpec:
     return SyntheticSpec(tasks=("gsm8k", "humaneval", "alfworld", "webshop", "alpacaeval", "deepsearchqa"),
                          agents=("agent-a", "agent-b", "agent-c"), drivers=("driver-x", "driver-y"),
                          modes=("free", "sft-only", "rl-only"), n_runs=max(1, n_runs), n_items=32, broken_every=12)
+
+
+# ---- a study of the RL stage: SFT only against free, with every submission on the hidden test ---------------------
+
+
+@dataclass(frozen=True)
+class StageStudySpec:
+    """Seeds × {sft-only, free} of one agent on one task, every seed scored on the same `n_items` hidden items; each
+    free run submits an SFT checkpoint, then an RL one (its final pick), both evaluated post hoc on the hidden test.
+
+    The outcomes are laid out item by item so that the comparisons have known answers: per seed, the free run's final
+    pick gains `mode_nets[s] + mode_pairs` items over the sft-only run's and loses `mode_pairs` (`+` net); its RL
+    checkpoint gains `share_nets[s] + share_pairs[s]` over its SFT checkpoint and loses `share_pairs[s]`; different
+    seeds' changed items never overlap. The defaults rebuild issue 34's eight-run store (4 seeds of
+    reference-sft-grpo, 134 items): free − sft-only = +0.19 [−7.9, +8.3], RL's share over seeds = +2.6 [−8.8, +14.0],
+    p = 0.55, and one seed's own RL share +12.7 (20 gained, 3 lost), significant on its own."""
+
+    task: str = "alfworld"
+    agent: str = "reference-sft-grpo"
+    n_items: int = 134
+    mode_nets: tuple[int, ...] = (4, 4, 2, -9)
+    mode_pairs: int = 5
+    share_nets: tuple[int, ...] = (17, 0, -1, -2)
+    share_pairs: tuple[int, ...] = (3, 13, 13, 13)
+
+
+def stage_study_sheets(spec: StageStudySpec = StageStudySpec()) -> dict[str, np.ndarray]:
+    """Right/wrong per item: `base` (n), `sft_only` (k × n), `free_sft` and `free_rl` (k × n; `free_rl` is the final
+    pick). Raises ValueError when the changes do not fit in n_items."""
+    k, n = len(spec.mode_nets), spec.n_items
+    sft = np.full(n, -1)  # the sft-only runs' answers (one deterministic sheet); -1: not fixed yet
+    free = np.zeros((k, n), dtype=int)
+    owner = np.full(n, -1)  # the seed whose free run differs from sft-only on the item
+    pos = 0
+    for s, net in enumerate(spec.mode_nets):
+        gains, losses = max(net, 0) + spec.mode_pairs, max(-net, 0) + spec.mode_pairs
+        if pos + gains + losses > n:
+            raise ValueError(f"the mode differences need more than {n} items")
+        sft[pos:pos + gains], sft[pos + gains:pos + gains + losses] = 0, 1
+        owner[pos:pos + gains + losses] = s
+        pos += gains + losses
+    used = np.zeros(n, dtype=bool)
+    rl_change = np.zeros((k, n), dtype=int)
+    for s, (net, pairs) in enumerate(zip(spec.share_nets, spec.share_pairs)):
+        for want, count in ((1, max(net, 0) + pairs), (0, max(-net, 0) + pairs)):  # RL gains need a right final pick
+            # An item works if this seed's final pick answers it `want`: fixed items where that holds, then free ones.
+            final = np.where(owner == s, 1 - sft, sft)
+            fits = np.flatnonzero(~used & (sft >= 0) & (final == want))
+            spare = np.flatnonzero(~used & (sft < 0))
+            chosen = np.concatenate([fits, spare])[:count]
+            if len(chosen) < count:
+                raise ValueError(f"RL's share needs more than {n} items")
+            sft[chosen[np.isin(chosen, spare)]] = want
+            used[chosen] = True
+            rl_change[s, chosen] = 1 if want == 1 else -1
+    rest = sft < 0
+    sft[rest] = (np.arange(n)[rest] % 3 == 0).astype(int)
+    free = np.where(owner[None, :] == np.arange(k)[:, None], 1 - sft[None, :], sft[None, :])
+    base = (np.arange(n) % 5 < 2).astype(int)
+    return {"base": base, "sft_only": np.broadcast_to(sft, (k, n)).copy(), "free_rl": free,
+            "free_sft": free - rl_change}
+
+
+def stage_study_frames(spec: StageStudySpec = StageStudySpec()) -> SyntheticData:
+    """The store's tables for `StageStudySpec` (runs, submissions, evaluations, item_results, metrics, llm_calls)."""
+    from a2rl.summary.stages import SubmissionTest, stage_share
+
+    k = len(spec.mode_nets)
+    skeleton = synthetic_frames(SyntheticSpec(tasks=(spec.task,), agents=(spec.agent,), modes=("sft-only", "free"),
+                                              n_seeds=k, subs_per_run=2, n_items=spec.n_items, fresh_every=1))
+    f = skeleton.frames
+    runs, subs, evals = f["runs"].copy(), f["submissions"].copy(), f["evaluations"].copy()
+    sheets = stage_study_sheets(spec)
+    items = [f"{spec.task}-{i}" for i in range(spec.n_items)]
+    free = (runs["mode"] == "free").to_numpy()
+    seed = runs["seed"].to_numpy()
+    final = np.where(free[:, None], sheets["free_rl"][seed], sheets["sft_only"][seed])
+    base_score = 100 * sheets["base"].mean()
+    runs["final_submission_id"] = runs["best_submission_id"] = np.where(free, 2, 1)
+    runs["baseline_test"], runs["final_test"] = base_score, 100 * final.mean(axis=1)
+    runs["delta_test"] = runs["final_test"] - runs["baseline_test"]
+    runs["failure_class"] = np.where(runs["delta_test"] > 0, "none", "reward/data design failure")
+    subs["stage"] = np.where(np.repeat(free, 2) & (subs["submission_id"] == 2), "GRPO", "SFT")
+    subs["route"] = subs["stage"]
+    subs["status"], subs["error"] = "scored", None
+    subs["score"] = np.where(subs["submission_id"] == 2, 40.0, 35.0)  # validation: the RL checkpoint looks better
+    evals = evals[evals["kind"] != "final"]
+    evals.loc[(evals["kind"] == "baseline") & (evals["split"] == "test"), "score"] = base_score
+    item_rows, eval_rows, metric_rows = [], [], []
+    for r, run in enumerate(runs.itertuples(index=False)):
+        sid = int(run.final_submission_id)
+        sheets_of = {"baseline-0-test": sheets["base"], f"final-{sid}-test": final[r]}
+        if free[r]:
+            sheets_of |= {"posthoc-1-test": sheets["free_sft"][run.seed], "posthoc-2-test": sheets["free_rl"][run.seed]}
+        for key, sheet in sheets_of.items():
+            item_rows.append(pd.DataFrame({"run_id": run.run_id, "eval_key": key, "split": "test", "item_id": items,
+                                           "score": sheet.astype(float), "correct": sheet.astype(bool),
+                                           "tokens": np.int64(64)}))
+            kind = key.split("-")[0]
+            if kind != "baseline":
+                eval_rows.append({"run_id": run.run_id, "eval_key": key, "kind": kind,
+                                  "submission_id": int(key.split("-")[1]), "split": "test",
+                                  "score": 100 * sheet.mean(), "n": spec.n_items, "evaluator_id": f"{spec.task}-eval-v1",
+                                  "weights_hash": f"w{r}-{key}", "cached": False, "created_at": run.finished_at})
+        if free[r]:
+            tests = [SubmissionTest(submission_id=i, stage=stage, validation=v, test=100 * sheets[s][run.seed].mean())
+                     for i, stage, v, s in ((1, "SFT", 35.0, "free_sft"), (2, "GRPO", 40.0, "free_rl"))]
+            per_item = {1: sheets["free_sft"][run.seed], 2: sheets["free_rl"][run.seed]}
+            share = stage_share(tests, lambda i: dict(zip(items, per_item[i].astype(float))))
+            values = {"rl_share": share.delta, "rl_share_ci_low": share.ci_low, "rl_share_ci_high": share.ci_high,
+                      "rl_share_p_value": share.p_value, "rl_share_n_items": share.n_items,
+                      "rl_share_sft_test": share.sft_test, "rl_share_rl_test": share.rl_test}
+            metric_rows += [{"run_id": run.run_id, "name": name, "value": float(v), "text": None}
+                            for name, v in values.items()]
+            metric_rows.append({"run_id": run.run_id, "name": "rl_share_submissions", "value": None,
+                                "text": json.dumps([share.sft_submission, share.rl_submission])})
+    frames = dict(f) | {
+        "runs": runs, "submissions": subs,
+        "evaluations": pd.concat([evals, pd.DataFrame(eval_rows)], ignore_index=True),
+        "item_results": pd.concat(item_rows, ignore_index=True),
+        "metrics": pd.concat([f["metrics"], pd.DataFrame(metric_rows)], ignore_index=True),
+    }
+    return SyntheticData(frames=frames, spec=skeleton.spec, truth={"stage_study": spec.__dict__})
+
+
+def write_stage_study(path: Path | str, spec: StageStudySpec = StageStudySpec()) -> SyntheticData:
+    """Write `stage_study_frames` as a store at `path`."""
+    data = stage_study_frames(spec)
+    _write(path, data.frames)
+    return data
+
+
+def _write(path: Path | str, frames: dict[str, pd.DataFrame]) -> None:
+    """A new store at `path` with these tables (bulk inserts, one per table)."""
+    from a2rl.store.results import ResultsStore
+
+    store = ResultsStore(path)
+    for table, frame in frames.items():
+        store.bulk_write(table, frame)

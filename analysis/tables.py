@@ -16,7 +16,8 @@ import pandas as pd
 
 from a2rl.summary.intervals import binomial_var, paired_item_interval, seeds_interval, seeds_items_interval
 from a2rl.setting import SETTING_KEY
-from analysis.stats import paired_comparison, pass_at_k, selection_gap_summary
+from analysis.compare import compare_field, item_values, marks, rl_helped, rl_share_over_seeds
+from analysis.stats import pass_at_k, selection_gap_summary
 
 SETTING = ["setting_id", *SETTING_KEY, "variant_label"]
 """What defines one leaderboard row (`a2rl.setting.SETTING_KEY`): runs that differ only in seed are repeats of it."""
@@ -44,7 +45,8 @@ class AnalysisTables:
     """mode × task cells: the leaderboard's rows with best/worst mode flags per agent setting."""
     leaderboard: pd.DataFrame
     """One row per setting: mean Δ with its one 95% interval (over seeds and shared items), p-value and verdict,
-    the noise floor beside it."""
+    the noise floor beside it; is_best / is_worst of its task panel only where the comparison with the runner-up
+    leaves 0 out (`mark_note` says so, or "no detectable difference")."""
     run_intervals: pd.DataFrame
     """One run's Δ with its paired item-level interval and verdict (runs with per-item results)."""
     pass_at_k: pd.DataFrame
@@ -53,7 +55,7 @@ class AnalysisTables:
     """Median and IQR of best-so-far improvement over seeds per setting, axis and grid point."""
     noise: pd.DataFrame
     paired: pd.DataFrame
-    """Agent-level (drivers averaged) and driver-level (same agent) paired comparisons."""
+    """Settings that differ in one field (`analysis.compare`: paired by seed and item), B − A per row."""
     selection: pd.DataFrame
     selection_runs: pd.DataFrame
     routes: pd.DataFrame
@@ -62,6 +64,10 @@ class AnalysisTables:
     """The paper's tables, one per view in `PAPER_VIEWS`."""
     submissions: pd.DataFrame = field(default_factory=pd.DataFrame)
     """Submissions of the analysed runs, for the per-run drill-down."""
+    rl_modes: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Did the RL stage help: every mode against `sft-only`, per task and agent setting (`analysis.compare`)."""
+    rl_shares: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """RL's share per setting over seeds and shared items (the stage shares combined like Δ)."""
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -129,17 +135,18 @@ def _label(row: Any, varying: Sequence[str]) -> str:
     return " · ".join(parts)
 
 
-def load_tables(store: Any, n_boot: int = 2000, compare: tuple[str, str] | None = None,
-                scaling_points: int = 40) -> AnalysisTables:
+def load_tables(store: Any, compare: Sequence[str] | None = None, scaling_points: int = 40) -> AnalysisTables:
     """Read the views and compute every table of the analysis report.
 
     Args:
         store: an `a2rl.store.results.ResultsStore`.
-        n_boot: bootstrap resamples per interval (the selection gap's).
-        compare: the two agents of the agent-level paired comparison; default the two with the most runs.
+        compare: what the comparison table compares (`analysis.compare`): (FIELD,) every pair of values of one
+            setting field; (FIELD, A, B) only those two; (AGENT_A, AGENT_B) two agents. Default: every setting field
+            with two or more values.
         scaling_points: grid points per scaling curve.
     """
     runs = store.query("SELECT * EXCLUDE (config_json, phase_seconds_json) FROM analysed_runs ORDER BY run_id")
+    runs = runs.merge(store.query(ITEM_COUNTS), on="run_id", how="left")
     excluded = store.query("SELECT * FROM excluded_runs")
     noise = store.query("SELECT * FROM noise_floor WHERE split = 'test' ORDER BY task, variant, item_selection")
     notes = _notes(runs, excluded)
@@ -149,7 +156,9 @@ def load_tables(store: Any, n_boot: int = 2000, compare: tuple[str, str] | None 
     board["series"] = board["setting_id"].map(labels)
     pairs = store.query("SELECT p.*, r.setting_id FROM item_pairs p JOIN analysed_runs r USING (run_id)")
     board = _within_noise(with_intervals(board, runs, pairs))
-    matrix = mode_matrix(board)
+    values = item_values(runs, pairs)
+    matrix = mode_matrix(board, runs, values)
+    board = marks(board, runs, values, key_of(board, PANEL_KEY), "series")  # ★/▲ within a task panel
     pak = _pass_at_k(board)
     board = board.drop(columns=["deltas", "seeds"])
     run_intervals = _run_intervals(runs, pairs)
@@ -161,13 +170,15 @@ def load_tables(store: Any, n_boot: int = 2000, compare: tuple[str, str] | None 
     scaling["series"] = scaling["setting_id"].map(labels)
     scaling["headline_delta"] = scaling["setting_id"].map(board.set_index("setting_id")["mean_delta"])
 
-    paired = _paired(runs, compare)
+    paired = _paired(runs, pairs, compare)
     if paired.empty:
-        notes.append("Paired comparisons skipped: no two agents (or two drivers of one agent) share settings and "
-                     "seeds.")
+        notes.append("Comparisons skipped: no two settings differ in one field only.")
     gaps = store.query("SELECT * FROM selection_gap ORDER BY setting_id, seed, run_id")
+    gaps = gaps.merge(runs[["run_id", "val_n", "test_n", "best_val", "baseline_val", "final_test", "baseline_test"]],
+                      on="run_id", how="left")
     gaps["series"] = gaps["setting_id"].map(labels)
-    selection = selection_gap_summary(gaps, by=[*SETTING, "series"], n_boot=n_boot) if len(gaps) else pd.DataFrame()
+    gap_items = pd.concat([store.query(VALIDATION_GAINS), values.assign(split="test")], ignore_index=True)
+    selection = selection_gap_summary(gaps, gap_items, by=[*SETTING, "series"]) if len(gaps) else pd.DataFrame()
     paper = {name: store.query(f"SELECT * FROM {name}") for name in PAPER_VIEWS}
     subs = store.query("SELECT s.run_id, s.submission_id, s.agent_elapsed_s, s.stage, s.split, s.status, s.score, "
                        "t.test_score AS hidden_test_posthoc, s.route, s.cached, s.error FROM submissions s "
@@ -179,24 +190,45 @@ def load_tables(store: Any, n_boot: int = 2000, compare: tuple[str, str] | None 
         scaling=scaling, noise=noise, paired=paired, selection=selection, selection_runs=gaps,
         routes=store.query(f"SELECT * FROM route_distribution ORDER BY {order}, route"),
         failures=store.query(f"SELECT * FROM failure_classes ORDER BY {order}, status, failure_class"),
-        paper=paper, submissions=subs, notes=notes,
+        paper=paper, submissions=subs, notes=notes, rl_modes=rl_helped(runs, pairs),
+        rl_shares=_rl_shares(store, paper["stage_shares"], labels),
     )  # fmt: skip
 
 
-def _paired(runs: pd.DataFrame, compare: tuple[str, str] | None) -> pd.DataFrame:
-    """Agent level (the two agents with the most runs, drivers averaged) and, for every agent run with two or more
-    drivers, driver level (its two drivers with the most runs)."""
-    frames = []
-    agents = runs["agent"].value_counts()
-    pair = compare or (tuple(sorted(agents.index[:2])) if len(agents) >= 2 else None)
-    if pair:
-        frames.append(paired_comparison(runs, "agent", *pair, averaged=("driver",)))
-    for agent, g in runs.groupby("agent"):
-        drivers = g["driver"].value_counts()
-        if len(drivers) >= 2:
-            frames.append(paired_comparison(g, "driver", *sorted(drivers.index[:2])))
-    frames = [f for f in frames if len(f)]
+ITEM_COUNTS = """
+    SELECT run_id, max(n) FILTER (WHERE kind = 'final' AND split = 'test') AS test_n,
+           max(n) FILTER (WHERE kind = 'baseline' AND split = 'validation') AS val_n
+    FROM evaluations GROUP BY run_id"""
+"""Items behind each run's final test score and its validation baseline (for the bounds without per-item results)."""
+VALIDATION_GAINS = """
+    WITH base AS (SELECT run_id, min(eval_key) AS eval_key FROM evaluations
+                  WHERE kind = 'baseline' AND split = 'validation' GROUP BY run_id)
+    SELECT r.run_id, s.item_id, 'validation' AS split, s.score - b.score AS value
+    FROM analysed_runs r JOIN base USING (run_id)
+    JOIN item_results s ON s.run_id = r.run_id AND s.eval_key = 'submission-' || r.best_submission_id || '-validation'
+    JOIN item_results b ON b.run_id = r.run_id AND b.eval_key = base.eval_key AND b.item_id = s.item_id
+    WHERE r.protocol = 'heldout'"""
+"""Per run and validation item: the best submission's gain over the base model (the selection gap's first part)."""
+
+
+def _paired(runs: pd.DataFrame, pairs: pd.DataFrame, compare: Sequence[str] | None) -> pd.DataFrame:
+    """The comparison table: `compare` as in `load_tables`; by default every setting field with two values or more."""
+    if compare and len(compare) == 2:
+        return compare_field(runs, pairs, "agent", (compare[0], compare[1]))
+    if compare:
+        return compare_field(runs, pairs, compare[0], tuple(compare[1:3]) if len(compare) == 3 else None)
+    fields = [f for f in SETTING_KEY if f in runs.columns and runs[f].nunique(dropna=False) > 1]
+    frames = [f for f in (compare_field(runs, pairs, f) for f in fields) if len(f)]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _rl_shares(store: Any, shares: pd.DataFrame, labels: dict[str, str]) -> pd.DataFrame:
+    """RL's share over seeds per setting, from the post-hoc per-item results of each run's two checkpoints."""
+    items = store.query("SELECT i.run_id, i.eval_key, i.item_id, i.score FROM item_results i JOIN stage_shares s "
+                        "USING (run_id) WHERE i.eval_key LIKE 'posthoc-%-test'") if len(shares) else pd.DataFrame()
+    out = rl_share_over_seeds(shares, items)
+    out.insert(1, "series", out["setting_id"].map(labels))
+    return out
 
 
 def _within_noise(frame: pd.DataFrame) -> pd.DataFrame:
@@ -252,17 +284,15 @@ def _number(value: Any, missing: float = math.nan) -> float:
     return missing if value is None or pd.isna(value) else float(value)
 
 
-def mode_matrix(board: pd.DataFrame) -> pd.DataFrame:
-    """The mode × task heatmap's cells: the leaderboard's rows, with the best and worst mode of each agent setting
-    (everything but the mode; ties all marked) where it ran two modes or more."""
-    if board.empty:
-        return board.assign(is_best=pd.Series(dtype=bool), is_worst=pd.Series(dtype=bool))
-    key = key_of(board, AGENT_SETTING)
-    groups = board.groupby(key, sort=False)["mean_delta"]
-    several = groups.transform("count") > 1
+def mode_matrix(board: pd.DataFrame, runs: pd.DataFrame, values: pd.DataFrame) -> pd.DataFrame:
+    """The mode × task heatmap's cells: the leaderboard's rows, with the best (★) and worst (▲) mode of each agent
+    setting (everything but the mode) only where the comparison with the runner-up leaves 0 out
+    (`analysis.compare.marks`; `mark_note` says which, or "no detectable difference (± half-width)")."""
     matrix = board.drop(columns=[c for c in ("deltas", "seeds") if c in board])
-    return matrix.assign(is_best=several & (board["mean_delta"] == groups.transform("max")),
-                         is_worst=several & (board["mean_delta"] == groups.transform("min")))
+    if board.empty:
+        return matrix.assign(is_best=pd.Series(dtype=bool), is_worst=pd.Series(dtype=bool),
+                             mark_note=pd.Series(dtype=object))
+    return marks(matrix, runs, values, key_of(matrix, AGENT_SETTING), "mode")
 
 
 def _run_intervals(runs: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:

@@ -53,7 +53,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=100_000)
     parser.add_argument("--subs-per-run", type=int, default=10)
-    parser.add_argument("--n-boot", type=int, default=1000)
     parser.add_argument("--out", default=None, help="directory for the store and outputs (default: a temp dir)")
     args = parser.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="a2rl-bench-analysis-"))
@@ -84,7 +83,7 @@ def main() -> None:
     report["queries_s (median of 3)"] = {
         name: timed(lambda: store.query(sql), repeat=3)[1] for name, sql in QUERIES.items()
     }
-    tables, report["load_tables_s"] = timed(lambda: load_tables(store, n_boot=args.n_boot))
+    tables, report["load_tables_s"] = timed(lambda: load_tables(store))
     figures = {}
     paths = {}
     drawings = [

@@ -34,8 +34,8 @@ from analysis.tables import PASS_AT_K, AnalysisTables, load_tables
 
 DEFAULT_OUT = Path("results/analysis")
 FIGURES = ("heatmap", "leaderboard", "scaling", "pass_at_k", "selection_gap")
-TABLES = ("matrix", "leaderboard", "run_intervals", "pass_at_k", "scaling", "noise", "paired", "selection",
-          "selection_runs", "routes", "failures", "excluded", "submissions")
+TABLES = ("matrix", "leaderboard", "run_intervals", "pass_at_k", "scaling", "noise", "paired", "rl_modes", "rl_shares",
+          "selection", "selection_runs", "routes", "failures", "excluded", "submissions")
 DRILL_DOWN_RUNS = 30
 
 
@@ -55,22 +55,21 @@ def draw_figures(t: AnalysisTables) -> dict[str, Figure]:
 def run_analysis(
     results_path: Path | str,
     out_dir: Path | str,
-    n_boot: int = 2000,
-    compare: tuple[str, str] | None = None,
+    compare: tuple[str, ...] | None = None,
 ) -> list[Path]:
     """Write figures/*.png, tables/*.csv, summary.json and report.html under `out_dir`; return their paths.
 
     Args:
         results_path: an existing DuckDB results file.
         out_dir: created if missing; earlier outputs of the same names are replaced.
-        n_boot: bootstrap resamples per confidence interval.
-        compare: the two agents of the paired comparison (default: the two with the most runs).
+        compare: what the comparison table compares: (FIELD,), (FIELD, A, B) or (AGENT_A, AGENT_B) (`load_tables`;
+            default: every setting field with two values or more).
     """
     results_path = Path(results_path)
     if not results_path.exists():
         raise FileNotFoundError(f"no results store at {results_path}")
     out = Path(out_dir)
-    tables = load_tables(ResultsStore(results_path), n_boot=n_boot, compare=compare)
+    tables = load_tables(ResultsStore(results_path), compare=compare)
     figures = [save_png(fig, out / "figures" / f"{name}.png", name) for name, fig in draw_figures(tables).items()]
     csvs = []
     frames = {name: getattr(tables, name) for name in TABLES} | tables.paper
@@ -100,11 +99,11 @@ def run_analysis(
 
 def _sections(t: AnalysisTables, fig: dict[str, Path]) -> list[Section]:
     board_cols = ["task", "variant", "item_selection", "series", "n", "n_items", "mean_delta", "ci_low", "ci_high",
-                  "p_value", "verdict", "interval", "noise_se", "noise_floor", "within_noise", "n_mode_breaches",
-                  "setting_id"]
+                  "p_value", "verdict", "interval", "noise_se", "noise_floor", "within_noise", "is_best", "is_worst",
+                  "mark_note", "n_mode_breaches", "setting_id"]
     matrix_cols = ["task", "variant", "item_selection", "evaluator_id", "agent", "driver", "base_model", "protocol",
                    "budget_s", "mode", "n", "mean_delta", "ci_low", "ci_high", "verdict", "noise_floor", "is_best",
-                   "is_worst", "within_noise", "setting_id"]
+                   "is_worst", "mark_note", "within_noise", "setting_id"]
     pak = t.pass_at_k[t.pass_at_k["k"].isin(PASS_AT_K)]
     pak_wide = (pak.pivot_table(index=["task", "variant", "series", "setting_id", "n"], columns="k",
                                 values="expected_best_delta").rename(columns=lambda k: f"pass@{k}").reset_index()
@@ -122,8 +121,11 @@ def _sections(t: AnalysisTables, fig: dict[str, Path]) -> list[Section]:
                 f"{excluded}",
                 tables=[("Runs left out of every figure and table, by reason", t.excluded)]),
         *_paper_sections(t),
+        _rl_section(t),
         Section("Mode × task", "Mean Δ per cell (one setting) with its 95% interval; ★ best and ▲ worst mode per task "
-                "within one agent setting; † |Δ| below the noise floor. Colour: Δ in units of the noise floor, one "
+                "within one agent setting only where the comparison with the runner-up (paired by seed and item) leaves "
+                "0 out, otherwise mark_note says \"no detectable difference\" with the interval's half-width; † |Δ| "
+                "below the noise floor. Colour: Δ in units of the noise floor, one "
                 "scale for every cell. " + interval + excluded,
                 tables=[("Mode × task cells", _cols(t.matrix, matrix_cols))],
                 figures=[("Mode × task heatmap", fig["heatmap"])]),
@@ -149,12 +151,13 @@ def _sections(t: AnalysisTables, fig: dict[str, Path]) -> list[Section]:
         Section("Noise floor", "The base model's item-level sampling error per task, item selection and evaluator: "
                 "re-evaluating a greedy evaluator repeats itself, so fresh re-evaluations (k_reevaluations) are only "
                 "counted. " + excluded, tables=[("Noise floor (test split)", t.noise)]),
-        Section("Paired comparisons", "Agent level: Δ of agent b minus agent a on runs that agree on everything else "
-                "and the seed, each agent's drivers averaged. Driver level: the same agent with two drivers. "
-                "t-interval over the pairs and a sign-flip randomisation p-value. " + excluded,
-                tables=[("Paired comparisons", t.paired)]),
+        Section("Comparisons", "Settings that differ in one field only (column compared; `a2rl analyze --compare FIELD` "
+                "picks the field): B − A, " + COMPARISON + excluded,
+                tables=[("Comparisons (B − A)", t.paired)]),
         Section("Selection gap", "heldout runs: validation gain of the best submission minus the hidden-test gain of "
-                "the final pick, per setting. A positive gap is optimism from selecting on validation. " + excluded,
+                "the final pick, per setting. A positive gap is optimism from selecting on validation. Its 95% interval "
+                "is over the seeds and the items they share on each split, like Δ's (without per-item results: the "
+                "t-interval over seeds plus binomial bounds of the four scores). " + excluded,
                 tables=[("Selection gap by setting", t.selection)],
                 figures=[("Selection gap", fig["selection_gap"])]),
         Section("Routes and failure classes", "Routes count the submissions of analysed runs, per setting. Failure "
@@ -162,6 +165,36 @@ def _sections(t: AnalysisTables, fig: dict[str, Path]) -> list[Section]:
                 tables=[("Route labels of submissions", t.routes), ("Failure classes of runs", t.failures)]),
         _drill_down(t),
     ]  # fmt: skip
+
+
+COMPARISON = ("paired by seed number and by hidden-test item: per seed pair and shared item, B's Δ on the item minus "
+              "A's, combined over seeds and items with the same seeds × items interval as a setting's Δ; p from the "
+              "same test, so the interval leaves 0 out exactly when p < 0.05. Seeds only one side ran are left out "
+              "(unpaired_seeds), and so are items not scored by every paired run (dropped_items). ")
+
+
+def _rl_section(t: AnalysisTables) -> Section:
+    """"Did the RL stage help?": every mode against SFT only, and RL's share over seeds, each with its verdict."""
+    lines = []
+    for r in t.rl_modes.itertuples(index=False):
+        lines.append(f"{r.task}, {r.agent}: {r.b} − sft-only = {_comparison_text(r)}.")
+    for r in t.rl_shares.itertuples(index=False):
+        lines.append(f"{r.task}, {r.series}: RL's share over seeds = {_comparison_text(r)}.")
+    text = (" ".join(lines) if lines else "No two settings differ only in mode `sft-only` against another mode, and no "
+            "run has an SFT-then-RL pair of post-hoc hidden-test evaluations.")
+    return Section("Did the RL stage help?", "SFT only (mode sft-only) against each other mode, per task and agent "
+                   "setting, B − A = that mode − sft-only; " + COMPARISON + "RL's share: the last RL checkpoint − the SFT "
+                   "checkpoint it started from on the hidden test (runs made with --test-every-submission), combined "
+                   "over seeds and shared items the same way. " + text + " " + t.exclusion_note,
+                   tables=[("Each mode against SFT only", t.rl_modes), ("RL's share over seeds", t.rl_shares)])
+
+
+def _comparison_text(r) -> str:
+    """"+0.19 [95% −7.92, +8.30], p = 0.96, n = 4 seeds × 134 items: no detectable difference"."""
+    if r.ci_low != r.ci_low:
+        return f"{r.mean_diff:+.2f} (n = {r.n_seeds} seeds; {r.interval})"
+    return (f"{r.mean_diff:+.2f} [95% {r.ci_low:+.2f}, {r.ci_high:+.2f}], p = {r.p_value:.2g}, n = {r.n_seeds} "
+            f"seeds × {r.n_items} items: {r.verdict}")
 
 
 def _paper_sections(t: AnalysisTables) -> list[Section]:
@@ -223,9 +256,9 @@ def _cols(frame: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
 
 
 @task(name="build-analysis", cache_policy=NO_CACHE)
-def build_analysis(results: Path, out_dir: Path, n_boot: int, compare: tuple[str, str] | None) -> list[Path]:
+def build_analysis(results: Path, out_dir: Path, compare: tuple[str, ...] | None) -> list[Path]:
     """Figures, tables and the HTML report from the results store."""
-    return run_analysis(results, out_dir, n_boot=n_boot, compare=compare)
+    return run_analysis(results, out_dir, compare=compare)
 
 
 @task(name="publish-analysis-artifacts", cache_policy=NO_CACHE)
@@ -255,13 +288,11 @@ def publish_artifacts(out_dir: Path) -> None:
 def analysis(
     results: Path = DEFAULT_RESULTS,
     out_dir: Path = DEFAULT_OUT,
-    n_boot: int = 2000,
     compare: list[str] | None = None,
 ) -> list[Path]:
     """Figures, tables, an HTML report and Prefect artifacts for every completed run in a results store."""
-    pair = (compare[0], compare[1]) if compare and len(compare) == 2 else None
     results, out_dir = resolve_results(results), resolve_results(out_dir)  # a deployment's relative defaults
-    paths = build_analysis(Path(results), Path(out_dir), n_boot, pair)
+    paths = build_analysis(Path(results), Path(out_dir), tuple(compare) if compare else None)
     publish_artifacts(Path(out_dir))
     get_run_logger().info("analysis written to %s (%d files)", out_dir, len(paths))
     return paths

@@ -24,10 +24,10 @@ from a2rl.summary.intervals import (
     paired_item_interval,
     seeds_interval,
     seeds_items_interval,
-    sign_flip_pvalue,
     t975,
 )
-from analysis.stats import bootstrap_ci, paired_comparison, pass_at_k, pass_at_k_curve
+from analysis.compare import compare_field
+from analysis.stats import pass_at_k, pass_at_k_curve
 from analysis.synthetic import VARIANT_LABEL, SyntheticSpec, demo_spec, write_synthetic_store
 from analysis.tables import load_tables
 
@@ -62,22 +62,6 @@ def test_pass_at_k_stays_exact_for_many_runs():
     assert pass_at_k(deltas, 1) == pytest.approx(0.0, abs=1e-12)
     assert pass_at_k(deltas, 2) == pytest.approx(brute_force_expected_max(deltas[:40], 2) * 0 + pass_at_k(deltas, 2))
     assert pass_at_k(deltas, 5) > pass_at_k(deltas, 3) > pass_at_k(deltas, 1)
-
-
-def test_bootstrap_ci_width_shrinks_with_n_and_covers_the_mean():
-    rng = np.random.default_rng(0)
-    widths = []
-    for n in (10, 100, 1000):
-        x = rng.normal(2.0, 3.0, size=n)
-        ci = bootstrap_ci(x, n_boot=1000)
-        assert ci.low < ci.estimate < ci.high and ci.n == n
-        assert ci.estimate == pytest.approx(x.mean())
-        widths.append(ci.high - ci.low)
-    assert widths[0] > widths[1] > widths[2]
-    assert widths[2] == pytest.approx(2 * 1.96 * 3.0 / math.sqrt(1000), rel=0.2)  # close to the normal width
-    one = bootstrap_ci([4.0])
-    assert one.estimate == 4.0 and math.isnan(one.low) and math.isnan(one.high)
-    assert bootstrap_ci([1.0, 2.0, 3.0], seed=5) == bootstrap_ci([1.0, 2.0, 3.0], seed=5)  # reproducible
 
 
 def test_baseline_se_is_binomial_for_right_wrong_items_and_never_zero():
@@ -232,24 +216,34 @@ def test_paired_item_interval_on_one_item_of_32_is_not_significant():
     assert many.low > 0 and many.p_value == pytest.approx(2 / 2**12) and many.label() == "improved"
 
 
-def test_sign_flip_pvalue_is_exact_for_small_samples():
-    assert sign_flip_pvalue([1.0] * 5) == pytest.approx(2 / 32)
-    assert sign_flip_pvalue([1.0, -1.0]) == 1.0
-
-
-def test_paired_comparison_pairs_runs_by_seed_and_mode():
+def test_comparison_pairs_runs_by_seed_and_item_and_counts_unpaired_seeds():
     runs = pd.DataFrame({
-        "task": "t", "variant": "offline", "protocol": "heldout", "status": "completed", "base_model": "m",
-        "driver": "none", "item_selection": "val:16 test:32", "budget_s": 60.0, "evaluator_id": "e",
-        "agent": ["a"] * 3 + ["b"] * 3 + ["b"], "mode": "free", "seed": [0, 1, 2, 0, 1, 2, 9],
-        "delta_test": [1.0, 2.0, 3.0, 2.0, 4.0, 3.0, 100.0],  # seed 9 of b has no partner
+        "run_id": [f"r{i}" for i in range(7)], "task": "t", "variant": "offline", "protocol": "heldout",
+        "base_model": "m", "driver": "none", "item_selection": "val:16 test:4", "budget_s": 60.0, "evaluator_id": "e",
+        "agent": ["a"] * 3 + ["b"] * 4, "mode": "free", "seed": [0, 1, 2, 0, 1, 2, 9],
+        "delta_test": [0.0, 25.0, 25.0, 25.0, 50.0, 25.0, 100.0],  # seed 9 of b has no partner
     })  # fmt: skip
-    row = paired_comparison(runs, "agent", "a", "b").iloc[0]
-    assert row["n_pairs"] == 3 and row["mean_diff"] == pytest.approx(1.0)
-    assert (row["wins_b"], row["losses_b"], row["ties"]) == (2, 0, 1)
-    # A different budget is a different setting: no pairs.
+    finals = {"r0": [0, 0, 0, 0], "r1": [1, 0, 0, 0], "r2": [0, 1, 0, 0], "r3": [1, 0, 0, 0], "r4": [1, 1, 0, 0],
+              "r5": [0, 1, 0, 0], "r6": [1, 1, 1, 1]}
+    pairs = pd.DataFrame([{"run_id": r, "item_id": f"i{j}", "base_score": 0.0, "final_score": float(v)}
+                          for r, vals in finals.items() for j, v in enumerate(vals)])
+    row = compare_field(runs, pairs, "agent").iloc[0]
+    assert (row["a"], row["b"], row["n_seeds"], row["unpaired_seeds"], row["n_items"]) == ("a", "b", 3, 1, 4)
+    expected = seeds_items_interval(np.array([[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0]], dtype=float),
+                                    bounds=(-200, 200))
+    assert row["mean_diff"] == pytest.approx(2 / 12 * 100)
+    assert (row["ci_low"], row["ci_high"], row["p_value"]) == pytest.approx((expected.low, expected.high,
+                                                                           expected.p_value))
+    # A different budget is a different setting: nothing to compare.
     other = runs.assign(budget_s=np.where(runs["agent"] == "b", 120.0, 60.0))
-    assert paired_comparison(other, "agent", "a", "b").empty
+    assert compare_field(other, pairs, "agent").empty
+    # ... unless the budget is what is compared.
+    by_budget = compare_field(other, pairs, "budget")
+    assert len(by_budget) == 0  # agents differ too: still not one field apart
+    assert len(compare_field(other[other["agent"] == "b"].assign(budget_s=[60.0, 120.0, 60.0, 120.0]), pairs,
+                             "budget")) == 1
+    with pytest.raises(ValueError, match="setting field"):
+        compare_field(runs, pairs, "colour")
 
 
 # ---- the store and its views ---------------------------------------------------------------------------------------
@@ -259,7 +253,7 @@ def test_paired_comparison_pairs_runs_by_seed_and_mode():
 def synthetic(tmp_path_factory):
     path = tmp_path_factory.mktemp("synthetic") / "results.duckdb"
     data = write_synthetic_store(path, SPEC)
-    return path, data, load_tables(ResultsStore(path), n_boot=500)
+    return path, data, load_tables(ResultsStore(path))
 
 
 def test_mode_task_matrix_matches_the_runs_and_marks_the_known_best_and_worst_modes(synthetic):
@@ -271,8 +265,11 @@ def test_mode_task_matrix_matches_the_runs_and_marks_the_known_best_and_worst_mo
     np.testing.assert_allclose(m.loc[expected.index, "mean_delta"], expected["mean"])
     assert (m.loc[expected.index, "n"].to_numpy() == expected["count"].to_numpy()).all()
     for (task, agent), cells in tables.matrix.groupby(["task", "agent"]):
-        assert cells.loc[cells["is_best"], "mode"].tolist() == [data.truth["best_mode"][task]]
-        assert cells.loc[cells["is_worst"], "mode"].tolist() == [data.truth["worst_mode"][task]]
+        # Marked only where the comparison with the runner-up leaves 0 out; never the wrong mode.
+        assert set(cells.loc[cells["is_best"], "mode"]) <= {data.truth["best_mode"][task]}
+        assert set(cells.loc[cells["is_worst"], "mode"]) <= {data.truth["worst_mode"][task]}
+        if not cells["is_best"].any() and not cells["is_worst"].any():
+            assert cells["mark_note"].str.startswith("no detectable difference (± ").all()
 
 
 def test_noise_floor_view_is_the_baselines_item_level_error_and_counts_fresh_evaluations(synthetic):
@@ -315,10 +312,11 @@ def test_leaderboard_intervals_and_pass_at_k_come_from_the_seed_deltas(synthetic
 def test_paired_comparison_recovers_the_known_agent_difference(synthetic):
     _, data, tables = synthetic
     paired = tables.paired[tables.paired["compared"] == "agent"]
-    assert len(paired) == len(SPEC.tasks)
-    assert (paired["n_pairs"] == len(SPEC.modes) * SPEC.n_seeds).all()
+    assert len(paired) == len(SPEC.tasks) * len(SPEC.modes)  # one per task and mode: settings one field apart
+    assert (paired["n_seeds"] == SPEC.n_seeds).all() and (paired["unpaired_seeds"] == 0).all()
     np.testing.assert_allclose(paired["mean_diff"], data.truth["paired_diff"]["agent-b"])
-    assert (paired["wins_b"] == paired["n_pairs"]).all()
+    assert ((paired["ci_low"] < paired["mean_diff"]) & (paired["mean_diff"] < paired["ci_high"])).all()
+    assert ((paired["p_value"] < 0.05) == ((paired["ci_low"] > 0) | (paired["ci_high"] < 0))).all()
 
 
 def test_selection_gap_and_scaling_end_points_match_the_submissions(synthetic):
@@ -402,7 +400,7 @@ def analysed(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("analysed")  # 250 runs, failed, interrupted and infrastructure failures included
     assert main(["analyze", "--synthetic", "250", "--results", str(root / "results.duckdb"), "--out",
-                 str(root / "out"), "--n-boot", "200"]) == 0
+                 str(root / "out")]) == 0
     return root / "out"
 
 
@@ -427,7 +425,7 @@ def test_html_report_is_self_contained_and_labels_the_data_variant(analysed: Pat
     assert text.startswith("<!DOCTYPE html>") and text.rstrip().endswith("</html>")
     assert text.count('src="data:image/png;base64,') == 5
     assert "http://" not in text and "https://" not in text and "<script" not in text
-    assert VARIANT_LABEL in text and "Paired comparison" in text and "pass@3" in text
+    assert VARIANT_LABEL in text and "Comparisons (B − A)" in text and "Did the RL stage help?" in text and "pass@3" in text
     assert {p.stem for p in (analysed / "tables").glob("*.csv")} >= {"leaderboard", "matrix", "pass_at_k", "noise"}
 
 
@@ -435,7 +433,7 @@ def test_analysis_of_an_empty_store_draws_placeholders(tmp_path: Path):
     from flows.analysis_flow import run_analysis
 
     ResultsStore(tmp_path / "empty.duckdb")
-    paths = run_analysis(tmp_path / "empty.duckdb", tmp_path / "out", n_boot=100)
+    paths = run_analysis(tmp_path / "empty.duckdb", tmp_path / "out")
     assert sum(p.suffix == ".png" for p in paths) == 5 and (tmp_path / "out" / "report.html").exists()
     with pytest.raises(FileNotFoundError):
         run_analysis(tmp_path / "missing.duckdb", tmp_path / "out")
@@ -447,7 +445,7 @@ def test_analysis_flow_publishes_artifacts(prefect_harness, tmp_path: Path):
     from flows.analysis_flow import analysis
 
     write_synthetic_store(tmp_path / "results.duckdb", TINY)
-    paths = analysis(results=tmp_path / "results.duckdb", out_dir=tmp_path / "out", n_boot=100)
+    paths = analysis(results=tmp_path / "results.duckdb", out_dir=tmp_path / "out")
     assert any(p.name == "report.html" for p in paths)
     board = Artifact.get("analysis-leaderboard")
     assert board is not None and board.type == "table"
@@ -472,16 +470,18 @@ def test_the_report_excludes_broken_runs_and_carries_the_papers_tables(analysed:
         assert caption in text, caption
     assert "<td class=\"text\">Baseline</td>" in text
     paired = pd.read_csv(analysed / "tables" / "paired.csv")
-    assert set(paired["compared"]) == {"agent", "driver"}  # driver-level comparisons next to agent-level ones
+    assert set(paired["compared"]) == {"agent", "driver", "mode"}  # every field that varies, by default
+    assert ((paired["p_value"] < 0.05) == ((paired["ci_low"] > 0) | (paired["ci_high"] < 0))).all()
+    assert not paired["interval"].str.contains("t-interval over seed pairs|sign-flip").any()
     scaling = pd.read_csv(analysed / "tables" / "scaling.csv")
     start = scaling[(scaling["i"] == 0) & (scaling["axis"] != "tokens")]  # before any submission: the base model
     assert (scaling["median"] >= 0).all() and (start["median"] == 0).all()
 
 
-def _figures_of(path: Path, n_boot: int = 100) -> dict:
+def _figures_of(path: Path) -> dict:
     from flows.analysis_flow import draw_figures
 
-    return draw_figures(load_tables(ResultsStore(path), n_boot=n_boot))
+    return draw_figures(load_tables(ResultsStore(path)))
 
 
 def test_figures_of_a_single_run_have_no_overlapping_text(tmp_path: Path):
@@ -502,7 +502,7 @@ def test_figures_of_a_thousand_runs_have_no_overlapping_text_and_say_what_they_l
     spec = SyntheticSpec(tasks=("gsm8k", "humaneval", "alfworld", "webshop", "alpacaeval", "deepsearchqa"),
                          agents=tuple(f"agent-{c}" for c in "abcdefgh"), n_seeds=7, n_items=16, broken_every=25)
     write_synthetic_store(tmp_path / "many.duckdb", spec)
-    figures = _figures_of(tmp_path / "many.duckdb", n_boot=50)
+    figures = _figures_of(tmp_path / "many.duckdb")
     for name, fig in figures.items():
         assert text_overlaps(fig) == [], name
         assert "runs excluded (not agent results)" in fig.get_supxlabel(), name
@@ -516,8 +516,10 @@ def test_figures_of_a_thousand_runs_have_no_overlapping_text_and_say_what_they_l
 def test_driver_level_comparison_recovers_the_known_driver_effect(tmp_path: Path):
     spec = SyntheticSpec(tasks=("gsm8k",), agents=("agent-a",), drivers=("driver-x", "driver-y"), n_seeds=4)
     data = write_synthetic_store(tmp_path / "d.duckdb", spec)
-    paired = load_tables(ResultsStore(tmp_path / "d.duckdb"), n_boot=100).paired
-    row = paired[paired["compared"] == "driver"].iloc[0]
+    paired = load_tables(ResultsStore(tmp_path / "d.duckdb")).paired
+    rows = paired[paired["compared"] == "driver"]
+    assert len(rows) == len(spec.modes)
+    row = rows.iloc[0]
     assert (row["a"], row["b"], row["agent"]) == ("driver-x", "driver-y", "agent-a")
     assert row["mean_diff"] == pytest.approx(data.truth["driver_diff"]["driver-y"])
-    assert row["n_pairs"] == len(spec.modes) * spec.n_seeds and row["ci_low"] < row["mean_diff"] < row["ci_high"]
+    assert row["n_seeds"] == spec.n_seeds and row["ci_low"] < row["mean_diff"] < row["ci_high"]

@@ -36,7 +36,7 @@ def _figures(tables) -> dict:
 @pytest.fixture(scope="module")
 def twins(tmp_path_factory):
     path = write_store(tmp_path_factory.mktemp("twins") / "results.duckdb", twin_specs())
-    return path, load_tables(ResultsStore(path), n_boot=100)
+    return path, load_tables(ResultsStore(path))
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +205,7 @@ def test_tied_seeds_never_give_a_zero_width_interval_or_p_0(tmp_path):
     interval must still hold the items' sampling error: it includes 0, has width, and p is not 0 — in the
     leaderboard, the heatmap cells and the SQL view README queries."""
     path = _tied_store(tmp_path / "tied.duckdb", gained=[0])
-    t = load_tables(ResultsStore(path), n_boot=100)
+    t = load_tables(ResultsStore(path))
     for name, frame in (("leaderboard", t.leaderboard), ("heatmap cells", t.matrix)):
         row = frame.iloc[0]
         assert row["mean_delta"] == pytest.approx(3.125), name
@@ -217,7 +217,7 @@ def test_tied_seeds_never_give_a_zero_width_interval_or_p_0(tmp_path):
 
 def test_seeds_at_the_ceiling_get_an_interval_within_100(tmp_path):
     path = _tied_store(tmp_path / "ceiling.duckdb", gained=list(range(32)))
-    row = load_tables(ResultsStore(path), n_boot=100).leaderboard.iloc[0]
+    row = load_tables(ResultsStore(path)).leaderboard.iloc[0]
     assert row["mean_delta"] == 100 and 80 < row["ci_low"] < row["ci_high"] <= 100
     assert row["verdict"] == "improved" and 0 < row["p_value"] < 0.05
 
@@ -250,7 +250,7 @@ def twelve(tmp_path_factory):
         calls = [(10.0, 2000), (40.0, 3000)]  # the first submission (2 s) precedes the first call (10 s)
         specs.append(RunSpec(f"a{a}", BASE_SETTING | {"agent": f"agent-{a:02d}"}, 0, base, final, subs, calls))
     path = write_store(tmp_path_factory.mktemp("twelve") / "results.duckdb", specs)
-    tables = load_tables(ResultsStore(path), n_boot=100)
+    tables = load_tables(ResultsStore(path))
     return tables, _figures(tables)
 
 
@@ -307,7 +307,7 @@ def test_heatmap_colour_leaves_a_lone_within_noise_cell_pale(tmp_path):
     humaneval = BASE_SETTING | {"task": "humaneval", "evaluator_id": "humaneval-v1"}
     specs += [RunSpec(f"h{s}", humaneval, s, [0.0] * 32, [1.0] + [0.0] * 31) for s in range(2)]
     path = write_store(tmp_path / "noise.duckdb", specs)
-    t = load_tables(ResultsStore(path), n_boot=100)
+    t = load_tables(ResultsStore(path))
     from analysis.figures import heatmap_figure
 
     [ax] = [a for a in heatmap_figure(t.matrix).axes if a.images]
@@ -326,7 +326,7 @@ def test_analyze_a_store_without_a_submission(tmp_path):
     from a2rl.cli import main
 
     path = write_store(tmp_path / "results.duckdb", zero_submission_specs())
-    assert main(["analyze", "--results", str(path), "--out", str(tmp_path / "out"), "--n-boot", "50"]) == 0
+    assert main(["analyze", "--results", str(path), "--out", str(tmp_path / "out")]) == 0
     assert len(list((tmp_path / "out" / "figures").glob("*.png"))) == 5
     scaling = pd.read_csv(tmp_path / "out" / "tables" / "scaling.csv")
     assert len(scaling) and (scaling["median"] == 0).all()
@@ -343,7 +343,7 @@ def test_analyze_never_crashes_on_a_valid_store(seed, tmp_path):
     rng = np.random.default_rng(seed)
     specs = random_specs(rng)
     path = write_store(tmp_path / "results.duckdb", specs)
-    paths = run_analysis(path, tmp_path / "out", n_boot=30)
+    paths = run_analysis(path, tmp_path / "out")
     assert sum(p.suffix == ".png" for p in paths) == 5 and (tmp_path / "out" / "report.html").exists()
     board = pd.read_csv(tmp_path / "out" / "tables" / "leaderboard.csv") if len(specs) else pd.DataFrame()
     for row in board.itertuples(index=False) if len(board) else []:
@@ -366,7 +366,7 @@ def test_analyze_a_hand_built_store_with_nulls(tmp_path):
                     "('c', NULL, 'completed', NULL, 5, NULL, 0), ('d', 'x', 'completed', 0, 0, 0, NULL)")
         con.execute("INSERT INTO submissions (run_id, submission_id, score, status) VALUES ('a', 1, 5.0, 'scored'), "
                     "('d', 1, NULL, 'error')")
-    paths = run_analysis(path, tmp_path / "out", n_boot=30)
+    paths = run_analysis(path, tmp_path / "out")
     assert sum(p.suffix == ".png" for p in paths) == 5
     board = pd.read_csv(tmp_path / "out" / "tables" / "leaderboard.csv")
     assert sorted(board["n"]) == [1, 2] and "no per-item results" in " ".join(board["interval"])

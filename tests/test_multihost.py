@@ -215,7 +215,7 @@ def test_a_nightly_sweep_over_three_plain_hosts_survives_a_dead_host_and_a_kille
 
     # `a2rl analyze` draws from it; a second sweep finds every configuration done.
     out_dir = tmp_path / "analysis"
-    assert main(["analyze", "--results", str(central), "--out", str(out_dir), "--n-boot", "200"]) == 0
+    assert main(["analyze", "--results", str(central), "--out", str(out_dir)]) == 0
     summary = json.loads((out_dir / "summary.json").read_text())
     assert summary["completed_runs"] == 3 and (out_dir / "report.html").exists()
     again = run_deployment("sweep/nightly-sweep", parameters=params, timeout=600)

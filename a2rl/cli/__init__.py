@@ -73,16 +73,17 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         help="figures, tables and an HTML report from a results file",
         description="Analyse the completed runs of a results file, grouped by setting (everything but the seed; "
         "failed, interrupted and infrastructure-failure runs left out and counted): mode×task heatmap, leaderboard "
-        "with 95% intervals and the noise floor, scaling curves, pass@k, agent- and driver-level paired "
-        "comparisons, selection gap, the paper's tables and a per-run drill-down. Writes PNGs, CSVs, summary.json "
+        "with 95% intervals and the noise floor, scaling curves, pass@k, comparisons of settings one field "
+        "apart (--compare), did the RL stage help, selection gap, the paper's tables and a per-run drill-down. Writes PNGs, CSVs, summary.json "
         "and report.html (self-contained) under --out.",
         formatter_class=DefaultsHelpFormatter,
     )
     analyze.add_argument("--results", default=str(DEFAULT_RESULTS), help="DuckDB results file")
     analyze.add_argument("--out", default="results/analysis", help="output directory")
-    analyze.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples per confidence interval")
-    analyze.add_argument("--compare", nargs=2, metavar=("AGENT_A", "AGENT_B"), default=None,
-                         help="agents of the paired comparison (default: the two with the most runs)")
+    analyze.add_argument("--compare", nargs="+", metavar="FIELD", default=None,
+                         help="compare settings that differ only in this setting field (mode, agent, driver, budget, "
+                         "base_model, ...): FIELD for every pair of its values, FIELD A B for one pair (B − A, paired "
+                         "by seed and hidden-test item), or AGENT_A AGENT_B (default: every field that varies)")
     analyze.add_argument("--synthetic", type=int, metavar="RUNS", default=None,
                          help="first write a synthetic store of about RUNS runs (failed, interrupted and infrastructure "
                          "failures included; offline stand-in data, labelled so) at --results, which must not exist")
@@ -280,8 +281,17 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         print(f"no results file at {args.results}; run `a2rl run` first", file=sys.stderr)
         return 1
     _check_store(Path(args.results))
-    paths = run_analysis(Path(args.results), Path(args.out), n_boot=args.n_boot,
-                         compare=tuple(args.compare) if args.compare else None)
+    from a2rl.setting import SETTING_KEY
+    from analysis.compare import setting_field
+
+    compare = tuple(args.compare) if args.compare else None
+    if compare and (len(compare) > 3 or (len(compare) != 2 and setting_field(compare[0]) is None)):
+        print(f"--compare takes FIELD, FIELD A B or AGENT_A AGENT_B (FIELD one of {', '.join(SETTING_KEY)}, or "
+              f"budget); got {' '.join(compare)}", file=sys.stderr)
+        return 2
+    if compare and len(compare) != 2:
+        compare = (setting_field(compare[0]), *compare[1:])
+    paths = run_analysis(Path(args.results), Path(args.out), compare=compare)
     report = next(p for p in paths if p.name == "report.html")
     print(f"{len(paths)} files under {args.out}; open {report}")
     return 0

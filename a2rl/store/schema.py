@@ -803,5 +803,17 @@ MIGRATIONS: list[str] = [
     ALTER TABLE runs ADD COLUMN flow_run_id VARCHAR;
     ALTER TABLE runs ADD COLUMN prefect_state VARCHAR;
     """,
+    # 10 (issue 34): the mode × task view's flags said "best"/"worst" for any highest/lowest mean, however
+    # small the difference; they are named for what they are. Best and worst are marked only where the paired
+    # comparison with the runner-up leaves 0 out, in Python (`analysis.compare.marks`), not in SQL.
+    """
+    CREATE OR REPLACE VIEW mode_task_matrix AS
+    SELECT *,
+           count(*) OVER agent_setting > 1 AND mean_delta = max(mean_delta) OVER agent_setting AS highest_mean,
+           count(*) OVER agent_setting > 1 AND mean_delta = min(mean_delta) OVER agent_setting AS lowest_mean
+    FROM leaderboard_ci
+    WINDOW agent_setting AS (PARTITION BY task, variant, item_selection, base_model, agent, driver, protocol, budget_s,
+                                          evaluator_id);
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

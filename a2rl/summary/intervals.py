@@ -227,6 +227,35 @@ def seeds_items_interval(values: np.ndarray, pseudo: tuple[float, float] = DELTA
                     k, p, what, n)  # fmt: skip
 
 
+
+def two_tables_interval(first: np.ndarray, second: np.ndarray, bounds: tuple[float, float] = (-200.0, 200.0)
+                        ) -> Interval:
+    """95% interval (points) of mean(first) − mean(second), two k × n tables of item values of the same k seeds on
+    two different item sets (e.g. validation and hidden test: the selection gap). Each table's item part as in
+    `seeds_items_interval` (its own pseudo-items and t quantile; the item sets are independent, so the parts add);
+    the seed part from the spread of the seeds' own differences. p from the same test, as there."""
+    a, b = np.atleast_2d(np.asarray(first, dtype=float)), np.atleast_2d(np.asarray(second, dtype=float))
+    if a.shape[0] != b.shape[0]:
+        raise ValueError(f"the two tables have different seeds: {a.shape[0]} and {b.shape[0]}")
+    k, na, nb = a.shape[0], a.shape[1], b.shape[1]
+    if na == 0 or nb == 0:
+        return _none(math.nan, k, "no item-level results")
+    ca, cb = crossed(a), crossed(b)
+    per_seed = (np.concatenate([a, np.broadcast_to(DELTA_PSEUDO, (k, 2))], axis=1).mean(axis=1)
+                - np.concatenate([b, np.broadcast_to(DELTA_PSEUDO, (k, 2))], axis=1).mean(axis=1))
+    var_seeds = float(per_seed.var(ddof=1)) / k if k > 1 else 0.0
+    var_items = float(ca.var_items) + float(cb.var_items)
+    half = math.sqrt(t975(na + 1) ** 2 * float(ca.var_items) + t975(nb + 1) ** 2 * float(cb.var_items)
+                     + (t975(k - 1) ** 2 * var_seeds if k > 1 else 0.0))
+    centre = float(ca.centre) - float(cb.centre)
+    se = math.sqrt(var_items + var_seeds)
+    what = (f"seeds × items on two item sets: {k} seeds, {na} and {nb} items, item parts added, seed part from the "
+            "seeds' own differences (+2 pseudo-items per seed and set)")
+    return Interval(100 * (float(ca.estimate) - float(cb.estimate)), _clip(100 * (centre - half), *bounds),
+                    _clip(100 * (centre + half), *bounds), k, _combined_p(abs(centre) / se, half / se), what,
+                    min(na, nb))  # fmt: skip
+
+
 def _combined_p(t: float, critical: float) -> float:
     """Two-sided p of the statistic `t` = centre / se, referred to the t distribution whose 97.5% point is
     `critical` (= half-width / se): its degrees of freedom are solved for, so p < 0.05 exactly when t > critical."""
@@ -310,32 +339,6 @@ def _betainc(a: float, b: float, x: float) -> float:
         if abs(1.0 - c * dd) < 1e-12:
             break
     return front * (f - 1.0) / a
-
-
-def sign_flip_pvalue(diffs: Sequence[float], n_perm: int = 20_000, seed: int = 0) -> float:
-    """Two-sided paired randomisation test of mean(diffs) = 0.
-
-    Exact for n ≤ 16, Monte Carlo with `n_perm` sign flips up to n = 200, and beyond that the normal limit
-    of the sign-flip distribution (mean 0, variance Σd²/n²), which is accurate at that size.
-    """
-    d = np.asarray(diffs, dtype=float)
-    n = len(d)
-    if n == 0:
-        return math.nan
-    observed = abs(d.mean())
-    if n <= 16:
-        signs = ((np.arange(2**n)[:, None] >> np.arange(n)) & 1) * 2 - 1
-        return float((np.abs((signs * d).mean(axis=1)) >= observed - 1e-12).mean())
-    if n > 200:
-        spread = math.sqrt(float((d**2).sum())) / n
-        return 1.0 if spread == 0 else math.erfc(observed / spread / math.sqrt(2))
-    rng = np.random.default_rng(seed)
-    chunk = max(1, min(n_perm, 2_000_000 // n))  # bounded memory for thousands of pairs
-    hits = 0
-    for i in range(0, n_perm, chunk):
-        signs = rng.choice([-1.0, 1.0], size=(min(chunk, n_perm - i), n))
-        hits += int((np.abs(signs @ d / n) >= observed - 1e-12).sum())
-    return hits / n_perm
 
 
 # ---- noise --------------------------------------------------------------------------------------------------------

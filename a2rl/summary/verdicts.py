@@ -11,8 +11,10 @@ Failure class (first rule that matches wins; operational, not semantic, like the
 | 5 | `static shortcut` | heldout: the validation score improved significantly but the hidden test score did not (no transfer) |
 | 6 | `training collapse` | the best scored submission is below baseline by more than max(1 point, 10% of baseline), and significantly |
 | 7 | `rollout construction failure` | an RL route (GRPO, PPO, RLOO, RL, SFT+RL) was submitted, and every RL submission errored or scored exactly the baseline (the policy never moved) |
-| 8 | `reward/data design failure` | otherwise: models trained and scored, near the baseline, without improving |
+| 8 | `inconclusive` | the feedback split is too small to say the models stayed near the baseline: its 95% interval of the best gain is wider than ±`NEAR_HALF_WIDTH` points (e.g. a 1-item validation set) |
+| 9 | `reward/data design failure` | otherwise: models trained and scored, near the baseline (within that interval), without improving |
 
+Every reason names the numbers it rests on (scores, intervals and their item counts, submission counts).
 "Significantly": the 95% interval from the paired per-item comparison with the base model on the same items
 (`a2rl.summary.intervals.paired_item_interval`) excludes 0. Runs without per-item results fall back to the sign, and the
 reason says the change was not tested. Infrastructure failure is kept apart from the agent's failures: it says the harness, not the agent, failed.
@@ -32,6 +34,7 @@ FailureClass = Literal[
     "static shortcut",
     "training collapse",
     "rollout construction failure",
+    "inconclusive",
     "reward/data design failure",
 ]
 RL_ROUTES = frozenset({"GRPO", "PPO", "RLOO", "RL", "SFT+RL"})  # as a2rl.grading.route_audit.RL_LABELS
@@ -40,6 +43,9 @@ INFRA_ERROR_MARKERS = ("grader crash", "cuda out of memory", "no space left on d
                        "nccl", "evaluator error", "connection refused")  # fmt: skip
 COLLAPSE_MIN_POINTS = 1.0
 COLLAPSE_FRACTION = 0.10
+NEAR_HALF_WIDTH = 25.0
+"""The widest 95% interval (half-width, points) of the best feedback gain that can still show "near the baseline":
+a 1-item validation set ([0, 100] for one item gained) cannot."""
 
 
 class FailureVerdict(NamedTuple):
@@ -74,10 +80,11 @@ def explain_failure(
         why = f"the run {session_detail['run_status']} before the agent session ended"
         return FailureVerdict("infrastructure failure", f"{why}: {session_detail.get('run_error')}")
     if n_scored == 0 and errors and all(any(k in x for k in INFRA_ERROR_MARKERS) for x in errors):
-        return FailureVerdict("infrastructure failure", "every submission failed with a grader-side error")
+        return FailureVerdict("infrastructure failure", f"all {len(errors)} submissions failed with a grader-side error")
     scored_ids = m.scored_submission_ids or []
     if scored_ids and all(routes.get(sid) == "copy" for sid in scored_ids):
-        return FailureVerdict("static shortcut", "every scored submission is the base model (weights or route `copy`)")
+        return FailureVerdict("static shortcut", f"all {len(scored_ids)} scored submissions are the base model "
+                              "(weights or route `copy`)")
     if n_scored == 0:
         why = "no submission" if n == 0 else f"{n} submission(s), none scored"
         return FailureVerdict("early coding failure", f"{why}: no train → submit → score cycle completed")
@@ -90,7 +97,8 @@ def explain_failure(
     tol = max(COLLAPSE_MIN_POINTS, COLLAPSE_FRACTION * abs(base))
     best = m.best_feedback
     if best is not None and best < base - tol and _significant(m, "improvement_feedback", above=False):
-        return FailureVerdict("training collapse", f"best score {best:.2f} is below baseline {base:.2f} by > {tol:.2f}")
+        return FailureVerdict("training collapse", f"best score {best:.2f} is below baseline {base:.2f} by > {tol:.2f}"
+                              f"{_ci(m, 'improvement_feedback')}")
     trajectory = m.score_trajectory or []
     rl = [sid for sid, label in routes.items() if label in RL_ROUTES]
     if rl:
@@ -99,12 +107,24 @@ def explain_failure(
         if all(s is None or s == base for s in rl_scores):
             return FailureVerdict(
                 "rollout construction failure",
-                f"RL submissions {rl} errored or scored exactly the baseline: the policy never moved",
+                f"RL submissions {rl} errored or scored exactly the baseline {base:.2f} (scores {rl_scores}): the "
+                "policy never moved",
             )
     routes_seen = sorted(set(routes.values())) or ["unlabelled"]
+    gain = f", gain {m.improvement_feedback:+.2f}" if m.improvement_feedback is not None else ""
+    scores = f"best {m.feedback_split or 'feedback'} score {_num(best)}, baseline {_num(base)}{gain}"
+    test = f"; hidden test Δ {m.delta_test:+.2f}{_ci(m, 'delta_test')}" if m.delta_test is not None else ""
+    low, high = m.ci("improvement_feedback")
+    if low is not None and high is not None and low == low and (high - low) / 2 > NEAR_HALF_WIDTH:
+        return FailureVerdict(
+            "inconclusive",
+            f"{scores}{_ci(m, 'improvement_feedback')}: that interval is wider than ±{NEAR_HALF_WIDTH:g} points, too "
+            f"wide to tell a design failure from a small feedback set{test}; routes {routes_seen}",
+        )
     return FailureVerdict(
         "reward/data design failure",
-        f"trained models scored near the baseline (best {best}, baseline {base}) with routes {routes_seen}",
+        f"trained models scored near the baseline ({scores}{_ci(m, 'improvement_feedback')}){test}; "
+        f"routes {routes_seen}",
     )
 
 
@@ -125,6 +145,10 @@ def _significant(m: RunMetrics, name: str, above: bool) -> bool:
     if name == "delta_test" and value is None:  # no final test score: the best feedback score decides
         value = m.improvement_feedback
     return value is not None and (value > 0 if above else value < 0)
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 def _ci(m: RunMetrics, name: str) -> str:
