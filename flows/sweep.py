@@ -96,6 +96,7 @@ def completed_hashes(results: Path) -> set[str]:
 def merge_hosts(results: Path, patterns: list[str], when: str) -> None:
     """Merge the host stores the patterns name into the sweep's store (`a2rl.store.merge`), so the skip check and
     the analysis see every host's runs. A refused run directory is a warning: it must not stop the sweep."""
+    from a2rl.ops.prefect_local import server_flow_run_lookup
     from a2rl.store.merge import expand_sources, merge_stores
 
     logger = get_run_logger()
@@ -103,7 +104,7 @@ def merge_hosts(results: Path, patterns: list[str], when: str) -> None:
     if not sources:
         logger.info("merge %s: no host store matches %s", when, patterns)
         return
-    report = merge_stores(results, sources)
+    report = merge_stores(results, sources, flow_runs=server_flow_run_lookup())
     logger.info("merge %s: %s", when, report.summary())
     for o in report.refused:
         logger.warning("merge refused %s from %s: %s", o.run_id, o.source, o.detail)

@@ -263,9 +263,9 @@ def test_a_run_that_crashed_on_its_host_comes_in_as_crashed_never_as_a_result_an
     # Retried on host b and completed there: that attempt replaces the crashed record, flow run and all.
     _ran_on(hosts / "b" / "a2rl.duckdb", RUN_IDS[1], FLOW_RUNS[1], 2)
     later = lambda ids: {FLOW_RUNS[1]: FlowRunState("COMPLETED", "Completed", 2)}  # noqa: E731
-    report = merge_stores(central, [hosts / n / "a2rl.duckdb" for n in ("a", "b")], later)
+    report = merge_stores(central, [hosts / n / "a2rl.duckdb" for n in ("a", "b")], flow_runs=later)
     assert (RUN_IDS[1], "b", "merged") in outcomes(report) and (RUN_IDS[1], "a", "superseded") in outcomes(report)
     got = ResultsStore(central).get_run(RUN_IDS[1])
     assert got["status"] == "completed" and got["flow_run_id"] == FLOW_RUNS[1] and got["attempts"] == 2
-    again = merge_stores(central, [hosts / n / "a2rl.duckdb" for n in ("a", "b")], later)
+    again = merge_stores(central, [hosts / n / "a2rl.duckdb" for n in ("a", "b")], flow_runs=later)
     assert {(RUN_IDS[1], "b", "unchanged"), (RUN_IDS[1], "a", "superseded")} <= outcomes(again)  # said every time

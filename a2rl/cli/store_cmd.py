@@ -45,6 +45,7 @@ def add_store_parsers(sub) -> None:
 
 
 def cmd_store(args: argparse.Namespace) -> int:
+    from a2rl.ops.prefect_local import server_flow_run_lookup
     from a2rl.store.merge import expand_sources, merge_stores
 
     if args.store_action == "host-key":
@@ -69,7 +70,7 @@ def cmd_store(args: argparse.Namespace) -> int:
               "host's results directory first, e.g. to results/hosts/<host>/", file=sys.stderr)  # fmt: skip
         return 2
     print(f"merging {len(sources)} host store(s) into {Path(args.into).resolve()} ...", flush=True)
-    report = merge_stores(args.into, sources, unverified=args.unverified)
+    report = merge_stores(args.into, sources, unverified=args.unverified, flow_runs=server_flow_run_lookup())
     for o in report.notable():
         print(f"  {o.status:10}  {o.run_id}  ({o.source}){': ' + o.detail if o.detail else ''}")
     print(report.summary())

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from a2rl.grading.errors import SubmissionRejected
+from a2rl.inference.config_check import ConfigSizeError, estimated_parameters
+from a2rl.inference.config_check import config_sizes as _config_sizes
 
 MAX_SAFETENSORS_HEADER = 16 * 1024**2
 """A real header is ~150 bytes per tensor: a few hundred KiB for the largest shards."""
@@ -231,53 +233,17 @@ def _shown(text: str) -> str:
 
 
 # -- the config against the weights ----------------------------------------------------------------------
-SIZE_FIELDS = {
-    "hidden": (("hidden_size", "n_embd", "d_model"), 1 << 17),
-    "layers": (("num_hidden_layers", "n_layer", "num_layers"), 1 << 12),
-    "vocab": (("vocab_size",), 1 << 22),
-    "intermediate": (("intermediate_size", "n_inner", "ffn_dim"), 1 << 20),
-    "heads": (("num_attention_heads", "n_head"), 1 << 12),
-    "kv_heads": (("num_key_value_heads",), 1 << 12),
-    "head_dim": (("head_dim",), 1 << 14),
-    "experts": (("num_local_experts", "num_experts", "n_routed_experts"), 1 << 14),
-    "moe_intermediate": (("moe_intermediate_size",), 1 << 20),
-    "positions": (("max_position_embeddings", "n_positions"), 1 << 24),
-    "embedding": (("word_embed_proj_dim", "embedding_size"), 1 << 17),
-}  # fmt: skip
-"""Config numbers that size the model: (names a family may use, the largest value accepted)."""
 ESTIMATE_SLACK = 2
 """The config's size estimate may exceed the weights' parameter count by this factor (estimates for unusual
 attention layouts run high); a real inflation is orders of magnitude. Smaller ones meet the exact count."""
 
 
 def config_sizes(config: dict[str, Any]) -> dict[str, int]:
-    """The config's size-determining numbers; each must be a positive integer within its bound."""
-    sizes: dict[str, int] = {}
-    for key, (names, bound) in SIZE_FIELDS.items():
-        name = next((n for n in names if config.get(n) is not None), None)
-        if name is None:
-            continue
-        value = config[name]
-        if type(value) is not int or not 0 < value <= bound:
-            raise SubmissionRejected(f"config.json {name} = {json.dumps(value)[:40]} is not a positive integer up "
-                                     f"to {bound}")  # fmt: skip
-        sizes[key] = value
-    return sizes
-
-
-def estimated_parameters(sizes: dict[str, int]) -> int:
-    """A decoder's parameter count implied by its config: embedding, and per layer the attention projections and
-    the feed-forward (every expert of a mixture). Conservative: biases, norms, a separate output head left out."""
-    h, layers, vocab = sizes.get("hidden", 0), sizes.get("layers", 0), sizes.get("vocab", 0)
-    heads = sizes.get("heads", 1)
-    head_dim = sizes.get("head_dim", h // heads if heads else 0)
-    kv = sizes.get("kv_heads", heads)
-    attention = 2 * h * heads * head_dim + 2 * h * kv * head_dim
-    if "experts" in sizes and "moe_intermediate" in sizes:
-        ffn = 2 * h * sizes["moe_intermediate"] * sizes["experts"]
-    else:
-        ffn = 2 * h * sizes.get("intermediate", 0)
-    return vocab * sizes.get("embedding", h) + layers * (attention + ffn)
+    """`config_check.config_sizes`, a bad number refused as a submission's fault."""
+    try:
+        return _config_sizes(config)
+    except ConfigSizeError as e:
+        raise SubmissionRejected(str(e)) from e
 
 
 def check_config_against_weights(config: dict[str, Any], stats: TensorStats, other_weight_bytes: int = 0) -> None:

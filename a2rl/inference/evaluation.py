@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from a2rl.inference.config_check import architecture_parameters
 from a2rl.inference.failures import FailureKind, classify_failure
 from a2rl.paths import eval_cache_dir
 from a2rl.records import EvalResult, RunConfig, Split
@@ -223,24 +224,6 @@ def eval_memory_bytes(model_dir: Path) -> int:
     need = by_bytes if params is None else min(by_bytes, BYTES_PER_PARAMETER * params)
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return int(min(need + EVAL_HEADROOM_BYTES, 0.9 * total))
-
-
-def architecture_parameters(model_dir: Path) -> int | None:
-    """The parameters of the model `config.json` describes (the grader's estimate, plus an untied output head),
-    or None where the config is unreadable or names no size. The evaluation loads exactly this model (its count
-    is checked against the weights before loading, `config_check`), whatever else the files hold."""
-    from a2rl.grading.errors import SubmissionRejected
-    from a2rl.grading.weights import config_sizes, estimated_parameters
-
-    try:
-        config = json.loads((Path(model_dir) / "config.json").read_text())
-        sizes = config_sizes(config) if isinstance(config, dict) else {}
-    except (OSError, ValueError, SubmissionRejected):
-        return None
-    if not {"hidden", "layers", "vocab"} <= sizes.keys():
-        return None
-    head = 0 if config.get("tie_word_embeddings") is True else sizes["vocab"] * sizes["hidden"]
-    return estimated_parameters(sizes) + head
 
 
 def _uses_gpu(device: str | None) -> bool:

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -497,3 +498,12 @@ def _tail(path: Path, lines: int = 30) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+def server_flow_run_lookup() -> Callable[[list[str]], dict[str, Any]] | None:
+    """What `merge_stores(flow_runs=...)` asks to tell `running` attempts that are over: the Prefect server at
+    PREFECT_API_URL (or the local one); None where there is none."""
+    from a2rl.ops.status import flow_run_states
+
+    url = resolve_api_url()
+    return (lambda ids: flow_run_states(url, ids)) if url else None

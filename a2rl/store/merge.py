@@ -139,7 +139,8 @@ def merge_stores(into: Path | str, sources: list[Path], unverified: bool = False
     A run is merged when its report's ledger head carries a MAC under a key this machine trusts (its own, or a
     host's registered with `a2rl store trust-host`); one that cannot be told is refused unless `unverified`,
     which takes it marked (`ingest.unverified_variant`, metric `ledger_verification`) and never in place of a
-    verified run. `flow_runs` says which `running` attempts are over (default: ask the Prefect server, if any)."""
+    verified run. `flow_runs` says which `running` attempts are over (`a2rl.ops.status.server_flow_run_lookup` asks the
+    Prefect server; None: nobody to ask, so they stay unfinished)."""
     report = MergeReport(Path(into).expanduser().resolve(), list(sources))
     attempts: list[Attempt] = []
     for source in sources:
@@ -299,8 +300,7 @@ def _ended_attempts(unfinished: list[Attempt], flow_runs: FlowRunLookup | None) 
     known = [a for a in unfinished if a.flow_run.get("flow_run_id")]
     if not known:
         return {}
-    lookup = flow_runs or _server_lookup()
-    states = lookup(sorted({a.flow_run["flow_run_id"] for a in known})) if lookup else {}
+    states = flow_runs(sorted({a.flow_run["flow_run_id"] for a in known})) if flow_runs else {}
     ended = {}
     for a in known:
         now = states.get(a.flow_run["flow_run_id"])
@@ -336,14 +336,6 @@ def _record_crashed(central: ResultsStore, a: Attempt, held: Attempt | None, end
 CRASHED_KEEPS = {"run_id", "config_hash", "task", "variant", "agent", "driver", "mode", "base_model", "protocol",
                  "seed", "budget_s", "config_json", "variant_label", "harness_dir", "started_at", "updated_at"}
 """What a crashed attempt's row carries over: what ran, where and when; no score."""
-
-
-def _server_lookup() -> FlowRunLookup | None:
-    from a2rl.ops.prefect_local import resolve_api_url
-    from a2rl.ops.status import flow_run_states
-
-    url = resolve_api_url()
-    return (lambda ids: flow_run_states(url, ids)) if url else None
 
 
 def _frame(rows: list[dict[str, Any]]) -> Any:
