@@ -368,3 +368,21 @@ def test_without_a_terminal_the_display_prints_plain_lines_when_something_happen
     assert "1 graded [#1 37.5]" in lines[-1] and "MODE BREACHES 1" in lines[-1]
     # 12 s saved in clock.json, plus the time since it was saved while nothing is graded
     assert re.search(r"agent time 1[234]/60 s", lines[-1]) and "round 1: training" in lines[-1]
+
+
+def test_server_start_on_another_port_serves_a_ui_that_talks_to_its_own_api(tmp_path):
+    """Issue #36: on --port 4277 the UI's settings named port 4200 and the UI could not reach its API."""
+    import httpx
+
+    from live_server import free_port
+
+    port = free_port()
+    env = cli_env(tmp_path)
+    try:
+        proc = a2rl(["server", "start", "--port", str(port), "--no-worker"], env, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        settings = httpx.get(f"http://127.0.0.1:{port}/ui-settings", timeout=10).json()
+        assert settings["api_url"] == f"http://127.0.0.1:{port}/api"
+        assert httpx.get(f"{settings['api_url']}/health", timeout=10).status_code == 200
+    finally:
+        a2rl(["server", "stop"], env, timeout=120)
