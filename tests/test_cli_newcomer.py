@@ -386,3 +386,75 @@ def test_server_start_on_another_port_serves_a_ui_that_talks_to_its_own_api(tmp_
         assert httpx.get(f"{settings['api_url']}/health", timeout=10).status_code == 200
     finally:
         a2rl(["server", "stop"], env, timeout=120)
+
+
+def _linked_cli(tmp_path: Path, body: str, name: str = "opencode") -> tuple[Path, Path]:
+    """A tiny CLI reached as `.tools` reaches the pinned ones: PATH holds link/.bin, `link` is a link to the real
+    directory, and .bin/NAME a relative link into its package. Returns (the PATH directory, the real file)."""
+    real = tmp_path / "cache"
+    (real / ".bin").mkdir(parents=True)
+    (real / "pkg" / "bin").mkdir(parents=True)
+    program = real / "pkg" / "bin" / name
+    program.write_text(f"#!/bin/sh\n{body}\n")
+    program.chmod(0o755)
+    (real / ".bin" / name).symlink_to(f"../pkg/bin/{name}")
+    (tmp_path / "link").symlink_to(real)
+    return tmp_path / "link" / ".bin", program
+
+
+@needs_bwrap
+def test_a_cli_on_path_through_a_linked_directory_is_resolved_and_starts_in_the_sandbox(tmp_path, monkeypatch):
+    """Issue #36: a CLI found through the checkout's `.tools` link passed the checks, then every run failed with
+    exit 127 in the sandbox: the sandbox saw the linked path, not what it resolves to."""
+    from a2rl.isolation.sandbox import SandboxPolicy
+    from agents import LLMDriver, get_agent
+    from agents.cli_agents.install import check_starts, which_cli
+
+    bin_dir, real = _linked_cli(tmp_path, 'echo "fake 1.0"')
+    path = f"{bin_dir}:/usr/bin:/bin"
+    agent = get_agent("opencode", driver=LLMDriver(model="m", api="openai", api_key="k"))
+    assert agent.find(path) == real  # one rule: the link resolved before anything is spent
+    (tmp_path / "ws").mkdir()
+    policy = SandboxPolicy(tmp_path / "ws")
+    assert agent.check(sandbox=policy, path=path) is None  # the probe: `--version` inside the sandbox
+    # What the runs did before: the linked path, bound as seen, does not start inside the sandbox.
+    monkeypatch.setenv("PATH", path)
+    assert check_starts([str(which_cli("opencode", path)), "--version"], {"PATH": path}, policy) is not None
+
+
+@needs_bwrap
+def test_a_cli_that_starts_on_the_host_but_not_in_the_sandbox_is_refused_before_the_baseline(tmp_path):
+    helper = tmp_path / "elsewhere" / "helper"  # a file the sandbox does not bind (its /tmp is its own)
+    helper.parent.mkdir()
+    helper.write_text("#!/bin/sh\necho 1.0\n")
+    helper.chmod(0o755)
+    bin_dir, _ = _linked_cli(tmp_path, f"exec {helper} \"$@\"")
+    env = cli_env(tmp_path, ANTHROPIC_API_KEY="k", ANTHROPIC_BASE_URL="http://127.0.0.1:9")
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    assert subprocess.run([str(bin_dir / "opencode"), "--version"], capture_output=True).returncode == 0  # on the host
+    results = tmp_path / "out" / "a.duckdb"
+    proc = a2rl(["run", "--agent", "opencode", "--driver", "m", "--sandbox", "required", "--results", str(results)], env)
+    assert_one_line(proc, 2, "opencode", "does not start in the sandbox")
+    assert not results.exists() and not (tmp_path / "out").exists()
+
+
+def test_an_old_node_on_path_is_named_with_how_to_choose_another(tmp_path):
+    """Issue #36: Node 18 first on PATH gave "reinstall …/.bin/codex"; the line now names that Node."""
+    from agents.cli_agents.install import node_mismatch
+
+    package = tmp_path / "lib" / "node_modules" / "@openai" / "codex"
+    (package / "bin").mkdir(parents=True)
+    (package / "package.json").write_text(json.dumps({"name": "@openai/codex", "engines": {"node": ">=20"}}))
+    cli = package / "bin" / "codex.js"
+    cli.write_text("#!/usr/bin/env node\n")
+    old_node = tmp_path / "node18" / "node"
+    old_node.parent.mkdir()
+    old_node.write_text("#!/bin/sh\necho v18.19.0\n")
+    old_node.chmod(0o755)
+    line = node_mismatch(cli, f"{old_node.parent}:/usr/bin:/bin")
+    assert line is not None and str(old_node) in line and "v18.19.0" in line and ">=20" in line and "PATH" in line
+    new_node = tmp_path / "node22" / "node"
+    new_node.parent.mkdir()
+    new_node.write_text("#!/bin/sh\necho v22.1.0\n")
+    new_node.chmod(0o755)
+    assert node_mismatch(cli, f"{new_node.parent}:/usr/bin:/bin") is None
