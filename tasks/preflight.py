@@ -29,7 +29,9 @@ class PreflightError(ValueError):
 def check_run(config: RunConfig, results: Path, runs_dir: Path | None = None, *, probe: bool = True) -> None:
     """All checks, cheapest first. `probe=False` skips what asks the network or starts an agent's CLI."""
     check_limits(config)
-    check_results_location(Path(results), Path(runs_dir) if runs_dir else Path(results).parent / "runs")
+    runs_dir = Path(runs_dir) if runs_dir else Path(results).parent / "runs"
+    check_results_location(Path(results), runs_dir)
+    check_space(config, Path(results), runs_dir)
     check_task(config.task, config.variant, probe=probe)
     check_base_model(config.base_model, probe=probe)
     check_sandbox(config)
@@ -81,6 +83,15 @@ def check_results_location(results: Path, runs_dir: Path) -> None:
         _check_writable_dir(directory.absolute(), flag)
     if results.is_file() and results.stat().st_size > 0:
         check_results_file(results)
+
+
+def check_space(c: RunConfig, results: Path, runs_dir: Path) -> None:
+    """HOME, PREFECT_HOME, A2RL_HOME, TMPDIR and the results folders take files and have room for this run
+    (a2rl.disk): before Prefect starts, which would otherwise retry a read-only home for minutes."""
+    from a2rl.disk import check_places, run_places
+
+    if problem := check_places(run_places(c.base_model, results.absolute(), runs_dir.absolute())):
+        raise PreflightError(problem)
 
 
 def check_results_file(results: Path) -> None:

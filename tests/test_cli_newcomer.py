@@ -458,3 +458,87 @@ def test_an_old_node_on_path_is_named_with_how_to_choose_another(tmp_path):
     new_node.write_text("#!/bin/sh\necho v22.1.0\n")
     new_node.chmod(0o755)
     assert node_mismatch(cli, f"{new_node.parent}:/usr/bin:/bin") is None
+
+
+def _in_bwrap(*mounts: str) -> list[str]:
+    if (problem := _bwrap_problem()) is not None:
+        pytest.skip(problem)
+    return ["bwrap", "--bind", "/", "/", *mounts, "--dev", "/dev", "--proc", "/proc", "--"]
+
+
+def test_a_read_only_home_is_named_before_prefect_starts(tmp_path):
+    """Issue #36: a read-only HOME (no PREFECT_HOME, no A2RL_HOME) ran 883 s of Prefect retries, then blamed
+    the load; now one line names HOME and what to do, in seconds."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = cli_env(tmp_path, HOME=str(home))
+    for name in ("PREFECT_HOME", "A2RL_HOME", "XDG_CACHE_HOME"):
+        env.pop(name, None)
+    results = tmp_path / "out" / "a.duckdb"
+    start = time.monotonic()
+    proc = a2rl(["run", "--results", str(results)], env, prefix=_in_bwrap("--ro-bind", str(home), str(home)))
+    line = assert_one_line(proc, 2, f"HOME {home}", "not writable", "PREFECT_HOME", "A2RL_HOME")
+    assert "quieter" not in line and time.monotonic() - start < 60
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("which", ["A2RL_HOME", "TMPDIR", "PREFECT_HOME"])
+def test_each_unwritable_home_is_one_line_naming_it(tmp_path, which):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    env = cli_env(tmp_path, **{which: str(ro / "sub")})
+    proc = a2rl(["run", "--results", str(tmp_path / "out" / "a.duckdb")], env, prefix=_in_bwrap("--ro-bind", str(ro), str(ro)))
+    assert_one_line(proc, 2, f"{which} {ro}", "not writable", f"export {which}=")
+
+
+def test_a_results_folder_without_room_for_the_run_is_one_line(tmp_path):
+    small = tmp_path / "small"
+    small.mkdir()
+    env = cli_env(tmp_path, A2RL_HOME=str(tmp_path / "a2rl-home"))
+    proc = a2rl(["run", "--results", str(small / "a.duckdb")], env, prefix=_in_bwrap("--size", str(8 * 1024**2), "--tmpfs", str(small)))
+    assert_one_line(proc, 2, "not enough free space", f"--runs-dir {small / 'runs'}", "needed")
+
+
+FILL_THE_DISK = """
+import errno, json, os, sys
+from pathlib import Path
+import duckdb
+from a2rl import workspace
+from flows.benchmark_run import benchmark_run
+
+small, model = Path(sys.argv[1]), sys.argv[2]
+copy = workspace._copy_model
+
+def copy_on_a_disk_that_fills(src, dst):  # the disk fills (for real) while the workspace is built
+    with open(small / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"x" * 65536)
+                f.flush()
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+    copy(src, dst)
+
+workspace._copy_model = copy_on_a_disk_that_fills
+try:
+    benchmark_run(base_model=model, results=small / "a.duckdb", val_limit=1, test_limit=1, sandbox="off")
+except OSError as e:
+    print("raised", e.errno)
+with duckdb.connect(str(small / "a.duckdb"), read_only=True) as db:
+    print(json.dumps(db.execute("SELECT status, error FROM runs").fetchone()))
+"""
+
+
+def test_a_disk_that_fills_during_a_run_ends_its_row_failed_naming_the_path(prefect_harness, tiny_model_dir, tmp_path):
+    """Issue #36: on a full disk the run said "recorded as 'failed'" while its row stayed `running`, and the
+    message had no path. The store and the run directory share a small file system here that fills for real."""
+    small = tmp_path / "small"
+    small.mkdir()
+    env = cli_env(tmp_path, A2RL_HOME=str(tmp_path / "a2rl-home"), **harness_api_url())
+    prefix = _in_bwrap("--size", str(160 * 1024**2), "--tmpfs", str(small))
+    proc = subprocess.run([*prefix, sys.executable, "-c", FILL_THE_DISK, str(small), str(tiny_model_dir)], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "raised 28" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    status, error = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert status == "failed" and "the disk is full at" in error and str(small) in error, error
