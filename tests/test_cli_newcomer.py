@@ -542,3 +542,119 @@ def test_a_disk_that_fills_during_a_run_ends_its_row_failed_naming_the_path(pref
     assert "raised 28" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
     status, error = json.loads(proc.stdout.strip().splitlines()[-1])
     assert status == "failed" and "the disk is full at" in error and str(small) in error, error
+
+
+# ---- every wait named, with a count that moves (issue #36) ---------------------------------------------------------
+
+
+def test_the_eta_does_not_jump_by_more_than_2x_once_shown():
+    """The baseline's ETA read 13 -> 84 -> 53 -> 23 min; the shown one moves toward new estimates gradually and
+    counts down in between."""
+    from a2rl.ops.progress import EtaSmoother
+
+    eta = EtaSmoother()
+    assert eta(None, now=0.0) is None  # nothing shown before the rate is measured
+    shown = [eta(13 * 60, now=0.0)]
+    for t, estimate in [(0.5, 84 * 60), (1.0, 84 * 60), (1.5, 53 * 60), (2.0, 23 * 60), (2.5, None), (3.0, 23 * 60)]:
+        shown.append(eta(estimate, now=t))
+    for a, b in zip(shown, shown[1:]):
+        assert 0.5 <= b / a <= 2.0, shown
+    assert max(shown) / min(shown) <= 2.0, shown  # over 3 s, well inside 2x
+    late = [eta(20 * 60, now=t) for t in range(10, 200, 5)]  # a steady estimate is reached, never overshot
+    assert abs(late[-1] - (20 * 60 - 0)) < 20 * 60 * 0.1 and all(0.5 <= b / a <= 2.0 for a, b in zip(late, late[1:]))
+    assert eta(None, now=205.0) == pytest.approx(late[-1] - 10.0)  # no estimate: it counts down
+
+
+def test_counters_never_go_backwards_and_a_phases_next_evaluation_continues_the_count():
+    """A final counter read 2/2, then 0/2 (the final pick's evaluation, then each submission's for analysis)."""
+    from a2rl.ops.progress import CountView, ItemProgress, RunProgress, Snapshot
+
+    run = RunProgress(run_id="r", harness_dir=Path("."), phase="final_grading")
+    view = CountView()
+
+    def shown(items):
+        (count,) = view.counts(Snapshot(progress=run, items=items), now=2000.0)
+        return count.done, count.total
+
+    final = ItemProgress(what="test", id="a", done=2, total=2, started_at=1000.0, at=1010.0, loaded=True)
+    assert shown(final) == (2, 2)
+    posthoc = ItemProgress(what="test", id="b", done=0, total=2, started_at=1020.0, at=1020.0, loaded=False)
+    assert shown(posthoc) == (2, 4)
+    assert shown(posthoc.model_copy(update={"done": 1, "loaded": True})) == (3, 4)
+    assert shown(posthoc.model_copy(update={"done": 0})) == (3, 4)  # a rewritten file never lowers what was shown
+
+
+def test_a_submissions_grading_shows_its_items_as_they_finish(tmp_path):
+    """Grading a submission showed "1 queued, 0 graded" for 373 s; now its items count like the baseline's."""
+    from a2rl.ops.progress import GRADING_PROGRESS_FILE, ItemProgressWriter, ProgressWriter, read_snapshot, status_line
+
+    harness = tmp_path / "harness"
+    harness.mkdir()
+    ProgressWriter("r", harness, budget_s=60).update(phase="agent_session")
+    (harness / "ledger.jsonl").write_text(json.dumps({"kind": "submission", "submission_id": 3, "status": "queued"}) + "\n")
+    items = ItemProgressWriter(harness / GRADING_PROGRESS_FILE, total=16, what="validation")
+    items.begin()
+    items.add(5)
+    items._write(force=True)
+    line = status_line(read_snapshot(harness / "progress.json"))
+    assert "grading #3 items 5/16" in line and "1 queued, 0 graded" in line
+
+
+def test_the_live_display_fits_80_columns_with_its_labels_whole(tmp_path):
+    """Labels were cut to "elap…", "base…"; at 80 columns every label is whole and no line is wider."""
+    import io
+
+    from rich.console import Console
+
+    from a2rl.cli.display import RunDisplay
+    from a2rl.ops.progress import ItemProgressWriter, ProgressWriter, EVAL_PROGRESS_FILE, read_snapshot
+
+    harness = tmp_path / "harness"
+    harness.mkdir()
+    ProgressWriter("gsm8k-reference-sft-0d4720-7c9ed3c8", harness, budget_s=120).update(
+        phase="baseline", baseline_total=48, baseline_split="validation", step="x" * 300)
+    items = ItemProgressWriter(harness / EVAL_PROGRESS_FILE, total=16, what="validation")
+    items.begin()
+    items.add(4)
+    items._write(force=True)
+    (harness / "agent.log").write_text("[agent] " + "a very long line of the agent " * 20 + "\n")
+    out = io.StringIO()
+    Console(file=out, width=80).print(RunDisplay(tmp_path / "none")._render(read_snapshot(harness / "progress.json")))
+    lines = out.getvalue().splitlines()
+    assert all(len(line) <= 80 for line in lines), lines
+    labels = [line[:12].strip() for line in lines]
+    assert {"run", "phase", "elapsed", "baseline", "agent"} <= set(labels), labels
+    assert "4/48 items (validation)" in out.getvalue()
+
+
+def test_building_a_model_draws_no_progress_bars_over_the_display(tmp_path, capfd):
+    """The GGUF conversion's tqdm bars were drawn over the live display and stayed above it."""
+    from tqdm.auto import tqdm
+
+    from a2rl.base_models.build import build_once, model_provenance
+
+    def build(out: Path):
+        for _ in tqdm(range(50), desc="Converting and de-quantizing GGUF tensors..."):
+            pass
+        return model_provenance(key="tiny", source="test", label="a test build")
+
+    build_once(tmp_path / "model", build)
+    assert "Converting" not in capfd.readouterr().err
+    for _ in tqdm(range(3), desc="after the build"):  # bars elsewhere are left alone
+        pass
+    assert "after the build" in capfd.readouterr().err
+
+
+def test_set_up_compiles_bytecode_with_a_count_and_no_ignored_error(tmp_path):
+    """Set-up printed nothing for 332 s (bytecode), then `make: ... Error 1 (ignored)`, which read as a failure."""
+    makefile = (REPO / "Makefile").read_text()
+    assert "compileall" not in makefile and "scripts/compile_bytecode.py" in makefile
+    assert all(f"set-up {i}/4" in makefile for i in range(1, 5))
+    for i in range(30):
+        (tmp_path / f"m{i}.py").write_text(f"X = {i}\n")
+    (tmp_path / "template.py").write_text("{% if python2 %}print \"x\"{% endif %}\n")  # as some packages ship
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "compile_bytecode.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr
+    assert "31/31 files done (1 are not Python 3 source" in proc.stdout
+    assert len(list((tmp_path / "__pycache__").glob("*.pyc"))) == 30
