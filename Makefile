@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.a2rl-installed
 ARGS ?=
 
-.PHONY: setup tools postgres run test
+.PHONY: setup tools postgres browser run test
 
 # Pinned tools, installed once per machine by scripts/tools.sh into a cache keyed by these versions (outside the
 # checkout: /var/cache/a2rl/tools where writable, else ~/.cache/a2rl/tools; A2RL_TOOLS_CACHE overrides) that
@@ -55,8 +55,20 @@ postgres:
 	  apt-get update -qq && { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-$(PG_MAJOR) || \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }; }
 
+# Headless Chromium for the browser tests (tests/test_browser.py): Debian's `chromium` package (Playwright's own
+# browser downloads are not reachable from every machine, CI's included) and Playwright, pinned, in the venv.
+# A no-op where both are there.
+PLAYWRIGHT_VERSION := 1.65.2
+browser: setup
+	@command -v chromium >/dev/null || { \
+	  test "$$(id -u)" = 0 || { echo "make test needs Chromium: sudo apt-get install chromium"; exit 1; }; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+	@test "$$($(PY) -c 'import importlib.metadata as m; print(m.version("playwright"))' 2>/dev/null)" = $(PLAYWRIGHT_VERSION) || { \
+	  uv=$$($(TOOLS_SH) uv) && UV_CACHE_DIR=$$($(TOOLS_SH) cache-dir)/uv-cache \
+	  "$$uv" pip install -q --python $(PY) playwright==$(PLAYWRIGHT_VERSION); }
+
 run: setup
 	$(VENV)/bin/a2rl run $(ARGS)
 
-test: setup tools postgres
+test: setup tools postgres browser
 	$(VENV)/bin/pytest -q
