@@ -37,3 +37,8 @@ def _sub(name: str) -> Path:
     path = a2rl_home() / name
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def prefect_home_path() -> Path:
+    """PREFECT_HOME as Prefect reads it (default ~/.prefect), without creating it."""
+    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()

@@ -21,7 +21,7 @@ from prefect.exceptions import TerminationSignal
 from prefect.states import Cancelled
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 
-from a2rl import disk
+from a2rl.ops import disk
 from a2rl.grading import BudgetClock, GradingServer
 from a2rl.grading.clock import CLOCK_FILE, ClockRecorder
 from a2rl.capture.attempts import AttemptLog

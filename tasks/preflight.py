@@ -87,8 +87,8 @@ def check_results_location(results: Path, runs_dir: Path) -> None:
 
 def check_space(c: RunConfig, results: Path, runs_dir: Path) -> None:
     """HOME, PREFECT_HOME, A2RL_HOME, TMPDIR and the results folders take files and have room for this run
-    (a2rl.disk): before Prefect starts, which would otherwise retry a read-only home for minutes."""
-    from a2rl.disk import check_places, run_places
+    (a2rl.ops.disk): before Prefect starts, which would otherwise retry a read-only home for minutes."""
+    from a2rl.ops.disk import check_places, run_places
 
     if problem := check_places(run_places(c.base_model, results.absolute(), runs_dir.absolute())):
         raise PreflightError(problem)

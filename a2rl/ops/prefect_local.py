@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from a2rl.isolation import procs
 from a2rl.ops.gpu_slots import LEASE_STORAGE, LEASE_STORAGE_ENV
+from a2rl.paths import prefect_home_path
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4200
@@ -59,7 +60,7 @@ class ManagedProcess(BaseModel):
 
 
 def prefect_home() -> Path:
-    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+    return prefect_home_path()
 
 
 def api_url_of(host: str, port: int) -> str:

@@ -13,10 +13,10 @@ import errno
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from a2rl.paths import a2rl_home_path
+from a2rl.paths import a2rl_home_path, prefect_home_path
 
 MiB = 1024**2
 GGUF_TO_FP32 = 7
@@ -35,7 +35,6 @@ class Place:
     """What the run writes there, for the message."""
     fix: str
     """What to do when it cannot be written."""
-    defaults_under_home: tuple[str, ...] = field(default=())
 
 
 def model_bytes(name: str) -> tuple[int, bool]:
@@ -69,19 +68,20 @@ def _dir_bytes(path: Path) -> int:
 
 def run_places(base_model: str, results: Path, runs_dir: Path) -> list[Place]:
     """The places a run with this base model writes, each with its share (an estimate, rounded up)."""
-    from a2rl.ops.prefect_local import prefect_home
-
     size, to_convert = model_bytes(base_model)
     home = Path.home()
-    prefect, a2rl = prefect_home(), a2rl_home_path()
+    prefect, a2rl = prefect_home_path(), a2rl_home_path()
     under_home = tuple(n for n, p in (("PREFECT_HOME", prefect), ("A2RL_HOME", a2rl)) if _under(p, home))
-    set_it = "set it to a writable directory (export {0}=/path/with/space)"
+    tmp = Path(os.environ.get("TMPDIR") or tempfile.gettempdir())  # as set: Python alone would fall back to /tmp
+
+    def set_it(name: str) -> str:
+        return f"set it to a writable directory (export {name}=/path/with/space)"
+
     places = [
-        Place("PREFECT_HOME", prefect, 64 * MiB, "the Prefect server's database and logs", set_it.format("PREFECT_HOME")),
+        Place("PREFECT_HOME", prefect, 64 * MiB, "the Prefect server's database and logs", set_it("PREFECT_HOME")),
         Place("A2RL_HOME", a2rl, (size if to_convert else 0) + 64 * MiB,
-              "the converted base model, task data and the evaluation cache", set_it.format("A2RL_HOME")),
-        # TMPDIR as set (Python would quietly fall back to /tmp; bubblewrap, torch and pip would not).
-        Place("TMPDIR", Path(os.environ.get("TMPDIR") or tempfile.gettempdir()), 32 * MiB, "temporary files", set_it.format("TMPDIR")),
+              "the converted base model, task data and the evaluation cache", set_it("A2RL_HOME")),
+        Place("TMPDIR", tmp, 32 * MiB, "temporary files", set_it("TMPDIR")),
         Place("--results", results.parent, 16 * MiB, "the results store", "name a file in a writable folder"),
         # The workspace's read-only copy of the base model and at least the first submitted checkpoint.
         Place("--runs-dir", runs_dir, 2 * size + 64 * MiB, "the run directory (the base model's copy, checkpoints)",
@@ -89,7 +89,7 @@ def run_places(base_model: str, results: Path, runs_dir: Path) -> list[Place]:
     ]  # fmt: skip
     if under_home:  # HOME itself only matters where something is left to default under it
         fix = f"make HOME writable, or set {' and '.join(under_home)} to writable directories elsewhere"
-        places.insert(0, Place("HOME", home, 16 * MiB, f"{' and '.join(under_home)} by default", fix, under_home))
+        places.insert(0, Place("HOME", home, 16 * MiB, f"{' and '.join(under_home)} by default", fix))
     return places
 
 
@@ -113,9 +113,9 @@ def check_places(places: list[Place]) -> str | None:
             where = "" if existing == place.path.absolute() else f" (so {place.path} cannot be made)"
             return (f"{place.name} {existing} is not writable{where}: {e.strerror or e}; the run writes "
                     f"{place.what} there; {place.fix}")  # fmt: skip
-        stat = os.statvfs(existing)
-        need, free, members = by_device.get(stat.f_fsid, (0, stat.f_bavail * stat.f_frsize, []))
-        by_device[stat.f_fsid] = (need + place.need_bytes, free, [*members, place])
+        device = os.stat(existing).st_dev  # places on one file system share its free space
+        need, free, members = by_device.get(device, (0, shutil.disk_usage(existing).free, []))
+        by_device[device] = (need + place.need_bytes, free, [*members, place])
     for need, free, members in by_device.values():
         if free < need:
             names = ", ".join(f"{p.name} {p.path}" for p in members)
