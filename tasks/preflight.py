@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import os
 import socket
-import subprocess
 import tempfile
 from pathlib import Path
 from urllib.parse import urlparse
@@ -30,11 +29,13 @@ class PreflightError(ValueError):
 def check_run(config: RunConfig, results: Path, runs_dir: Path | None = None, *, probe: bool = True) -> None:
     """All checks, cheapest first. `probe=False` skips what asks the network or starts an agent's CLI."""
     check_limits(config)
-    check_results_location(Path(results), Path(runs_dir) if runs_dir else Path(results).parent / "runs")
+    runs_dir = Path(runs_dir) if runs_dir else Path(results).parent / "runs"
+    check_results_location(Path(results), runs_dir)
+    check_space(config, Path(results), runs_dir)
     check_task(config.task, config.variant, probe=probe)
     check_base_model(config.base_model, probe=probe)
-    check_agent(config, probe=probe)
     check_sandbox(config)
+    check_agent(config, probe=probe)
     check_narrative()
 
 
@@ -82,6 +83,15 @@ def check_results_location(results: Path, runs_dir: Path) -> None:
         _check_writable_dir(directory.absolute(), flag)
     if results.is_file() and results.stat().st_size > 0:
         check_results_file(results)
+
+
+def check_space(c: RunConfig, results: Path, runs_dir: Path) -> None:
+    """HOME, PREFECT_HOME, A2RL_HOME, TMPDIR and the results folders take files and have room for this run
+    (a2rl.ops.disk): before Prefect starts, which would otherwise retry a read-only home for minutes."""
+    from a2rl.ops.disk import check_places, run_places
+
+    if problem := check_places(run_places(c.base_model, results.absolute(), runs_dir.absolute())):
+        raise PreflightError(problem)
 
 
 def check_results_file(results: Path) -> None:
@@ -225,9 +235,9 @@ def check_agent(c: RunConfig, *, probe: bool = True) -> None:
                              f"{apis[0]} ...) or pick an agent that speaks {driver.api} (see `a2rl agents`)")  # fmt: skip
     agent = get_agent(c.agent, driver=driver)
     _check_launch(agent, c)
-    if probe and (program := getattr(agent, "executable", None)):
-        found = agent.find() if hasattr(agent, "find") else None  # on PATH or in the project's .tools prefix
-        _check_runs(str(found or program))
+    if probe and hasattr(agent, "executable"):  # a CLI agent: `--version` as the session will start it
+        if why := agent.check(sandbox=_probe_sandbox(c)):
+            raise PreflightError(why)
     if probe:
         check_driver_endpoint(c.driver, driver)
 
@@ -283,28 +293,13 @@ def _check_launch(agent, c: RunConfig) -> None:
             raise PreflightError(f"{_one_line(e)} (see `a2rl agents`)") from e
 
 
-VERSION_TIMEOUT_S = 30.0
-"""`--version` on an idle machine; scaled with the load (a2rl.ops.load) and tried twice before a verdict."""
+def _probe_sandbox(c: RunConfig):
+    """The sandbox the session will run the CLI in (None with --sandbox off); its workspace is the probe's own."""
+    if c.sandbox == "off":
+        return None
+    from a2rl.isolation.sandbox import SandboxPolicy
 
-
-def _check_runs(program: str) -> None:
-    from a2rl.ops.load import describe_load, scaled_timeout
-
-    for attempt in (1, 2):  # a busy machine gets a second, longer chance before anything is called broken
-        timeout = scaled_timeout(VERSION_TIMEOUT_S) * attempt
-        try:
-            out = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=timeout)
-            break
-        except subprocess.TimeoutExpired as e:
-            if attempt == 2:
-                raise PreflightError(f"`{program} --version` did not answer within {timeout:.0f} s, twice "
-                                     f"({describe_load()}): the machine is too busy to tell whether it works; "
-                                     f"try again when it is quieter") from e  # fmt: skip
-        except OSError as e:
-            raise PreflightError(f"`{program} --version` did not run ({_one_line(e)}); reinstall {program}") from e
-    if out.returncode != 0:
-        said = _one_line(out.stderr or out.stdout or f"exit code {out.returncode}")
-        raise PreflightError(f"`{program} --version` failed: {said[:200]}; reinstall {program}")
+    return SandboxPolicy(Path(tempfile.gettempdir()) / "a2rl-preflight-none", allow_unsandboxed=c.sandbox == "auto")
 
 
 def check_sandbox(c: RunConfig) -> None:

@@ -368,3 +368,293 @@ def test_without_a_terminal_the_display_prints_plain_lines_when_something_happen
     assert "1 graded [#1 37.5]" in lines[-1] and "MODE BREACHES 1" in lines[-1]
     # 12 s saved in clock.json, plus the time since it was saved while nothing is graded
     assert re.search(r"agent time 1[234]/60 s", lines[-1]) and "round 1: training" in lines[-1]
+
+
+def test_server_start_on_another_port_serves_a_ui_that_talks_to_its_own_api(tmp_path):
+    """Issue #36: on --port 4277 the UI's settings named port 4200 and the UI could not reach its API."""
+    import httpx
+
+    from live_server import free_port
+
+    port = free_port()
+    env = cli_env(tmp_path)
+    try:
+        proc = a2rl(["server", "start", "--port", str(port), "--no-worker"], env, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        settings = httpx.get(f"http://127.0.0.1:{port}/ui-settings", timeout=10).json()
+        assert settings["api_url"] == f"http://127.0.0.1:{port}/api"
+        assert httpx.get(f"{settings['api_url']}/health", timeout=10).status_code == 200
+    finally:
+        a2rl(["server", "stop"], env, timeout=120)
+
+
+def _linked_cli(tmp_path: Path, body: str, name: str = "opencode") -> tuple[Path, Path]:
+    """A tiny CLI reached as `.tools` reaches the pinned ones: PATH holds link/.bin, `link` is a link to the real
+    directory, and .bin/NAME a relative link into its package. Returns (the PATH directory, the real file)."""
+    real = tmp_path / "cache"
+    (real / ".bin").mkdir(parents=True)
+    (real / "pkg" / "bin").mkdir(parents=True)
+    program = real / "pkg" / "bin" / name
+    program.write_text(f"#!/bin/sh\n{body}\n")
+    program.chmod(0o755)
+    (real / ".bin" / name).symlink_to(f"../pkg/bin/{name}")
+    (tmp_path / "link").symlink_to(real)
+    return tmp_path / "link" / ".bin", program
+
+
+@needs_bwrap
+def test_a_cli_on_path_through_a_linked_directory_is_resolved_and_starts_in_the_sandbox(tmp_path, monkeypatch):
+    """Issue #36: a CLI found through the checkout's `.tools` link passed the checks, then every run failed with
+    exit 127 in the sandbox: the sandbox saw the linked path, not what it resolves to."""
+    from a2rl.isolation.sandbox import SandboxPolicy
+    from agents import LLMDriver, get_agent
+    from agents.cli_agents.install import check_starts, which_cli
+
+    bin_dir, real = _linked_cli(tmp_path, 'echo "fake 1.0"')
+    path = f"{bin_dir}:/usr/bin:/bin"
+    agent = get_agent("opencode", driver=LLMDriver(model="m", api="openai", api_key="k"))
+    assert agent.find(path) == real  # one rule: the link resolved before anything is spent
+    (tmp_path / "ws").mkdir()
+    policy = SandboxPolicy(tmp_path / "ws")
+    assert agent.check(sandbox=policy, path=path) is None  # the probe: `--version` inside the sandbox
+    # What the runs did before: the linked path, bound as seen, does not start inside the sandbox.
+    monkeypatch.setenv("PATH", path)
+    assert check_starts([str(which_cli("opencode", path)), "--version"], {"PATH": path}, policy) is not None
+
+
+@needs_bwrap
+def test_a_cli_that_starts_on_the_host_but_not_in_the_sandbox_is_refused_before_the_baseline(tmp_path):
+    helper = tmp_path / "elsewhere" / "helper"  # a file the sandbox does not bind (its /tmp is its own)
+    helper.parent.mkdir()
+    helper.write_text("#!/bin/sh\necho 1.0\n")
+    helper.chmod(0o755)
+    bin_dir, _ = _linked_cli(tmp_path, f"exec {helper} \"$@\"")
+    env = cli_env(tmp_path, ANTHROPIC_API_KEY="k", ANTHROPIC_BASE_URL="http://127.0.0.1:9")
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    assert subprocess.run([str(bin_dir / "opencode"), "--version"], capture_output=True).returncode == 0  # on the host
+    results = tmp_path / "out" / "a.duckdb"
+    proc = a2rl(["run", "--agent", "opencode", "--driver", "m", "--sandbox", "required", "--results", str(results)], env)
+    assert_one_line(proc, 2, "opencode", "does not start in the sandbox")
+    assert not results.exists() and not (tmp_path / "out").exists()
+
+
+def test_an_old_node_on_path_is_named_with_how_to_choose_another(tmp_path):
+    """Issue #36: Node 18 first on PATH gave "reinstall …/.bin/codex"; the line now names that Node."""
+    from agents.cli_agents.install import node_mismatch
+
+    package = tmp_path / "lib" / "node_modules" / "@openai" / "codex"
+    (package / "bin").mkdir(parents=True)
+    (package / "package.json").write_text(json.dumps({"name": "@openai/codex", "engines": {"node": ">=20"}}))
+    cli = package / "bin" / "codex.js"
+    cli.write_text("#!/usr/bin/env node\n")
+    old_node = tmp_path / "node18" / "node"
+    old_node.parent.mkdir()
+    old_node.write_text("#!/bin/sh\necho v18.19.0\n")
+    old_node.chmod(0o755)
+    line = node_mismatch(cli, f"{old_node.parent}:/usr/bin:/bin")
+    assert line is not None and str(old_node) in line and "v18.19.0" in line and ">=20" in line and "PATH" in line
+    new_node = tmp_path / "node22" / "node"
+    new_node.parent.mkdir()
+    new_node.write_text("#!/bin/sh\necho v22.1.0\n")
+    new_node.chmod(0o755)
+    assert node_mismatch(cli, f"{new_node.parent}:/usr/bin:/bin") is None
+
+
+def _in_bwrap(*mounts: str) -> list[str]:
+    if (problem := _bwrap_problem()) is not None:
+        pytest.skip(problem)
+    return ["bwrap", "--bind", "/", "/", *mounts, "--dev", "/dev", "--proc", "/proc", "--"]
+
+
+def test_a_read_only_home_is_named_before_prefect_starts(tmp_path):
+    """Issue #36: a read-only HOME (no PREFECT_HOME, no A2RL_HOME) ran 883 s of Prefect retries, then blamed
+    the load; now one line names HOME and what to do, in seconds."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = cli_env(tmp_path, HOME=str(home))
+    for name in ("PREFECT_HOME", "A2RL_HOME", "XDG_CACHE_HOME"):
+        env.pop(name, None)
+    results = tmp_path / "out" / "a.duckdb"
+    start = time.monotonic()
+    proc = a2rl(["run", "--results", str(results)], env, prefix=_in_bwrap("--ro-bind", str(home), str(home)))
+    line = assert_one_line(proc, 2, f"HOME {home}", "not writable", "PREFECT_HOME", "A2RL_HOME")
+    assert "quieter" not in line and time.monotonic() - start < 60
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("which", ["A2RL_HOME", "TMPDIR", "PREFECT_HOME"])
+def test_each_unwritable_home_is_one_line_naming_it(tmp_path, which):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    env = cli_env(tmp_path, **{which: str(ro / "sub")})
+    proc = a2rl(["run", "--results", str(tmp_path / "out" / "a.duckdb")], env, prefix=_in_bwrap("--ro-bind", str(ro), str(ro)))
+    assert_one_line(proc, 2, f"{which} {ro}", "not writable", f"export {which}=")
+
+
+def test_a_results_folder_without_room_for_the_run_is_one_line(tmp_path):
+    small = tmp_path / "small"
+    small.mkdir()
+    env = cli_env(tmp_path, A2RL_HOME=str(tmp_path / "a2rl-home"))
+    proc = a2rl(["run", "--results", str(small / "a.duckdb")], env, prefix=_in_bwrap("--size", str(8 * 1024**2), "--tmpfs", str(small)))
+    assert_one_line(proc, 2, "not enough free space", f"--runs-dir {small / 'runs'}", "needed")
+
+
+FILL_THE_DISK = """
+import errno, json, os, sys
+from pathlib import Path
+import duckdb
+from a2rl import workspace
+from flows.benchmark_run import benchmark_run
+
+small, model = Path(sys.argv[1]), sys.argv[2]
+copy = workspace._copy_model
+
+def copy_on_a_disk_that_fills(src, dst):  # the disk fills (for real) while the workspace is built
+    with open(small / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"x" * 65536)
+                f.flush()
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+    copy(src, dst)
+
+workspace._copy_model = copy_on_a_disk_that_fills
+try:
+    benchmark_run(base_model=model, results=small / "a.duckdb", val_limit=1, test_limit=1, sandbox="off")
+except OSError as e:
+    print("raised", e.errno)
+with duckdb.connect(str(small / "a.duckdb"), read_only=True) as db:
+    print(json.dumps(db.execute("SELECT status, error FROM runs").fetchone()))
+"""
+
+
+def test_a_disk_that_fills_during_a_run_ends_its_row_failed_naming_the_path(prefect_harness, tiny_model_dir, tmp_path):
+    """Issue #36: on a full disk the run said "recorded as 'failed'" while its row stayed `running`, and the
+    message had no path. The store and the run directory share a small file system here that fills for real."""
+    small = tmp_path / "small"
+    small.mkdir()
+    env = cli_env(tmp_path, A2RL_HOME=str(tmp_path / "a2rl-home"), **harness_api_url())
+    prefix = _in_bwrap("--size", str(160 * 1024**2), "--tmpfs", str(small))
+    proc = subprocess.run([*prefix, sys.executable, "-c", FILL_THE_DISK, str(small), str(tiny_model_dir)], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "raised 28" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    status, error = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert status == "failed" and "the disk is full at" in error and str(small) in error, error
+
+
+# ---- every wait named, with a count that moves (issue #36) ---------------------------------------------------------
+
+
+def test_the_eta_does_not_jump_by_more_than_2x_once_shown():
+    """The baseline's ETA read 13 -> 84 -> 53 -> 23 min; the shown one moves toward new estimates gradually and
+    counts down in between."""
+    from a2rl.ops.progress import EtaSmoother
+
+    eta = EtaSmoother()
+    assert eta(None, now=0.0) is None  # nothing shown before the rate is measured
+    shown = [eta(13 * 60, now=0.0)]
+    for t, estimate in [(0.5, 84 * 60), (1.0, 84 * 60), (1.5, 53 * 60), (2.0, 23 * 60), (2.5, None), (3.0, 23 * 60)]:
+        shown.append(eta(estimate, now=t))
+    for a, b in zip(shown, shown[1:]):
+        assert 0.5 <= b / a <= 2.0, shown
+    assert max(shown) / min(shown) <= 2.0, shown  # over 3 s, well inside 2x
+    late = [eta(20 * 60, now=t) for t in range(10, 200, 5)]  # a steady estimate is reached, never overshot
+    assert abs(late[-1] - (20 * 60 - 0)) < 20 * 60 * 0.1 and all(0.5 <= b / a <= 2.0 for a, b in zip(late, late[1:]))
+    assert eta(None, now=205.0) == pytest.approx(late[-1] - 10.0)  # no estimate: it counts down
+
+
+def test_counters_never_go_backwards_and_a_phases_next_evaluation_continues_the_count():
+    """A final counter read 2/2, then 0/2 (the final pick's evaluation, then each submission's for analysis)."""
+    from a2rl.ops.progress import CountView, ItemProgress, RunProgress, Snapshot
+
+    run = RunProgress(run_id="r", harness_dir=Path("."), phase="final_grading")
+    view = CountView()
+
+    def shown(items):
+        (count,) = view.counts(Snapshot(progress=run, items=items), now=2000.0)
+        return count.done, count.total
+
+    final = ItemProgress(what="test", id="a", done=2, total=2, started_at=1000.0, at=1010.0, loaded=True)
+    assert shown(final) == (2, 2)
+    posthoc = ItemProgress(what="test", id="b", done=0, total=2, started_at=1020.0, at=1020.0, loaded=False)
+    assert shown(posthoc) == (2, 4)
+    assert shown(posthoc.model_copy(update={"done": 1, "loaded": True})) == (3, 4)
+    assert shown(posthoc.model_copy(update={"done": 0})) == (3, 4)  # a rewritten file never lowers what was shown
+
+
+def test_a_submissions_grading_shows_its_items_as_they_finish(tmp_path):
+    """Grading a submission showed "1 queued, 0 graded" for 373 s; now its items count like the baseline's."""
+    from a2rl.ops.progress import GRADING_PROGRESS_FILE, ItemProgressWriter, ProgressWriter, read_snapshot, status_line
+
+    harness = tmp_path / "harness"
+    harness.mkdir()
+    ProgressWriter("r", harness, budget_s=60).update(phase="agent_session")
+    (harness / "ledger.jsonl").write_text(json.dumps({"kind": "submission", "submission_id": 3, "status": "queued"}) + "\n")
+    items = ItemProgressWriter(harness / GRADING_PROGRESS_FILE, total=16, what="validation")
+    items.begin()
+    items.add(5)
+    items._write(force=True)
+    line = status_line(read_snapshot(harness / "progress.json"))
+    assert "grading #3 items 5/16" in line and "1 queued, 0 graded" in line
+
+
+def test_the_live_display_fits_80_columns_with_its_labels_whole(tmp_path):
+    """Labels were cut to "elap…", "base…"; at 80 columns every label is whole and no line is wider."""
+    import io
+
+    from rich.console import Console
+
+    from a2rl.cli.display import RunDisplay
+    from a2rl.ops.progress import ItemProgressWriter, ProgressWriter, EVAL_PROGRESS_FILE, read_snapshot
+
+    harness = tmp_path / "harness"
+    harness.mkdir()
+    ProgressWriter("gsm8k-reference-sft-0d4720-7c9ed3c8", harness, budget_s=120).update(
+        phase="baseline", baseline_total=48, baseline_split="validation", step="x" * 300)
+    items = ItemProgressWriter(harness / EVAL_PROGRESS_FILE, total=16, what="validation")
+    items.begin()
+    items.add(4)
+    items._write(force=True)
+    (harness / "agent.log").write_text("[agent] " + "a very long line of the agent " * 20 + "\n")
+    out = io.StringIO()
+    Console(file=out, width=80).print(RunDisplay(tmp_path / "none")._render(read_snapshot(harness / "progress.json")))
+    lines = out.getvalue().splitlines()
+    assert all(len(line) <= 80 for line in lines), lines
+    labels = [line[:12].strip() for line in lines]
+    assert {"run", "phase", "elapsed", "baseline", "agent"} <= set(labels), labels
+    assert "4/48 items (validation)" in out.getvalue()
+
+
+def test_building_a_model_draws_no_progress_bars_over_the_display(tmp_path, capfd):
+    """The GGUF conversion's tqdm bars were drawn over the live display and stayed above it."""
+    from tqdm.auto import tqdm
+
+    from a2rl.base_models.build import build_once, model_provenance
+
+    def build(out: Path):
+        for _ in tqdm(range(50), desc="Converting and de-quantizing GGUF tensors..."):
+            pass
+        return model_provenance(key="tiny", source="test", label="a test build")
+
+    build_once(tmp_path / "model", build)
+    assert "Converting" not in capfd.readouterr().err
+    for _ in tqdm(range(3), desc="after the build"):  # bars elsewhere are left alone
+        pass
+    assert "after the build" in capfd.readouterr().err
+
+
+def test_set_up_compiles_bytecode_with_a_count_and_no_ignored_error(tmp_path):
+    """Set-up printed nothing for 332 s (bytecode), then `make: ... Error 1 (ignored)`, which read as a failure."""
+    makefile = (REPO / "Makefile").read_text()
+    assert "compileall" not in makefile and "scripts/compile_bytecode.py" in makefile
+    assert all(f"set-up {i}/4" in makefile for i in range(1, 5))
+    for i in range(30):
+        (tmp_path / f"m{i}.py").write_text(f"X = {i}\n")
+    (tmp_path / "template.py").write_text("{% if python2 %}print \"x\"{% endif %}\n")  # as some packages ship
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "compile_bytecode.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr
+    assert "31/31 files done (1 are not Python 3 source" in proc.stdout
+    assert len(list((tmp_path / "__pycache__").glob("*.pyc"))) == 30

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -68,3 +69,55 @@ def test_a_checkout_links_the_shared_install_and_the_sandbox_binds_its_real_path
     assert claude is not None and str(claude).startswith(str(target))
     assert all(str(d).startswith(str(target)) for d in install.install_dirs(claude, path="/usr/bin:/bin")
                if "node_modules" in str(d))  # fmt: skip
+
+
+def test_a_marked_install_whose_program_is_gone_is_installed_again(tmp_path):
+    """Issue #36: the done-mark said installed, the program was gone; `a2rl run` said "install it with `make
+    tools`", and `make tools` trusted the mark. Now each program is run (`--version`) and a broken one repaired."""
+    cache = tmp_path / "cache"
+    uv = Path(tools("uv", cache=cache).stdout.strip())
+    uv.unlink()
+    again = tools("uv", cache=cache)
+    assert again.returncode == 0, again.stderr
+    assert "is marked installed, but" in again.stderr and "installing it again" in again.stderr
+    assert subprocess.run([str(uv), "--version"], capture_output=True).returncode == 0
+
+
+def _fake_cli_package(tmp_path: Path) -> str:
+    """A one-command npm package as a tarball (installed offline): CLI_PACKAGES names it as `fakecli@file:...`."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "package.json").write_text('{"name": "fakecli", "version": "1.0.0", "bin": {"fakecli": "cli.js"}}')
+    (src / "cli.js").write_text('#!/usr/bin/env node\nconsole.log("fakecli 1.0.0");\n')
+    tarball = subprocess.run(["npm", "pack", "--silent", "--pack-destination", str(tmp_path)], cwd=src,
+                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    return f"fakecli@file:{tmp_path / tarball}"
+
+
+@pytest.mark.skipif(not shutil.which("npm"), reason="needs node and npm")
+def test_each_installed_cli_is_run_and_a_broken_one_repaired(tmp_path):
+    cache = tmp_path / "cache"
+    packages = _fake_cli_package(tmp_path)
+    first = tools("npm", cache=cache, CLI_PACKAGES=packages)
+    assert first.returncode == 0, first.stderr
+    prefix = Path(first.stdout.strip())
+    program = prefix / "node_modules" / "fakecli" / "cli.js"
+    program.unlink()  # as `claude.exe` went missing from a marked install
+    again = tools("npm", cache=cache, CLI_PACKAGES=packages)
+    assert again.returncode == 0, again.stderr
+    assert "`" + str(prefix / "node_modules" / ".bin" / "fakecli") + " --version` fails" in again.stderr
+    assert "installing it again" in again.stderr and program.is_file()
+    quiet = tools("npm", cache=cache, CLI_PACKAGES=packages)  # a working install: nothing said, nothing done
+    assert quiet.returncode == 0 and not quiet.stderr.strip()
+
+
+def test_an_old_node_first_on_path_is_named_with_how_to_choose_another(tmp_path):
+    fake = tmp_path / "node18"
+    fake.mkdir()
+    (fake / "node").write_text('#!/bin/sh\n[ "$1" = -p ] && echo 18 || echo v18.19.0\n')
+    (fake / "node").chmod(0o755)
+    (fake / "npm").write_text("#!/bin/sh\n")
+    (fake / "npm").chmod(0o755)
+    proc = tools("npm", cache=tmp_path / "cache", PATH=f"{fake}:/usr/bin:/bin")
+    assert proc.returncode == 1 and f"{fake / 'node'} v18.19.0" in proc.stderr and "PATH=" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

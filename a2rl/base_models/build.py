@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -48,13 +49,35 @@ def build_once(target: Path, build: Callable[[Path], ModelProvenance]) -> Path:
             raise FileExistsError(f"{target} exists but was not built by a2rl ({MARKER} missing); remove it")
         tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
         try:
-            provenance = build(tmp)
+            with without_progress_bars():
+                provenance = build(tmp)
             (tmp / MARKER).write_text(provenance.model_dump_json(indent=2) + "\n")
             os.rename(tmp, target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return target
+
+
+@contextmanager
+def without_progress_bars() -> Iterator[None]:
+    """No tqdm bars while a checkpoint is built: transformers' GGUF loader draws one per conversion ("Converting
+    and de-quantizing GGUF tensors...") on stderr, over a run's live display, where it stays. The run names the
+    conversion on the display's own line (its step, with the seconds counting) instead. tqdm reads its
+    TQDM_DISABLE variable once, at import, so the bars are turned off here, for the build's duration."""
+    import tqdm.std
+
+    original = tqdm.std.tqdm.__init__
+
+    def quiet(self, *args, **kwargs):
+        kwargs["disable"] = True
+        original(self, *args, **kwargs)
+
+    tqdm.std.tqdm.__init__ = quiet
+    try:
+        yield
+    finally:
+        tqdm.std.tqdm.__init__ = original
 
 
 def model_provenance(**fields: str | None) -> ModelProvenance:

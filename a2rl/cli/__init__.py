@@ -99,10 +99,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 def cmd_run(args: argparse.Namespace) -> int:
     """Check everything that can be checked (exit 2, one line, no server started), then run the flow under a
     progress display. A failed run gives one line with its phase, report and log, and exit code 1."""
+    from a2rl.cli.display import set_prefect_console_level
     from a2rl.cli.errors import validation_line
     from a2rl.run_options import config_from_args, option_name
     from tasks.preflight import PreflightError, check_run
 
+    set_prefect_console_level(args.log_level)  # the checks may load Prefect (saved drivers): its exit notices too
     try:
         config = config_from_args(args)
     except ValueError as e:

@@ -14,20 +14,13 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+from a2rl.ops.progress import PHASE_LABELS, PROGRESS_FILE, CountView, Snapshot, read_announced, read_snapshot, status_line
 from a2rl.safetext import terminal
-from a2rl.ops.progress import (
-    PHASE_LABELS,
-    PROGRESS_FILE,
-    Snapshot,
-    baseline_items,
-    eta_text,
-    read_announced,
-    read_snapshot,
-    status_line,
-)
 
 PLAIN_HEARTBEAT_S = 30.0
 """Without a terminal, a line at every change and at least this often."""
+LABEL_WIDTH = 12
+"""The labels' column, fixed: a long value is cut (with an ellipsis), never a label ("elap…"), down to 80 columns."""
 
 
 class RunDisplay:
@@ -44,6 +37,7 @@ class RunDisplay:
         self._started = time.monotonic()
         self._last_plain = ("", 0.0)
         self._waiting = ("starting", time.monotonic())
+        self._counts = CountView()  # counters that never go back, ETAs that do not jump
 
     def waiting(self, what: str) -> None:
         """What the command waits on before the run has a row (loading Prefect, starting its server, ...)."""
@@ -88,7 +82,7 @@ class RunDisplay:
         events = status_line(snap, with_time=False)
         if events != key or time.monotonic() - at >= PLAIN_HEARTBEAT_S:
             activity = f" | {terminal(snap.last_activity, 160)}" if snap.last_activity and snap.progress.phase == "agent_session" else ""
-            print(f"a2rl {time.strftime('%H:%M:%S')} {status_line(snap)}; elapsed {self._elapsed()}{activity}",
+            print(f"a2rl {time.strftime('%H:%M:%S')} {status_line(snap, view=self._counts)}; elapsed {self._elapsed()}{activity}",
                   file=self.stream, flush=True)  # fmt: skip
             self._last_plain = (events, time.monotonic())
 
@@ -100,9 +94,10 @@ class RunDisplay:
         from rich.table import Table
         from rich.text import Text
 
-        grid = Table.grid(padding=(0, 2))
-        grid.add_column(style="bold", no_wrap=True)
-        grid.add_column(overflow="ellipsis", no_wrap=True)
+        # Expanded, with the values' column the only flexible one: Rich then cuts values, not labels.
+        grid = Table.grid(padding=(0, 2), expand=True)
+        grid.add_column(style="bold", no_wrap=True, width=LABEL_WIDTH)
+        grid.add_column(overflow="ellipsis", no_wrap=True, ratio=1)
         if snap is None:
             what, since = self._waiting
             grid.add_row("a2rl run", Text(f"{what} ({time.monotonic() - since:.0f} s)", style="cyan"))
@@ -114,15 +109,9 @@ class RunDisplay:
         step = f": {p.step}" if p.step else ""
         grid.add_row("phase", Text(f"{PHASE_LABELS.get(p.phase, p.phase)}{step} ({in_phase:.0f} s)", style="cyan"))
         grid.add_row("elapsed", self._elapsed())
-        if p.baseline_total:
-            done, eta = baseline_items(snap)
-            split = f" ({p.baseline_split})" if p.baseline_split else ""
-            loading = snap.items is not None and not snap.items.loaded
-            left = f", {snap.items.left() if loading else eta_text(eta)}" if p.phase == "baseline" else ""
-            grid.add_row("baseline", f"{_bar(done, p.baseline_total)} {done}/{p.baseline_total} items{split}{left}")
-        if p.phase == "final_grading" and snap.items:
-            i = snap.items
-            grid.add_row("final test", f"{_bar(i.done, i.total)} {i.done}/{i.total} items, {i.left()}")
+        for c in self._counts.counts(snap):
+            split = f" ({p.baseline_split})" if c.label == "baseline" and p.baseline_split else ""
+            grid.add_row(c.label, f"{_bar(c.done, c.total)} {c.done}/{c.total} items{split}, {c.left}")
         if p.phase in ("agent_session", "final_grading", "summary", "done") or snap.agent_s:
             paused = Text(" paused: grading", style="yellow") if snap.grading else Text("")
             grid.add_row("agent time", Text(f"{_bar(snap.agent_s, p.budget_s)} {snap.agent_s:.0f}/{p.budget_s:.0f} s") + paused)

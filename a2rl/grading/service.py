@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from a2rl.inference.evaluation import EvalCache, EvalSpec, EvaluationFailed, evaluate_cached
+from a2rl.ops.progress import GRADING_PROGRESS_FILE
 from a2rl.grading.checkpoint import (
     CheckedCheckpoint,
     check_checkpoint,
@@ -380,6 +381,8 @@ class GradingService:
         start = time.monotonic()
         try:
             extra = {"on_start": self.ctx.on_process} if self.ctx.on_process else {}
+            if self._evaluate is evaluate_cached:  # items counted as they finish, where the run's display reads them
+                extra["progress_file"] = self.ctx.harness_dir / GRADING_PROGRESS_FILE
             result = self._evaluate(Path(queued.resolved_path), queued.weights_hash, self._spec(queued.split),
                                     device=device, **extra)
         except (EvaluationFailed, OSError, ValueError, MemoryError) as e:

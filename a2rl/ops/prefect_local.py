@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 from a2rl.isolation import procs
 from a2rl.ops.gpu_slots import LEASE_STORAGE, LEASE_STORAGE_ENV
+from a2rl.paths import prefect_home_path
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4200
@@ -60,7 +61,7 @@ class ManagedProcess(BaseModel):
 
 
 def prefect_home() -> Path:
-    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+    return prefect_home_path()
 
 
 def api_url_of(host: str, port: int) -> str:
@@ -162,7 +163,8 @@ def start_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, home: Path 
     cmd = [sys.executable, "-m", "a2rl.ops.crash_reports", "server", "start", "--host", host, "--port", str(port),
            "--analytics-off"]  # fmt: skip
     # Leases of the GPU slots on disk, so a restarted server still knows (and can expire) them.
-    server_env = prefect_env(None, {"PREFECT_HOME": str(home), LEASE_STORAGE_ENV: LEASE_STORAGE, **(env or {})})
+    server_env = prefect_env(None, {"PREFECT_HOME": str(home), LEASE_STORAGE_ENV: LEASE_STORAGE,
+                                    **ui_env(host, port), **(env or {})})  # fmt: skip
     server_env.pop("PREFECT_API_URL", None)  # the server must not try to talk to another API
     proc = _spawn(cmd, server_env, log)
     server = ManagedProcess(name="server", pid=proc.pid, create_time=psutil.Process(proc.pid).create_time(), log=str(log),
@@ -178,6 +180,17 @@ def start_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, home: Path 
             raise OpsError(f"the Prefect server did not answer on {url} within {timeout_s:.0f} s; see {log}")
         time.sleep(0.5)
     return server
+
+
+def ui_env(host: str, port: int) -> dict[str, str]:
+    """The settings that make the server's UI talk to this server's API: without them `/ui-settings` names the
+    default port (4200) and the UI on any other port cannot reach its API. A wildcard host is served to the
+    browser as this machine's name."""
+    import socket
+
+    ui_host = socket.gethostname() if host in ("0.0.0.0", "::", "") else host
+    return {"PREFECT_SERVER_API_HOST": host, "PREFECT_SERVER_API_PORT": str(port),
+            "PREFECT_UI_API_URL": api_url_of(ui_host, port)}  # fmt: skip
 
 
 def database_label(url: str | None) -> str:

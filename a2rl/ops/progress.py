@@ -29,6 +29,8 @@ RUN_LOG = "run.log"
 EVAL_PROGRESS_FILE = "eval_progress.json"
 EVAL_PROGRESS_ENV = "A2RL_EVAL_PROGRESS"
 """Set for an evaluation process: the file it counts its finished items in."""
+GRADING_PROGRESS_FILE = "grading_progress.json"
+"""Where the grader's evaluation of a submission counts its items (the agent session's own file)."""
 
 PHASE_LABELS = {
     "open": "opening the run",
@@ -139,6 +141,8 @@ class ItemProgress(BaseModel):
     """The content of `eval_progress.json`: one evaluation's items, counted as each one finishes."""
 
     what: str = ""
+    id: str = ""
+    """One evaluation's own mark: a new one in the same phase continues the count (ItemCounter)."""
     done: int = 0
     total: int = 0
     started_at: float = 0.0
@@ -157,8 +161,13 @@ class ItemProgress(BaseModel):
         it moves in steps); None before the first item has finished."""
         if self.done <= 0 or self.total <= self.done:
             return None
+        now = now or time.time()
         per_item = (self.at - self.started_at) / self.done
-        return max(0.0, per_item * (self.total - self.done) - ((now or time.time()) - self.at))
+        at_rate = per_item * (self.total - self.done) - (now - self.at)
+        # While the next item takes longer than the rate says, the items after it are due no sooner than at the
+        # rate measured up to now (the ETA stays up instead of sitting at 0 s).
+        stalled = (now - self.started_at) / (self.done + 1) * (self.total - self.done - 1)
+        return max(0.0, at_rate, stalled)
 
 
 class ItemProgressWriter:
@@ -166,7 +175,8 @@ class ItemProgressWriter:
 
     def __init__(self, path: Path | str | None, total: int, what: str, every_s: float = 0.5):
         self.path = Path(path) if path else None
-        self.state = ItemProgress(what=what, total=total, started_at=time.time(), at=time.time())
+        self.state = ItemProgress(what=what, id=f"{os.getpid()}-{time.time_ns()}", total=total, started_at=time.time(),
+                                  at=time.time())  # fmt: skip
         self.every_s = every_s
         self._written = 0.0
         self._write(force=True)
@@ -269,8 +279,10 @@ class Snapshot:
     mode_breaches: int = 0
     last_activity: str = ""
     items: ItemProgress | None = None
-    """The evaluation running now (baseline, final), counted per finished item."""
+    """The evaluation running now (baseline, final, a submission's grading), counted per finished item."""
     llm: LLMTally | None = None
+    grading_id: int | None = None
+    """The submission the grader works on (the oldest queued one)."""
 
 
 def read_snapshot(progress_path: Path) -> Snapshot | None:
@@ -289,9 +301,12 @@ def read_snapshot(progress_path: Path) -> Snapshot | None:
             snap.agent_s += max(0.0, time.time() - float(clock.get("at", time.time())))
     snap.agent_s = min(snap.agent_s, progress.budget_s or snap.agent_s)
     snap.last_activity = _last_activity(h)
-    if progress.phase in ("baseline", "final_grading"):
+    counted = {"baseline": EVAL_PROGRESS_FILE, "final_grading": EVAL_PROGRESS_FILE}
+    if snap.queued:
+        counted["agent_session"] = GRADING_PROGRESS_FILE
+    if name := counted.get(progress.phase):
         try:
-            snap.items = ItemProgress.model_validate_json((h / EVAL_PROGRESS_FILE).read_text())
+            snap.items = ItemProgress.model_validate_json((h / name).read_text())
         except (OSError, ValueError):
             snap.items = None
     if (h / "llm_calls.jsonl").exists():
@@ -329,6 +344,7 @@ def _read_submissions(ledger: Path, snap: Snapshot) -> None:
     for sid, e in sorted(latest.items()):
         if e.get("status") in ("queued", "running"):
             snap.queued += 1
+            snap.grading_id = sid if snap.grading_id is None else snap.grading_id
             snap.grading = True  # the agent's clock stops while the grader works on its submissions
         else:
             snap.graded += 1
@@ -403,17 +419,14 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
-def status_line(snap: Snapshot, with_time: bool = True) -> str:
+def status_line(snap: Snapshot, with_time: bool = True, view: CountView | None = None) -> str:
     """One line for a log or a pipe: phase and the counters that matter in it (`with_time=False`: without the
-    agent's clock, i.e. what changes only when something happens)."""
+    agent's clock and the item counts, i.e. what changes only when something happens). `view`: the display's
+    own, whose counters never go back and whose ETA is smoothed."""
     p = snap.progress
     parts = [f"[{p.phase}] {PHASE_LABELS.get(p.phase, p.phase)}" + (f": {p.step}" if p.step else "")]
-    if p.phase == "baseline" and p.baseline_total and with_time:  # counts move often: not a change to print
-        done, eta = baseline_items(snap)
-        left = snap.items.left() if snap.items and not snap.items.loaded else eta_text(eta)
-        parts.append(f"baseline items {done}/{p.baseline_total}, {left}")
-    if p.phase == "final_grading" and snap.items and with_time:
-        parts.append(f"test items {snap.items.done}/{snap.items.total}, {snap.items.left()}")
+    if with_time:  # counts move often: not a change to print
+        parts += [f"{c.label} items {c.done}/{c.total}, {c.left}" for c in (view or CountView()).counts(snap)]
     if p.phase in ("agent_session", "final_grading", "summary"):
         if with_time:
             parts.append(f"agent time {snap.agent_s:.0f}/{p.budget_s:.0f} s" + (" (paused: grading)" if snap.grading else ""))
@@ -424,6 +437,95 @@ def status_line(snap: Snapshot, with_time: bool = True) -> str:
         if snap.llm and with_time:
             parts.append(snap.llm.text())
     return "; ".join(parts)
+
+
+class EtaSmoother:
+    """An ETA as shown: it counts down between estimates and moves toward each new one gradually (a time
+    constant of `tau_s`), by at most a factor of 2 in any `tau_s`, so a rate that wobbles between batches,
+    splits or a slow first item never makes it jump (13 -> 84 -> 53 -> 23 min, issue #36)."""
+
+    def __init__(self, tau_s: float = 10.0):
+        self.tau_s = tau_s
+        self.shown: float | None = None
+        self.at = 0.0
+
+    def __call__(self, estimate: float | None, now: float | None = None) -> float | None:
+        now = time.time() if now is None else now
+        if self.shown is None:
+            if estimate is not None:
+                self.shown, self.at = max(0.0, estimate), now
+            return self.shown
+        dt = max(0.0, now - self.at)
+        current = max(0.0, self.shown - dt)
+        if estimate is not None:
+            step = min(1.0, dt / self.tau_s)
+            target = current + step * (estimate - current)
+            most = 2.0**step  # 2x per tau_s at most, compounded over the updates within it
+            floor = 1.0  # from 0 s left, allow a second or so: a stalled last item
+            target = min(max(target, current / most), max(current, floor) * most)
+            current = target
+        self.shown, self.at = current, now
+        return current
+
+
+class ItemCounter:
+    """The items of one phase's evaluations added up: the next evaluation of the phase (the final pick, then
+    each submission for analysis) continues the count instead of starting it at 0, and a count read as lower
+    than one already shown (a file rewritten) is not shown."""
+
+    def __init__(self) -> None:
+        self.finished_total = 0
+        self.current_id: str | None = None
+        self.current_total = 0
+        self.high = 0
+
+    def __call__(self, items: ItemProgress) -> tuple[int, int]:
+        if self.current_id is not None and items.id != self.current_id:
+            self.finished_total += self.current_total  # it ended (a new one started): all of its items counted
+        self.current_id, self.current_total = items.id, items.total
+        self.high = max(self.high, self.finished_total + items.done)
+        return self.high, self.finished_total + items.total
+
+
+@dataclass
+class Count:
+    """One counter of the display: what, items done of total, and what is left in words."""
+
+    label: str
+    done: int
+    total: int
+    left: str
+
+
+@dataclass
+class CountView:
+    """The item counters the display shows for a snapshot, steady over time: per phase and evaluation kind an
+    ItemCounter (never backwards) and an EtaSmoother (no jumps). One per display; a fresh one has no memory."""
+
+    counters: dict[str, ItemCounter] = field(default_factory=dict)
+    etas: dict[str, EtaSmoother] = field(default_factory=dict)
+    high: dict[str, int] = field(default_factory=dict)
+
+    def counts(self, snap: Snapshot, now: float | None = None) -> list[Count]:
+        p, items = snap.progress, snap.items
+        out = []
+        if p.phase == "baseline" and p.baseline_total:
+            done, eta = baseline_items(snap, now)
+            done = self.high["baseline"] = max(self.high.get("baseline", 0), done)
+            loading = items is not None and not items.loaded
+            out.append(Count("baseline", done, p.baseline_total, "loading the model" if loading else
+                             eta_text(self._eta("baseline", eta, now))))  # fmt: skip
+        elif p.phase in ("final_grading", "agent_session") and items is not None:
+            # The final phase's evaluations add up; each submission's grading is a counter of its own.
+            label = "final test" if p.phase == "final_grading" else f"grading #{snap.grading_id}"
+            done, total = self.counters.setdefault(label, ItemCounter())(items)
+            key = f"{label}:{items.id}"  # each evaluation measures its own rate
+            left = "loading the model" if not items.loaded else eta_text(self._eta(key, items.eta_s(now), now))
+            out.append(Count(label, done, total, left))
+        return out
+
+    def _eta(self, key: str, estimate: float | None, now: float | None) -> float | None:
+        return self.etas.setdefault(key, EtaSmoother())(estimate, now)
 
 
 def eta_text(eta_s: float | None) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 from a2rl.isolation.sandbox import SandboxPolicy
 from agents.base import HARNESS_ENV_PREFIX, AgentEnv, AgentLaunchError, agent_environment
 from agents.claude_tools.adapter import LLMAgent
-from agents.cli_agents.install import PROJECT_ROOT, TOO_BUSY, check_starts, find_cli
+from agents.cli_agents.install import PROJECT_ROOT, TOO_BUSY, check_starts, find_cli, node_mismatch
 
 
 class CLIAgent(LLMAgent):
@@ -40,7 +40,7 @@ class CLIAgent(LLMAgent):
         return [sys.executable, "-c", bootstrap]
 
     def find(self, path: str | None = None) -> Path | None:
-        """The CLI's command: on PATH, else in the project-local prefix that `make tools` fills."""
+        """The CLI's real file (links resolved): on PATH, else in the project-local prefix that `make tools` fills."""
         return find_cli(self.executable, path)
 
     def check(self, sandbox: SandboxPolicy | None = None, path: str | None = None) -> str | None:
@@ -65,6 +65,8 @@ class CLIAgent(LLMAgent):
         where = "in the sandbox" if sandbox is not None else "on this host"
         if why.endswith(TOO_BUSY):  # slow, not broken: reinstalling would not help
             return f"agent {self.id}: {why}"
+        if node := node_mismatch(command, env["PATH"]):  # an old Node, not a broken install
+            return f"agent {self.id}: `{command.name}` does not start {where}: {node}"
         return f"agent {self.id}: `{command}` does not start {where} ({why}); {self.install_hint}"
 
     def launch_env(self, env: AgentEnv) -> dict[str, str]:

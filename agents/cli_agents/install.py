@@ -1,7 +1,8 @@
 """Where a CLI agent's program is installed, what it loads at run time, and whether it starts.
 
 A CLI is looked up on PATH, then in the npm prefix that `make test` / `make tools` links as `.tools/npm`
-(pinned versions, installed once per machine in a cache outside the checkout: scripts/tools.sh). What the sandbox must bind read-only is found from the install itself: the
+(pinned versions, installed once per machine in a cache outside the checkout: scripts/tools.sh), and its links
+are resolved to the real file (`find_cli`). What the sandbox must bind read-only is found from the install itself: the
 command's directory, its npm package and every package it depends on at run time (dependencies and
 optional ones such as codex's `@openai/codex-linux-x64`, resolved the way node resolves them), and the same
 for the interpreter its `#!` line names. Nothing under /usr (bound in every sandbox), and never / or the
@@ -33,19 +34,30 @@ def search_path(path: str | None) -> str:
     return ":".join([path or os.defpath, *map(str, LOCAL_BINS)])
 
 
-def find_cli(executable: str, path: str | None = None) -> Path | None:
-    """The command `executable` on PATH (default: this process's), else in the project-local prefix."""
+def which_cli(executable: str, path: str | None = None) -> Path | None:
+    """The command `executable` as PATH (default: this process's) shows it, else in the project-local prefix."""
     found = shutil.which(executable, path=search_path(path if path is not None else os.environ.get("PATH")))
     return Path(found) if found else None
 
 
+def find_cli(executable: str, path: str | None = None) -> Path | None:
+    """The one rule for a CLI: `which_cli`, its links resolved to the real file. That file is what the preflight
+    probes and the session starts, and its directories are what the sandbox binds: a link seen through a
+    linked directory (`.tools/npm/node_modules/.bin/codex`) would point, inside the sandbox, at a path that is
+    not there."""
+    found = which_cli(executable, path)
+    return found.resolve() if found else None
+
+
 def install_dirs(command: Path | str, path: str | None = None) -> list[Path]:
     """Host directories the CLI at `command` needs to start (see the module docstring)."""
-    found = Path(command) if os.sep in str(command) else find_cli(str(command), path)
+    found = Path(command) if os.sep in str(command) else which_cli(str(command), path)
     if found is None or not found.exists():
         return []
     target = found.resolve()
-    dirs = [found.parent]
+    # The directory PATH shows (an interpreter found by name, `#!/usr/bin/env node`, is looked up there inside
+    # the sandbox too) and the one the file really is in.
+    dirs = [found.parent, target.parent]
     package = npm_package(target)
     dirs += [package, *runtime_dependencies(package)] if package else [target.parent]
     dirs += python_venv(found.parent.parent)
@@ -125,6 +137,34 @@ def shebang_interpreter(command: Path) -> str | None:
         return None
     program = words[-1].decode(errors="replace")
     return program if Path(program).is_absolute() and Path(words[0].decode()).name != "env" else Path(program).name
+
+
+def node_mismatch(command: Path, path: str | None) -> str | None:
+    """For a node CLI whose package asks (`engines.node`, e.g. ">=20") for a newer Node than the one on PATH:
+    one clause naming that node, its version and how to choose another; else None."""
+    import re
+
+    interpreter = shebang_interpreter(command)
+    package = npm_package(command.resolve())
+    if not interpreter or Path(interpreter).name != "node" or package is None:
+        return None
+    try:
+        wanted = json.loads((package / "package.json").read_text()).get("engines", {}).get("node", "")
+    except (OSError, ValueError, AttributeError):
+        return None
+    node = which_cli("node", path)
+    least = re.search(r"(\d+)", wanted or "")
+    if node is None or least is None:
+        return None
+    try:
+        version = subprocess.run([str(node), "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    have = re.match(r"v?(\d+)", version)
+    if have is None or int(have.group(1)) >= int(least.group(1)):
+        return None
+    return (f"the Node on PATH is {node} {version}, and {package.name} needs node {wanted}: put a newer Node's "
+            f"bin directory first on PATH (e.g. PATH=/opt/node-22/bin:$PATH), or install one (apt-get install nodejs)")
 
 
 TOO_BUSY = "the machine is too busy to tell whether it works; try again when it is quieter"
