@@ -69,6 +69,8 @@ class _Forward:
     slots: torch.Tensor  # (b,) long: the cache slot of each row of this forward
     starts: torch.Tensor  # (b,) long: own-cache position of each row's first token in this forward
     dense: bool  # slots are 0..b-1 (the cache is read through a view, no gather)
+    visible: int = 0  # own positions any query of this forward sees (set by the first layer)
+    bias: torch.Tensor | None = None  # (b, 1, 1, q, visible): 0 where a query sees an own key, else -inf
 
 
 _CURRENT: list[_Forward] = []  # the forward in progress (one at a time: a forward is not re-entered)
@@ -88,7 +90,11 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     kv = key.shape[1]
     g = heads // kv
     cache_k, cache_v = f.keys[layer], f.values[layer]
-    positions = f.starts[:, None] + torch.arange(q)  # (b, q) own positions written now
+    if f.bias is None:  # the same for every layer: once per forward
+        positions = f.starts[:, None] + torch.arange(q)  # (b, q) own positions written now
+        f.visible = int(positions.max()) + 1
+        seen = torch.arange(f.visible)[None, None, :] <= positions[:, :, None]
+        f.bias = torch.zeros(seen.shape).masked_fill_(~seen, float("-inf"))[:, None, None]
     if q == 1:
         cache_k[f.slots, :, f.starts] = key[:, :, 0]
         cache_v[f.slots, :, f.starts] = value[:, :, 0]
@@ -97,19 +103,18 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
             start = int(f.starts[i])
             cache_k[f.slots[i], :, start : start + q] = key[i]
             cache_v[f.slots[i], :, start : start + q] = value[i]
-    m = int(positions.max()) + 1  # own keys any query of this forward can see
+    m = f.visible
     own_k = cache_k[:b, :, :m] if f.dense else cache_k[f.slots, :, :m]
     own_v = cache_v[:b, :, :m] if f.dense else cache_v[f.slots, :, :m]
     scale = scaling if scaling is not None else d**-0.5
-    grouped = query.reshape(b, kv, g * q, d)  # heads h*g .. h*g+g-1 share KV head h (as repeat_kv pairs them)
-    own_scores = torch.matmul(grouped, own_k.transpose(-1, -2)).view(b, kv, g, q, m)
-    visible = torch.arange(m)[None, None, :] <= positions[:, :, None]  # (b, q, m)
-    own_scores = own_scores.masked_fill(~visible[:, None, None], float("-inf")) * scale
+    # heads h*g .. h*g+g-1 share KV head h (as repeat_kv pairs them); the scale applied to the few queries
+    grouped = (query * scale).reshape(b, kv, g * q, d)
+    own_scores = torch.matmul(grouped, own_k.transpose(-1, -2)).view(b, kv, g, q, m).add_(f.bias)
     if f.prefix_keys:
         pk, pv = f.prefix_keys[layer], f.prefix_values[layer]
         p = pk.shape[1]
         rows = grouped.transpose(0, 1).reshape(kv, b * g * q, d)  # every row's queries against the one prefix
-        prefix_scores = torch.bmm(rows, pk.transpose(1, 2)).view(kv, b, g, q, p).transpose(0, 1) * scale
+        prefix_scores = torch.bmm(rows, pk.transpose(1, 2)).view(kv, b, g, q, p).transpose(0, 1)
         probs = torch.cat([prefix_scores, own_scores], dim=-1).softmax(-1)
         from_prefix = torch.bmm(probs[..., :p].transpose(0, 1).reshape(kv, b * g * q, p), pv)
         out = from_prefix.view(kv, b, g * q, d).transpose(0, 1)
