@@ -19,6 +19,9 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["MPLBACKEND"] = "Agg"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
+# Evaluations in fp32 whatever this CPU's bf16 speed (a2rl.inference.numerics): the suite compares decoding paths
+# token for token, which bf16 rounding would make machine-dependent; tests that want bf16 ask for it.
+os.environ["A2RL_CPU_EVAL_DTYPE"] = "fp32"
 # Several torch processes share 2 cores in tests: busy-waiting OpenMP threads slow them several-fold.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

@@ -11,6 +11,7 @@ import importlib.metadata
 import logging
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,15 +173,35 @@ def _dequantize_gguf(gguf: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs: dict = {"gguf_file": gguf.name}
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
-    # dequantize=True gives plain nn.Linear weights that save_pretrained can write (packed GGUF
-    # layers are not serializable), whether or not a GGUF matmul kernel is installed. Versions without
-    # GgufConfig (e.g. the transformers of a GPU image) always dequantize GGUF weights at load.
-    if (gguf_config := getattr(transformers, "GgufConfig", None)) is not None:
-        kwargs["quantization_config"] = gguf_config(dequantize=True)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+    with _gguf_parsed_once():
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+        # dequantize=True gives plain nn.Linear weights that save_pretrained can write (packed GGUF
+        # layers are not serializable), whether or not a GGUF matmul kernel is installed. Versions without
+        # GgufConfig (e.g. the transformers of a GPU image) always dequantize GGUF weights at load.
+        if (gguf_config := getattr(transformers, "GgufConfig", None)) is not None:
+            kwargs["quantization_config"] = gguf_config(dequantize=True)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+@contextmanager
+def _gguf_parsed_once():
+    """transformers parses the GGUF three times (tokenizer, config, weights), each a pure-Python walk over every
+    vocabulary string and merge, and rebuilds gguf's tensor-name table once per submodule (~400 times): 70% of
+    a conversion, single-threaded, so a loaded machine stretched 20 s to 10 minutes. Here one reader per file
+    and one name table per (architecture, layers) serve the whole conversion; the result is unchanged."""
+    import functools
+
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader = functools.lru_cache(maxsize=4)(reader)
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=16)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
 
 
 def _save_hf_model(hf_id: str) -> Path:

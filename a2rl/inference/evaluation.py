@@ -29,6 +29,7 @@ from typing import Any
 
 from a2rl.inference.config_check import architecture_parameters
 from a2rl.inference.failures import FailureKind, classify_failure
+from a2rl.inference.numerics import numeric_path
 from a2rl.paths import eval_cache_dir
 from a2rl.records import EvalResult, RunConfig, Split
 
@@ -100,12 +101,24 @@ def task_from_ref(ref: str, task_id: str) -> Any:
     return task
 
 
-def evaluate(model_dir: Path, spec: EvalSpec) -> EvalResult:
+def evaluator_id(spec: EvalSpec, numerics: str) -> str:
+    """The task's evaluator id and the numeric path (`a2rl.inference.numerics`): results of different paths
+    never share a cache entry or a setting."""
+    return f"{spec.task_object().evaluator_id()}@{numerics}"
+
+
+def evaluate(model_dir: Path, spec: EvalSpec, numerics: str | None = None) -> EvalResult:
     """Run the evaluation of `spec.evaluator` (the task object) in this process. Prompts are rendered with the
     tokenizer and chat template in `model_dir`: for a submission that is the grader's snapshot, whose tokenizer
-    files are the base model's (a2rl.grading.checkpoint.write_snapshot), never the agent's."""
+    files are the base model's (a2rl.grading.checkpoint.write_snapshot), never the agent's. `numerics`: the
+    numeric path (`a2rl.inference.numerics`); None picks this process's."""
+    import torch
+
     from a2rl.inference.generation import generate, load_model
+    from a2rl.inference.numerics import torch_dtype
     from a2rl.ops.progress import ItemProgressWriter
+
+    numerics = numerics or numeric_path(spec.backend, torch.cuda.is_available())
 
     task = spec.task_object()
     task.preflight()  # what the task needs besides the model (a judge): checked before the model is loaded
@@ -113,7 +126,8 @@ def evaluate(model_dir: Path, spec: EvalSpec) -> EvalResult:
     progress = ItemProgressWriter.from_env(len(items), spec.split)  # items counted as each one finishes
     d = task.decoding
     start = time.perf_counter()
-    model = model_dir if spec.backend == "vllm" else load_model(model_dir)  # loaded first: the ETA counts items
+    dtype = torch_dtype(numerics) if numerics.startswith("cpu-") else None
+    model = model_dir if spec.backend == "vllm" else load_model(model_dir, dtype=dtype)  # first: the ETA counts items
     progress.begin()
     results = task.run_episodes(model, items, spec.batch_size, on_done=progress.add)
     if results is not None:  # an interactive task: its episodes carry their own token counts
@@ -147,7 +161,7 @@ def evaluate(model_dir: Path, spec: EvalSpec) -> EvalResult:
         detail=task.summarize(results),
         n=len(results),
         n_correct=n_correct,
-        evaluator_id=task.evaluator_id(),
+        evaluator_id=evaluator_id(spec, numerics),
         generated_tokens=generated_tokens,
         duration_s=time.perf_counter() - start,
         items=results,
@@ -160,14 +174,15 @@ class EvalCache:
     def __init__(self, root: Path | None = None):
         self.root = root or eval_cache_dir()
 
-    def _file(self, weights_hash: str, spec: EvalSpec) -> Path:
-        return self.root / f"{spec.cache_key(weights_hash, spec.task_object().evaluator_id())}.json"
+    def _file(self, weights_hash: str, spec: EvalSpec, device: str | None = None) -> Path:
+        numerics = numeric_path(spec.backend, _uses_gpu(device))
+        return self.root / f"{spec.cache_key(weights_hash, evaluator_id(spec, numerics))}.json"
 
-    def lookup(self, weights_hash: str, spec: EvalSpec) -> EvalResult | None:
+    def lookup(self, weights_hash: str, spec: EvalSpec, device: str | None = None) -> EvalResult | None:
         """The cached result, or None; a spec without a task object (a test's own evaluator) never hits."""
         if spec.evaluator is None:
             return None
-        path = self._file(weights_hash, spec)
+        path = self._file(weights_hash, spec, device)
         if not path.exists():
             return None
         try:
@@ -177,8 +192,8 @@ class EvalCache:
             return None
         return result.model_copy(update={"cached": True, "duration_s": 0.0})
 
-    def store(self, weights_hash: str, spec: EvalSpec, result: EvalResult) -> None:
-        path = self._file(weights_hash, spec)
+    def store(self, weights_hash: str, spec: EvalSpec, result: EvalResult, device: str | None = None) -> None:
+        path = self._file(weights_hash, spec, device)
         tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(result.model_dump_json())
         tmp.replace(path)
@@ -192,11 +207,11 @@ def evaluate_cached(
     """Evaluate in a subprocess unless an identical evaluation is cached (`progress_file`: where it counts its
     finished items, an `a2rl.ops.progress.ItemProgress`)."""
     cache = EvalCache()
-    if (hit := cache.lookup(weights_hash, spec)) is not None:
+    if (hit := cache.lookup(weights_hash, spec, device)) is not None:
         return hit
     result = evaluate_in_subprocess(model_dir, spec, timeout_s, device, progress_file, on_start=on_start)
     result = result.model_copy(update={"weights_hash": weights_hash})
-    cache.store(weights_hash, spec, result)
+    cache.store(weights_hash, spec, result, device)
     return result
 
 
@@ -254,7 +269,7 @@ def evaluate_in_subprocess(
         sys.executable, "-m", "a2rl.inference.evaluation",
         "--model", str(model_dir), "--task", spec.task, "--task-class", task_ref, "--variant", spec.variant,
         "--split", spec.split, "--batch-size", str(spec.batch_size), "--backend", spec.backend,
-        "--out", str(out_file),
+        "--out", str(out_file), "--numerics", numeric_path(spec.backend, _uses_gpu(device)),
     ]  # fmt: skip
     if spec.limit:
         cmd += ["--limit", str(spec.limit)]
@@ -312,13 +327,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--backend", default="transformers", choices=["transformers", "vllm"])
     parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--numerics", default=None, help="numeric path (a2rl.inference.numerics); default: probe")
     args = parser.parse_args(argv)
     from a2rl.inference.config_check import check_config_matches_weights
 
     check_config_matches_weights(args.model)  # before any weight is loaded: a config that builds more is refused
     task = task_from_ref(args.task_class, args.task)
     spec = EvalSpec(args.task, args.variant, args.split, args.limit, args.batch_size, args.backend, task)
-    result = evaluate(args.model, spec)
+    result = evaluate(args.model, spec, args.numerics)
     args.out.write_text(result.model_dump_json())
     print(json.dumps({"score": result.score, "n": result.n, "seconds": round(result.duration_s, 1)}))
 

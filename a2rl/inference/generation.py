@@ -67,13 +67,17 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def load_model(model_dir: str | Path, device: str | torch.device | None = None) -> LoadedModel:
-    """Load a checkpoint for inference: fp32 on CPU (bf16 matmuls are slow there), bf16 on CUDA."""
+def load_model(
+    model_dir: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None
+) -> LoadedModel:
+    """Load a checkpoint for inference: bf16 on CUDA; on CPU `dtype`, default fp32 (exact; evaluation asks for
+    bf16 where `a2rl.inference.numerics` measured it faster on this CPU)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = pick_device(device)
-    dtype = torch.bfloat16 if target.type == "cuda" else torch.float32
+    if target.type == "cuda" or dtype is None:
+        dtype = torch.bfloat16 if target.type == "cuda" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(target).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return LoadedModel(model, _prepare_tokenizer(tokenizer))
@@ -183,6 +187,13 @@ def _generate_all(
     counts: list[int] = [0] * len(prompts)
     options = _decoding_options(tokenizer, max_new_tokens, temperature, top_p, stop)
     eos_ids = _eos_ids(model, tokenizer)
+    on_done = _Capped(len(prompts), on_done)  # a path that fails part-way hands its rows to the next
+    if engine == "auto" and temperature <= 0 and model.device.type == "cpu":
+        new_tokens = _continuous(model, tokenizer, token_ids, max_new_tokens, stop, eos_ids, batch_size, on_done)
+        if new_tokens is not None:
+            texts, counts = _finish_rows(new_tokens, tokenizer, stop, eos_ids)
+            return GenerationOutput(completions=texts, completion_tokens=counts, generated_tokens=sum(counts),
+                                    seconds=time.perf_counter() - started)  # fmt: skip
     fast = _EngineRun.plan(model, engine, temperature, top_p, token_ids)
     seeds = row_seeds(seed if seed is not None else int.from_bytes(os.urandom(4), "little"), len(prompts))
     for start in range(0, len(order), batch_size):
@@ -218,6 +229,48 @@ def _decoding_options(
     if stop:
         options.update(stop_strings=list(stop), tokenizer=tokenizer)  # lets a batch end before max_new_tokens
     return options
+
+
+class _Capped:
+    """`on_done` told at most `total` items in all (a failed path's rows are finished again by the next)."""
+
+    def __init__(self, total: int, on_done: Callable[[int], None] | None):
+        self.left, self.on_done = total, on_done
+
+    def __call__(self, n: int) -> None:
+        n = min(n, self.left)
+        if n > 0 and self.on_done is not None:
+            self.left -= n
+            self.on_done(n)
+
+
+def _continuous(model, tokenizer, token_ids, max_new_tokens, stop, eos_ids, slots, on_done) -> list[list[int]] | None:
+    """Greedy new tokens per prompt from the CPU shared-prefix batcher (`a2rl.inference.prefix_batching`), or
+    None where it does not apply or fails (then the batch-by-batch path runs)."""
+    from a2rl.inference.prefix_batching import PrefixBatcher, Unsupported
+
+    if model.__dict__.get("_a2rl_batcher_failed"):
+        return None
+    prefix = shared_prefix(token_ids)
+    if len(prefix) < MIN_SHARED_PREFIX:
+        prefix = []
+    stops = StopTokens.build(tokenizer, stop, eos_ids)
+
+    def finished(tokens: list[int]) -> bool:
+        if tokens[-1] in stops.ids:
+            return True
+        return not stops.exact and _has_stop(tokenizer.decode(tokens, skip_special_tokens=True), stop)
+
+    try:
+        batcher = PrefixBatcher(model)
+        p = len(prefix)
+        return batcher.decode(prefix, [ids[p:] for ids in token_ids], max_new_tokens, slots, finished, on_done)
+    except Unsupported as e:
+        log.info("shared-prefix batcher not used: %s", e)
+    except Exception as e:  # noqa: BLE001 - any failure: the same outputs from the batch-by-batch path
+        log.warning("shared-prefix batcher failed (%s: %s); decoding batch by batch", type(e).__name__, e)
+    model.__dict__["_a2rl_batcher_failed"] = True
+    return None
 
 
 class _BatchReport:
