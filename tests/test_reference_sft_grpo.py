@@ -71,6 +71,9 @@ def test_knobs_default_to_the_gpu_recipe():
     assert (k.sft_lr, k.sft_batch_size, k.group_size, k.goals_per_step, k.loop_penalty) == (1e-4, 32, 8, 8, 0.5)
     assert (k.algorithm, k.invalid_penalty, k.rollout_engine) == ("grpo", 0.1, "auto")
     assert Knobs.from_env({"A2RL_SFT_ROUND_S": "7", "A2RL_GRPO_LOOP_PENALTY": "0.2"}).sft_round_s == 7.0
+    schedule = k.schedule(grpo_env_torch)
+    assert (schedule.epochs, schedule.minibatches, schedule.clip_low, schedule.clip_high) == (1, 4, 0.2, 0.28)
+    assert Knobs.from_env({"A2RL_GRPO_EPOCHS": "2"}).schedule(grpo_env_torch).epochs == 2
 
 
 # -- the trainers on the tiny model ---------------------------------------------------------------------------

@@ -173,3 +173,48 @@ def test_rl_raises_the_greedy_win_rate_from_chance(algorithm, tmp_path, one_torc
     # last three updates is well above that of the first three.
     early, late = (sum(r["wins"] for r in part) / sum(r["episodes"] for r in part) for part in (rows[:3], rows[-3:]))
     assert late >= max(0.25, 2 * early), [r["wins"] for r in rows]
+
+
+# -- more learning per rollout: minibatches, clipped ratios, the schedule ---------------------------------------
+def one_update(tmp_path, *, lr: float, schedule, exact_copy: bool = False):
+    envlib = game_envlib(False)
+    model, tokenizer = word_model()
+    curve = tmp_path / f"curve-{lr}-{exact_copy}.jsonl"
+    grpo = grpo_env_torch.GRPOEnv(model, tokenizer, envlib, "game", None, lr=lr, goals_per_step=8, group_size=16,
+                                  max_episode_steps=1, temperature=1.0, loop_penalty=0.5, seed=0,
+                                  max_new_tokens=2, engine="engine", curve=curve, schedule=schedule)  # fmt: skip
+    if exact_copy:  # the sampler's weights equal to the policy's: its log-probs are the policy's own
+        grpo.sample.copy.float()
+        grpo.sample.sync()
+    captured = {}
+    update = grpo.update
+    grpo.update = lambda samples: captured.setdefault("stats", update(samples))
+    stats = grpo.grpo_step()
+    return stats, captured["stats"], json.loads(curve.read_text().splitlines()[-1])
+
+
+def test_an_update_takes_epochs_times_minibatches_clipped_steps_and_logs_them(tmp_path, one_torch_thread):
+    schedule = grpo_env_torch.Schedule(epochs=2, minibatches=3, warmup_steps=4, decay_steps=10)
+    # Sampled by weights equal to the policy's: the first minibatch's ratios are 1.
+    stats, update, row = one_update(tmp_path, lr=1e-4, schedule=schedule, exact_copy=True)
+    assert update.first_ratio_max_dev < 1e-5
+    assert stats.optimizer_steps == 6 and row["optimizer_steps"] == 6
+    for field in ("wins", "entropy", "clip_fraction", "approx_kl", "optimizer_steps", "lr"):
+        assert field in row, field
+    assert row["entropy"] > 0 and row["approx_kl"] >= 0
+    assert row["lr"] == pytest.approx(1e-4 * schedule.lr_factor(5))  # the last step's rate: past the warm-up
+    # The engine's bf16 copy sampled: ratios near 1 (rounding only), and a large step clips many tokens.
+    _, small, _ = one_update(tmp_path, lr=1e-4, schedule=schedule)
+    _, large, _ = one_update(tmp_path, lr=3e-2, schedule=schedule)
+    assert small.first_ratio_max_dev < 0.1
+    assert small.clip_fraction < 0.05 < large.clip_fraction and small.approx_kl < large.approx_kl
+
+
+def test_the_learning_rate_warms_up_then_decays():
+    s = grpo_env_torch.Schedule(warmup_steps=4, decay_steps=100, min_lr_share=0.1)
+    rates = [s.lr_factor(i) for i in range(120)]
+    assert rates[:4] == [0.25, 0.5, 0.75, 1.0] and rates[4] == 1.0
+    assert all(a >= b for a, b in zip(rates[4:], rates[5:])) and rates[-1] == pytest.approx(0.1)
+    assert grpo_env_torch.Schedule().lr_factor(10_000) == 1.0  # no schedule: constant
+    with pytest.raises(ValueError):
+        grpo_env_torch.Schedule(minibatches=0)

@@ -98,6 +98,14 @@ class Knobs:
     """`auto` (the decode engine on CUDA, `generate` on the CPU), `engine` or `generate`."""
     max_samples: int
     """Steps per update at most (a uniform subset of those with a non-zero advantage): bounds the update time."""
+    epochs: int
+    minibatches: int
+    """Each update takes epochs x minibatches optimizer steps over its rollout batch (clipped ratios)."""
+    clip_low: float
+    clip_high: float
+    warmup_steps: int
+    decay_steps: int
+    """Learning rate: linear warm-up over this many optimizer steps, then cosine decay to a tenth over these."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Knobs:
@@ -128,7 +136,19 @@ class Knobs:
             rollback_margin=float(env.get("A2RL_GRPO_ROLLBACK_MARGIN") or 10.0),
             rollout_engine=env.get("A2RL_GRPO_ROLLOUT_ENGINE") or "auto",
             max_samples=int(env.get("A2RL_GRPO_MAX_SAMPLES") or 1024),
+            epochs=int(env.get("A2RL_GRPO_EPOCHS") or 1),
+            minibatches=int(env.get("A2RL_GRPO_MINIBATCHES") or 4),
+            clip_low=float(env.get("A2RL_GRPO_CLIP_LOW") or 0.2),
+            clip_high=float(env.get("A2RL_GRPO_CLIP_HIGH") or 0.28),
+            warmup_steps=int(env.get("A2RL_GRPO_WARMUP_STEPS") or 4),
+            decay_steps=int(env.get("A2RL_GRPO_DECAY_STEPS") or 200),
         )
+
+    def schedule(self, grpo_env_torch):
+        """The update recipe as `grpo_env_torch.Schedule` (the module passed in: the workspace's copy or ours)."""
+        return grpo_env_torch.Schedule(epochs=self.epochs, minibatches=self.minibatches, clip_low=self.clip_low,
+                                       clip_high=self.clip_high, warmup_steps=self.warmup_steps,
+                                       decay_steps=self.decay_steps)  # fmt: skip
 
 
 def _win_rate(stats) -> str:
@@ -220,7 +240,7 @@ class InteractiveSession:
             goals_per_step=k.goals_per_step, group_size=k.group_size, max_episode_steps=k.max_episode_steps,
             temperature=k.temperature, loop_penalty=k.loop_penalty, invalid_penalty=k.invalid_penalty,
             algorithm=k.algorithm, gamma=k.gamma, seed=self.s.seed, engine=k.rollout_engine, max_samples=k.max_samples,
-            curve=self.s.workspace / "code" / "rl_curve.jsonl",
+            curve=self.s.workspace / "code" / "rl_curve.jsonl", schedule=k.schedule(grpo_env_torch),
         )  # fmt: skip
 
     # -- rounds ------------------------------------------------------------------------------------------
