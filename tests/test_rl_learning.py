@@ -197,12 +197,12 @@ def test_an_update_takes_epochs_times_minibatches_clipped_steps_and_logs_them(tm
     schedule = grpo_env_torch.Schedule(epochs=2, minibatches=3, warmup_steps=4, decay_steps=10)
     # Sampled by weights equal to the policy's: the first minibatch's ratios are 1.
     stats, update, row = one_update(tmp_path, lr=1e-4, schedule=schedule, exact_copy=True)
-    assert update.first_ratio_max_dev < 1e-5
-    assert stats.optimizer_steps == 6 and row["optimizer_steps"] == 6
+    assert update.first_ratio_max_dev <= 1e-5
+    assert stats.update.optimizer_steps == 6 and row["optimizer_steps"] == 6
     for field in ("wins", "entropy", "clip_fraction", "approx_kl", "optimizer_steps", "lr"):
         assert field in row, field
     assert row["entropy"] > 0 and row["approx_kl"] >= 0
-    assert row["lr"] == pytest.approx(1e-4 * schedule.lr_factor(5))  # the last step's rate: past the warm-up
+    assert row["lr"] == pytest.approx(1e-4 * schedule.lr_factor(5), rel=1e-4)  # the last step's rate: past the warm-up
     # The engine's bf16 copy sampled: ratios near 1 (rounding only), and a large step clips many tokens.
     _, small, _ = one_update(tmp_path, lr=1e-4, schedule=schedule)
     _, large, _ = one_update(tmp_path, lr=3e-2, schedule=schedule)

@@ -416,11 +416,7 @@ class StepStats:
     mean_invalid: float = 0.0
     mean_steps: float = 0.0
     generated_tokens: int = 0
-    optimizer_steps: int = 0
-    clip_fraction: float = 0.0
-    approx_kl: float = 0.0
-    entropy: float = 0.0
-    lr: float = 0.0
+    update: UpdateStats = field(default_factory=UpdateStats)
 
 
 class GRPOEnv:
@@ -495,12 +491,13 @@ class GRPOEnv:
             round(sum(repeat_fraction(r.actions) for r in rollouts) / n, 4), len(samples), round(update.loss, 5),
             round(time.monotonic() - t_update, 2), round(rollout_s, 2),
             round(sum(sum(r.invalid) for r in rollouts) / max(1, steps), 4), round(steps / n, 2),
-            getattr(self.sample, "tokens", 0) - tokens_before, update.optimizer_steps,
-            round(update.clip_fraction, 4), round(update.approx_kl, 6), round(update.entropy, 4), update.lr,
+            getattr(self.sample, "tokens", 0) - tokens_before, update,
         )  # fmt: skip
         if self.curve is not None:
             with self.curve.open("a", encoding="utf-8") as f:
-                f.write(json.dumps({"update": self.steps_done, "algorithm": self.algorithm, **asdict(stats)}) + "\n")
+                row = asdict(stats)
+                row.update(row.pop("update"))  # one flat row per update
+                f.write(json.dumps({"update": self.steps_done, "algorithm": self.algorithm, **row}) + "\n")
         return stats
 
     def _batch(self, chunk: list[tuple[list[int], list[int], float]]):
@@ -590,9 +587,9 @@ class GRPOEnv:
                 stats.optimizer_steps += 1
                 stats.lr = round(lr, 10)
         self.model.eval()
-        stats.loss = loss_sum / stats.optimizer_steps
-        stats.clip_fraction, stats.approx_kl = clipped / tokens, kl_sum / tokens
-        stats.entropy = entropy_sum / tokens
+        stats.loss = round(loss_sum / stats.optimizer_steps, 6)
+        stats.clip_fraction, stats.approx_kl = round(clipped / tokens, 4), round(kl_sum / tokens, 6)
+        stats.entropy, stats.first_ratio_max_dev = round(entropy_sum / tokens, 4), round(stats.first_ratio_max_dev, 6)
         return stats
 
     def train(self, seconds: float, max_steps: int | None = None) -> tuple[int, list[StepStats], float]:
