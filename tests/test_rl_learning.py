@@ -124,17 +124,7 @@ def word_model(seed: int = 0):
 
 def greedy_win_rate(grpo: grpo_env_torch.GRPOEnv, envlib) -> float:
     """Wins of the policy itself (fp32, greedy, through the decode engine) on every goal once."""
-    from a2rl.inference.decode_engine import Decoder, StopTokens
-
-    tokenizer = grpo.tokenizer
-    decoder = Decoder(grpo.model, use_graph=False)
-    stop = StopTokens.build(tokenizer, [envlib.STOP], {tokenizer.eos_token_id})
-
-    def greedy(conversations):
-        rows = grpo_env_torch._render(tokenizer, conversations)
-        new = decoder.decode(rows, 2, None, tokenizer.pad_token_id, stop=stop)
-        return [(r, stop.cut(t), tokenizer.decode(stop.cut(t), skip_special_tokens=True)) for r, t in zip(rows, new)]
-
+    greedy = grpo_env_torch.greedy_sampler(grpo.model, grpo.tokenizer, max_new_tokens=2, stop=envlib.STOP)
     goals = envlib.load_goals(None)
     rollouts = grpo_env_torch.play(envlib, "game", None, goals, greedy, envlib.MAX_STEPS["game"], seed=0)
     return sum(r.won for r in rollouts) / len(rollouts)

@@ -288,6 +288,26 @@ class EngineSampler:
         return out
 
 
+def greedy_sampler(model, tokenizer, *, max_new_tokens: int, stop: str):
+    """The policy's own greedy actions through the decode engine (graphs on CUDA): a win rate to watch, as the
+    evaluator decodes. The engine reads the weights in place, so it follows the policy through updates."""
+    engine = import_decode_engine()
+    decoder = engine.Decoder(model, use_graph=True, chunk=8)
+    eos = {tokenizer.eos_token_id, tokenizer.pad_token_id, *_list(model.generation_config.eos_token_id)} - {None}
+    stops = engine.StopTokens.build(tokenizer, [stop], eos)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def sample(conversations: list[list[dict]]) -> list[Sample]:
+        rows = _render(tokenizer, conversations)
+        out = []
+        for prompt, tokens in zip(rows, decoder.decode(rows, max_new_tokens, None, pad, stop=stops)):
+            tokens = stops.cut(tokens)
+            out.append((prompt, tokens, tokenizer.decode(tokens, skip_special_tokens=True).split(stop, 1)[0].strip()))
+        return out
+
+    return sample
+
+
 def _list(value) -> list:
     return value if isinstance(value, list) else [value] if value is not None else []
 
