@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -208,3 +209,21 @@ def test_the_learning_rate_warms_up_then_decays():
     assert grpo_env_torch.Schedule().lr_factor(10_000) == 1.0  # no schedule: constant
     with pytest.raises(ValueError):
         grpo_env_torch.Schedule(minibatches=0)
+
+
+def test_the_rl_only_bench_runs_on_the_cpu(tiny_model_dir, tmp_path, capsys):
+    """`bench/bench_rl_only.py --smoke`: SFT checkpoint made, each arm's updates and validations recorded, the
+    table printed (the path the GPU bench takes, at toy sizes)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import bench_rl_only
+
+    out = tmp_path / "rl.jsonl"
+    assert bench_rl_only.main([str(tiny_model_dir), "--smoke", "--sequential", "--arms", "gigpo", "none",
+                               "--out", str(out)]) == 0  # fmt: skip
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["arm"], r["update"]) for r in rows] == [(a, u) for a in ("gigpo", "none") for u in (0, 1, 2)]
+    assert all(r["val_n"] == 2 for r in rows) and rows[1]["optimizer_steps"] >= 1 and "clip_fraction" in rows[1]
+    printed = capsys.readouterr().out
+    assert "| gigpo | " in printed and "| none | " in printed and "0/2 @ 0" not in printed  # the table
