@@ -2,6 +2,7 @@
 update: the frozen policy, whose wins per update show the sampling noise), side by side on one card.
 
     python bench/bench_rl_only.py MODEL [--sft CKPT] [--updates 12] [--val-every 4] [--out rl_only.jsonl]
+    BENCH_SCRIPT=bench/bench_rl_only.py bash bench/gpu_alfworld.sh MODEL_PARTS... [OPTIONS]   # on the GPU
     python bench/bench_rl_only.py TINY_MODEL_DIR --smoke          # CPU check with the tests' tiny model
 
 MODEL is a Hugging Face checkpoint directory (on the GPU: the converted SmolLM2-135M). Without `--sft`, a short
@@ -32,7 +33,8 @@ ARMS = ("grpo", "gigpo", "none")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", type=Path, help="base model: a Hugging Face checkpoint directory")
+    p.add_argument("model", type=Path, nargs="+", help="base model: a Hugging Face checkpoint directory, a .gguf "
+                   "file or its parts in order (converted once, as bench/gpu_alfworld.py does)")
     p.add_argument("--sft", type=Path, help="the SFT checkpoint to start from (default: made here)")
     p.add_argument("--sft-steps", type=int, default=150, help="SFT optimizer steps when no --sft is given")
     p.add_argument("--updates", type=int, default=12)
@@ -45,6 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sequential", action="store_true", help="arms one after another in this process")
     p.add_argument("--smoke", action="store_true", help="tiny sizes: a CPU check of the whole path")
     p.add_argument("--out", type=Path, default=Path("rl_only.jsonl"))
+    p.add_argument("--work", type=Path, default=Path("/tmp/a2rl-rl-only"), help="the SFT checkpoint, the model")
     p.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)  # one arm, in a child process
     args = p.parse_args(argv)
     if args.smoke:
@@ -66,7 +69,7 @@ def make_sft(args, public: Path, knobs) -> Path:
     from agents.reference_sft.train_sft import save_checkpoint
     from agents.reference_sft_grpo import sft_torch
 
-    out = args.out.parent / f"sft-{args.sft_steps}-steps"
+    out = args.work / f"sft-{args.sft_steps}-steps-seed-{args.seed}"
     if (out / "model.safetensors").is_file():
         return out
     model, tokenizer = load(args.model)
@@ -167,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.arm:  # a child: one arm
         run_arm(args, args.arm, args.sft, public)
         return 0
+    from gpu_alfworld import model_dir
+
+    given = len(args.model)
+    args.model = model_dir(args.model, args.work, time.monotonic())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.unlink(missing_ok=True)
     sft = args.sft or make_sft(args, public, Knobs.from_env({}))
@@ -175,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         for arm in args.arms:
             run_arm(args, arm, sft, public)
     else:
-        passed = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--sequential"]
+        options = (argv if argv is not None else sys.argv[1:])[given:]  # the model parts first, as parsed
+        passed = [str(args.model), *(a for a in options if a != "--sequential")]
         for arm in args.arms:
             args.out.with_suffix(f".{arm}.jsonl").unlink(missing_ok=True)
         children = [subprocess.Popen([sys.executable, __file__, *passed, "--sft", str(sft), "--arm", arm,

@@ -221,7 +221,7 @@ def test_the_rl_only_bench_runs_on_the_cpu(tiny_model_dir, tmp_path, capsys):
 
     out = tmp_path / "rl.jsonl"
     assert bench_rl_only.main([str(tiny_model_dir), "--smoke", "--sequential", "--arms", "gigpo", "none",
-                               "--out", str(out)]) == 0  # fmt: skip
+                               "--out", str(out), "--work", str(tmp_path / "work")]) == 0  # fmt: skip
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["arm"], r["update"]) for r in rows] == [(a, u) for a in ("gigpo", "none") for u in (0, 1, 2)]
     assert all(r["val_n"] == 2 for r in rows) and rows[1]["optimizer_steps"] >= 1 and "clip_fraction" in rows[1]
