@@ -13,8 +13,8 @@ BPE model's 512 tokens would put chance near zero: no group would ever win, so n
   box earns half the reward), for GiGPO's step-level credit. Not asserted yet: from this untrained model it
   rose only to 25% greedy within 80 updates (the exploration of two rare actions in a row is the limit).
 
-Checked by mutation (each once): the advantage's sign flipped fails it (greedy 0%, sampled wins 4 -> 0 of 128);
-the sampler's copy never synced after an update fails it (greedy 25%, sampled wins stay ~6/128); the loss mask
+Checked by mutation (each once, on the clipped update too): the advantage's sign flipped fails it (greedy 0%, sampled wins 4 -> 0 of 128);
+the sampler's copy never synced after an update fails it (greedy 0-25%, sampled wins stay ~6/128); the loss mask
 widened to the whole sequence does NOT fail it: a group's prompts are identical and its normalised advantages
 sum to zero, so the prompt tokens' terms cancel exactly (even with a per-episode noise word in the prompt it
 still learned, in 60 updates instead of 45).
