@@ -45,4 +45,4 @@ fi
 "$PY" -c "import importlib.metadata as m, prefect, duckdb, pandas, gguf, torch; m.version('alfworld'); print('imports ok; cuda', torch.cuda.is_available())" \
   2>&1 | tail -3 | tee "$OUT/imports.log"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DO_NOT_TRACK=1 TOKENIZERS_PARALLELISM=false
-exec "$PY" bench/gpu_alfworld.py "$@"
+exec "$PY" "${BENCH_SCRIPT:-bench/gpu_alfworld.py}" "$@"   # BENCH_SCRIPT=bench/bench_rl_only.py: the RL-only bench

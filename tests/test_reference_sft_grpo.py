@@ -16,6 +16,7 @@ from a2rl.grading.route_audit import route_label
 from a2rl.workspace import RunPaths, build_workspace
 from agents import AgentEnv, get_agent, run_agent
 from agents.reference_sft_grpo import grpo_env_torch, sft_torch
+from agents.reference_sft_grpo import sft_grpo_session
 from agents.reference_sft_grpo.sft_grpo_session import Knobs, read_mode, sft_finished
 
 
@@ -36,6 +37,27 @@ from agents.reference_sft_grpo.sft_grpo_session import Knobs, read_mode, sft_fin
 )
 def test_sft_stops_when_validation_stops_rising(scores, baseline, done):
     assert sft_finished(scores, baseline, max_rounds=6) is done
+
+
+def test_a_rise_within_the_scores_noise_is_no_rise():
+    """At 60 validation games a score of 20 has 5.2 points of binomial noise: 24 after it is no rise, 26 is."""
+    assert sft_grpo_session.score_noise(20.0, 60) == pytest.approx(5.16, abs=0.01)
+    assert sft_finished([10.0, 20.0, 24.0], 0.0, max_rounds=6, items=60)
+    assert not sft_finished([10.0, 20.0, 26.0], 0.0, max_rounds=6, items=60)
+    assert not sft_finished([10.0, 20.0, 24.0], 0.0, max_rounds=6)  # without the split's size: any rise counts
+    assert not sft_finished([2.0, 6.0], 0.0, max_rounds=6, items=60)  # 6 vs 2: beyond 2's noise (1.8)
+
+
+def test_sft_keeps_to_a_third_of_the_budget_by_default():
+    assert Knobs.from_env({}).sft_max_share == pytest.approx(1 / 3)
+    session = sft_grpo_session.InteractiveSession.__new__(sft_grpo_session.InteractiveSession)  # no grader needed
+    session.__dict__.update(k=Knobs.from_env({}), save_s=5.0, phase="SFT", mode="free", margin_s=13.4,
+                            budget={"budget_s": 420.0, "remaining_s": 300.0, "elapsed_s": 120.0})  # fmt: skip
+    # 140 s is SFT's third of 420 s; 120 s are used and a save takes 5 s: 15 s of SFT training are left.
+    assert session.sft_allowance_s() == pytest.approx(15.0)
+    assert session.round_seconds() == pytest.approx(15.0)
+    session.phase = "GRPO"  # RL rounds are not capped by SFT's share
+    assert session.round_seconds() == pytest.approx(70.0)  # a sixth of the budget
 
 
 def test_sft_stop_rule_with_patience_two():
@@ -71,6 +93,9 @@ def test_knobs_default_to_the_gpu_recipe():
     assert (k.sft_lr, k.sft_batch_size, k.group_size, k.goals_per_step, k.loop_penalty) == (1e-4, 32, 8, 8, 0.5)
     assert (k.algorithm, k.invalid_penalty, k.rollout_engine) == ("grpo", 0.1, "auto")
     assert Knobs.from_env({"A2RL_SFT_ROUND_S": "7", "A2RL_GRPO_LOOP_PENALTY": "0.2"}).sft_round_s == 7.0
+    schedule = k.schedule(grpo_env_torch)
+    assert (schedule.epochs, schedule.minibatches, schedule.clip_low, schedule.clip_high) == (1, 4, 0.2, 0.28)
+    assert Knobs.from_env({"A2RL_GRPO_EPOCHS": "2"}).schedule(grpo_env_torch).epochs == 2
 
 
 # -- the trainers on the tiny model ---------------------------------------------------------------------------
@@ -402,7 +427,7 @@ def test_sft_gives_way_to_rl_once_its_share_of_the_budget_is_used(tiny_model_dir
     paths, service, log, methods = _session(tmp_path, tiny_model_dir, alfworld_data, monkeypatch, "free",
                                             [10.0, 20.0, 30.0], cap=2)  # fmt: skip
     assert methods == ["SFT", "GRPO"]
-    assert "of the budget used by SFT: next GRPO" in (paths.workspace / "code" / "NOTES.md").read_text()
+    assert "of the budget used by SFT (its share: 0%): next GRPO" in (paths.workspace / "code" / "NOTES.md").read_text()
     assert [e.detail.get("stage") for e in service.submissions()] == ["SFT", "GRPO"]
 
 

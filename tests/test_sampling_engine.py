@@ -263,6 +263,27 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def test_a_short_request_reuses_the_state_of_its_rounded_length(tiny: LoadedModel, monkeypatch) -> None:
+    """Cache lengths are rounded up (to 256 with graphs); a request needing under half of that must reuse the
+    kept state, not make a new one (with graphs: capture a new graph) at every call. On CUDA this was the
+    `graphs_captured` 2 != 1 of the graph test below: its prompts need ~60-100 slots, far below 256 / 2."""
+    import a2rl.inference.decode_engine as engine
+
+    monkeypatch.setattr(engine, "SLOT_ALIGN", engine.GRAPH_SLOT_ALIGN)  # the graph path's rounding, on the CPU
+    tok = tiny.tokenizer
+    texts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+             for q in tiny_questions(0, 12)]  # fmt: skip
+    rows = tok(texts, add_special_tokens=False)["input_ids"]
+    assert max(len(r) for r in rows) + 24 < engine.GRAPH_SLOT_ALIGN // 2
+    decoder = Decoder(tiny.model, use_graph=False, chunk=4)
+    decoder.decode(rows, 24, None, tok.pad_token_id)  # 12 rows: the eager path's batch is the row count
+    (first,) = decoder.states.values()
+    decoder.decode([r[:-3] for r in rows], 24, None, tok.pad_token_id)  # shorter prompts
+    decoder.decode([r[:5] for r in rows], 3, None, tok.pad_token_id)  # far shorter
+    (kept,) = decoder.states.values()
+    assert kept is first
+
+
 @pytest.mark.skipif(not _has_cuda(), reason="needs a CUDA device (the graph path)")
 def test_graph_sampling_equals_eager_sampling_on_cuda(tiny_model_dir) -> None:
     """With a CUDA graph the same seeds give the same samples as without one (fp32: no near-tie noise), rows end
@@ -285,4 +306,5 @@ def test_graph_sampling_equals_eager_sampling_on_cuda(tiny_model_dir) -> None:
     captured = graph.graphs_captured
     assert [stop.cut(t) for t in graph.decode(rows[:10], 24, None, tok.pad_token_id, sampling=Sampling(temperature=1.0),
                                                seeds=seeds[:10], stop=stop)] == [stop.cut(t) for t in eager[:10]]  # fmt: skip
-    assert graph.graphs_captured == captured  # 10 rows share the bucket of 12 (16): the same graph
+    # 10 rows share the bucket of 12 (16) and the cache length (256): the same state, the same graph.
+    assert graph.graphs_captured == captured

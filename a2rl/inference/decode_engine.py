@@ -500,18 +500,22 @@ class Decoder:
         )  # fmt: skip
 
     def _state(self, batch: int, needed: int, kind: tuple, sequences: tuple) -> _DecodeState:
-        """A kept state of this batch and kind whose cache holds `needed` slots (at most twice that), or a new one."""
+        """A kept state of this batch and kind whose cache holds `needed` slots (at most twice that, or the length a
+        new one would get), or a new one."""
         import torch
         from transformers import StaticCache
 
+        align = GRAPH_SLOT_ALIGN if self.use_graph else SLOT_ALIGN
+        slots = -(-needed // align) * align
+        # Up to twice the need, and never less than a new state would get: a short request (needed < align / 2)
+        # must still reuse the state (and graph) of its own rounded length, not capture a new one each call.
+        longest = max(2 * needed, slots)
         fits = [key for key in self.states if key[0] == batch and key[2:] == (kind, sequences)
-                and needed <= key[1] <= 2 * needed]  # fmt: skip
+                and needed <= key[1] <= longest]  # fmt: skip
         if fits:
             key = min(fits, key=lambda k: k[1])
             self.states.move_to_end(key)
             return self.states[key]
-        align = GRAPH_SLOT_ALIGN if self.use_graph else SLOT_ALIGN
-        slots = -(-needed // align) * align
         while len(self.states) >= MAX_KEPT_STATES:
             self.states.popitem(last=False)
         cache = StaticCache(config=self.model.config, max_cache_len=slots)

@@ -5,8 +5,11 @@ same game), played in lockstep in the task's own environment (``data/envlib.zip`
 prompts, step limit and action parsing. An episode's return is the environment's reward minus a loop penalty
 (the share of its actions that repeat an earlier one) and an invalid-action penalty (the share of its actions
 the environment refused: "Nothing happens."). Every step of an episode is one sample: its prompt exactly as the
-evaluator shows it and its sampled action tokens; the loss is ``-advantage * log-prob(action tokens)`` averaged
-over the action tokens of the batch, one optimizer step per iteration (on-policy, no KL term).
+evaluator shows it and its sampled action tokens. Each update takes `epochs` x `minibatches` optimizer steps over
+the rollout batch with the clipped objective of PPO / GRPO (no KL term): per action token
+``-min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A)``, ``r`` the ratio of the policy's probability to that
+of the policy that sampled the batch (its log-probs taken once, right after the rollouts, from the sampler's own
+weights), averaged over the minibatch's action tokens; the learning rate warms up, then decays (cosine).
 
 Advantages:
 * ``grpo``: the episode's return normalised within its group, the same for each of its steps;
@@ -285,6 +288,26 @@ class EngineSampler:
         return out
 
 
+def greedy_sampler(model, tokenizer, *, max_new_tokens: int, stop: str):
+    """The policy's own greedy actions through the decode engine (graphs on CUDA): a win rate to watch, as the
+    evaluator decodes. The engine reads the weights in place, so it follows the policy through updates."""
+    engine = import_decode_engine()
+    decoder = engine.Decoder(model, use_graph=True, chunk=8)
+    eos = {tokenizer.eos_token_id, tokenizer.pad_token_id, *_list(model.generation_config.eos_token_id)} - {None}
+    stops = engine.StopTokens.build(tokenizer, [stop], eos)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def sample(conversations: list[list[dict]]) -> list[Sample]:
+        rows = _render(tokenizer, conversations)
+        out = []
+        for prompt, tokens in zip(rows, decoder.decode(rows, max_new_tokens, None, pad, stop=stops)):
+            tokens = stops.cut(tokens)
+            out.append((prompt, tokens, tokenizer.decode(tokens, skip_special_tokens=True).split(stop, 1)[0].strip()))
+        return out
+
+    return sample
+
+
 def _list(value) -> list:
     return value if isinstance(value, list) else [value] if value is not None else []
 
@@ -344,6 +367,60 @@ def _state_key(env, observation: str) -> Hashable:
 
 
 # -- training ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Schedule:
+    """The update recipe: optimizer steps per rollout batch, ratio clipping and the learning-rate schedule."""
+
+    epochs: int = 1
+    minibatches: int = 1
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    """Clip-higher (DAPO): a larger upper bound lets rare good actions grow faster than they shrink."""
+    warmup_steps: int = 0
+    decay_steps: int = 0
+    """Cosine decay over this many optimizer steps after the warm-up, down to `min_lr_share` (0: constant)."""
+    min_lr_share: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.minibatches < 1:
+            raise ValueError(f"epochs and minibatches must be >= 1 (got {self.epochs}, {self.minibatches})")
+        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
+            raise ValueError(f"clip bounds must be 0 <= low < 1, high >= 0 (got {self.clip_low}, {self.clip_high})")
+
+    def lr_factor(self, step: int) -> float:
+        """The learning rate's share of its peak at optimizer step `step` (0-based).
+
+        >>> s = Schedule(warmup_steps=2, decay_steps=10, min_lr_share=0.1)
+        >>> [round(s.lr_factor(i), 2) for i in (0, 1, 2, 7, 12, 99)]
+        [0.5, 1.0, 1.0, 0.55, 0.1, 0.1]
+        """
+        import math
+
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.decay_steps <= 0:
+            return 1.0
+        done = min(1.0, (step - self.warmup_steps) / self.decay_steps)
+        return self.min_lr_share + (1 - self.min_lr_share) * 0.5 * (1 + math.cos(math.pi * done))
+
+
+@dataclass
+class UpdateStats:
+    """What one update's optimizer steps saw, over its action tokens."""
+
+    loss: float = 0.0
+    optimizer_steps: int = 0
+    clip_fraction: float = 0.0
+    """Share of action tokens whose clipped term was the smaller one (no gradient from them)."""
+    approx_kl: float = 0.0
+    """Estimate of KL(sampling policy || policy), mean of (r - 1) - log r over the tokens (Schulman's k3)."""
+    entropy: float = 0.0
+    """Estimate of the sampling policy's entropy per action token: mean -log p of the sampled tokens."""
+    first_ratio_max_dev: float = 0.0
+    """Largest |r - 1| in the first minibatch of the update (0 up to rounding when the sampler is the policy)."""
+    lr: float = 0.0
+
+
 @dataclass
 class StepStats:
     episodes: int
@@ -359,6 +436,7 @@ class StepStats:
     mean_invalid: float = 0.0
     mean_steps: float = 0.0
     generated_tokens: int = 0
+    update: UpdateStats = field(default_factory=UpdateStats)
 
 
 class GRPOEnv:
@@ -369,7 +447,7 @@ class GRPOEnv:
                  invalid_penalty: float = 0.1, algorithm: str = "grpo", gamma: float = 0.95,
                  step_weight: float = 1.0, micro_batch: int | None = None, max_new_tokens: int = 32,
                  max_grad_norm: float = 1.0, engine: str = "auto", curve: Path | None = None,
-                 max_samples: int = 1024):  # fmt: skip
+                 max_samples: int = 1024, schedule: Schedule = Schedule()):  # fmt: skip
         import torch
 
         if algorithm not in ALGORITHMS:
@@ -384,6 +462,7 @@ class GRPOEnv:
         self.max_grad_norm, self.max_samples = max_grad_norm, max_samples
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        self.peak_lr, self.schedule, self.optimizer_steps = lr, schedule, 0
         self.goals = envlib.load_goals(data_dir)
         self.rng = random.Random(seed)
         self.seed = seed * 100_003
@@ -419,8 +498,8 @@ class GRPOEnv:
         if len(samples) > self.max_samples:  # a uniform subset: the same expected loss, a bounded update time
             samples = self.rng.sample(samples, self.max_samples)
         t_update = time.monotonic()
-        loss = self.update(samples)
-        if hasattr(self.sample, "sync"):
+        update = self.update(samples)
+        if hasattr(self.sample, "sync"):  # after the last optimizer step: the next rollouts use these weights
             self.sample.sync()
         self.steps_done += 1
         n = len(rollouts)
@@ -429,50 +508,109 @@ class GRPOEnv:
                    for r in rollouts]  # fmt: skip
         stats = StepStats(
             n, sum(r.won for r in rollouts), round(sum(rewards) / n, 4),
-            round(sum(repeat_fraction(r.actions) for r in rollouts) / n, 4), len(samples), round(loss, 5),
+            round(sum(repeat_fraction(r.actions) for r in rollouts) / n, 4), len(samples), round(update.loss, 5),
             round(time.monotonic() - t_update, 2), round(rollout_s, 2),
             round(sum(sum(r.invalid) for r in rollouts) / max(1, steps), 4), round(steps / n, 2),
-            getattr(self.sample, "tokens", 0) - tokens_before,
+            getattr(self.sample, "tokens", 0) - tokens_before, update,
         )  # fmt: skip
         if self.curve is not None:
             with self.curve.open("a", encoding="utf-8") as f:
-                f.write(json.dumps({"update": self.steps_done, "algorithm": self.algorithm, **asdict(stats)}) + "\n")
+                row = asdict(stats)
+                row.update(row.pop("update"))  # one flat row per update
+                f.write(json.dumps({"update": self.steps_done, "algorithm": self.algorithm, **row}) + "\n")
         return stats
 
-    def update(self, samples: list[tuple[list[int], list[int], float]]) -> float:
-        """One optimizer step on `-advantage * log p(action)`, summed over action tokens / their number."""
+    def _batch(self, chunk: list[tuple[list[int], list[int], float]]):
+        """Right-padded ids, attention mask and action-token mask of a micro-batch, on the device."""
         import torch
 
+        width = max(len(p) + len(a) for p, a, _ in chunk)
+        ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        targets = torch.zeros((len(chunk), width), dtype=torch.bool)
+        for row, (p, a, _) in enumerate(chunk):
+            ids[row, : len(p) + len(a)] = torch.tensor(p + a)
+            mask[row, : len(p) + len(a)] = 1
+            targets[row, len(p) : len(p) + len(a)] = True
+        prefix = shared_prefix_length([p for p, _, _ in chunk], [len(p) for p, _, _ in chunk])
+        return ids.to(self.device), mask.to(self.device), targets.to(self.device), prefix
+
+    def _log_probs(self, model, chunk):
+        ids, mask, targets, prefix = self._batch(chunk)
+        return target_log_probs(model, ids, mask, targets, self.device,
+                                prefix=prefix if prefix >= MIN_TRAIN_PREFIX else 0)  # fmt: skip
+
+    def sampling_log_probs(self, samples) -> list:
+        """Each sample's action-token log-probs under the weights that sampled it (the rollout copy when there is
+        one), taken before the first optimizer step of the update."""
+        import torch
+
+        sampler_model = getattr(self.sample, "copy", None) or self.model
+        out = []
+        with torch.no_grad():
+            for start in range(0, len(samples), self.micro_batch):
+                chunk = samples[start : start + self.micro_batch]
+                flat = self._log_probs(sampler_model, chunk).float()
+                out += list(torch.split(flat, [len(a) for _, a, _ in chunk]))
+        return out
+
+    def update(self, samples: list[tuple[list[int], list[int], float]]) -> UpdateStats:
+        """`epochs` x `minibatches` optimizer steps on the clipped objective over the action tokens."""
+        import torch
+
+        stats = UpdateStats(lr=round(self.peak_lr * self.schedule.lr_factor(self.optimizer_steps), 10))
         if not samples:
-            return 0.0
-        self.model.train()
-        total_tokens = sum(len(a) for _, a, _ in samples)
-        samples = sorted(samples, key=lambda s: len(s[0]) + len(s[1]))
-        loss_sum = 0.0
-        for start in range(0, len(samples), self.micro_batch):
-            chunk = samples[start : start + self.micro_batch]
-            width = max(len(p) + len(a) for p, a, _ in chunk)
-            ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            targets = torch.zeros((len(chunk), width), dtype=torch.bool)
-            weights = []
-            for row, (p, a, adv) in enumerate(chunk):
-                ids[row, : len(p) + len(a)] = torch.tensor(p + a)
-                mask[row, : len(p) + len(a)] = 1
-                targets[row, len(p) : len(p) + len(a)] = True
-                weights += [adv] * len(a)
-            ids, mask, targets = ids.to(self.device), mask.to(self.device), targets.to(self.device)
-            prefix = shared_prefix_length([p for p, _, _ in chunk], [len(p) for p, _, _ in chunk])
-            log_probs = target_log_probs(self.model, ids, mask, targets, self.device,
-                                         prefix=prefix if prefix >= MIN_TRAIN_PREFIX else 0)  # fmt: skip
-            loss = -(torch.tensor(weights, device=self.device) * log_probs).sum() / total_tokens
-            loss.backward()
-            loss_sum += float(loss.detach())
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+            return stats
         self.model.eval()
-        return loss_sum
+        samples = sorted(samples, key=lambda s: len(s[0]) + len(s[1]))  # similar lengths share micro-batches
+        old = self.sampling_log_probs(samples)
+        self.model.train()
+        k = self.schedule
+        tokens = clipped = 0
+        kl_sum = entropy_sum = loss_sum = 0.0
+        first = True
+        for _ in range(k.epochs):
+            order = list(range(len(samples)))
+            self.rng.shuffle(order)
+            for part in range(k.minibatches):
+                chosen = sorted(order[part :: k.minibatches])  # sorted: by length again, for the micro-batches
+                if not chosen:
+                    continue
+                mb_tokens = sum(len(samples[i][1]) for i in chosen)
+                lr = self.peak_lr * k.lr_factor(self.optimizer_steps)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                for start in range(0, len(chosen), self.micro_batch):
+                    idx = chosen[start : start + self.micro_batch]
+                    chunk = [samples[i] for i in idx]
+                    new = self._log_probs(self.model, chunk).float()
+                    before = torch.cat([old[i] for i in idx]).to(new.device)
+                    adv = torch.tensor([adv for _, a, adv in chunk for _ in a], device=new.device)
+                    ratio = torch.exp(new - before)
+                    bounded = torch.clamp(ratio, 1 - k.clip_low, 1 + k.clip_high)
+                    loss = -torch.minimum(ratio * adv, bounded * adv).sum() / mb_tokens
+                    loss.backward()
+                    with torch.no_grad():
+                        r = ratio.detach()
+                        clipped += int(((r > 1 + k.clip_high) & (adv > 0) | (r < 1 - k.clip_low) & (adv < 0)).sum())
+                        kl_sum += float(((r - 1) - torch.log(r)).sum())
+                        entropy_sum += float(-before.sum())
+                        tokens += len(r)
+                        loss_sum += float(loss.detach())
+                        if first:
+                            stats.first_ratio_max_dev = max(stats.first_ratio_max_dev, float((r - 1).abs().max()))
+                first = False
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.optimizer_steps += 1
+                stats.optimizer_steps += 1
+                stats.lr = round(lr, 10)
+        self.model.eval()
+        stats.loss = round(loss_sum / stats.optimizer_steps, 6)
+        stats.clip_fraction, stats.approx_kl = round(clipped / tokens, 4), round(kl_sum / tokens, 6)
+        stats.entropy, stats.first_ratio_max_dev = round(entropy_sum / tokens, 4), round(stats.first_ratio_max_dev, 6)
+        return stats
 
     def train(self, seconds: float, max_steps: int | None = None) -> tuple[int, list[StepStats], float]:
         """Steps until the next would end past `seconds` (judged by the last one) or `max_steps`. Rollouts stop

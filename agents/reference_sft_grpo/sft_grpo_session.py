@@ -44,11 +44,25 @@ def read_mode(workspace: Path) -> str:
     return match.group(1) if match else "free"
 
 
-def sft_finished(scores: list[float | None], baseline: float | None, max_rounds: int, patience: int = 1) -> bool:
+def score_noise(score: float, items: int) -> float:
+    """The binomial standard error, in points, of a validation score (percent) over `items` items: one item's
+    worth at least (at 60 items a score of 20 has 5.2 points of noise; one game is 1.7 points).
+
+    >>> round(score_noise(20.0, 60), 1), round(score_noise(0.0, 60), 1)
+    (5.2, 1.7)
+    """
+    p = min(max(score / 100, 1 / items), 1 - 1 / items)
+    return 100 * (p * (1 - p) / items) ** 0.5
+
+
+def sft_finished(scores: list[float | None], baseline: float | None, max_rounds: int, patience: int = 1,
+                 items: int | None = None) -> bool:  # fmt: skip
     """Whether to stop SFT after these validation scores (one per SFT round, None when not scored).
 
     SFT stops when the last `patience` rounds did not beat the best score before them, once that best is above
     the baseline (until SFT has lifted the model at all, more SFT is the better bet), or after `max_rounds`.
+    With `items` (the validation split's size), beating it means by more than the best score's own noise
+    (`score_noise`): a rise within one standard error is not worth more SFT time, RL gets it instead.
     """
     if len(scores) >= max_rounds:
         return True
@@ -60,7 +74,8 @@ def sft_finished(scores: list[float | None], baseline: float | None, max_rounds:
     best_before = max(known)
     if baseline is not None and best_before <= baseline:
         return False
-    return all(s is None or s <= best_before for s in scores[-patience:])
+    bar = best_before + (score_noise(best_before, items) if items else 0.0)
+    return all(s is None or s <= bar for s in scores[-patience:])
 
 
 @dataclass(frozen=True)
@@ -76,8 +91,10 @@ class Knobs:
     """Cap on steps per SFT round (tests)."""
     sft_max_rounds: int
     sft_max_share: float
-    """SFT rounds stop once this share of the budget is used (the RL phase needs time to take several updates;
-    in mode sft-only the annealed SFT rounds that follow are SFT too)."""
+    """SFT never uses more than this share of the budget (its rounds are cut to fit; the RL phase needs time to
+    take many updates; in mode sft-only the annealed SFT rounds that follow are SFT too)."""
+    validation_items: int
+    """Items of the validation split (alfworld: 60 games): a rise of SFT's score within its noise is no rise."""
     grpo_lr: float
     grpo_round_s: float | None
     grpo_max_steps: int | None
@@ -98,6 +115,14 @@ class Knobs:
     """`auto` (the decode engine on CUDA, `generate` on the CPU), `engine` or `generate`."""
     max_samples: int
     """Steps per update at most (a uniform subset of those with a non-zero advantage): bounds the update time."""
+    epochs: int
+    minibatches: int
+    """Each update takes epochs x minibatches optimizer steps over its rollout batch (clipped ratios)."""
+    clip_low: float
+    clip_high: float
+    warmup_steps: int
+    decay_steps: int
+    """Learning rate: linear warm-up over this many optimizer steps, then cosine decay to a tenth over these."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Knobs:
@@ -113,7 +138,8 @@ class Knobs:
             sft_round_s=opt("A2RL_SFT_ROUND_S", float),
             sft_max_steps=opt("A2RL_SFT_MAX_STEPS", int),
             sft_max_rounds=int(env.get("A2RL_SFT_MAX_ROUNDS") or 6),
-            sft_max_share=float(env.get("A2RL_SFT_MAX_SHARE") or 0.5),
+            sft_max_share=float(env.get("A2RL_SFT_MAX_SHARE") or 1 / 3),
+            validation_items=int(env.get("A2RL_VALIDATION_ITEMS") or 60),
             grpo_lr=float(env.get("A2RL_GRPO_LR") or 1e-5),
             grpo_round_s=opt("A2RL_GRPO_ROUND_S", float),
             grpo_max_steps=opt("A2RL_GRPO_MAX_STEPS", int),
@@ -128,7 +154,19 @@ class Knobs:
             rollback_margin=float(env.get("A2RL_GRPO_ROLLBACK_MARGIN") or 10.0),
             rollout_engine=env.get("A2RL_GRPO_ROLLOUT_ENGINE") or "auto",
             max_samples=int(env.get("A2RL_GRPO_MAX_SAMPLES") or 1024),
+            epochs=int(env.get("A2RL_GRPO_EPOCHS") or 1),
+            minibatches=int(env.get("A2RL_GRPO_MINIBATCHES") or 4),
+            clip_low=float(env.get("A2RL_GRPO_CLIP_LOW") or 0.2),
+            clip_high=float(env.get("A2RL_GRPO_CLIP_HIGH") or 0.28),
+            warmup_steps=int(env.get("A2RL_GRPO_WARMUP_STEPS") or 4),
+            decay_steps=int(env.get("A2RL_GRPO_DECAY_STEPS") or 200),
         )
+
+    def schedule(self, grpo_env_torch):
+        """The update recipe as `grpo_env_torch.Schedule` (the module passed in: the workspace's copy or ours)."""
+        return grpo_env_torch.Schedule(epochs=self.epochs, minibatches=self.minibatches, clip_low=self.clip_low,
+                                       clip_high=self.clip_high, warmup_steps=self.warmup_steps,
+                                       decay_steps=self.decay_steps)  # fmt: skip
 
 
 def _win_rate(stats) -> str:
@@ -220,7 +258,7 @@ class InteractiveSession:
             goals_per_step=k.goals_per_step, group_size=k.group_size, max_episode_steps=k.max_episode_steps,
             temperature=k.temperature, loop_penalty=k.loop_penalty, invalid_penalty=k.invalid_penalty,
             algorithm=k.algorithm, gamma=k.gamma, seed=self.s.seed, engine=k.rollout_engine, max_samples=k.max_samples,
-            curve=self.s.workspace / "code" / "rl_curve.jsonl",
+            curve=self.s.workspace / "code" / "rl_curve.jsonl", schedule=k.schedule(grpo_env_torch),
         )  # fmt: skip
 
     # -- rounds ------------------------------------------------------------------------------------------
@@ -228,7 +266,15 @@ class InteractiveSession:
         budget_s = float(self.budget["budget_s"])
         wanted = (self.k.sft_round_s if self.phase != "GRPO" else self.k.grpo_round_s) or default_round_s(budget_s)
         usable = float(self.budget["remaining_s"]) - self.margin_s - self.save_s
+        if self.phase == "SFT" and self.mode != "sft-only":  # SFT's share ends with this round at the latest
+            usable = min(usable, self.sft_allowance_s())
         return min(wanted, usable)
+
+    def sft_allowance_s(self) -> float:
+        """Training seconds SFT may still take: its share of the budget less what is used, less a save."""
+        budget_s = float(self.budget["budget_s"])
+        used_s = budget_s - float(self.budget["remaining_s"])
+        return self.k.sft_max_share * budget_s - used_s - self.save_s
 
     def can_start(self) -> tuple[bool, float, str]:
         cap = self.budget.get("max_submissions")
@@ -319,11 +365,14 @@ class InteractiveSession:
     def next_phase(self, r: Round) -> None:
         if r.method == "SFT":
             self.sft_scores.append(r.score)
-            used = float(self.client.budget()["elapsed_s"]) / float(self.budget["budget_s"])
-            rising_stopped = sft_finished(self.sft_scores, self.baseline, self.k.sft_max_rounds)
-            if rising_stopped or used >= self.k.sft_max_share:
+            self.budget = self.client.budget()
+            used = float(self.budget["elapsed_s"]) / float(self.budget["budget_s"])
+            rising_stopped = sft_finished(self.sft_scores, self.baseline, self.k.sft_max_rounds,
+                                          items=self.k.validation_items)  # fmt: skip
+            if rising_stopped or used >= self.k.sft_max_share or self.sft_allowance_s() < loop.MIN_TRAIN_S:
                 self.phase = "SFT-anneal" if self.mode == "sft-only" else "GRPO"
-                why = "SFT stops rising" if rising_stopped else f"{used:.0%} of the budget used by SFT"
+                why = ("validation no longer rises beyond its noise" if rising_stopped else
+                       f"{used:.0%} of the budget used by SFT (its share: {self.k.sft_max_share:.0%})")
                 r.note = (r.note + "; " if r.note else "") + f"{why}: next {self.phase}"
                 if self.phase == "SFT-anneal":
                     self.sft.set_lr(self.k.sft_lr / 2)

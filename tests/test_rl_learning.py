@@ -1,0 +1,229 @@
+"""RL that learns, on the CPU: from an untrained model, GRPO and GiGPO raise the greedy win rate of a small text
+game from near chance to >= 90% within a bounded number of updates, through the agent's own update, advantage
+and sampler code (`grpo_env_torch.GRPOEnv` with the decode-engine sampler and its bf16 rollout copy).
+
+The game sits behind the same environment interface the agent plays ALFWorld through (`envlib`: goals, a
+factory of environments, the evaluator's prompter, action parsing, the stop string and step limits), so only the
+game is the test's own. The model is a tiny Llama on a word-level vocabulary of a few dozen tokens (the tiny
+BPE model's 512 tokens would put chance near zero: no group would ever win, so nothing could be learned).
+
+* ``take``: the observation names one of four objects; replying with its name wins (one step). Both GRPO and
+  GiGPO learn it here (one update: 8 goals x 16 episodes, lr 3e-3; greedy 0% -> 100% in 30-35 updates).
+* ``open-take`` (``boxed``): the object is in a closed box: "open" first, then its name (two steps; an opened
+  box earns half the reward), for GiGPO's step-level credit. Not asserted yet: from this untrained model it
+  rose only to 25% greedy within 80 updates (the exploration of two rare actions in a row is the limit).
+
+Checked by mutation (each once, on the clipped update too): the advantage's sign flipped fails it (greedy 0%, sampled wins 4 -> 0 of 128);
+the sampler's copy never synced after an update fails it (greedy 0-25%, sampled wins stay ~6/128); the loss mask
+widened to the whole sequence does NOT fail it: a group's prompts are identical and its normalised advantages
+sum to zero, so the prompt tokens' terms cancel exactly (even with a per-episode noise word in the prompt it
+still learned, in 60 updates instead of 45).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from agents.reference_sft_grpo import grpo_env_torch
+
+OBJECTS = ("apple", "book", "card", "egg")
+WORDS = ("open", "box", "see", "Nothing", "happens.", "won", "system", "user", "assistant", ".")
+SYSTEM = " ".join(["see"] * 12 + ["."] + ["open", "box", "."] * 8)
+"""Long enough (>= 32 tokens) for the sampler to prefill it once per step, as on ALFWorld."""
+
+
+# -- the game, behind the envlib interface -------------------------------------------------------------------
+@dataclass
+class Result:
+    observation: str
+    reward: float
+    done: bool
+    info: dict
+
+
+class Game:
+    """One episode. `boxed`: the object must be uncovered with "open" before it can be taken."""
+
+    def __init__(self, boxed: bool):
+        self.boxed = boxed
+
+    def reset(self, goal: dict, seed: int | None = None):
+        self.target, self.open = goal["object"], not self.boxed
+        return self.observation(), {}
+
+    def observation(self) -> str:
+        return f"see {self.target} ." if self.open else "see box ."
+
+    def state_key(self):
+        return ("open" if self.open else "closed", self.target)
+
+    def step(self, action: str) -> Result:
+        if not self.open and action == "open":
+            self.open = True
+            return Result(f"open box . see {self.target} .", self.progress(), False, {"won": False})
+        if self.open and action == self.target:
+            return Result("won .", 1.0, True, {"won": True})
+        return Result("Nothing happens.", self.progress(), False, {"won": False})
+
+    def progress(self) -> float:
+        """The reward so far (paid in full at the end, as ALFWorld does): half for an opened box."""
+        return 0.5 if self.boxed and self.open else 0.0
+
+
+def game_envlib(boxed: bool) -> SimpleNamespace:
+    """The game as an `envlib` (what `grpo_env_torch` imports from the task's ``data/envlib.zip``)."""
+
+    def prompter(goal, first, turns):
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": first}]
+        for turn in turns:
+            messages += [{"role": "assistant", "content": turn["completion"]},
+                         {"role": "user", "content": turn["observation"]}]  # fmt: skip
+        return messages
+
+    return SimpleNamespace(
+        MAX_STEPS={"game": 2 if boxed else 1},
+        STOP="\n",
+        load_goals=lambda data_dir: [{"id": f"{o}-{i}", "object": o} for o in OBJECTS for i in range(2)],
+        make_env=lambda task, data_dir: (lambda: Game(boxed)),
+        prompter=lambda task: prompter,
+        parse_action=lambda text: (text.split() or [""])[0],
+    )
+
+
+# -- a tiny model on a word-level vocabulary -------------------------------------------------------------------
+def word_model(seed: int = 0):
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from tests.tiny_model import CHATML_TEMPLATE, SPECIAL_TOKENS
+
+    words = list(dict.fromkeys([*SPECIAL_TOKENS, "[UNK]", *OBJECTS, *WORDS]))
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|im_end|>",
+                                        pad_token="<|pad|>", unk_token="[UNK]",
+                                        extra_special_tokens=["<|im_start|>"])  # fmt: skip
+    tokenizer.chat_template = CHATML_TEMPLATE
+    tokenizer.padding_side = "left"
+    ids = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
+           "eos_token_id": tokenizer.eos_token_id}  # fmt: skip
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=True, initializer_range=0.02, **ids)  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).eval()
+    model.generation_config = GenerationConfig(**ids)
+    return model, tokenizer
+
+
+def greedy_win_rate(grpo: grpo_env_torch.GRPOEnv, envlib) -> float:
+    """Wins of the policy itself (fp32, greedy, through the decode engine) on every goal once."""
+    greedy = grpo_env_torch.greedy_sampler(grpo.model, grpo.tokenizer, max_new_tokens=2, stop=envlib.STOP)
+    goals = envlib.load_goals(None)
+    rollouts = grpo_env_torch.play(envlib, "game", None, goals, greedy, envlib.MAX_STEPS["game"], seed=0)
+    return sum(r.won for r in rollouts) / len(rollouts)
+
+
+def learn(algorithm: str, boxed: bool, tmp_path, *, max_updates: int, lr: float = 3e-3, temperature: float = 1.0,
+          group_size: int = 16, seed: int = 0):
+    """Updates until the greedy win rate (checked every 5) reaches 90%; the curve and the rates seen."""
+    envlib = game_envlib(boxed)
+    model, tokenizer = word_model(seed)
+    curve = tmp_path / f"{algorithm}-{boxed}.jsonl"
+    grpo = grpo_env_torch.GRPOEnv(model, tokenizer, envlib, "game", None, lr=lr, goals_per_step=8, group_size=group_size,
+                                  max_episode_steps=2, temperature=temperature, loop_penalty=0.5, invalid_penalty=0.1,
+                                  seed=seed, algorithm=algorithm, max_new_tokens=2, engine="engine",
+                                  curve=curve)  # fmt: skip
+    assert isinstance(grpo.sample, grpo_env_torch.EngineSampler)  # rollouts from the bf16 copy, synced
+    rates = [greedy_win_rate(grpo, envlib)]
+    for update in range(1, max_updates + 1):
+        grpo.grpo_step()
+        if update % 5 == 0:
+            rates.append(greedy_win_rate(grpo, envlib))
+            if rates[-1] >= 0.9:
+                break
+    rows = [json.loads(line) for line in curve.read_text().splitlines()]
+    return rates, rows
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "gigpo"])
+def test_rl_raises_the_greedy_win_rate_from_chance(algorithm, tmp_path, one_torch_thread):
+    rates, rows = learn(algorithm, False, tmp_path, max_updates=80)
+    print(f"{algorithm}: greedy win rate every 5 updates {rates}; sampled wins per update "
+          f"{[r['wins'] for r in rows]} of {rows[0]['episodes']}")  # fmt: skip
+    assert rates[0] <= 0.25, rates  # an untrained model: chance or below
+    assert rates[-1] >= 0.9, rates
+    # The rollouts learn too (they sample from the synced bf16 copy): the sampled win rate (temperature 1) of the
+    # last three updates is well above that of the first three.
+    early, late = (sum(r["wins"] for r in part) / sum(r["episodes"] for r in part) for part in (rows[:3], rows[-3:]))
+    assert late >= max(0.25, 2 * early), [r["wins"] for r in rows]
+
+
+# -- more learning per rollout: minibatches, clipped ratios, the schedule ---------------------------------------
+def one_update(tmp_path, *, lr: float, schedule, exact_copy: bool = False):
+    envlib = game_envlib(False)
+    model, tokenizer = word_model()
+    curve = tmp_path / f"curve-{lr}-{exact_copy}.jsonl"
+    grpo = grpo_env_torch.GRPOEnv(model, tokenizer, envlib, "game", None, lr=lr, goals_per_step=8, group_size=16,
+                                  max_episode_steps=1, temperature=1.0, loop_penalty=0.5, seed=0,
+                                  max_new_tokens=2, engine="engine", curve=curve, schedule=schedule)  # fmt: skip
+    if exact_copy:  # the sampler's weights equal to the policy's: its log-probs are the policy's own
+        grpo.sample.copy.float()
+        grpo.sample.sync()
+    captured = {}
+    update = grpo.update
+    grpo.update = lambda samples: captured.setdefault("stats", update(samples))
+    stats = grpo.grpo_step()
+    return stats, captured["stats"], json.loads(curve.read_text().splitlines()[-1])
+
+
+def test_an_update_takes_epochs_times_minibatches_clipped_steps_and_logs_them(tmp_path, one_torch_thread):
+    schedule = grpo_env_torch.Schedule(epochs=2, minibatches=3, warmup_steps=4, decay_steps=10)
+    # Sampled by weights equal to the policy's: the first minibatch's ratios are 1.
+    stats, update, row = one_update(tmp_path, lr=1e-4, schedule=schedule, exact_copy=True)
+    assert update.first_ratio_max_dev <= 1e-5
+    assert stats.update.optimizer_steps == 6 and row["optimizer_steps"] == 6
+    for field in ("wins", "entropy", "clip_fraction", "approx_kl", "optimizer_steps", "lr"):
+        assert field in row, field
+    assert row["entropy"] > 0 and row["approx_kl"] >= 0
+    assert row["lr"] == pytest.approx(1e-4 * schedule.lr_factor(5), rel=1e-4)  # the last step's rate: past the warm-up
+    # The engine's bf16 copy sampled: ratios near 1 (rounding only), and a large step clips many tokens.
+    _, small, _ = one_update(tmp_path, lr=1e-4, schedule=schedule)
+    _, large, _ = one_update(tmp_path, lr=3e-2, schedule=schedule)
+    assert small.first_ratio_max_dev < 0.1
+    assert small.clip_fraction < 0.05 < large.clip_fraction and small.approx_kl < large.approx_kl
+
+
+def test_the_learning_rate_warms_up_then_decays():
+    s = grpo_env_torch.Schedule(warmup_steps=4, decay_steps=100, min_lr_share=0.1)
+    rates = [s.lr_factor(i) for i in range(120)]
+    assert rates[:4] == [0.25, 0.5, 0.75, 1.0] and rates[4] == 1.0
+    assert all(a >= b for a, b in zip(rates[4:], rates[5:])) and rates[-1] == pytest.approx(0.1)
+    assert grpo_env_torch.Schedule().lr_factor(10_000) == 1.0  # no schedule: constant
+    with pytest.raises(ValueError):
+        grpo_env_torch.Schedule(minibatches=0)
+
+
+def test_the_rl_only_bench_runs_on_the_cpu(tiny_model_dir, tmp_path, capsys):
+    """`bench/bench_rl_only.py --smoke`: SFT checkpoint made, each arm's updates and validations recorded, the
+    table printed (the path the GPU bench takes, at toy sizes)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import bench_rl_only
+
+    out = tmp_path / "rl.jsonl"
+    assert bench_rl_only.main([str(tiny_model_dir), "--smoke", "--sequential", "--arms", "gigpo", "none",
+                               "--out", str(out), "--work", str(tmp_path / "work")]) == 0  # fmt: skip
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["arm"], r["update"]) for r in rows] == [(a, u) for a in ("gigpo", "none") for u in (0, 1, 2)]
+    assert all(r["val_n"] == 2 for r in rows) and rows[1]["optimizer_steps"] >= 1 and "clip_fraction" in rows[1]
+    printed = capsys.readouterr().out
+    assert "| gigpo | " in printed and "| none | " in printed and "0/2 @ 0" not in printed  # the table
