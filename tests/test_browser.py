@@ -61,7 +61,7 @@ def served_run(tmp_path_factory, tiny_model_dir):
         run = a2rl(["run", "--base-model", str(tiny_model_dir), "--budget", "30", "--val-limit", "1",
                     "--test-limit", "1", "--sandbox", "off", "--results", str(results)], env)  # fmt: skip
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-        analysis = a2rl(["analyze", "--results", str(results), "--out", str(tmp / "analysis"), "--n-boot", "200"], env)
+        analysis = a2rl(["analyze", "--results", str(results), "--out", str(tmp / "analysis")], env)
         assert analysis.returncode == 0, analysis.stdout[-2000:] + analysis.stderr[-2000:]
         yield f"http://127.0.0.1:{port}", tmp / "analysis" / "report.html"
     finally:
