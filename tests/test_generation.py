@@ -189,3 +189,19 @@ def test_bf16_cpu_generation_runs_the_batcher_in_bf16(tiny_model_dir: Path, with
     assert next(bf16.model.parameters()).dtype == torch.bfloat16
     out = generate(bf16, with_prefix, max_new_tokens=MAX_NEW, batch_size=4)
     assert len(out.completions) == len(with_prefix) and not bf16.model.__dict__.get("_a2rl_batcher_failed")
+
+
+def test_the_report_names_the_numeric_path_that_graded(tmp_path):
+    """The evaluator id ends in the numeric path (#37): the report says which one graded the run."""
+    import json
+
+    from a2rl.summary.report import graded_numeric_paths
+
+    evaluations = tmp_path / "evaluations"
+    evaluations.mkdir()
+    graded = (("baseline-0-test", "cpu-bf16"), ("final-1-test", "cpu-bf16"), ("submission-1-validation", "cpu-fp32"))
+    for name, path in graded:
+        (evaluations / f"{name}.json").write_text(json.dumps({"evaluator_id": f"gsm8k/prompt/v1@{path}", "items": []}))
+    (evaluations / "torn.json").write_text("{")
+    assert graded_numeric_paths(evaluations) == ["cpu-bf16", "cpu-fp32"]
+    assert graded_numeric_paths(tmp_path / "missing") == []

@@ -94,4 +94,20 @@ def run_notes(ctx: RunContext, session_detail: dict) -> list[str]:
                      "recorded before issue 33).")
     if session_detail.get("exit_code") not in (0, None):
         notes.append(f"The agent exited with code {session_detail['exit_code']} (see harness/agent.log).")
+    if paths := graded_numeric_paths(ctx.harness_dir / "evaluations"):
+        notes.append("Graded on the numeric path " + ", ".join(f"`{p}`" for p in paths) + " (the evaluator id's "
+                     "suffix: cached results of other paths are never reused; `A2RL_CPU_EVAL_DTYPE` chooses on CPU).")
     return notes
+
+
+def graded_numeric_paths(evaluations: Path) -> list[str]:
+    """The numeric paths (`cpu-fp32`, `cpu-bf16`, `cuda-bf16`, ...) the run's evaluations name in their evaluator ids."""
+    found = set()
+    for f in sorted(evaluations.glob("*.json")) if evaluations.is_dir() else []:
+        try:
+            evaluator = json.loads(f.read_text()).get("evaluator_id") or ""
+        except (OSError, ValueError, AttributeError):
+            continue
+        if "@" in evaluator:
+            found.add(evaluator.rsplit("@", 1)[1])
+    return sorted(found)
