@@ -204,3 +204,28 @@ def test_every_process_of_an_attempt_carries_its_identity_and_a_retry_ends_those
         own.kill()
         own.wait()
         first.wait(timeout=10)
+
+
+def test_a_freeze_is_invisible_to_a_shell_with_job_control():
+    """A command that spans a grading freeze must not look stopped to the shell running it: an agent's terminal
+    tool (OpenHands' bash, job control on) reported every `curl .../submit` as failed (exit 147) when the shell
+    was continued before its command. Parents are stopped first and continued last."""
+    import subprocess
+    import time
+
+    from a2rl.isolation.freezer import AgentFreezer
+
+    for _ in range(3):
+        leader = subprocess.Popen(["sh", "-c", "bash -c 'set -m; sleep 1.5; echo rc=$?'"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        try:
+            time.sleep(0.5)
+            freezer = AgentFreezer(leader.pid)
+            freezer.on_pause()
+            time.sleep(1.0)
+            freezer.on_resume()
+            out, _ = leader.communicate(timeout=30)
+        finally:
+            leader.kill()
+        assert out.strip() == "rc=0", out
+        assert freezer.freezes == 1 and freezer.frozen_s >= 1.0

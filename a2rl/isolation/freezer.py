@@ -3,7 +3,8 @@
 The clock pauses from a submission's arrival until its grade is recorded (grading time is not charged to the
 agent). Without this, a checkpoint slow to evaluate, submitted without waiting, gave the agent up to the
 evaluation's time limit of free work per submission. `AgentFreezer` SIGSTOPs every process below the session's
-leader when the clock's pauses go from none to one, and SIGCONTs them when they go back to none; `run_agent`
+leader when the clock's pauses go from none to one (parents first, each stopped before its children) and SIGCONTs
+them when they go back to none (children first), so that no shell sees its command stop; `run_agent`
 attaches it to the clock for the session and thaws on every way out.
 
 The leader itself (the sandbox's shim, or the host-side supervisor) is harness code and keeps running: it
@@ -19,6 +20,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 from a2rl.isolation import procs
 
@@ -50,9 +52,10 @@ class AgentFreezer:
                 fresh = [p for p in procs.descendants(self.leader_pid) if p not in self._stopped]
                 if not fresh:
                     break
-                for pid in fresh:
+                for pid in fresh:  # parents before their children (`descendants` lists them so)
                     if (st := procs.proc_stat(pid)) is not None and _signal(pid, signal.SIGSTOP):
                         self._stopped[pid] = st.start_ticks
+                        _wait_stopped(pid)
 
     def on_resume(self) -> None:
         with self._lock:
@@ -60,7 +63,7 @@ class AgentFreezer:
                 return
             self.frozen_s += time.monotonic() - self._since
             self._since = None
-            for pid, ticks in self._stopped.items():
+            for pid, ticks in reversed(self._stopped.items()):  # children before their parents
                 if procs.alive(pid, ticks):
                     _signal(pid, signal.SIGCONT)
             self._stopped.clear()
@@ -69,6 +72,22 @@ class AgentFreezer:
 
     def describe(self) -> dict:
         return {"clock_rule": RULE, "freezes": self.freezes, "frozen_s": round(self.frozen_s, 3)}
+
+
+def _wait_stopped(pid: int, timeout_s: float = 0.05) -> None:
+    """Until `pid` is stopped (or gone, or the time is up). A parent must be stopped before its child is: an
+    interactive shell with job control that saw its running command stop would report it "Stopped" (exit 147)
+    and move on, so an agent's terminal tool would fail on every command that spans a grading. Continuing in the
+    reverse order (children first) means a parent, once it runs again, finds its children running."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return
+        if state in ("T", "t", "Z", "X"):
+            return
+        time.sleep(0.0005)
 
 
 def _signal(pid: int, sig: int) -> bool:
