@@ -9,20 +9,31 @@ BPE model's 512 tokens would put chance near zero: no group would ever win, so n
 
 * ``take``: the observation names one of four objects; replying with its name wins (one step). Both GRPO and
   GiGPO learn it here (one update: 8 goals x 16 episodes, lr 3e-3; greedy 0% -> 100% in 30-35 updates).
-* ``open-take`` (``boxed``): the object is in a closed box: "open" first, then its name (two steps; an opened
-  box earns half the reward), for GiGPO's step-level credit. Not asserted yet: from this untrained model it
-  rose only to 25% greedy within 80 updates (the exploration of two rare actions in a row is the limit).
+* ``open-take`` (``boxed``): the object is in a closed box: "open" first, then its name (two steps; an opened box
+  earns half the reward), for GiGPO's step-level credit. Not asserted: no setting tried reached 90% greedy on
+  three seeds within the ~60 s a suite test may take (GiGPO, 8 goals x 16 episodes, <= 160 updates, one thread on
+  the shared 2-core machine, 0.3-0.8 s per update). Every run learns "open" in 30-40 updates (sampled reward 0.25
+  -> 0.5); reading the object after it is the hard part. Tried (seed 0 unless said): this tied model at lr 1e-3 or
+  3e-3 stays at 25% for 150 updates (at 60, its step-2 distribution over the objects was the same whatever object
+  the observation named); lr 1e-2 reaches 25%, then collapses to 0 wins. With its input and output embeddings
+  untied (a test-only change) it learns the objects one at a time: lr 3e-3 50%, lr 5e-3 peaked at 75% (seed 1: at
+  50%, ended at 25%), 32 episodes a group 25%, temperature 1.5 25%; with 2 epochs x 2 minibatches, lr 3e-3: 75%,
+  then entropy 0 (every episode of the last object's groups loses alike: no advantage left); the same at
+  temperature 1.3: 100% at 90 updates for seed 0, but seed 1 peaked at 75% and fell back, and seed 2 collapsed to
+  0 wins at update 88 (one update with approximate KL 1.67 to the sampling policy), as lr 2e-3 did at update ~85.
+  At learning rates fast enough for the time limit, training was unstable; slower ones did not get past 25-50% in
+  time.
 
-Checked by mutation (each once, on the clipped update too): the advantage's sign flipped fails it (greedy 0%, sampled wins 4 -> 0 of 128);
-the sampler's copy never synced after an update fails it (greedy 0-25%, sampled wins stay ~6/128); the loss mask
-widened to the whole sequence does NOT fail it: a group's prompts are identical and its normalised advantages
-sum to zero, so the prompt tokens' terms cancel exactly (even with a per-episode noise word in the prompt it
-still learned, in 60 updates instead of 45). The mask is caught by
+Checked by mutation (each once, on the clipped update too): the advantage's sign flipped fails it (greedy 0%,
+sampled wins 4 -> 0 of 128); the sampler's copy never synced after an update fails it (greedy 0-25%, sampled wins
+stay ~6/128); the loss mask widened to the whole sequence does NOT fail it: a group's prompts are identical and
+its normalised advantages sum to zero, so the prompt tokens' terms cancel exactly (even with a per-episode noise
+word in the prompt it still learned, in 60 updates instead of 45). The mask is caught by
 ``test_the_update_learns_from_the_action_tokens_only`` instead: one update on three steps with different prompts
 and advantages that do not sum to zero, whose gradient must equal that of the action tokens alone. Checked by
-mutation, once each: every token after the first scored, consistently (`update` given ``([p[0]], p[1:] + a, adv)``)
-fails it (relative gradient distance 0.96 against < 1e-4 allowed; 4.5e-6 unmutated); the mask builder `_batch`
-alone widened fails it with a shape error.
+mutation, once each: every token after the first scored, consistently (`update` given ``([p[0]], p[1:] + a,
+adv)``) fails it (relative gradient distance 0.96 against < 1e-4 allowed; 4.5e-6 unmutated); the mask builder
+`_batch` alone widened fails it with a shape error.
 """
 
 from __future__ import annotations
@@ -142,8 +153,9 @@ def learn(algorithm: str, boxed: bool, tmp_path, *, max_updates: int, lr: float 
     envlib = game_envlib(boxed)
     model, tokenizer = word_model(seed)
     curve = tmp_path / f"{algorithm}-{boxed}.jsonl"
-    grpo = grpo_env_torch.GRPOEnv(model, tokenizer, envlib, "game", None, lr=lr, goals_per_step=8, group_size=group_size,
-                                  max_episode_steps=2, temperature=temperature, loop_penalty=0.5, invalid_penalty=0.1,
+    grpo = grpo_env_torch.GRPOEnv(model, tokenizer, envlib, "game", None, lr=lr, goals_per_step=8,
+                                  group_size=group_size, max_episode_steps=2, temperature=temperature,
+                                  loop_penalty=0.5, invalid_penalty=0.1,
                                   seed=seed, algorithm=algorithm, max_new_tokens=2, engine="engine",
                                   curve=curve)  # fmt: skip
     assert isinstance(grpo.sample, grpo_env_torch.EngineSampler)  # rollouts from the bf16 copy, synced
