@@ -20,9 +20,9 @@ BPE model's 512 tokens would put chance near zero: no group would ever win, so n
   50%, ended at 25%), 32 episodes a group 25%, temperature 1.5 25%; with 2 epochs x 2 minibatches, lr 3e-3: 75%,
   then entropy 0 (every episode of the last object's groups loses alike: no advantage left); the same at
   temperature 1.3: 100% at 90 updates for seed 0, but seed 1 peaked at 75% and fell back, and seed 2 collapsed to
-  0 wins at update 88 (one update with approximate KL 1.67 to the sampling policy), as lr 2e-3 did at update ~85.
-  At learning rates fast enough for the time limit, training was unstable; slower ones did not get past 25-50% in
-  time.
+  0 wins at update 88 (one update with approximate KL 1.67 to the sampling policy), as lr 2e-3 did at update ~85
+  (at temperature 1.3, lr 2e-3: seed 2 100% at 70 updates, seed 1 25% through 150). At learning rates fast enough
+  for the time limit, training was unstable; slower ones did not get past 25-50% in time.
 
 Checked by mutation (each once, on the clipped update too): the advantage's sign flipped fails it (greedy 0%,
 sampled wins 4 -> 0 of 128); the sampler's copy never synced after an update fails it (greedy 0-25%, sampled wins
