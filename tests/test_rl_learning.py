@@ -9,15 +9,31 @@ BPE model's 512 tokens would put chance near zero: no group would ever win, so n
 
 * ``take``: the observation names one of four objects; replying with its name wins (one step). Both GRPO and
   GiGPO learn it here (one update: 8 goals x 16 episodes, lr 3e-3; greedy 0% -> 100% in 30-35 updates).
-* ``open-take`` (``boxed``): the object is in a closed box: "open" first, then its name (two steps; an opened
-  box earns half the reward), for GiGPO's step-level credit. Not asserted yet: from this untrained model it
-  rose only to 25% greedy within 80 updates (the exploration of two rare actions in a row is the limit).
+* ``open-take`` (``boxed``): the object is in a closed box: "open" first, then its name (two steps; an opened box
+  earns half the reward), for GiGPO's step-level credit. Not asserted: no setting tried reached 90% greedy on
+  three seeds within the ~60 s a suite test may take (GiGPO, 8 goals x 16 episodes, <= 160 updates, one thread on
+  the shared 2-core machine, 0.3-0.8 s per update). Every run learns "open" in 30-40 updates (sampled reward 0.25
+  -> 0.5); reading the object after it is the hard part. Tried (seed 0 unless said): this tied model at lr 1e-3 or
+  3e-3 stays at 25% for 150 updates (at 60, its step-2 distribution over the objects was the same whatever object
+  the observation named); lr 1e-2 reaches 25%, then collapses to 0 wins. With its input and output embeddings
+  untied (a test-only change) it learns the objects one at a time: lr 3e-3 50%, lr 5e-3 peaked at 75% (seed 1: at
+  50%, ended at 25%), 32 episodes a group 25%, temperature 1.5 25%; with 2 epochs x 2 minibatches, lr 3e-3: 75%,
+  then entropy 0 (every episode of the last object's groups loses alike: no advantage left); the same at
+  temperature 1.3: 100% at 90 updates for seed 0, but seed 1 peaked at 75% and fell back, and seed 2 collapsed to
+  0 wins at update 88 (one update with approximate KL 1.67 to the sampling policy), as lr 2e-3 did at update ~85
+  (at temperature 1.3, lr 2e-3: seed 2 100% at 70 updates, seed 1 25% through 150). At learning rates fast enough
+  for the time limit, training was unstable; slower ones did not get past 25-50% in time.
 
-Checked by mutation (each once, on the clipped update too): the advantage's sign flipped fails it (greedy 0%, sampled wins 4 -> 0 of 128);
-the sampler's copy never synced after an update fails it (greedy 0-25%, sampled wins stay ~6/128); the loss mask
-widened to the whole sequence does NOT fail it: a group's prompts are identical and its normalised advantages
-sum to zero, so the prompt tokens' terms cancel exactly (even with a per-episode noise word in the prompt it
-still learned, in 60 updates instead of 45).
+Checked by mutation (each once, on the clipped update too): the advantage's sign flipped fails it (greedy 0%,
+sampled wins 4 -> 0 of 128); the sampler's copy never synced after an update fails it (greedy 0-25%, sampled wins
+stay ~6/128); the loss mask widened to the whole sequence does NOT fail it: a group's prompts are identical and
+its normalised advantages sum to zero, so the prompt tokens' terms cancel exactly (even with a per-episode noise
+word in the prompt it still learned, in 60 updates instead of 45). The mask is caught by
+``test_the_update_learns_from_the_action_tokens_only`` instead: one update on three steps with different prompts
+and advantages that do not sum to zero, whose gradient must equal that of the action tokens alone. Checked by
+mutation, once each: every token after the first scored, consistently (`update` given ``([p[0]], p[1:] + a,
+adv)``) fails it (relative gradient distance 0.96 against < 1e-4 allowed; 4.5e-6 unmutated); the mask builder
+`_batch` alone widened fails it with a shape error.
 """
 
 from __future__ import annotations
@@ -137,8 +153,9 @@ def learn(algorithm: str, boxed: bool, tmp_path, *, max_updates: int, lr: float 
     envlib = game_envlib(boxed)
     model, tokenizer = word_model(seed)
     curve = tmp_path / f"{algorithm}-{boxed}.jsonl"
-    grpo = grpo_env_torch.GRPOEnv(model, tokenizer, envlib, "game", None, lr=lr, goals_per_step=8, group_size=group_size,
-                                  max_episode_steps=2, temperature=temperature, loop_penalty=0.5, invalid_penalty=0.1,
+    grpo = grpo_env_torch.GRPOEnv(model, tokenizer, envlib, "game", None, lr=lr, goals_per_step=8,
+                                  group_size=group_size, max_episode_steps=2, temperature=temperature,
+                                  loop_penalty=0.5, invalid_penalty=0.1,
                                   seed=seed, algorithm=algorithm, max_new_tokens=2, engine="engine",
                                   curve=curve)  # fmt: skip
     assert isinstance(grpo.sample, grpo_env_torch.EngineSampler)  # rollouts from the bf16 copy, synced
@@ -227,3 +244,70 @@ def test_the_rl_only_bench_runs_on_the_cpu(tiny_model_dir, tmp_path, capsys):
     assert all(r["val_n"] == 2 for r in rows) and rows[1]["optimizer_steps"] >= 1 and "clip_fraction" in rows[1]
     printed = capsys.readouterr().out
     assert "| gigpo | " in printed and "| none | " in printed and "0/2 @ 0" not in printed  # the table
+
+
+# -- the loss reads the action tokens only -------------------------------------------------------------------
+def action_only_gradient(samples, model, *, mask_off: bool = False) -> dict:
+    """Reference gradient of the update's first step when the sampler is the policy (ratio 1): minus the
+    advantage-weighted log-likelihood of the action tokens, over their count, by a plain full-logits forward
+    pass. `mask_off`: every token after the first scored instead (what a missing action mask computes)."""
+    import torch
+
+    model.zero_grad(set_to_none=True)
+    scored = [([p[0]], p[1:] + a, adv) if mask_off else (p, a, adv) for p, a, adv in samples]
+    n = sum(len(a) for _, a, _ in scored)
+    loss = 0.0
+    for p, a, adv in scored:
+        ids = torch.tensor([p + a])
+        log_probs = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), dim=-1)
+        loss = loss - adv * log_probs[len(p) - 1 :].gather(-1, ids[0, len(p) :, None]).sum() / n
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def test_the_update_learns_from_the_action_tokens_only(tmp_path, one_torch_thread):
+    """The action mask, through the agent's own update (`GRPOEnv.update`: its batching, shared-prefix forward,
+    clipped ratio and token mean): on steps with different prompts and advantages that do not sum to zero (so
+    prompt terms would not cancel, as they do within a GRPO group), the first optimizer step's gradient is that
+    of the action tokens' log-likelihood alone, and far from the gradient with the prompt tokens scored too.
+    (The output layer's rows of prompt-only tokens are no test of this: the softmax gives every row a gradient.)"""
+    import torch
+
+    envlib = game_envlib(True)
+    model, tokenizer = word_model()
+    grpo = grpo_env_torch.GRPOEnv(model, tokenizer, envlib, "game", None, lr=1e-3, goals_per_step=8, group_size=4,
+                                  max_episode_steps=2, temperature=1.0, loop_penalty=0.5, seed=0, max_new_tokens=2,
+                                  engine="engine", max_grad_norm=1e9)  # fmt: skip
+    grpo.sample.copy.float()  # the sampler's weights equal to the policy's: every ratio of the first step is 1
+    grpo.sample.sync()
+    prompter, eos = envlib.prompter("game"), [tokenizer.eos_token_id]
+
+    def prompt(goal, turns):  # a step's prompt exactly as the rollouts render it
+        game = Game(boxed=True)
+        first, _ = game.reset(goal)
+        return grpo_env_torch._render(tokenizer, [prompter(goal, first, turns)])[0]
+
+    def word(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"] + eos
+
+    opened = [{"completion": "open", "observation": "open box . see apple ."}]
+    samples = [(prompt({"object": "apple"}, []), word("open"), 1.0),
+               (prompt({"object": "apple"}, opened), word("apple"), 0.5),
+               (prompt({"object": "book"}, []), word("egg"), -0.3)]  # fmt: skip
+    prompts = [p for p, _, _ in samples]  # the shipped path: the shared system prompt run once for the batch
+    assert grpo_env_torch.shared_prefix_length(prompts, [len(p) for p in prompts]) >= grpo_env_torch.MIN_TRAIN_PREFIX
+    want = action_only_gradient(samples, model)
+    wrong = action_only_gradient(samples, model, mask_off=True)
+
+    seen = {}
+    grpo.optimizer.step = lambda *a, **k: seen.update({n: p.grad.clone() for n, p in model.named_parameters()})
+    stats = grpo.update(samples)
+    assert stats.optimizer_steps == 1 and stats.first_ratio_max_dev <= 1e-5
+
+    def distance(a, b):  # relative to the action-only gradient's norm, over all parameters
+        return float(sum(((a[n] - b[n]) ** 2).sum() for n in a) ** 0.5 / sum((b[n] ** 2).sum() for n in b) ** 0.5)
+
+    assert distance(wrong, want) > 0.5  # the prompt's tokens would change the step a lot: the test can tell
+    assert distance(seen, want) < 1e-4, distance(seen, want)
