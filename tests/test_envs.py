@@ -141,7 +141,7 @@ def test_evaluate_runs_an_interactive_task_end_to_end_on_the_tiny_model(tiny_mod
     result = evaluate(tiny_model_dir, EvalSpec.of(task, "offline", "validation", limit=2, batch_size=2))
     assert result.n == 2 and result.score == 0.0 and result.generated_tokens > 0
     assert all(len(item.detail["turns"]) == 2 for item in result.items)
-    assert result.evaluator_id.endswith("/steps2")
+    assert result.evaluator_id.rsplit("@", 1)[0].endswith("/steps2") and result.evaluator_id.endswith("@cpu-fp32")
 
 
 def test_tiny_model_batched_and_sequential_evaluation_agree(tiny_model_dir: Path) -> None:
