@@ -425,8 +425,19 @@ def supervise(cmd: list[str]) -> int:
         prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
     def end_all(signum=None, frame=None) -> None:
-        for _ in range(3):
-            signal_pids(descendants(os.getpid()), signal.SIGKILL)
+        # Until nothing is left below us, not a fixed number of passes: a process killed in one pass may take a
+        # moment to exit on a loaded machine, and only then are its children reparented to us (the subreaper);
+        # had we exited first, they would go to init and outlive the harness.
+        # Members of our session too, where we lead it (group="session"): a process whose parent died before we
+        # listed it may already be init's (seen: an evaluation's child outliving a SIGKILLed grader).
+        me, deadline = os.getpid(), time.monotonic() + 5.0
+        leader = os.getsid(0) == me
+        while time.monotonic() < deadline:
+            left = set(descendants(me)) | ((set(session_members(me)) - {me}) if leader else set())
+            if not left:
+                break
+            signal_pids(left, signal.SIGKILL)
+            time.sleep(0.01)
         if signum is not None:
             os._exit(128 + signum)
 
