@@ -94,7 +94,7 @@ def run_notes(ctx: RunContext, session_detail: dict) -> list[str]:
                      "recorded before issue 33).")
     if session_detail.get("exit_code") not in (0, None):
         notes.append(f"The agent exited with code {session_detail['exit_code']} (see harness/agent.log).")
-    if paths := graded_numeric_paths(ctx.harness_dir / "evaluations"):
+    if paths := graded_numeric_paths(ctx.paths.harness_dir / "evaluations"):
         notes.append("Graded on the numeric path " + ", ".join(f"`{p}`" for p in paths) + " (the evaluator id's "
                      "suffix: cached results of other paths are never reused; `A2RL_CPU_EVAL_DTYPE` chooses on CPU).")
     return notes
