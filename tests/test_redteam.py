@@ -1019,7 +1019,7 @@ def test_a_slow_evaluation_buys_the_agent_no_unbudgeted_time(tmp_path, tiny_mode
 
     from a2rl.summary.report import run_notes
 
-    notes = run_notes(SimpleNamespace(config=RunConfig(), variant_label="offline"), outcome.model_dump())
+    notes = run_notes(SimpleNamespace(config=RunConfig(), variant_label="offline", paths=paths), outcome.model_dump())
     assert any(RULE in n for n in notes), notes  # the report states the rule that applied
 
 
