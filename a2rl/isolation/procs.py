@@ -433,7 +433,8 @@ def supervise(cmd: list[str]) -> int:
         me, deadline = os.getpid(), time.monotonic() + 5.0
         leader = os.getsid(0) == me
         while time.monotonic() < deadline:
-            left = set(descendants(me)) | ((set(session_members(me)) - {me}) if leader else set())
+            listing = all_procs()  # one /proc scan a pass serves both questions
+            left = set(descendants(me, listing)) | {p.pid for p in listing if leader and p.sid == me and p.pid != me}
             if not left:
                 break
             signal_pids(left, signal.SIGKILL)
