@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from a2rl.contracts import BenchmarkTask
 from a2rl.inference.evaluation import EvalCache, EvalSpec, EvaluationFailed, evaluate_cached
 from a2rl.ops.progress import GRADING_PROGRESS_FILE
 from a2rl.grading.checkpoint import (
@@ -71,7 +72,7 @@ class GradingContext:
     """One evaluation worker per entry; "0", "1", ... pin a worker to a GPU, None = default device."""
     ledger_anchor: Callable[[LedgerEntry, str], None] | None = None
     """Receives every new ledger head (e.g. `ResultsStore.ledger_anchor(run_id)`), so the end is anchored."""
-    task: Any = None
+    task: BenchmarkTask | None = None
     """The task object `config.task` names (`benchmarks.get_task`), resolved by whoever starts the service;
     needed by the real evaluator (`evaluate_cached`), not by a test's own."""
     on_process: Callable[[Any], None] | None = None

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from a2rl.contracts import BenchmarkTask
 from a2rl.inference.config_check import architecture_parameters
 from a2rl.inference.failures import FailureKind, classify_failure
 from a2rl.inference.numerics import numeric_path
@@ -46,23 +47,23 @@ class EvalSpec:
     limit: int | None
     batch_size: int = 16
     backend: str = "transformers"
-    evaluator: Any = field(default=None, compare=False, repr=False)
-    """The task object named by `task` (a `benchmarks.BenchmarkTask`), resolved by the caller; None: a spec that
+    evaluator: BenchmarkTask | None = field(default=None, compare=False, repr=False)
+    """The task object named by `task` (an `a2rl.contracts.BenchmarkTask`), resolved by the caller; None: a spec that
     only names the evaluation (a test's own evaluator), which `evaluate` and the cache refuse or miss."""
 
     @classmethod
-    def for_run(cls, config: RunConfig, split: Split, task: Any = None) -> EvalSpec:
+    def for_run(cls, config: RunConfig, split: Split, task: BenchmarkTask | None = None) -> EvalSpec:
         """The evaluation a run's config asks for on one split (subset limits included), on `task`, the object
         that `config.task` names."""
         limit = config.val_limit if split == "validation" else config.test_limit
         return cls(config.task, config.variant, split, limit, config.eval_batch_size, config.eval_backend, task)
 
     @classmethod
-    def of(cls, task: Any, variant: str, split: Split, limit: int | None = None, **options: Any) -> EvalSpec:
+    def of(cls, task: BenchmarkTask, variant: str, split: Split, limit: int | None = None, **options: Any) -> EvalSpec:
         """An evaluation of a task object (its id is taken from it)."""
         return cls(task.id, variant, split, limit, evaluator=task, **options)
 
-    def task_object(self) -> Any:
+    def task_object(self) -> BenchmarkTask:
         if self.evaluator is None:
             raise ValueError(f"no task object for {self.task!r}: the caller resolves the task id "
                              f"(e.g. EvalSpec.of(benchmarks.get_task({self.task!r}), ...))")  # fmt: skip
@@ -86,13 +87,13 @@ class EvaluationFailed(RuntimeError):
         self.kind = kind
 
 
-def task_class_ref(task: Any) -> str:
+def task_class_ref(task: BenchmarkTask) -> str:
     """`module:Class` of a task object: how the evaluation process rebuilds it."""
     cls = type(task)
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def task_from_ref(ref: str, task_id: str) -> Any:
+def task_from_ref(ref: str, task_id: str) -> BenchmarkTask:
     """The task object of `task_class_ref`, checked to be the task the spec names."""
     module, _, name = ref.partition(":")
     task = getattr(importlib.import_module(module), name)()
