@@ -7,9 +7,13 @@ validation and hidden-test items to `private/`, which only the grader reads.
 from __future__ import annotations
 
 import abc
+import copy
+import dataclasses
+import functools
 import importlib.metadata
 import inspect
 import json
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +33,11 @@ The training items as prompt-completion pairs in the evaluator's own prompt form
 conversational format): `prompt` is the chat messages the evaluator sends, `completion` a reply that scores.
 Interactive tasks: one row per step of a winning expert episode of a training goal (`goal_id`).
 """
+TASK_FILE = "task.toml"
+"""A task's declarative fields (id, title, decoding, variant labels, ...) as data beside its description.md;
+its task.py keeps the behaviour (docs/architecture.md, "Adding a benchmark task")."""
+CLASS_KEYS = ("benchmark_name",)
+"""Keys of task.toml that set a class attribute rather than a dataclass field."""
 EVALUATOR_VERSION = "1"
 """Bump when scoring logic shared by all tasks changes: it invalidates cached evaluations."""
 
@@ -70,6 +79,78 @@ example "could not load the weights" or "evaluation ran out of memory"), not as 
 """
 
 
+class TaskFileError(ImportError):
+    """A task.toml that cannot be read, or that names a field the task does not have. Raised while the task's
+    module is imported, so the registry reports it as a plug-in that does not load (and lists the others)."""
+
+
+def _type_name(annotation: Any) -> str:
+    return annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+
+
+def _decoding(path: Path, table: Any) -> Decoding:
+    known = [f.name for f in dataclasses.fields(Decoding)]
+    if not isinstance(table, dict) or set(table) - set(known):
+        raise TaskFileError(f"{path}: [decoding] takes only {', '.join(known)}; got {table!r}")
+    stop = table.get("stop", [])
+    if not isinstance(stop, list) or not all(isinstance(x, str) for x in stop):
+        raise TaskFileError(f"{path}: decoding.stop must be a list of strings; got {stop!r}")
+    # A float whatever the file says: `0` and `0.0` must make the same evaluator id.
+    return Decoding(int(table.get("max_new_tokens", Decoding.max_new_tokens)),
+                    float(table.get("temperature", Decoding.temperature)), tuple(stop))  # fmt: skip
+
+
+def _field_value(path: Path, name: str, annotation: Any, value: Any) -> Any:
+    kind = _type_name(annotation)
+    if kind == "Decoding":
+        return _decoding(path, value)
+    expected = {"str": str, "int": int, "float": (int, float), "bool": bool}.get(kind)
+    if kind.startswith("dict"):
+        expected = dict
+    if expected is not None and (not isinstance(value, expected) or (kind == "int" and isinstance(value, bool))):
+        raise TaskFileError(f"{path}: {name} must be {kind}; got {value!r}")
+    return value
+
+
+def declare_from_file(cls: type) -> None:
+    """Give the dataclass fields named in the task.toml beside `cls`'s module their values as defaults, before
+    @dataclass reads the class: the task is then built exactly as if task.py had declared them."""
+    try:
+        path = Path(inspect.getfile(cls)).parent / TASK_FILE
+    except TypeError:  # a class made outside any file (a REPL): nothing beside it
+        return
+    if not path.is_file():
+        return
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise TaskFileError(f"{path}: not valid TOML: {error}") from None
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # the parents' (cls is not a dataclass yet)
+    own = cls.__dict__.get("__annotations__")
+    if own is None:
+        own = {}
+        cls.__annotations__ = own
+    for name, value in data.items():
+        if name in CLASS_KEYS:
+            setattr(cls, name, _field_value(path, name, "str", value))
+            continue
+        if name not in fields:
+            raise TaskFileError(f"{path}: unknown field {name!r}; {cls.__name__} has "
+                                f"{', '.join(sorted([*fields, *CLASS_KEYS]))}")  # fmt: skip
+        if name in own:
+            raise TaskFileError(f"{path}: {name!r} is declared both here and in {cls.__name__}'s class body")
+        own[name] = fields[name].type
+        value = _field_value(path, name, fields[name].type, value)
+        if isinstance(value, (dict, list)):  # mutable: each task object gets its own copy
+            setattr(cls, name, field(default_factory=functools.partial(copy.deepcopy, value)))
+        else:
+            setattr(cls, name, value)
+    missing = [n for n, f in fields.items() if f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING and n not in own]  # fmt: skip
+    if missing:
+        raise TaskFileError(f"{path}: {cls.__name__} needs {', '.join(missing)}")
+
+
 @dataclass
 class BenchmarkTask(abc.ABC):
     """One benchmark task. Subclasses fill in the data loader, prompt and per-item scoring."""
@@ -88,6 +169,10 @@ class BenchmarkTask(abc.ABC):
 
     benchmark_name: ClassVar[str] = ""
     """How messages name the benchmark (e.g. 'GSM8K'); its `id` where empty."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declare_from_file(cls)
 
     # -- to implement per task -------------------------------------------------------------
     def loaders(self) -> dict[str, Callable[[], TaskData]]:

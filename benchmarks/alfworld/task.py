@@ -8,12 +8,12 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from benchmarks.alfworld.games import PACKAGE, VERSION, ALFWorldDataError, game_hash, generate_game, layout_names
-from benchmarks.base import Decoding, Item, Messages, TaskData
+from benchmarks.base import Item, Messages, TaskData
 from benchmarks.envs.base import StepResult, TextEnv
 from benchmarks.envs.household import SIMULATION_VERSION, HouseholdEnv, household_prompt
 from benchmarks.envs.splits import read_manifest, write_manifest
@@ -83,21 +83,7 @@ def load_offline(path: Path = MANIFEST) -> TaskData:
 
 @dataclass
 class ALFWorld(InteractiveTask):
-    id: str = "alfworld"
-    benchmark_name: ClassVar[str] = "ALFWorld"
-    level: str = "L3"
-    metric: str = "success rate over episodes ×100 (≤ 50 steps)"
-    title: str = "ALFWorld household tasks in text (pick, clean, heat, cool, look, pick two)"
-    prompt_version: str = "react-move-v1"
-    decoding: Decoding = Decoding(max_new_tokens=32, temperature=0.0, stop=("\n",))
-    default_base_model: str = "smollm2-135m-instruct"
-    max_steps: int = 50
-    variant_labels: dict[str, str] = field(
-        default_factory=lambda: {
-            "offline": "ALFWorld-style, generated offline (own simulation on the alfworld wheel's 120 room layouts)",
-            "full": "ALFWorld TextWorld games (json_2.1.1): train games to the agent, valid_seen / valid_unseen",
-        }
-    )
+    """Declarative fields (id, title, decoding, variant labels, ...): task.toml beside this file."""
 
     def loaders(self) -> dict[str, Callable[[], TaskData]]:
         return {"offline": load_offline, "full": load_full}

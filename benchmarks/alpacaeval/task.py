@@ -14,7 +14,7 @@ from a2rl.records import ItemResult
 from benchmarks.alpacaeval.data import load_full, load_offline
 from benchmarks.alpacaeval.judge import JudgeConfig, JudgeError, JudgeNotConfigured, NoAnswer, PairwiseJudge, Verdict
 from benchmarks.alpacaeval.length_control import win_rates
-from benchmarks.base import BenchmarkTask, Decoding, Item, Messages, TaskData
+from benchmarks.base import BenchmarkTask, Item, Messages, TaskData
 
 DEFAULT_CONCURRENCY = 4
 
@@ -27,26 +27,8 @@ def _verdict_detail(v: Verdict) -> dict[str, Any]:
 
 @dataclass
 class AlpacaEval(BenchmarkTask):
-    id: str = "alpacaeval"
-    level: str = "L2"
-    metric: str = "length-controlled win rate vs reference answers, pairwise LLM judge, both orders (×100)"
-    title: str = "AlpacaEval-style instruction following, judged pairwise against reference answers"
-    prompt_version: str = "plain-instruction-v1"
-    decoding: Decoding = Decoding(max_new_tokens=512, temperature=0.0)
-    default_base_model: str = "smollm2-135m-instruct"
-    variant_labels: dict[str, str] = field(
-        default_factory=lambda: {
-            "offline": (
-                "MT-Bench 80 questions, first turns only (16 validation / 64 hidden test), vs GPT-4 reference "
-                "answers where MT-Bench ships one, else the judge's reference model; train: 2,000 ShareGPT first "
-                "turns. Not the AlpacaEval 805 instructions"
-            ),
-            "full": (
-                "AlpacaEval 805 instructions vs GPT-4 reference outputs (105 validation / 700 hidden test); "
-                "train: first 2,000 rows of tatsu-lab/alpaca"
-            ),
-        }
-    )
+    """Declarative fields (id, title, decoding, variant labels, ...): task.toml beside this file."""
+
     judge: PairwiseJudge | None = field(default=None, repr=False, compare=False)
     """Set by tests; otherwise made from the environment on first use (see `judge.py`)."""
     _judge_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)

