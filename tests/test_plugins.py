@@ -13,30 +13,13 @@ import pytest
 
 import agents
 import benchmarks
+from a2rl import contracts
+from a2rl.inference.evaluation import EvalSpec, evaluate_cached
 from a2rl.registry import PluginError
 
 REPO = Path(__file__).resolve().parents[1]
 
-TASK_MODULE = '''
-from dataclasses import dataclass, field
-
-from a2rl.records import ItemResult
-from benchmarks.base import BenchmarkTask, Decoding, TaskData
-
-WORDS = ["apple", "river", "stone", "cloud", "maple", "ember", "frost", "grain"]
-
-
-@dataclass
-class Echo(BenchmarkTask):
-    id: str = "toy-echo"
-    level: str = "L1"
-    metric: str = "exact match"
-    title: str = "Repeat the word"
-    prompt_version: str = "1"
-    decoding: Decoding = field(default_factory=lambda: Decoding(max_new_tokens=4))
-    default_base_model: str = "smollm2-135m-instruct"
-    variant_labels: dict = field(default_factory=lambda: {"offline": "echo words, generated offline"})
-
+ECHO_BEHAVIOUR = '''
     def loaders(self):
         return {"offline": self._words}
 
@@ -52,6 +35,50 @@ class Echo(BenchmarkTask):
         return ItemResult(item_id=item["id"], completion=completion, prediction=said, target=item["word"],
                           correct=said == item["word"])
 '''
+IMPORTS = '''
+from dataclasses import dataclass, field
+
+from a2rl.records import ItemResult
+from benchmarks.base import BenchmarkTask, Decoding, TaskData
+
+WORDS = ["apple", "river", "stone", "cloud", "maple", "ember", "frost", "grain"]
+'''
+TASK_MODULE = IMPORTS + '''
+
+@dataclass
+class Echo(BenchmarkTask):
+    id: str = "toy-echo"
+    level: str = "L1"
+    metric: str = "exact match"
+    title: str = "Repeat the word"
+    prompt_version: str = "1"
+    decoding: Decoding = field(default_factory=lambda: Decoding(max_new_tokens=4))
+    default_base_model: str = "smollm2-135m-instruct"
+    variant_labels: dict = field(default_factory=lambda: {"offline": "echo words, generated offline"})
+''' + ECHO_BEHAVIOUR
+"""A task whose fields are declared in code (a plug-in may still do so)."""
+
+FOLDER_TASK_MODULE = IMPORTS + '''
+
+@dataclass
+class Words(BenchmarkTask):
+''' + ECHO_BEHAVIOUR
+FOLDER_TASK_TOML = """\
+id = "toy-words"
+level = "L1"
+metric = "exact match"
+title = "Repeat the word, declared as data"
+prompt_version = "1"
+default_base_model = "smollm2-135m-instruct"
+
+[decoding]
+max_new_tokens = 4
+
+[variant_labels]
+offline = "echo words, generated offline"
+"""
+"""A seventh task as docs/architecture.md ("Adding a benchmark task") writes one: behaviour in task.py, the
+declarative fields in task.toml, the agent-facing text in description.md."""
 
 AGENT_MODULE = '''
 from agents.reference_sft.adapter import ReferenceSFT
@@ -62,14 +89,24 @@ class ToySFT(ReferenceSFT):
 '''
 
 
-def _plugin_package(root: Path, entry_points: str) -> Path:
-    """A package as pip would leave it in site-packages: its modules and a dist-info with entry_points.txt."""
+DESCRIPTION = "# Repeat the word\nTrain the model to repeat the word it is given.\n"
+
+
+def _plugin_package(root: Path, entry_points: str, words_toml: str = FOLDER_TASK_TOML) -> Path:
+    """A package as pip would leave it in site-packages: its modules and a dist-info with entry_points.txt. Its
+    `words/` folder is a task declared the way the built-ins are."""
     pkg = root / "a2rl_toy_plugin"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "task.py").write_text(TASK_MODULE)
     (pkg / "agent.py").write_text(AGENT_MODULE)
-    (pkg / "description.md").write_text("# Repeat the word\nTrain the model to repeat the word it is given.\n")
+    (pkg / "description.md").write_text(DESCRIPTION)
+    words = pkg / "words"
+    words.mkdir()
+    (words / "__init__.py").write_text("")
+    (words / "task.py").write_text(FOLDER_TASK_MODULE)
+    (words / "task.toml").write_text(words_toml)
+    (words / "description.md").write_text(DESCRIPTION)
     info = root / "a2rl_toy_plugin-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: a2rl-toy-plugin\nVersion: 0.1\n")
@@ -109,6 +146,59 @@ def test_an_installed_package_adds_a_task_and_an_agent(installed_plugin):
     items = task.load_split("offline", "test")
     assert [task.score_item(i, f" {i['word']}\n").correct for i in items] == [True, True]
     assert agents.agent_class("toy-sft").id == "toy-sft" and "toy-sft" in agents.list_agents()
+
+
+@pytest.fixture
+def task_folder(tmp_path, monkeypatch):
+    """Installs the plug-in with its `words/` task registered; yields a function that writes its task.toml."""
+
+    def forget_modules() -> None:  # each test imports its own copy of the plug-in
+        for name in [m for m in sys.modules if m.split(".")[0] == "a2rl_toy_plugin"]:
+            del sys.modules[name]
+
+    def install(words_toml: str = FOLDER_TASK_TOML) -> Path:
+        forget_modules()
+        root = _plugin_package(tmp_path / "site", """
+            [a2rl.tasks]
+            toy-words = a2rl_toy_plugin.words.task:Words
+            """, words_toml)  # fmt: skip
+        monkeypatch.syspath_prepend(str(root))
+        # The evaluation process rebuilds the task from its class: it must import the plug-in too.
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root), str(REPO)]))
+        monkeypatch.setenv("A2RL_HOME", str(tmp_path / "home"))
+        benchmarks.TASKS.refresh()
+        return root / "a2rl_toy_plugin" / "words"
+
+    yield install
+    monkeypatch.undo()
+    forget_modules()
+    benchmarks.TASKS.refresh()
+
+
+def test_a_seventh_task_is_one_folder_graded_like_the_built_ins(task_folder, tiny_model_dir):
+    folder = task_folder()
+    assert sorted(p.name for p in folder.iterdir()) == ["__init__.py", "description.md", "task.py", "task.toml"]
+    task = benchmarks.get_task("toy-words")
+    assert isinstance(task, contracts.BenchmarkTask)
+    assert (task.title, task.decoding.max_new_tokens, task.decoding.temperature, task.variant_labels) == (
+        "Repeat the word, declared as data", 4, 0.0, {"offline": "echo words, generated offline"})
+    assert task.description().startswith("# Repeat the word") and "How submissions are graded" in task.description()
+    # The grader's path: an evaluation process that rebuilds the task from its class, then the cache.
+    spec = EvalSpec.of(task, "offline", "test", batch_size=2)
+    result = evaluate_cached(tiny_model_dir, "toy-weights", spec, timeout_s=300)
+    assert (result.task, result.split, result.n, result.cached) == ("toy-words", "test", 2, False)
+    assert result.evaluator_id.startswith("toy-words/prompt-1/max4-t0.0-stop[]/v1@")
+    assert [i.target for i in result.items] == ["frost", "grain"] and 0.0 <= result.score <= 100.0
+    again = evaluate_cached(tiny_model_dir, "toy-weights", spec, timeout_s=300)
+    assert again.cached and again.items == result.items
+
+
+def test_a_bad_task_toml_breaks_only_its_task(task_folder):
+    task_folder(FOLDER_TASK_TOML.replace('level = "L1"', "level = 1"))
+    with pytest.raises(PluginError, match=r"task 'toy-words' \(a2rl_toy_plugin.words.task:Words, from a2rl-toy-plugin\) "
+                                          r"does not load: .*words/task.toml: level must be str; got 1$"):
+        benchmarks.get_task("toy-words")
+    assert benchmarks.get_task("gsm8k").id == "gsm8k"
 
 
 def test_the_command_line_lists_an_installed_task(installed_plugin):
