@@ -95,9 +95,13 @@ def _decoding(path: Path, table: Any) -> Decoding:
     stop = table.get("stop", [])
     if not isinstance(stop, list) or not all(isinstance(x, str) for x in stop):
         raise TaskFileError(f"{path}: decoding.stop must be a list of strings; got {stop!r}")
+    default = Decoding()
+    max_new_tokens = table.get("max_new_tokens", default.max_new_tokens)
+    temperature = table.get("temperature", default.temperature)
+    _field_value(path, "decoding.max_new_tokens", "int", max_new_tokens)
+    _field_value(path, "decoding.temperature", "float", temperature)
     # A float whatever the file says: `0` and `0.0` must make the same evaluator id.
-    return Decoding(int(table.get("max_new_tokens", Decoding.max_new_tokens)),
-                    float(table.get("temperature", Decoding.temperature)), tuple(stop))  # fmt: skip
+    return Decoding(max_new_tokens, float(temperature), tuple(stop))
 
 
 def _field_value(path: Path, name: str, annotation: Any, value: Any) -> Any:
@@ -107,7 +111,7 @@ def _field_value(path: Path, name: str, annotation: Any, value: Any) -> Any:
     expected = {"str": str, "int": int, "float": (int, float), "bool": bool}.get(kind)
     if kind.startswith("dict"):
         expected = dict
-    if expected is not None and (not isinstance(value, expected) or (kind == "int" and isinstance(value, bool))):
+    if expected is not None and (not isinstance(value, expected) or (kind != "bool" and isinstance(value, bool))):
         raise TaskFileError(f"{path}: {name} must be {kind}; got {value!r}")
     return value
 

@@ -34,8 +34,8 @@ def signature_mismatches(obj: object, protocol: type) -> list[str]:
         for want, have in zip(wanted, given):
             if want.default is not inspect.Parameter.empty and have.default is inspect.Parameter.empty:
                 wrong.append(f"{name}: {have.name} has no default")
-        wrong += [f"{name}: extra parameter {p.name} without a default" for p in given[len(wanted):]
-                  if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]  # fmt: skip
+        extra = [p for p in given[len(wanted):] if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        wrong += [f"{name}: extra parameter {p.name} without a default" for p in extra if p.default is p.empty]
     return wrong
 
 

@@ -18,8 +18,9 @@ from benchmarks.base import TASK_FILE, TaskFileError
 
 REPO = Path(__file__).resolve().parents[1]
 SNAPSHOT = Path(__file__).parent / "data" / "task_fields.json"
-"""Every field of each task object, its benchmark_name and evaluator id, recorded from the task classes as they
-were at c6089e6 (fields declared in task.py), before they moved to task.toml."""
+"""Every field of each task object (value, order, init/repr/compare), its benchmark_name and evaluator id,
+recorded from the task classes as they were at c6089e6 (fields declared in task.py), before they moved to
+task.toml."""
 
 
 def _plain(value):
@@ -31,9 +32,11 @@ def _plain(value):
 def _fields(task_id: str) -> dict:
     cls = benchmarks.TASKS.load(task_id)
     task = cls()
-    fields = {f.name: _plain(getattr(task, f.name)) for f in dataclasses.fields(task) if f.name != "_judge_lock"}
+    every = dataclasses.fields(task)
+    fields = {f.name: _plain(getattr(task, f.name)) for f in every if f.name != "_judge_lock"}  # a lock: no value
     fields["benchmark_name"] = cls.benchmark_name
-    fields["__field_order__"] = [f.name for f in dataclasses.fields(task)]
+    fields["__field_order__"] = [f.name for f in every]
+    fields["__field_flags__"] = {f.name: [f.init, f.repr, f.compare] for f in every}
     if task_id != "alpacaeval":  # its evaluator id names the judge the environment configures
         fields["evaluator_id()"] = task.evaluator_id()
     return fields
@@ -88,7 +91,11 @@ class Toy(BenchmarkTask):
 """
 
 
-def _define(tmp_path, monkeypatch, toml: str, body: str = "    pass\n"):
+PASS = "    pass\n"
+"""A class body that declares nothing itself."""
+
+
+def _define(tmp_path, monkeypatch, toml: str, body: str = PASS):
     """Import a task module from a fresh package whose folder holds `toml` as its task.toml."""
     name = f"toy_{abs(hash((toml, body, str(tmp_path)))) % 10**8}"
     pkg = tmp_path / name
@@ -109,13 +116,14 @@ def test_a_task_toml_declares_the_fields(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(("toml", "body", "message"), [
-    ("colour = 'red'\n" + GOOD, "    pass\n", r"task.toml: unknown field 'colour'; Toy has benchmark_name, data_version"),
-    (GOOD.replace('level = "L1"', "level = 1"), "    pass\n", r"task.toml: level must be str; got 1"),
-    (GOOD.replace('stop = ["\\n"]', 'stop = "\\n"'), "    pass\n", r"decoding.stop must be a list of strings"),
-    (GOOD.replace("max_new_tokens", "max_tokens"), "    pass\n", r"\[decoding\] takes only max_new_tokens, temperature, stop"),
-    (GOOD.replace('title = "Toy"\n', ""), "    pass\n", r"task.toml: Toy needs title"),
+    ("colour = 'red'\n" + GOOD, PASS, r"task.toml: unknown field 'colour'; Toy has benchmark_name, data_version"),
+    (GOOD.replace('level = "L1"', "level = 1"), PASS, r"task.toml: level must be str; got 1"),
+    (GOOD.replace('stop = ["\\n"]', 'stop = "\\n"'), PASS, r"decoding.stop must be a list of strings"),
+    (GOOD.replace("max_new_tokens = 8", "max_new_tokens = '8'"), PASS, r"decoding.max_new_tokens must be int"),
+    (GOOD.replace("max_new_tokens", "max_tokens"), PASS, r"\[decoding\] takes only max_new_tokens, temperature, stop"),
+    (GOOD.replace('title = "Toy"\n', ""), PASS, r"task.toml: Toy needs title"),
     (GOOD, '    title: str = "Toy"\n', r"task.toml: 'title' is declared both here and in Toy's class body"),
-    (GOOD + "[variant_labels\n", "    pass\n", r"task.toml: not valid TOML"),
+    (GOOD + "[variant_labels\n", PASS, r"task.toml: not valid TOML"),
 ])  # fmt: skip
 def test_a_bad_task_toml_is_one_clear_error(tmp_path, monkeypatch, toml, body, message):
     with pytest.raises(TaskFileError, match=message):
