@@ -24,9 +24,9 @@ NPM_HINT = "install it with `make tools` (pinned, into .tools/npm) or: npm insta
 
 @dataclass(frozen=True)
 class CliInstall:
-    """How the CLI is installed: the package and version `make tools` pins (the Makefile's CLI_PACKAGES and
-    OPENHANDS_VERSION hold the same pins; tests/test_cli_agent_specs.py keeps them in step) and the one line a
-    user is told when it is missing."""
+    """How the CLI is installed: the package and version `make tools` pins, and the one line a user is told when
+    it is missing. The Makefile reads a built-in's npm pin from its module's line
+    `install=CliInstall("PACKAGE", "VERSION")` (with sed: keep that form, on one line)."""
 
     package: str
     version: str
