@@ -26,7 +26,7 @@ NPM_HINT = "install it with `make tools` (pinned, into .tools/npm) or: npm insta
 class CliInstall:
     """How the CLI is installed: the package and version `make tools` pins, and the one line a user is told when
     it is missing. The Makefile reads a built-in's npm pin from its module's line
-    `install=CliInstall("PACKAGE", "VERSION")` (with sed: keep that form, on one line)."""
+    `install=CliInstall(<quoted package>, <quoted version>)` (with sed: keep that form, on one line)."""
 
     package: str
     version: str
