@@ -11,8 +11,11 @@ ARGS ?=
 # checkout: /var/cache/a2rl/tools where writable, else ~/.cache/a2rl/tools; A2RL_TOOLS_CACHE overrides) that
 # every clone, and CI, links to. A version bump installs anew.
 UV_VERSION := 0.13.9
-CLI_PACKAGES := @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 @google/gemini-cli@0.61.0 opencode-ai@1.18.33
-OPENHANDS_VERSION := 1.16.0
+# The agent CLIs' pins are their modules' install facts (`install=CliInstall("PACKAGE", "VERSION")` in
+# agents/cli_agents/*.py: npm packages; OpenHands, a pip package, in openhands.py), read here without Python
+# (make counts the parentheses of a $(shell ...): `.` stands for the unbalanced one).
+CLI_PACKAGES := $(shell sed -n 's/.*install=CliInstall("\([^"]*\)", "\([^"]*\)").*/\1@\2/p' agents/cli_agents/*.py)
+OPENHANDS_VERSION := $(shell sed -n 's/.*install=CliInstall."openhands", "\([^"]*\)".*/\1/p' agents/cli_agents/openhands.py)
 TOOLS_SH := UV_VERSION=$(UV_VERSION) CLI_PACKAGES='$(CLI_PACKAGES)' OPENHANDS_VERSION=$(OPENHANDS_VERSION) \
 	PYTHON=$(PYTHON) sh scripts/tools.sh
 

@@ -23,11 +23,11 @@ AGENTS: Registry[type[Agent]] = Registry("agent", "a2rl.agents", {
     "reference-sft-grpo": "agents.reference_sft_grpo.adapter:ReferenceSFTGRPO",
     "reference-sft-gigpo": "agents.reference_sft_grpo.adapter:ReferenceSFTGiGPO",
     "claude-tools": "agents.claude_tools.adapter:ClaudeTools",
-    "claude-code": "agents.cli_agents.adapter:ClaudeCode",
-    "codex": "agents.cli_agents.adapter:Codex",
-    "gemini": "agents.cli_agents.adapter:GeminiCLI",
-    "opencode": "agents.cli_agents.adapter:OpenCode",
-    "openhands": "agents.cli_agents.adapter:OpenHands",
+    "claude-code": "agents.cli_agents.claude_code:ClaudeCode",
+    "codex": "agents.cli_agents.codex:Codex",
+    "gemini": "agents.cli_agents.gemini:GeminiCLI",
+    "opencode": "agents.cli_agents.opencode:OpenCode",
+    "openhands": "agents.cli_agents.openhands:OpenHands",
 })
 
 

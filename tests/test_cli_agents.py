@@ -24,13 +24,11 @@ from a2rl.workspace import RunPaths, build_workspace
 from agents import AgentEnv, LLMDriver, get_agent, run_agent
 from agents.cli_agents import install
 from agents.cli_agents.proxy import UsageParser
-from agents.cli_agents.streams import (
-    ClaudeStreamParser,
-    CodexStreamParser,
-    GeminiStreamParser,
-    OpenCodeStreamParser,
-    OpenHandsStreamParser,
-)
+from agents.cli_agents.claude_code import ClaudeStreamParser
+from agents.cli_agents.codex import CodexStreamParser
+from agents.cli_agents.gemini import GeminiStreamParser
+from agents.cli_agents.opencode import OpenCodeStreamParser
+from agents.cli_agents.openhands import OpenHandsStreamParser
 
 KEY = "sk-cli-SECRET-5150"
 PRICES = {"input_usd_per_mtok": 3.0, "output_usd_per_mtok": 15.0, "cache_read_usd_per_mtok": 0.3,

@@ -16,7 +16,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def pin(name: str) -> str:
-    return re.search(rf"^{name} := (.+)$", (REPO / "Makefile").read_text(), re.MULTILINE).group(1).strip()
+    """A variable of the Makefile as make expands it (the CLIs' pins are read from their modules)."""
+    out = subprocess.run(["make", "-s", "--no-print-directory", "--eval", f"print-pin: ; @echo '$({name})'",
+                          "print-pin"], cwd=REPO, capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    return out.stdout.strip()
 
 
 def tools(*args: str, cache: Path | None = None, **extra: str) -> subprocess.CompletedProcess:

@@ -1,6 +1,6 @@
-"""CLI agents (`claude-code`, `codex`, `gemini`, `opencode`, `openhands`): the harness starts
-`python -m agents.cli_agents.runner`, which runs the CLI in the workspace behind a key-holding, call-recording
-LLM proxy and parses the CLI's event stream."""
+"""The agent class of every CLI agent: the harness starts `python -m agents.cli_agents.runner`, which runs the
+CLI in the workspace behind a key-holding, call-recording LLM proxy and parses the CLI's event stream. Each CLI
+agent is a subclass in its own module that sets `spec` (a `CliAgentSpec`: `claude_code.py`, `codex.py`, ...)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,19 @@ import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import ClassVar
 
 from a2rl.isolation.sandbox import SandboxPolicy
 from agents.base import HARNESS_ENV_PREFIX, AgentEnv, AgentLaunchError, agent_environment
 from agents.claude_tools.adapter import LLMAgent
 from agents.cli_agents.install import PROJECT_ROOT, TOO_BUSY, check_starts, find_cli, node_mismatch
+from agents.cli_agents.spec import CliAgentSpec
 
 
 class CLIAgent(LLMAgent):
     runner_module = "agents.cli_agents.runner"
+    spec: ClassVar[CliAgentSpec]
+    """Set by each CLI agent's class; the attributes below are copied from it, as `a2rl agents` reads them."""
     executable: str
     install_hint: str
     apis: tuple[str, ...]
@@ -27,6 +31,14 @@ class CLIAgent(LLMAgent):
     offline_env: dict[str, str] = {}
     """Settings that keep the CLI from reaching out at start-up (the sandbox has no network but its proxy)."""
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        spec = cls.__dict__.get("spec")
+        if spec is not None:
+            cls.id, cls.executable, cls.apis = spec.id, spec.executable, spec.apis
+            cls.install_hint, cls.version_args = spec.install.install_hint, spec.version_args
+            cls.offline_env = dict(spec.offline_env)
+
     @property
     def needs(self) -> str:
         """What the agent needs to run, in one line (for `a2rl agents`)."""
@@ -34,8 +46,12 @@ class CLIAgent(LLMAgent):
 
     def command(self, workspace: Path) -> list[str]:
         # The runner from this same checkout (not whichever `agents` the interpreter would import first): the
-        # harness and its runner are one program.
-        bootstrap = (f"import runpy, sys; sys.path.insert(0, {str(PROJECT_ROOT)!r}); "
+        # harness and its runner are one program. That `agents` is this project's, not the OpenAI Agents SDK's,
+        # which imports under the same name (issue #38: the packages are to be renamed). A plug-in's module is
+        # imported from where the harness found it (for a built-in agent that is the same checkout).
+        roots = [str(root) for root in dict.fromkeys([PROJECT_ROOT, import_root(type(self))]) if root is not None]
+        paths = "".join(f"sys.path.insert(0, {root!r}); " for root in reversed(roots))
+        bootstrap = (f"import runpy, sys; {paths}"
                      f"runpy.run_module({self.runner_module!r}, run_name='__main__', alter_sys=True)")  # fmt: skip
         return [sys.executable, "-c", bootstrap]
 
@@ -82,51 +98,10 @@ class CLIAgent(LLMAgent):
         return extra
 
 
-NPM_HINT = "install it with `make tools` (pinned, into .tools/npm) or: npm install -g {package}"
-
-
-class ClaudeCode(CLIAgent):
-    """Anthropic's Claude Code CLI, headless (`claude -p`), in the sandbox behind the logging proxy."""
-
-    id = "claude-code"
-    executable = "claude"
-    install_hint = NPM_HINT.format(package="@anthropic-ai/claude-code")
-    apis = ("anthropic",)
-
-
-class Codex(CLIAgent):
-    """OpenAI's Codex CLI (`codex exec`), in the sandbox behind the logging proxy."""
-
-    id = "codex"
-    executable = "codex"
-    install_hint = NPM_HINT.format(package="@openai/codex")
-    apis = ("openai",)
-
-
-class GeminiCLI(CLIAgent):
-    """Google's Gemini CLI (`gemini -p --yolo`), in the sandbox behind the logging proxy."""
-
-    id = "gemini"
-    executable = "gemini"
-    install_hint = NPM_HINT.format(package="@google/gemini-cli")
-    apis = ("gemini",)
-
-
-class OpenCode(CLIAgent):
-    """The OpenCode CLI (`opencode run`), in the sandbox behind the logging proxy."""
-
-    id = "opencode"
-    executable = "opencode"
-    install_hint = NPM_HINT.format(package="opencode-ai")
-    apis = ("openai", "anthropic")
-
-
-class OpenHands(CLIAgent):
-    """The OpenHands CLI (`openhands --headless`, its own Python >= 3.12 venv), in the sandbox behind the logging proxy."""
-
-    id = "openhands"
-    executable = "openhands"
-    install_hint = ("install it with `make tools` (pinned, its own Python >= 3.12 venv in .tools/openhands) or: "
-                    "pip install openhands in a Python >= 3.12 venv on PATH")  # fmt: skip
-    apis = ("openai", "anthropic", "gemini")
-    offline_env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "OPENHANDS_SUPPRESS_BANNER": "1"}
+def import_root(cls: type) -> Path | None:
+    """The sys.path entry `cls`'s top-level package was imported from (None for a namespace package)."""
+    top = sys.modules.get(cls.__module__.partition(".")[0])
+    file = getattr(top, "__file__", None)
+    if file is None:
+        return None
+    return Path(file).resolve().parent.parent if Path(file).name == "__init__.py" else Path(file).resolve().parent

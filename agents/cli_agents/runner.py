@@ -6,7 +6,8 @@ key. With the run's sandbox policy (`A2RL_HARNESS_SANDBOX`) the CLI, and so ever
 it reaches the grader and the proxy only, and sees its own install directories read-only. The CLI's JSON event
 stream is saved as `harness/transcript.jsonl` and parsed: tool calls go to `harness/tool_calls.jsonl`, the
 usage the CLI reports to `harness/cli_summary.json`; the proxy writes every model call to
-`harness/llm_calls.jsonl`.
+`harness/llm_calls.jsonl`. What differs between CLIs (their command line, their stream) is each agent's
+`CliAgentSpec` (`agents/cli_agents/spec.py`).
 """
 
 from __future__ import annotations
@@ -25,20 +26,13 @@ from urllib.parse import urlparse
 from a2rl.isolation import procs
 from a2rl.isolation.sandbox import SandboxPolicy, wrap
 from a2rl.jsonl import append_jsonl
+from agents import agent_class
 from agents.base import LLM_CALLS_FILE, TOOL_CALLS_FILE, TRANSCRIPT_FILE, AgentOptions, LLMDriver
 from agents.claude_tools.prompts import task_prompt
 from agents.claude_tools.runner import make_undumpable, sandbox_policy, take_harness_env
-from agents.cli_agents.adapter import OpenHands
 from agents.cli_agents.install import install_dirs
 from agents.cli_agents.proxy import LLMProxy
-from agents.cli_agents.streams import (
-    ClaudeStreamParser,
-    CodexStreamParser,
-    GeminiStreamParser,
-    OpenCodeStreamParser,
-    OpenHandsStreamParser,
-    StreamParser,
-)
+from agents.cli_agents.streams import StreamParser
 
 SUMMARY_FILE = "cli_summary.json"
 GRACE_S = 10.0
@@ -49,109 +43,6 @@ PREFACE = (
     "snapshotted and checked against the run's mode at every submission), save merged checkpoints to "
     "`output/vN` and submit them with curl as described in instructions.md.\n\n"
 )
-
-
-def claude_code_command(prompt: str, driver: LLMDriver, options: AgentOptions, proxy: LLMProxy
-                        ) -> tuple[list[str], dict[str, str]]:  # fmt: skip
-    """`claude -p` with the stream-json output of the original's wrapper, pointed at the proxy."""
-    argv = ["claude", "-p", prompt, "--output-format", "stream-json", "--verbose", "--model", driver.model,
-            "--dangerously-skip-permissions", *options.extra_args]  # fmt: skip
-    env = {
-        "ANTHROPIC_BASE_URL": proxy.url,
-        "ANTHROPIC_API_KEY": proxy.token,
-        # Background calls (titles, summaries) go to the same model: a compatible endpoint may serve only one.
-        "ANTHROPIC_DEFAULT_HAIKU_MODEL": driver.model,
-        "ANTHROPIC_SMALL_FAST_MODEL": driver.model,
-        "BASH_DEFAULT_TIMEOUT_MS": str(int(options.command_timeout_s * 1000)),
-        "BASH_MAX_TIMEOUT_MS": str(int(options.max_command_timeout_s * 1000)),
-        "DISABLE_AUTOUPDATER": "1",
-        "DISABLE_TELEMETRY": "1",
-        "DISABLE_ERROR_REPORTING": "1",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        # Claude Code refuses --dangerously-skip-permissions as root unless told it is sandboxed.
-        "IS_SANDBOX": "1",
-    }
-    return argv, env
-
-
-def codex_command(prompt: str, driver: LLMDriver, options: AgentOptions, proxy: LLMProxy
-                  ) -> tuple[list[str], dict[str, str]]:  # fmt: skip
-    """`codex exec --json` with a model provider that points at the proxy (no web search, unlike the original)."""
-    provider = {"name": "a2rl", "base_url": proxy.url, "env_key": "OPENAI_API_KEY", "wire_api": "responses"}
-    # No login shell for its commands: a login shell's profile resets PATH (the run's Python, its tools).
-    overrides = ["model_provider=a2rl", 'web_search="disabled"', "allow_login_shell=false"]
-    overrides += [f"model_providers.a2rl.{k}={json.dumps(v)}" for k, v in provider.items()]
-    argv = ["codex", "exec", "--json", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
-            "-m", driver.model, *[x for o in overrides for x in ("-c", o)], *options.extra_args, prompt]  # fmt: skip
-    return argv, {"OPENAI_API_KEY": proxy.token}
-
-
-def cli_home(workspace: Path, agent_id: str) -> Path:
-    """A per-session home for a CLI's settings and state, in the workspace (the only place it may write when
-    sandboxed), so that no CLI reads or writes the harness user's own configuration."""
-    home = workspace / ".a2rl-cli" / agent_id
-    home.mkdir(parents=True, exist_ok=True)
-    return home
-
-
-def gemini_command(prompt: str, driver: LLMDriver, options: AgentOptions, proxy: LLMProxy
-                   ) -> tuple[list[str], dict[str, str]]:  # fmt: skip
-    """`gemini -p --output-format stream-json --yolo` on the Gemini API at the proxy (its key header is
-    `x-goog-api-key`); settings pick API-key auth, switch off telemetry and updates, and leave out the web
-    tools (no network but the proxy and the grader, as for codex)."""
-    home = cli_home(Path(os.environ.get("WORKSPACE", os.getcwd())), "gemini")
-    settings = {"security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
-                "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
-                "telemetry": {"enabled": False}, "privacy": {"usageStatisticsEnabled": False},
-                "tools": {"exclude": ["google_web_search", "web_fetch"]}}  # fmt: skip
-    (home / ".gemini").mkdir(exist_ok=True)
-    (home / ".gemini" / "settings.json").write_text(json.dumps(settings, indent=1))
-    argv = ["gemini", "-p", prompt, "--output-format", "stream-json", "--yolo", "-m", driver.model,
-            *options.extra_args]  # fmt: skip
-    return argv, {"GEMINI_API_KEY": proxy.token, "GOOGLE_GEMINI_BASE_URL": proxy.url, "GEMINI_CLI_HOME": str(home),
-                  "GEMINI_CLI_TRUST_WORKSPACE": "true"}  # fmt: skip
-
-
-def opencode_command(prompt: str, driver: LLMDriver, options: AgentOptions, proxy: LLMProxy
-                     ) -> tuple[list[str], dict[str, str]]:  # fmt: skip
-    """`opencode run --format json` with one provider, `a2rl`, at the proxy: OpenAI-compatible Chat
-    Completions (`@ai-sdk/openai-compatible`) or Anthropic Messages, both built into opencode's binary.
-    Every tool is allowed without asking, but web fetches (no network but the proxy and the grader)."""
-    home = cli_home(Path(os.environ.get("WORKSPACE", os.getcwd())), "opencode")
-    if driver.api == "anthropic":
-        provider = {"npm": "@ai-sdk/anthropic", "options": {"baseURL": proxy.url + "/v1", "apiKey": proxy.token}}
-    else:
-        provider = {"npm": "@ai-sdk/openai-compatible", "options": {"baseURL": proxy.url, "apiKey": proxy.token}}
-    provider |= {"name": "a2rl proxy", "models": {driver.model: {"name": driver.model}}}
-    config = {"$schema": "https://opencode.ai/config.json", "autoupdate": False, "share": "disabled",
-              "model": f"a2rl/{driver.model}", "small_model": f"a2rl/{driver.model}",
-              "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny", "external_directory": "deny"},
-              "provider": {"a2rl": provider}}  # fmt: skip
-    argv = ["opencode", "run", "--format", "json", "-m", f"a2rl/{driver.model}", *options.extra_args, prompt]
-    xdg = {f"XDG_{k}_HOME": str(home / k.lower()) for k in ("CONFIG", "DATA", "CACHE", "STATE")}
-    return argv, {"OPENCODE_CONFIG_CONTENT": json.dumps(config), "OPENCODE_DISABLE_AUTOUPDATE": "1",
-                  "OPENCODE_DISABLE_LSP_DOWNLOAD": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1", **xdg}  # fmt: skip
-
-
-LITELLM_PREFIX = {"openai": "openai", "anthropic": "anthropic", "gemini": "gemini"}
-
-
-def openhands_command(prompt: str, driver: LLMDriver, options: AgentOptions, proxy: LLMProxy
-                      ) -> tuple[list[str], dict[str, str]]:  # fmt: skip
-    """`openhands --headless --json` (its own Python 3.12 venv), its LLM (LiteLLM) at the proxy in the driver's
-    API: `openai/…` (OpenAI-compatible Chat Completions), `anthropic/…` or `gemini/…`."""
-    base = proxy.url + ("/v1" if driver.api == "anthropic" else "")
-    argv = ["openhands", "--headless", "--json", "--override-with-envs", *options.extra_args, "-t", prompt]
-    # OpenHands.offline_env: LiteLLM's price table from the package, not fetched (no network but the proxy).
-    return argv, {"LLM_MODEL": f"{LITELLM_PREFIX[driver.api]}/{driver.model}", "LLM_API_KEY": proxy.token,
-                  "LLM_BASE_URL": base, **OpenHands.offline_env}  # fmt: skip
-
-
-COMMANDS = {"claude-code": (claude_code_command, ClaudeStreamParser),
-            "codex": (codex_command, CodexStreamParser),
-            "gemini": (gemini_command, GeminiStreamParser),
-            "opencode": (opencode_command, OpenCodeStreamParser),
-            "openhands": (openhands_command, OpenHandsStreamParser)}  # fmt: skip
 
 
 def sandboxed(argv: list[str], env: dict[str, str], policy: SandboxPolicy, proxy: LLMProxy
@@ -194,9 +85,9 @@ def main() -> int:
     harness = Path(config["harness_dir"])
     harness.mkdir(parents=True, exist_ok=True)
     workspace = Path(os.environ.get("WORKSPACE", os.getcwd()))
-    build, parser_class = COMMANDS[agent_id]
+    spec = agent_class(agent_id).spec  # the agent's CliAgentSpec, found through the agent registry
     policy = sandbox_policy(secrets)
-    parser = parser_class()
+    parser = spec.parser()
 
     stopping = threading.Event()
     proc: subprocess.Popen | None = None
@@ -213,7 +104,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, stop)
     code, reason = 0, ""
     with LLMProxy(driver, harness / LLM_CALLS_FILE) as proxy:
-        argv, extra = build(PREFACE + task_prompt(workspace, grading_tools=False), driver, options, proxy)
+        argv, extra = spec.command(PREFACE + task_prompt(workspace, grading_tools=False), driver, options, proxy)
         argv[0] = config.get("cli") or argv[0]  # the install the adapter found (PATH or the project's prefix)
         print(f"[{agent_id}] {Path(argv[0]).name} {argv[1]} ... (model {driver.model}, LLM proxy {proxy.url})",
               flush=True)  # fmt: skip
