@@ -149,7 +149,10 @@ def test_the_callers_import_the_rule(module):
 
 
 COPIES = {
-    "the feedback split": re.compile(r'"test" if .*"paper"|"paper" else "validation"'),
+    "the feedback split": re.compile(r'"test" if .*"paper"|"paper" else "validation"|== "paper", "test"'),
+    "the session scored on the test set": re.compile(r'config\.protocol == "paper"'),
+    "the best so far": re.compile(r"max\(running, "),
+    "the split's baseline": re.compile(r'baseline_test if \w+ == "test"'),
     "the best pick (ties to the earliest)": re.compile(r"-\w+\.submission_id\)"),
     "the latest line per submission": re.compile(r"latest\[\w+\.submission_id\] = "),
     "the final entry": re.compile(r'e\.kind == "final" and e\.score is not None'),
