@@ -107,3 +107,9 @@ def final_test_evaluation(protocol: Protocol | str | None, final_submission_id: 
             if split == "test" and (kind == "final" or (kind == "submission" and scored_on_test_in_session(protocol)
                                                         and sub is not None and sub == final_submission_id))]
     return min(keys)[1] if keys else None
+
+
+def baseline_test_evaluation(evaluations: Iterable[tuple[str, int | None, str | None, str]]) -> str | None:
+    """The base model's hidden-test evaluation (its key) the final pick's items are paired with: the first key of
+    the run's baseline test evaluations, as (kind, submission_id, split, eval_key); None without one."""
+    return min((key for kind, _, split, key in evaluations if kind == "baseline" and split == "test"), default=None)
