@@ -21,7 +21,8 @@ class Step:
 
 
 # The budget table over its runs' gains (migrations 6 and 11 differ in how a run's gain is found).
-_BUDGET_DELTAS_SELECT = """    SELECT l.setting_id, l.task, l.variant, l.item_selection, l.base_model, l.agent, l.driver, l.mode, l.protocol,
+_BUDGET_DELTAS_SELECT = """\
+    SELECT l.setting_id, l.task, l.variant, l.item_selection, l.base_model, l.agent, l.driver, l.mode, l.protocol,
            l.budget_s, l.evaluator_id, p.budget_fraction, any_value(p.split) AS split, count(*)::BIGINT AS n,
            avg(p.best_gain) AS mean_best_gain, true AS floored_at_0,
            CASE WHEN count(*) >= 2 AND stddev_samp(p.best_gain) > 0
