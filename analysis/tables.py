@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from a2rl.protocol.feedback import feedback_split
 from a2rl.summary.intervals import binomial_var, paired_item_interval, seeds_interval, seeds_items_interval
 from a2rl.setting import SETTING_KEY
 from analysis.compare import compare_field, item_values, marks, rl_helped, rl_share_over_seeds
@@ -343,7 +344,7 @@ def scaling_curves(runs: pd.DataFrame, curve: pd.DataFrame, points: int = 40) ->
     runs = runs.reset_index(drop=True)
     setting_id, _ = pd.factorize(runs["setting_id"], sort=True)
     settings = (runs.assign(sid=setting_id).groupby("sid", sort=True)[SETTING].first()
-                .assign(split=lambda f: np.where(f["protocol"] == "paper", "test", "validation")))  # fmt: skip
+                .assign(split=lambda f: f["protocol"].map(feedback_split)))  # fmt: skip
     n_settings = len(settings)
     curve_run = pd.Index(runs["run_id"]).get_indexer(curve["run_id"])
     curve = curve[curve_run >= 0]

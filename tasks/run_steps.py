@@ -21,6 +21,7 @@ from a2rl.ops.progress import EVAL_PROGRESS_FILE
 from a2rl.paths import models_dir
 from a2rl.base_models.hashing import weights_hash
 from a2rl.records import EvalResult, LedgerEntry, RunConfig
+from a2rl.protocol.feedback import scored_on_test_in_session
 from a2rl.protocol.picking import final_pick, latest_submissions
 from a2rl.summary.headline import baseline_scores
 from a2rl.run import RunContext, host_name, make_run_id, write_manifest
@@ -207,7 +208,7 @@ def evaluate_final(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
         return existing
     chosen = final_pick(entries, ctx.config.protocol)
     pick, selection = chosen.entry, chosen.selection
-    if ctx.config.protocol == "paper":  # scored on the test set already: no evaluation of its own
+    if scored_on_test_in_session(ctx.config.protocol):  # scored on the test set already: no evaluation of its own
         score = pick.score if pick else baseline_scores(entries).get("test")
         return ledger.append(run_id=ctx.run_id, kind="final", split="test", status="scored", score=score,
                              submission_id=pick.submission_id if pick else None, detail={"selection": selection})
@@ -235,7 +236,7 @@ def evaluate_every_submission(ctx: RunContext) -> list[LedgerEntry]:
     store = ResultsStore(ctx.results_path)
     ledger = ledger_of(ctx, store)
     entries = ledger.entries()
-    if ctx.config.protocol == "paper":
+    if scored_on_test_in_session(ctx.config.protocol):
         return []  # every submission was scored on the test set already
     done = {e.submission_id for e in entries if e.kind == "posthoc"}
     spec = EvalSpec.for_run(ctx.config, "test", get_task(ctx.config.task))

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from a2rl.protocol.breaches import breaks_mode, mode_breaches
-from a2rl.protocol.feedback import feedback_split
+from a2rl.protocol.feedback import feedback_split, scored_on_test_in_session, split_baseline
 from a2rl.protocol.picking import (BASE_SELECTION, BEST_SELECTION, DECLARED_SELECTION, PAPER_SELECTION,
-                                   best_submission, final_entry, final_evaluation_key, final_pick,
+                                   baseline_test_evaluation, best_so_far, best_submission, final_entry,
+                                   final_evaluation_key, final_pick, final_test_evaluation, gain_over_base,
                                    latest_submissions, pick_best)
 from a2rl.records import LedgerEntry
 
@@ -117,17 +118,47 @@ def test_a_breach_is_a_flagged_submission_counted_once():
     assert breaks_mode({"mode_ok": False}) and not breaks_mode(None) and not breaks_mode({"mode_ok": None})
 
 
+def test_the_session_scores_the_test_set_only_under_paper_and_a_gain_is_measured_on_its_split():
+    assert scored_on_test_in_session("paper") and not scored_on_test_in_session("heldout")
+    assert not scored_on_test_in_session(None)
+    assert split_baseline("test", 10.0, 20.0) == 20.0 and split_baseline("validation", 10.0, 20.0) == 10.0
+    assert split_baseline(None, 10.0, 20.0) == 10.0
+
+
+def test_best_so_far_holds_the_best_score_and_the_gain_never_goes_below_the_base_model():
+    assert best_so_far([None, 12.0, 9.0, None, 15.0]) == [None, 12.0, 12.0, 12.0, 15.0]
+    assert gain_over_base(12.0, 10.0) == 2.0 and gain_over_base(8.0, 10.0) == 0.0
+    assert gain_over_base(None, 10.0) == 0.0 and gain_over_base(12.0, None) == 0.0
+
+
+def test_the_final_picks_test_items_come_from_its_final_evaluation_or_under_paper_its_own():
+    evals = [("baseline", None, "test", "baseline-0-test"), ("submission", 2, "test", "submission-2-test"),
+             ("submission", 2, "validation", "submission-2-validation"), ("final", 2, "test", "final-2-test")]
+    assert final_test_evaluation("heldout", 2, evals) == "final-2-test"
+    assert final_test_evaluation("paper", 2, evals[:3]) == "submission-2-test"
+    assert final_test_evaluation("heldout", 2, evals[:3]) is None  # heldout: a submission's own test run is not it
+    assert final_test_evaluation("paper", None, evals[:3]) is None
+    assert baseline_test_evaluation(evals) == "baseline-0-test" and baseline_test_evaluation(evals[1:]) is None
+
+
 # ---- every caller uses the rules, and no copy is left ------------------------------------------------------
 
 CALLERS = {
     "a2rl.protocol.feedback": {"feedback_split": ["a2rl/summary/headline.py", "a2rl/summary/process_facts.py",
-                                                  "a2rl/grading/service.py"]},
+                                                  "a2rl/grading/service.py", "a2rl/store/derived.py",
+                                                  "analysis/tables.py"],
+                               "scored_on_test_in_session": ["tasks/run_steps.py"],
+                               "split_baseline": ["a2rl/store/derived.py"]},
     "a2rl.protocol.picking": {
         "latest_submissions": ["a2rl/summary/headline.py", "a2rl/summary/process_facts.py", "a2rl/grading/service.py",
                                "a2rl/summary/record.py", "a2rl/summary/stages.py", "a2rl/store/ingest.py",
                                "tasks/run_steps.py"],
         "best_submission": ["a2rl/summary/headline.py", "a2rl/summary/process_facts.py", "a2rl/grading/service.py"],
         "final_pick": ["tasks/run_steps.py"],
+        "best_so_far": ["a2rl/summary/process_facts.py", "a2rl/store/derived.py"],
+        "gain_over_base": ["a2rl/store/derived.py"],
+        "final_test_evaluation": ["a2rl/store/derived.py"],
+        "baseline_test_evaluation": ["a2rl/store/derived.py"],
         "final_entry": ["a2rl/summary/headline.py", "a2rl/summary/process_facts.py"],
         "pick_best": ["a2rl/summary/stages.py"],
     },
@@ -149,7 +180,10 @@ def test_the_callers_import_the_rule(module):
 
 
 COPIES = {
-    "the feedback split": re.compile(r'"test" if .*"paper"|"paper" else "validation"'),
+    "the feedback split": re.compile(r'"test" if .*"paper"|"paper" else "validation"|== "paper", "test"'),
+    "the session scored on the test set": re.compile(r'config\.protocol == "paper"'),
+    "the best so far": re.compile(r"max\(running, "),
+    "the split's baseline": re.compile(r'baseline_test if \w+ == "test"'),
     "the best pick (ties to the earliest)": re.compile(r"-\w+\.submission_id\)"),
     "the latest line per submission": re.compile(r"latest\[\w+\.submission_id\] = "),
     "the final entry": re.compile(r'e\.kind == "final" and e\.score is not None'),
@@ -164,3 +198,41 @@ def test_no_copy_of_a_rule_outside_the_protocol_package():
               for n, line in enumerate(p.read_text().splitlines(), 1)
               for rule, pattern in COPIES.items() if pattern.search(line)]  # fmt: skip
     assert copies == []
+
+
+# The same rules written in SQL: the views and macros a store has now (the migrations that made older ones are
+# history, never edited) must join the numbers `a2rl.store.derived` computed with the rules above.
+SQL_COPIES = {  # matched against the SQL with its parentheses dropped (DuckDB stores views re-parenthesised)
+    "the feedback split": re.compile(r"protocol = 'paper' THEN 'test'", re.I),
+    "the split's baseline": re.compile(r"split = 'test' THEN \w*\.?baseline_test", re.I),
+    "the best so far": re.compile(r"max \w*\.?score OVER", re.I),
+    "the final pick's evaluation": re.compile(r"kind = 'final' (OR|DESC)", re.I),
+    "the gain floored at 0": re.compile(r"greatest coalesce (max )?\w*\.?(score|best_so_far) -", re.I),
+}
+
+
+CATALOG_SQL = ("SELECT view_name AS name, sql FROM duckdb_views() WHERE NOT internal UNION ALL "
+               "SELECT function_name, macro_definition FROM duckdb_functions() WHERE function_type = 'macro' "
+               "AND NOT internal")
+
+
+def _sql_copies(rows: list[tuple[str, str]]) -> list[str]:
+    return [f"{name}: a copy of {rule}" for name, text in rows for rule, pattern in SQL_COPIES.items()
+            if pattern.search(" ".join(re.sub(r"[()]", " ", str(text)).split()))]  # fmt: skip
+
+
+def test_no_copy_of_a_rule_in_the_stores_sql(tmp_path):
+    import duckdb
+
+    from a2rl.store.results import ResultsStore
+    from a2rl.store.schema import MIGRATIONS
+
+    store = ResultsStore(tmp_path / "a2rl.duckdb")
+    sql = store.query(CATALOG_SQL)
+    assert {"scaling_curve", "item_pairs", "budget_deltas"} <= set(sql["name"])
+    assert _sql_copies(list(zip(sql["name"], sql["sql"]))) == []
+    with duckdb.connect() as con:  # the scan finds each copy where version 10's views still held it
+        for step in MIGRATIONS[:10]:
+            con.execute(step)
+        found = " ".join(_sql_copies(con.execute(CATALOG_SQL).fetchall()))
+    assert [rule for rule in SQL_COPIES if rule not in found] == []

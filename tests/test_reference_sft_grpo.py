@@ -473,6 +473,9 @@ def test_the_alfworld_table_sql_gives_newcombes_interval_and_the_gpu(tmp_path):
                         "VALUES ('r1', ?, 'test', ?, ?, ?)", [kind, f"g{i}", float(won), won])  # fmt: skip
     con.execute("""INSERT INTO events (run_id, seq, kind, detail_json)
                    VALUES ('r1', 1, 'session-start', '{"gpus": ["NVIDIA H100 80GB HBM3"]}')""")
+    con.close()
+    ResultsStore(store)  # rows written by plain SQL get their derived numbers (the final pick's evaluation) on open
+    con = duckdb.connect(str(store))
     rel = con.sql(sql)
     row = dict(zip(rel.columns, rel.fetchall()[0]))
     con.close()

@@ -9,11 +9,11 @@ best test score already seen (selection on the test set, as in the original).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from a2rl.protocol.feedback import feedback_split
+from a2rl.protocol.feedback import feedback_split, scored_on_test_in_session
 from a2rl.records import LedgerEntry, Protocol
 
 T = TypeVar("T")
@@ -79,3 +79,37 @@ def final_evaluation_key(protocol: Protocol | str, final: LedgerEntry) -> str:
     """The evaluation file (`harness/evaluations/<key>.json`) that holds the final pick's per-item test results:
     under `paper` the pick's own submission evaluation (the final is not evaluated again), else the final's."""
     return f"{'submission' if protocol == 'paper' else 'final'}-{final.submission_id or 0}-test"
+
+
+def best_so_far(scores: Sequence[float | None]) -> list[float | None]:
+    """The best score seen after each submission, in submission order (None until the first score)."""
+    out: list[float | None] = []
+    running: float | None = None
+    for score in scores:
+        if score is not None:
+            running = score if running is None else max(running, score)
+        out.append(running)
+    return out
+
+
+def gain_over_base(score: float | None, baseline: float | None) -> float:
+    """The improvement a best score makes on the base model: the base model is always a candidate (it stands when
+    nothing better was submitted), so the gain is never below 0, and 0 where either number is missing."""
+    return 0.0 if score is None or baseline is None else max(score - baseline, 0.0)
+
+
+def final_test_evaluation(protocol: Protocol | str | None, final_submission_id: int | None,
+                          evaluations: Iterable[tuple[str, int | None, str | None, str]]) -> str | None:
+    """The stored evaluation (its key) that holds the final pick's hidden-test results, from a run's evaluations as
+    (kind, submission_id, split, eval_key): its final evaluation, or under `paper` the picked submission's own test
+    evaluation (the final is not evaluated again); the first key on a tie, None without one."""
+    keys = [(kind != "final", key) for kind, sub, split, key in evaluations
+            if split == "test" and (kind == "final" or (kind == "submission" and scored_on_test_in_session(protocol)
+                                                        and sub is not None and sub == final_submission_id))]
+    return min(keys)[1] if keys else None
+
+
+def baseline_test_evaluation(evaluations: Iterable[tuple[str, int | None, str | None, str]]) -> str | None:
+    """The base model's hidden-test evaluation (its key) the final pick's items are paired with: the first key of
+    the run's baseline test evaluations, as (kind, submission_id, split, eval_key); None without one."""
+    return min((key for kind, _, split, key in evaluations if kind == "baseline" and split == "test"), default=None)

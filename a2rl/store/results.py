@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import duckdb
 
 from a2rl.locks import exclusive_lock
-from a2rl.store.schema import MIGRATIONS, SCHEMA_VERSION
+from a2rl.store import derived
+from a2rl.store.schema import MIGRATIONS, SCHEMA_VERSION, Step
 from a2rl.records import EvalResult, LedgerEntry, RunConfig, RunSummary, utcnow
 
 if TYPE_CHECKING:  # pandas is only needed by readers; writers (the grading service) skip its import time
@@ -35,6 +36,9 @@ STORE_BLOCK_SIZE = 16 * 1024
 
 # Metrics written by a step of their own (the leak audit), which a later `record_metrics` must not delete.
 KEPT_METRICS = ("leaked_items", "leak_verdict")
+
+# The tables a run's derived numbers (`a2rl.store.derived`) are computed from.
+DERIVED_FROM = {"runs", "submissions", "evaluations"}
 
 # Primary keys of the tables `bulk_write` may write.
 TABLE_KEYS: dict[str, tuple[str, ...]] = {
@@ -98,6 +102,7 @@ class ResultsStore:
         }
         with self._transaction() as con:
             _upsert(con, "runs", ("run_id",), row, keep_existing={"started_at"})
+            derived.refresh(con, [run_id])
 
     def finish_run(self, summary: RunSummary) -> None:
         """Write a run's headline numbers and final status (inserts the run if `start_run` never ran)."""
@@ -127,6 +132,7 @@ class ResultsStore:
         }
         with self._transaction() as con:
             _upsert(con, "runs", ("run_id",), row)
+            derived.refresh(con, [summary.run_id])
 
     def record_submission(self, run_id: str, entry: LedgerEntry) -> None:
         """Upsert one submission from a ledger line.
@@ -161,6 +167,7 @@ class ResultsStore:
                 con, "submissions", ("run_id", "submission_id"), row,
                 keep_existing={"created_at"}, fill_missing=described,
             )
+            derived.refresh(con, [run_id])
 
     def record_evaluation(
         self,
@@ -195,6 +202,7 @@ class ResultsStore:
             if items:
                 con.executemany(f"INSERT INTO item_results ({', '.join(ITEM_COLUMNS)}) VALUES "
                                 f"({', '.join('?' for _ in ITEM_COLUMNS)})", [tuple(r.values()) for r in items])
+            derived.refresh(con, [run_id])
 
     def record_event(
         self, run_id: str, seq: int, kind: str, detail: Mapping[str, Any], at: datetime | None = None
@@ -262,6 +270,7 @@ class ResultsStore:
         with self._transaction() as con:
             for table in ("submissions", "evaluations", "item_results", "events"):
                 con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+            derived.refresh(con, [run_id])
 
     def record_metrics(self, run_id: str, metrics: Mapping[str, Any]) -> None:
         """Replace a run's process metrics. Numbers and booleans go to `value`, anything else to `text`
@@ -320,6 +329,8 @@ class ResultsStore:
                 # INSERT OR REPLACE goes through the key index: ~10x faster than DELETE ... USING + INSERT.
                 con.execute(f"INSERT OR REPLACE INTO {table} BY NAME SELECT * FROM frame")
                 ((n,),) = con.execute("SELECT count(*) FROM frame").fetchall()
+                if table in DERIVED_FROM:
+                    derived.refresh(con, [r for (r,) in con.execute("SELECT DISTINCT run_id FROM frame").fetchall()])
             finally:
                 con.unregister("frame")
         return int(n)
@@ -338,6 +349,13 @@ class ResultsStore:
                 con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
                 if len(frame):
                     _insert_frame(con, table, frame)
+            if DERIVED_FROM & set(frames):
+                derived.refresh(con, [run_id])
+
+    def refresh_derived(self) -> None:
+        """Recompute every run's derived numbers (`a2rl.store.derived`): after editing stored rows by hand in SQL."""
+        with self._transaction() as con:
+            derived.refresh(con)
 
     # ---- reads --------------------------------------------------------------------------------------
 
@@ -464,8 +482,12 @@ def _migrate(con: duckdb.DuckDBPyConnection, path: Path) -> None:
             "upgrade a2rl"
         )
     for version in range(current + 1, SCHEMA_VERSION + 1):
-        con.execute(MIGRATIONS[version - 1])
+        step = MIGRATIONS[version - 1]
+        con.execute(step if isinstance(step, str) else step.sql)
+        if isinstance(step, Step):
+            step.backfill(con)
         con.execute("INSERT INTO schema_version VALUES (?, ?)", [version, utcnow()])
+    derived.refresh_missing(con)
 
 
 def _config_columns(config: RunConfig) -> dict[str, Any]:

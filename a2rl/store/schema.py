@@ -1,11 +1,46 @@
 """The results store's schema: ordered migrations (tables, then views), as SQL.
 
 Entry i takes a store file from schema version i to i + 1; a file records its version, and a newer a2rl migrates
-an older file forward on open.
+an older file forward on open. An entry is SQL, or a `Step`: SQL, then a Python backfill of rows already stored.
 """
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import duckdb
+
+from a2rl.store import derived
+
+
+@dataclass(frozen=True)
+class Step:
+    """A migration whose new columns or tables hold numbers only Python computes: its SQL, then `backfill`."""
+
+    sql: str
+    backfill: Callable[[duckdb.DuckDBPyConnection], None]
+
+
+# The budget table over its runs' gains (migrations 6 and 11 differ in how a run's gain is found).
+_BUDGET_DELTAS_SELECT = """\
+    SELECT l.setting_id, l.task, l.variant, l.item_selection, l.base_model, l.agent, l.driver, l.mode, l.protocol,
+           l.budget_s, l.evaluator_id, p.budget_fraction, any_value(p.split) AS split, count(*)::BIGINT AS n,
+           avg(p.best_gain) AS mean_best_gain, true AS floored_at_0,
+           CASE WHEN count(*) >= 2 AND stddev_samp(p.best_gain) > 0
+                THEN greatest(avg(p.best_gain) - t975(count(*) - 1) * stddev_samp(p.best_gain) / sqrt(count(*)), 0.0)
+                END AS ci_low,
+           CASE WHEN count(*) >= 2 AND stddev_samp(p.best_gain) > 0
+                THEN least(avg(p.best_gain) + t975(count(*) - 1) * stddev_samp(p.best_gain) / sqrt(count(*)), 100.0)
+                END AS ci_high,
+           CASE WHEN count(*) < 2 THEN 'n = 1: no interval'
+                WHEN stddev_samp(p.best_gain) = 0 THEN 'the seeds agree exactly: no interval'
+                ELSE 't-interval over seeds (the feedback items are not resampled)' END AS interval,
+           avg(p.delta_test) AS headline_delta_test
+    FROM per_run p JOIN leaderboard_ci l USING (setting_id)
+    GROUP BY ALL
+    ORDER BY l.task, l.variant, l.setting_id, p.budget_fraction;"""
+
 # Ordered migrations: entry i takes the schema from version i to i + 1. Append only; never edit a shipped one.
-MIGRATIONS: list[str] = [
+MIGRATIONS: list[str | Step] = [
     """
     CREATE TABLE runs (
         run_id VARCHAR PRIMARY KEY,
@@ -728,22 +763,7 @@ MIGRATIONS: list[str] = [
         LEFT JOIN submissions s ON s.run_id = r.run_id
         GROUP BY r.run_id, r.setting_id, r.delta_test, r.protocol, f.budget_fraction
     )
-    SELECT l.setting_id, l.task, l.variant, l.item_selection, l.base_model, l.agent, l.driver, l.mode, l.protocol,
-           l.budget_s, l.evaluator_id, p.budget_fraction, any_value(p.split) AS split, count(*)::BIGINT AS n,
-           avg(p.best_gain) AS mean_best_gain, true AS floored_at_0,
-           CASE WHEN count(*) >= 2 AND stddev_samp(p.best_gain) > 0
-                THEN greatest(avg(p.best_gain) - t975(count(*) - 1) * stddev_samp(p.best_gain) / sqrt(count(*)), 0.0)
-                END AS ci_low,
-           CASE WHEN count(*) >= 2 AND stddev_samp(p.best_gain) > 0
-                THEN least(avg(p.best_gain) + t975(count(*) - 1) * stddev_samp(p.best_gain) / sqrt(count(*)), 100.0)
-                END AS ci_high,
-           CASE WHEN count(*) < 2 THEN 'n = 1: no interval'
-                WHEN stddev_samp(p.best_gain) = 0 THEN 'the seeds agree exactly: no interval'
-                ELSE 't-interval over seeds (the feedback items are not resampled)' END AS interval,
-           avg(p.delta_test) AS headline_delta_test
-    FROM per_run p JOIN leaderboard_ci l USING (setting_id)
-    GROUP BY ALL
-    ORDER BY l.task, l.variant, l.setting_id, p.budget_fraction;
+""" + _BUDGET_DELTAS_SELECT + """
     CREATE OR REPLACE VIEW final_routes AS
     SELECT r.setting_id, r.task, r.variant, r.item_selection, r.base_model, r.agent, r.driver, r.mode, r.protocol,
            r.budget_s, r.evaluator_id,
@@ -815,5 +835,55 @@ MIGRATIONS: list[str] = [
     WINDOW agent_setting AS (PARTITION BY task, variant, item_selection, base_model, agent, driver, protocol, budget_s,
                                           evaluator_id);
     """,
+    # 11 (issue 38): the protocol's derived numbers are computed once, in Python (`a2rl.store.derived`, by the rules
+    # of `a2rl.protocol`), stored beside the rows they come from, and joined by the views instead of recomputed in
+    # SQL: the feedback split, the final pick's test evaluation, best-so-far and the gains on the base model.
+    # Rows already stored are backfilled.
+    Step("""
+    CREATE TABLE run_derived (
+        run_id VARCHAR PRIMARY KEY,
+        feedback_split VARCHAR,         -- a2rl.protocol.feedback.feedback_split of the run's protocol
+        final_test_eval_key VARCHAR,    -- the evaluation holding the final pick's hidden-test items (picking)
+        base_test_eval_key VARCHAR      -- the base model's hidden-test evaluation they are paired with
+    );
+    CREATE TABLE submission_derived (
+        run_id VARCHAR,
+        submission_id BIGINT,
+        baseline DOUBLE,                -- the base model's score on the submission's split
+        best_so_far DOUBLE,             -- the best score up to this submission
+        improvement_so_far DOUBLE,      -- best_so_far's gain on the baseline, never below 0
+        PRIMARY KEY (run_id, submission_id)
+    );
+    CREATE TABLE budget_gains (
+        run_id VARCHAR,
+        budget_fraction DOUBLE,         -- a share of the agent-time budget
+        best_gain DOUBLE,               -- the best gain of a submission scored within it, never below 0
+        PRIMARY KEY (run_id, budget_fraction)
+    );
+    CREATE OR REPLACE VIEW scaling_curve AS
+    SELECT s.run_id, r.setting_id, r.task, r.variant, r.variant_label, r.item_selection, r.protocol, r.agent, r.driver,
+           r.mode, r.base_model, r.evaluator_id, r.seed, r.budget_s, s.submission_id, s.agent_elapsed_s, s.split,
+           s.status, s.score, d.best_so_far, d.baseline, d.improvement_so_far,
+           coalesce(u.cum_tokens, 0)::BIGINT AS cum_tokens,
+           coalesce(u.cum_cost_usd, 0.0) AS cum_cost_usd
+    FROM submissions s
+    JOIN analysed_runs r USING (run_id)
+    LEFT JOIN submission_derived d USING (run_id, submission_id)
+    ASOF LEFT JOIN llm_usage_cumulative u ON s.run_id = u.run_id AND s.created_at >= u.created_at;
+    CREATE OR REPLACE VIEW item_pairs AS
+    SELECT d.run_id, fi.item_id, bi.score AS base_score, fi.score AS final_score
+    FROM run_derived d
+    JOIN item_results fi ON fi.run_id = d.run_id AND fi.eval_key = d.final_test_eval_key
+    JOIN item_results bi ON bi.run_id = d.run_id AND bi.eval_key = d.base_test_eval_key AND bi.item_id = fi.item_id;
+    CREATE OR REPLACE VIEW budget_deltas AS
+    WITH per_run AS (
+        SELECT r.run_id, r.setting_id, r.delta_test, f.budget_fraction, d.feedback_split AS split,
+               coalesce(g.best_gain, 0.0) AS best_gain
+        FROM analysed_runs r CROSS JOIN (SELECT unnest([0.25, 0.5, 1.0]) AS budget_fraction) f
+        LEFT JOIN run_derived d ON d.run_id = r.run_id
+        LEFT JOIN budget_gains g ON g.run_id = r.run_id AND g.budget_fraction = f.budget_fraction
+    )
+""" + _BUDGET_DELTAS_SELECT + """
+    """, derived.refresh),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

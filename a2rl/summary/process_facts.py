@@ -26,8 +26,8 @@ from a2rl.summary.intervals import paired_item_interval
 from a2rl.summary.metrics import RunMetrics
 from a2rl.summary.narrative import deterministic_narrative, narrate
 from a2rl.protocol.feedback import feedback_split
-from a2rl.protocol.picking import (best_submission, final_entry, final_evaluation_key, latest_submissions,
-                                   scored_submissions)
+from a2rl.protocol.picking import (best_so_far, best_submission, final_entry, final_evaluation_key,
+                                   latest_submissions, scored_submissions)
 from a2rl.records import EvalResult, LedgerEntry, RunConfig, RunSummary
 from a2rl.capture.calls import read_llm_calls, summarize_llm_calls
 from a2rl.capture.resources import read_resources, summarize_resources
@@ -88,12 +88,7 @@ def process_metrics(entries: list[LedgerEntry], config: RunConfig, session_detai
         if e.weights_hash:
             seen_hashes.add(e.weights_hash)
     pairs = list(zip(scored, scored[1:]))
-    best_so_far: list[float | None] = []
-    running: float | None = None
-    for e in subs:
-        if e.status == "scored" and e.score is not None:
-            running = e.score if running is None else max(running, e.score)
-        best_so_far.append(running)
+    trajectory = best_so_far([e.score if e.status == "scored" else None for e in subs])
     last_at = max((e.agent_elapsed_s for e in subs if e.agent_elapsed_s is not None), default=None)
     delta_test = numbers.delta_test
     improvement = delta(best.score if best else None, base)
@@ -140,7 +135,7 @@ def process_metrics(entries: list[LedgerEntry], config: RunConfig, session_detai
         "submission_ids": [e.submission_id for e in subs],
         "scored_submission_ids": [e.submission_id for e in scored],
         "score_trajectory": [e.score if e.status == "scored" else None for e in subs],
-        "best_so_far_trajectory": best_so_far,
+        "best_so_far_trajectory": trajectory,
         "submission_times": [e.agent_elapsed_s for e in subs],
     })
 
