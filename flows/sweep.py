@@ -1,5 +1,6 @@
 """The `sweep` flow: a matrix of benchmark runs, each its own `benchmark-run` flow run.
 
+Its one parameter is a SweepConfig (the runs' shared RunConfig, the matrix, their options, how to start them).
 Configurations already completed in the results store (same `config_hash`, status 'completed') are skipped
 unless `force`. With a server (`local=False`) every run is started through the `benchmark-run` deployment, so
 each one is watchable and retryable on its own in the UI, and runs share the GPUs through the global
@@ -25,7 +26,7 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel, ConfigDict, Field
 
 from a2rl.ops.prefect_local import RUN_DEPLOYMENT
-from a2rl.records import RunConfig
+from a2rl.records import Mode, RunConfig
 from a2rl.run_options import MATRIX_FIELDS, RunOptions, resolve_results, run_parameters
 from a2rl.store.results import ResultsStore
 
@@ -65,7 +66,7 @@ class SweepMatrix(BaseModel):
     agents: list[str] | None = None
     drivers: list[str] | None = None
     """driver LLMs, paired with LLM agents only (a scripted agent runs once per cell with driver `none`)"""
-    modes: list[str] | None = None
+    modes: list[Mode] | None = None
     seeds: list[int] | None = None
 
 
