@@ -115,6 +115,31 @@ def test_a_parameter_the_flow_does_not_take_fails_before_anything_runs():
     check_parameters(items, accepted)
 
 
+def test_a2rl_sweep_hands_each_run_its_config_and_options(prefect_harness, tmp_path, monkeypatch, capsys):
+    """`a2rl sweep` (here, one run after another) gives every run of the matrix a RunConfig with the shared
+    options set and the axes varied, and an absolute results path."""
+    from prefect import flow
+
+    import flows.benchmark_run
+    from a2rl.cli import main
+
+    got: list[tuple[RunConfig, RunOptions]] = []
+
+    @flow(name="benchmark-run")
+    def stand_in(config: RunConfig = RunConfig(), options: RunOptions = RunOptions()) -> None:
+        got.append((config, options))
+        _complete(options.results, config, f"run-{config.mode}-{config.seed}")
+
+    monkeypatch.setattr(flows.benchmark_run, "benchmark_run", stand_in)
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", "--seeds", "0", "1", "--modes", "free", "sft-only", "--budget", "30", "--val-limit", "0",
+                 "--results", "r.duckdb"]) == 0  # fmt: skip
+    assert [(c.mode, c.seed) for c, _ in got] == [("free", 0), ("free", 1), ("sft-only", 0), ("sft-only", 1)]
+    assert all(c.budget_s == 30 and c.val_limit is None for c, _ in got)
+    assert {o.results for _, o in got} == {tmp_path / "r.duckdb"}
+    assert capsys.readouterr().out.count("completed") == 4
+
+
 def test_a2rl_sweep_dry_run_shows_what_would_run(tmp_path, monkeypatch, capsys):
     from a2rl.cli import main
 
