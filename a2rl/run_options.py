@@ -134,8 +134,9 @@ def nest_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
     if not set(parameters) - nested:
         return parameters
     if mixed := sorted(set(parameters) & nested):
-        raise ValueError(f"benchmark-run parameters mix `{'`, `'.join(mixed)}` with flat keywords "
-                         f"{', '.join(sorted(set(parameters) - nested))}: give every setting inside `config` or `options`")
+        flat = ", ".join(sorted(set(parameters) - nested))
+        raise ValueError(f"benchmark-run parameters mix `{'`, `'.join(mixed)}` with flat keywords {flat}: give every "
+                         "setting inside `config` or `options`")  # fmt: skip
     fields, option_fields = set(RunConfig.model_fields), set(RunOptions.model_fields)
     if unknown := sorted(set(parameters) - fields - option_fields):
         raise ValueError(f"benchmark-run takes `config` (a RunConfig) and `options` (a RunOptions); "

@@ -168,7 +168,8 @@ def check_parameters(items: list[SweepItem], accepted: set[str]) -> None:
     """Fail before anything starts if a run needs a parameter `benchmark-run` does not take (e.g. `config.driver`
     on a deployment made before drivers; `config` itself on one made before the typed parameters)."""
     for item in items:
-        given = set(item.parameters) | {f"{k}.{f}" for k, v in item.parameters.items() if isinstance(v, dict) for f in v}
+        params = item.parameters
+        given = set(params) | {f"{k}.{f}" for k, v in params.items() if isinstance(v, dict) for f in v}
         if missing := given - accepted:
             raise ValueError(
                 f"{item.label}: benchmark-run takes no parameter(s) {sorted(missing)}; the deployment is older "

@@ -45,7 +45,8 @@ def test_run_parameters_give_the_benchmark_run_the_same_config_hash():
     rebuilt = benchmark_run.validate_parameters(params)["config"]
     assert rebuilt == config and rebuilt.config_hash() == config.config_hash()
     assert set(params["config"]) == set(RunConfig.model_fields)  # every field: a deployment's defaults never apply
-    assert config_from_parameters(run_parameters(config.model_copy(update={"driver": "claude-x"}), R)).driver == "claude-x"
+    swapped = config.model_copy(update={"driver": "claude-x"})
+    assert config_from_parameters(run_parameters(swapped, R)).driver == "claude-x"
 
 
 def _item(config: RunConfig, params: dict):
