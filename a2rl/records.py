@@ -41,9 +41,10 @@ turning one on names the same run (and a retry with it on resumes the run)."""
 class RunConfig(BaseModel):
     """What defines a run. `config_hash` covers every field that changes what is measured.
 
-    The single source of a run's settings: the CLI's options (a2rl/run_options.py), the flow parameters of
-    `benchmark-run` and `sweep`, and prefect.yaml's deployment parameters are derived from these fields or
-    checked against them (tests/test_run_config.py). Each field's docstring is its help text."""
+    The single source of a run's settings: the CLI's options (a2rl/run_options.py) are derived from these fields;
+    it is the typed `config` parameter of the `benchmark-run` flow (and `run` of the sweep's), so the Prefect UI's
+    run form shows it field by field, and prefect.yaml's `config:` validates as it (tests/test_run_config.py).
+    Each field's docstring is its help text."""
 
     model_config = ConfigDict(use_attribute_docstrings=True)
 

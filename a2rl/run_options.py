@@ -1,6 +1,9 @@
-"""RunConfig as command-line options and flow parameters, derived from its fields (one list, one set of
-defaults and choices): a field added to RunConfig is an option of `a2rl run` and `a2rl sweep`, a parameter
-of both flows (checked by tests/test_run_config.py) and of prefect.yaml's `benchmark-run`."""
+"""RunConfig as command-line options and as flow parameters, derived from its fields (one list, one set of
+defaults and choices): a field added to RunConfig is an option of `a2rl run` and `a2rl sweep` and a field of
+the typed `config` parameter of both flows (the Prefect UI's run form; tests/test_run_config.py).
+
+A `benchmark-run` flow run has two parameters: `config` (a RunConfig: what the run measures) and `options` (a
+RunOptions: where it writes and how an attempt behaves, never part of its identity or its stored config)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ import types
 import typing
 from pathlib import Path
 from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from a2rl.records import RunConfig
 
@@ -21,6 +26,24 @@ FLAG_NAMES = {"budget_s": "budget"}
 """Options whose name is not the field's (kept short where users type them)."""
 GRACE_S = 30.0
 """Seconds an agent gets after its budget to save and submit, before it is stopped (not part of the config)."""
+ResumePolicy = Literal["continue", "interrupted"]
+
+
+class RunOptions(BaseModel):
+    """Where a run writes and how one attempt behaves: not what the run measures, so not in RunConfig (nor in its
+    hash, run id or stored config): a retry may change them and still resumes the same run."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
+
+    results: Path = DEFAULT_RESULTS
+    """the results store (DuckDB); a relative path is taken from the repository root"""
+    runs_dir: Path | None = None
+    """where run directories go (default: `runs/` beside the results store)"""
+    grace_s: float = GRACE_S
+    """seconds the agent gets after its budget to save and submit, before it is stopped"""
+    on_resume: ResumePolicy = "continue"
+    """a retried run continues an interrupted agent session with what remains of its budget, or records it
+    interrupted"""
 
 
 def repo_root() -> Path:
@@ -97,9 +120,40 @@ def common_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in RunConfig.model_fields if name not in MATRIX_FIELDS}
 
 
+def run_parameters(config: RunConfig, options: RunOptions | None = None) -> dict[str, Any]:
+    """The `benchmark-run` parameters (JSON) of a config and its options: what a sweep or a caller passes to the
+    deployment, and what a retry from the UI reuses. Every field is given, so a deployment's defaults never apply."""
+    return {"config": config.model_dump(mode="json"), "options": (options or RunOptions()).model_dump(mode="json")}
+
+
+def nest_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
+    """`benchmark-run` parameters in today's shape (`config`, `options`) from either shape: today's is returned as
+    it is; the flat keywords of before (`task=..., seed=..., results=...`: a flow run or deployment made by an
+    older a2rl) are nested. ValueError, one line, naming what is neither."""
+    nested = {"config", "options"}
+    if not set(parameters) - nested:
+        return parameters
+    if mixed := sorted(set(parameters) & nested):
+        flat = ", ".join(sorted(set(parameters) - nested))
+        raise ValueError(f"benchmark-run parameters mix `{'`, `'.join(mixed)}` with flat keywords {flat}: give every "
+                         "setting inside `config` or `options`")  # fmt: skip
+    fields, option_fields = set(RunConfig.model_fields), set(RunOptions.model_fields)
+    if unknown := sorted(set(parameters) - fields - option_fields):
+        raise ValueError(f"benchmark-run takes `config` (a RunConfig) and `options` (a RunOptions); "
+                         f"{', '.join(unknown)} is neither a field of RunConfig nor of RunOptions")  # fmt: skip
+    return {"config": {k: v for k, v in parameters.items() if k in fields},
+            "options": {k: v for k, v in parameters.items() if k in option_fields}}  # fmt: skip
+
+
 def config_from_parameters(parameters: dict[str, Any]) -> RunConfig:
-    """The RunConfig of a set of `benchmark-run` parameters (a deployment's, a sweep item's)."""
-    return RunConfig(**{k: v for k, v in parameters.items() if k in RunConfig.model_fields})
+    """The RunConfig of a set of `benchmark-run` parameters (a deployment's, a sweep item's, a flow run's; the
+    flat shape of before is read too)."""
+    return RunConfig.model_validate(nest_parameters(parameters).get("config") or {})
+
+
+def options_from_parameters(parameters: dict[str, Any]) -> RunOptions:
+    """The RunOptions of a set of `benchmark-run` parameters (either shape, as `config_from_parameters`)."""
+    return RunOptions.model_validate(nest_parameters(parameters).get("options") or {})
 
 
 def _unwrap_optional(ann: Any) -> Any:

@@ -14,7 +14,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
 
 import httpx
 from prefect import flow, get_run_logger
@@ -34,7 +33,7 @@ from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
 from a2rl.protocol.picking import latest_submissions
 from a2rl.summary.report import last_event
 from a2rl.run import RunContext, gpu_names, sandbox_for
-from a2rl.run_options import DEFAULT_RESULTS, GRACE_S, resolve_results, run_results
+from a2rl.run_options import GRACE_S, ResumePolicy, RunOptions, resolve_results, run_results
 from tasks.preflight import check_run
 from a2rl.ops.gpu_slots import hold_gpu_slot
 from a2rl.ops.run_lease import AttemptLease, StaleAttempt
@@ -70,8 +69,6 @@ from tasks.run_steps import (
     record_attempt,
 )
 
-DEFAULTS = RunConfig()
-ResumePolicy = Literal["continue", "interrupted"]
 INTERRUPTIONS = (KeyboardInterrupt, SystemExit, TerminationSignal)
 
 
@@ -92,7 +89,7 @@ def agent_session(
     ctx: RunContext,
     baseline: dict[str, float],
     base_model_dir: Path,
-    grace_s: float = 30.0,
+    grace_s: float = GRACE_S,
     on_resume: ResumePolicy = "continue",
 ) -> SessionOutcome:
     """Start the grading service, run the agent under its budget, and drain the grading queue.
@@ -214,44 +211,18 @@ def _artifact_key(run_id: str) -> str:
 
 
 @flow(name="benchmark-run")
-def benchmark_run(
-    task: str = DEFAULTS.task,
-    agent: str = DEFAULTS.agent,
-    budget_s: float = DEFAULTS.budget_s,
-    seed: int = DEFAULTS.seed,
-    results: Path = DEFAULT_RESULTS,
-    runs_dir: Path | None = None,
-    variant: str = DEFAULTS.variant,
-    base_model: str = DEFAULTS.base_model,
-    protocol: str = DEFAULTS.protocol,
-    mode: str = DEFAULTS.mode,
-    driver: str = DEFAULTS.driver,
-    val_limit: int | None = DEFAULTS.val_limit,
-    test_limit: int | None = DEFAULTS.test_limit,
-    max_submissions: int = DEFAULTS.max_submissions,
-    sandbox: str = DEFAULTS.sandbox,
-    eval_backend: str = DEFAULTS.eval_backend,
-    grace_s: float = GRACE_S,
-    on_resume: ResumePolicy = "continue",
-    strict_mode: bool = DEFAULTS.strict_mode,
-    eval_batch_size: int = DEFAULTS.eval_batch_size,
-    max_workspace_bytes: int = DEFAULTS.max_workspace_bytes,
-    grading_workers: int = DEFAULTS.grading_workers,
-    max_checkpoint_bytes: int = DEFAULTS.max_checkpoint_bytes,
-    test_every_submission: bool = DEFAULTS.test_every_submission,
-) -> RunSummary:
+def benchmark_run(config: RunConfig = RunConfig(), options: RunOptions = RunOptions()) -> RunSummary:
     """One benchmark run: (task, variant, agent, mode, base model, seed, budget) → scores, report, DuckDB rows.
 
-    Every RunConfig field is a parameter of the same name (tests/test_run_config.py); a relative `results`
-    (a deployment's default) is taken from the repository root. The row ends `completed`, or
-    `failed`/`interrupted` with the error (also when recording the failure fails again); the traceback goes to
-    `harness/run.log`, the phase reached to `harness/progress.json`."""
-    given = locals()
-    config = RunConfig(**{name: given[name] for name in RunConfig.model_fields})
-    results, elsewhere = run_results(results, deployed=prefect_deployment.get_id() is not None)
+    `config` is what the run measures (its hash names the run); `options` where it writes and how an attempt
+    behaves (a2rl/run_options.py). A relative `options.results` (a deployment's default) is taken from the
+    repository root. The row ends `completed`, or `failed`/`interrupted` with the error (also when recording
+    the failure fails again); the traceback goes to `harness/run.log`, the phase reached to
+    `harness/progress.json`."""
+    results, elsewhere = run_results(options.results, deployed=prefect_deployment.get_id() is not None)
     if elsewhere:
         get_run_logger().info("results go to %s", elsewhere)
-    runs_dir = resolve_results(runs_dir) if runs_dir else results.parent / "runs"
+    runs_dir = resolve_results(options.runs_dir) if options.runs_dir else results.parent / "runs"
     if (done := completed_before(config, results, runs_dir, prefect_flow_run.get_id())) is not None:
         get_run_logger().warning("run %s had already completed: a retry changes nothing (its row, report and "
                                  "timings stay as they were)", done.run_id)  # fmt: skip
@@ -288,7 +259,8 @@ def benchmark_run(
             with phases.enter("baseline"):
                 baseline = evaluate_baseline(ctx, base_model_dir, progress=progress.update)
             with phases.enter("agent_session"):
-                outcome = agent_session(ctx, baseline, base_model_dir, grace_s=grace_s, on_resume=on_resume)
+                outcome = agent_session(ctx, baseline, base_model_dir, grace_s=options.grace_s,
+                                        on_resume=options.on_resume)
                 if reason := did_not_start(ctx, outcome):
                     raise AgentDidNotStart(reason)
             with phases.enter("final_grading"):

@@ -1,5 +1,6 @@
 """The `sweep` flow: a matrix of benchmark runs, each its own `benchmark-run` flow run.
 
+Its one parameter is a SweepConfig (the runs' shared RunConfig, the matrix, their options, how to start them).
 Configurations already completed in the results store (same `config_hash`, status 'completed') are skipped
 unless `force`. With a server (`local=False`) every run is started through the `benchmark-run` deployment, so
 each one is watchable and retryable on its own in the UI, and runs share the GPUs through the global
@@ -22,15 +23,14 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 from prefect.runtime import flow_run
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from a2rl.ops.prefect_local import RUN_DEPLOYMENT
-from a2rl.records import RunConfig
-from a2rl.run_options import DEFAULT_RESULTS, GRACE_S, MATRIX_FIELDS, resolve_results
+from a2rl.records import Mode, RunConfig
+from a2rl.run_options import MATRIX_FIELDS, RunOptions, resolve_results, run_parameters
 from a2rl.store.results import ResultsStore
 
 from a2rl.ops.gpu_slots import GPU_LIMIT  # noqa: E402
-DEFAULTS = RunConfig()
 FINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 STALL_S = 600.0
 """A sweep whose runs have all been waiting this long says that no worker seems to take them."""
@@ -57,6 +57,58 @@ class SweepItem(BaseModel):
         return f"{c.task}-{c.agent}{driver}-{c.mode}-s{c.seed}"
 
 
+class SweepMatrix(BaseModel):
+    """The axes of a sweep; an axis left empty takes the sweep's `run` value (RunConfig's default unless set)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
+
+    tasks: list[str] | None = None
+    agents: list[str] | None = None
+    drivers: list[str] | None = None
+    """driver LLMs, paired with LLM agents only (a scripted agent runs once per cell with driver `none`)"""
+    modes: list[Mode] | None = None
+    seeds: list[int] | None = None
+
+
+class SweepConfig(BaseModel):
+    """The one parameter of the `sweep` flow: the runs (`run` × `matrix`), where they write (`options`), and how
+    the sweep starts and follows them."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    """the settings every run shares; the matrix's axes vary its task, agent, driver, mode and seed"""
+    matrix: SweepMatrix = Field(default_factory=SweepMatrix)
+    options: RunOptions = Field(default_factory=RunOptions)
+    """every run's options (a relative `results` is taken from the repository root)"""
+    local: bool = False
+    """run here, one subflow after another (no server, no worker needed); otherwise start every run through
+    `deployment` on its work pool and (with `wait`) follow them until they end"""
+    force: bool = False
+    """also run configurations already completed in the results store"""
+    gpu_slots: int = 1
+    """slots of the global concurrency limit `gpu`, i.e. agent sessions at once across workers"""
+    deployment: str = RUN_DEPLOYMENT
+    job_variables: dict[str, Any] | None = None
+    """per-run infrastructure overrides for the deployment (e.g. {"env": {...}})"""
+    wait: bool = True
+    poll_s: float = 5.0
+    watch_timeout_s: float | None = None
+    """stop following after this long (the runs go on, the sweep fails saying so); None = a bound from the
+    matrix: each run's budget three times over plus an hour, per run"""
+    merge_from: list[str] | None = None
+    """host stores (paths or glob patterns; relative ones from the repository root) merged into `results` before
+    planning and after the runs end, when runs write their hosts' own stores (A2RL_HOST_RESULTS;
+    docs/scale-out.md)"""
+
+    def configs(self) -> list[RunConfig]:
+        """Every run of the matrix (`expand_matrix`)."""
+        m, r = self.matrix, self.run
+        common = {name: getattr(r, name) for name in RunConfig.model_fields if name not in MATRIX_FIELDS}
+        return expand_matrix(m.tasks or [r.task], m.agents or [r.agent], m.drivers or [r.driver],
+                             m.modes or [r.mode], m.seeds or [r.seed], **common)  # fmt: skip
+
+
 def expand_matrix(
     tasks: list[str], agents: list[str], drivers: list[str], modes: list[str], seeds: list[int], **common: Any
 ) -> list[RunConfig]:
@@ -75,14 +127,6 @@ def expand_matrix(
         config = RunConfig(task=task, agent=agent, driver=driver, mode=mode, seed=seed, **common)
         configs.setdefault(config.config_hash(), config)
     return list(configs.values())
-
-
-def run_parameters(config: RunConfig, results: Path | str, runs_dir: Path | str | None, grace_s: float) -> dict:
-    """The `benchmark-run` parameters whose RunConfig (and so `config_hash`) equals `config`: every field."""
-    params: dict[str, Any] = {**config.model_dump(mode="json"), "results": str(results), "grace_s": grace_s}
-    if runs_dir is not None:
-        params["runs_dir"] = str(runs_dir)
-    return params
 
 
 def completed_hashes(results: Path) -> set[str]:
@@ -110,11 +154,10 @@ def merge_hosts(results: Path, patterns: list[str], when: str) -> None:
         logger.warning("merge refused %s from %s: %s", o.run_id, o.source, o.detail)
 
 
-def plan_sweep(configs: list[RunConfig], done: set[str], force: bool, results: Path | str,
-               runs_dir: Path | str | None, grace_s: float) -> list[SweepItem]:  # fmt: skip
+def plan_sweep(configs: list[RunConfig], done: set[str], force: bool, options: RunOptions) -> list[SweepItem]:
     items = []
     for config in configs:
-        item = SweepItem(config=config, parameters=run_parameters(config, results, runs_dir, grace_s))
+        item = SweepItem(config=config, parameters=run_parameters(config, options))
         if not force and config.config_hash() in done:
             item.status, item.detail = "skipped", "already completed in the results store"
         items.append(item)
@@ -122,13 +165,28 @@ def plan_sweep(configs: list[RunConfig], done: set[str], force: bool, results: P
 
 
 def check_parameters(items: list[SweepItem], accepted: set[str]) -> None:
-    """Fail before anything starts if a run needs a parameter `benchmark-run` does not take (e.g. `driver`)."""
+    """Fail before anything starts if a run needs a parameter `benchmark-run` does not take (e.g. `config.driver`
+    on a deployment made before drivers; `config` itself on one made before the typed parameters)."""
     for item in items:
-        if missing := set(item.parameters) - accepted:
+        params = item.parameters
+        given = set(params) | {f"{k}.{f}" for k, v in params.items() if isinstance(v, dict) for f in v}
+        if missing := given - accepted:
             raise ValueError(
                 f"{item.label}: benchmark-run takes no parameter(s) {sorted(missing)}; the deployment is older "
                 "than this code: register it again with `a2rl deploy`"
             )
+
+
+def schema_names(schema: dict[str, Any]) -> set[str]:
+    """The parameters a flow's parameter schema accepts, and `parameter.field` for each field of a typed one."""
+    definitions = schema.get("definitions") or schema.get("$defs") or {}
+    names = set()
+    for name, prop in (schema.get("properties") or {}).items():
+        names.add(name)
+        refs = [prop.get("$ref"), *(p.get("$ref") for p in prop.get("allOf", []))]
+        for ref in filter(None, refs):
+            names |= {f"{name}.{field}" for field in definitions.get(ref.rsplit("/", 1)[-1], {}).get("properties", {})}
+    return names
 
 
 def ensure_gpu_limit(slots: int) -> None:
@@ -234,19 +292,19 @@ def run_locally(items: list[SweepItem]) -> None:
 
 
 def benchmark_run_parameters(local: bool, deployment: str) -> set[str]:
-    """The parameter names `benchmark-run` accepts: from the deployment's schema, or the flow's signature."""
+    """What `benchmark-run` accepts (`schema_names`): from the deployment's schema, or the flow's here."""
     if local:
-        import inspect
+        from prefect.utilities.callables import parameter_schema
 
         from flows.benchmark_run import benchmark_run
 
-        return set(inspect.signature(benchmark_run.fn).parameters)
+        return schema_names(parameter_schema(benchmark_run).model_dump())
     with get_client(sync_client=True) as client:
         try:
             schema = client.read_deployment_by_name(deployment).parameter_openapi_schema or {}
         except ObjectNotFound:
             raise DeployFirst(f"deploy first: a2rl deploy (the server has no deployment {deployment!r})") from None
-    return set(schema.get("properties", {}))
+    return schema_names(schema)
 
 
 class DeployFirst(LookupError):
@@ -254,82 +312,33 @@ class DeployFirst(LookupError):
 
 
 @flow(name="sweep")
-def sweep(
-    tasks: list[str] | None = None,
-    agents: list[str] | None = None,
-    drivers: list[str] | None = None,
-    modes: list[str] | None = None,
-    seeds: list[int] | None = None,
-    budget_s: float = DEFAULTS.budget_s,
-    results: Path = DEFAULT_RESULTS,
-    runs_dir: Path | None = None,
-    variant: str = DEFAULTS.variant,
-    base_model: str = DEFAULTS.base_model,
-    protocol: str = DEFAULTS.protocol,
-    val_limit: int | None = DEFAULTS.val_limit,
-    test_limit: int | None = DEFAULTS.test_limit,
-    max_submissions: int = DEFAULTS.max_submissions,
-    strict_mode: bool = DEFAULTS.strict_mode,
-    eval_batch_size: int = DEFAULTS.eval_batch_size,
-    eval_backend: str = DEFAULTS.eval_backend,
-    sandbox: str = DEFAULTS.sandbox,
-    max_workspace_bytes: int = DEFAULTS.max_workspace_bytes,
-    grading_workers: int = DEFAULTS.grading_workers,
-    max_checkpoint_bytes: int = DEFAULTS.max_checkpoint_bytes,
-    test_every_submission: bool = DEFAULTS.test_every_submission,
-    grace_s: float = GRACE_S,
-    local: bool = False,
-    force: bool = False,
-    gpu_slots: int = 1,
-    deployment: str = RUN_DEPLOYMENT,
-    job_variables: dict[str, Any] | None = None,
-    wait: bool = True,
-    poll_s: float = 5.0,
-    watch_timeout_s: float | None = None,
-    merge_from: list[str] | None = None,
-) -> list[SweepItem]:
-    """Run the matrix tasks × agents × drivers × modes × seeds; skip completed configurations unless `force`.
-
-    Args:
-        tasks, agents, drivers, modes, seeds: the matrix; each defaults to RunConfig's default (seed 0).
-        local: run here, one subflow after another (no server, no worker needed); otherwise start every run
-            through `deployment` on its work pool and (with `wait`) follow them until they end.
-        gpu_slots: slots of the global concurrency limit `gpu`, i.e. agent sessions at once across workers.
-        job_variables: per-run infrastructure overrides for the deployment (e.g. {"env": {...}}).
-        watch_timeout_s: stop following after this long (the runs go on, the sweep fails saying so); None =
-            a bound from the matrix: each run's budget three times over plus an hour, per run.
-        merge_from: host stores (paths or glob patterns; relative ones from the repository root) merged into
-            `results` before planning and after the runs end, when runs write their hosts' own stores
-            (A2RL_HOST_RESULTS; docs/scale-out.md).
-    """
+def sweep(config: SweepConfig = SweepConfig()) -> list[SweepItem]:
+    """Run the matrix tasks × agents × drivers × modes × seeds of `config` (a SweepConfig); skip configurations
+    already completed unless `config.force`."""
     logger = get_run_logger()
-    # Every RunConfig field that is not an axis of the matrix is a parameter of this flow of the same name.
-    given = locals()
-    common = {name: given[name] for name in RunConfig.model_fields if name not in MATRIX_FIELDS}
-    configs = expand_matrix(
-        tasks or [DEFAULTS.task], agents or [DEFAULTS.agent], drivers or [DEFAULTS.driver],
-        modes or [DEFAULTS.mode], seeds or [DEFAULTS.seed], **common,
-    )  # fmt: skip
-    results = resolve_results(results)
-    if merge_from:
-        merge_hosts(results, merge_from, "before planning")
-    items = plan_sweep(configs, completed_hashes(Path(results)), force, results, runs_dir, grace_s)
+    configs = config.configs()
+    results = resolve_results(config.options.results)
+    options = config.options.model_copy(update={"results": results})
+    if config.merge_from:
+        merge_hosts(results, config.merge_from, "before planning")
+    items = plan_sweep(configs, completed_hashes(results), config.force, options)
     planned = [i for i in items if i.status == "planned"]
     logger.info("sweep of %d configuration(s): %d to run, %d already completed", len(items), len(planned),
                 len(items) - len(planned))  # fmt: skip
+    watch_timeout_s = config.watch_timeout_s
     if planned:
-        check_parameters(planned, benchmark_run_parameters(local, deployment))
-        if local:
+        check_parameters(planned, benchmark_run_parameters(config.local, config.deployment))
+        if config.local:
             run_locally(items)
         else:
-            ensure_gpu_limit(gpu_slots)
-            launch_runs(planned, deployment, job_variables)
-            if wait:
+            ensure_gpu_limit(config.gpu_slots)
+            launch_runs(planned, config.deployment, config.job_variables)
+            if config.wait:
                 if watch_timeout_s is None:
-                    watch_timeout_s = len(planned) * (3 * budget_s + 3600)
-                watch_runs(planned, poll_s, watch_timeout_s)
-                if merge_from:
-                    merge_hosts(results, merge_from, "after the runs")
+                    watch_timeout_s = len(planned) * (3 * config.run.budget_s + 3600)
+                watch_runs(planned, config.poll_s, watch_timeout_s)
+                if config.merge_from:
+                    merge_hosts(results, config.merge_from, "after the runs")
     create_table_artifact(
         [{"run": i.label, "config_hash": i.config.config_hash(), "status": i.status, "state": i.state,
           "flow_run_id": i.flow_run_id, "detail": i.detail} for i in items],
@@ -337,7 +346,7 @@ def sweep(
     )  # fmt: skip
     if failed := [i.label for i in items if i.status == "failed"]:
         raise RuntimeError(f"{len(failed)} of {len(items)} run(s) did not complete: {', '.join(failed)}")
-    if wait and (going := [i.label for i in items if i.status == "launched"]):
+    if config.wait and (going := [i.label for i in items if i.status == "launched"]):
         raise TimeoutError(f"{len(going)} run(s) still going after watch_timeout_s={watch_timeout_s:.0f} s: "
                            f"{', '.join(going)} (follow them in the UI or `a2rl status`)")
     return items

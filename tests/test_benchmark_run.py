@@ -9,6 +9,8 @@ import duckdb
 import pytest
 
 from a2rl.grading.ledger import read_ledger
+from a2rl.records import RunConfig
+from a2rl.run_options import RunOptions
 
 
 @pytest.fixture
@@ -25,8 +27,9 @@ def test_benchmark_run_end_to_end(prefect_harness, tiny_model_dir, tmp_path, sma
     from flows.benchmark_run import benchmark_run
 
     results = tmp_path / "results.duckdb"
-    kwargs = dict(base_model=str(tiny_model_dir), budget_s=45, results=results, val_limit=4, test_limit=6, grace_s=5)
-    summary = benchmark_run(**kwargs)
+    config = RunConfig(base_model=str(tiny_model_dir), budget_s=45, val_limit=4, test_limit=6)
+    options = RunOptions(results=results, grace_s=5)
+    summary = benchmark_run(config, options)
 
     assert summary.status == "completed", summary.error
     assert summary.n_submissions >= 1 and summary.n_scored >= 1
@@ -65,7 +68,7 @@ def test_benchmark_run_end_to_end(prefect_harness, tiny_model_dir, tmp_path, sma
     assert n_evals == 2 + summary.n_scored + 1  # baselines + scored submissions + final
 
     # A second run appends a second row and leaves the first intact; its baseline comes from the cache.
-    second = benchmark_run(**{**kwargs, "budget_s": 15, "seed": 1})
+    second = benchmark_run(config.model_copy(update={"budget_s": 15, "seed": 1}), options)
     with duckdb.connect(str(results), read_only=True) as con:
         rows = con.execute("SELECT run_id, final_test FROM runs ORDER BY started_at").fetchall()
     assert [r[0] for r in rows] == [summary.run_id, second.run_id]
@@ -82,8 +85,8 @@ def test_a_failing_run_is_recorded_as_failed(prefect_harness, tiny_model_dir, tm
 
     results = tmp_path / "results.duckdb"
     with pytest.raises(PreflightError, match="unknown agent"):
-        benchmark_run(agent="no-such-agent", base_model=str(tiny_model_dir), results=results, val_limit=2,
-                      test_limit=2)
+        benchmark_run(RunConfig(agent="no-such-agent", base_model=str(tiny_model_dir), val_limit=2, test_limit=2),
+                      RunOptions(results=results))
     with duckdb.connect(str(results), read_only=True) as con:
         status, error, harness = con.execute("SELECT status, error, harness_dir FROM runs").fetchone()
     assert status == "failed" and "unknown agent" in error
@@ -159,8 +162,8 @@ def test_alpacaeval_run_end_to_end_with_a_judge_endpoint(prefect_harness, tiny_m
         monkeypatch.setenv("A2RL_JUDGE_BASE_URL", judge.base_url)
         monkeypatch.setenv("A2RL_HOME", str(tmp_path / "home"))  # empty judge and evaluation caches
         results = tmp_path / "results.duckdb"
-        summary = benchmark_run(task="alpacaeval", base_model=str(tiny_model_dir), budget_s=45, results=results,
-                                val_limit=2, test_limit=3, grace_s=5)  # fmt: skip
+        summary = benchmark_run(RunConfig(task="alpacaeval", base_model=str(tiny_model_dir), budget_s=45,
+                                          val_limit=2, test_limit=3), RunOptions(results=results, grace_s=5))
         judged = [r for r in judge.requests if "<response_A>" in r.prompt]
 
     assert summary.status == "completed", summary.error
@@ -191,9 +194,9 @@ def test_every_submission_on_the_hidden_test_after_the_session(prefect_harness, 
     for k, v in knobs.items():
         monkeypatch.setenv(k, v)
     results = tmp_path / "results.duckdb"
-    summary = benchmark_run(task="alfworld", agent="reference-sft-grpo", base_model=str(tiny_model_dir), budget_s=90,
-                            results=results, val_limit=2, test_limit=3, max_submissions=2, grace_s=5,
-                            test_every_submission=True)  # fmt: skip
+    summary = benchmark_run(RunConfig(task="alfworld", agent="reference-sft-grpo", base_model=str(tiny_model_dir),
+                                      budget_s=90, val_limit=2, test_limit=3, max_submissions=2,
+                                      test_every_submission=True), RunOptions(results=results, grace_s=5))
     assert summary.status == "completed", summary.error
     harness = tmp_path / "runs" / summary.run_id / "harness"
     entries = read_ledger(harness / "ledger.jsonl")

@@ -18,6 +18,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from a2rl.records import RunConfig
+from a2rl.run_options import RunOptions
 from sandbox_support import needs_bwrap
 
 REPO = Path(__file__).resolve().parents[1]
@@ -222,7 +224,8 @@ def test_a_failure_while_recording_a_failure_still_ends_the_row_failed(prefect_h
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     results = tmp_path / "a.duckdb"
     with pytest.raises(PreflightError, match="--variant full"):
-        benchmark_run(variant="full", base_model=str(tiny_model_dir), results=results, val_limit=1, test_limit=1)
+        benchmark_run(RunConfig(variant="full", base_model=str(tiny_model_dir), val_limit=1, test_limit=1),
+                      RunOptions(results=results))
     with duckdb.connect(str(results), read_only=True) as db:
         status, error, failure_class = db.execute("SELECT status, error, failure_class FROM runs").fetchone()
     assert status == "failed" and failure_class == "infrastructure failure"
@@ -241,8 +244,8 @@ def test_an_agent_that_never_started_makes_the_run_failed(prefect_harness, tiny_
     monkeypatch.setattr(install, "LOCAL_BINS", (tmp_path / "no-prefix",))  # nor in the project's .tools prefix
     results = tmp_path / "a.duckdb"
     with pytest.raises(PreflightError, match="`claude`"):
-        benchmark_run(agent="claude-code", driver="m", base_model=str(tiny_model_dir), results=results,
-                      val_limit=1, test_limit=1)  # fmt: skip
+        benchmark_run(RunConfig(agent="claude-code", driver="m", base_model=str(tiny_model_dir), val_limit=1,
+                                test_limit=1), RunOptions(results=results))  # fmt: skip
     with duckdb.connect(str(results), read_only=True) as db:
         status, failure_class = db.execute("SELECT status, failure_class FROM runs").fetchone()
     assert (status, failure_class) == ("failed", "infrastructure failure")
@@ -504,6 +507,8 @@ import errno, json, os, sys
 from pathlib import Path
 import duckdb
 from a2rl import workspace
+from a2rl.records import RunConfig
+from a2rl.run_options import RunOptions
 from flows.benchmark_run import benchmark_run
 
 small, model = Path(sys.argv[1]), sys.argv[2]
@@ -521,7 +526,8 @@ def copy_on_a_disk_that_fills(src, dst):  # the disk fills (for real) while the 
 
 workspace._copy_model = copy_on_a_disk_that_fills
 try:
-    benchmark_run(base_model=model, results=small / "a.duckdb", val_limit=1, test_limit=1, sandbox="off")
+    benchmark_run(RunConfig(base_model=model, val_limit=1, test_limit=1, sandbox="off"),
+                  RunOptions(results=small / "a.duckdb"))
 except OSError as e:
     print("raised", e.errno)
 with duckdb.connect(str(small / "a.duckdb"), read_only=True) as db:

@@ -23,6 +23,7 @@ import pytest
 
 from a2rl.ops import prefect_local
 from a2rl.grading.ledger import read_ledger
+from a2rl.run_options import nest_parameters
 from live_server import SMALL_AGENT, LiveServer, kill_worker_host, ledger_with, live_server, wait_for
 from live_server import final_run as _final_run
 from live_server import flow_run as _flow_run
@@ -48,13 +49,19 @@ def test_prefect_yaml_registers_the_three_deployments_on_the_local_pool(live):
     for dep in (run, nightly, analysis):
         assert dep.work_pool_name == prefect_local.DEFAULT_POOL
     assert analysis.entrypoint == "flows/analysis_flow.py:analysis"
-    # Every flow parameter can be set per run.
-    import inspect
+    # The run form is the flow's: a typed `config` (every RunConfig field) and its `options`.
+    from prefect.utilities.callables import parameter_schema
 
     from flows.benchmark_run import benchmark_run
+    from flows.sweep import schema_names
 
-    assert set(run.parameter_openapi_schema["properties"]) == set(inspect.signature(benchmark_run.fn).parameters)
-    assert nightly.parameters["seeds"] == [0, 1, 2] and nightly.parameters["local"] is False
+    form = parameter_schema(benchmark_run).model_dump()
+    assert {k: run.parameter_openapi_schema[k] for k in ("properties", "definitions")} == \
+        {k: form[k] for k in ("properties", "definitions")}  # fmt: skip
+    assert {"config.driver", "options.results"} <= schema_names(run.parameter_openapi_schema)
+    assert run.parameters["config"]["task"] == "gsm8k" and set(run.parameters) == {"config", "options"}
+    sweep_config = nightly.parameters["config"]
+    assert sweep_config["matrix"]["seeds"] == [0, 1, 2] and sweep_config["local"] is False
     assert nightly.work_queue_name == "sweeps"
     assert nightly.global_concurrency_limit is not None and nightly.global_concurrency_limit.limit == 1
 
@@ -162,14 +169,17 @@ def test_a_sweep_runs_one_agent_session_at_a_time_with_one_gpu_slot(live, tiny_m
     session run at a time. A second sweep over the same matrix starts nothing."""
     from prefect.client.orchestration import get_client
 
-    from flows.sweep import GPU_LIMIT, sweep
+    from a2rl.records import RunConfig
+    from a2rl.run_options import RunOptions
+    from flows.sweep import GPU_LIMIT, SweepConfig, SweepMatrix, sweep
 
-    kwargs: dict[str, Any] = dict(
-        seeds=[0, 1], budget_s=20, results=tmp_path / "results.duckdb", runs_dir=tmp_path / "runs",
-        base_model=str(tiny_model_dir), val_limit=2, test_limit=2, grace_s=5, gpu_slots=1,
-        job_variables={"env": SMALL_AGENT}, poll_s=2, watch_timeout_s=420,
+    config = SweepConfig(
+        run=RunConfig(budget_s=20, base_model=str(tiny_model_dir), val_limit=2, test_limit=2),
+        matrix=SweepMatrix(seeds=[0, 1]),
+        options=RunOptions(results=tmp_path / "results.duckdb", runs_dir=tmp_path / "runs", grace_s=5),
+        gpu_slots=1, job_variables={"env": SMALL_AGENT}, poll_s=2, watch_timeout_s=420,
     )  # fmt: skip
-    items = sweep(**kwargs)
+    items = sweep(config)
     assert [i.status for i in items] == ["completed", "completed"], [(i.label, i.state, i.detail) for i in items]
     with get_client(sync_client=True) as client:
         assert client.read_global_concurrency_limit_by_name(GPU_LIMIT).limit == 1
@@ -179,7 +189,7 @@ def test_a_sweep_runs_one_agent_session_at_a_time_with_one_gpu_slot(live, tiny_m
     (_, first_end), (second_start, _) = sessions
     assert first_end <= second_start, f"agent sessions overlap: {sessions}"
 
-    again = sweep(**kwargs)
+    again = sweep(config)
     assert [i.status for i in again] == ["skipped", "skipped"]
 
 
@@ -211,8 +221,8 @@ def test_a2rl_deploy_auto_retry_retries_a_crashed_run_up_to_its_limit_and_is_off
         assert "automatic retry of crashed runs: on, up to 1 per run" in capsys.readouterr().out
         params = dict(base_model=str(tiny_model_dir), budget_s=30, results=str(tmp_path / "results.duckdb"),
                       runs_dir=str(tmp_path / "runs"), val_limit=2, test_limit=2, grace_s=5)  # fmt: skip
-        fr = run_deployment("benchmark-run/benchmark-run", parameters=params, job_variables={"env": SMALL_AGENT},
-                            timeout=0)  # fmt: skip
+        fr = run_deployment("benchmark-run/benchmark-run", parameters=nest_parameters(params),
+                            job_variables={"env": SMALL_AGENT}, timeout=0)  # fmt: skip
         killed: list[int] = []
 
         def kill_in_provision() -> bool:
@@ -253,8 +263,8 @@ def _run_until_the_agent_trains(live: LiveServer, tiny_model_dir: Path, tmp_path
 
     params = dict(base_model=str(tiny_model_dir), budget_s=30, results=str(tmp_path / "results.duckdb"),
                   runs_dir=str(tmp_path / "runs"), val_limit=2, test_limit=2, grace_s=5)  # fmt: skip
-    fr = run_deployment("benchmark-run/benchmark-run", parameters=params, job_variables={"env": SMALL_AGENT},
-                        timeout=0)  # fmt: skip
+    fr = run_deployment("benchmark-run/benchmark-run", parameters=nest_parameters(params),
+                        job_variables={"env": SMALL_AGENT}, timeout=0)  # fmt: skip
     ledger = wait_for(lambda: ledger_with(tmp_path / "runs", fr.id.hex[:8], '"session-start"'), timeout_s=240,
                        what="the agent session to start", run=(live.url, fr.id))  # fmt: skip
     time.sleep(3)  # the agent process is up and training

@@ -44,6 +44,7 @@ import pytest
 from a2rl.grading.ledger import read_ledger
 from a2rl.isolation import procs
 from a2rl.ops import prefect_local
+from a2rl.run_options import nest_parameters
 from live_server import SMALL_AGENT, LiveServer, flow_run, kill_worker_host, live_server, set_state
 
 pytestmark = pytest.mark.prefect_server
@@ -179,8 +180,8 @@ class Run:
         self.params = dict(base_model=str(tiny), budget_s=budget_s, results=str(root / "results.duckdb"),
                            runs_dir=str(root / "runs"), val_limit=2, test_limit=2, grace_s=3, max_submissions=2)
         env = {**SMALL_AGENT, **agent_env, "A2RL_HOME": str(root / "a2rl-home")}  # its own evaluation cache
-        self.fr = run_deployment("benchmark-run/benchmark-run", parameters=self.params, job_variables={"env": env},
-                                 timeout=0, flow_run_name=name)  # fmt: skip
+        self.fr = run_deployment("benchmark-run/benchmark-run", parameters=nest_parameters(self.params),
+                                 job_variables={"env": env}, timeout=0, flow_run_name=name)  # fmt: skip
         self.id = str(self.fr.id)
         self.cells: list[Cell] = []
         self.clock_truth: float | None = None  # the agent's clock the next resumed session must start from

@@ -160,12 +160,13 @@ def test_a_nightly_sweep_over_three_plain_hosts_survives_a_dead_host_and_a_kille
     monkeypatch.setenv("PREFECT_API_URL", cluster.url)  # the merge below asks the server which attempts are over
     central = tmp_path / "central" / "a2rl.duckdb"
     params = dict(
-        tasks=["gsm8k"], agents=["reference-sft"], drivers=["none"], modes=["free"], seeds=[0, 1, 2], budget_s=45,
-        results=str(central), base_model=str(tiny_model_dir), val_limit=2, test_limit=2, grace_s=5, gpu_slots=3,
+        run=dict(budget_s=45, base_model=str(tiny_model_dir), val_limit=2, test_limit=2),
+        matrix=dict(tasks=["gsm8k"], agents=["reference-sft"], drivers=["none"], modes=["free"], seeds=[0, 1, 2]),
+        options=dict(results=str(central), grace_s=5), gpu_slots=3,
         job_variables={"env": SMALL_AGENT}, poll_s=2, watch_timeout_s=1800,
         merge_from=[str(cluster.root / "hosts" / "*" / "results" / "a2rl.duckdb")],
     )  # fmt: skip
-    sweep = run_deployment("sweep/nightly-sweep", parameters=params, timeout=0)
+    sweep = run_deployment("sweep/nightly-sweep", parameters={"config": params}, timeout=0)
 
     # Two agent sessions at work on two hosts: one host dies whole (worker, flow run and agent; nobody reports it:
     # the server notices its lease expiring and the automation retries it elsewhere); on the other, the run loses
@@ -218,7 +219,7 @@ def test_a_nightly_sweep_over_three_plain_hosts_survives_a_dead_host_and_a_kille
     assert main(["analyze", "--results", str(central), "--out", str(out_dir)]) == 0
     summary = json.loads((out_dir / "summary.json").read_text())
     assert summary["completed_runs"] == 3 and (out_dir / "report.html").exists()
-    again = run_deployment("sweep/nightly-sweep", parameters=params, timeout=600)
+    again = run_deployment("sweep/nightly-sweep", parameters={"config": params}, timeout=600)
     assert again.state.is_completed(), again.state
     assert _benchmark_runs(cluster.url) == 3  # one flow run per configuration: the second sweep started none
 

@@ -22,6 +22,8 @@ import pytest
 
 from a2rl.ops import gpu_slots
 from a2rl.ops import prefect_local
+from a2rl.records import RunConfig
+from a2rl.run_options import RunOptions, run_parameters
 
 
 @pytest.fixture
@@ -197,9 +199,9 @@ def test_status_lists_top_level_runs_by_flow_name_elapsed_time_and_the_true_stat
 
 def _sweep_child(api_url: str, deployment_id: str, task_run_id: str, runs_dir: Path, state: dict) -> str:
     """A flow run a sweep started through the `benchmark-run` deployment (its parent is the sweep's task run)."""
-    r = httpx.post(f"{api_url}/deployments/{deployment_id}/create_flow_run", timeout=10, json={
-        "parent_task_run_id": task_run_id, "parameters": {"runs_dir": str(runs_dir), "results": str(runs_dir / "r.db")},
-    })  # fmt: skip
+    params = run_parameters(RunConfig(), RunOptions(runs_dir=runs_dir, results=runs_dir / "r.db"))
+    r = httpx.post(f"{api_url}/deployments/{deployment_id}/create_flow_run", timeout=10,
+                   json={"parent_task_run_id": task_run_id, "parameters": params})  # fmt: skip
     r.raise_for_status()
     prefect_local._set_state(api_url, r.json()["id"], state)
     return r.json()["id"]

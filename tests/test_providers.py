@@ -132,7 +132,8 @@ def test_each_cli_agent_takes_the_provider_kinds_it_speaks(agent_id, good, bad) 
 
 
 def test_a_driver_swap_sweep_gives_one_run_per_driver_for_llm_agents_and_one_for_scripted_ones() -> None:
-    from flows.sweep import SweepItem, expand_matrix, run_parameters
+    from a2rl.run_options import RunOptions, run_parameters
+    from flows.sweep import SweepItem, expand_matrix
 
     configs = expand_matrix(["gsm8k"], ["claude-code", "reference-sft"], ["sonnet", "qwen-vllm", "none"], ["free"],
                             [0, 1])  # fmt: skip
@@ -141,6 +142,7 @@ def test_a_driver_swap_sweep_gives_one_run_per_driver_for_llm_agents_and_one_for
                      ("claude-code", "sonnet", 1), ("reference-sft", "none", 0), ("reference-sft", "none", 1)]
     assert len({c.config_hash() for c in configs}) == 6  # the driver is part of a run's identity
     pair = [c for c in configs if c.agent == "claude-code" and c.seed == 0]
-    labels = {SweepItem(config=c, parameters=run_parameters(c, "results.duckdb", None, 10)).label for c in pair}
+    options = RunOptions(results=Path("results.duckdb"), grace_s=10)
+    labels = {SweepItem(config=c, parameters=run_parameters(c, options)).label for c in pair}
     assert labels == {"gsm8k-claude-code-sonnet-free-s0", "gsm8k-claude-code-qwen-vllm-free-s0"}
-    assert {run_parameters(c, "results.duckdb", None, 10)["driver"] for c in pair} == {"sonnet", "qwen-vllm"}
+    assert {run_parameters(c, options)["config"]["driver"] for c in pair} == {"sonnet", "qwen-vllm"}

@@ -202,14 +202,16 @@ def rewrite_final_score(harness: Path, score: float) -> None:
 
 
 def test_the_merge_deployment_names_its_flows_parameters_runs_beside_the_sweeps_and_is_off_until_resumed():
+    import inspect
+
     from flows.merge_flow import merge_stores_flow
-    from tests.test_run_config import deployments, flow_defaults
+    from tests.test_run_config import deployments
 
     merge_dep, nightly = deployments()["merge-stores"], deployments()["nightly-sweep"]
-    assert set(merge_dep["parameters"]) <= set(flow_defaults(merge_stores_flow))
+    assert set(merge_dep["parameters"]) <= set(inspect.signature(merge_stores_flow.fn).parameters)
     assert merge_dep["work_pool"]["work_queue_name"] == "sweeps"  # never on a GPU worker's queue
     assert [s["active"] for s in merge_dep["schedules"]] == [False]
-    assert merge_dep["parameters"]["sources"] == nightly["parameters"]["merge_from"]
+    assert merge_dep["parameters"]["sources"] == nightly["parameters"]["config"]["merge_from"]
 
 
 def _ran_on(store: Path, run_id: str, flow_run_id: str, attempt: int) -> None:

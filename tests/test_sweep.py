@@ -3,14 +3,16 @@ GPU slot is in test_deployments.py)."""
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import pytest
 
 from a2rl.records import RunConfig, RunSummary
+from a2rl.run_options import RunOptions, config_from_parameters, run_parameters
 from a2rl.store.results import ResultsStore
-from flows.sweep import check_parameters, completed_hashes, expand_matrix, plan_sweep, run_parameters
+from flows.sweep import check_parameters, completed_hashes, expand_matrix, plan_sweep
+
+R = RunOptions(results=Path("r.duckdb"))
 
 
 def _complete(results: Path, config: RunConfig, run_id: str) -> None:
@@ -34,15 +36,23 @@ def test_the_matrix_has_every_combination_once_in_order():
 
 def test_run_parameters_give_the_benchmark_run_the_same_config_hash():
     from flows.benchmark_run import benchmark_run
+    from flows.sweep import benchmark_run_parameters
 
     config = RunConfig(task="gsm8k", agent="reference-grpo", mode="rl-only", seed=3, budget_s=90, val_limit=None)
-    params = run_parameters(config, "results/a2rl.duckdb", None, grace_s=10)
-    assert set(params) <= set(inspect.signature(benchmark_run.fn).parameters)
-    # benchmark-run builds its RunConfig from exactly these fields.
-    rebuilt = RunConfig(**{k: v for k, v in params.items() if k in RunConfig.model_fields})
-    assert rebuilt.config_hash() == config.config_hash()
-    assert set(RunConfig.model_fields) <= set(params)  # every field, so a deployment's own defaults never apply
-    assert run_parameters(config.model_copy(update={"driver": "claude-x"}), "r", None, 10)["driver"] == "claude-x"
+    params = run_parameters(config, RunOptions(results=Path("results/a2rl.duckdb"), grace_s=10))
+    check_parameters([_item(config, params)], benchmark_run_parameters(True, ""))  # the flow takes every one
+    # benchmark-run's RunConfig is exactly this one.
+    rebuilt = benchmark_run.validate_parameters(params)["config"]
+    assert rebuilt == config and rebuilt.config_hash() == config.config_hash()
+    assert set(params["config"]) == set(RunConfig.model_fields)  # every field: a deployment's defaults never apply
+    swapped = config.model_copy(update={"driver": "claude-x"})
+    assert config_from_parameters(run_parameters(swapped, R)).driver == "claude-x"
+
+
+def _item(config: RunConfig, params: dict):
+    from flows.sweep import SweepItem
+
+    return SweepItem(config=config, parameters=params)
 
 
 def test_completed_configurations_are_skipped_unless_forced(tmp_path):
@@ -52,9 +62,9 @@ def test_completed_configurations_are_skipped_unless_forced(tmp_path):
     _complete(results, configs[1], "done-1")
     ResultsStore(results).start_run("running-2", configs[2], None, "")  # started, not completed: runs again
 
-    items = plan_sweep(configs, completed_hashes(results), False, results, None, 30.0)
+    items = plan_sweep(configs, completed_hashes(results), False, RunOptions(results=results))
     assert [i.status for i in items] == ["planned", "skipped", "planned"]
-    forced = plan_sweep(configs, completed_hashes(results), True, results, None, 30.0)
+    forced = plan_sweep(configs, completed_hashes(results), True, RunOptions(results=results))
     assert [i.status for i in forced] == ["planned"] * 3
 
 
@@ -64,52 +74,71 @@ def test_a_local_sweep_runs_the_rest_one_after_another_and_reports_failures(
     from prefect import flow
 
     import flows.benchmark_run
-    from flows.sweep import sweep
+    from flows.sweep import SweepConfig, SweepMatrix, sweep
 
     calls: list[int] = []
     d = RunConfig()
 
     @flow(name="benchmark-run")
-    def stand_in(task: str = d.task, agent: str = d.agent, budget_s: float = d.budget_s, seed: int = d.seed,
-                 results: Path = Path("r.duckdb"), runs_dir: Path | None = None, variant: str = d.variant,
-                 base_model: str = d.base_model, protocol: str = d.protocol, mode: str = d.mode,
-                 val_limit: int | None = d.val_limit, test_limit: int | None = d.test_limit,
-                 max_submissions: int = d.max_submissions, grace_s: float = 30.0, driver: str = d.driver,
-                 strict_mode: bool = d.strict_mode, eval_batch_size: int = d.eval_batch_size,
-                 eval_backend: str = d.eval_backend, sandbox: str = d.sandbox,
-                 max_workspace_bytes: int = d.max_workspace_bytes, grading_workers: int = d.grading_workers,
-                 max_checkpoint_bytes: int = d.max_checkpoint_bytes,
-                 test_every_submission: bool = d.test_every_submission) -> None:  # fmt: skip
-        calls.append(seed)
-        if seed == 1:
+    def stand_in(config: RunConfig = RunConfig(), options: RunOptions = RunOptions()) -> None:
+        calls.append(config.seed)
+        if config.seed == 1:
             raise RuntimeError("the agent broke")
-        given = locals()
-        config = RunConfig(**{name: given[name] for name in RunConfig.model_fields})
-        _complete(Path(results), config, f"run-{seed}")
+        _complete(options.results, config, f"run-{config.seed}")
 
     monkeypatch.setattr(flows.benchmark_run, "benchmark_run", stand_in)
     results = tmp_path / "results.duckdb"
-    matrix = dict(seeds=[0, 1, 2], budget_s=30, results=results, local=True)
+    config = SweepConfig(run=RunConfig(budget_s=30), matrix=SweepMatrix(seeds=[0, 1, 2]),
+                         options=RunOptions(results=results), local=True)  # fmt: skip
     _complete(results, expand_matrix([d.task], [d.agent], ["none"], [d.mode], [2], budget_s=30)[0], "earlier-2")
 
-    state = sweep(**matrix, return_state=True)
+    state = sweep(config, return_state=True)
     assert state.is_failed() and "s1" in state.message
     assert calls == [0, 1]  # seed 2 was already completed
 
     calls.clear()
-    items = sweep(**{**matrix, "seeds": [0, 2]})
+    items = sweep(config.model_copy(update={"matrix": SweepMatrix(seeds=[0, 2])}))
     assert calls == [] and [i.status for i in items] == ["skipped", "skipped"]
-    items = sweep(**{**matrix, "seeds": [0], "force": True})
+    items = sweep(config.model_copy(update={"matrix": SweepMatrix(seeds=[0]), "force": True}))
     assert calls == [0] and items[0].status == "completed"
 
 
 def test_a_parameter_the_flow_does_not_take_fails_before_anything_runs():
-    items = plan_sweep(expand_matrix(["gsm8k"], ["claude-tools"], ["claude-x"], ["free"], [0]), set(), False,
-                       "r.duckdb", None, 30.0)  # fmt: skip
-    accepted = set(items[0].parameters) - {"driver"}
-    with pytest.raises(ValueError, match="driver"):
-        check_parameters(items, accepted)
-    check_parameters(items, accepted | {"driver"})
+    from flows.sweep import benchmark_run_parameters
+
+    items = plan_sweep(expand_matrix(["gsm8k"], ["claude-tools"], ["claude-x"], ["free"], [0]), set(), False, R)
+    accepted = benchmark_run_parameters(True, "")
+    with pytest.raises(ValueError, match="config.driver"):  # a deployment made before drivers
+        check_parameters(items, accepted - {"config.driver"})
+    flat = {name.split(".")[1] for name in accepted if name.startswith("config.")} | {"results", "grace_s"}
+    with pytest.raises(ValueError, match=r"'config'.*register it again with `a2rl deploy`"):  # made before #38
+        check_parameters(items, flat)
+    check_parameters(items, accepted)
+
+
+def test_a2rl_sweep_hands_each_run_its_config_and_options(prefect_harness, tmp_path, monkeypatch, capsys):
+    """`a2rl sweep` (here, one run after another) gives every run of the matrix a RunConfig with the shared
+    options set and the axes varied, and an absolute results path."""
+    from prefect import flow
+
+    import flows.benchmark_run
+    from a2rl.cli import main
+
+    got: list[tuple[RunConfig, RunOptions]] = []
+
+    @flow(name="benchmark-run")
+    def stand_in(config: RunConfig = RunConfig(), options: RunOptions = RunOptions()) -> None:
+        got.append((config, options))
+        _complete(options.results, config, f"run-{config.mode}-{config.seed}")
+
+    monkeypatch.setattr(flows.benchmark_run, "benchmark_run", stand_in)
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", "--seeds", "0", "1", "--modes", "free", "sft-only", "--budget", "30", "--val-limit", "0",
+                 "--results", "r.duckdb"]) == 0  # fmt: skip
+    assert [(c.mode, c.seed) for c, _ in got] == [("free", 0), ("free", 1), ("sft-only", 0), ("sft-only", 1)]
+    assert all(c.budget_s == 30 and c.val_limit is None for c, _ in got)
+    assert {o.results for _, o in got} == {tmp_path / "r.duckdb"}
+    assert capsys.readouterr().out.count("completed") == 4
 
 
 def test_a2rl_sweep_dry_run_shows_what_would_run(tmp_path, monkeypatch, capsys):

@@ -136,8 +136,10 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
             logging.captureWarnings(True)  # library warnings go to the run's log, not between the display's lines
             start_prefect(display.waiting)
             display.waiting("opening the run (its row, its directories)")
-            summary = benchmark_run(**config.model_dump(), results=results.resolve(),
-                                    runs_dir=runs_dir.resolve() if runs_dir else None)
+            from a2rl.run_options import RunOptions
+
+            options = RunOptions(results=results.resolve(), runs_dir=runs_dir.resolve() if runs_dir else None)
+            summary = benchmark_run(config, options)
     except KeyboardInterrupt as e:
         return _stopped(*interrupted_how(e), time.perf_counter() - start, read_announced(announce) is not None, args)
     except Exception as e:
@@ -425,18 +427,24 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 2
     if url:
         os.environ["PREFECT_API_URL"] = url
-    from a2rl.run_options import GRACE_S, common_from_args
-    from flows.sweep import completed_hashes, expand_matrix, plan_sweep, sweep
+    from a2rl.records import RunConfig
+    from a2rl.run_options import MATRIX_FIELDS, RunOptions, common_from_args
+    from flows.sweep import SweepConfig, SweepMatrix, completed_hashes, plan_sweep, sweep
 
     from tasks.preflight import check_sweep
 
-    common = common_from_args(args)
-    matrix = dict(tasks=args.task, agents=args.agent, drivers=args.driver, modes=args.mode, seeds=args.seed)
-    configs = expand_matrix(*matrix.values(), **common)
+    config = SweepConfig(
+        run=RunConfig(**common_from_args(args)),  # the matrix's axes vary the rest
+        matrix=SweepMatrix(**{name + "s": getattr(args, name) for name in MATRIX_FIELDS}),
+        # Absolute paths: with --deployment the runs start in the deployment's directory, not this one.
+        options=RunOptions(results=Path(args.results).resolve(),
+                           runs_dir=Path(args.runs_dir).resolve() if args.runs_dir else None),
+        local=not args.deployment, force=args.force, gpu_slots=args.gpu_slots, wait=not args.no_wait,
+    )  # fmt: skip
+    configs = config.configs()
     check_sweep(configs, Path(args.results), Path(args.runs_dir) if args.runs_dir else None)  # before any run starts
     if args.dry_run:
-        items = plan_sweep(configs, completed_hashes(Path(args.results)), args.force, args.results, args.runs_dir,
-                           GRACE_S)  # fmt: skip
+        items = plan_sweep(configs, completed_hashes(Path(args.results)), args.force, config.options)
         for item in items:
             print(f"{'skip' if item.status == 'skipped' else 'run ':4}  {item.config.config_hash()}  {item.label}")
         n_skipped = sum(i.status == "skipped" for i in items)
@@ -444,13 +452,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 0
     where = f"through {url}" if args.deployment else f"here, one run after another ({url or 'ephemeral Prefect'})"
     print(f"sweep {where}; progress below (one line per run and state change)", flush=True)
-    state = sweep(
-        **matrix,
-        # Absolute paths: with --deployment the runs start in the deployment's directory, not this one.
-        results=Path(args.results).resolve(), runs_dir=Path(args.runs_dir).resolve() if args.runs_dir else None,
-        local=not args.deployment, force=args.force, gpu_slots=args.gpu_slots, wait=not args.no_wait,
-        return_state=True, **common,
-    )  # fmt: skip
+    state = sweep(config, return_state=True)
     if not state.is_completed():
         print(f"a2rl: sweep {state.name.lower()}: {state.message}", file=sys.stderr)
         return 1

@@ -140,10 +140,14 @@ def harness_dir_of(row: FlowRunRow) -> Path | None:
     """The harness directory of a `benchmark-run` flow run on this machine (from its parameters), if there."""
     if row.flow != "benchmark-run" or not row.parameters:
         return None
-    from a2rl.run_options import DEFAULT_RESULTS, resolve_results
+    from a2rl.run_options import options_from_parameters, resolve_results
 
-    results = resolve_results(row.parameters.get("results") or DEFAULT_RESULTS)
-    runs_dir = resolve_results(row.parameters["runs_dir"]) if row.parameters.get("runs_dir") else results.parent / "runs"
+    try:
+        options = options_from_parameters(row.parameters)  # a flow run of an older a2rl has the flat shape
+    except ValueError:
+        return None
+    results = resolve_results(options.results)
+    runs_dir = resolve_results(options.runs_dir) if options.runs_dir else results.parent / "runs"
     return next(iter(runs_dir.glob(f"*-{row.id.replace('-', '')[:8]}/harness")), None)
 
 
