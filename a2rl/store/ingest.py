@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from a2rl.grading.ledger import LedgerCorrupted, LedgerHead, mac_matches, read_ledger
+from a2rl.grading.record import eval_key
 from a2rl.isolation.leak_audit import LeakReport, leak_metrics
 from a2rl.protocol.picking import latest_submissions
 from a2rl.capture.calls import read_llm_calls, read_tool_calls
@@ -206,7 +207,7 @@ def _evaluation_rows(run_id: str, entries: list[LedgerEntry], harness: Path) -> 
     for e in entries:
         if e.kind not in ("baseline", "submission", "final", "posthoc") or e.status != "scored" or e.score is None:
             continue
-        key = f"{e.kind}-{e.submission_id or 0}-{e.split}"
+        key = eval_key(e.kind, e.submission_id, e.split)
         saved = harness / "evaluations" / f"{key}.json"
         result = EvalResult.model_validate_json(saved.read_text()) if saved.exists() else None
         rows[key] = {
