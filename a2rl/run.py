@@ -38,16 +38,44 @@ def make_run_id(config: RunConfig, flow_run_id: str | None) -> str:
     return f"{config.task}-{config.agent}-{config.config_hash()[:6]}-{suffix}"
 
 
+class Machine(BaseModel):
+    host: str
+    cpu_count: int
+    gpus: list[str]
+
+
+class Provenance(BaseModel):
+    """What a run ran with and where: written into its manifest at the start of each attempt and, from there, into
+    its record (report.json), so a number can be traced to the code, packages and machine that produced it."""
+
+    packages: dict[str, str | None]
+    """Versions of the packages that shape the numbers (None: not installed)."""
+    python: str
+    platform: str
+    machine: Machine
+    harness_git_revision: str | None
+
+    @classmethod
+    def here(cls) -> Provenance:
+        return cls(packages={name: _version(name) for name in MANIFEST_PACKAGES}, python=platform.python_version(),
+                   platform=platform.platform(), harness_git_revision=_git_revision(),
+                   machine=Machine(host=host_name(), cpu_count=_cpu_count(), gpus=gpu_names()))  # fmt: skip
+
+    @classmethod
+    def of_run(cls, harness_dir: Path) -> Provenance:
+        """The provenance the run's manifest recorded (its latest attempt's), else this process's."""
+        try:
+            return cls.model_validate_json((harness_dir / "manifest.json").read_text())
+        except (OSError, ValueError):  # no manifest, or one from before it carried all of these
+            return cls.here()
+
+
 def write_manifest(ctx: RunContext) -> dict:
     manifest = {
         "run_id": ctx.run_id,
         "config": ctx.config.model_dump(mode="json"),
         "config_hash": ctx.config.config_hash(),
-        "packages": {name: _version(name) for name in MANIFEST_PACKAGES},
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "machine": {"host": host_name(), "cpu_count": _cpu_count(), "gpus": gpu_names()},
-        "harness_git_revision": _git_revision(),
+        **Provenance.here().model_dump(mode="json"),
     }
     (ctx.paths.harness_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest

@@ -108,7 +108,7 @@ def agent_session(
     used_s = ClockRecorder.used_seconds(clock_file)
     clock = BudgetClock(ctx.config.budget_s, already_used_s=used_s)
     snapshots = CodeSnapshots(ctx.paths.harness_dir, ctx.paths.workspace / "code")
-    service = start_grading(ctx, baseline, base_model_dir, store, clock, SessionRecorder(ctx, store, snapshots, logger))
+    service = start_grading(ctx, baseline, base_model_dir, store, clock, SessionRecorder(snapshots, logger))
     interrupted = last_event(entries, "session-start") is not None
     if interrupted and on_resume == "interrupted":
         service.close()

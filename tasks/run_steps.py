@@ -12,15 +12,16 @@ from prefect.exceptions import MissingContextError
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from a2rl.inference.evaluation import EvalSpec, evaluate_cached
+from a2rl.inference.evaluation import EvalSpec
 from a2rl.isolation import procs
 from a2rl.grading.ledger import Ledger
+from a2rl.grading.record import RunBook, evaluate_and_record
 from a2rl.base_models.build import MARKER
 from a2rl.base_models.registry import REGISTRY, resolve_base_model
 from a2rl.ops.progress import EVAL_PROGRESS_FILE
 from a2rl.paths import models_dir
 from a2rl.base_models.hashing import weights_hash
-from a2rl.records import EvalResult, LedgerEntry, RunConfig
+from a2rl.records import LedgerEntry, RunConfig
 from a2rl.protocol.feedback import scored_on_test_in_session
 from a2rl.protocol.picking import final_pick, latest_submissions
 from a2rl.summary.headline import baseline_scores
@@ -51,11 +52,15 @@ def run_logger() -> logging.Logger | logging.LoggerAdapter:
         return logging.getLogger("a2rl")
 
 
+def book_of(ctx: RunContext, store: ResultsStore | None = None) -> RunBook:
+    """The run's ledger with its results store (`store`, else the run's): every append anchors the new head there,
+    which the ledger's end is checked against, and writes its row."""
+    return RunBook(ctx.run_id, ctx.paths.harness_dir, store or ResultsStore(ctx.results_path))
+
+
 def ledger_of(ctx: RunContext, store: ResultsStore | None = None) -> Ledger:
-    """The run's ledger; every append anchors the new head in the results store (`store`, else the run's), which
-    the ledger's end is checked against."""
-    store = store or ResultsStore(ctx.results_path)
-    return Ledger(ctx.paths.harness_dir / "ledger.jsonl", anchor=store.ledger_anchor(ctx.run_id))
+    """The run's ledger (`book_of`'s), to read."""
+    return book_of(ctx, store).ledger
 
 
 @task(name="open-run", cache_policy=NO_CACHE)
@@ -83,12 +88,10 @@ def record_attempt(ctx: RunContext) -> None:
     attempt = flow_run.get_run_count() or 1
     if attempt <= 1:
         return
-    store = ResultsStore(ctx.results_path)
-    ledger = ledger_of(ctx, store)
-    starts_over = not ledger.entries()
+    book = book_of(ctx)
+    starts_over = not book.entries()
     detail = {"event": "attempt", "attempt": attempt, "host": host_name(), "starts_over": starts_over}
-    entry = ledger.append(run_id=ctx.run_id, kind="event", detail=detail)
-    store.record_event(ctx.run_id, entry.seq, "attempt", detail, at=entry.at)
+    book.append(kind="event", detail=detail)
     run_logger().warning(
         "attempt %d of run %s on host %s: %s", attempt, ctx.run_id, detail["host"],
         "starts the run over (no earlier attempt left a ledger entry here: it ran on another host, or died early)"
@@ -140,9 +143,8 @@ def evaluate_baseline(
 ) -> dict[str, float]:
     """The base model's validation and test scores (cached by weights hash + evaluator config).
     `progress(baseline_done=, baseline_total=, baseline_split=)` hears of each split started and finished."""
-    store = ResultsStore(ctx.results_path)
-    ledger = ledger_of(ctx, store)
-    done = baseline_scores(ledger.entries())
+    book = book_of(ctx)
+    done = baseline_scores(book.entries())
     base_hash = weights_hash(base_model_dir)
     bench = get_task(ctx.config.task)
     sizes = {split: len(bench.load_split(ctx.config.variant, split, EvalSpec.for_run(ctx.config, split).limit))
@@ -155,16 +157,10 @@ def evaluate_baseline(
             continue
         spec = EvalSpec.for_run(ctx.config, split, bench)
         run_logger().info("base model: evaluating %s (%s items)...", split, spec.limit or "all")
-        result = evaluate_cached(base_model_dir, base_hash, spec, progress_file=eval_progress_file(ctx),
-                                 on_start=procs.record_started)
+        _, result = evaluate_and_record(book, base_model_dir, base_hash, spec, "baseline",
+                                        progress_file=eval_progress_file(ctx), on_start=procs.record_started)
         run_logger().info("base model: %s score %.2f (%s)", split, result.score,
                           "cached" if result.cached else f"{result.duration_s:.0f} s")  # fmt: skip
-        entry = ledger.append(
-            run_id=ctx.run_id, kind="baseline", split=split, status="scored", score=result.score,
-            weights_hash=base_hash, cached=result.cached, eval_seconds=round(result.duration_s, 3),
-            resolved_path=str(base_model_dir),
-        )  # fmt: skip
-        record_evaluation(store, ctx, entry, result)
         done[split] = result.score
         if not result.cached and result.n:
             report(baseline_item_s=result.duration_s / result.n)  # the next split's ETA until it measures its own
@@ -180,19 +176,6 @@ def eval_progress_file(ctx: RunContext) -> Path:
     return path
 
 
-def record_evaluation(store: ResultsStore, ctx: RunContext, entry: LedgerEntry, result: EvalResult) -> None:
-    key = f"{entry.kind}-{entry.submission_id or 0}-{result.split}"
-    store.record_evaluation(ctx.run_id, key, entry.kind, result, submission_id=entry.submission_id)
-    write_items(ctx, key, result)
-
-
-def write_items(ctx: RunContext, key: str, result: EvalResult) -> None:
-    """Per-item outputs stay outside the workspace (they contain hidden-test answers)."""
-    out = ctx.paths.harness_dir / "evaluations"
-    out.mkdir(exist_ok=True)
-    (out / f"{key}.json").write_text(result.model_dump_json(indent=1))
-
-
 @task(name="evaluate-final", cache_policy=NO_CACHE)
 def evaluate_final(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
     """Evaluate the final pick on the hidden test set, once (admin action, not on the agent's API).
@@ -200,9 +183,8 @@ def evaluate_final(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
     heldout: the agent's declared pick (POST /final), else its best submission on validation; with no
     scored submission the base model stands (Δ = 0). paper: the best test score already seen (the original).
     """
-    store = ResultsStore(ctx.results_path)
-    ledger = ledger_of(ctx, store)
-    entries = ledger.entries()
+    book = book_of(ctx)
+    entries = book.entries()
     existing = next((e for e in entries if e.kind == "final"), None)
     if existing is not None:  # resumed after the final evaluation was recorded
         return existing
@@ -210,20 +192,16 @@ def evaluate_final(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
     pick, selection = chosen.entry, chosen.selection
     if scored_on_test_in_session(ctx.config.protocol):  # scored on the test set already: no evaluation of its own
         score = pick.score if pick else baseline_scores(entries).get("test")
-        return ledger.append(run_id=ctx.run_id, kind="final", split="test", status="scored", score=score,
-                             submission_id=pick.submission_id if pick else None, detail={"selection": selection})
+        return book.append(kind="final", split="test", status="scored", score=score,
+                           submission_id=pick.submission_id if pick else None, detail={"selection": selection})
     path = Path(pick.resolved_path) if pick else base_model_dir
     whash = pick.weights_hash if pick else weights_hash(base_model_dir)
-    result = evaluate_cached(path, whash, EvalSpec.for_run(ctx.config, "test", get_task(ctx.config.task)),
-                             progress_file=eval_progress_file(ctx),
-                             on_start=procs.record_started)  # a retry ends it should this attempt die first
-    entry = ledger.append(
-        run_id=ctx.run_id, kind="final", split="test", status="scored", score=result.score,
+    entry, _ = evaluate_and_record(  # on_start: a retry ends the evaluation should this attempt die first
+        book, path, whash, EvalSpec.for_run(ctx.config, "test", get_task(ctx.config.task)), "final",
+        progress_file=eval_progress_file(ctx), on_start=procs.record_started,
         submission_id=pick.submission_id if pick else None, model_path=pick.model_path if pick else None,
-        resolved_path=str(path), weights_hash=whash, cached=result.cached,
-        eval_seconds=round(result.duration_s, 3), detail={"selection": selection},
+        detail={"selection": selection},
     )  # fmt: skip
-    record_evaluation(store, ctx, entry, result)
     return entry
 
 
@@ -233,9 +211,8 @@ def evaluate_every_submission(ctx: RunContext) -> list[LedgerEntry]:
     the test curve, what each training stage added). The final pick and the headline stay as they are; the
     agent's session is over, so nothing of this reaches it. Resumable: submissions already done are skipped,
     and the final pick's own evaluation comes from the cache."""
-    store = ResultsStore(ctx.results_path)
-    ledger = ledger_of(ctx, store)
-    entries = ledger.entries()
+    book = book_of(ctx)
+    entries = book.entries()
     if scored_on_test_in_session(ctx.config.protocol):
         return []  # every submission was scored on the test set already
     done = {e.submission_id for e in entries if e.kind == "posthoc"}
@@ -244,15 +221,12 @@ def evaluate_every_submission(ctx: RunContext) -> list[LedgerEntry]:
     for sub in latest_submissions(entries):
         if sub.status != "scored" or sub.submission_id in done or not sub.resolved_path:
             continue
-        result = evaluate_cached(Path(sub.resolved_path), sub.weights_hash, spec,
-                                 progress_file=eval_progress_file(ctx), on_start=procs.record_started)
-        entry = ledger.append(
-            run_id=ctx.run_id, kind="posthoc", split="test", status="scored", score=result.score,
-            submission_id=sub.submission_id, model_path=sub.model_path, resolved_path=sub.resolved_path,
-            weights_hash=sub.weights_hash, cached=result.cached, eval_seconds=round(result.duration_s, 3),
+        entry, _ = evaluate_and_record(
+            book, Path(sub.resolved_path), sub.weights_hash, spec, "posthoc",
+            progress_file=eval_progress_file(ctx), on_start=procs.record_started,
+            submission_id=sub.submission_id, model_path=sub.model_path,
             detail={"purpose": "analysis only", **({"stage": sub.detail["stage"]} if sub.detail.get("stage") else {})},
         )  # fmt: skip
-        record_evaluation(store, ctx, entry, result)
         out.append(entry)
     return out
 

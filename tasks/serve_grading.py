@@ -33,16 +33,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--token-file", type=Path, required=True, help="file holding the bearer token")
     parser.add_argument("--port-file", type=Path, required=True, help="the chosen port is written here")
     parser.add_argument("--results", type=Path, default=None,
-                        help="the run's results store: every ledger entry's head is anchored there (without it, "
-                             "what this process appends cannot be verified, and the run's summary withholds its "
-                             "numbers)")  # fmt: skip
+                        help="the run's results store: every ledger entry's head is anchored there and its row "
+                             "recorded, as the flow's own grader does (without it, what this process appends cannot "
+                             "be verified, and the run's summary withholds its numbers)")  # fmt: skip
     args = parser.parse_args(argv)
 
     config = RunConfig.model_validate_json(args.config.read_text())
-    anchor = ResultsStore(args.results).ledger_anchor(args.run_id) if args.results else None
     ctx = GradingContext(args.run_id, config, args.workspace, args.harness_dir,
                          base_model_dir=args.base_model_dir, devices=grading_devices(config.grading_workers),
-                         ledger_anchor=anchor, task=get_task(config.task))
+                         store=ResultsStore(args.results) if args.results else None, task=get_task(config.task))
     service = GradingService(ctx, BudgetClock(config.budget_s))
     service.clock.start()
     stop = threading.Event()

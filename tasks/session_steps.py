@@ -1,5 +1,6 @@
-"""The agent session's collaborators, put together for the `agent-session` subflow: the grading service with what
-each ledger append sets going (`SessionRecorder`), and the notice of a wait for a GPU slot."""
+"""The agent session's collaborators, put together for the `agent-session` subflow: the grading service (which
+records its ledger lines and evaluations in the run's store itself, `a2rl.grading.record`) with what each ledger
+line sets going in the run (`SessionRecorder`), and the notice of a wait for a GPU slot."""
 
 from __future__ import annotations
 
@@ -11,21 +12,19 @@ from a2rl.grading.service import grading_devices
 from a2rl.isolation import procs
 from a2rl.ops.progress import note_phase
 from a2rl.capture.snapshots import CodeSnapshots
-from a2rl.records import EvalResult, LedgerEntry
+from a2rl.records import LedgerEntry
 from a2rl.run import RunContext
 from a2rl.safetext import terminal
 from a2rl.store.results import ResultsStore
 from benchmarks import get_task
-from tasks.run_steps import record_evaluation
 
 
 class SessionRecorder:
-    """What each ledger append of the grading service sets going: the code that produced a submission committed
-    to a harness-owned git history, the store's rows (submissions, events, evaluations), and a log line per grade."""
+    """What each ledger line of the grading service sets going in the run: the code that produced a submission
+    committed to a harness-owned git history, and a log line per grade."""
 
-    def __init__(self, ctx: RunContext, store: ResultsStore, snapshots: CodeSnapshots,
-                 logger: logging.Logger | logging.LoggerAdapter) -> None:  # fmt: skip
-        self.ctx, self.store, self.snapshots, self.logger = ctx, store, snapshots, logger
+    def __init__(self, snapshots: CodeSnapshots, logger: logging.Logger | logging.LoggerAdapter) -> None:
+        self.snapshots, self.logger = snapshots, logger
         self.service: GradingService | None = None
         """Set once the service exists (it is built with this recorder's callbacks)."""
 
@@ -33,33 +32,24 @@ class SessionRecorder:
         if entry.kind == "submission" and entry.status == "queued":
             sha = self.snapshots.snapshot(f"submission-{entry.submission_id}")
             self.service.record_event("code-snapshot", submission_id=entry.submission_id, sha=sha)
-        if entry.kind == "event":
-            self.store.record_event(self.ctx.run_id, entry.seq, entry.detail.get("event", "event"), entry.detail,
-                                    at=entry.at)  # fmt: skip
-            return
-        self.store.record_submission(self.ctx.run_id, entry)
-        if entry.status in ("scored", "error"):
+        if entry.kind == "submission" and entry.status in ("scored", "error"):
             self.logger.info(
                 "submission %s (%s): %s %s",
                 entry.submission_id, terminal(entry.model_path), entry.status,
                 f"{entry.split} score {entry.score:.2f}" if entry.score is not None else terminal(entry.error),
             )  # fmt: skip
 
-    def on_evaluation(self, entry: LedgerEntry, result: EvalResult) -> None:
-        record_evaluation(self.store, self.ctx, entry, result)
-
 
 def start_grading(ctx: RunContext, baseline: dict[str, float], base_model_dir: Path, store: ResultsStore,
                   clock: BudgetClock, recorder: SessionRecorder) -> GradingService:  # fmt: skip
-    """The run's grading service, its ledger anchored in `store` and its appends heard by `recorder`."""
+    """The run's grading service, its ledger anchored and recorded in `store` and its lines heard by `recorder`."""
     service = GradingService(
         GradingContext(ctx.run_id, ctx.config, ctx.paths.workspace, ctx.paths.harness_dir, baseline,
                        base_model_dir=base_model_dir, devices=grading_devices(ctx.config.grading_workers),
-                       ledger_anchor=store.ledger_anchor(ctx.run_id), task=get_task(ctx.config.task),
+                       store=store, task=get_task(ctx.config.task),
                        on_process=procs.record_started),  # each evaluation recorded as this attempt's
         clock,
         on_entry=recorder.on_entry,
-        on_evaluation=recorder.on_evaluation,
     )
     recorder.service = service
     return service

@@ -4,7 +4,6 @@ going down and Prefect's API is gone. Also the checks the flow makes before and 
 
 from __future__ import annotations
 
-import json
 import logging
 import traceback
 from pathlib import Path
@@ -20,7 +19,7 @@ from a2rl.run import RunContext, make_run_id
 from a2rl.store.ingest import store_process_report
 from a2rl.store.results import ResultsStore
 from a2rl.summary.process_facts import render_process_markdown, summarize_process
-from a2rl.summary.record import LedgerCheck, build_record, build_summary, withheld
+from a2rl.summary.record import LedgerCheck, build_record, build_summary, read_run_record, withheld
 from a2rl.summary.report import last_event, run_notes, write_report
 from a2rl.summary.stages import render_markdown as render_stages
 from a2rl.summary.stages import run_stage_share, submission_tests
@@ -157,7 +156,7 @@ def completed_before(config: RunConfig, results: Path, runs_dir: Path, flow_run_
     rows = ResultsStore(results).query("SELECT status FROM runs WHERE run_id = ?", [run_id])
     if list(rows["status"]) != ["completed"]:
         return None
-    return RunSummary.model_validate(json.loads(report.read_text())["summary"])
+    return read_run_record(report).summary
 
 
 class AgentDidNotStart(RuntimeError):

@@ -11,7 +11,7 @@ from a2rl.records import EvalResult, ItemResult, RunConfig
 from a2rl.run import RunContext, make_run_id, write_manifest
 from a2rl.store.results import ResultsStore
 from a2rl.workspace import RunPaths
-from tasks.run_steps import ledger_of, record_evaluation
+from tasks.run_steps import book_of
 
 
 def synthetic_eval(split: str, n: int, n_correct: int) -> EvalResult:
@@ -34,39 +34,29 @@ def write_run(results: Path, runs_dir: Path, config: RunConfig, flow_run_id: str
                      results_path=Path(results).resolve(), variant_label="offline")  # fmt: skip
     ctx.paths.create()
     write_manifest(ctx)
-    store = ResultsStore(ctx.results_path)
-    store.start_run(ctx.run_id, config, str(ctx.paths.harness_dir), ctx.variant_label)
-    ledger = ledger_of(ctx)
+    ResultsStore(ctx.results_path).start_run(ctx.run_id, config, str(ctx.paths.harness_dir), ctx.variant_label)
+    book = book_of(ctx)
     for split, n in (("validation", 4), ("test", 8)):
         result = synthetic_eval(split, n, 1)
-        entry = ledger.append(run_id=ctx.run_id, kind="baseline", split=split, status="scored", score=result.score,
-                              weights_hash="base", eval_seconds=0.1)  # fmt: skip
-        record_evaluation(store, ctx, entry, result)
+        book.record_evaluation(book.append(kind="baseline", split=split, status="scored", score=result.score,
+                                           weights_hash="base", eval_seconds=0.1), result)  # fmt: skip
     if session:
-        event(store, ledger, ctx.run_id, "session-start", budget_s=config.budget_s)
+        book.append(kind="event", detail={"event": "session-start", "budget_s": config.budget_s})
         for sid in range(1, submissions + 1):
-            fields = dict(run_id=ctx.run_id, kind="submission", submission_id=sid, model_path=f"output/v{sid}",
-                          weights_hash=f"w{sid}", size_bytes=1000, split="validation", agent_elapsed_s=5.0 * sid)
-            store.record_submission(ctx.run_id, ledger.append(**fields, status="queued"))
+            fields = dict(kind="submission", submission_id=sid, model_path=f"output/v{sid}", weights_hash=f"w{sid}",
+                          size_bytes=1000, split="validation", agent_elapsed_s=5.0 * sid)  # fmt: skip
+            book.append(**fields, status="queued")
             result = synthetic_eval("validation", 4, min(4, 1 + sid))
-            entry = ledger.append(**fields, status="scored", score=result.score, eval_seconds=0.1)
-            store.record_submission(ctx.run_id, entry)
-            record_evaluation(store, ctx, entry, result)
-        event(store, ledger, ctx.run_id, "session-end", ended_by="exited", exit_code=0, agent_seconds=10.0,
-              wall_seconds=11.0, grading_seconds=1.0)  # fmt: skip
+            book.record_evaluation(book.append(**fields, status="scored", score=result.score, eval_seconds=0.1), result)
+        book.append(kind="event", detail={"event": "session-end", "ended_by": "exited", "exit_code": 0,
+                                          "agent_seconds": 10.0, "wall_seconds": 11.0, "grading_seconds": 1.0})
         if submissions:
             result = synthetic_eval("test", 8, 3)
-            entry = ledger.append(run_id=ctx.run_id, kind="final", split="test", status="scored", score=result.score,
-                                  submission_id=submissions, weights_hash=f"w{submissions}")  # fmt: skip
-            record_evaluation(store, ctx, entry, result)
+            book.record_evaluation(book.append(kind="final", split="test", status="scored", score=result.score,
+                                               submission_id=submissions, weights_hash=f"w{submissions}"), result)
     if status is not None:
         write_summary(ctx, status, {"agent_session": 11.0}, error=None if status == "completed" else "stopped")
     return ctx
-
-
-def event(store: ResultsStore, ledger, run_id: str, name: str, **detail) -> None:
-    entry = ledger.append(run_id=run_id, kind="event", detail={"event": name, **detail})
-    store.record_event(run_id, entry.seq, name, entry.detail, at=entry.at)
 
 
 STORE_TABLES = ("runs", "submissions", "evaluations", "item_results", "events", "metrics", "llm_calls", "tool_calls",

@@ -232,6 +232,32 @@ def test_mode_is_checked_on_the_agents_code_at_every_submission(tmp_path, tiny_m
         svc.close(drain_timeout_s=5)
 
 
+def test_the_grader_records_each_line_and_evaluation_in_the_results_store_as_the_run_steps_do(tmp_path, tiny_model_dir):
+    """Evaluate, append to the ledger, record in the store: one call (`a2rl.grading.record.RunBook`) for the grader
+    and the run's steps. A graded submission's rows (the submission, the events, the evaluation) and its evaluation
+    file are written by the grader itself, keyed as ingest keys them, its ledger's every head anchored."""
+    from a2rl.store.results import ResultsStore
+
+    store = ResultsStore(tmp_path / "results.duckdb")
+    ws, harness = tmp_path / "ws", tmp_path / "harness"
+    shutil.copytree(tiny_model_dir, ws / "output" / "v1")
+    ctx = GradingContext("run-s", RunConfig(max_submissions=2), ws, harness, baseline={"validation": 25.0}, store=store)
+    svc = GradingService(ctx, BudgetClock(60), evaluate=_constant_evaluator(50.0))
+    try:
+        svc.submit("output/v1", wait=True)
+        svc.record_event("session-end", agent_seconds=1.0)
+    finally:
+        svc.close(drain_timeout_s=5)
+    rows = store.query("SELECT submission_id, status, score, split, model_path FROM submissions WHERE run_id = 'run-s'")
+    assert rows.values.tolist() == [[1, "scored", 50.0, "validation", "output/v1"]]
+    evals = store.query("SELECT eval_key, kind, submission_id, score, n FROM evaluations WHERE run_id = 'run-s'")
+    assert evals.values.tolist() == [["submission-1-validation", "submission", 1, 50.0, 4]]
+    assert store.query("SELECT kind FROM events WHERE run_id = 'run-s'")["kind"].tolist() == ["session-end"]
+    saved = EvalResult.model_validate_json((harness / "evaluations" / "submission-1-validation.json").read_text())
+    assert saved.score == 50.0 and saved.evaluator_id == "constant"
+    assert store.ledger_head("run-s") == svc.ledger.head()
+
+
 def test_the_results_store_anchors_every_head_and_catches_an_edited_final_score(tmp_path):
     from a2rl.store.results import ResultsStore
 

@@ -345,7 +345,7 @@ def _served(tmp_path: Path, tiny_model_dir: Path, evaluate=_constant, **config):
     store = ResultsStore(tmp_path / "results.duckdb")
     ctx = GradingContext("integrity-run", RunConfig(**{"max_submissions": 4, "val_limit": 2, **config}),
                          paths.workspace, paths.harness_dir, {"validation": 10.0}, base_model_dir=tiny_model_dir,
-                         ledger_anchor=store.ledger_anchor("integrity-run"), task=get_task("gsm8k"))  # fmt: skip
+                         store=store, task=get_task("gsm8k"))  # fmt: skip
     service = GradingService(ctx, BudgetClock(600), evaluate=evaluate)
     return paths, store, service
 
@@ -869,14 +869,12 @@ def test_agent_chosen_text_stays_text_in_the_report_the_log_and_the_display(tmp_
     forged_row = next(line for line in lines if "script" in line)  # the submission's row stays one row of 9 cells
     assert forged_row.count(" | ") == 8 and forged_row.count("`") == 2, forged_row
     # The run's log line for the grade.
-    from types import SimpleNamespace
-
     logged: list[str] = []
     logger = logging.getLogger("redteam-log")
     logger.setLevel(logging.INFO)
     logger.addHandler(handler := logging.Handler())
     handler.emit = lambda record: logged.append(record.getMessage())
-    SessionRecorder(SimpleNamespace(run_id="integrity-run"), store, None, logger).on_entry(subs[0])
+    SessionRecorder(None, logger).on_entry(subs[0])
     logger.removeHandler(handler)
     assert logged and "script" in logged[0] and not any(c in logged[0] for c in "\x1b\x07\n"), logged
     # The live display: an ordinary log line with brackets, and one with escapes.

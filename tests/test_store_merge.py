@@ -128,6 +128,53 @@ def test_a_completed_run_without_its_report_is_an_incomplete_copy(hosts):
     assert refused.run_id == RUN_IDS[2] and "no report.json" in refused.detail
 
 
+UNVERSIONED = ("format_version", "provenance", "created_at")
+"""What a record of format 0 (report.json before issue 38) lacks."""
+
+
+def test_a_run_record_of_the_unversioned_format_merges_to_the_same_rows_as_the_current_one(hosts):
+    """report.json as every run before issue 38 wrote it (no format version, no provenance) is migrated as it is read:
+    its run merges to the very rows of the record the summary step writes now, which carries the manifest's
+    provenance."""
+    from a2rl.run import Provenance
+    from a2rl.summary.record import RUN_RECORD_VERSION, read_run_record
+
+    reports = sorted((hosts / "b" / "runs").glob("*/harness/report.json"))
+    current = read_run_record(reports[0])
+    assert current.format_version == RUN_RECORD_VERSION and current.created_at is not None
+    assert current.provenance == Provenance.of_run(reports[0].parent)  # the manifest's, not a second account
+    assert current.provenance.machine.host and current.provenance.packages["duckdb"]
+    report, central = merge(hosts, "b")
+    rows = dump_store(central)
+    for path in reports:
+        data = json.loads(path.read_text())
+        path.write_text(json.dumps({k: v for k, v in data.items() if k not in UNVERSIONED}, indent=2))
+    old = read_run_record(reports[0])
+    assert old.format_version == RUN_RECORD_VERSION and old.provenance is None and old.summary == current.summary
+    central.unlink()
+    again, _ = merge(hosts, "b")
+    assert outcomes(again) == outcomes(report) and report.count("merged") == 3
+    assert dump_store(central) == rows
+
+
+def test_a_run_record_of_a_newer_format_or_unreadable_is_refused_in_one_line_and_nothing_is_written(hosts):
+    from a2rl.store.ingest import ingest_run_dir
+    from a2rl.summary.record import RUN_RECORD_VERSION, RecordTooNew
+
+    newer, torn = (hosts / "b" / "runs" / RUN_IDS[s] / "harness" / "report.json" for s in (1, 2))
+    newer.write_text(json.dumps(json.loads(newer.read_text()) | {"format_version": RUN_RECORD_VERSION + 1}))
+    torn.write_text(torn.read_text()[:200])
+    report, central = merge(hosts, "b")
+    refused = {o.run_id: o.detail for o in report.refused}
+    assert set(refused) == {RUN_IDS[1], RUN_IDS[2]} and report.count("merged") == 1
+    assert f"run record format {RUN_RECORD_VERSION + 1} is newer than this harness reads" in refused[RUN_IDS[1]]
+    assert "\n" not in refused[RUN_IDS[1]] and refused[RUN_IDS[2]].startswith(str(torn.parent))
+    with pytest.raises(RecordTooNew, match="newer than this harness reads"):
+        ingest_run_dir(ResultsStore(hosts / "b" / "a2rl.duckdb"), newer.parent)
+    with duckdb.connect(str(central), read_only=True) as con:
+        assert con.execute("SELECT run_id FROM runs").fetchall() == [(RUN_IDS[3],)]
+
+
 def test_the_command_line_merges_says_what_it_refused_and_exits_by_it(hosts, capsys):
     from a2rl.cli import main
 

@@ -36,7 +36,7 @@ from a2rl.grading.checkpoint import (
 from a2rl.grading.clock import BudgetClock
 from a2rl.grading.errors import FailureKind, SubmissionRejected, public_failure
 from a2rl.grading.files import Deadline
-from a2rl.grading.ledger import Ledger
+from a2rl.grading.record import RunBook, RunStore
 from a2rl.protocol.feedback import feedback_split
 from a2rl.protocol.picking import best_submission, latest_submissions
 from a2rl.grading.route_audit import GRADER_LIMITS, RouteScanner, check_snapshot
@@ -70,8 +70,9 @@ class GradingContext:
     snapshots carry no tokenizer at all: never a submission's."""
     devices: list[str | None] = field(default_factory=lambda: [None])
     """One evaluation worker per entry; "0", "1", ... pin a worker to a GPU, None = default device."""
-    ledger_anchor: Callable[[LedgerEntry, str], None] | None = None
-    """Receives every new ledger head (e.g. `ResultsStore.ledger_anchor(run_id)`), so the end is anchored."""
+    store: RunStore | None = None
+    """The run's results store (`a2rl.store.results.ResultsStore`): every ledger head is anchored there and every
+    line and evaluation recorded (`a2rl.grading.record.RunBook`); None: the ledger and evaluation files only."""
     task: BenchmarkTask | None = None
     """The task object `config.task` names (`benchmarks.get_task`), resolved by whoever starts the service;
     needed by the real evaluator (`evaluate_cached`), not by a test's own."""
@@ -104,16 +105,16 @@ class GradingService:
         clock: BudgetClock,
         evaluate: Evaluate = evaluate_cached,
         on_entry: Callable[[LedgerEntry], None] | None = None,
-        on_evaluation: Callable[[LedgerEntry, EvalResult], None] | None = None,
     ):
+        """`on_entry` hears of every ledger line once it is recorded (the run's code snapshot, its log)."""
         if evaluate is evaluate_cached and ctx.task is None:
             raise ValueError(f"GradingContext.task is not set: resolve {ctx.config.task!r} to its task object first")
         self.ctx = ctx
         self.clock = clock
         self._evaluate = evaluate
         self._on_entry = on_entry or (lambda e: None)
-        self._on_evaluation = on_evaluation or (lambda e, r: None)
-        self.ledger = Ledger(ctx.harness_dir / "ledger.jsonl", anchor=ctx.ledger_anchor)
+        self.book = RunBook(ctx.run_id, ctx.harness_dir, ctx.store)
+        self.ledger = self.book.ledger
         self.snapshots = ctx.harness_dir / "snapshots"
         # The base model's tokenizer, chat template and generation config, copied once into the harness dir:
         # every snapshot renders prompts with these, never with files a submission brings.
@@ -366,7 +367,7 @@ class GradingService:
                 self._record_failure(e, FailureKind.INTERRUPTED.reason, 0.0, "snapshot missing after a grader crash")
 
     def _append(self, **fields) -> LedgerEntry:
-        entry = self.ledger.append(run_id=self.ctx.run_id, **fields)
+        entry = self.book.append(**fields)
         self._on_entry(entry)
         return entry
 
@@ -397,10 +398,7 @@ class GradingService:
         self._finish(queued, result)
 
     def _finish(self, queued: LedgerEntry, result: EvalResult) -> None:
-        fields = _carry(queued)
-        fields.update(status="scored", score=result.score, cached=result.cached, eval_seconds=round(result.duration_s, 3))
-        entry = self._append(kind="submission", **fields)
-        self._on_evaluation(entry, result)
+        self._on_entry(self.book.record_scored(result, kind="submission", **_carry(queued)))
         if queued.submission_id in self._done:
             self._done[queued.submission_id].set()
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from a2rl.grading.ledger import LedgerCorrupted, LedgerHead, mac_matches, read_ledger
+from a2rl.grading.record import eval_key
 from a2rl.isolation.leak_audit import LeakReport, leak_metrics
 from a2rl.protocol.picking import latest_submissions
 from a2rl.capture.calls import read_llm_calls, read_tool_calls
@@ -17,6 +18,7 @@ from a2rl.records import EvalResult, LedgerEntry, RunConfig, RunSummary
 from a2rl.store.results import ITEM_COLUMNS, item_rows, metric_cells
 from a2rl.summary.headline import numbers_disagree
 from a2rl.summary.process_facts import ProcessFacts, summarize_process
+from a2rl.summary.record import RunRecord, read_run_record
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +37,8 @@ def store_process_report(store: Any, report: ProcessFacts, harness_dir: Path | s
 def ingest_run_dir(store: Any, run_dir: Path | str, unverified_ok: bool = False) -> ProcessFacts:
     """(Re)build every row of one run in the results store from its run directory, in one transaction.
 
-    Reads `harness/manifest.json`, the verified ledger (`verified_entries`), `report.json` (if written),
+    Reads `harness/manifest.json`, the verified ledger (`verified_entries`), `report.json` (if written; through
+    `read_run_record`, which migrates an older format and refuses a newer one),
     per-evaluation files, the code snapshots, `resources.jsonl` and `llm_calls.jsonl`. All timestamps come from
     those files, so ingesting the same directory twice leaves the store exactly as it was. No narrative is
     requested. A run that does not verify (`verified_entries`) is refused: its row is marked failed with the
@@ -48,10 +51,10 @@ def ingest_run_dir(store: Any, run_dir: Path | str, unverified_ok: bool = False)
     manifest = json.loads((harness / "manifest.json").read_text())
     run_id, config = manifest["run_id"], RunConfig.model_validate(manifest["config"])
     report_path = harness / "report.json"
-    report = json.loads(report_path.read_text()) if report_path.exists() else {}
-    summary = RunSummary.model_validate(report["summary"]) if "summary" in report else None
+    record = read_run_record(report_path) if report_path.exists() else None
+    summary = record.summary if record else None
     try:
-        entries, verified = verified_entries(store, run_id, harness, report, summary, unverified_ok)
+        entries, verified = verified_entries(store, run_id, harness, record, unverified_ok)
     except LedgerCorrupted as e:
         store.replace_run(run_id, _refused_frames(run_id, config, summary, harness, str(e)))
         raise
@@ -104,7 +107,7 @@ class Verified(NamedTuple):
     """False: taken with `unverified_ok`, its ledger shown to be nobody's in particular."""
 
 
-def verified_entries(store: Any, run_id: str, harness: Path, report: dict, summary: RunSummary | None,
+def verified_entries(store: Any, run_id: str, harness: Path, record: RunRecord | None,
                      unverified_ok: bool = False) -> Verified:  # fmt: skip
     """The run's ledger entries, once they are shown to be the ones the harness wrote; LedgerCorrupted otherwise.
 
@@ -115,13 +118,13 @@ def verified_entries(store: Any, run_id: str, harness: Path, report: dict, summa
     run with no report at all, cannot be told from the real one, and are refused unless `unverified_ok` (runs
     from before MACs, from another machine). A head verified by its MAC is then anchored in this store."""
     path = harness / "ledger.jsonl"
-    recorded = report.get("ledger") or None
-    head = LedgerHead(recorded["entries"], recorded["head_hash"]) if recorded and recorded.get("entries") else None
+    recorded, summary = (record.ledger, record.summary) if record else (None, None)
+    head = LedgerHead(recorded.entries, recorded.head_hash) if recorded and recorded.entries else None
     anchored = store.ledger_head(run_id)
     entries = read_ledger(path, {"the results store": anchored}, head)
-    if recorded and recorded.get("tampered"):
-        raise LedgerCorrupted(f"{path}: the run report says its ledger did not verify: {recorded.get('problems')}")
-    mac = mac_matches(run_id, head, recorded["head_mac"]) if head and recorded.get("head_mac") else None
+    if recorded and recorded.tampered:
+        raise LedgerCorrupted(f"{path}: the run report says its ledger did not verify: {recorded.problems}")
+    mac = mac_matches(run_id, head, recorded.head_mac) if head and recorded.head_mac else None
     if mac is False:
         raise LedgerCorrupted(f"{path}: the report's ledger head does not carry this harness's MAC: the ledger "
                               "and its report were rewritten together")  # fmt: skip
@@ -204,7 +207,7 @@ def _evaluation_rows(run_id: str, entries: list[LedgerEntry], harness: Path) -> 
     for e in entries:
         if e.kind not in ("baseline", "submission", "final", "posthoc") or e.status != "scored" or e.score is None:
             continue
-        key = f"{e.kind}-{e.submission_id or 0}-{e.split}"
+        key = eval_key(e.kind, e.submission_id, e.split)
         saved = harness / "evaluations" / f"{key}.json"
         result = EvalResult.model_validate_json(saved.read_text()) if saved.exists() else None
         rows[key] = {

@@ -37,6 +37,7 @@ from typing import Any, Callable, Literal
 import duckdb
 
 from a2rl.store.results import ResultsStore, StoreError
+from a2rl.summary.record import RunRecord, read_run_record
 
 HOSTS_PATTERN = "results/hosts/*/a2rl.duckdb"
 """Where the day-one layout keeps a copy of each host's results directory (docs/scale-out.md)."""
@@ -223,19 +224,16 @@ def _merge_run(central: ResultsStore, attempts: list[Attempt], held: Attempt | N
     return out
 
 
-def ledger_trust(harness: Path, run_id: str) -> bool | None:
-    """Whether the run's report carries a MAC of its ledger head under a key this machine trusts: True, False
+def ledger_trust(record: RunRecord | None, run_id: str) -> bool | None:
+    """Whether the run's record carries a MAC of its ledger head under a key this machine trusts: True, False
     (forged or altered), None (cannot tell: no report or MAC, or a key not registered here). The host store's
     anchors do not count: a copy of that store can be rewritten together with the run directory."""
     from a2rl.grading.ledger import LedgerHead, mac_matches
 
-    try:
-        recorded = json.loads((harness / "report.json").read_text()).get("ledger") or {}
-    except (OSError, ValueError, AttributeError):
+    recorded = record.ledger if record else None
+    if not recorded or not recorded.entries or not recorded.head_hash or not recorded.head_mac:
         return None
-    if not recorded.get("entries") or not recorded.get("head_hash") or not recorded.get("head_mac"):
-        return None
-    return mac_matches(run_id, LedgerHead(recorded["entries"], recorded["head_hash"]), recorded["head_mac"])
+    return mac_matches(run_id, LedgerHead(recorded.entries, recorded.head_hash), recorded.head_mac)
 
 
 def _merge_attempt(central: ResultsStore, a: Attempt, unverified: bool = False, held_verified: bool = False) -> bool:
@@ -245,10 +243,15 @@ def _merge_attempt(central: ResultsStore, a: Attempt, unverified: bool = False, 
     from a2rl.store.ingest import ingest_run_dir
 
     harness = locate_harness(a)
-    if a.status == "completed" and not (harness / "report.json").is_file():
+    report = harness / "report.json"
+    if a.status == "completed" and not report.is_file():
         raise MergeRefused(f"{harness} has no report.json, though its host's store says completed: "
                            "an incomplete copy? copy the run directory again")  # fmt: skip
-    trust = ledger_trust(harness, a.run_id)
+    try:  # the run's record, read once: an unreadable or too new one is refused here, with its reason
+        record = read_run_record(report) if report.is_file() else None
+    except (OSError, ValueError) as e:
+        raise MergeRefused(f"{harness}: {_line(e)}") from e
+    trust = ledger_trust(record, a.run_id)
     if trust is False:
         raise MergeRefused(f"{harness}: the report's ledger head does not match its MAC: the ledger and its report "
                            "were changed after the harness wrote them")  # fmt: skip

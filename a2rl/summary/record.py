@@ -7,16 +7,23 @@ headline numbers of `a2rl.summary.headline`), each submission's latest state, th
 store's anchor and the notes; a full report adds the post-hoc hidden-test evaluations (`submission_tests`,
 `stage_share`). The process facts (metrics, routes, failure class) are the `ProcessFacts` of
 `a2rl.summary.process_facts`, written beside it (process.json).
+
+The record carries its format version and its provenance (`a2rl.run.Provenance`). `read_run_record` is its one
+reader (ingest, merge, the retry of a completed run): a record of an older format is migrated as it is read, one
+of a newer format is refused. Modelled on Inspect AI's EvalLog (a version field, old fields migrated on read).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from a2rl.protocol.picking import latest_submissions
 from a2rl.records import LedgerEntry, RunStatus, RunSummary, Sparse
-from a2rl.run import RunContext
+from a2rl.run import Provenance, RunContext
 from a2rl.summary.headline import SCORES, headline
 from a2rl.summary.stages import StageShare, SubmissionTest
 
@@ -35,9 +42,20 @@ class LedgerCheck(Sparse):
     problems: list[str] = []
 
 
+RUN_RECORD_VERSION = 1
+"""The format of report.json. 0: the record before it carried a version (to issue 38), without provenance; the
+oldest of them (before the ledger check of issue 24) have no `ledger`. 1: `format_version`, `provenance` and
+`created_at` added."""
+
+
 class RunRecord(Sparse):
     """A run's record (see the module docstring): report.json is its JSON."""
 
+    format_version: int = RUN_RECORD_VERSION
+    provenance: Provenance | None = None
+    """What the run ran with and where (its manifest's); None in a record migrated from version 0."""
+    created_at: datetime | None = None
+    """When the record was written."""
     summary: RunSummary
     submissions: list[LedgerEntry]
     """Each submission's latest state (none where the ledger does not verify)."""
@@ -99,3 +117,34 @@ def withheld(summary: RunSummary, reason: str) -> RunSummary:
     """A run whose ledger does not verify: marked failed, with the reason, and no number from that ledger."""
     return summary.model_copy(update={**dict.fromkeys(SCORES), "status": "failed", "n_scored": 0,
                                       "error": f"ledger integrity: {reason}; no number of this run is reported"})
+
+
+class RecordTooNew(ValueError):
+    """A run record of a format newer than this harness reads."""
+
+
+def _from_unversioned(data: dict[str, Any]) -> dict[str, Any]:
+    """0 → 1: no provenance to add (it was never recorded); the parts the oldest records lack, empty."""
+    return {"submissions": [], "notes": [], "ledger": {"entries": None, "head_hash": None}} | data
+
+
+MIGRATIONS: list[Callable[[dict[str, Any]], dict[str, Any]]] = [_from_unversioned]
+"""MIGRATIONS[v] turns a record of version v into one of version v + 1."""
+
+
+def read_run_record(path: Path | str) -> RunRecord:
+    """A run's record (report.json) as this harness's `RunRecord`: an older format migrated, a newer one refused
+    (`RecordTooNew`, one line); unreadable JSON or a record that does not validate raises ValueError, a missing file
+    OSError."""
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a run record (a JSON {type(data).__name__})")
+    version = data.get("format_version", 0)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"{path}: format_version {version!r} is not a version")
+    if version > RUN_RECORD_VERSION:
+        raise RecordTooNew(f"{path}: run record format {version} is newer than this harness reads "
+                           f"({RUN_RECORD_VERSION}): read it with the a2rl that wrote it, or a newer one")  # fmt: skip
+    for migrate in MIGRATIONS[version:]:
+        data = migrate(data)
+    return RunRecord.model_validate(data | {"format_version": RUN_RECORD_VERSION})

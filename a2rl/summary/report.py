@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from a2rl.records import LedgerEntry, RunSummary
-from a2rl.run import RunContext
+from a2rl.records import LedgerEntry, RunSummary, utcnow
+from a2rl.run import Provenance, RunContext
 from a2rl.safetext import md_code, md_text
-from a2rl.summary.record import RunRecord
+from a2rl.summary.record import RUN_RECORD_VERSION, RunRecord
 
 
 def last_event(entries: list[LedgerEntry], name: str) -> LedgerEntry | None:
@@ -16,8 +16,10 @@ def last_event(entries: list[LedgerEntry], name: str) -> LedgerEntry | None:
 
 
 def write_report(harness_dir: Path, record: RunRecord, sections: list[str] = ()) -> Path:
-    """report.json (the record) and report.md (rendered from it); `sections` are markdown lines placed after the
-    submissions."""
+    """report.json (the record, stamped with its format version, the run's provenance and when it was written) and
+    report.md (rendered from it); `sections` are markdown lines placed after the submissions."""
+    record = record.model_copy(update={"format_version": RUN_RECORD_VERSION, "created_at": utcnow(),
+                                       "provenance": Provenance.of_run(harness_dir)})  # fmt: skip
     (harness_dir / "report.json").write_text(json.dumps(record.model_dump(mode="json"), indent=2))
     md_path = harness_dir / "report.md"
     md_path.write_text(render_markdown(record.summary, record.submissions, record.notes, sections))

@@ -1,0 +1,91 @@
+"""Evaluate, append to the ledger, record in the store: one way for the grader (each submission) and the run's steps
+(baseline, final pick, post-hoc evaluations, events) to keep a run's books.
+
+`RunBook` is a run's ledger with the results store beside it. Every append is anchored in the store (the ledger's
+end, `a2rl.grading.ledger`) and written there as its row: an event's, a submission's. A scored evaluation
+(`record_scored`) adds its row and per-item results in the store and its full result in
+`harness/evaluations/<key>.json`, outside the workspace (it holds hidden-test answers), which ingest rebuilds
+the rows from. Grading sits below the store: the store is typed here by what the book uses of it (`RunStore`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from a2rl.grading.ledger import Anchor, Ledger
+from a2rl.inference.evaluation import EvalSpec, evaluate_cached
+from a2rl.records import EvalResult, LedgerEntry
+
+
+class RunStore(Protocol):
+    """What a run's book writes to: the results store (`a2rl.store.results.ResultsStore`)."""
+
+    def ledger_anchor(self, run_id: str) -> Anchor: ...
+
+    def record_event(self, run_id: str, seq: int, kind: str, detail: Mapping[str, Any],
+                     at: datetime | None = None) -> None: ...  # fmt: skip
+
+    def record_submission(self, run_id: str, entry: LedgerEntry) -> None: ...
+
+    def record_evaluation(self, run_id: str, eval_key: str, kind: Any, result: EvalResult,
+                          submission_id: int | None = None) -> None: ...  # fmt: skip
+
+
+def eval_key(kind: str, submission_id: int | None, split: str | None) -> str:
+    """An evaluation's key in the store and its file's name: `<kind>-<submission or 0>-<split>`."""
+    return f"{kind}-{submission_id or 0}-{split}"
+
+
+class RunBook:
+    """A run's ledger and, where given, its results store: see the module docstring. Without a store (a grader
+    served on its own, tests) only the ledger and the evaluation files are written."""
+
+    def __init__(self, run_id: str, harness_dir: Path, store: RunStore | None = None) -> None:
+        self.run_id, self.harness_dir, self.store = run_id, Path(harness_dir), store
+        self.ledger = Ledger(self.harness_dir / "ledger.jsonl", anchor=store.ledger_anchor(run_id) if store else None)
+
+    def entries(self) -> list[LedgerEntry]:
+        return self.ledger.entries()
+
+    def append(self, **fields: Any) -> LedgerEntry:
+        """One ledger line, anchored, and its row. The harness's own evaluations (baseline, final, post-hoc) have no
+        row of their own: theirs is the evaluation's (`record_evaluation`)."""
+        entry = self.ledger.append(run_id=self.run_id, **fields)
+        if self.store is not None and entry.kind == "event":
+            self.store.record_event(self.run_id, entry.seq, entry.detail.get("event", "event"), entry.detail,
+                                    at=entry.at)  # fmt: skip
+        elif self.store is not None and entry.kind == "submission":
+            self.store.record_submission(self.run_id, entry)
+        return entry
+
+    def record_scored(self, result: EvalResult, **fields: Any) -> LedgerEntry:
+        """An evaluation's outcome: its scored ledger line (`fields` plus the result's score, cache hit and
+        seconds), its rows and its file."""
+        entry = self.append(**fields | {"status": "scored", "score": result.score, "cached": result.cached,
+                                        "eval_seconds": round(result.duration_s, 3)})  # fmt: skip
+        self.record_evaluation(entry, result)
+        return entry
+
+    def record_evaluation(self, entry: LedgerEntry, result: EvalResult) -> None:
+        """The evaluation of a ledger line: its row and per-item results in the store, the whole result in its file."""
+        key = eval_key(entry.kind, entry.submission_id, result.split)
+        if self.store is not None:
+            self.store.record_evaluation(self.run_id, key, entry.kind, result, submission_id=entry.submission_id)
+        out = self.harness_dir / "evaluations"
+        out.mkdir(exist_ok=True)
+        (out / f"{key}.json").write_text(result.model_dump_json(indent=1))
+
+
+def evaluate_and_record(book: RunBook, checkpoint: Path, weights_hash: str, spec: EvalSpec, kind: str,
+                        progress_file: Path | None = None, on_start: Callable[[Any], None] | None = None,
+                        **fields: Any) -> tuple[LedgerEntry, EvalResult]:  # fmt: skip
+    """Evaluate `checkpoint` (`evaluate_cached`), append its scored `kind` line to the ledger (`fields` plus what was
+    evaluated: checkpoint, weights, split, score) and record it in the store: the run's steps' evaluations. The
+    grader evaluates in its workers, with its own failure handling, and records through `RunBook.record_scored`."""
+    result = evaluate_cached(checkpoint, weights_hash, spec, progress_file=progress_file, on_start=on_start)
+    entry = book.record_scored(result, kind=kind, split=spec.split, resolved_path=str(checkpoint),
+                               weights_hash=weights_hash, **fields)  # fmt: skip
+    return entry, result
