@@ -83,7 +83,9 @@ def read_lease(api_url: str, flow_run_id: str) -> RunLease | None:
 
 
 def write_lease(api_url: str, lease: RunLease) -> None:
+    """Raises httpx errors only (what the flow and the renewal thread catch: the server is away or refused)."""
     from prefect.client.schemas.actions import VariableCreate, VariableUpdate
+    from prefect.exceptions import ObjectAlreadyExists
 
     name = variable_name(lease.flow_run_id)
     with prefect_api.client(api_url) as c:
@@ -92,7 +94,10 @@ def write_lease(api_url: str, lease: RunLease) -> None:
         except httpx.HTTPStatusError as e:  # the client's update does not map a missing variable
             if e.response.status_code != 404:
                 raise
-            c.create_variable(VariableCreate(name=name, value=lease.to_value()))
+            try:
+                c.create_variable(VariableCreate(name=name, value=lease.to_value()))
+            except ObjectAlreadyExists as gone:  # another attempt created it meanwhile: the server's 409 as is
+                raise gone.http_exc from None
 
 
 def drop_lease(api_url: str, flow_run_id: str) -> None:
