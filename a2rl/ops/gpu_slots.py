@@ -100,16 +100,19 @@ def reconcile(api_url: str, home: Path, name: str = GPU_LIMIT) -> int:
 
 def describe(api_url: str, home: Path, flow_run_name: Callable[[str], str], name: str = GPU_LIMIT) -> list[str]:
     """Lines for `a2rl status`: slots in use of the limit, and who holds each lease."""
-    limit = read_limit(api_url, name)
-    if limit is None:
-        return ["GPU slots: no limit `gpu` (made by the first sweep through deployments); runs do not wait"]
-    lines = [f"GPU slots: {limit.active_slots} of {limit.limit} in use" + ("" if limit.active else " (limit inactive)")]
-    for lease in read_leases(home, limit.id):
-        who = flow_run_name(lease.holder) if lease.holder else "no holder recorded"
-        left = (lease.expires - datetime.now(timezone.utc)).total_seconds()
-        state = f"lease expired {-left:.0f} s ago, to be freed" if left <= 0 else f"lease renewed, {left:.0f} s left"
-        lines.append(f"  held by {who} ({lease.slots} slot(s); {state})")
-    return lines
+    with prefect_api.client(api_url):  # one client for the limit and the holders' names
+        limit = read_limit(api_url, name)
+        if limit is None:
+            return ["GPU slots: no limit `gpu` (made by the first sweep through deployments); runs do not wait"]
+        inactive = "" if limit.active else " (limit inactive)"
+        lines = [f"GPU slots: {limit.active_slots} of {limit.limit} in use{inactive}"]
+        for lease in read_leases(home, limit.id):
+            who = flow_run_name(lease.holder) if lease.holder else "no holder recorded"
+            left = (lease.expires - datetime.now(timezone.utc)).total_seconds()
+            state = (f"lease expired {-left:.0f} s ago, to be freed" if left <= 0
+                     else f"lease renewed, {left:.0f} s left")  # fmt: skip
+            lines.append(f"  held by {who} ({lease.slots} slot(s); {state})")
+        return lines
 
 
 @contextmanager

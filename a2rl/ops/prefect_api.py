@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -20,11 +21,20 @@ if TYPE_CHECKING:
 TIMEOUT_S = 10.0
 
 
+_OPEN: ContextVar[dict[tuple[str, float], SyncPrefectClient]] = ContextVar("a2rl_prefect_clients", default={})
+"""The clients open in this thread (a context variable: each thread starts with none), by URL and timeout."""
+
+
 @contextmanager
 def client(api_url: str, timeout_s: float = TIMEOUT_S) -> Iterator[SyncPrefectClient]:
     """A started SyncPrefectClient for `api_url` (with the profile's API key or auth string, as Prefect's own
     `get_client` would); each call raises httpx errors (PrefectHTTPStatusError, ConnectError, ...) or
-    prefect.exceptions.ObjectNotFound for a 404 where the client maps it."""
+    prefect.exceptions.ObjectNotFound for a 404 where the client maps it. Inside an outer `client(api_url)` of
+    the same thread, that one is reused: `a2rl status` opens one and its dozen reads share it (~50 ms each)."""
+    key = (api_url, timeout_s)
+    if (open_one := _OPEN.get().get(key)) is not None:
+        yield open_one
+        return
     from prefect.client.orchestration import SyncPrefectClient
     from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_KEY, PREFECT_CLIENT_MAX_RETRIES
     from prefect.settings import temporary_settings
@@ -32,7 +42,11 @@ def client(api_url: str, timeout_s: float = TIMEOUT_S) -> Iterator[SyncPrefectCl
     with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}):
         with SyncPrefectClient(api_url, api_key=PREFECT_API_KEY.value(), auth_string=PREFECT_API_AUTH_STRING.value(),
                                httpx_settings={"timeout": timeout_s}) as c:  # fmt: skip
-            yield c
+            token = _OPEN.set({**_OPEN.get(), key: c})
+            try:
+                yield c
+            finally:
+                _OPEN.reset(token)
 
 
 def flow_runs_json(runs: list[Any]) -> list[dict[str, Any]]:

@@ -43,30 +43,35 @@ class FlowRunRow:
 OWN_RUNS = ({"parent_task_run_id": {"is_null_": True}}, {"parent_task_run_id": {"is_null_": False}, "deployment_id": {"is_null_": False}})
 
 
+NEWEST, SOONEST = "EXPECTED_START_TIME_DESC", "EXPECTED_START_TIME_ASC"
+"""Prefect's sorts of flow runs (FlowRunSort) by their expected start time."""
+
+
 def operator_flow_runs(api_url: str, limit: int = 8) -> list[FlowRunRow]:
     """The latest `limit` flow runs an operator looks after (top-level runs and sweeps' benchmark runs) that are
     not waiting for their time, and every run of the last sweep however many, newest first."""
     runs: dict[str, dict[str, Any]] = {}
-    for which in OWN_RUNS:
-        own = {"state": {"type": {"not_any_": ["SCHEDULED"]}}, **which}
-        runs |= {r["id"]: r for r in prefect_api.read_flow_runs(api_url, own, limit, sort="EXPECTED_START_TIME_DESC")}
-    newest = sorted(runs.values(), key=lambda r: r.get("expected_start_time") or "", reverse=True)[:limit]
-    newest += [r for r in last_sweep_runs(api_url) if r["id"] not in {n["id"] for n in newest}]
-    newest.sort(key=lambda r: r.get("expected_start_time") or "", reverse=True)
-    return flow_run_rows(api_url, newest)
+    with prefect_api.client(api_url):  # one client for all the reads below
+        for which in OWN_RUNS:
+            own = {"state": {"type": {"not_any_": ["SCHEDULED"]}}, **which}
+            runs |= {r["id"]: r for r in prefect_api.read_flow_runs(api_url, own, limit, sort=NEWEST)}
+        newest = sorted(runs.values(), key=lambda r: r.get("expected_start_time") or "", reverse=True)[:limit]
+        newest += [r for r in last_sweep_runs(api_url) if r["id"] not in {n["id"] for n in newest}]
+        newest.sort(key=lambda r: r.get("expected_start_time") or "", reverse=True)
+        return flow_run_rows(api_url, newest)
 
 
 def last_sweep_runs(api_url: str, page: int = 200) -> list[dict[str, Any]]:
     """The latest sweep's own flow run and every benchmark run it started (as the API returns them)."""
     top = {"state": {"type": {"not_any_": ["SCHEDULED"]}}, **OWN_RUNS[0]}
-    sweeps = prefect_api.read_flow_runs(api_url, top, 1, sort="EXPECTED_START_TIME_DESC",
+    sweeps = prefect_api.read_flow_runs(api_url, top, 1, sort=NEWEST,
                                         flows={"name": {"any_": ["sweep"]}})  # fmt: skip
     if not sweeps:
         return []
     runs, offset = list(sweeps), 0
     while True:  # the API hands out at most `page` per call; a sweep can have hundreds
         got = prefect_api.read_flow_runs(api_url, {"parent_flow_run_id": {"any_": [sweeps[0]["id"]]}}, page,
-                                         sort="EXPECTED_START_TIME_DESC", flows={"name": {"any_": ["benchmark-run"]}},
+                                         sort=NEWEST, flows={"name": {"any_": ["benchmark-run"]}},
                                          offset=offset)  # fmt: skip
         runs += got
         if len(got) < page:
@@ -117,7 +122,8 @@ def next_step(row: FlowRunRow) -> str:
 def scheduled_flow_runs(api_url: str, limit: int = 3) -> list[FlowRunRow]:
     """The next scheduled flow runs (soonest first); a run scheduled as a retry is among them."""
     scheduled = {"state": {"type": {"any_": ["SCHEDULED"]}}}
-    return flow_run_rows(api_url, prefect_api.read_flow_runs(api_url, scheduled, limit, sort="EXPECTED_START_TIME_ASC"))
+    with prefect_api.client(api_url):  # one client for both reads
+        return flow_run_rows(api_url, prefect_api.read_flow_runs(api_url, scheduled, limit, sort=SOONEST))
 
 
 def flow_run_label(api_url: str) -> Any:
@@ -170,9 +176,10 @@ def flow_runs_by_suffix(api_url: str, suffixes: list[str]) -> dict[str, FlowRunR
     """The flow runs (top-level, or a sweep's) whose id starts with one of the 8-hex `suffixes` of a2rl run ids
     (`...-<8 hex>`)."""
     runs: dict[str, dict[str, Any]] = {}
-    for which in OWN_RUNS:
-        runs |= {r["id"]: r for r in prefect_api.read_flow_runs(api_url, which, 200, sort="EXPECTED_START_TIME_DESC")}
-    rows = flow_run_rows(api_url, list(runs.values()))
+    with prefect_api.client(api_url):  # one client for all the reads
+        for which in OWN_RUNS:
+            runs |= {r["id"]: r for r in prefect_api.read_flow_runs(api_url, which, 200, sort=NEWEST)}
+        rows = flow_run_rows(api_url, list(runs.values()))
     wanted = set(suffixes)
     return {r.id.replace("-", "")[:8]: r for r in rows if r.id.replace("-", "")[:8] in wanted}
 
