@@ -127,3 +127,47 @@ def test_server_status_without_a_server_says_how_to_start_one(tmp_path, monkeypa
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
     assert main(["server", "status"]) == 1
     assert "a2rl server start" in capsys.readouterr().out
+
+
+def test_a_server_that_accepts_but_never_answers_costs_one_timeout_not_prefects_retries():
+    """`a2rl status` against a stuck server says so after its timeout: the ops client (a2rl.ops.prefect_api)
+    does not add Prefect's five backed-off retries (2 + 4 + 8 + 16 + 32 s) on top."""
+    import socket
+
+    import prefect.client.orchestration  # noqa: F401  (imported on first use: not part of what is timed)
+
+    with socket.socket() as silent:  # connections complete in the backlog; nothing ever reads or answers them
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = prefect_local.api_url_of("127.0.0.1", silent.getsockname()[1])
+        t = time.monotonic()
+        problem = prefect_local.database_problem(url, timeout_s=0.5)
+        took = time.monotonic() - t
+        assert problem is not None and problem.startswith("ReadTimeout"), problem
+        assert took < 1.9, f"{took:.1f} s: a retry (the first waits 2 s) was made"
+        assert not prefect_local.server_healthy(url, timeout_s=0.5)
+
+
+def test_reads_inside_one_open_client_share_it_and_other_threads_open_their_own():
+    """`a2rl status` opens one client and its dozen reads share it (each new one costs ~50 ms); the lease's
+    renewal thread never borrows the flow's."""
+    from a2rl.ops import prefect_api
+
+    url = "http://127.0.0.1:9/api"  # nothing is sent: opening a client does not connect
+    with prefect_api.client(url) as outer:
+        with prefect_api.client(url) as inner:
+            assert inner is outer
+        with prefect_api.client(url, timeout_s=1.0) as other:
+            assert other is not outer
+        seen = []
+
+        def in_a_thread() -> None:
+            with prefect_api.client(url) as c:
+                seen.append(c)
+
+        thread = threading.Thread(target=in_a_thread)
+        thread.start()
+        thread.join()
+        assert seen and seen[0] is not outer
+    with prefect_api.client(url) as later:
+        assert later is not outer  # the outer one is closed

@@ -68,6 +68,22 @@ def test_a_later_attempt_takes_the_lease_and_the_earlier_one_stops_itself(api_ur
     assert run_lease.read_lease(api_url, flow_run_id) is None
 
 
+def test_the_lease_goes_to_the_server_named_not_to_the_profiles_url(api_url):
+    """Every ops call takes the server's URL (another port, another host's server): the client is built for it,
+    whatever PREFECT_API_URL says in this process."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    flow_run_id = _running_flow_run(api_url)
+    lease = RunLease(flow_run_id, 1, "gpu-host-1", 4242, datetime.now(timezone.utc) + timedelta(seconds=30))
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):  # nothing listens there
+        run_lease.write_lease(api_url, lease)
+        assert run_lease.read_lease(api_url, flow_run_id) == lease
+        assert flow_run_id in {held.flow_run_id for held in run_lease.all_leases(api_url)}
+        run_lease.drop_lease(api_url, flow_run_id)
+        run_lease.drop_lease(api_url, flow_run_id)  # a second drop finds none: not an error
+    assert run_lease.read_lease(api_url, flow_run_id) is None
+
+
 def test_an_expired_lease_marks_its_running_flow_run_crashed_and_a_live_one_does_not(api_url):
     from a2rl.ops.crash_reports import sweep_expired_leases
 

@@ -6,23 +6,25 @@ its way to retry crashed runs (#11431). Ours reacts to `prefect.flow-run.Crashed
 flow run resumed by a worker), for a run that has run at most N times (the event's `prefect.run-count`): a run
 that keeps crashing stops being retried after N automatic retries and stays Crashed for an operator to look at.
 A run stopped on request (`a2rl server stop`: Cancelled) and a failed run (an error of the run itself) are
-never retried automatically. REST only (no `import prefect`).
+never retried automatically. Through Prefect's client (a2rl.ops.prefect_api).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
+from a2rl.ops import prefect_api
+
+if TYPE_CHECKING:
+    from prefect.events.schemas.automations import Automation
 
 AUTOMATION_NAME = "a2rl: retry crashed benchmark runs"
 RETRY_MESSAGE = "Automatic retry (a2rl deploy --auto-retry)"
 
 
-def find(api_url: str) -> dict[str, Any] | None:
-    r = httpx.post(f"{api_url}/automations/filter", json={"limit": 200}, timeout=10)
-    r.raise_for_status()
-    return next((a for a in r.json() if a["name"] == AUTOMATION_NAME), None)
+def find(api_url: str) -> Automation | None:
+    with prefect_api.client(api_url) as c:
+        return next(iter(c.read_automations_by_name(AUTOMATION_NAME)), None)
 
 
 def automation(deployment_id: str, limit: int) -> dict[str, Any]:
@@ -48,13 +50,14 @@ def automation(deployment_id: str, limit: int) -> dict[str, Any]:
 def set_auto_retry(api_url: str, deployment: str, limit: int) -> str:
     """Create (or replace) the automation for `deployment` ("flow/name") with `limit` retries; 0 removes it.
     Returns one line saying what is now in place."""
-    if existing := find(api_url):
-        httpx.delete(f"{api_url}/automations/{existing['id']}", timeout=10).raise_for_status()
-    if limit <= 0:
-        return "automatic retry of crashed runs: off" + (" (automation removed)" if existing else "")
-    r = httpx.get(f"{api_url}/deployments/name/{deployment}", timeout=10)
-    r.raise_for_status()
-    created = httpx.post(f"{api_url}/automations/", json=automation(r.json()["id"], limit), timeout=10)
-    created.raise_for_status()
-    return (f"automatic retry of crashed runs: on, up to {limit} per run (automation {AUTOMATION_NAME!r}, "
-            f"{created.json()['id']})")
+    from prefect.events.schemas.automations import AutomationCore
+
+    existing = find(api_url)
+    with prefect_api.client(api_url) as c:
+        if existing is not None:
+            c.delete_automation(existing.id)
+        if limit <= 0:
+            return "automatic retry of crashed runs: off" + (" (automation removed)" if existing else "")
+        deployment_id = c.read_deployment_by_name(deployment).id
+        created = c.create_automation(AutomationCore.model_validate(automation(str(deployment_id), limit)))
+    return f"automatic retry of crashed runs: on, up to {limit} per run (automation {AUTOMATION_NAME!r}, {created})"

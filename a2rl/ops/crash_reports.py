@@ -98,28 +98,28 @@ def install_server_rule() -> None:
 def sweep_expired_leases(api_url: str) -> list[str]:
     """Mark Crashed (forced) each Running flow run whose current attempt's lease expired, and drop leases whose
     runs ended; returns the flow-run ids marked. What notices a dead host: nothing else reports its runs."""
-    import httpx
+    from prefect.exceptions import ObjectNotFound
+    from prefect.states import Crashed
 
+    from a2rl.ops import prefect_api
     from a2rl.ops.run_lease import all_leases, drop_lease, expired_verdict
 
     marked = []
     for lease in all_leases(api_url):
         if lease.live():
             continue
-        r = httpx.get(f"{api_url}/flow_runs/{lease.flow_run_id}", timeout=10)
-        if r.status_code == 404:
-            drop_lease(api_url, lease.flow_run_id)
-            continue
-        r.raise_for_status()
-        run = r.json()
-        state_type = (run.get("state") or {}).get("type") or "?"
-        if why := expired_verdict(lease, int(run.get("run_count") or 0), state_type):
-            body = {"state": {"type": "CRASHED", "name": "Crashed", "message": why}, "force": True}
-            httpx.post(f"{api_url}/flow_runs/{lease.flow_run_id}/set_state", json=body, timeout=10).raise_for_status()
-            logging.getLogger("a2rl.crash_reports").warning("flow run %s marked crashed: %s", lease.flow_run_id, why)
-            marked.append(lease.flow_run_id)
+        with prefect_api.client(api_url) as c:
+            try:
+                run = c.read_flow_run(lease.flow_run_id)
+            except ObjectNotFound:
+                run = None
+            state_type = run.state.type.value if run is not None and run.state is not None else "?"  # "?": gone
+            if run is not None and (why := expired_verdict(lease, int(run.run_count or 0), state_type)):
+                c.set_flow_run_state(lease.flow_run_id, Crashed(message=why), force=True)
+                logging.getLogger("a2rl.crash_reports").warning("flow run %s marked crashed: %s", run.id, why)
+                marked.append(lease.flow_run_id)
         if marked[-1:] == [lease.flow_run_id] or state_type not in ("RUNNING", "PENDING", "SCHEDULED", "PAUSED"):
-            drop_lease(api_url, lease.flow_run_id)  # its run ended (or was marked just now): the lease is done
+            drop_lease(api_url, lease.flow_run_id)  # its run is gone, ended (or was marked just now): the lease is done
     return marked
 
 

@@ -7,7 +7,9 @@ revoked by the server's repossessor, also after a restart) and, at start-up, fre
 disk accounts for (a server that ran with in-memory leases). Each lease names its holder (the flow run), so
 `a2rl status` can say who holds the slots, and a run that waits for one says so in its log and progress.
 
-Only REST and files here (no `import prefect`), so `a2rl status` stays fast; the flow side is `hold_gpu_slot`.
+The limit through Prefect's client (a2rl.ops.prefect_api); its leases from the files of the server's lease storage,
+as Prefect's API tells only a limit's count of active slots, not its leases nor their holders and expiry. The flow
+side is `hold_gpu_slot`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-import httpx
+
+from a2rl.ops import prefect_api
 
 GPU_LIMIT = "gpu"
 LEASE_STORAGE = "prefect.server.concurrency.lease_storage.filesystem"
@@ -50,16 +53,20 @@ class SlotLease:
 
 
 def read_limit(api_url: str, name: str = GPU_LIMIT) -> SlotLimit | None:
-    r = httpx.get(f"{api_url}/v2/concurrency_limits/{name}", timeout=10)
-    if r.status_code == 404:
-        return None
-    r.raise_for_status()
-    d = r.json()
-    return SlotLimit(str(d["id"]), int(d["limit"]), int(d.get("active_slots") or 0), bool(d.get("active", True)))
+    from prefect.exceptions import ObjectNotFound
+
+    with prefect_api.client(api_url) as c:
+        try:
+            d = c.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            return None
+    return SlotLimit(str(d.id), int(d.limit), int(d.active_slots or 0), bool(d.active))
 
 
 def read_leases(home: Path, limit_id: str) -> list[SlotLease]:
-    """The leases on `limit_id` in the file storage of the server whose PREFECT_HOME is `home`."""
+    """The leases on `limit_id` in the file storage of the server whose PREFECT_HOME is `home`. Read here, not
+    through Prefect's API (which has no route for them) nor its storage class (which lists live leases only, and
+    deletes or repairs the server's files from outside the server)."""
     leases = []
     for path in sorted((home / LEASE_DIR).glob("*.json")):
         try:
@@ -84,23 +91,28 @@ def reconcile(api_url: str, home: Path, name: str = GPU_LIMIT) -> int:
     held = sum(lease.slots for lease in read_leases(home, limit.id) if not lease.expired)
     if limit.active_slots <= held:
         return 0
-    r = httpx.patch(f"{api_url}/v2/concurrency_limits/{name}", json={"active_slots": held}, timeout=10)
-    r.raise_for_status()
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+
+    with prefect_api.client(api_url) as c:
+        c.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(active_slots=held))
     return limit.active_slots - held
 
 
 def describe(api_url: str, home: Path, flow_run_name: Callable[[str], str], name: str = GPU_LIMIT) -> list[str]:
     """Lines for `a2rl status`: slots in use of the limit, and who holds each lease."""
-    limit = read_limit(api_url, name)
-    if limit is None:
-        return ["GPU slots: no limit `gpu` (made by the first sweep through deployments); runs do not wait"]
-    lines = [f"GPU slots: {limit.active_slots} of {limit.limit} in use" + ("" if limit.active else " (limit inactive)")]
-    for lease in read_leases(home, limit.id):
-        who = flow_run_name(lease.holder) if lease.holder else "no holder recorded"
-        left = (lease.expires - datetime.now(timezone.utc)).total_seconds()
-        state = f"lease expired {-left:.0f} s ago, to be freed" if left <= 0 else f"lease renewed, {left:.0f} s left"
-        lines.append(f"  held by {who} ({lease.slots} slot(s); {state})")
-    return lines
+    with prefect_api.client(api_url):  # one client for the limit and the holders' names
+        limit = read_limit(api_url, name)
+        if limit is None:
+            return ["GPU slots: no limit `gpu` (made by the first sweep through deployments); runs do not wait"]
+        inactive = "" if limit.active else " (limit inactive)"
+        lines = [f"GPU slots: {limit.active_slots} of {limit.limit} in use{inactive}"]
+        for lease in read_leases(home, limit.id):
+            who = flow_run_name(lease.holder) if lease.holder else "no holder recorded"
+            left = (lease.expires - datetime.now(timezone.utc)).total_seconds()
+            state = (f"lease expired {-left:.0f} s ago, to be freed" if left <= 0
+                     else f"lease renewed, {left:.0f} s left")  # fmt: skip
+            lines.append(f"  held by {who} ({lease.slots} slot(s); {state})")
+        return lines
 
 
 @contextmanager

@@ -2,7 +2,7 @@
 
 Each process gets a JSON state file under PREFECT_HOME (pid, start time, URL, log file), so `a2rl server
 stop` in another shell finds it, and a reused pid is never mistaken for ours. Prefect is driven through its
-CLI and REST API only (no `import prefect`), which keeps `a2rl status` fast.
+CLI and its Python client (a2rl.ops.prefect_api, imported on first use).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import psutil
 from pydantic import BaseModel
 
 from a2rl.isolation import procs
+from a2rl.ops import prefect_api
 from a2rl.ops.gpu_slots import LEASE_STORAGE, LEASE_STORAGE_ENV
 from a2rl.paths import prefect_home_path
 
@@ -109,23 +110,28 @@ def prefect_cli(*args: str, api_url: str | None = None, cwd: Path | None = None,
 
 
 def server_healthy(api_url: str, timeout_s: float = 2.0) -> bool:
-    try:
-        return httpx.get(f"{api_url}/health", timeout=timeout_s).status_code == 200
-    except httpx.HTTPError:
-        return False
+    with prefect_api.client(api_url, timeout_s) as c:
+        return c.api_healthcheck() is None
 
 
 def database_problem(api_url: str, timeout_s: float = 10.0) -> str | None:
     """Why the server's database does not answer (None when it does). `/health` answers without touching the
     database; `/ready` connects to it, and reading the flow runs' count runs a real query."""
-    try:
-        ready = httpx.get(f"{api_url}/ready", timeout=timeout_s)
-        if ready.status_code != 404 and ready.status_code != 200:
-            return f"GET /ready answered HTTP {ready.status_code}"
-        count = httpx.post(f"{api_url}/flow_runs/count", json={}, timeout=timeout_s)
-    except httpx.HTTPError as e:
-        return f"{type(e).__name__} after {timeout_s:.0f} s"
-    return None if count.status_code == 200 else f"POST /flow_runs/count answered HTTP {count.status_code}"
+    with prefect_api.client(api_url, timeout_s) as c:
+        try:
+            c.request("GET", "/ready")  # the client has no method for this route: through its own session
+        except httpx.HTTPStatusError as e:
+            if e.response.status_code != 404:  # an older server has no /ready
+                return f"GET /ready answered HTTP {e.response.status_code}"
+        except httpx.HTTPError as e:
+            return f"{type(e).__name__} after {timeout_s:.0f} s"
+        try:
+            c.count_flow_runs()
+        except httpx.HTTPStatusError as e:
+            return f"POST /flow_runs/count answered HTTP {e.response.status_code}"
+        except httpx.HTTPError as e:
+            return f"{type(e).__name__} after {timeout_s:.0f} s"
+    return None
 
 
 DATABASE_ENV = "PREFECT_SERVER_DATABASE_CONNECTION_URL"
@@ -257,8 +263,14 @@ def stop_server(home: Path | None = None, timeout_s: float = 30) -> bool:
 
 def ensure_work_pool(api_url: str, pool: str = DEFAULT_POOL, pool_type: str = "process") -> bool:
     """Create the work pool unless it exists. Returns whether it was created."""
-    if httpx.get(f"{api_url}/work_pools/{pool}", timeout=10).status_code == 200:
-        return False
+    from prefect.exceptions import ObjectNotFound
+
+    with prefect_api.client(api_url) as c:
+        try:
+            c.read_work_pool(pool)
+            return False
+        except (ObjectNotFound, httpx.HTTPStatusError):
+            pass
     # Through the CLI: it fills in the worker type's default job template.
     prefect_cli("work-pool", "create", pool, "--type", pool_type, api_url=api_url, timeout_s=120)
     return True
@@ -308,12 +320,15 @@ def start_worker(api_url: str, pool: str = DEFAULT_POOL, home: Path | None = Non
 
 def set_queue_limit(api_url: str, pool: str, queue: str, limit: int | None) -> None:
     """Most flow runs of `queue` in `pool` running at once, across all workers (None: no limit)."""
-    r = httpx.patch(f"{api_url}/work_pools/{pool}/queues/{queue}", json={"concurrency_limit": limit}, timeout=10)
-    if r.status_code == 404:
-        httpx.post(f"{api_url}/work_pools/{pool}/queues", json={"name": queue, "concurrency_limit": limit},
-                   timeout=10).raise_for_status()  # fmt: skip
-        return
-    r.raise_for_status()
+    from prefect.exceptions import ObjectNotFound
+
+    with prefect_api.client(api_url) as c:
+        try:
+            found = c.read_work_queue_by_name(queue, work_pool_name=pool)
+        except ObjectNotFound:
+            c.create_work_queue(queue, concurrency_limit=limit, work_pool_name=pool)
+            return
+        c.update_work_queue(found.id, concurrency_limit=limit)
 
 
 FLOW_RUN_GRACE_S = 120.0
@@ -352,14 +367,11 @@ def interrupt_flow_runs(worker: ManagedProcess, grace_s: float) -> list[int]:
 
 def _worker_polling(api_url: str, pool: str, since: float) -> bool:
     try:
-        r = httpx.post(f"{api_url}/work_pools/{pool}/workers/filter", json={"limit": 50}, timeout=5)
+        with prefect_api.client(api_url, timeout_s=5) as c:
+            workers = c.read_workers_for_work_pool(pool, limit=50)
     except httpx.HTTPError:
         return False
-    if r.status_code != 200:
-        return False
-    from datetime import datetime
-
-    return any(datetime.fromisoformat(w["last_heartbeat_time"]).timestamp() >= since - 1 for w in r.json())
+    return any(w.last_heartbeat_time is not None and w.last_heartbeat_time.timestamp() >= since - 1 for w in workers)
 
 
 # ---- deployments and runs ----------------------------------------------------------------------------
@@ -379,10 +391,13 @@ def deploy(api_url: str, names: list[str] | None = None, root: Path = REPO_ROOT,
 
 def deployment_exists(api_url: str, name: str) -> bool:
     """Whether `flow/deployment` is registered on the server."""
-    r = httpx.get(f"{api_url}/deployments/name/{name}", timeout=10)
-    if r.status_code == 404:
-        return False
-    r.raise_for_status()
+    from prefect.exceptions import ObjectNotFound
+
+    with prefect_api.client(api_url) as c:
+        try:
+            c.read_deployment_by_name(name)
+        except ObjectNotFound:
+            return False
     return True
 
 
@@ -390,11 +405,8 @@ def recent_flow_runs(api_url: str, limit: int = 10, scheduled: bool = False) -> 
     """The latest flow runs that are not waiting for their time (newest first); with `scheduled`, the next
     scheduled ones instead (soonest first)."""
     states = {"type": {"any_": ["SCHEDULED"]} if scheduled else {"not_any_": ["SCHEDULED"]}}
-    body = {"flow_runs": {"state": states}, "limit": limit,
-            "sort": "EXPECTED_START_TIME_ASC" if scheduled else "EXPECTED_START_TIME_DESC"}  # fmt: skip
-    r = httpx.post(f"{api_url}/flow_runs/filter", json=body, timeout=10)
-    r.raise_for_status()
-    return r.json()
+    sort = "EXPECTED_START_TIME_ASC" if scheduled else "EXPECTED_START_TIME_DESC"
+    return prefect_api.read_flow_runs(api_url, {"state": states}, limit, sort=sort)
 
 
 RETRYABLE = {"CRASHED", "FAILED", "CANCELLED"}
@@ -451,16 +463,22 @@ def _process_gone(api_url: str, run: dict[str, Any]) -> str | None:
 
 
 def _read_flow_run(api_url: str, flow_run_id: str) -> dict[str, Any]:
-    r = httpx.get(f"{api_url}/flow_runs/{flow_run_id}", timeout=10)
-    if r.status_code == 404:
-        raise OpsError(f"no flow run {flow_run_id} on {api_url}")
-    r.raise_for_status()
-    return r.json()
+    from prefect.exceptions import ObjectNotFound
+
+    with prefect_api.client(api_url) as c:
+        try:
+            return prefect_api.flow_runs_json([c.read_flow_run(flow_run_id)])[0]
+        except ObjectNotFound:
+            raise OpsError(f"no flow run {flow_run_id} on {api_url}") from None
 
 
 def _set_state(api_url: str, flow_run_id: str, state: dict[str, Any]) -> None:
-    r = httpx.post(f"{api_url}/flow_runs/{flow_run_id}/set_state", json={"state": state, "force": True}, timeout=10)
-    r.raise_for_status()
+    """Forced, as the UI's "Change state" and Retry are; `state` as the API's JSON (type, name, message), which
+    the client's State model fills in as the server would (a Scheduled one is due now)."""
+    from prefect.client.schemas.objects import State
+
+    with prefect_api.client(api_url) as c:
+        c.set_flow_run_state(flow_run_id, State.model_validate(state), force=True)
 
 
 def _settled(api_url: str, flow_run_id: str, settle_s: float, deadline: float, poll_s: float) -> dict[str, Any]:

@@ -10,7 +10,7 @@ TAKEOVER_WAIT_S after taking it from a live holder, so the two never work at onc
 The server side (a2rl.ops.crash_reports, in the server process) reads the same lease: a crash report while the
 run's lease is live is about an attempt that is over or will be confirmed by the lease (not applied), and a
 lease that expires while its attempt's flow run reads Running marks the run Crashed: a dead host's run within
-LEASE_S + SWEEP_S. REST only (no `import prefect`): status and the server's sweep use it too.
+LEASE_S + SWEEP_S. Through Prefect's client (a2rl.ops.prefect_api): status and the server's sweep use it too.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import httpx
+
+from a2rl.ops import prefect_api
 
 PREFIX = "a2rl-run-"
 LEASE_S = 30.0
@@ -75,39 +77,53 @@ def variable_name(flow_run_id: str) -> str:
 
 
 def read_lease(api_url: str, flow_run_id: str) -> RunLease | None:
-    r = httpx.get(f"{api_url}/variables/name/{variable_name(flow_run_id)}", timeout=10)
-    if r.status_code == 404:
-        return None
-    r.raise_for_status()
-    return RunLease.from_value(r.json().get("value"))
+    with prefect_api.client(api_url) as c:
+        variable = c.read_variable_by_name(variable_name(flow_run_id))
+    return RunLease.from_value(variable.value) if variable is not None else None
 
 
 def write_lease(api_url: str, lease: RunLease) -> None:
+    """Raises httpx errors only (what the flow and the renewal thread catch: the server is away or refused)."""
+    from prefect.client.schemas.actions import VariableCreate, VariableUpdate
+    from prefect.exceptions import ObjectAlreadyExists
+
     name = variable_name(lease.flow_run_id)
-    r = httpx.patch(f"{api_url}/variables/name/{name}", json={"value": lease.to_value()}, timeout=10)
-    if r.status_code == 404:
-        r = httpx.post(f"{api_url}/variables/", json={"name": name, "value": lease.to_value()}, timeout=10)
-    r.raise_for_status()
+    with prefect_api.client(api_url) as c:
+        try:
+            c.update_variable(VariableUpdate(name=name, value=lease.to_value()))
+        except httpx.HTTPStatusError as e:  # the client's update does not map a missing variable
+            if e.response.status_code != 404:
+                raise
+            try:
+                c.create_variable(VariableCreate(name=name, value=lease.to_value()))
+            except ObjectAlreadyExists as gone:  # another attempt created it meanwhile: the server's 409 as is
+                raise gone.http_exc from None
 
 
 def drop_lease(api_url: str, flow_run_id: str) -> None:
-    r = httpx.delete(f"{api_url}/variables/name/{variable_name(flow_run_id)}", timeout=10)
-    if r.status_code not in (204, 404):
-        r.raise_for_status()
+    from prefect.exceptions import ObjectNotFound
+
+    with prefect_api.client(api_url) as c:
+        try:
+            c.delete_variable_by_name(variable_name(flow_run_id))
+        except ObjectNotFound:
+            pass
 
 
 def all_leases(api_url: str) -> list[RunLease]:
     """Every run lease on the server (the server's sweep for expired ones)."""
+    from prefect.client.schemas.objects import Variable
+
     leases, offset = [], 0
-    while True:
-        body = {"variables": {"name": {"like_": PREFIX}}, "limit": 200, "offset": offset}
-        got = httpx.post(f"{api_url}/variables/filter", json=body, timeout=10)
-        got.raise_for_status()
-        page = got.json()
-        leases += [lease for v in page if (lease := RunLease.from_value(v.get("value"))) is not None]
-        if len(page) < 200:
-            return leases
-        offset += 200
+    with prefect_api.client(api_url) as c:
+        while True:
+            # The client's read_variables takes no name filter and no offset: the filter route through its session.
+            body = {"variables": {"name": {"like_": PREFIX}}, "limit": 200, "offset": offset}
+            page = Variable.model_validate_list(c.request("POST", "/variables/filter", json=body).json())
+            leases += [lease for v in page if (lease := RunLease.from_value(v.value)) is not None]
+            if len(page) < 200:
+                return leases
+            offset += 200
 
 
 class StaleAttempt(RuntimeError):

@@ -2,7 +2,7 @@
 runs a sweep started through the deployment) by flow name with their true state, elapsed time and one next
 step each, the next scheduled runs, and the latest store rows with the state their flow run is really in.
 
-REST and files only (no `import prefect`), so the command answers in a second.
+Through Prefect's client (a2rl.ops.prefect_api), whose filters take the same JSON as the API's, and files.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from a2rl.ops import prefect_api
 
 
 @dataclass
@@ -41,32 +43,36 @@ class FlowRunRow:
 OWN_RUNS = ({"parent_task_run_id": {"is_null_": True}}, {"parent_task_run_id": {"is_null_": False}, "deployment_id": {"is_null_": False}})
 
 
+NEWEST, SOONEST = "EXPECTED_START_TIME_DESC", "EXPECTED_START_TIME_ASC"
+"""Prefect's sorts of flow runs (FlowRunSort) by their expected start time."""
+
+
 def operator_flow_runs(api_url: str, limit: int = 8) -> list[FlowRunRow]:
     """The latest `limit` flow runs an operator looks after (top-level runs and sweeps' benchmark runs) that are
     not waiting for their time, and every run of the last sweep however many, newest first."""
     runs: dict[str, dict[str, Any]] = {}
-    for which in OWN_RUNS:
-        body = {"flow_runs": {"state": {"type": {"not_any_": ["SCHEDULED"]}}, **which}, "limit": limit,
-                "sort": "EXPECTED_START_TIME_DESC"}  # fmt: skip
-        runs |= {r["id"]: r for r in _post(api_url, "/flow_runs/filter", body)}
-    newest = sorted(runs.values(), key=lambda r: r.get("expected_start_time") or "", reverse=True)[:limit]
-    newest += [r for r in last_sweep_runs(api_url) if r["id"] not in {n["id"] for n in newest}]
-    newest.sort(key=lambda r: r.get("expected_start_time") or "", reverse=True)
-    return flow_run_rows(api_url, newest)
+    with prefect_api.client(api_url):  # one client for all the reads below
+        for which in OWN_RUNS:
+            own = {"state": {"type": {"not_any_": ["SCHEDULED"]}}, **which}
+            runs |= {r["id"]: r for r in prefect_api.read_flow_runs(api_url, own, limit, sort=NEWEST)}
+        newest = sorted(runs.values(), key=lambda r: r.get("expected_start_time") or "", reverse=True)[:limit]
+        newest += [r for r in last_sweep_runs(api_url) if r["id"] not in {n["id"] for n in newest}]
+        newest.sort(key=lambda r: r.get("expected_start_time") or "", reverse=True)
+        return flow_run_rows(api_url, newest)
 
 
 def last_sweep_runs(api_url: str, page: int = 200) -> list[dict[str, Any]]:
     """The latest sweep's own flow run and every benchmark run it started (as the API returns them)."""
-    body = {"flows": {"name": {"any_": ["sweep"]}}, "limit": 1, "sort": "EXPECTED_START_TIME_DESC",
-            "flow_runs": {"state": {"type": {"not_any_": ["SCHEDULED"]}}, **OWN_RUNS[0]}}  # fmt: skip
-    sweeps = _post(api_url, "/flow_runs/filter", body)
+    top = {"state": {"type": {"not_any_": ["SCHEDULED"]}}, **OWN_RUNS[0]}
+    sweeps = prefect_api.read_flow_runs(api_url, top, 1, sort=NEWEST,
+                                        flows={"name": {"any_": ["sweep"]}})  # fmt: skip
     if not sweeps:
         return []
     runs, offset = list(sweeps), 0
     while True:  # the API hands out at most `page` per call; a sweep can have hundreds
-        body = {"flow_runs": {"parent_flow_run_id": {"any_": [sweeps[0]["id"]]}}, "flows": {"name": {"any_": [
-            "benchmark-run"]}}, "limit": page, "offset": offset, "sort": "EXPECTED_START_TIME_DESC"}  # fmt: skip
-        got = _post(api_url, "/flow_runs/filter", body)
+        got = prefect_api.read_flow_runs(api_url, {"parent_flow_run_id": {"any_": [sweeps[0]["id"]]}}, page,
+                                         sort=NEWEST, flows={"name": {"any_": ["benchmark-run"]}},
+                                         offset=offset)  # fmt: skip
         runs += got
         if len(got) < page:
             return runs
@@ -81,8 +87,7 @@ def flow_run_states(api_url: str, ids: list[str]) -> dict[str, Any]:
     found: dict[str, Any] = {}
     try:
         for start in range(0, len(ids), 200):
-            body = {"flow_runs": {"id": {"any_": ids[start:start + 200]}}, "limit": 200}
-            for r in _post(api_url, "/flow_runs/filter", body):
+            for r in prefect_api.read_flow_runs(api_url, {"id": {"any_": ids[start:start + 200]}}, limit=200):
                 state = r.get("state") or {}
                 found[r["id"]] = FlowRunState(state.get("type") or r.get("state_type") or "?",
                                               r.get("state_name") or state.get("name") or "?", int(r.get("run_count") or 0))  # fmt: skip
@@ -116,20 +121,22 @@ def next_step(row: FlowRunRow) -> str:
 
 def scheduled_flow_runs(api_url: str, limit: int = 3) -> list[FlowRunRow]:
     """The next scheduled flow runs (soonest first); a run scheduled as a retry is among them."""
-    body = {"flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}, "limit": limit,
-            "sort": "EXPECTED_START_TIME_ASC"}  # fmt: skip
-    return flow_run_rows(api_url, _post(api_url, "/flow_runs/filter", body))
+    scheduled = {"state": {"type": {"any_": ["SCHEDULED"]}}}
+    with prefect_api.client(api_url):  # one client for both reads
+        return flow_run_rows(api_url, prefect_api.read_flow_runs(api_url, scheduled, limit, sort=SOONEST))
 
 
 def flow_run_label(api_url: str) -> Any:
     """A function flow-run id → "flow / name (state)" for lines that name a flow run (e.g. GPU slot holders)."""
 
     def label(flow_run_id: str) -> str:
+        from prefect.exceptions import ObjectNotFound
+
         try:
-            r = httpx.get(f"{api_url}/flow_runs/{flow_run_id}", timeout=10)
-            r.raise_for_status()
-            row = flow_run_rows(api_url, [r.json()])[0]
-        except (httpx.HTTPError, IndexError):
+            with prefect_api.client(api_url) as c:
+                run = c.read_flow_run(flow_run_id)
+            row = flow_run_rows(api_url, prefect_api.flow_runs_json([run]))[0]
+        except (httpx.HTTPError, ObjectNotFound, IndexError):
             return f"flow run {flow_run_id} (not found)"
         return f"{row.flow} / {row.name} ({row.state}, {row.id})"
 
@@ -173,10 +180,10 @@ def flow_runs_by_suffix(api_url: str, suffixes: list[str]) -> dict[str, FlowRunR
     """The flow runs (top-level, or a sweep's) whose id starts with one of the 8-hex `suffixes` of a2rl run ids
     (`...-<8 hex>`)."""
     runs: dict[str, dict[str, Any]] = {}
-    for which in OWN_RUNS:
-        body = {"flow_runs": which, "limit": 200, "sort": "EXPECTED_START_TIME_DESC"}
-        runs |= {r["id"]: r for r in _post(api_url, "/flow_runs/filter", body)}
-    rows = flow_run_rows(api_url, list(runs.values()))
+    with prefect_api.client(api_url):  # one client for all the reads
+        for which in OWN_RUNS:
+            runs |= {r["id"]: r for r in prefect_api.read_flow_runs(api_url, which, 200, sort=NEWEST)}
+        rows = flow_run_rows(api_url, list(runs.values()))
     wanted = set(suffixes)
     return {r.id.replace("-", "")[:8]: r for r in rows if r.id.replace("-", "")[:8] in wanted}
 
@@ -221,14 +228,12 @@ def flow_run_rows(api_url: str, runs: list[dict[str, Any]]) -> list[FlowRunRow]:
 def _flow_names(api_url: str, ids: set[str]) -> dict[str, str]:
     if not ids:
         return {}
-    flows = _post(api_url, "/flows/filter", {"flows": {"id": {"any_": sorted(ids)}}, "limit": len(ids)})
-    return {f["id"]: f["name"] for f in flows}
+    from prefect.client.schemas.filters import FlowFilter
 
+    with prefect_api.client(api_url) as c:
+        flows = c.read_flows(flow_filter=FlowFilter.model_validate({"id": {"any_": sorted(ids)}}), limit=len(ids))
+    return {str(f.id): f.name for f in flows}
 
-def _post(api_url: str, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-    r = httpx.post(f"{api_url}{path}", json=body, timeout=10)
-    r.raise_for_status()
-    return r.json()
 
 
 def _utc(text: str) -> datetime:
