@@ -1,7 +1,7 @@
 """The plug-in contracts: what the library calls on a benchmark task, an agent and a driver LLM.
 
 The library may not import the plug-ins (`.importlinter`), so it names them by these protocols instead of `Any`:
-`benchmarks.base.BenchmarkTask`, `agents.base.Agent` and `agents.base.LLMDriver` are the base classes that
+`a2rl.benchmarks.base.BenchmarkTask`, `a2rl.agents.base.Agent` and `a2rl.agents.base.LLMDriver` are the base classes that
 satisfy them (tests/test_contracts.py checks every built-in task and agent). A plug-in from an outside package
 may subclass those bases or implement the protocol on its own.
 """
@@ -85,7 +85,7 @@ class Agent(Protocol):
     def command(self, workspace: Path) -> list[str]: ...
 
     def launch_env(self, env: Any) -> dict[str, str]:
-        """Extra variables for the started process only; `env` is the run's `agents.base.AgentEnv`."""
+        """Extra variables for the started process only; `env` is the run's `a2rl.agents.base.AgentEnv`."""
         ...
 
 

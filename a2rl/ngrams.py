@@ -1,4 +1,4 @@
-"""Word tokens and n-grams: the one text matching that the contamination guard (`benchmarks.contamination`,
+"""Word tokens and n-grams: the one text matching that the contamination guard (`a2rl.benchmarks.contamination`,
 held-out items in a task's visible data) and the post-run leak audit (`a2rl.isolation.leak_audit`, hidden items in what
 the agent wrote) share. Tokens are lower-cased `\\w+` runs, so whitespace, punctuation and case do not matter.
 """

@@ -98,7 +98,7 @@ def simulate_comparison(rng: np.random.Generator, reps: int, k: int, n: int, a: 
                         ) -> tuple[np.ndarray, float]:
     """`reps` replications of comparing two settings (same base model, same n hidden items drawn afresh per
     replication, k seeds each, paired by seed number): the (reps, k, n) table of B's item Δ − A's item Δ (what
-    `analysis.compare.compare_items` takes) and the true difference B − A (proportion)."""
+    `a2rl.analysis.compare.compare_items` takes) and the true difference B − A (proportion)."""
     if a.p_base != b.p_base:
         raise ValueError("the two settings share one base model: give them the same p_base")
     z = rng.standard_normal((reps, 1, n))

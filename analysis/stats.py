@@ -2,7 +2,7 @@
 
 Pure functions on numbers and DataFrames; no store, no Prefect. The intervals of Δ (one run over items, a
 setting over seeds) and the noise floor are in `a2rl.summary.intervals`, where the run verdicts use them too; every
-comparison of two settings is `analysis.compare`.
+comparison of two settings is `a2rl.analysis.compare`.
 """
 
 from __future__ import annotations

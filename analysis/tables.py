@@ -1,4 +1,4 @@
-"""The analysis tables, read from a results store's views and finished with `analysis.stats`.
+"""The analysis tables, read from a results store's views and finished with `a2rl.analysis.stats`.
 
 One `load_tables` call opens the store read-only a few times (the store locks per call) and returns
 plain DataFrames for the figures, the HTML report and the Prefect artifacts.
@@ -17,8 +17,8 @@ import pandas as pd
 from a2rl.protocol.feedback import feedback_split
 from a2rl.summary.intervals import binomial_var, paired_item_interval, seeds_interval, seeds_items_interval
 from a2rl.setting import SETTING_KEY
-from analysis.compare import compare_field, item_values, marks, rl_helped, rl_share_over_seeds
-from analysis.stats import pass_at_k, selection_gap_summary
+from a2rl.analysis.compare import compare_field, item_values, marks, rl_helped, rl_share_over_seeds
+from a2rl.analysis.stats import pass_at_k, selection_gap_summary
 
 SETTING = ["setting_id", *SETTING_KEY, "variant_label"]
 """What defines one leaderboard row (`a2rl.setting.SETTING_KEY`): runs that differ only in seed are repeats of it."""
@@ -56,7 +56,7 @@ class AnalysisTables:
     """Median and IQR of best-so-far improvement over seeds per setting, axis and grid point."""
     noise: pd.DataFrame
     paired: pd.DataFrame
-    """Settings that differ in one field (`analysis.compare`: paired by seed and item), B − A per row."""
+    """Settings that differ in one field (`a2rl.analysis.compare`: paired by seed and item), B − A per row."""
     selection: pd.DataFrame
     selection_runs: pd.DataFrame
     routes: pd.DataFrame
@@ -66,7 +66,7 @@ class AnalysisTables:
     submissions: pd.DataFrame = field(default_factory=pd.DataFrame)
     """Submissions of the analysed runs, for the per-run drill-down."""
     rl_modes: pd.DataFrame = field(default_factory=pd.DataFrame)
-    """Did the RL stage help: every mode against `sft-only`, per task and agent setting (`analysis.compare`)."""
+    """Did the RL stage help: every mode against `sft-only`, per task and agent setting (`a2rl.analysis.compare`)."""
     rl_shares: pd.DataFrame = field(default_factory=pd.DataFrame)
     """RL's share per setting over seeds and shared items (the stage shares combined like Δ)."""
     notes: list[str] = field(default_factory=list)
@@ -141,7 +141,7 @@ def load_tables(store: Any, compare: Sequence[str] | None = None, scaling_points
 
     Args:
         store: an `a2rl.store.results.ResultsStore`.
-        compare: what the comparison table compares (`analysis.compare`): (FIELD,) every pair of values of one
+        compare: what the comparison table compares (`a2rl.analysis.compare`): (FIELD,) every pair of values of one
             setting field; (FIELD, A, B) only those two; (AGENT_A, AGENT_B) two agents. Default: every setting field
             with two or more values.
         scaling_points: grid points per scaling curve.
@@ -288,7 +288,7 @@ def _number(value: Any, missing: float = math.nan) -> float:
 def mode_matrix(board: pd.DataFrame, runs: pd.DataFrame, values: pd.DataFrame) -> pd.DataFrame:
     """The mode × task heatmap's cells: the leaderboard's rows, with the best (★) and worst (▲) mode of each agent
     setting (everything but the mode) only where the comparison with the runner-up leaves 0 out
-    (`analysis.compare.marks`; `mark_note` says which, or "no detectable difference (± half-width)")."""
+    (`a2rl.analysis.compare.marks`; `mark_note` says which, or "no detectable difference (± half-width)")."""
     matrix = board.drop(columns=[c for c in ("deltas", "seeds") if c in board])
     if board.empty:
         return matrix.assign(is_best=pd.Series(dtype=bool), is_worst=pd.Series(dtype=bool),

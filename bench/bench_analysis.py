@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from a2rl.store.results import ResultsStore
-from analysis.figures import (
+from a2rl.analysis.figures import (
     heatmap_figure,
     leaderboard_figure,
     pass_at_k_figure,
@@ -25,9 +25,9 @@ from analysis.figures import (
     scaling_figure,
     selection_gap_figure,
 )
-from analysis.html import Section, write_html_report
-from analysis.synthetic import SyntheticSpec, synthetic_frames
-from analysis.tables import load_tables
+from a2rl.analysis.html import Section, write_html_report
+from a2rl.analysis.synthetic import SyntheticSpec, synthetic_frames
+from a2rl.analysis.tables import load_tables
 
 QUERIES = {
     "leaderboard_ci": "SELECT * FROM leaderboard_ci",

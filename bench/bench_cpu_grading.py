@@ -38,7 +38,7 @@ def main() -> None:
     from a2rl.base_models.registry import resolve_base_model
     from a2rl.inference.generation import generate, load_model
     from a2rl.inference.numerics import probe
-    from benchmarks import get_task
+    from a2rl.benchmarks import get_task
 
     task = get_task("gsm8k")
     task.prepare("offline")

@@ -21,7 +21,7 @@ import httpx
 from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
 from a2rl.base_models.registry import resolve_base_model
 from a2rl.records import RunConfig
-from benchmarks import get_task
+from a2rl.benchmarks import get_task
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.tiny_model
 from tests.tiny_model import build_tiny_model  # noqa: E402

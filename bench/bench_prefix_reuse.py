@@ -35,7 +35,7 @@ def main() -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.tiny_model
     from tests.tiny_model import build_tiny_model
-    from benchmarks import get_task
+    from a2rl.benchmarks import get_task
 
     if args.model == "tiny":
         model = build_tiny_model(Path(tempfile.mkdtemp(prefix="a2rl-bench-prefix-")) / "tiny")

@@ -89,7 +89,7 @@ def workload(args: argparse.Namespace, root: Path) -> None:
     import shutil
 
     from a2rl.base_models.registry import resolve_base_model
-    from benchmarks import get_task
+    from a2rl.benchmarks import get_task
 
     ws = root / "workload-ws"
     for sub in ("models", "data", "code", "output"):

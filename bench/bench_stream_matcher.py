@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from a2rl.ngrams import StreamMatcher
-from benchmarks import get_task
+from a2rl.benchmarks import get_task
 
 
 def main() -> None:

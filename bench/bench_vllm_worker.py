@@ -30,7 +30,7 @@ def main() -> None:
 
     from a2rl.inference.evaluation import EvalSpec, evaluate
     from a2rl.base_models.registry import resolve_base_model
-    from benchmarks import get_task
+    from a2rl.benchmarks import get_task
 
     model = resolve_base_model(args.model)
     get_task(args.task).prepare("offline")

@@ -129,7 +129,7 @@ def precompute_baseline(base: Path, args: argparse.Namespace, t0: float) -> dict
 
     from a2rl.inference.evaluation import EvalSpec, evaluate_cached
     from a2rl.base_models.hashing import weights_hash
-    from benchmarks import get_task
+    from a2rl.benchmarks import get_task
 
     base_hash = weights_hash(base)
     limits = {"validation": args.val_limit or None, "test": args.test_limit or None}
@@ -345,7 +345,7 @@ def copy_artifacts(results: Path, dest: Path) -> None:
 def prepare(args: argparse.Namespace, t0: float) -> tuple[Path, dict]:
     """The base model as a checkpoint dir, the task data, and the baseline in the shared evaluation cache."""
     base = model_dir([Path(m) for m in args.model], args.work, t0)
-    from benchmarks import get_task
+    from a2rl.benchmarks import get_task
 
     get_task("alfworld").prepare("offline")  # once, before the runs would race for it
     try:

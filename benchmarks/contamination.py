@@ -16,7 +16,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Literal, NamedTuple
 
 from a2rl.ngrams import DEFAULT_NGRAM, ngrams, normalize_text
-from benchmarks.base import Item, TaskData
+from a2rl.benchmarks.base import Item, TaskData
 
 DEFAULT_FIELDS = ("question", "answer")
 

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from a2rl.paths import task_data_dir
-from benchmarks import get_task
-from benchmarks.base import BenchmarkTask
+from a2rl.benchmarks import get_task
+from a2rl.benchmarks.base import BenchmarkTask
 
 
 def prepared_manifest(task: BenchmarkTask, variant: str) -> dict | None:

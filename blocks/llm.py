@@ -15,8 +15,8 @@ Which agents speak which API: claude-code (anthropic), codex (openai), gemini (g
 anthropic), openhands (all three), claude-tools (anthropic). The key is either stored in the block (a secret)
 or named by `api_key_env` and read from the harness's environment when the run starts.
 
-The field names match `agents.LLMDriver` / `agents.AgentOptions`, which are made from a block with
-`LLMDriver.model_validate(block)` (or `agents.get_agent(id, driver=block, options=block)`).
+The field names match `a2rl.agents.LLMDriver` / `a2rl.agents.AgentOptions`, which are made from a block with
+`LLMDriver.model_validate(block)` (or `a2rl.agents.get_agent(id, driver=block, options=block)`).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def driver_from_block(block: DriverConfig):
     variable is an error that says so, not a silent empty key)."""
     import os
 
-    from agents.base import LLMDriver
+    from a2rl.agents.base import LLMDriver
 
     driver = LLMDriver.model_validate(block)
     if block.api_key_env:
@@ -116,7 +116,7 @@ def resolve_driver(name: str):
     """The driver LLM a run names: a saved `DriverConfig` block of that name, else a bare model id served by
     Anthropic (or `ANTHROPIC_BASE_URL`) with `ANTHROPIC_API_KEY` from the environment (prices then unknown,
     so costs read 0: save a block to get costs). `none` means a scripted agent."""
-    from agents.base import LLMDriver
+    from a2rl.agents.base import LLMDriver
 
     if name in ("", "none"):
         return None
@@ -132,7 +132,7 @@ def driver_from_env(model: str):
     """A bare model id served by Anthropic (or `ANTHROPIC_BASE_URL`) with `ANTHROPIC_API_KEY`; None without a key."""
     import os
 
-    from agents.base import LLMDriver
+    from a2rl.agents.base import LLMDriver
 
     if not os.environ.get("ANTHROPIC_API_KEY"):
         return None

@@ -19,7 +19,7 @@ from a2rl.run_options import DEFAULT_RESULTS, resolve_results
 from a2rl.store.results import ResultsStore
 from matplotlib.figure import Figure
 
-from analysis.figures import (
+from a2rl.analysis.figures import (
     Palette,
     heatmap_figure,
     leaderboard_figure,
@@ -28,9 +28,9 @@ from analysis.figures import (
     scaling_figure,
     selection_gap_figure,
 )
-from analysis.html import Section, write_html_report
-from analysis.paper_tables import budget_table, system_task_table
-from analysis.tables import PASS_AT_K, AnalysisTables, load_tables
+from a2rl.analysis.html import Section, write_html_report
+from a2rl.analysis.paper_tables import budget_table, system_task_table
+from a2rl.analysis.tables import PASS_AT_K, AnalysisTables, load_tables
 
 DEFAULT_OUT = Path("results/analysis")
 FIGURES = ("heatmap", "leaderboard", "scaling", "pass_at_k", "selection_gap")

@@ -34,18 +34,18 @@ from a2rl.protocol.picking import latest_submissions
 from a2rl.summary.report import last_event
 from a2rl.run import RunContext, gpu_names, sandbox_for
 from a2rl.run_options import GRACE_S, ResumePolicy, RunOptions, resolve_results, run_results
-from tasks.preflight import check_run
+from a2rl.tasks.preflight import check_run
 from a2rl.ops.gpu_slots import hold_gpu_slot
 from a2rl.ops.run_lease import AttemptLease, StaleAttempt
 from a2rl.isolation import procs
 from a2rl.ops.housekeeping import clean_stale_temp
 from a2rl.ops.progress import RUN_LOG, ProgressWriter, note_phase, note_step
-from tasks.phases import RunPhases
-from tasks.session_steps import GpuWaitNotice, SessionRecorder, start_grading
+from a2rl.tasks.phases import RunPhases
+from a2rl.tasks.session_steps import GpuWaitNotice, SessionRecorder, start_grading
 from a2rl.store.results import ResultsStore
-from agents import AgentEnv, SessionOutcome, get_agent, run_agent
-from blocks import resolve_driver
-from tasks.summary_steps import (
+from a2rl.agents import AgentEnv, SessionOutcome, get_agent, run_agent
+from a2rl.blocks import resolve_driver
+from a2rl.tasks.summary_steps import (
     AgentDidNotStart,
     LedgerTampered,
     completed_before,
@@ -55,7 +55,7 @@ from tasks.summary_steps import (
     record_failure,
     write_summary,
 )
-from tasks.run_steps import (
+from a2rl.tasks.run_steps import (
     base_model_step,
     build_workspace_step,
     evaluate_baseline,

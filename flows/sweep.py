@@ -115,7 +115,7 @@ def expand_matrix(
     """Every (task, agent, driver, mode, seed) combination as a RunConfig, duplicates dropped, order kept.
     Drivers pair with LLM agents only: a scripted agent runs once per cell with driver `none` (and an LLM agent
     never with `none`), so a driver-swap sweep may list scripted baselines beside the LLM agents."""
-    from agents import uses_llm
+    from a2rl.agents import uses_llm
 
     llm = {agent: uses_llm(agent) for agent in agents}
     configs: dict[str, RunConfig] = {}
@@ -271,7 +271,7 @@ def watch_runs(items: list[SweepItem], poll_s: float, timeout_s: float | None) -
 
 def run_locally(items: list[SweepItem]) -> None:
     """Run the planned items one after another as subflows of this sweep."""
-    from flows.benchmark_run import benchmark_run
+    from a2rl.flows.benchmark_run import benchmark_run
 
     logger = get_run_logger()
     todo = [i for i in items if i.status == "planned"]
@@ -296,7 +296,7 @@ def benchmark_run_parameters(local: bool, deployment: str) -> set[str]:
     if local:
         from prefect.utilities.callables import parameter_schema
 
-        from flows.benchmark_run import benchmark_run
+        from a2rl.flows.benchmark_run import benchmark_run
 
         return schema_names(parameter_schema(benchmark_run).model_dump())
     with get_client(sync_client=True) as client:

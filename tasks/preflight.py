@@ -42,7 +42,7 @@ def check_run(config: RunConfig, results: Path, runs_dir: Path | None = None, *,
 def check_sweep(configs: list[RunConfig], results: Path, runs_dir: Path | None = None) -> None:
     """What every run of a sweep can be checked for here, before any starts: limits, the results location, each
     task and agent named (drivers and CLIs are checked by each run where it runs: a worker may be elsewhere)."""
-    from agents import agent_class
+    from a2rl.agents import agent_class
 
     check_results_location(Path(results), Path(runs_dir) if runs_dir else Path(results).parent / "runs")
     for c in configs:
@@ -132,7 +132,7 @@ def _check_writable_dir(directory: Path, flag: str) -> None:
 
 def check_task(task_id: str, variant: str, *, probe: bool = True) -> None:
     """The task exists, its variant's data is prepared or reachable, and its evaluator (a judge) is set up."""
-    from benchmarks import get_task
+    from a2rl.benchmarks import get_task
 
     try:
         task = get_task(task_id)
@@ -213,7 +213,7 @@ def _check_hub_model(name: str, neither: str) -> None:
 def check_agent(c: RunConfig, *, probe: bool = True) -> None:
     """The agent exists; an LLM agent's driver resolves to a key or a saved block and speaks the agent's API;
     a CLI agent's program is on PATH (and, with `probe`, answers `--version`)."""
-    from agents import agent_class, get_agent
+    from a2rl.agents import agent_class, get_agent
 
     try:
         cls = agent_class(c.agent)
@@ -267,7 +267,7 @@ def check_driver_endpoint(name: str, driver) -> None:
 def resolve_run_driver(name: str):
     """The run's driver as the flow will resolve it, or a `PreflightError` naming both ways to provide one.
     Without a Prefect server or its database file no block can have been saved: no server is started then."""
-    from blocks import BlockNotFound, driver_from_env, resolve_driver
+    from a2rl.blocks import BlockNotFound, driver_from_env, resolve_driver
 
     missing = (f"--driver {name}: no API key and no saved driver of that name; set ANTHROPIC_API_KEY (with "
                f"ANTHROPIC_BASE_URL for a compatible endpoint), or save one: a2rl drivers add {name} --model ...")  # fmt: skip
@@ -282,7 +282,7 @@ def resolve_run_driver(name: str):
 
 def _check_launch(agent, c: RunConfig) -> None:
     """The agent's own launch checks (driver API, CLI on PATH) against a throw-away workspace."""
-    from agents import AgentEnv, AgentLaunchError
+    from a2rl.agents import AgentEnv, AgentLaunchError
 
     with tempfile.TemporaryDirectory(prefix="a2rl-preflight-") as tmp:
         env = AgentEnv(c.task, c.base_model, Path(tmp) / "workspace", "http://127.0.0.1:9", "preflight", c.seed,

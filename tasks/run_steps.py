@@ -28,8 +28,8 @@ from a2rl.summary.headline import baseline_scores
 from a2rl.run import RunContext, host_name, make_run_id, write_manifest
 from a2rl.store.results import ResultsStore
 from a2rl.workspace import RunPaths, build_workspace, render_instructions
-from agents import get_agent
-from benchmarks import get_task
+from a2rl.agents import get_agent
+from a2rl.benchmarks import get_task
 
 PROTOCOL_TEXT = {
     "heldout": "Each submission is scored on a **validation** set. A hidden test set, which you never see, "

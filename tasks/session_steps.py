@@ -16,7 +16,7 @@ from a2rl.records import LedgerEntry
 from a2rl.run import RunContext
 from a2rl.safetext import terminal
 from a2rl.store.results import ResultsStore
-from benchmarks import get_task
+from a2rl.benchmarks import get_task
 
 
 class SessionRecorder:

@@ -24,10 +24,10 @@ from a2rl.summary.report import last_event, run_notes, write_report
 from a2rl.summary.stages import render_markdown as render_stages
 from a2rl.summary.stages import run_stage_share, submission_tests
 from a2rl.workspace import RunPaths
-from agents import SessionOutcome, agent_class
-from analysis.run_figure import score_trajectory_png
-from benchmarks import get_task
-from tasks.run_steps import ledger_of
+from a2rl.agents import SessionOutcome, agent_class
+from a2rl.analysis.run_figure import score_trajectory_png
+from a2rl.benchmarks import get_task
+from a2rl.tasks.run_steps import ledger_of
 
 
 def hidden_items(ctx: RunContext) -> list[dict]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from a2rl.records import ItemResult
-from benchmarks.base import BenchmarkTask, Decoding, TaskData
+from a2rl.benchmarks.base import BenchmarkTask, Decoding, TaskData
 
 ITEMS = [{"id": str(i), "question": f"q{i}", "answer": "1"} for i in range(2)]
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from a2rl.records import ItemResult
-from benchmarks import get_task
-from benchmarks.alpacaeval import (
+from a2rl.benchmarks import get_task
+from a2rl.benchmarks.alpacaeval import (
     JUDGE_PROMPT_VERSION,
     AlpacaEval,
     AlpacaEvalDataError,
@@ -24,16 +24,16 @@ from benchmarks.alpacaeval import (
     parse_verdict,
     win_rates,
 )
-from benchmarks.alpacaeval.data import (
+from a2rl.benchmarks.alpacaeval.data import (
     OFFLINE_MANIFEST,
     full_task_data,
     load_full,
     load_offline,
     sharegpt_conversations,
 )
-from benchmarks.alpacaeval.judge import JUDGE_SYSTEM
-from benchmarks.base import TaskData, read_jsonl
-from benchmarks.contamination import find_contamination
+from a2rl.benchmarks.alpacaeval.judge import JUDGE_SYSTEM
+from a2rl.benchmarks.base import TaskData, read_jsonl
+from a2rl.benchmarks.contamination import find_contamination
 from tests.anthropic_loopback import AnthropicLoopback, RecordedRequest, Reply
 
 JUDGE_ENV = (
@@ -365,7 +365,7 @@ def test_items_without_verdict_are_left_out_and_counted() -> None:
 
 
 def test_describe_task_names_the_judge_or_what_is_missing(monkeypatch, offline: TaskData) -> None:
-    from benchmarks.describe import describe_task
+    from a2rl.benchmarks.describe import describe_task
 
     for name in JUDGE_ENV:
         monkeypatch.delenv(name, raising=False)

@@ -24,7 +24,7 @@ def small_agent(monkeypatch):
 
 
 def test_benchmark_run_end_to_end(prefect_harness, tiny_model_dir, tmp_path, small_agent):
-    from flows.benchmark_run import benchmark_run
+    from a2rl.flows.benchmark_run import benchmark_run
 
     results = tmp_path / "results.duckdb"
     config = RunConfig(base_model=str(tiny_model_dir), budget_s=45, val_limit=4, test_limit=6)
@@ -80,8 +80,8 @@ def test_benchmark_run_end_to_end(prefect_harness, tiny_model_dir, tmp_path, sma
 
 def test_a_failing_run_is_recorded_as_failed(prefect_harness, tiny_model_dir, tmp_path):
     """A run that breaks mid-way still leaves its row, with the error, and a report."""
-    from tasks.preflight import PreflightError
-    from flows.benchmark_run import benchmark_run
+    from a2rl.tasks.preflight import PreflightError
+    from a2rl.flows.benchmark_run import benchmark_run
 
     results = tmp_path / "results.duckdb"
     with pytest.raises(PreflightError, match="unknown agent"):
@@ -147,7 +147,7 @@ def test_alpacaeval_run_end_to_end_with_a_judge_endpoint(prefect_harness, tiny_m
     answer."""
     import re
 
-    from flows.benchmark_run import benchmark_run
+    from a2rl.flows.benchmark_run import benchmark_run
     from tests.anthropic_loopback import AnthropicLoopback
 
     def prefers_longer(request) -> str:
@@ -185,7 +185,7 @@ def test_every_submission_on_the_hidden_test_after_the_session(prefect_harness, 
     recorded apart (ledger kind `posthoc`, evaluations of kind `posthoc`) and grouped by the agent's stage label
     (SFT, then GRPO here); the final pick and Δ are those of the ordinary run, and nothing of it happened while
     the agent could ask."""
-    from flows.benchmark_run import benchmark_run
+    from a2rl.flows.benchmark_run import benchmark_run
 
     knobs = {"A2RL_SFT_MAX_STEPS": "2", "A2RL_SFT_BATCH_SIZE": "2", "A2RL_SFT_LR": "1e-3", "A2RL_SFT_ROUND_S": "12",
              "A2RL_SFT_MAX_LENGTH": "4096", "A2RL_SFT_MAX_ROUNDS": "1", "A2RL_GRPO_MAX_STEPS": "1",
@@ -221,7 +221,7 @@ def test_every_submission_on_the_hidden_test_after_the_session(prefect_harness, 
     assert "Every submission on the hidden test (analysis only)" in report and "RL's share" in report
     assert json.loads((harness / "report.json").read_text())["stage_share"]["rl_submission"] == 2
     # The analysis: the paper tables' RL section and the drill-down's post-hoc scores.
-    from flows.analysis_flow import run_analysis
+    from a2rl.flows.analysis_flow import run_analysis
 
     with duckdb.connect(str(results), read_only=True) as con:
         shares = con.execute("SELECT run_id, rl_share, n_items FROM stage_shares").fetchall()

@@ -69,7 +69,7 @@ def test_a_results_path_that_is_no_store_is_refused_before_prefect_starts(kind, 
 
 
 def test_an_existing_store_passes_the_check(tmp_path):
-    from tasks.preflight import check_results_location
+    from a2rl.tasks.preflight import check_results_location
 
     results = tmp_path / "a.duckdb"
     from a2rl.store.results import ResultsStore
@@ -123,7 +123,7 @@ def test_a_version_check_that_runs_out_of_time_once_is_tried_again(tmp_path, mon
     """`openhands --version` took 26 s against a fixed 30 s limit under load and the check said "reinstall";
     now a slow first answer gets a second, longer try."""
     from a2rl.ops import load
-    from agents.cli_agents.install import check_starts
+    from a2rl.agents.cli_agents.install import check_starts
 
     monkeypatch.setattr(load, "load_per_core", lambda: 0.0)
     # no error: the second try answered
@@ -132,7 +132,7 @@ def test_a_version_check_that_runs_out_of_time_once_is_tried_again(tmp_path, mon
 
 def test_a_version_check_that_never_answers_blames_the_load_not_the_install(tmp_path, monkeypatch):
     from a2rl.ops import load
-    from agents.cli_agents.install import TOO_BUSY, check_starts
+    from a2rl.agents.cli_agents.install import TOO_BUSY, check_starts
 
     monkeypatch.setattr(load, "load_per_core", lambda: 0.0)
     hangs = tmp_path / "hangs"
@@ -302,7 +302,7 @@ def test_generation_counts_items_as_they_finish_not_per_batch(tiny_model_dir, on
 def test_an_evaluation_counts_into_its_progress_file(tiny_model_dir, tmp_path, monkeypatch):
     from a2rl.inference.evaluation import EvalSpec, evaluate
     from a2rl.ops.progress import EVAL_PROGRESS_ENV, ItemProgress
-    from benchmarks import get_task
+    from a2rl.benchmarks import get_task
 
     progress = tmp_path / "eval_progress.json"
     monkeypatch.setenv(EVAL_PROGRESS_ENV, str(progress))
@@ -315,7 +315,7 @@ def test_a_new_evaluation_never_shows_the_last_ones_count_while_it_starts(tmp_pa
     """The final evaluation read 'test items 32/32' (the baseline's) for its first half minute, then 0/32."""
     from a2rl.inference import evaluation
     from a2rl.isolation import procs
-    from benchmarks import get_task
+    from a2rl.benchmarks import get_task
 
     progress = tmp_path / "eval_progress.json"
     progress.write_text('{"what": "test", "done": 32, "total": 32}')
@@ -335,7 +335,7 @@ def test_a_new_evaluation_never_shows_the_last_ones_count_while_it_starts(tmp_pa
 def test_episodes_are_counted_as_they_end():
     """Interactive tasks run episodes in lockstep; each one is counted at the step it ends (the issue's webshop
     line read 0/200 for 140 s)."""
-    from benchmarks import get_task
+    from a2rl.benchmarks import get_task
 
     task = get_task("deepsearchqa")
     goals = task.load_split("offline", "validation", 4)
@@ -473,8 +473,8 @@ def test_the_default_agent_submits_well_inside_its_budget_on_a_loaded_machine(tm
     from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
     from a2rl.records import RunConfig
     from a2rl.workspace import RunPaths, build_workspace
-    from agents import AgentEnv, get_agent, run_agent
-    from benchmarks import get_task
+    from a2rl.agents import AgentEnv, get_agent, run_agent
+    from a2rl.benchmarks import get_task
 
     class Service(GradingService):
         """The real service, noting the agent's clock when a submission is asked for (before the checkpoint is

@@ -154,7 +154,7 @@ def test_drivers_add_list_rm_round_trip(prefect_harness, tmp_path, monkeypatch, 
     monkeypatch.setenv("MY_KEY", "sk-test-SECRET-42")
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:/usr/bin:/bin")
-    from agents.cli_agents import install
+    from a2rl.agents.cli_agents import install
 
     monkeypatch.setattr(install, "LOCAL_BINS", (tmp_path / "no-prefix",))  # nor in the project's .tools prefix
     add = ["drivers", "add", "sonnet", "--model", "claude-sonnet-4-5", "--key-env", "MY_KEY",
@@ -218,8 +218,8 @@ def test_a_failure_while_recording_a_failure_still_ends_the_row_failed(prefect_h
                                                                        monkeypatch):  # fmt: skip
     """`--variant full` offline, started around the CLI (as a deployment would): the flow's own preflight stops
     it, and the leak audit of the failure report cannot load the data either. The row must not stay `running`."""
-    from tasks.preflight import PreflightError
-    from flows.benchmark_run import benchmark_run
+    from a2rl.tasks.preflight import PreflightError
+    from a2rl.flows.benchmark_run import benchmark_run
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     results = tmp_path / "a.duckdb"
@@ -234,12 +234,12 @@ def test_a_failure_while_recording_a_failure_still_ends_the_row_failed(prefect_h
 
 def test_an_agent_that_never_started_makes_the_run_failed(prefect_harness, tiny_model_dir, tmp_path, monkeypatch):
     """claude-code with no `claude` on PATH, started around the CLI: failed (infrastructure), not completed."""
-    from tasks.preflight import PreflightError
-    from flows.benchmark_run import benchmark_run
+    from a2rl.tasks.preflight import PreflightError
+    from a2rl.flows.benchmark_run import benchmark_run
 
     monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:/usr/bin:/bin")
-    from agents.cli_agents import install
+    from a2rl.agents.cli_agents import install
 
     monkeypatch.setattr(install, "LOCAL_BINS", (tmp_path / "no-prefix",))  # nor in the project's .tools prefix
     results = tmp_path / "a.duckdb"
@@ -255,8 +255,8 @@ def test_did_not_start_reads_a_launch_error_as_the_harness_failure(tmp_path):
     from a2rl.records import RunConfig
     from a2rl.run import RunContext
     from a2rl.workspace import RunPaths
-    from agents import SessionOutcome
-    from tasks.summary_steps import did_not_start
+    from a2rl.agents import SessionOutcome
+    from a2rl.tasks.summary_steps import did_not_start
 
     ctx = RunContext(run_id="r", config=RunConfig(agent="claude-tools", driver="m"),
                      paths=RunPaths.for_run(tmp_path, "r"), results_path=tmp_path / "a.duckdb")  # fmt: skip
@@ -410,8 +410,8 @@ def test_a_cli_on_path_through_a_linked_directory_is_resolved_and_starts_in_the_
     """Issue #36: a CLI found through the checkout's `.tools` link passed the checks, then every run failed with
     exit 127 in the sandbox: the sandbox saw the linked path, not what it resolves to."""
     from a2rl.isolation.sandbox import SandboxPolicy
-    from agents import LLMDriver, get_agent
-    from agents.cli_agents.install import check_starts, which_cli
+    from a2rl.agents import LLMDriver, get_agent
+    from a2rl.agents.cli_agents.install import check_starts, which_cli
 
     bin_dir, real = _linked_cli(tmp_path, 'echo "fake 1.0"')
     path = f"{bin_dir}:/usr/bin:/bin"
@@ -443,7 +443,7 @@ def test_a_cli_that_starts_on_the_host_but_not_in_the_sandbox_is_refused_before_
 
 def test_an_old_node_on_path_is_named_with_how_to_choose_another(tmp_path):
     """Issue #36: Node 18 first on PATH gave "reinstall …/.bin/codex"; the line now names that Node."""
-    from agents.cli_agents.install import node_mismatch
+    from a2rl.agents.cli_agents.install import node_mismatch
 
     package = tmp_path / "lib" / "node_modules" / "@openai" / "codex"
     (package / "bin").mkdir(parents=True)
@@ -509,7 +509,7 @@ import duckdb
 from a2rl import workspace
 from a2rl.records import RunConfig
 from a2rl.run_options import RunOptions
-from flows.benchmark_run import benchmark_run
+from a2rl.flows.benchmark_run import benchmark_run
 
 small, model = Path(sys.argv[1]), sys.argv[2]
 copy = workspace._copy_model

@@ -122,7 +122,7 @@ def test_unknown_engine_is_one_clear_error(tiny: LoadedModel, conversations) -> 
 def _plain_and_reused(model_dir: Path, task: str, limit: int, batch_size: int, monkeypatch):
     """The same evaluation with `generate` and with the engine that reuses shared prefixes."""
     from a2rl.inference.evaluation import EvalSpec, evaluate
-    from benchmarks import get_task
+    from a2rl.benchmarks import get_task
 
     spec = EvalSpec.of(get_task(task), "offline", "validation", limit=limit, batch_size=batch_size)
     monkeypatch.setenv("A2RL_DECODE_ENGINE", "generate")

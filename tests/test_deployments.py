@@ -52,8 +52,8 @@ def test_prefect_yaml_registers_the_three_deployments_on_the_local_pool(live):
     # The run form is the flow's: a typed `config` (every RunConfig field) and its `options`.
     from prefect.utilities.callables import parameter_schema
 
-    from flows.benchmark_run import benchmark_run
-    from flows.sweep import schema_names
+    from a2rl.flows.benchmark_run import benchmark_run
+    from a2rl.flows.sweep import schema_names
 
     form = parameter_schema(benchmark_run).model_dump()
     assert {k: run.parameter_openapi_schema[k] for k in ("properties", "definitions")} == \
@@ -171,7 +171,7 @@ def test_a_sweep_runs_one_agent_session_at_a_time_with_one_gpu_slot(live, tiny_m
 
     from a2rl.records import RunConfig
     from a2rl.run_options import RunOptions
-    from flows.sweep import GPU_LIMIT, SweepConfig, SweepMatrix, sweep
+    from a2rl.flows.sweep import GPU_LIMIT, SweepConfig, SweepMatrix, sweep
 
     config = SweepConfig(
         run=RunConfig(budget_s=20, base_model=str(tiny_model_dir), val_limit=2, test_limit=2),

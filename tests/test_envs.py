@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.envs.bm25 import BM25
-from benchmarks.envs.export import envlib_bytes, write_envlib
-from benchmarks.envs.react import parse_action, run_episodes
-from benchmarks.webshop.task import WebShop
+from a2rl.benchmarks.envs.bm25 import BM25
+from a2rl.benchmarks.envs.export import envlib_bytes, write_envlib
+from a2rl.benchmarks.envs.react import parse_action, run_episodes
+from a2rl.benchmarks.webshop.task import WebShop
 
 
 def _hash_policy(conversations: list[list[dict]]) -> list[str]:
@@ -56,7 +56,7 @@ def test_lockstep_loop_asks_the_policy_once_per_step_for_live_episodes_only() ->
     episodes = run_episodes(task.make_env("offline"), goals, policy, task.prompt, max_steps=3)
     assert calls == [4, 4, 4] and all(len(ep.turns) == 3 for ep in episodes)
 
-    from benchmarks.envs.shop import oracle_actions
+    from a2rl.benchmarks.envs.shop import oracle_actions
 
     progress = {g["instruction"]: 0 for g in goals}  # steps taken per episode (prompts keep only a window)
 
@@ -107,7 +107,7 @@ def test_envlib_zip_runs_training_episodes_outside_the_harness(tmp_path: Path) -
 
 
 def test_prepare_refreshes_an_envlib_zip_made_from_older_modules() -> None:
-    from benchmarks import get_task
+    from a2rl.benchmarks import get_task
 
     task = get_task("alfworld")
     path = task.prepare("offline").public_dir / "envlib.zip"
@@ -119,7 +119,7 @@ def test_prepare_refreshes_an_envlib_zip_made_from_older_modules() -> None:
 
 @pytest.mark.parametrize("task_id", ["webshop", "deepsearchqa", "alfworld"])
 def test_public_data_holds_no_validation_or_test_goal(task_id: str) -> None:
-    from benchmarks import get_task
+    from a2rl.benchmarks import get_task
 
     task = get_task(task_id)
     public = task.prepare("offline").public_dir
@@ -134,7 +134,7 @@ def test_public_data_holds_no_validation_or_test_goal(task_id: str) -> None:
 
 def test_evaluate_runs_an_interactive_task_end_to_end_on_the_tiny_model(tiny_model_dir: Path) -> None:
     from a2rl.inference.evaluation import EvalSpec, evaluate
-    from benchmarks.base import Decoding
+    from a2rl.benchmarks.base import Decoding
 
     # 2 steps and 8 tokens: the tiny model never wins, and this keeps the test to seconds on a loaded CPU.
     task = dataclasses.replace(WebShop(), max_steps=2, decoding=Decoding(max_new_tokens=8, stop=("\n",)))
@@ -146,8 +146,8 @@ def test_evaluate_runs_an_interactive_task_end_to_end_on_the_tiny_model(tiny_mod
 
 def test_tiny_model_batched_and_sequential_evaluation_agree(tiny_model_dir: Path) -> None:
     from a2rl.inference.generation import load_model
-    from benchmarks.base import Decoding
-    from benchmarks.envs.task import ModelPolicy
+    from a2rl.benchmarks.base import Decoding
+    from a2rl.benchmarks.envs.task import ModelPolicy
 
     task = dataclasses.replace(WebShop(), max_steps=2, decoding=Decoding(max_new_tokens=6, stop=("\n",)))
     model = load_model(tiny_model_dir)

@@ -115,7 +115,7 @@ def test_an_inflated_config_is_refused_by_the_evaluation_before_any_weight_is_lo
                                                                                      monkeypatch):  # fmt: skip
     """A config 2x wider in its feed-forward than its weights (too small for the grader's cheap estimate to
     refuse): the evaluation process compares the exact count and fails as a load error, at once."""
-    from benchmarks import get_task
+    from a2rl.benchmarks import get_task
 
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     model = tmp_path / "inflated"

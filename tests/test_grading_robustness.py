@@ -17,7 +17,7 @@ import pytest
 from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService, Ledger
 from a2rl.grading.checkpoint import SubmissionRejected
 from a2rl.records import RunConfig
-from benchmarks import get_task
+from a2rl.benchmarks import get_task
 
 
 @pytest.fixture(scope="module")
@@ -281,7 +281,7 @@ def test_grader_killed_mid_evaluation_resumes_on_restart(tmp_path, workspace, ti
     def start() -> tuple[subprocess.Popen, str]:
         port_file.unlink(missing_ok=True)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tasks.serve_grading", "--harness-dir", str(harness), "--workspace", str(workspace),
+            [sys.executable, "-m", "a2rl.tasks.serve_grading", "--harness-dir", str(harness), "--workspace", str(workspace),
              "--config", str(tmp_path / "config.json"), "--run-id", "run-crash", "--token-file",
              str(tmp_path / "token"), "--port-file", str(port_file), "--base-model-dir", str(tiny_model_dir)],
             start_new_session=True, env=os.environ.copy(),

@@ -93,15 +93,15 @@ def test_every_package_is_checked_for_import_cycles_among_its_modules():
 def test_the_shipped_environment_code_contract_is_the_shipped_set():
     """The code shipped to agents (`envlib.zip`) must run in a workspace alone: the contract's list is exactly
     the shipped modules, and the package's `__init__` (shipped too) imports shipped modules only."""
-    from benchmarks.envs.export import ENVLIB_MODULES
+    from a2rl.benchmarks.envs.export import ENVLIB_MODULES
 
     section = contract("envlib-alone")
-    shipped = {f"benchmarks.envs.{name}" for name in ENVLIB_MODULES if name != "__init__"}
+    shipped = {f"a2rl.benchmarks.envs.{name}" for name in ENVLIB_MODULES if name != "__init__"}
     assert set(listed(section, "source_modules")) == shipped
-    rest = {f"benchmarks.envs.{p.stem}" for p in (ROOT / "benchmarks" / "envs").glob("*.py")} - shipped
-    assert set(listed(section, "forbidden_modules")) >= rest - {"benchmarks.envs.__init__"}
+    rest = {f"a2rl.benchmarks.envs.{p.stem}" for p in (ROOT / "benchmarks" / "envs").glob("*.py")} - shipped
+    assert set(listed(section, "forbidden_modules")) >= rest - {"a2rl.benchmarks.envs.__init__"}
     graph = grimp.build_graph("benchmarks", cache_dir=None)
-    assert graph.find_modules_directly_imported_by("benchmarks.envs") <= shipped
+    assert graph.find_modules_directly_imported_by("a2rl.benchmarks.envs") <= shipped
 
 
 def test_no_flow_or_step_module_hides_a_top_level_package():

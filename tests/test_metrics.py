@@ -16,10 +16,10 @@ from a2rl.summary.process_facts import process_metrics, render_process_markdown,
 from a2rl.summary.narrative import narrate
 from a2rl.summary.route_labels import label_routes
 from a2rl.summary.verdicts import explain_failure, failure_class
-from analysis.run_figure import score_trajectory_png
+from a2rl.analysis.run_figure import score_trajectory_png
 from a2rl.capture.snapshots import CodeSnapshots
 from a2rl.jsonl import append_jsonl
-from agents.base import LLMCallEvent, ToolCallEvent
+from a2rl.agents.base import LLMCallEvent, ToolCallEvent
 from a2rl.records import LedgerEntry, RunConfig
 from a2rl.store.results import ResultsStore
 

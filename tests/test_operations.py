@@ -339,7 +339,7 @@ def test_a_retry_of_a_completed_run_returns_its_summary_and_changes_nothing(tmp_
     from a2rl.records import RunConfig, RunSummary
     from a2rl.run import make_run_id
     from a2rl.store.results import ResultsStore
-    from tasks.summary_steps import completed_before
+    from a2rl.tasks.summary_steps import completed_before
 
     config, flow_run_id = RunConfig(), str(uuid.uuid4())
     run_id = make_run_id(config, flow_run_id)
@@ -376,7 +376,7 @@ def test_a_sweep_stops_watching_after_its_timeout_and_names_the_runs_still_going
     from prefect import flow
 
     from a2rl.records import RunConfig
-    from flows.sweep import SweepItem, watch_runs
+    from a2rl.flows.sweep import SweepItem, watch_runs
 
     waiting = _flow_run_in("SCHEDULED")  # no worker will ever take it
 

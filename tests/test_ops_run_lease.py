@@ -120,7 +120,7 @@ STALE_ATTEMPT = """
 import subprocess, sys, time
 from pathlib import Path
 from a2rl.ops import run_lease
-from flows.benchmark_run import stop_stale_attempt
+from a2rl.flows.benchmark_run import stop_stale_attempt
 
 run_lease.RENEW_S = 0.2
 api_url, flow_run_id, harness = sys.argv[1:4]
@@ -140,7 +140,7 @@ def test_a_stale_attempt_ends_its_processes_and_exits_without_a_word(api_url, tm
 
     import psutil
 
-    from flows.benchmark_run import STALE_EXIT
+    from a2rl.flows.benchmark_run import STALE_EXIT
 
     repo = Path(__file__).resolve().parents[1]
     flow_run_id = str(uuid.uuid4())

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-import agents
-import benchmarks
+import a2rl.agents
+import a2rl.benchmarks
 from a2rl import contracts
 from a2rl.inference.evaluation import EvalSpec, evaluate_cached
 from a2rl.registry import PluginError
@@ -39,7 +39,7 @@ IMPORTS = '''
 from dataclasses import dataclass, field
 
 from a2rl.records import ItemResult
-from benchmarks.base import BenchmarkTask, Decoding, TaskData
+from a2rl.benchmarks.base import BenchmarkTask, Decoding, TaskData
 
 WORDS = ["apple", "river", "stone", "cloud", "maple", "ember", "frost", "grain"]
 '''
@@ -81,7 +81,7 @@ offline = "echo words, generated offline"
 declarative fields in task.toml, the agent-facing text in description.md."""
 
 AGENT_MODULE = '''
-from agents.reference_sft.adapter import ReferenceSFT
+from a2rl.agents.reference_sft.adapter import ReferenceSFT
 
 
 class ToySFT(ReferenceSFT):
@@ -125,19 +125,19 @@ def installed_plugin(tmp_path, monkeypatch):
         """)
     monkeypatch.syspath_prepend(str(root))
     monkeypatch.setenv("A2RL_HOME", str(tmp_path / "home"))
-    benchmarks.TASKS.refresh()
-    agents.AGENTS.refresh()
+    a2rl.benchmarks.TASKS.refresh()
+    a2rl.agents.AGENTS.refresh()
     yield root
     monkeypatch.undo()
-    benchmarks.TASKS.refresh()
-    agents.AGENTS.refresh()
+    a2rl.benchmarks.TASKS.refresh()
+    a2rl.agents.AGENTS.refresh()
 
 
 def test_an_installed_package_adds_a_task_and_an_agent(installed_plugin):
-    assert "toy-echo" in benchmarks.TASKS and "gsm8k" in benchmarks.TASKS
-    assert benchmarks.TASKS.ref("toy-echo").source == "a2rl-toy-plugin"
-    task = benchmarks.get_task("toy-echo")
-    assert [t.id for t in benchmarks.list_tasks()].count("toy-echo") == 1
+    assert "toy-echo" in a2rl.benchmarks.TASKS and "gsm8k" in a2rl.benchmarks.TASKS
+    assert a2rl.benchmarks.TASKS.ref("toy-echo").source == "a2rl-toy-plugin"
+    task = a2rl.benchmarks.get_task("toy-echo")
+    assert [t.id for t in a2rl.benchmarks.list_tasks()].count("toy-echo") == 1
     # Its description comes from its own package, with the harness's grading section after it.
     assert task.description().startswith("# Repeat the word") and "How submissions are graded" in task.description()
     prepared = task.prepare("offline")
@@ -145,7 +145,7 @@ def test_an_installed_package_adds_a_task_and_an_agent(installed_plugin):
     assert not (prepared.public_dir / "test.jsonl").exists()  # hidden items stay private, as for built-ins
     items = task.load_split("offline", "test")
     assert [task.score_item(i, f" {i['word']}\n").correct for i in items] == [True, True]
-    assert agents.agent_class("toy-sft").id == "toy-sft" and "toy-sft" in agents.list_agents()
+    assert a2rl.agents.agent_class("toy-sft").id == "toy-sft" and "toy-sft" in a2rl.agents.list_agents()
 
 
 @pytest.fixture
@@ -166,19 +166,19 @@ def task_folder(tmp_path, monkeypatch):
         # The evaluation process rebuilds the task from its class: it must import the plug-in too.
         monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root), str(REPO)]))
         monkeypatch.setenv("A2RL_HOME", str(tmp_path / "home"))
-        benchmarks.TASKS.refresh()
+        a2rl.benchmarks.TASKS.refresh()
         return root / "a2rl_toy_plugin" / "words"
 
     yield install
     monkeypatch.undo()
     forget_modules()
-    benchmarks.TASKS.refresh()
+    a2rl.benchmarks.TASKS.refresh()
 
 
 def test_a_seventh_task_is_one_folder_graded_like_the_built_ins(task_folder, tiny_model_dir):
     folder = task_folder()
     assert sorted(p.name for p in folder.iterdir()) == ["__init__.py", "description.md", "task.py", "task.toml"]
-    task = benchmarks.get_task("toy-words")
+    task = a2rl.benchmarks.get_task("toy-words")
     assert isinstance(task, contracts.BenchmarkTask)
     assert (task.title, task.decoding.max_new_tokens, task.decoding.temperature, task.variant_labels) == (
         "Repeat the word, declared as data", 4, 0.0, {"offline": "echo words, generated offline"})
@@ -197,8 +197,8 @@ def test_a_bad_task_toml_breaks_only_its_task(task_folder):
     task_folder(FOLDER_TASK_TOML.replace('level = "L1"', "level = 1"))
     with pytest.raises(PluginError, match=r"task 'toy-words' \(a2rl_toy_plugin.words.task:Words, from "
                                           r"a2rl-toy-plugin\) does not load: .*words/task.toml: level must be str"):
-        benchmarks.get_task("toy-words")
-    assert benchmarks.get_task("gsm8k").id == "gsm8k"
+        a2rl.benchmarks.get_task("toy-words")
+    assert a2rl.benchmarks.get_task("gsm8k").id == "gsm8k"
 
 
 def test_the_command_line_lists_an_installed_task(installed_plugin):
@@ -215,31 +215,31 @@ def test_two_plugins_under_one_name_are_refused_naming_both(tmp_path, monkeypatc
         gsm8k = a2rl_toy_plugin.task:Echo
         """)
     monkeypatch.syspath_prepend(str(root))
-    benchmarks.TASKS.refresh()
+    a2rl.benchmarks.TASKS.refresh()
     try:
         with pytest.raises(PluginError) as caught:
-            benchmarks.get_task("gsm8k")
+            a2rl.benchmarks.get_task("gsm8k")
         message = str(caught.value)
-        assert "benchmarks.gsm8k:GSM8K (built-in)" in message and "a2rl_toy_plugin.task:Echo (a2rl-toy-plugin)" in message
+        assert "a2rl.benchmarks.gsm8k:GSM8K (built-in)" in message and "a2rl_toy_plugin.task:Echo (a2rl-toy-plugin)" in message
     finally:
         monkeypatch.undo()
-        benchmarks.TASKS.refresh()
+        a2rl.benchmarks.TASKS.refresh()
 
 
 def test_an_unknown_or_broken_plugin_is_one_clear_error(tmp_path, monkeypatch):
     with pytest.raises(KeyError, match="unknown task 'nope'; known tasks: .*gsm8k"):
-        benchmarks.get_task("nope")
+        a2rl.benchmarks.get_task("nope")
     root = _plugin_package(tmp_path / "site", """
         [a2rl.agents]
         broken = a2rl_toy_plugin.missing:Nothing
         """)
     monkeypatch.syspath_prepend(str(root))
-    agents.AGENTS.refresh()
+    a2rl.agents.AGENTS.refresh()
     try:
         with pytest.raises(PluginError, match=r"agent 'broken' \(a2rl_toy_plugin.missing:Nothing, from a2rl-toy-plugin\) "
                                               r"does not load"):
-            agents.agent_class("broken")
-        assert agents.agent_class("reference-sft").id == "reference-sft"  # a broken plug-in breaks only itself
+            a2rl.agents.agent_class("broken")
+        assert a2rl.agents.agent_class("reference-sft").id == "reference-sft"  # a broken plug-in breaks only itself
     finally:
         monkeypatch.undo()
-        agents.AGENTS.refresh()
+        a2rl.agents.AGENTS.refresh()

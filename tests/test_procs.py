@@ -43,7 +43,7 @@ HARNESS = textwrap.dedent("""
     from pathlib import Path
     from a2rl.grading.clock import BudgetClock
     from a2rl.isolation.sandbox import SandboxPolicy
-    from agents.base import Agent, AgentEnv, run_agent
+    from a2rl.agents.base import Agent, AgentEnv, run_agent
 
     ws, sandboxed = Path(sys.argv[1]), sys.argv[2] == "1"
 

@@ -137,7 +137,7 @@ def test_resource_sampler_measures_the_agent_process_tree(run_dir: Path):
 
 def test_agents_llm_and_tool_call_logs_become_store_rows(tmp_path: Path):
     from a2rl.jsonl import append_jsonl
-    from agents.base import LLMCallEvent, ToolCallEvent
+    from a2rl.agents.base import LLMCallEvent, ToolCallEvent
 
     calls = tmp_path / "llm_calls.jsonl"
     append_jsonl(calls, LLMCallEvent(call=1, model="claude-x", input_tokens=100, output_tokens=20,

@@ -27,8 +27,8 @@ from a2rl.paths import a2rl_home
 from a2rl.records import EvalResult, LedgerEntry, RunConfig
 from a2rl.isolation.sandbox import Limits, SandboxPolicy, agent_uid, sandbox_mode, wrap
 from a2rl.workspace import RunPaths
-from agents.base import Agent, AgentEnv, agent_environment, run_agent
-from benchmarks import get_task
+from a2rl.agents.base import Agent, AgentEnv, agent_environment, run_agent
+from a2rl.benchmarks import get_task
 from tests.redteam_agent import ATTEMPTS, QUOTA_ATTEMPT
 from tests.sandbox_support import needs_bwrap
 
@@ -305,7 +305,7 @@ def test_many_files_filling_the_disk_are_stopped_by_the_quota(tmp_path, tiny_mod
 
 def test_reference_agent_trains_and_submits_inside_the_sandbox(tmp_path, tiny_model_dir, monkeypatch):
     """The sandbox is no use if it breaks honest agents: TRL training, tokenizers, HTTP submission all work."""
-    from agents.reference_sft.adapter import ReferenceSFT
+    from a2rl.agents.reference_sft.adapter import ReferenceSFT
 
     for key, value in {"A2RL_SFT_MAX_STEPS": "2", "A2RL_SFT_BATCH_SIZE": "2", "A2RL_SFT_MAX_LENGTH": "128",
                        "A2RL_SFT_TRAIN_S": "20", "A2RL_SFT_LR": "5e-3"}.items():  # fmt: skip
@@ -669,7 +669,7 @@ def test_a_tampered_ledger_gets_no_number_from_the_summary_or_from_ingest(tmp_pa
     from a2rl.run import RunContext, write_manifest
     from a2rl.store.ingest import ingest_run_dir
     from a2rl.store.results import ResultsStore
-    from tasks.summary_steps import write_summary
+    from a2rl.tasks.summary_steps import write_summary
 
     get_task("gsm8k").prepare("offline")
     paths, store, service = _served(tmp_path, tiny_model_dir)
@@ -844,7 +844,7 @@ def test_agent_chosen_text_stays_text_in_the_report_the_log_and_the_display(tmp_
     from a2rl.ops.progress import RunProgress, Snapshot
     from a2rl.records import RunSummary
     from a2rl.summary.report import render_markdown
-    from tasks.session_steps import SessionRecorder
+    from a2rl.tasks.session_steps import SessionRecorder
 
     paths, store, service = _served(tmp_path, tiny_model_dir)
     shutil.copytree(tiny_model_dir, paths.workspace / "output" / FORGED_NAME)
@@ -1171,7 +1171,7 @@ def test_a_forged_run_from_another_host_is_refused_and_never_replaces_a_verified
     assert store.get_run(run_id)["variant_label"].endswith("[UNVERIFIED]")  # the figures' panel titles
     assert store.query("SELECT text FROM metrics WHERE run_id = ? AND name = 'ledger_verification'",
                        [run_id])["text"].tolist() == ["unverified"]  # fmt: skip
-    from flows.analysis_flow import run_analysis
+    from a2rl.flows.analysis_flow import run_analysis
 
     run_analysis(other, tmp_path / "analysis")
     shown = [p for p in (tmp_path / "analysis").rglob("*") if p.suffix in (".csv", ".html", ".md")

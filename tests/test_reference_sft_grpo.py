@@ -14,10 +14,10 @@ from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingServ
 from a2rl.records import EvalResult, RunConfig
 from a2rl.grading.route_audit import route_label
 from a2rl.workspace import RunPaths, build_workspace
-from agents import AgentEnv, get_agent, run_agent
-from agents.reference_sft_grpo import grpo_env_torch, sft_torch
-from agents.reference_sft_grpo import sft_grpo_session
-from agents.reference_sft_grpo.sft_grpo_session import Knobs, read_mode, sft_finished
+from a2rl.agents import AgentEnv, get_agent, run_agent
+from a2rl.agents.reference_sft_grpo import grpo_env_torch, sft_torch
+from a2rl.agents.reference_sft_grpo import sft_grpo_session
+from a2rl.agents.reference_sft_grpo.sft_grpo_session import Knobs, read_mode, sft_finished
 
 
 # -- the stop rule and the rewards ----------------------------------------------------------------------------
@@ -102,7 +102,7 @@ def test_knobs_default_to_the_gpu_recipe():
 @pytest.fixture(scope="module")
 def alfworld_data(tmp_path_factory) -> Path:
     """The alfworld workspace data: 8 training games, 40 worked examples, the environments."""
-    from benchmarks import get_task
+    from a2rl.benchmarks import get_task
 
     public = get_task("alfworld").prepare("offline").public_dir
     data = tmp_path_factory.mktemp("alfworld-data")
@@ -273,7 +273,7 @@ def test_gigpo_credits_the_action_taken_from_a_shared_state():
 
 
 def test_household_state_key_tells_states_apart():
-    from benchmarks import get_task
+    from a2rl.benchmarks import get_task
 
     task = get_task("alfworld")
     goal = task.load("offline").train[0]

@@ -68,7 +68,7 @@ def test_a_worker_that_cannot_start_is_one_clear_error(tiny_model_dir: Path) -> 
 
 def test_evaluator_vllm_backend_uses_the_configured_worker(tiny_model_dir: Path, monkeypatch) -> None:
     from a2rl.inference.evaluation import EvalSpec, evaluate
-    from benchmarks import get_task
+    from a2rl.benchmarks import get_task
 
     spec = EvalSpec.of(get_task("gsm8k"), "offline", "validation", limit=4)
     local = evaluate(tiny_model_dir, spec)

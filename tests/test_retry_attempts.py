@@ -30,7 +30,7 @@ FIRST_ATTEMPT = """
 import sys
 from pathlib import Path
 from a2rl.run import RunContext
-from flows.benchmark_run import agent_session
+from a2rl.flows.benchmark_run import agent_session
 
 ctx = RunContext.model_validate_json(Path(sys.argv[1]).read_text())
 agent_session(ctx, {}, Path(sys.argv[2]), grace_s=3)
@@ -70,8 +70,8 @@ def test_a_retry_after_the_harness_died_mid_training_runs_one_agent_and_complete
 ):
     from prefect.settings import PREFECT_API_URL
 
-    from flows.benchmark_run import agent_session, final_grading, provision_workspace
-    from tasks.run_steps import open_run
+    from a2rl.flows.benchmark_run import agent_session, final_grading, provision_workspace
+    from a2rl.tasks.run_steps import open_run
 
     config = RunConfig(base_model=str(tiny_model_dir), budget_s=60, val_limit=2, test_limit=2, max_submissions=1,
                        sandbox="auto")  # fmt: skip

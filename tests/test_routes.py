@@ -10,7 +10,7 @@ import pytest
 
 from a2rl.grading.route_audit import (analyze_python, analyze_routes, check_mode, check_snapshot, combine_methods,
                                       route_label)
-from agents import get_agent
+from a2rl.agents import get_agent
 
 # -- real training scripts, as an agent would write them (they read MODEL_PATH, DATA_PATH, OUTPUT_DIR) ------
 SFT_TRL = '''\

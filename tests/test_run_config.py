@@ -27,8 +27,8 @@ from a2rl.run_options import (
     resolve_results,
     run_parameters,
 )
-from flows.benchmark_run import benchmark_run
-from flows.sweep import SweepConfig, sweep
+from a2rl.flows.benchmark_run import benchmark_run
+from a2rl.flows.sweep import SweepConfig, sweep
 
 PREFECT_YAML = Path(__file__).resolve().parent.parent / "prefect.yaml"
 FIELDS = list(RunConfig.model_fields)

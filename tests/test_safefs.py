@@ -165,7 +165,7 @@ def test_walk_lists_links_as_links_and_never_enters_them(tmp_path: Path, host: P
 
 
 def test_a_retried_install_replaces_links_the_agent_left_instead_of_writing_through_them(tmp_path: Path, host: Path):
-    from agents.reference_sft.adapter import ReferenceSFT
+    from a2rl.agents.reference_sft.adapter import ReferenceSFT
 
     ws = tmp_path / "ws"
     (ws / "code").mkdir(parents=True)

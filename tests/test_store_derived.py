@@ -14,7 +14,7 @@ import pytest
 
 from a2rl.store.results import ResultsStore
 from a2rl.store.schema import MIGRATIONS, Step
-from analysis.synthetic import SyntheticSpec, stage_study_frames, synthetic_frames
+from a2rl.analysis.synthetic import SyntheticSpec, stage_study_frames, synthetic_frames
 from tests.analysis_stores import random_specs, twin_specs, write_store, zero_submission_specs
 
 ORACLE_VERSION = 10  # the last schema whose views computed the derived numbers in SQL

@@ -81,7 +81,7 @@ def test_every_hosts_runs_merge_into_one_completed_row_per_configuration_and_mer
     assert {o.status for o in again.outcomes if o.status != "unfinished" and o.status != "superseded"} == {"unchanged"}
     assert again.count("unchanged") == 4
 
-    from flows.sweep import completed_hashes
+    from a2rl.flows.sweep import completed_hashes
 
     assert completed_hashes(central) == {c.config_hash() for c in CONFIGS.values()}  # a sweep skips them all
 
@@ -251,7 +251,7 @@ def rewrite_final_score(harness: Path, score: float) -> None:
 def test_the_merge_deployment_names_its_flows_parameters_runs_beside_the_sweeps_and_is_off_until_resumed():
     import inspect
 
-    from flows.merge_flow import merge_stores_flow
+    from a2rl.flows.merge_flow import merge_stores_flow
     from tests.test_run_config import deployments
 
     merge_dep, nightly = deployments()["merge-stores"], deployments()["nightly-sweep"]

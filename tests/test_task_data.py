@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import benchmarks
-from benchmarks.base import TASK_FILE, TaskFileError
+import a2rl.benchmarks
+from a2rl.benchmarks.base import TASK_FILE, TaskFileError
 
 REPO = Path(__file__).resolve().parents[1]
 SNAPSHOT = Path(__file__).parent / "data" / "task_fields.json"
@@ -30,7 +30,7 @@ def _plain(value):
 
 
 def _fields(task_id: str) -> dict:
-    cls = benchmarks.TASKS.load(task_id)
+    cls = a2rl.benchmarks.TASKS.load(task_id)
     task = cls()
     every = dataclasses.fields(task)
     fields = {f.name: _plain(getattr(task, f.name)) for f in every if f.name != "_judge_lock"}  # a lock: no value
@@ -45,11 +45,11 @@ def _fields(task_id: str) -> dict:
 @pytest.mark.parametrize("task_id", sorted(json.loads(SNAPSHOT.read_text())))
 def test_every_task_is_built_as_it_was_before_its_fields_moved_to_data(task_id):
     assert _fields(task_id) == json.loads(SNAPSHOT.read_text())[task_id]
-    assert (benchmarks.TASKS.load(task_id)().package_dir / TASK_FILE).is_file()
+    assert (a2rl.benchmarks.TASKS.load(task_id)().package_dir / TASK_FILE).is_file()
 
 
 def test_each_task_object_gets_its_own_copy_of_mutable_fields():
-    a, b = benchmarks.get_task("gsm8k"), benchmarks.get_task("gsm8k")
+    a, b = a2rl.benchmarks.get_task("gsm8k"), a2rl.benchmarks.get_task("gsm8k")
     a.variant_labels["offline"] = "changed"
     assert b.variant_labels["offline"] != "changed"
 
@@ -77,7 +77,7 @@ offline = "made up"
 
 TASK_PY = """\
 from dataclasses import dataclass
-from benchmarks.base import BenchmarkTask
+from a2rl.benchmarks.base import BenchmarkTask
 
 
 @dataclass

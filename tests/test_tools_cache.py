@@ -60,7 +60,7 @@ def test_uv_is_installed_once_per_version_even_by_clones_at_the_same_time(tmp_pa
 
 
 def test_a_checkout_links_the_shared_install_and_the_sandbox_binds_its_real_paths():
-    from agents.cli_agents import install
+    from a2rl.agents.cli_agents import install
 
     link = install.TOOLS_DIR / "npm"
     if not link.is_symlink():

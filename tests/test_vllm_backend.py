@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 
 from a2rl.inference.evaluation import EvalSpec, evaluate
-from benchmarks import get_task
+from a2rl.benchmarks import get_task
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 

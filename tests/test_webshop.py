@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from benchmarks.base import TaskData
-from benchmarks.envs.shop import ShopEnv, oracle_actions, shop_reward
-from benchmarks.webshop import WebShop, WebShopDataError
-from benchmarks.webshop.task import MANIFEST, build_offline_manifest, load_full, load_offline, offline_catalog
+from a2rl.benchmarks.base import TaskData
+from a2rl.benchmarks.envs.shop import ShopEnv, oracle_actions, shop_reward
+from a2rl.benchmarks.webshop import WebShop, WebShopDataError
+from a2rl.benchmarks.webshop.task import MANIFEST, build_offline_manifest, load_full, load_offline, offline_catalog
 
 
 @pytest.fixture(scope="module")

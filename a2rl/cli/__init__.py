@@ -102,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from a2rl.cli.display import set_prefect_console_level
     from a2rl.cli.errors import validation_line
     from a2rl.run_options import config_from_args, option_name
-    from tasks.preflight import PreflightError, check_run
+    from a2rl.tasks.preflight import PreflightError, check_run
 
     set_prefect_console_level(args.log_level)  # the checks may load Prefect (saved drivers): its exit notices too
     try:
@@ -130,7 +130,7 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
         with RunDisplay(announce) as display:  # from the start: every wait has its word
             display.waiting("loading Prefect and the pipeline")
             set_prefect_console_level(args.log_level)
-            from flows.benchmark_run import benchmark_run
+            from a2rl.flows.benchmark_run import benchmark_run
 
             set_prefect_console_level(args.log_level)
             logging.captureWarnings(True)  # library warnings go to the run's log, not between the display's lines
@@ -233,10 +233,10 @@ def render_summary(s, results: str, wall_s: float) -> str:
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
-    from benchmarks import list_tasks
+    from a2rl.benchmarks import list_tasks
 
     if args.action == "show":
-        from benchmarks.describe import describe_task
+        from a2rl.benchmarks.describe import describe_task
 
         if not args.task_id:
             print("usage: a2rl tasks show TASK_ID (a benchmark task id: `a2rl tasks` lists them)", file=sys.stderr)
@@ -265,17 +265,17 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 def _check_store(results: Path) -> None:
     """A results file that is no DuckDB store (a text file, a torn copy) is a mistake: one line, exit 2."""
-    from tasks.preflight import check_results_file
+    from a2rl.tasks.preflight import check_results_file
 
     if results.is_file() and results.stat().st_size > 0:
         check_results_file(results)
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from flows.analysis_flow import run_analysis
+    from a2rl.flows.analysis_flow import run_analysis
 
     if args.synthetic is not None:
-        from analysis.synthetic import demo_spec, write_synthetic_store
+        from a2rl.analysis.synthetic import demo_spec, write_synthetic_store
 
         if Path(args.results).exists():
             print(f"--synthetic writes a new store, and {args.results} exists; name another --results", file=sys.stderr)
@@ -286,7 +286,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         return 1
     _check_store(Path(args.results))
     from a2rl.setting import SETTING_KEY
-    from analysis.compare import setting_field
+    from a2rl.analysis.compare import setting_field
 
     compare = tuple(args.compare) if args.compare else None
     if compare and (len(compare) > 3 or (len(compare) != 2 and setting_field(compare[0]) is None)):
@@ -429,9 +429,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         os.environ["PREFECT_API_URL"] = url
     from a2rl.records import RunConfig
     from a2rl.run_options import MATRIX_FIELDS, RunOptions, common_from_args
-    from flows.sweep import SweepConfig, SweepMatrix, completed_hashes, plan_sweep, sweep
+    from a2rl.flows.sweep import SweepConfig, SweepMatrix, completed_hashes, plan_sweep, sweep
 
-    from tasks.preflight import check_sweep
+    from a2rl.tasks.preflight import check_sweep
 
     config = SweepConfig(
         run=RunConfig(**common_from_args(args)),  # the matrix's axes vary the rest
@@ -589,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     from a2rl.cli.catalog import cmd_agents, cmd_drivers
     from a2rl.cli.errors import interrupted_how, terminate_like_ctrl_c, validation_line
     from a2rl.ops.prefect_local import OpsError
-    from tasks.preflight import PreflightError
+    from a2rl.tasks.preflight import PreflightError
 
     _quiet_defaults()
     argv = sys.argv[1:] if argv is None else argv

@@ -1,6 +1,6 @@
 """`a2rl agents` and `a2rl drivers add|list|rm`: what can run, and the driver LLMs saved for it.
 
-The driver options are made from `blocks.DriverConfig`'s fields, so a field added there (a provider kind,
+The driver options are made from `a2rl.blocks.DriverConfig`'s fields, so a field added there (a provider kind,
 a price) appears on the command line without a change here.
 """
 
@@ -46,7 +46,7 @@ class AgentInfo:
 
 
 def agent_infos() -> list[AgentInfo]:
-    from agents import agent_class, list_agents
+    from a2rl.agents import agent_class, list_agents
 
     infos = []
     for agent_id in list_agents():
@@ -87,7 +87,7 @@ def cmd_agents(args: argparse.Namespace) -> int:
 def installed(program: str) -> str:
     """Where the agent's CLI is (PATH first, then the project's tools), with its version where the install
     records one (an npm package.json; nothing is run), or that it is missing and how to get it."""
-    from agents.cli_agents.install import find_cli, npm_package
+    from a2rl.agents.cli_agents.install import find_cli, npm_package
 
     found = find_cli(program)
     if found is None:
@@ -130,7 +130,7 @@ def add_driver_parsers(sub, with_fields: bool = True) -> None:
 
 
 def _add_field_options(add: argparse.ArgumentParser) -> None:
-    from blocks import DriverConfig
+    from a2rl.blocks import DriverConfig
 
     for name, field in DriverConfig.model_fields.items():
         if name in (KEY_FIELD, KEY_ENV_FIELD):  # one way to give a key here: --key-env or --key-prompt
@@ -162,7 +162,7 @@ def cmd_drivers(args: argparse.Namespace) -> int:
 
 
 def _drivers_add(args: argparse.Namespace) -> int:
-    from blocks import DriverConfig
+    from a2rl.blocks import DriverConfig
 
     fields = {name: getattr(args, name) for name in DriverConfig.model_fields if name not in (KEY_FIELD, KEY_ENV_FIELD)}
     if args.key_env:
@@ -199,8 +199,8 @@ def _saved_drivers():
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 
-    from tasks.preflight import saved_blocks_possible
-    from blocks import DriverConfig
+    from a2rl.tasks.preflight import saved_blocks_possible
+    from a2rl.blocks import DriverConfig
 
     if not saved_blocks_possible():
         return []
@@ -229,7 +229,7 @@ def _drivers_list(args: argparse.Namespace) -> int:
 
 
 def _drivers_rm(args: argparse.Namespace) -> int:
-    from blocks import DriverConfig
+    from a2rl.blocks import DriverConfig
 
     if args.name not in _saved_driver_names():
         print(f"a2rl: no saved driver named {args.name!r} (see: a2rl drivers list)", file=sys.stderr)

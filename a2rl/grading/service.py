@@ -74,7 +74,7 @@ class GradingContext:
     """The run's results store (`a2rl.store.results.ResultsStore`): every ledger head is anchored there and every
     line and evaluation recorded (`a2rl.grading.record.RunBook`); None: the ledger and evaluation files only."""
     task: BenchmarkTask | None = None
-    """The task object `config.task` names (`benchmarks.get_task`), resolved by whoever starts the service;
+    """The task object `config.task` names (`a2rl.benchmarks.get_task`), resolved by whoever starts the service;
     needed by the real evaluator (`evaluate_cached`), not by a test's own."""
     on_process: Callable[[Any], None] | None = None
     """Told every evaluation process as it starts (`a2rl.isolation.procs.Started`: pid and start time), e.g. to

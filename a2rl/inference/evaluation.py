@@ -4,7 +4,7 @@
 memory limit, so that a crash or an out-of-memory kill costs that evaluation only (its stderr goes to the harness log, never to the agent);
 results are cached by content hash of the weights, the evaluator id and the split selection.
 
-The task is an object the caller resolves (`benchmarks.get_task(config.task)` in the flow's steps): the library
+The task is an object the caller resolves (`a2rl.benchmarks.get_task(config.task)` in the flow's steps): the library
 never looks a task up by id. The evaluation process rebuilds it from its class (`task_class_ref`), which is why
 a task class must be constructible without arguments, as every class in `benchmarks` is.
 """
@@ -66,7 +66,7 @@ class EvalSpec:
     def task_object(self) -> BenchmarkTask:
         if self.evaluator is None:
             raise ValueError(f"no task object for {self.task!r}: the caller resolves the task id "
-                             f"(e.g. EvalSpec.of(benchmarks.get_task({self.task!r}), ...))")  # fmt: skip
+                             f"(e.g. EvalSpec.of(a2rl.benchmarks.get_task({self.task!r}), ...))")  # fmt: skip
         if self.evaluator.id != self.task:
             raise ValueError(f"task object {self.evaluator.id!r} does not match the spec's task {self.task!r}")
         return self.evaluator

@@ -825,7 +825,7 @@ MIGRATIONS: list[str | Step] = [
     """,
     # 10 (issue 34): the mode × task view's flags said "best"/"worst" for any highest/lowest mean, however
     # small the difference; they are named for what they are. Best and worst are marked only where the paired
-    # comparison with the runner-up leaves 0 out, in Python (`analysis.compare.marks`), not in SQL.
+    # comparison with the runner-up leaves 0 out, in Python (`a2rl.analysis.compare.marks`), not in SQL.
     """
     CREATE OR REPLACE VIEW mode_task_matrix AS
     SELECT *,

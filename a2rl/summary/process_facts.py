@@ -7,7 +7,7 @@ Everything except the narrative is computed deterministically from the ledger, t
 resource samples, so a re-run of the summary gives the same facts. Times are on the agent's budget clock
 (`agent_elapsed_s`: grading pauses it), not wall-clock seconds as in the original. The other parts live in
 their own modules: route labels (`a2rl.summary.route_labels`), failure classes (`a2rl.summary.verdicts`), the narrative
-(`a2rl.summary.narrative`) and store ingestion (`a2rl.store.ingest`); the per-run figure (`analysis.run_figure`) is drawn by
+(`a2rl.summary.narrative`) and store ingestion (`a2rl.store.ingest`); the per-run figure (`a2rl.analysis.run_figure`) is drawn by
 the flow's summary step, since the library does not import `analysis`.
 """
 

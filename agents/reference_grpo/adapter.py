@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from a2rl.isolation import safefs
-from agents.base import Agent
+from a2rl.agents.base import Agent
 
 HERE = Path(__file__).parent
 REFERENCE_SFT = HERE.parent / "reference_sft"

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from a2rl.isolation import safefs
-from agents.base import Agent
+from a2rl.agents.base import Agent
 
 SCRIPTS = ("agent.py", "train_sft.py", "train_common.py", "train_precision.py")
 

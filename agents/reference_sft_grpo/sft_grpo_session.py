@@ -26,8 +26,8 @@ try:  # in a workspace: the copies beside this file
     import round_loop as loop
     import sft_torch
 except ImportError:  # in the harness's source tree
-    from agents.reference_sft import agent as loop
-    from agents.reference_sft_grpo import sft_torch
+    from a2rl.agents.reference_sft import agent as loop
+    from a2rl.agents.reference_sft_grpo import sft_torch
 
 RL_FILES = ("train_grpo.py", "train_grpo_env.py", "grpo_env_torch.py")
 """Files of ``code/`` that hold RL code: removed in mode sft-only, so every snapshot is SFT only."""
@@ -250,7 +250,7 @@ class InteractiveSession:
         try:
             import grpo_env_torch
         except ImportError:
-            from agents.reference_sft_grpo import grpo_env_torch
+            from a2rl.agents.reference_sft_grpo import grpo_env_torch
         k = self.k
         envlib = grpo_env_torch.import_envlib(self.s.data_path)
         return grpo_env_torch.GRPOEnv(
@@ -311,7 +311,7 @@ class InteractiveSession:
         try:
             from train_sft import save_checkpoint
         except ImportError:
-            from agents.reference_sft.train_sft import save_checkpoint
+            from a2rl.agents.reference_sft.train_sft import save_checkpoint
         out = self.s.output_dir / f"v{loop.next_version(self.s.output_dir)}"
         self.s.output_dir.mkdir(parents=True, exist_ok=True)
         save_checkpoint(self.model, self.tokenizer, out)

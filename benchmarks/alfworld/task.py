@@ -1,6 +1,6 @@
 """ALFWorld (L3): offline, ALFWorld-style games generated from the alfworld wheel (our own simulation of
 its domain); `full`, the real ALFWorld TextWorld games when downloaded. Regenerate the committed manifest with
-`python -c "from benchmarks.alfworld.task import write_offline_manifest; write_offline_manifest()"`.
+`python -c "from a2rl.benchmarks.alfworld.task import write_offline_manifest; write_offline_manifest()"`.
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.alfworld.games import PACKAGE, VERSION, ALFWorldDataError, game_hash, generate_game, layout_names
-from benchmarks.base import Item, Messages, TaskData
-from benchmarks.envs.base import StepResult, TextEnv
-from benchmarks.envs.household import SIMULATION_VERSION, HouseholdEnv, household_prompt
-from benchmarks.envs.splits import read_manifest, write_manifest
-from benchmarks.envs.task import InteractiveTask
+from a2rl.benchmarks.alfworld.games import PACKAGE, VERSION, ALFWorldDataError, game_hash, generate_game, layout_names
+from a2rl.benchmarks.base import Item, Messages, TaskData
+from a2rl.benchmarks.envs.base import StepResult, TextEnv
+from a2rl.benchmarks.envs.household import SIMULATION_VERSION, HouseholdEnv, household_prompt
+from a2rl.benchmarks.envs.splits import read_manifest, write_manifest
+from a2rl.benchmarks.envs.task import InteractiveTask
 
 MANIFEST = Path(__file__).resolve().parents[2] / "data" / "alfworld" / "split-offline.json"
-REGENERATE = "benchmarks.alfworld.task.write_offline_manifest()"
+REGENERATE = "a2rl.benchmarks.alfworld.task.write_offline_manifest()"
 SEEDS = {"train": (0, 600), "validation": (100_000, 60), "test": (200_000, 134)}
 """(first seed, number of games) per split; test has as many games as ALFWorld's valid_unseen."""
 

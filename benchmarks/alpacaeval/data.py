@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from a2rl.jsonl import read_jsonl
-from benchmarks.base import Item, TaskData, wheel_data_file
-from benchmarks.contamination import check_contamination, drop_contaminated
+from a2rl.benchmarks.base import Item, TaskData, wheel_data_file
+from a2rl.benchmarks.contamination import check_contamination, drop_contaminated
 
 SPLIT_SEED = 20260
 TRAIN_ROWS = 2000
@@ -199,7 +199,7 @@ def load_offline(manifest_path: Path = OFFLINE_MANIFEST) -> TaskData:
     """The offline split, checked against the committed manifest so that it can never drift silently."""
     if not manifest_path.is_file():
         raise AlpacaEvalDataError(
-            f"missing {manifest_path}; regenerate it with benchmarks.alpacaeval.data.write_offline_manifest()"
+            f"missing {manifest_path}; regenerate it with a2rl.benchmarks.alpacaeval.data.write_offline_manifest()"
         )
     committed = json.loads(manifest_path.read_text())
     for source in committed["sources"].values():  # cheap, and the likelier cause: check it first

