@@ -114,3 +114,49 @@ def test_the_vllm_environment_resolves():
     assert result.returncode == 0, f"requirements-vllm.txt does not resolve: {result.stderr.strip()[-800:]}"
     pins = dict(line.split("==", 1) for line in result.stdout.splitlines() if "==" in line and not line.startswith("#"))
     assert pins["vllm"].split()[0] == "0.31.0" and pins["torch"].split()[0].startswith("2.")
+
+
+def test_the_wheel_installs_one_top_level_name_and_imports_from_it(tmp_path):
+    """The repository keeps the design card's top-level folders, but the wheel puts only `a2rl` into site-packages
+    (`flows/` installs as `a2rl/flows/`, ...): no generic name such as `agents` (the OpenAI Agents SDK's) or
+    `tasks` to clash with another package. Built from a copy of the tracked files, as a fresh checkout would."""
+    import subprocess
+    import zipfile
+
+    source = tmp_path / "src"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for rel in filter(None, tracked.decode().split("\0")):
+        if (REPO / rel).is_file():
+            (source / rel).parent.mkdir(parents=True, exist_ok=True)
+            (source / rel).write_bytes((REPO / rel).read_bytes())
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
+                    str(source)], check=True, capture_output=True, timeout=600)  # fmt: skip
+    (wheel,) = wheels.glob("a2rl-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names} == {"a2rl", wheel.name.split("-py")[0] + ".dist-info"}
+    for package in PACKAGES[1:]:
+        assert f"a2rl/{package}/__init__.py" in names
+    assert "a2rl/benchmarks/gsm8k/description.md" in names and "a2rl/templates/instructions.md" in names
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    probe = ("import a2rl.flows.benchmark_run, a2rl.benchmarks, a2rl.agents, sys; "
+             "print(a2rl.benchmarks.get_task('gsm8k').package_dir, a2rl.__path__, "
+             "sorted(m for m in sys.modules if m.split('.')[0] in %r))" % (PACKAGES[1:],))  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={"PATH": "/usr/bin:/bin",
+                          "PYTHONPATH": str(site), "HOME": str(tmp_path)}, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert str(site / "a2rl" / "benchmarks" / "gsm8k") in done.stdout and done.stdout.rstrip().endswith("[]")
+
+
+def test_the_package_list_names_every_package_of_the_checkout():
+    """pyproject lists the packages one by one (a package-dir mapping cannot be found automatically): a new
+    package folder must join the list, or the wheel would ship without it."""
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = {"a2rl.templates"}
+    for top in PACKAGES:
+        for init in (REPO / top).rglob("__init__.py"):
+            dotted = ".".join(init.parent.relative_to(REPO).parts)
+            found.add(dotted if top == "a2rl" else f"a2rl.{dotted}")
+    assert set(setuptools["packages"]) == found
+    assert setuptools["package-dir"] == {f"a2rl.{top}": top for top in PACKAGES[1:]}

@@ -45,10 +45,9 @@ class CLIAgent(LLMAgent):
         return f"a driver speaking the {' or '.join(self.apis)} API; the `{self.executable}` CLI ({self.install_hint})"
 
     def command(self, workspace: Path) -> list[str]:
-        # The runner from this same checkout (not whichever `agents` the interpreter would import first): the
-        # harness and its runner are one program. That `agents` is this project's, not the OpenAI Agents SDK's,
-        # which imports under the same name (issue #38: the packages are to be renamed). A plug-in's module is
-        # imported from where the harness found it (for a built-in agent that is the same checkout).
+        # The runner from this same checkout (not whichever `a2rl` another install would give first): the harness
+        # and its runner are one program. A plug-in's module is imported from where the harness found it (for a
+        # built-in agent that is the same checkout).
         roots = [str(root) for root in dict.fromkeys([PROJECT_ROOT, import_root(type(self))]) if root is not None]
         paths = "".join(f"sys.path.insert(0, {root!r}); " for root in reversed(roots))
         bootstrap = (f"import runpy, sys; {paths}"
