@@ -208,6 +208,12 @@ SQL_COPIES = {  # matched against the SQL with its parentheses dropped (DuckDB s
     "the best so far": re.compile(r"max \w*\.?score OVER", re.I),
     "the final pick's evaluation": re.compile(r"kind = 'final' (OR|DESC)", re.I),
     "the gain floored at 0": re.compile(r"greatest coalesce (max )?\w*\.?(score|best_so_far) -", re.I),
+    # the interval maths of `a2rl.summary.intervals`, stored per setting by `a2rl.store.derived_intervals`
+    "the t quantile": re.compile(r"\bt975\b|12\.706"),
+    "the normal z of a 95% interval": re.compile(r"\b1\.96\b"),
+    "the binomial standard error": re.compile(r"\bbinomial_se\b|\* 1(\.0)? - \w", re.I),
+    "a standard error or half-width (a square root)": re.compile(r"\bsqrt\b", re.I),
+    "a variance over seeds or items": re.compile(r"\bvar_samp\b", re.I),
 }
 
 
@@ -229,7 +235,7 @@ def test_no_copy_of_a_rule_in_the_stores_sql(tmp_path):
 
     store = ResultsStore(tmp_path / "a2rl.duckdb")
     sql = store.query(CATALOG_SQL)
-    assert {"scaling_curve", "item_pairs", "budget_deltas"} <= set(sql["name"])
+    assert {"scaling_curve", "item_pairs", "budget_deltas", "setting_intervals", "noise_floor"} <= set(sql["name"])
     assert _sql_copies(list(zip(sql["name"], sql["sql"]))) == []
     with duckdb.connect() as con:  # the scan finds each copy where version 10's views still held it
         for step in MIGRATIONS[:10]:

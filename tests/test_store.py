@@ -178,12 +178,18 @@ def test_the_leak_audit_metric_survives_the_process_metrics(store: ResultsStore)
     assert ["leaked_items", 3.0] in names and len(names) == 3
 
 
-def test_sql_t_quantiles_and_binomial_se_match_python(store: ResultsStore):
-    from a2rl.summary.intervals import binomial_se, t975
+def test_the_stores_noise_is_pythons_binomial_se_and_its_sql_has_no_interval_macros(store: ResultsStore, tmp_path):
+    """One home for the interval maths: the stored noise is `binomial_se`'s (the macros `t975` and `binomial_se`
+    that computed it in SQL are gone)."""
+    from a2rl.summary.intervals import binomial_se
 
-    got = store.query("SELECT t975(1) AS a, t975(2) AS b, t975(30) AS c, t975(45) AS d, binomial_se(0, 32) AS e")
-    assert got.iloc[0].tolist() == pytest.approx([t975(1), t975(2), t975(30), t975(45), binomial_se(0.0, 32)])
+    store.start_run("r1", _config(seed=3), tmp_path / "runs" / "r1", "offline")
+    store.record_evaluation("r1", "baseline-test", "baseline", _eval("test", 0.0).model_copy(update={"n": 32}))
+    got = store.query("SELECT noise_se, n_items FROM noise_floor WHERE split = 'test'")
+    assert got.values.tolist() == [[pytest.approx(binomial_se(0.0, 32)), 32]]
     assert binomial_se(0.0, 32) > 3  # 0 of 32 right still has a sampling error
+    assert store.query("SELECT count(*) AS n FROM duckdb_functions() WHERE function_type = 'macro' "
+                       "AND function_name IN ('t975', 'binomial_se')")["n"][0] == 0
 
 
 def test_schema_version_is_one_and_reopening_does_not_migrate_again(tmp_path: Path):

@@ -30,6 +30,16 @@ def _oracle_views() -> dict[str, str]:
                 for name, sql in con.execute("SELECT view_name, sql FROM duckdb_views() WHERE NOT internal").fetchall()}
 
 
+def _oracle_macros() -> list[str]:
+    """The macros the views of schema version 10 called (the t quantile, the binomial SE), as SQL."""
+    with duckdb.connect() as con:
+        for step in MIGRATIONS[:ORACLE_VERSION]:
+            con.execute(step)
+        return [f"CREATE OR REPLACE MACRO {name}({', '.join(params)}) AS {body}" for name, params, body in con.execute(
+            "SELECT function_name, parameters, macro_definition FROM duckdb_functions() "
+            "WHERE function_type = 'macro' AND NOT internal").fetchall()]  # fmt: skip
+
+
 def _rows(con: duckdb.DuckDBPyConnection, views: list[str]) -> dict[str, pd.DataFrame]:
     return {v: con.execute(f"SELECT * FROM {v} ORDER BY ALL").df() for v in views}
 
@@ -70,7 +80,7 @@ def _compare_with_oracle(path: Path) -> None:
     with duckdb.connect(str(path), read_only=True) as con:
         got = _rows(con, sorted(oracle))
     with duckdb.connect(str(copy)) as con:
-        for sql in oracle.values():
+        for sql in [*_oracle_macros(), *oracle.values()]:
             con.execute(sql)
         want = _rows(con, sorted(oracle))
     problems = [p for v in sorted(oracle) for p in _same(v, got[v], want[v])]
@@ -85,7 +95,36 @@ def _frames_store(path: Path, frames: dict[str, pd.DataFrame]) -> Path:
     return path
 
 
+def _edge_store(path: Path) -> Path:
+    """Settings of every shape the intervals take, then edited run by run through the library: settings without
+    per-item results (with and without a known number of items), one seed, tied seeds, missing group keys; then a
+    run moved to another base model, one marked an infrastructure failure, one whose items are dropped."""
+    f = synthetic_frames(SyntheticSpec(n_seeds=3, n_items=6, seed=1)).frames
+    runs = f["runs"]
+    single = runs[(runs.task == "gsm8k") & (runs.agent == "agent-b") & (runs.seed > 0)].run_id
+    f = {t: frame[~frame.run_id.isin(single)].reset_index(drop=True) for t, frame in f.items()}
+    runs, evals = f["runs"], f["evaluations"]
+    lone = runs[(runs.task == "gsm8k") & (runs.agent == "agent-b")].run_id.iloc[1:2]  # a seed alone, no items
+    no_items = runs[(runs.task != "gsm8k") | runs.run_id.isin(lone)].run_id
+    f["item_results"] = f["item_results"][~f["item_results"].run_id.isin(no_items)]
+    evals.loc[evals.run_id.isin(runs[runs.task == "alfworld"].run_id), "n"] = None
+    tied = (runs.task == "alfworld") & (runs.agent == "agent-a")
+    runs.loc[tied, "delta_test"] = 2.0
+    runs.loc[tied, "final_test"] = runs.loc[tied, "baseline_test"] + 2.0
+    runs.loc[(runs.task == "gsm8k") & (runs["mode"] == "rl-only"), "variant"] = None
+    runs.loc[(runs.task == "humaneval") & (runs["mode"] == "free"), "base_model"] = None
+    _frames_store(path, f)
+    store = ResultsStore(path)
+    ids = runs.run_id.tolist()
+    moved = runs[runs.run_id == ids[0]].assign(base_model="another-model")
+    store.bulk_write("runs", moved)
+    store.record_metrics(ids[1], {"failure_class": "infrastructure failure"})
+    store.replace_run(ids[2], {"item_results": f["item_results"].iloc[:0]})
+    return path
+
+
 STORES = {
+    "edge shapes, edited run by run": _edge_store,
     "synthetic, per-item results and broken runs": lambda p: _frames_store(
         p, synthetic_frames(SyntheticSpec(n_seeds=3, n_items=12, broken_every=5, drivers=("none", "d1"))).frames),
     "synthetic, scores only": lambda p: _frames_store(p, synthetic_frames(SyntheticSpec(n_seeds=2)).frames),

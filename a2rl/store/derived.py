@@ -66,7 +66,7 @@ def refresh(con: duckdb.DuckDBPyConnection, run_ids: Iterable[str] | None = None
             rows["submission_derived"].append((run_id, s[1], baseline, b, gain_over_base(b, baseline)))
     for table, cols in DERIVED_COLUMNS.items():
         con.execute(f"DELETE FROM {table} {where}", params)
-        _insert(con, table, cols, rows[table])
+        insert_rows(con, table, cols, rows[table])
 
 
 def refresh_missing(con: duckdb.DuckDBPyConnection) -> None:
@@ -86,7 +86,8 @@ def _budget_gain(subs: list[tuple[Any, ...]], base_val: float | None, base_test:
                default=0.0)  # fmt: skip
 
 
-def _insert(con: duckdb.DuckDBPyConnection, table: str, cols: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+def insert_rows(con: duckdb.DuckDBPyConnection, table: str, cols: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+    """Insert `rows` (tuples in `cols` order) into a derived table."""
     if not rows:
         return
     if len(rows) <= _FRAME_ROWS:  # the grading service's one-submission writes skip pandas' import

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import duckdb
 
 from a2rl.locks import exclusive_lock
-from a2rl.store import derived
+from a2rl.store import derived, derived_intervals
 from a2rl.store.schema import MIGRATIONS, SCHEMA_VERSION, Step
 from a2rl.records import EvalResult, LedgerEntry, RunConfig, RunSummary, utcnow
 
@@ -37,8 +37,8 @@ STORE_BLOCK_SIZE = 16 * 1024
 # Metrics written by a step of their own (the leak audit), which a later `record_metrics` must not delete.
 KEPT_METRICS = ("leaked_items", "leak_verdict")
 
-# The tables a run's derived numbers (`a2rl.store.derived`) are computed from.
-DERIVED_FROM = {"runs", "submissions", "evaluations"}
+# The tables a run's derived numbers and its group's intervals (`a2rl.store.derived`, `derived_intervals`) come from.
+DERIVED_FROM = {"runs", "submissions", "evaluations", "item_results"}
 
 # Primary keys of the tables `bulk_write` may write.
 TABLE_KEYS: dict[str, tuple[str, ...]] = {
@@ -102,7 +102,7 @@ class ResultsStore:
         }
         with self._transaction() as con:
             _upsert(con, "runs", ("run_id",), row, keep_existing={"started_at"})
-            derived.refresh(con, [run_id])
+            _refresh_derived(con, [run_id])
 
     def finish_run(self, summary: RunSummary) -> None:
         """Write a run's headline numbers and final status (inserts the run if `start_run` never ran)."""
@@ -132,7 +132,7 @@ class ResultsStore:
         }
         with self._transaction() as con:
             _upsert(con, "runs", ("run_id",), row)
-            derived.refresh(con, [summary.run_id])
+            _refresh_derived(con, [summary.run_id])
 
     def record_submission(self, run_id: str, entry: LedgerEntry) -> None:
         """Upsert one submission from a ledger line.
@@ -167,7 +167,7 @@ class ResultsStore:
                 con, "submissions", ("run_id", "submission_id"), row,
                 keep_existing={"created_at"}, fill_missing=described,
             )
-            derived.refresh(con, [run_id])
+            _refresh_derived(con, [run_id])
 
     def record_evaluation(
         self,
@@ -202,7 +202,7 @@ class ResultsStore:
             if items:
                 con.executemany(f"INSERT INTO item_results ({', '.join(ITEM_COLUMNS)}) VALUES "
                                 f"({', '.join('?' for _ in ITEM_COLUMNS)})", [tuple(r.values()) for r in items])
-            derived.refresh(con, [run_id])
+            _refresh_derived(con, [run_id])
 
     def record_event(
         self, run_id: str, seq: int, kind: str, detail: Mapping[str, Any], at: datetime | None = None
@@ -270,7 +270,7 @@ class ResultsStore:
         with self._transaction() as con:
             for table in ("submissions", "evaluations", "item_results", "events"):
                 con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-            derived.refresh(con, [run_id])
+            _refresh_derived(con, [run_id])
 
     def record_metrics(self, run_id: str, metrics: Mapping[str, Any]) -> None:
         """Replace a run's process metrics. Numbers and booleans go to `value`, anything else to `text`
@@ -287,6 +287,7 @@ class ResultsStore:
                 con.execute(
                     "UPDATE runs SET failure_class = ? WHERE run_id = ?", [metrics["failure_class"], run_id]
                 )
+                derived_intervals.refresh(con, [run_id])  # an infrastructure failure leaves its setting's intervals
 
     def record_routes(
         self, run_id: str, routes: Mapping[int, str], code_shas: Mapping[int, str | None] | None = None
@@ -330,7 +331,7 @@ class ResultsStore:
                 con.execute(f"INSERT OR REPLACE INTO {table} BY NAME SELECT * FROM frame")
                 ((n,),) = con.execute("SELECT count(*) FROM frame").fetchall()
                 if table in DERIVED_FROM:
-                    derived.refresh(con, [r for (r,) in con.execute("SELECT DISTINCT run_id FROM frame").fetchall()])
+                    _refresh_derived(con, [r for (r,) in con.execute("SELECT DISTINCT run_id FROM frame").fetchall()])
             finally:
                 con.unregister("frame")
         return int(n)
@@ -350,12 +351,12 @@ class ResultsStore:
                 if len(frame):
                     _insert_frame(con, table, frame)
             if DERIVED_FROM & set(frames):
-                derived.refresh(con, [run_id])
+                _refresh_derived(con, [run_id])
 
     def refresh_derived(self) -> None:
         """Recompute every run's derived numbers (`a2rl.store.derived`): after editing stored rows by hand in SQL."""
         with self._transaction() as con:
-            derived.refresh(con)
+            _refresh_derived(con, None)
 
     # ---- reads --------------------------------------------------------------------------------------
 
@@ -488,6 +489,13 @@ def _migrate(con: duckdb.DuckDBPyConnection, path: Path) -> None:
             step.backfill(con)
         con.execute("INSERT INTO schema_version VALUES (?, ?)", [version, utcnow()])
     derived.refresh_missing(con)
+    derived_intervals.refresh_missing(con)
+
+
+def _refresh_derived(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None) -> None:
+    """The derived rows of `run_ids` (every run when None), then the intervals of their groups, which use them."""
+    derived.refresh(con, run_ids)
+    derived_intervals.refresh(con, run_ids)
 
 
 def _config_columns(config: RunConfig) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from a2rl.store import derived
+from a2rl.store import derived, derived_intervals
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,61 @@ class Step:
     sql: str
     backfill: Callable[[duckdb.DuckDBPyConnection], None]
 
+
+# The settings of the analysed runs, the CTE of `leaderboard_ci` (migrations 6 and 12 differ in what they join).
+_SETTINGS_OF_RUNS = """\
+    WITH s AS (
+        SELECT setting_id, task, variant, item_selection, base_model, agent, driver, mode, protocol, budget_s,
+               evaluator_id, any_value(variant_label) AS variant_label,
+               count(*)::BIGINT AS n, avg(delta_test) AS mean_delta, stddev_samp(delta_test) AS sd_delta,
+               avg(final_test) AS mean_final_test, avg(baseline_test) AS mean_baseline_test,
+               avg((delta_test > 0)::DOUBLE) AS improve_rate,
+               sum(n_mode_breaches)::BIGINT AS n_mode_breaches,
+               count(*) FILTER (WHERE n_mode_breaches > 0)::BIGINT AS runs_with_mode_breaches,
+               list(seed ORDER BY seed, run_id) AS seeds,
+               list(delta_test ORDER BY seed, run_id) AS deltas
+        FROM analysed_runs
+        GROUP BY setting_id, task, variant, item_selection, base_model, agent, driver, mode, protocol, budget_s,
+                 evaluator_id
+    )
+"""
+
+# The select of `leaderboard_ci` over its settings: their intervals (migration 12 selects the stored standard error
+# and joins the stored rows), the noise floor beside them.
+_LEADERBOARD_CI_SELECT = """\
+    SELECT s.*, {se_delta} AS se_delta,
+           i.ci_low, i.ci_high, coalesce(i.interval, 'n = 1: no interval') AS interval,
+           coalesce(i.verdict, 'no significant change') AS verdict, coalesce(i.n_items, 0)::BIGINT AS n_items,
+           coalesce(i.design, 'seeds') AS design,
+           nf.noise_se, nf.noise_floor, nf.noise_floor_source, nf.n_items AS noise_n_items
+    FROM s LEFT JOIN {intervals} i ON i.setting_id = s.setting_id AND i.metric = 'delta'
+    LEFT JOIN noise_floor nf
+      ON nf.split = 'test' AND (nf.task, nf.variant, nf.item_selection, nf.base_model, nf.evaluator_id)
+         = (s.task, s.variant, s.item_selection, s.base_model, s.evaluator_id);
+"""
+
+# The systems' rows of `system_task_scores` (migrations 6 and 12 differ in the Baseline row).
+_SYSTEM_ROWS = """\
+    SELECT 'system' AS row_kind, r.setting_id, r.agent, r.driver, r.mode, r.protocol, r.budget_s, r.task, r.variant,
+           r.item_selection, r.base_model, r.evaluator_id, count(*)::BIGINT AS n, avg(r.final_test) AS mean_score,
+           any_value(i.ci_low) AS ci_low, any_value(i.ci_high) AS ci_high,
+           coalesce(any_value(i.interval), 'n = 1: no interval') AS interval, any_value(i.n_items) AS n_items
+    FROM analysed_runs r LEFT JOIN setting_intervals i ON i.setting_id = r.setting_id AND i.metric = 'score'
+    GROUP BY r.setting_id, r.agent, r.driver, r.mode, r.protocol, r.budget_s, r.task, r.variant, r.item_selection,
+             r.base_model, r.evaluator_id
+    UNION ALL
+"""
+
+# The best gain of each run at each share of its budget (migrations 11 and 12 differ in the interval over them).
+_BUDGET_PER_RUN = """\
+    WITH per_run AS (
+        SELECT r.run_id, r.setting_id, r.delta_test, f.budget_fraction, d.feedback_split AS split,
+               coalesce(g.best_gain, 0.0) AS best_gain
+        FROM analysed_runs r CROSS JOIN (SELECT unnest([0.25, 0.5, 1.0]) AS budget_fraction) f
+        LEFT JOIN run_derived d ON d.run_id = r.run_id
+        LEFT JOIN budget_gains g ON g.run_id = r.run_id AND g.budget_fraction = f.budget_fraction
+    )
+"""
 
 # The budget table over its runs' gains (migrations 6 and 11 differ in how a run's gain is found).
 _BUDGET_DELTAS_SELECT = """\
@@ -675,29 +730,8 @@ MIGRATIONS: list[str | Step] = [
     -- one seed's Δ: its exact paired test is the run's (`a2rl analyze` reads it from item_pairs); SQL leaves it out
     WHERE NOT (metric = 'delta' AND k < 2 AND design = 'seeds × items');
     CREATE OR REPLACE VIEW leaderboard_ci AS
-    WITH s AS (
-        SELECT setting_id, task, variant, item_selection, base_model, agent, driver, mode, protocol, budget_s,
-               evaluator_id, any_value(variant_label) AS variant_label,
-               count(*)::BIGINT AS n, avg(delta_test) AS mean_delta, stddev_samp(delta_test) AS sd_delta,
-               avg(final_test) AS mean_final_test, avg(baseline_test) AS mean_baseline_test,
-               avg((delta_test > 0)::DOUBLE) AS improve_rate,
-               sum(n_mode_breaches)::BIGINT AS n_mode_breaches,
-               count(*) FILTER (WHERE n_mode_breaches > 0)::BIGINT AS runs_with_mode_breaches,
-               list(seed ORDER BY seed, run_id) AS seeds,
-               list(delta_test ORDER BY seed, run_id) AS deltas
-        FROM analysed_runs
-        GROUP BY setting_id, task, variant, item_selection, base_model, agent, driver, mode, protocol, budget_s,
-                 evaluator_id
-    )
-    SELECT s.*, s.sd_delta / sqrt(s.n) AS se_delta,
-           i.ci_low, i.ci_high, coalesce(i.interval, 'n = 1: no interval') AS interval,
-           coalesce(i.verdict, 'no significant change') AS verdict, coalesce(i.n_items, 0)::BIGINT AS n_items,
-           coalesce(i.design, 'seeds') AS design,
-           nf.noise_se, nf.noise_floor, nf.noise_floor_source, nf.n_items AS noise_n_items
-    FROM s LEFT JOIN setting_intervals i ON i.setting_id = s.setting_id AND i.metric = 'delta'
-    LEFT JOIN noise_floor nf
-      ON nf.split = 'test' AND (nf.task, nf.variant, nf.item_selection, nf.base_model, nf.evaluator_id)
-         = (s.task, s.variant, s.item_selection, s.base_model, s.evaluator_id);
+""" + _SETTINGS_OF_RUNS
+    + _LEADERBOARD_CI_SELECT.format(se_delta="s.sd_delta / sqrt(s.n)", intervals="setting_intervals") + """\
     CREATE OR REPLACE VIEW leaderboard AS SELECT * FROM leaderboard_ci ORDER BY task, mean_delta DESC NULLS LAST;
     CREATE OR REPLACE VIEW mode_task_matrix AS
     SELECT *,
@@ -722,14 +756,7 @@ MIGRATIONS: list[str | Step] = [
                100 * t975(count(*) - 1) * sqrt(var_samp(value) / count(*)) AS half
         FROM base_x GROUP BY ALL
     )
-    SELECT 'system' AS row_kind, r.setting_id, r.agent, r.driver, r.mode, r.protocol, r.budget_s, r.task, r.variant,
-           r.item_selection, r.base_model, r.evaluator_id, count(*)::BIGINT AS n, avg(r.final_test) AS mean_score,
-           any_value(i.ci_low) AS ci_low, any_value(i.ci_high) AS ci_high,
-           coalesce(any_value(i.interval), 'n = 1: no interval') AS interval, any_value(i.n_items) AS n_items
-    FROM analysed_runs r LEFT JOIN setting_intervals i ON i.setting_id = r.setting_id AND i.metric = 'score'
-    GROUP BY r.setting_id, r.agent, r.driver, r.mode, r.protocol, r.budget_s, r.task, r.variant, r.item_selection,
-             r.base_model, r.evaluator_id
-    UNION ALL
+""" + _SYSTEM_ROWS + """\
     SELECT 'baseline', NULL, 'Baseline', NULL, NULL, NULL, NULL, r.task, r.variant, r.item_selection, r.base_model,
            r.evaluator_id, 1, avg(r.baseline_test),
            CASE WHEN any_value(b.centre) IS NOT NULL OR any_value(nf.noise_se) IS NOT NULL THEN
@@ -876,14 +903,66 @@ MIGRATIONS: list[str | Step] = [
     JOIN item_results fi ON fi.run_id = d.run_id AND fi.eval_key = d.final_test_eval_key
     JOIN item_results bi ON bi.run_id = d.run_id AND bi.eval_key = d.base_test_eval_key AND bi.item_id = fi.item_id;
     CREATE OR REPLACE VIEW budget_deltas AS
-    WITH per_run AS (
-        SELECT r.run_id, r.setting_id, r.delta_test, f.budget_fraction, d.feedback_split AS split,
-               coalesce(g.best_gain, 0.0) AS best_gain
-        FROM analysed_runs r CROSS JOIN (SELECT unnest([0.25, 0.5, 1.0]) AS budget_fraction) f
-        LEFT JOIN run_derived d ON d.run_id = r.run_id
-        LEFT JOIN budget_gains g ON g.run_id = r.run_id AND g.budget_fraction = f.budget_fraction
-    )
-""" + _BUDGET_DELTAS_SELECT + """
+""" + _BUDGET_PER_RUN + _BUDGET_DELTAS_SELECT + """
     """, derived.refresh),
+    # 12 (issue 38): the intervals across the runs of a setting are computed once, in Python
+    # (`a2rl.store.derived_intervals`, by `a2rl.summary.intervals`), stored per group of runs (task, variant, item
+    # selection, base model) and selected by the views: a setting's Δ and score, their standard error, the budget
+    # gains' intervals, the base model's noise and the Baseline row. The views hold no t quantile, z or standard error
+    # any more, and the macros `t975` and `binomial_se` go. Rows already stored are backfilled.
+    Step("""
+    CREATE TABLE interval_runs (        -- each run's group, as its intervals were last computed
+        run_id VARCHAR PRIMARY KEY, task VARCHAR, variant VARCHAR, item_selection VARCHAR, base_model VARCHAR
+    );
+    CREATE TABLE noise_derived (        -- the `noise_floor` rows: the base model's item-level noise
+        task VARCHAR, variant VARCHAR, item_selection VARCHAR, base_model VARCHAR, evaluator_id VARCHAR,
+        split VARCHAR, n_rows BIGINT, k_reevaluations BIGINT, mean_baseline DOUBLE, range_baseline DOUBLE,
+        n_items BIGINT, is_binary BOOLEAN, sd_item DOUBLE, noise_se DOUBLE, noise_floor DOUBLE,
+        noise_floor_source VARCHAR
+    );
+    CREATE TABLE setting_derived (      -- per setting: metric 'delta' and 'score' (over seeds and shared items) and
+        task VARCHAR, variant VARCHAR, item_selection VARCHAR, base_model VARCHAR,  -- 'best_gain' per budget share
+        setting_id VARCHAR, metric VARCHAR, budget_fraction DOUBLE, design VARCHAR, n BIGINT, n_items BIGINT,
+        estimate DOUBLE, se DOUBLE, ci_low DOUBLE, ci_high DOUBLE, interval VARCHAR, verdict VARCHAR
+    );
+    CREATE TABLE baseline_derived (     -- the Baseline row of `system_task_scores`: its interval, in 0..100
+        task VARCHAR, variant VARCHAR, item_selection VARCHAR, base_model VARCHAR, evaluator_id VARCHAR,
+        n_items BIGINT, ci_low DOUBLE, ci_high DOUBLE, interval VARCHAR
+    );
+    CREATE OR REPLACE VIEW noise_floor AS
+    SELECT task, variant, item_selection, base_model, evaluator_id, split, n_rows, k_reevaluations, mean_baseline,
+           range_baseline, n_items, is_binary, sd_item, noise_se, noise_floor, noise_floor_source
+    FROM noise_derived;
+    CREATE OR REPLACE VIEW setting_intervals AS
+    SELECT setting_id, metric, design, n, n_items, estimate, ci_low, ci_high, interval, verdict
+    FROM setting_derived WHERE metric IN ('delta', 'score');
+    CREATE OR REPLACE VIEW leaderboard_ci AS
+""" + _SETTINGS_OF_RUNS + _LEADERBOARD_CI_SELECT.format(se_delta="i.se", intervals="setting_derived") + """\
+    CREATE OR REPLACE VIEW system_task_scores AS
+""" + _SYSTEM_ROWS + """\
+    SELECT 'baseline', NULL, 'Baseline', NULL, NULL, NULL, NULL, r.task, r.variant, r.item_selection, r.base_model,
+           r.evaluator_id, 1, avg(r.baseline_test), any_value(b.ci_low), any_value(b.ci_high), any_value(b.interval),
+           any_value(b.n_items)
+    FROM analysed_runs r LEFT JOIN baseline_derived b
+      ON r.task IS NOT DISTINCT FROM b.task AND r.variant IS NOT DISTINCT FROM b.variant
+         AND r.item_selection IS NOT DISTINCT FROM b.item_selection AND r.base_model IS NOT DISTINCT FROM b.base_model
+         AND r.evaluator_id IS NOT DISTINCT FROM b.evaluator_id
+    GROUP BY r.task, r.variant, r.item_selection, r.base_model, r.evaluator_id;
+    CREATE OR REPLACE VIEW budget_deltas AS
+""" + _BUDGET_PER_RUN + """\
+    SELECT l.setting_id, l.task, l.variant, l.item_selection, l.base_model, l.agent, l.driver, l.mode, l.protocol,
+           l.budget_s, l.evaluator_id, p.budget_fraction, any_value(p.split) AS split, count(*)::BIGINT AS n,
+           avg(p.best_gain) AS mean_best_gain, true AS floored_at_0, any_value(i.ci_low) AS ci_low,
+           any_value(i.ci_high) AS ci_high, any_value(i.interval) AS interval,
+           avg(p.delta_test) AS headline_delta_test
+    FROM per_run p JOIN leaderboard_ci l USING (setting_id)
+    LEFT JOIN setting_derived i
+      ON i.setting_id = p.setting_id AND i.metric = 'best_gain' AND i.budget_fraction = p.budget_fraction
+    GROUP BY l.setting_id, l.task, l.variant, l.item_selection, l.base_model, l.agent, l.driver, l.mode, l.protocol,
+             l.budget_s, l.evaluator_id, p.budget_fraction
+    ORDER BY l.task, l.variant, l.setting_id, p.budget_fraction;
+    DROP MACRO t975;
+    DROP MACRO binomial_se;
+    """, derived_intervals.refresh),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

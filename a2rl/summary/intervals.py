@@ -23,8 +23,8 @@ to what a score can be (a Δ within [-100, 100], a score within [0, 100]).
   items is known, a binomial bound for the items' sampling error; seeds that agree exactly get no interval.
 - Noise: the baseline's item-level standard error (Agresti-Coull binomial, or sd/sqrt(n) of graded items).
 
-All scores are on the 0-100 scale of the task's metric; item values are 0-1 (right/wrong, or graded). The store's
-views compute the same intervals in SQL (`a2rl.store.schema`, migration 5); a test checks that they agree.
+All scores are on the 0-100 scale of the task's metric; item values are 0-1 (right/wrong, or graded). The store keeps
+these intervals per setting, computed by these functions (`a2rl.store.derived_intervals`).
 """
 
 from __future__ import annotations
@@ -35,10 +35,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-# Two-sided 95% Student t quantiles for df = 1..30 (the store's `t975` macro holds the same table).
+# Two-sided 95% Student t quantiles for df = 1..30 (the store's `t975` macro held the same table, to schema 11).
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 Z975 = 1.959964
+Z975_PRINTED = 1.96
+"""The rounded z the store's Baseline row has always been computed with (kept, so that its numbers stay put)."""
 MIN_SEEDS = 2
 """The fewest seeds for an interval over seeds."""
 DELTA_PSEUDO = (-1.0, 1.0)
@@ -353,12 +355,23 @@ def baseline_se(scores: Sequence[float]) -> float:
         return math.nan
     if np.isin(s, (0.0, 1.0)).all():
         return binomial_se(100 * float(s.mean()), n)
-    return 100 * float(s.std()) / math.sqrt(n)
+    return item_se(float(s.std()), n)
+
+
+def item_se(sd: float, n: int) -> float:
+    """Standard error (points) of a mean over n graded items whose scores (0-1) have population sd `sd`: the
+    bootstrap SE of their mean."""
+    return 100 * sd / math.sqrt(max(n, 1))
+
+
+def agresti_coull_score(score: float, n: int) -> float:
+    """The Agresti-Coull centre (points) of a 0-100 score on n items: two right and two wrong items added."""
+    return 100 * (score / 100 * n + 2) / (n + 4)
 
 
 def binomial_se(score: float, n: int) -> float:
-    """Agresti-Coull standard error (points) of a 0-100 score on n items; the store's `binomial_se` macro."""
+    """Agresti-Coull standard error (points) of a 0-100 score on n items."""
     if not n:
         return math.nan
-    p = (score / 100 * n + 2) / (n + 4)
+    p = agresti_coull_score(score, n) / 100
     return 100 * math.sqrt(p * (1 - p) / (n + 4))
