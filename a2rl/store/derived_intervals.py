@@ -45,27 +45,28 @@ def refresh(con: duckdb.DuckDBPyConnection, run_ids: Iterable[str] | None = None
     ids = None if run_ids is None else sorted({str(r) for r in run_ids if r is not None})
     if ids == []:
         return
+    cols = ", ".join(GROUP)
+    run_sql = ("SELECT run_id, task, variant, item_selection, base_model, evaluator_id, setting_id, "
+               "excluded_because IS NULL AS analysed, delta_test, final_test, baseline_test FROM run_settings")
     if ids is None:
-        where, params = "", []
-    else:
-        cols = ", ".join(GROUP)
-        groups = set(con.execute(f"SELECT {cols} FROM run_settings WHERE list_contains(?::VARCHAR[], run_id) UNION "
-                                 f"SELECT {cols} FROM interval_runs WHERE list_contains(?::VARCHAR[], run_id)",
-                                 [ids, ids]).fetchall())  # fmt: skip
-        con.execute("DELETE FROM interval_runs WHERE list_contains(?::VARCHAR[], run_id)", [ids])
+        where, params, runs = "", [], con.execute(run_sql).fetchall()
+    else:  # the runs of the groups `ids` are in now or were in, in one pass over the view
+        match = " AND ".join(f"rs.{c} IS NOT DISTINCT FROM g.{c}" for c in GROUP)
+        runs = con.execute(f"WITH rs AS MATERIALIZED ({run_sql}), g AS ("
+                           f"SELECT {cols} FROM rs WHERE list_contains(?::VARCHAR[], run_id) UNION "
+                           f"SELECT {cols} FROM interval_runs WHERE list_contains(?::VARCHAR[], run_id)) "
+                           f"SELECT rs.* FROM rs SEMI JOIN g ON {match}", [ids, ids]).fetchall()  # fmt: skip
+        groups = {r[1:5] for r in runs} | set(con.execute(
+            f"SELECT {cols} FROM interval_runs WHERE list_contains(?::VARCHAR[], run_id)", [ids]).fetchall())
         if not groups:
             return
-        match = " AND ".join(f"{c} IS NOT DISTINCT FROM ?" for c in GROUP)
-        where = "WHERE " + " OR ".join(f"({match})" for _ in groups)
+        where = "WHERE " + " OR ".join(f"({' AND '.join(f'{c} IS NOT DISTINCT FROM ?' for c in GROUP)})"
+                                       for _ in groups)  # fmt: skip
         params = [v for g in sorted(groups, key=repr) for v in g]
-    runs = con.execute("SELECT run_id, task, variant, item_selection, base_model, evaluator_id, setting_id, "
-                       "excluded_because IS NULL, delta_test, final_test, baseline_test "
-                       f"FROM run_settings {where}", params).fetchall()  # fmt: skip
     for table in INTERVAL_COLUMNS:
         con.execute(f"DELETE FROM {table} {where}", params)
-    members = [r[0] for r in runs]
     analysed = [r for r in runs if r[7]]
-    noise = _noise_rows(con, members)
+    noise = _noise_rows(con, {r[0]: r[1:5] for r in runs})
     pairs: dict[str, list[tuple[Any, Any, Any]]] = defaultdict(list)
     gains: dict[tuple[str, float], float] = {}
     if analysed:
@@ -94,33 +95,36 @@ def refresh_missing(con: duckdb.DuckDBPyConnection) -> None:
     refresh(con, [r for (r,) in missing])
 
 
-def _noise_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> list[tuple[Any, ...]]:
+def _noise_rows(con: duckdb.DuckDBPyConnection, group_of: dict[str, tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     """The base model's baseline evaluations per group, evaluator and split, with their item-level noise. A greedy
     evaluator's re-evaluations repeat themselves and say nothing about item sampling, so they are only counted."""
-    if not run_ids:
+    if not group_of:
         return []
-    rows = con.execute("""
-        WITH items AS (
-            SELECT run_id, eval_key, count(*)::BIGINT AS n_items, stddev_pop(score) AS sd_item,
-                   bool_and(score IN (0, 1)) AS is_binary
-            FROM item_results WHERE list_contains(?::VARCHAR[], run_id) GROUP BY run_id, eval_key
-        )
-        SELECT rs.task, rs.variant, rs.item_selection, rs.base_model, e.evaluator_id, e.split,
-               count(*)::BIGINT, count(*) FILTER (WHERE NOT coalesce(e.cached, false))::BIGINT,
-               avg(e.score), max(e.score) - min(e.score), max(coalesce(i.n_items, e.n))::BIGINT,
-               bool_and(coalesce(i.is_binary, true)), avg(i.sd_item)
-        FROM evaluations e JOIN run_settings rs USING (run_id) LEFT JOIN items i USING (run_id, eval_key)
-        WHERE e.kind = 'baseline' AND e.score IS NOT NULL AND list_contains(?::VARCHAR[], e.run_id)
-        GROUP BY rs.task, rs.variant, rs.item_selection, rs.base_model, e.evaluator_id, e.split""",
-                       [run_ids, run_ids]).fetchall()  # fmt: skip
+    ids = sorted(group_of)
+    evals: dict[tuple[Any, ...], list[tuple[Any, ...]]] = defaultdict(list)
+    for run_id, evaluator_id, split, *row in con.execute("""
+            WITH items AS (
+                SELECT run_id, eval_key, count(*)::BIGINT AS n_items, stddev_pop(score) AS sd_item,
+                       bool_and(score IN (0, 1)) AS is_binary
+                FROM item_results WHERE list_contains(?::VARCHAR[], run_id) GROUP BY run_id, eval_key
+            )
+            SELECT e.run_id, e.evaluator_id, e.split, e.score, coalesce(e.cached, false),
+                   coalesce(i.n_items, e.n), coalesce(i.is_binary, true), i.sd_item
+            FROM evaluations e LEFT JOIN items i USING (run_id, eval_key)
+            WHERE e.kind = 'baseline' AND e.score IS NOT NULL AND list_contains(?::VARCHAR[], e.run_id)""",
+                                                         [ids, ids]).fetchall():  # fmt: skip
+        evals[(*group_of[run_id], evaluator_id, split)].append(row)
     out = []
-    for row in rows:
-        mean, n_items, is_binary, sd_item = row[8], row[10], row[11], row[12]
+    for key, rows in evals.items():
+        scores = [r[0] for r in rows]
+        ns, sds = [r[2] for r in rows if r[2] is not None], [r[4] for r in rows if r[4] is not None]
+        mean, n_items, is_binary = sum(scores) / len(scores), max(ns, default=None), all(r[3] for r in rows)
         if is_binary:
             se = binomial_se(mean, n_items) if n_items is not None else None
         else:  # (SQL's greatest(n, 1) took a missing n for 1)
-            se = item_se(sd_item, n_items or 1) if sd_item is not None else None
-        out.append((*row, _num(se), _num(2 * se) if _num(se) is not None else None,
+            se = item_se(sum(sds) / len(sds), n_items or 1) if sds else None
+        out.append((*key, len(rows), sum(not r[1] for r in rows), mean, max(scores) - min(scores), n_items, is_binary,
+                    sum(sds) / len(sds) if sds else None, _num(se), _num(2 * se) if _num(se) is not None else None,
                     "binomial SE of the baseline (Agresti-Coull), x2" if is_binary
                     else "bootstrap SE of the baseline item scores, x2"))  # fmt: skip
     return out
@@ -145,8 +149,8 @@ def _setting_rows(analysed: list[tuple[Any, ...]], pairs: dict[str, list[tuple[A
                 if metric == "delta" and k < 2:  # one seed's Δ: the run's own paired test (item_pairs) speaks for it
                     continue
                 values = table[1] - table[0] if metric == "delta" else table[1]
-                i = (seeds_items_interval(values) if metric == "delta" else
-                     seeds_items_interval(values, SCORE_PSEUDO, bounds=(0.0, 100.0)))
+                i = (seeds_items_interval(values, p_value=False) if metric == "delta" else
+                     seeds_items_interval(values, SCORE_PSEUDO, bounds=(0.0, 100.0), p_value=False))
                 row = ("seeds × items", i.n_items, i.estimate, i.low, i.high, i.method)
             else:
                 row = _seeds_row(metric, runs, test_noise.get((*group, runs[0][5])))
@@ -228,7 +232,7 @@ def _baseline_rows(analysed: list[tuple[Any, ...]], pairs: dict[str, list[tuple[
         noise = test_noise.get(key) if None not in key else None
         if items and None not in key:
             i = seeds_items_interval(np.array([[sum(v) / len(v) for v in items.values()]]), SCORE_PSEUDO,
-                                     bounds=(0.0, 100.0))
+                                     bounds=(0.0, 100.0), p_value=False)
             low, high, n_items = i.low, i.high, len(items)
             text = f"the base model on {n_items} items: t over items (+2 pseudo-items), in 0..100"
         else:

@@ -211,10 +211,11 @@ def crossed(values: np.ndarray, pseudo: tuple[float, float] = DELTA_PSEUDO) -> C
 
 
 def seeds_items_interval(values: np.ndarray, pseudo: tuple[float, float] = DELTA_PSEUDO,
-                         bounds: tuple[float, float] = (-100.0, 100.0)) -> Interval:
+                         bounds: tuple[float, float] = (-100.0, 100.0), p_value: bool = True) -> Interval:
     """95% interval (points) of the mean over k seeds × n shared items, from their item values (k × n; item
     differences in [-1, 1] for a Δ, item scores in [0, 1] with `pseudo=SCORE_PSEUDO`, `bounds=(0, 100)` for a
-    score). Its p-value is the test the interval inverts, so p < 0.05 exactly when the interval leaves 0 out."""
+    score). Its p-value is the test the interval inverts, so p < 0.05 exactly when the interval leaves 0 out
+    (`p_value=False` leaves it NaN: the store, which keeps no p-value, skips its root search on every write)."""
     v = np.atleast_2d(np.asarray(values, dtype=float))
     k, n = v.shape
     if n == 0:
@@ -222,7 +223,7 @@ def seeds_items_interval(values: np.ndarray, pseudo: tuple[float, float] = DELTA
     c = crossed(v, pseudo)
     centre, half = float(c.centre), float(c.half)
     se = math.sqrt(float(c.var_items) + float(c.var_seeds))
-    p = _combined_p(abs(centre) / se, half / se)
+    p = _combined_p(abs(centre) / se, half / se) if p_value else math.nan
     what = (f"seeds × items: {k} seeds sharing {n} items, t-intervals of both parts combined (+2 pseudo-items)"
             if k > 1 else f"t over {n} items (+2 pseudo-items)")
     return Interval(100 * float(c.estimate), _clip(100 * (centre - half), *bounds), _clip(100 * (centre + half), *bounds),
