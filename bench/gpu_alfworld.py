@@ -229,7 +229,9 @@ def merge_stores(stores: list[Path], dest: Path) -> None:
 def print_table(store: Path, out: Path | None = None) -> str:
     import duckdb
 
-    con = duckdb.connect(str(store), read_only=True)
+    from a2rl.store.results import add_interval_functions
+
+    con = add_interval_functions(duckdb.connect(str(store), read_only=True))  # the query's t975
     try:
         rel = con.sql(TABLE_SQL.read_text())
         cols, rows = rel.columns, rel.fetchall()

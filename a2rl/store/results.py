@@ -582,3 +582,16 @@ def metric_cells(value: Any) -> tuple[float | None, str | None]:
     if isinstance(value, str):
         return None, value
     return None, json.dumps(value, sort_keys=True, default=str)
+
+
+def add_interval_functions(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """The library's interval helpers as SQL functions of this connection, for ad-hoc queries over a store:
+    `t975(df)` (two-sided 95% t quantile, NULL below 1 degree of freedom) and `binomial_se(score, n)`
+    (Agresti-Coull, 0-100 scale). The store itself keeps no such macro (its intervals are computed once, in
+    Python, and stored: store/derived_intervals.py); these are the same Python functions, not copies."""
+    from a2rl.summary.intervals import binomial_se, t975
+
+    con.create_function("t975", lambda df: None if df < 1 else t975(int(df)), ["BIGINT"], "DOUBLE")
+    con.create_function("binomial_se", lambda score, n: None if n < 1 else binomial_se(score, int(n)),
+                        ["DOUBLE", "BIGINT"], "DOUBLE")  # fmt: skip
+    return con
