@@ -7,7 +7,7 @@ get the same runs). Then every table and view of the stores, every CSV, summary.
 compared: numbers within --tol, text exactly, with timestamps, hashes and the two output paths masked. Tables
 only one side has (a new stored table) are listed, not failed.
 
-    python bench/same_results.py --old ../old-checkout --new . --host-store results/a2rl.duckdb --work /tmp/same
+    python bench/same_results.py --old ../old-checkout --new . --host-store results/a2rl.duckdb --work results/same-results
 """
 
 from __future__ import annotations
