@@ -96,8 +96,13 @@ def insert_rows(con: duckdb.DuckDBPyConnection, table: str, cols: tuple[str, ...
         return
     import pandas as pd
 
-    con.register("_derived", pd.DataFrame(rows, columns=list(cols)))
+    insert_frame(con, table, pd.DataFrame(rows, columns=list(cols)))
+
+
+def insert_frame(con: duckdb.DuckDBPyConnection, table: str, frame: Any) -> None:
+    """INSERT ... BY NAME from a DataFrame or Arrow table (columns matched by name)."""
+    con.register("_rows", frame)
     try:
-        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _derived")
+        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _rows")
     finally:
-        con.unregister("_derived")
+        con.unregister("_rows")

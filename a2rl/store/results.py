@@ -313,7 +313,7 @@ class ResultsStore:
         with self._transaction() as con:
             con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
             if len(frame):
-                _insert_frame(con, table, frame)
+                derived.insert_frame(con, table, frame)
 
     def bulk_write(self, table: str, frame: Any) -> int:
         """Upsert a pandas DataFrame or Arrow table into `table` in one statement (no row loop).
@@ -349,7 +349,7 @@ class ResultsStore:
             for table, frame in frames.items():
                 con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
                 if len(frame):
-                    _insert_frame(con, table, frame)
+                    derived.insert_frame(con, table, frame)
             if DERIVED_FROM & set(frames):
                 _refresh_derived(con, [run_id])
 
@@ -543,15 +543,6 @@ def _upsert(
         f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}"
     )
     con.execute(sql, list(row.values()))
-
-
-def _insert_frame(con: duckdb.DuckDBPyConnection, table: str, frame: Any) -> None:
-    """INSERT ... BY NAME from a DataFrame or Arrow table (columns matched by name)."""
-    con.register("_rows", frame)
-    try:
-        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _rows")
-    finally:
-        con.unregister("_rows")
 
 
 ITEM_COLUMNS = ("run_id", "eval_key", "split", "item_id", "score", "correct", "tokens")
