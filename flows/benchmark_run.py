@@ -162,8 +162,9 @@ def end_earlier_attempt(ctx: RunContext) -> None:
     its clock charged up to now, when it ended."""
     harness = ctx.paths.harness_dir
     agent_running = any(r.running() for r in procs.read_records(harness) if r.kind == "agent" and not r.ours())
-    if ended := procs.end_earlier_attempts(harness, run_id=ctx.run_id):
-        charged = ClockRecorder.charge_until(harness / CLOCK_FILE, time.time()) if agent_running else 0.0
+    killed_at: list[float] = []
+    if ended := procs.end_earlier_attempts(harness, run_id=ctx.run_id, on_kill=lambda: killed_at.append(time.time())):
+        charged = ClockRecorder.charge_until(harness / CLOCK_FILE, killed_at[0]) if agent_running else 0.0
         logging.getLogger(__name__).warning(
             "ended %d processes of an earlier attempt of this run: %s%s", len(ended), ended,
             f" (its agent was still running: {charged:.1f} s more on the agent's clock)" if agent_running else "",

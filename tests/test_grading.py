@@ -292,3 +292,59 @@ def test_a_mac_from_another_hosts_key_cannot_be_checked_here_but_a_forged_one_un
     key_id_b = head_mac("run-1", head).split(":")[0]
     forged = f"{key_id_b}:{made_on_a.split(':')[1]}"  # claims host b's key
     assert mac_matches("run-1", head, forged) is False
+
+
+def test_the_agents_clock_runs_again_once_its_grade_is_on_the_ledger_and_is_released_once(tmp_path, tiny_model_dir,
+                                                                                            monkeypatch):
+    """From a submission's arrival until its outcome's line is on disk the agent's clock stands still: a harness
+    killed in between (a retry, a stale attempt stopping itself) leaves the clock where the queued line says, so
+    the resumed session's clock and the ledger agree. A store that fails to take the grade's row still lets the
+    clock run again, and only once (a second release would end another submission's pause), and the grader's
+    worker goes on to the next submission."""
+    from a2rl.base_models.hashing import weights_hash
+    from a2rl.store.results import ResultsStore
+
+    seen: list[tuple[str | None, bool]] = []  # (what was written, the clock paused then)
+    write = Ledger._write
+
+    def watched(self, entry):
+        seen.append((entry.status, clock.is_paused))
+        return write(self, entry)
+
+    monkeypatch.setattr(Ledger, "_write", watched)
+
+    class FailingStore(ResultsStore):
+        def record_evaluation(self, run_id, key, *args, **kwargs):
+            seen.append(("evaluation row", clock.is_paused))
+            if key == "submission-2-validation":
+                raise OSError("the store's disk is full")
+            return super().record_evaluation(run_id, key, *args, **kwargs)
+
+    ws = tmp_path / "ws"
+    for name in ("v1", "v2"):
+        shutil.copytree(tiny_model_dir, ws / "output" / name)
+    config = json.loads((ws / "output" / "v2" / "config.json").read_text())
+    (ws / "output" / "v2" / "config.json").write_text(json.dumps({**config, "a2rl_test_variant": 2}))
+    assert weights_hash(ws / "output" / "v1") != weights_hash(ws / "output" / "v2")  # graded, not a cache hit
+    clock = BudgetClock(60)
+    clock.start()
+    ctx = GradingContext("run-c", RunConfig(max_submissions=3), ws, tmp_path / "harness", baseline={"validation": 25.0},
+                         store=FailingStore(tmp_path / "results.duckdb"))  # fmt: skip
+    svc = GradingService(ctx, clock, evaluate=_constant_evaluator(50.0))
+    try:
+        svc.submit("output/v1", wait=True)
+        # The line is durable before the agent runs again; its rows are written while it does.
+        assert seen == [("queued", True), ("scored", True), ("evaluation row", False)]
+        assert not clock.is_paused
+        clock.pause()  # another submission's grading, still under way
+        svc.submit("output/v2", wait=True)
+        assert clock.is_paused, "the failed recording released the other submission's pause"
+        clock.resume()
+        assert not clock.is_paused
+        assert svc.submit("output/v1", wait=True)["status"] == "scored"  # the grader's worker lives on
+    finally:
+        svc.close(drain_timeout_s=5)
+    entries = read_ledger(tmp_path / "harness" / "ledger.jsonl")
+    assert [(e.submission_id, e.status) for e in entries] == [(1, "queued"), (1, "scored"), (2, "queued"),
+                                                              (2, "scored"), (3, "queued"), (3, "scored")]  # fmt: skip
+    assert (tmp_path / "harness" / "evaluations" / "submission-2-validation.json").exists()  # ingest rebuilds the row

@@ -72,12 +72,16 @@ class Ledger:
         self._entries: list[LedgerEntry] = self._load() if self.path.exists() else []
         self._last_hash = self._hashes[-1] if self._entries else ""
 
-    def append(self, **fields: Any) -> LedgerEntry:
-        """Write one entry durably (fsync), anchor the new head, and return it."""
+    def append(self, on_durable: Callable[[LedgerEntry], None] | None = None, **fields: Any) -> LedgerEntry:
+        """Write one entry durably (fsync), anchor the new head, and return it. `on_durable` hears of the entry
+        once its line is on disk, before the anchor and anything else is written (the grader's clock runs again
+        there: the line's time is when it did, and a crash before it leaves the clock stopped, as the line says)."""
         with self._lock:
             if self.torn_tail is not None:
                 self._set_torn_tail_aside()
             entry = self._write(LedgerEntry(seq=len(self._entries), prev_hash=self._last_hash, **fields))
+        if on_durable is not None:
+            on_durable(entry)
         if self.anchor is not None:
             try:
                 self.anchor(entry, self._last_hash_of(entry))

@@ -50,10 +50,10 @@ class RunBook:
     def entries(self) -> list[LedgerEntry]:
         return self.ledger.entries()
 
-    def append(self, **fields: Any) -> LedgerEntry:
-        """One ledger line, anchored, and its row. The harness's own evaluations (baseline, final, post-hoc) have no
-        row of their own: theirs is the evaluation's (`record_evaluation`)."""
-        entry = self.ledger.append(run_id=self.run_id, **fields)
+    def append(self, on_durable: Callable[[LedgerEntry], None] | None = None, **fields: Any) -> LedgerEntry:
+        """One ledger line, anchored, and its row (`on_durable`: `Ledger.append`). The harness's own evaluations
+        (baseline, final, post-hoc) have no row of their own: theirs is the evaluation's (`record_evaluation`)."""
+        entry = self.ledger.append(on_durable=on_durable, run_id=self.run_id, **fields)
         if self.store is not None and entry.kind == "event":
             self.store.record_event(self.run_id, entry.seq, entry.detail.get("event", "event"), entry.detail,
                                     at=entry.at)  # fmt: skip
@@ -61,10 +61,11 @@ class RunBook:
             self.store.record_submission(self.run_id, entry)
         return entry
 
-    def record_scored(self, result: EvalResult, **fields: Any) -> LedgerEntry:
+    def record_scored(self, result: EvalResult, on_durable: Callable[[LedgerEntry], None] | None = None,
+                      **fields: Any) -> LedgerEntry:  # fmt: skip
         """An evaluation's outcome: its scored ledger line (`fields` plus the result's score, cache hit and
         seconds), its rows and its file."""
-        entry = self.append(**fields | {"status": "scored", "score": result.score, "cached": result.cached,
+        entry = self.append(on_durable=on_durable, **fields | {"status": "scored", "score": result.score, "cached": result.cached,
                                         "eval_seconds": round(result.duration_s, 3)})  # fmt: skip
         self.record_evaluation(entry, result)
         return entry
@@ -72,11 +73,11 @@ class RunBook:
     def record_evaluation(self, entry: LedgerEntry, result: EvalResult) -> None:
         """The evaluation of a ledger line: its row and per-item results in the store, the whole result in its file."""
         key = eval_key(entry.kind, entry.submission_id, result.split)
-        if self.store is not None:
-            self.store.record_evaluation(self.run_id, key, entry.kind, result, submission_id=entry.submission_id)
         out = self.harness_dir / "evaluations"
         out.mkdir(exist_ok=True)
-        (out / f"{key}.json").write_text(result.model_dump_json(indent=1))
+        (out / f"{key}.json").write_text(result.model_dump_json(indent=1))  # first: ingest rebuilds the rows from it
+        if self.store is not None:
+            self.store.record_evaluation(self.run_id, key, entry.kind, result, submission_id=entry.submission_id)
 
 
 def evaluate_and_record(book: RunBook, checkpoint: Path, weights_hash: str, spec: EvalSpec, kind: str,

@@ -254,10 +254,11 @@ class GradingService:
         finally:
             shutil.rmtree(pending, ignore_errors=True)
         if hit is not None:  # identical weights, same evaluator: answered at once, still on the ledger
+            release = self._release_once()
             try:
-                self._finish(entry, hit)
+                self._finish(entry, hit, release)
             finally:
-                self.clock.resume()
+                release()
         if wait:
             self._done[submission_id].wait(timeout_s)
         return self.response(submission_id)
@@ -367,7 +368,7 @@ class GradingService:
                 self._record_failure(e, FailureKind.INTERRUPTED.reason, 0.0, "snapshot missing after a grader crash")
 
     def _append(self, **fields) -> LedgerEntry:
-        entry = self.book.append(**fields)
+        entry = self.book.append(**fields)  # `on_durable` among them: `_release_once`
         self._on_entry(entry)
         return entry
 
@@ -375,41 +376,61 @@ class GradingService:
         while (entry := self._queue.get()) is not None:
             try:
                 self._grade(entry, device)
+            except Exception:  # noqa: BLE001 - recording failed (a full disk, a broken store): the next is graded
+                log.exception("submission %s: its outcome could not be recorded in full", entry.submission_id)
             finally:
                 self._done[entry.submission_id].set()
 
     def _grade(self, queued: LedgerEntry, device: str | None) -> None:
-        """Evaluate one queued submission; the clock, paused since it arrived, runs again once it is graded."""
+        """Evaluate one queued submission; the clock, paused since it arrived, runs again once its outcome is on
+        the ledger (a crash before that leaves it stopped where the queued line says)."""
+        release = self._release_once()
         start = time.monotonic()
         try:
-            extra = {"on_start": self.ctx.on_process} if self.ctx.on_process else {}
-            if self._evaluate is evaluate_cached:  # items counted as they finish, where the run's display reads them
-                extra["progress_file"] = self.ctx.harness_dir / GRADING_PROGRESS_FILE
-            result = self._evaluate(Path(queued.resolved_path), queued.weights_hash, self._spec(queued.split),
-                                    device=device, **extra)
-        except (EvaluationFailed, OSError, ValueError, MemoryError) as e:
-            # A failed evaluation is recorded as an error and never counted as a score. Its text ran over
-            # hidden items: the agent gets a fixed category, the full text goes to the harness log only.
-            self._record_failure(queued, public_failure(e), time.monotonic() - start, f"{type(e).__name__}: {e}")
-            return
+            try:
+                extra = {"on_start": self.ctx.on_process} if self.ctx.on_process else {}
+                if self._evaluate is evaluate_cached:  # items counted as they finish, where the display reads them
+                    extra["progress_file"] = self.ctx.harness_dir / GRADING_PROGRESS_FILE
+                result = self._evaluate(Path(queued.resolved_path), queued.weights_hash, self._spec(queued.split),
+                                        device=device, **extra)
+            except (EvaluationFailed, OSError, ValueError, MemoryError) as e:
+                # A failed evaluation is recorded as an error and never counted as a score. Its text ran over
+                # hidden items: the agent gets a fixed category, the full text goes to the harness log only.
+                seconds = time.monotonic() - start
+                self._record_failure(queued, public_failure(e), seconds, f"{type(e).__name__}: {e}", release)
+                return
+            finally:
+                self.grading_seconds += time.monotonic() - start
+            self._finish(queued, result, release)
         finally:
-            self.clock.resume()
-            self.grading_seconds += time.monotonic() - start
-        self._finish(queued, result)
+            release()  # where recording the outcome failed: the clock runs again all the same
 
-    def _finish(self, queued: LedgerEntry, result: EvalResult) -> None:
-        self._on_entry(self.book.record_scored(result, kind="submission", **_carry(queued)))
+    def _release_once(self) -> Callable[..., None]:
+        """The resume of one submission's pause, whoever calls it first (the outcome's line once it is durable,
+        else a `finally`): a second resume would release another submission's pause."""
+        released = threading.Event()
+
+        def release(*_entry: LedgerEntry) -> None:
+            if not released.is_set():
+                released.set()
+                self.clock.resume()
+
+        return release
+
+    def _finish(self, queued: LedgerEntry, result: EvalResult, release: Callable[..., None]) -> None:
+        self._on_entry(self.book.record_scored(result, on_durable=release, kind="submission", **_carry(queued)))
         if queued.submission_id in self._done:
             self._done[queued.submission_id].set()
 
-    def _record_failure(self, queued: LedgerEntry, public_reason: str, seconds: float, full_text: str) -> None:
+    def _record_failure(self, queued: LedgerEntry, public_reason: str, seconds: float, full_text: str,
+                        release: Callable[..., None] | None = None) -> None:  # fmt: skip
         """`public_reason` is harness-written (agent-visible); `full_text` goes to the harness log only."""
         log.warning("submission %s evaluation failed: %s", queued.submission_id, terminal(full_text, 8000, keep_lines=True))
         with (self.ctx.harness_dir / "evaluation-errors.jsonl").open("a") as f:
             f.write(json.dumps({"at": time.time(), "submission_id": queued.submission_id, "error": full_text}) + "\n")
         fields = _carry(queued)
         fields.update(status="error", error=public_reason, eval_seconds=round(seconds, 3))
-        self._append(kind="submission", **fields)
+        self._append(kind="submission", on_durable=release, **fields)
         if queued.submission_id in self._done:
             self._done[queued.submission_id].set()
 

@@ -636,9 +636,12 @@ def _ancestors(pid: int, by_pid: dict[int, ProcStat]) -> list[int]:
     return out
 
 
-def end_earlier_attempts(harness_dir: Path, timeout_s: float = 15.0, run_id: str | None = None) -> list[int]:
+def end_earlier_attempts(harness_dir: Path, timeout_s: float = 15.0, run_id: str | None = None,
+                         on_kill: Callable[[], None] | None = None) -> list[int]:  # fmt: skip
     """End every process an earlier attempt of this run left (SIGKILL: its session is over; a frozen harness
-    is ended too), and check they are gone; raise ProcessesSurvived otherwise. Returns the pids ended."""
+    is ended too), and check they are gone; raise ProcessesSurvived otherwise. Returns the pids ended.
+    `on_kill` is called right before the first SIGKILL: the moment they stopped running, which a loaded
+    machine's wait for them to be gone comes long after."""
     records = read_records(harness_dir)
     if not records and run_id is None:
         return []
@@ -647,6 +650,8 @@ def end_earlier_attempts(harness_dir: Path, timeout_s: float = 15.0, run_id: str
         pids = earlier_attempt_pids(records, run_id)
         if not pids:
             break
+        if on_kill is not None and not ended:
+            on_kill()
         signal_pids(pids, signal.SIGKILL)
         ended += pids
         if left := wait_gone(pids, timeout_s):
