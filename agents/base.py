@@ -309,11 +309,14 @@ def run_agent(
         # tool runner made for its commands), survives the session.
         procs.end_session_of(proc)
     finally:
+        # The agent's time ends with its processes, whatever ended them: what the harness does next (the
+        # output's drain, a last code snapshot, the way down after a signal) is not the agent's, and the clock
+        # file a retry resumes from is saved after this.
+        clock.stop()
         if freezer is not None:
             clock.unlisten(freezer)
             freezer.on_resume()  # never leave a stopped process behind, whatever ended the session
         output.finish()
-    clock.stop()
     return SessionOutcome(
         exit_code=proc.returncode,
         ended_by=ended_by,

@@ -105,3 +105,50 @@ def test_wall_time_and_phases_are_summed_over_the_attempts_and_each_is_listed(tm
     assert attempts.wall_s <= attempts.span_s  # the time between the attempts is not the run's work
     table = attempts.markdown()
     assert "| 1 | fr-1 |" in table and "crashed in agent_session" in table and "| 2 | fr-1 |" in table
+
+
+def test_a_harness_going_down_on_a_signal_stops_the_agents_clock_with_its_agent(tmp_path):
+    """Ctrl-C, SIGTERM or a crash mid-session: the agent's processes are ended, and its clock stops with them.
+    The harness's way down after that (the output's drain, a last code snapshot) is not the agent's time: the
+    clock file a retry resumes from reads where the agent stopped."""
+    import _thread
+    import threading
+
+    from a2rl.agents.base import Agent, AgentEnv, run_agent
+
+    ws = tmp_path / "ws"
+    (ws / "code").mkdir(parents=True)
+    (ws / "code" / "agent.py").write_text("import time\nopen('ready', 'w').write('1')\nwhile True:\n    time.sleep(0.1)\n")
+
+    class Looper(Agent):
+        id = "looper"
+
+        def install(self, workspace):
+            pass
+
+        def command(self, workspace):
+            return [sys.executable, "code/agent.py"]
+
+    def interrupt_when_ready() -> None:
+        deadline = time.monotonic() + 60
+        while not (ws / "ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        _thread.interrupt_main()  # as Ctrl-C or the harness's SIGTERM handler raises in the flow's thread
+
+    clock, clock_file = BudgetClock(600), tmp_path / "harness" / CLOCK_FILE
+    (tmp_path / "harness").mkdir()
+    env = AgentEnv("gsm8k", "tiny", ws, "http://127.0.0.1:9", "token", 0, harness_dir=tmp_path / "harness")
+    threading.Thread(target=interrupt_when_ready, daemon=True).start()
+    at_agent_end = None
+    try:
+        with ClockRecorder(clock, clock_file):
+            try:
+                run_agent(Looper(), env, clock, tmp_path / "harness" / "agent.log")
+            finally:
+                at_agent_end = clock.elapsed()
+                time.sleep(1.5)  # the harness's way down
+    except KeyboardInterrupt:
+        pass
+    assert at_agent_end is not None and at_agent_end > 0.3
+    assert abs(ClockRecorder.used_seconds(clock_file) - at_agent_end) < 0.05, "the clock ran on after the agent ended"
