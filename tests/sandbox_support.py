@@ -35,6 +35,15 @@ def processes_with(text: str) -> list[int]:
     return found
 
 
+def appears(text: str, within_s: float = 10.0) -> list[int]:
+    """`processes_with(text)` once it finds any, or [] after `within_s`: a background job whose shell has
+    forked but not yet exec'ed it (a loaded machine) shows its shell's command line for a while."""
+    deadline = time.monotonic() + within_s
+    while not (found := processes_with(text)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
+
+
 def gone(text: str, within_s: float = 5.0) -> bool:
     """True once no process has `text` in its command line (the kernel ends a PID namespace asynchronously)."""
     deadline = time.monotonic() + within_s

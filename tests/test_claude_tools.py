@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from anthropic_loopback import AnthropicLoopback, Reply
-from sandbox_support import gone, needs_bwrap, processes_with
+from sandbox_support import appears, gone, needs_bwrap, processes_with
 
 from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
 from a2rl.paths import a2rl_home
@@ -357,8 +357,9 @@ def test_bash_output_is_cut_in_the_middle_and_background_jobs_do_not_block(tmp_p
     marker = f"30.{secrets.randbelow(1000)}5"
     t0 = time.monotonic()
     result = box.run("bash", {"command": f"sleep {marker} & echo launched"})
-    assert "launched" in result.text and time.monotonic() - t0 < 5 and UNSANDBOXED_NOTE not in result.text
-    assert processes_with(marker)  # sandboxed too: the sandbox lives on while its background jobs run
+    # Returned while its background job sleeps on (30 s): the bound is loose for a sandbox started on a busy machine.
+    assert "launched" in result.text and time.monotonic() - t0 < 20 and UNSANDBOXED_NOTE not in result.text
+    assert appears(marker)  # sandboxed too: the sandbox lives on while its background jobs run
     box.close(grace_s=1)
     assert gone(marker)
     assert cut_middle("abcdef", 4).startswith("ab") and cut_middle("abc", 4) == "abc"

@@ -212,10 +212,18 @@ def test_an_unprivileged_harness_gets_a_user_namespace_sandbox():
 
 
 def _run_as_nobody(tmp_path: Path) -> None:
+    # A copy of the package where the other user can read it: a checkout under a private directory (a fresh
+    # clone in a 0700 temporary folder) is not, and its import error is not what this test is about.
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "a2rl", src / "a2rl", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in [src, *(p for p in src.rglob("*") if p.is_dir())]:
+        folder.chmod(0o755)
+    for file in (p for p in src.rglob("*") if p.is_file()):
+        file.chmod(0o644)
     script = f"""
 import subprocess, sys
 from pathlib import Path
-sys.path.insert(0, {str(REPO)!r})
+sys.path.insert(0, {str(src)!r})
 from a2rl.isolation.sandbox import Limits, SandboxPolicy, sandbox_mode, wrap
 ws = Path({str(tmp_path)!r}) / "ws"
 (ws / "data").mkdir(parents=True)
