@@ -159,7 +159,7 @@ def end_earlier_attempt(ctx: RunContext) -> None:
     """A retried run first ends every process an earlier attempt left (recorded in the harness dir, or tagged
     with the run), checked gone; raises ProcessesSurvived (the run fails, no second agent starts) where it
     cannot. An earlier attempt's agent found still running (its harness frozen, or cut off from Prefect) has
-    its clock charged up to now, when it ended."""
+    its clock charged up to the moment it was sent SIGKILL."""
     harness = ctx.paths.harness_dir
     agent_running = any(r.running() for r in procs.read_records(harness) if r.kind == "agent" and not r.ours())
     killed_at: list[float] = []

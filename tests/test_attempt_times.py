@@ -118,7 +118,8 @@ def test_a_harness_going_down_on_a_signal_stops_the_agents_clock_with_its_agent(
 
     ws = tmp_path / "ws"
     (ws / "code").mkdir(parents=True)
-    (ws / "code" / "agent.py").write_text("import time\nopen('ready', 'w').write('1')\nwhile True:\n    time.sleep(0.1)\n")
+    (ws / "code" / "agent.py").write_text(
+        "import time\nopen('ready', 'w').write('1')\nwhile True:\n    time.sleep(0.1)\n")
 
     class Looper(Agent):
         id = "looper"

@@ -65,8 +65,9 @@ class RunBook:
                       **fields: Any) -> LedgerEntry:  # fmt: skip
         """An evaluation's outcome: its scored ledger line (`fields` plus the result's score, cache hit and
         seconds), its rows and its file."""
-        entry = self.append(on_durable=on_durable, **fields | {"status": "scored", "score": result.score, "cached": result.cached,
-                                        "eval_seconds": round(result.duration_s, 3)})  # fmt: skip
+        outcome = {"status": "scored", "score": result.score, "cached": result.cached,
+                   "eval_seconds": round(result.duration_s, 3)}
+        entry = self.append(on_durable=on_durable, **fields | outcome)
         self.record_evaluation(entry, result)
         return entry
 

@@ -368,7 +368,7 @@ class GradingService:
                 self._record_failure(e, FailureKind.INTERRUPTED.reason, 0.0, "snapshot missing after a grader crash")
 
     def _append(self, **fields) -> LedgerEntry:
-        entry = self.book.append(**fields)  # `on_durable` among them: `_release_once`
+        entry = self.book.append(**fields)  # `on_durable` may be among `fields`: see `_release_once`
         self._on_entry(entry)
         return entry
 
