@@ -327,6 +327,7 @@ def stop_stale_attempt(harness_dir: Path, run_id: str, why: str) -> None:
     """A later attempt holds the run's lease: end this attempt's processes and exit at once, writing nothing more
     (the flow run's state and the run's files are the later attempt's now)."""
     logging.getLogger(__name__).error("this attempt of %s stops itself: %s", run_id, why)
+    ClockRecorder.stop_all_now()  # the agent's time ends here, with the SIGKILLs below
     for record in procs.read_records(harness_dir):
         if record.ours():
             procs.stop_session(record.leader)

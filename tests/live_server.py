@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 import pytest
 
 from a2rl.ops import prefect_local
+import prefect_http
 
 # Runs start within a second or two of being scheduled (defaults: 10 s each).
 FAST_POLLING = {"PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
@@ -95,7 +95,7 @@ def wait_for(probe: Callable[[], Any], timeout_s: float, what: str, run: tuple[s
 
 
 def flow_run(url: str, flow_run_id: Any) -> dict:
-    return httpx.get(f"{url}/flow_runs/{flow_run_id}", timeout=10).json()
+    return prefect_http.get(f"{url}/flow_runs/{flow_run_id}").json()
 
 
 def final_run(url: str, flow_run_id: Any) -> dict | None:
@@ -104,7 +104,7 @@ def final_run(url: str, flow_run_id: Any) -> dict | None:
 
 
 def set_state(url: str, flow_run_id: Any, state: dict, force: bool = True) -> dict:
-    r = httpx.post(f"{url}/flow_runs/{flow_run_id}/set_state", json={"state": state, "force": force}, timeout=10)
+    r = prefect_http.post(f"{url}/flow_runs/{flow_run_id}/set_state", json={"state": state, "force": force})
     r.raise_for_status()
     return r.json()
 

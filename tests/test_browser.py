@@ -15,10 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
 from live_server import free_port
+import prefect_http
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("A2RL_CHROMIUM", "/usr/bin/chromium")
@@ -79,7 +79,7 @@ def screenshot(page, name: str) -> Path:
 def test_the_prefect_ui_on_another_port_shows_the_runs_subflows(browser, served_run):
     base, _ = served_run
     api = f"{base}/api"
-    runs = httpx.post(f"{api}/flow_runs/filter", json={"flows": {"name": {"any_": ["benchmark-run"]}}}, timeout=10).json()
+    runs = prefect_http.post(f"{api}/flow_runs/filter", json={"flows": {"name": {"any_": ["benchmark-run"]}}}).json()
     assert len(runs) == 1
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors: list[str] = []

@@ -18,7 +18,6 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import duckdb
-import httpx
 import pytest
 
 from a2rl.ops import prefect_local
@@ -28,6 +27,7 @@ from live_server import SMALL_AGENT, LiveServer, kill_worker_host, ledger_with, 
 from live_server import final_run as _final_run
 from live_server import flow_run as _flow_run
 from live_server import set_state as _set_state
+import prefect_http
 
 pytestmark = pytest.mark.prefect_server
 
@@ -128,8 +128,8 @@ def test_a_worker_stopped_mid_session_records_the_run_interrupted_and_one_retry_
     from a2rl.capture.resources import workspace_pids
 
     if gpu_slots.read_limit(live.url) is None:  # as a sweep makes it: the session holds one of its slots
-        httpx.post(f"{live.url}/v2/concurrency_limits/", json={"name": gpu_slots.GPU_LIMIT, "limit": 1},
-                   timeout=10).raise_for_status()  # fmt: skip
+        prefect_http.post(f"{live.url}/v2/concurrency_limits/",
+                          json={"name": gpu_slots.GPU_LIMIT, "limit": 1}).raise_for_status()
     fr, params, ledger = _run_until_the_agent_trains(live, tiny_model_dir, tmp_path)
     limit = gpu_slots.read_limit(live.url)
     holders = [lease.holder for lease in gpu_slots.read_leases(live.home, limit.id) if not lease.expired]
@@ -242,7 +242,7 @@ def test_a2rl_deploy_auto_retry_retries_a_crashed_run_up_to_its_limit_and_is_off
         time.sleep(15)  # no third attempt: the run has run twice, more than the limit allows
         after = _flow_run(live.url, fr.id)
         assert after["state_type"] == "CRASHED" and after["run_count"] == crashed["run_count"] == 2, after
-        states = httpx.get(f"{live.url}/flow_run_states/", params={"flow_run_id": str(fr.id)}, timeout=10).json()
+        states = prefect_http.get(f"{live.url}/flow_run_states/", params={"flow_run_id": str(fr.id)}).json()
         assert sum((s["message"] or "").startswith(auto_retry.RETRY_MESSAGE) for s in states) == 1
         _set_state(live.url, fr.id, {"type": "SCHEDULED", "name": "AwaitingRetry", "message": "Retry from the UI"})
         final = wait_for(lambda: _final_run(live.url, fr.id), timeout_s=420, what="the retried run to finish")
@@ -275,7 +275,7 @@ def _scheduled_runs(url: str, deployment_id: Any) -> list[dict]:
     body = {"deployments": {"id": {"any_": [str(deployment_id)]}},
             "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}},
             "sort": "EXPECTED_START_TIME_ASC", "limit": 2}  # fmt: skip
-    runs = httpx.post(f"{url}/flow_runs/filter", json=body, timeout=10).json()
+    runs = prefect_http.post(f"{url}/flow_runs/filter", json=body).json()
     return runs if len(runs) == 2 else []
 
 

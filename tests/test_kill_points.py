@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import httpx
 import psutil
 import pytest
 
@@ -46,6 +45,7 @@ from a2rl.isolation import procs
 from a2rl.ops import prefect_local
 from a2rl.run_options import nest_parameters
 from live_server import SMALL_AGENT, LiveServer, flow_run, kill_worker_host, live_server, set_state
+import prefect_http
 
 pytestmark = pytest.mark.prefect_server
 
@@ -111,11 +111,11 @@ def test_the_server_aborts_a_late_crash_report_for_a_scheduled_run_and_the_worke
     from a2rl.ops.crash_reports import superseded
 
     # A deployment on a pool no worker polls: its runs stay where these states put them.
-    httpx.post(f"{live.url}/work_pools/", json={"name": "nobody", "type": "process"}, timeout=10).raise_for_status()
-    flow = httpx.post(f"{live.url}/flows/", json={"name": "guarded"}, timeout=10).json()
-    deployment = httpx.post(f"{live.url}/deployments/", timeout=10, json={
+    prefect_http.post(f"{live.url}/work_pools/", json={"name": "nobody", "type": "process"}).raise_for_status()
+    flow = prefect_http.post(f"{live.url}/flows/", json={"name": "guarded"}).json()
+    deployment = prefect_http.post(f"{live.url}/deployments/", json={
         "name": "guarded", "flow_id": flow["id"], "work_pool_name": "nobody"}).json()  # fmt: skip
-    run = httpx.post(f"{live.url}/deployments/{deployment['id']}/create_flow_run", json={}, timeout=10).json()
+    run = prefect_http.post(f"{live.url}/deployments/{deployment['id']}/create_flow_run", json={}).json()
     crashed = {"type": "CRASHED", "name": "Crashed", "message": "Process exited with status code: -9"}
 
     async def launched_then(*states: dict) -> str | None:
@@ -370,7 +370,7 @@ def kill_everything(kill: str, live: LiveServer) -> float:
 def follow(run: Run, cell: Cell, armed: Armed) -> None:
     """After the kill: press the retry as `cell.retry` says, check that the next attempt starts once and that
     nothing of the killed one runs once it is past its first step, and note what the agent's clock should be."""
-    agent_end = watch_gone(armed.agents, cell.killed_at)
+    agent_end = watch_agent_gone(run, armed, cell.killed_at)
     harness_end = watch_gone([armed.pid], cell.killed_at)  # a frozen or cut-off harness ends only at the retry
     children_end = watch_gone(armed.agents + armed.evaluations, cell.killed_at)
     if not press(run, cell):
@@ -405,16 +405,38 @@ def agent_started(run: Run, harness_pid: int) -> float | None:
     return time.time() - uptime + records[0].leader_start / os.sysconf("SC_CLK_TCK")
 
 
+def watch_agent_gone(run: Run, armed: Armed, killed_at: float) -> Callable[[], float]:
+    """When the killed attempt's agent ended: the processes seen when the attempt was armed and the agent its
+    harness records. A harness the kill left alive (the server killed) may start its agent only after it: seen in
+    its session before the agent existed, it had none to watch yet."""
+
+    def state() -> tuple[bool, bool]:
+        """(an agent of the attempt is alive, one can still start: the harness lives and has started none)"""
+        records = [r for r in procs.read_records(run.harness) if r.harness == armed.pid and r.kind == "agent"]
+        alive = any(procs.alive(p) for p in armed.agents) or any(procs.alive(r.leader, r.leader_start) for r in records)
+        return alive, not records and procs.alive(armed.pid)
+
+    return watch_while(state, killed_at)
+
+
 def watch_gone(pids: list[int], killed_at: float) -> Callable[[], float]:
     """When the last of `pids` ended (watched from now on, in a thread), or `killed_at` if none runs."""
-    if not [p for p in pids if procs.alive(p)]:
+    return watch_while(lambda: (any(procs.alive(p) for p in pids), False), killed_at)
+
+
+def watch_while(state: Callable[[], tuple[bool, bool]], killed_at: float) -> Callable[[], float]:
+    """When what `state` watches was last seen alive (watched from now on, in a thread, while it is alive or may
+    still start: `state()` is the pair), or `killed_at` if it is not alive now and never comes."""
+    if not any(state()):
         return lambda: killed_at
     ended: dict[str, float] = {}
 
     def watch() -> None:
-        while [p for p in pids if procs.alive(p)]:
+        seen = False
+        while any(now := state()):
+            seen = seen or now[0]
             time.sleep(0.02)
-        ended["at"] = time.time()
+        ended["at"] = time.time() if seen else killed_at
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
@@ -512,7 +534,7 @@ def check_completed(run: Run) -> list[str]:
         problems.append(f"a submission queued twice: {queued}")
     if [e.kind for e in entries].count("final") != 1:
         problems.append("not one final evaluation")
-    states = httpx.get(f"{run.live.url}/flow_run_states/", params={"flow_run_id": run.id}, timeout=10).json()
+    states = prefect_http.get(f"{run.live.url}/flow_run_states/", params={"flow_run_id": run.id}).json()
     names = [s["name"] for s in sorted(states, key=lambda s: s["timestamp"])]
     for i, name in enumerate(names[:-1]):
         if name == "AwaitingRetry" and "Crashed" in names[i + 1 : i + 2]:

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import httpx
 import pytest
 
 from a2rl.ops import auto_retry, prefect_local, run_lease
@@ -37,6 +36,7 @@ from tests.live_server import flow_run as _flow_run
 from tests.live_server import kill_worker_host as _kill_worker_host
 from tests.live_server import set_state as _set_state
 from tests.live_server import wait_for as _wait_for
+import prefect_http
 
 pytestmark = pytest.mark.prefect_server
 
@@ -125,11 +125,11 @@ def test_the_server_refuses_crash_reports_and_retries_while_an_attempt_holds_the
         cluster):  # fmt: skip
     """#35: a plain worker's crash report names no attempt; the server's rule keeps it off a run whose attempt holds
     the run's lease, and its lease sweep marks the run Crashed once that lease expires."""
-    httpx.post(f"{cluster.url}/work_pools/", json={"name": "nobody", "type": "process"}, timeout=10)
-    flow = httpx.post(f"{cluster.url}/flows/", json={"name": "leased"}, timeout=10).json()
-    deployment = httpx.post(f"{cluster.url}/deployments/", timeout=10, json={
+    prefect_http.post(f"{cluster.url}/work_pools/", json={"name": "nobody", "type": "process"})
+    flow = prefect_http.post(f"{cluster.url}/flows/", json={"name": "leased"}).json()
+    deployment = prefect_http.post(f"{cluster.url}/deployments/", json={
         "name": "leased", "flow_id": flow["id"], "work_pool_name": "nobody"}).json()  # fmt: skip
-    run = httpx.post(f"{cluster.url}/deployments/{deployment['id']}/create_flow_run", json={}, timeout=10).json()
+    run = prefect_http.post(f"{cluster.url}/deployments/{deployment['id']}/create_flow_run", json={}).json()
     for state in ({"type": "PENDING", "name": "Pending"}, {"type": "RUNNING", "name": "Running"}):
         assert _set_state(cluster.url, run["id"], state, force=False)["status"] == "ACCEPT"
     now = datetime.now(timezone.utc)
@@ -247,13 +247,13 @@ def _unschedule(url: str) -> dict[str, list[tuple[str, bool]]]:
     """Drop the deployments' schedules and the runs they already put on the calendar; returns (cron, active) of each."""
     found: dict[str, list[tuple[str, bool]]] = {}
     for name in ("sweep/nightly-sweep", "merge-stores/merge-stores"):
-        dep = httpx.get(f"{url}/deployments/name/{name}", timeout=10).json()
+        dep = prefect_http.get(f"{url}/deployments/name/{name}").json()
         found[name] = [(s["schedule"]["cron"], s["active"]) for s in dep.get("schedules") or []]
         for schedule in dep.get("schedules") or []:
-            httpx.delete(f"{url}/deployments/{dep['id']}/schedules/{schedule['id']}", timeout=10).raise_for_status()
+            prefect_http.delete(f"{url}/deployments/{dep['id']}/schedules/{schedule['id']}").raise_for_status()
         body = {"deployments": {"id": {"any_": [dep["id"]]}}, "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}}
-        for run in httpx.post(f"{url}/flow_runs/filter", json=body, timeout=10).json():
-            httpx.delete(f"{url}/flow_runs/{run['id']}", timeout=10).raise_for_status()
+        for run in prefect_http.post(f"{url}/flow_runs/filter", json=body).json():
+            prefect_http.delete(f"{url}/flow_runs/{run['id']}").raise_for_status()
     return found
 
 
@@ -268,7 +268,7 @@ def _sessions(cluster: Cluster) -> list[Path]:
 
 
 def _states(url: str, flow_run_id: Any) -> list[dict]:
-    r = httpx.get(f"{url}/flow_run_states/", params={"flow_run_id": str(flow_run_id)}, timeout=10)
+    r = prefect_http.get(f"{url}/flow_run_states/", params={"flow_run_id": str(flow_run_id)})
     r.raise_for_status()
     return sorted(r.json(), key=lambda s: s["timestamp"])
 
@@ -293,6 +293,6 @@ def _status(store: Path, run_id: str) -> str | None:
 
 def _benchmark_runs(url: str) -> int:
     """Flow runs of the benchmark-run deployment on the server."""
-    dep = httpx.get(f"{url}/deployments/name/benchmark-run/benchmark-run", timeout=10).json()
-    return len(httpx.post(f"{url}/flow_runs/filter", json={"deployments": {"id": {"any_": [dep["id"]]}}},
-                          timeout=10).json())  # fmt: skip
+    dep = prefect_http.get(f"{url}/deployments/name/benchmark-run/benchmark-run").json()
+    body = {"deployments": {"id": {"any_": [dep["id"]]}}}
+    return len(prefect_http.post(f"{url}/flow_runs/filter", json=body).json())

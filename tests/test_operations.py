@@ -16,7 +16,6 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 
@@ -24,6 +23,7 @@ from a2rl.ops import gpu_slots
 from a2rl.ops import prefect_local
 from a2rl.records import RunConfig
 from a2rl.run_options import RunOptions, run_parameters
+import prefect_http
 
 
 @pytest.fixture
@@ -35,10 +35,9 @@ def api_url(prefect_harness) -> str:
 
 def make_limit(api_url: str, limit: int, active_slots: int) -> str:
     name = f"gpu-test-{uuid.uuid4().hex[:8]}"
-    r = httpx.post(f"{api_url}/v2/concurrency_limits/", json={"name": name, "limit": limit}, timeout=10)
+    r = prefect_http.post(f"{api_url}/v2/concurrency_limits/", json={"name": name, "limit": limit})
     r.raise_for_status()
-    httpx.patch(f"{api_url}/v2/concurrency_limits/{name}", json={"active_slots": active_slots},
-                timeout=10).raise_for_status()  # fmt: skip
+    prefect_http.patch(f"{api_url}/v2/concurrency_limits/{name}", json={"active_slots": active_slots}).raise_for_status()
     return name
 
 
@@ -123,7 +122,7 @@ def _flow_run_in(state_type: str) -> str:
 
 
 def _state(api_url: str, flow_run_id: str) -> dict:
-    return httpx.get(f"{api_url}/flow_runs/{flow_run_id}", timeout=10).json()["state"]
+    return prefect_http.get(f"{api_url}/flow_runs/{flow_run_id}").json()["state"]
 
 
 def test_retry_refuses_a_completed_or_running_run(api_url):
@@ -200,8 +199,8 @@ def test_status_lists_top_level_runs_by_flow_name_elapsed_time_and_the_true_stat
 def _sweep_child(api_url: str, deployment_id: str, task_run_id: str, runs_dir: Path, state: dict) -> str:
     """A flow run a sweep started through the `benchmark-run` deployment (its parent is the sweep's task run)."""
     params = run_parameters(RunConfig(), RunOptions(runs_dir=runs_dir, results=runs_dir / "r.db"))
-    r = httpx.post(f"{api_url}/deployments/{deployment_id}/create_flow_run", timeout=10,
-                   json={"parent_task_run_id": task_run_id, "parameters": params})  # fmt: skip
+    r = prefect_http.post(f"{api_url}/deployments/{deployment_id}/create_flow_run",
+                          json={"parent_task_run_id": task_run_id, "parameters": params})
     r.raise_for_status()
     prefect_local._set_state(api_url, r.json()["id"], state)
     return r.json()["id"]
@@ -217,14 +216,14 @@ def test_status_lists_a_sweeps_runs_with_their_true_state_and_one_next_step_each
     from a2rl.records import RunConfig
     from a2rl.store.results import ResultsStore
 
-    flow_id = httpx.post(f"{api_url}/flows/", json={"name": "benchmark-run"}, timeout=10).json()["id"]
-    deployment_id = httpx.post(f"{api_url}/deployments/", json={"name": f"status-{uuid.uuid4().hex[:6]}",
-                                                                "flow_id": flow_id}, timeout=10).json()["id"]  # fmt: skip
-    sweep_flow = httpx.post(f"{api_url}/flows/", json={"name": "sweep"}, timeout=10).json()["id"]
-    sweep = httpx.post(f"{api_url}/flow_runs/", json={"flow_id": sweep_flow, "name": "nightly"}, timeout=10).json()
+    flow_id = prefect_http.post(f"{api_url}/flows/", json={"name": "benchmark-run"}).json()["id"]
+    deployment = {"name": f"status-{uuid.uuid4().hex[:6]}", "flow_id": flow_id}
+    deployment_id = prefect_http.post(f"{api_url}/deployments/", json=deployment).json()["id"]
+    sweep_flow = prefect_http.post(f"{api_url}/flows/", json={"name": "sweep"}).json()["id"]
+    sweep = prefect_http.post(f"{api_url}/flow_runs/", json={"flow_id": sweep_flow, "name": "nightly"}).json()
     prefect_local._set_state(api_url, sweep["id"], {"type": "RUNNING", "name": "Running"})
-    task_run = httpx.post(f"{api_url}/task_runs/", json={"flow_run_id": sweep["id"], "task_key": "launch",
-                                                         "dynamic_key": "0", "name": "launch"}, timeout=10).json()  # fmt: skip
+    launch = {"flow_run_id": sweep["id"], "task_key": "launch", "dynamic_key": "0", "name": "launch"}
+    task_run = prefect_http.post(f"{api_url}/task_runs/", json=launch).json()
     runs_dir = tmp_path / "runs"
     crashed = _sweep_child(api_url, deployment_id, task_run["id"], runs_dir, {"type": "CRASHED", "name": "Crashed"})
     gone = _sweep_child(api_url, deployment_id, task_run["id"], runs_dir, {"type": "RUNNING", "name": "Running"})
@@ -392,10 +391,10 @@ def test_a_sweep_stops_watching_after_its_timeout_and_names_the_runs_still_going
 
 def test_the_run_limit_is_on_the_runs_queue_so_a_sweep_never_takes_a_place_its_runs_need(api_url):
     pool = f"pool-{uuid.uuid4().hex[:8]}"
-    httpx.post(f"{api_url}/work_pools/", json={"name": pool, "type": "process"}, timeout=10).raise_for_status()
+    prefect_http.post(f"{api_url}/work_pools/", json={"name": pool, "type": "process"}).raise_for_status()
     prefect_local.set_queue_limit(api_url, pool, prefect_local.RUNS_QUEUE, 1)
     prefect_local.set_queue_limit(api_url, pool, "sweeps", None)  # created on the way, without a limit
-    queues = {q["name"]: q["concurrency_limit"] for q in httpx.post(
+    queues = {q["name"]: q["concurrency_limit"] for q in prefect_http.post(
         f"{api_url}/work_pools/{pool}/queues/filter", json={}, timeout=10).json()}  # fmt: skip
     assert queues == {"default": 1, "sweeps": None}
 

@@ -10,14 +10,16 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
-import httpx
 import pytest
 
+from a2rl.grading.clock import CLOCK_FILE, ClockRecorder
 from a2rl.ops import run_lease
 from a2rl.ops.run_lease import AttemptLease, RunLease, StaleAttempt
+import prefect_http
 
 
 @pytest.fixture
@@ -29,11 +31,11 @@ def api_url(prefect_harness) -> str:
 
 def _running_flow_run(api_url: str) -> str:
     """A flow run that went Pending → Running the way an engine takes it (run_count 1)."""
-    flow = httpx.post(f"{api_url}/flows/", json={"name": "lease-target"}, timeout=10).json()
-    run = httpx.post(f"{api_url}/flow_runs/", json={"flow_id": flow["id"], "name": f"lease-{uuid.uuid4().hex[:6]}",
-                                                    "state": {"type": "SCHEDULED"}}, timeout=10).json()  # fmt: skip
+    flow = prefect_http.post(f"{api_url}/flows/", json={"name": "lease-target"}).json()
+    body = {"flow_id": flow["id"], "name": f"lease-{uuid.uuid4().hex[:6]}", "state": {"type": "SCHEDULED"}}
+    run = prefect_http.post(f"{api_url}/flow_runs/", json=body).json()
     for state in ({"type": "PENDING"}, {"type": "RUNNING"}):
-        httpx.post(f"{api_url}/flow_runs/{run['id']}/set_state", json={"state": state}, timeout=10).raise_for_status()
+        prefect_http.post(f"{api_url}/flow_runs/{run['id']}/set_state", json={"state": state}).raise_for_status()
     return run["id"]
 
 
@@ -93,10 +95,10 @@ def test_an_expired_lease_marks_its_running_flow_run_crashed_and_a_live_one_does
     run_lease.write_lease(api_url, RunLease(alive, 1, "gpu-host-2", 4343, now + timedelta(seconds=30)))
     marked = sweep_expired_leases(api_url)
     assert dead in marked and alive not in marked
-    state = httpx.get(f"{api_url}/flow_runs/{dead}", timeout=10).json()["state"]
+    state = prefect_http.get(f"{api_url}/flow_runs/{dead}").json()["state"]
     assert state["type"] == "CRASHED" and "its attempt 1 on gpu-host-1 stopped renewing the run's lease" in state["message"]
     assert run_lease.read_lease(api_url, dead) is None  # done with
-    assert httpx.get(f"{api_url}/flow_runs/{alive}", timeout=10).json()["state"]["type"] == "RUNNING"
+    assert prefect_http.get(f"{api_url}/flow_runs/{alive}").json()["state"]["type"] == "RUNNING"
     run_lease.drop_lease(api_url, alive)
 
 
@@ -121,6 +123,7 @@ import subprocess, sys, time
 from pathlib import Path
 from a2rl.ops import run_lease
 from a2rl.flows.benchmark_run import stop_stale_attempt
+from a2rl.grading.clock import BudgetClock, ClockRecorder
 
 run_lease.RENEW_S = 0.2
 api_url, flow_run_id, harness = sys.argv[1:4]
@@ -128,14 +131,18 @@ child = subprocess.Popen(["sleep", "600"])  # what an attempt starts: its agent,
 lease = run_lease.AttemptLease(api_url, flow_run_id, 1, lambda why: stop_stale_attempt(Path(harness), "run", why),
                                host="gpu-host-1")
 lease.take()
-print(child.pid, flush=True)
+clock = BudgetClock(600)  # its agent's clock, saved only at the end (no periodic save comes)
+ClockRecorder(clock, Path(harness) / "clock.json", interval_s=600).__enter__()
+clock.start()
+print(child.pid, time.time(), flush=True)
 time.sleep(600)
 """
 
 
 def test_a_stale_attempt_ends_its_processes_and_exits_without_a_word(api_url, tmp_path):
     """The flow side's answer to a lost lease (flows/benchmark_run.stop_stale_attempt), in a process of its own:
-    its children end with it, and it exits STALE_EXIT."""
+    its children end with it, its agent's clock is saved as it stops (the attempt that took over resumes from
+    there), and it exits STALE_EXIT."""
     from pathlib import Path
 
     import psutil
@@ -147,10 +154,17 @@ def test_a_stale_attempt_ends_its_processes_and_exits_without_a_word(api_url, tm
     proc = subprocess.Popen([sys.executable, "-c", STALE_ATTEMPT, api_url, flow_run_id, str(tmp_path)], cwd=repo,
                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(repo)})  # fmt: skip
     try:
-        child = int(proc.stdout.readline())
+        child, clock_started = proc.stdout.readline().split()
+        child = int(child)
         assert run_lease.read_lease(api_url, flow_run_id).attempt == 1
+        time.sleep(1.0)
+        taken = time.time()
         AttemptLease(api_url, flow_run_id, 2, lambda why: pytest.fail(why), host="gpu-host-2").take(wait=lambda s: None)
         assert proc.wait(timeout=120) == STALE_EXIT
+        exited = time.time()
+        # The clock ran until the attempt stopped itself: after the lease was taken, before the process was gone.
+        stopped = float(clock_started) + ClockRecorder.used_seconds(tmp_path / CLOCK_FILE)
+        assert taken - 0.1 <= stopped <= exited + 0.1, (taken, stopped, exited)
         try:  # SIGKILLed: gone, or a zombie until init reaps it
             assert psutil.Process(child).status() == psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:

@@ -3,7 +3,8 @@
 `ClockRecorder` writes the clock to a file four times a second, so a run resumed after a crash knows how much
 of the agent's budget was already spent, within a quarter of a second; an earlier attempt whose agent kept
 running after its harness stopped recording (a frozen harness) is charged up to the moment the retry ended it
-(`charge_until`). Time past the budget (the grace the agent gets to wrap up) is counted apart from it.
+(`charge_until`); one that stops itself because a later attempt took over saves its clock as it ends its agent
+(`stop_all_now`). Time past the budget (the grace the agent gets to wrap up) is counted apart from it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 
 CLOCK_FILE = "clock.json"
 """In the run's harness directory: the agent's clock as `ClockRecorder` last saved it."""
+_RECORDING: set[ClockRecorder] = set()
+"""The recorders of this process's running sessions (`ClockRecorder.stop_all_now`)."""
 
 
 class BudgetClock:
@@ -162,14 +165,26 @@ class ClockRecorder:
         while not self._stop.wait(self.interval_s):
             self.save()
 
+    @staticmethod
+    def stop_all_now() -> None:
+        """This process is about to end its agents and exit at once, without unwinding (an attempt that a later
+        one took over): every running session's clock stops now and is saved, so the attempt that goes on
+        resumes from the moment the agent was stopped, not from a save up to `interval_s` (on a loaded machine,
+        seconds) before it."""
+        for recorder in list(_RECORDING):
+            recorder.clock.stop()
+            recorder.__exit__()
+
     def __enter__(self) -> ClockRecorder:
+        _RECORDING.add(self)
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=5)  # its last save is done before this one: one writer of the file at a time
         self.save()
+        _RECORDING.discard(self)
 
 
 def _write_json(path: Path, record: dict) -> None:
