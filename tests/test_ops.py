@@ -129,6 +129,57 @@ def test_server_status_without_a_server_says_how_to_start_one(tmp_path, monkeypa
     assert "a2rl server start" in capsys.readouterr().out
 
 
+def test_a_busy_server_is_asked_again_briefly_and_its_lasting_answer_stands():
+    """Prefect's server answers 503 while its SQLite database is locked by other writers (a sweep, a loaded
+    machine): the ops client asks again within about two seconds, so `a2rl retry` or `a2rl status` does not fail on
+    a moment's contention; a server that stays busy gets its answer reported after four tries."""
+    import httpx
+
+    from a2rl.ops import prefect_api
+
+    def serve(busy_answers: int) -> tuple[http.server.HTTPServer, list[str]]:
+        seen: list[str] = []
+
+        class Busy(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # the client's CSRF token: this server, like an older one, has none
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_POST(self):
+                seen.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode())
+                busy = len(seen) <= busy_answers
+                body = b'{"exception_message": "Service Unavailable"}' if busy else b"7"
+                self.send_response(503 if busy else 200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Busy)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        return httpd, seen
+
+    httpd, seen = serve(busy_answers=2)
+    try:
+        with prefect_api.client(prefect_local.api_url_of("127.0.0.1", httpd.server_address[1])) as c:
+            assert c.count_flow_runs() == 7
+        assert len(seen) == 3 and seen[0] == seen[2]  # the same request, body and all, sent again
+    finally:
+        httpd.shutdown()
+    httpd, seen = serve(busy_answers=100)
+    try:
+        with prefect_api.client(prefect_local.api_url_of("127.0.0.1", httpd.server_address[1])) as c:
+            with pytest.raises(httpx.HTTPStatusError) as failed:
+                c.count_flow_runs()
+        assert failed.value.response.status_code == 503 and len(seen) == 1 + len(prefect_api.BUSY_WAITS_S)
+    finally:
+        httpd.shutdown()
+
+
 def test_a_server_that_accepts_but_never_answers_costs_one_timeout_not_prefects_retries():
     """`a2rl status` against a stuck server says so after its timeout: the ops client (a2rl.ops.prefect_api)
     does not add Prefect's five backed-off retries (2 + 4 + 8 + 16 + 32 s) on top."""

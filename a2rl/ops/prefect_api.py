@@ -4,21 +4,51 @@ Every ops function takes the server's API URL (`a2rl server start --port`, PREFE
 the client is built for that URL rather than from the settings (`get_client()` reads PREFECT_API_URL only). Its
 own retries are off: our callers already come back (the lease renewal every RENEW_S, the server's sweep every
 SWEEP_S, `a2rl retry`'s verify loop) or answer an operator at once, so a stuck server costs one timeout, not
-Prefect's five backed-off attempts. Prefect is imported here, on first use only: `a2rl` commands that never
-reach the server do not pay for it.
+Prefect's five backed-off attempts. A server that answers "busy" at once is another matter: 503 is what Prefect's
+server says while its SQLite database is locked by other writers (a sweep's runs, a loaded machine), and that
+request is asked again a few times within about two seconds (`BusyRetries`) rather than failing an operator's
+`a2rl retry`. Prefect is imported here, on first use only: `a2rl` commands that never reach the server do not
+pay for it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
 if TYPE_CHECKING:
     from prefect.client.orchestration import SyncPrefectClient
 
 TIMEOUT_S = 10.0
+BUSY_STATUS = frozenset({429, 502, 503})
+"""Answers that say "ask again shortly" (Prefect's client retries the same ones)."""
+BUSY_WAITS_S = (0.25, 0.5, 1.0)
+"""The waits before asking a busy server again: four tries in about two seconds, then its answer stands."""
+
+
+class BusyRetries(httpx.HTTPTransport):
+    """The ops client's transport: a request the server answered "busy" (BUSY_STATUS) is sent again after each of
+    BUSY_WAITS_S; anything else, a timeout included, is handed back at once. Connecting is retried as Prefect's
+    own transport does (`retries=3`), for a server that is restarting."""
+
+    def __init__(self, waits_s: tuple[float, ...] = BUSY_WAITS_S) -> None:
+        super().__init__(retries=3)
+        self.waits_s = waits_s
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        for wait_s in self.waits_s:
+            response = super().handle_request(request)
+            if response.status_code not in BUSY_STATUS:
+                return response
+            response.read()
+            response.close()
+            time.sleep(wait_s)
+        return super().handle_request(request)
 
 
 _OPEN: ContextVar[dict[tuple[str, float], SyncPrefectClient]] = ContextVar("a2rl_prefect_clients", default={})
@@ -41,7 +71,7 @@ def client(api_url: str, timeout_s: float = TIMEOUT_S) -> Iterator[SyncPrefectCl
 
     with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}):
         with SyncPrefectClient(api_url, api_key=PREFECT_API_KEY.value(), auth_string=PREFECT_API_AUTH_STRING.value(),
-                               httpx_settings={"timeout": timeout_s}) as c:  # fmt: skip
+                               httpx_settings={"timeout": timeout_s, "transport": BusyRetries()}) as c:  # fmt: skip
             token = _OPEN.set({**_OPEN.get(), key: c})
             try:
                 yield c
