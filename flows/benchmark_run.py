@@ -325,7 +325,7 @@ def take_run_lease(ctx: RunContext) -> AttemptLease | None:
 
 def stop_stale_attempt(harness_dir: Path, run_id: str, why: str) -> None:
     """A later attempt holds the run's lease: end this attempt's processes and exit at once, writing nothing more
-    (the flow run's state and the run's files are the later attempt's now)."""
+    (the flow run's state and the run's files are the later attempt's now) than its agent's clock as it stops."""
     logging.getLogger(__name__).error("this attempt of %s stops itself: %s", run_id, why)
     ClockRecorder.stop_all_now()  # the agent's time ends here, with the SIGKILLs below
     for record in procs.read_records(harness_dir):
