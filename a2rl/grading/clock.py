@@ -173,7 +173,14 @@ class ClockRecorder:
         seconds) before it."""
         for recorder in list(_RECORDING):
             recorder.clock.stop()
-            recorder.__exit__()
+            recorder.close()
+
+    def close(self) -> None:
+        """Stop the periodic saves and save once more."""
+        self._stop.set()
+        self._thread.join(timeout=5)  # its last save is done before this one: one writer of the file at a time
+        self.save()
+        _RECORDING.discard(self)
 
     def __enter__(self) -> ClockRecorder:
         _RECORDING.add(self)
@@ -181,10 +188,7 @@ class ClockRecorder:
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)  # its last save is done before this one: one writer of the file at a time
-        self.save()
-        _RECORDING.discard(self)
+        self.close()
 
 
 def _write_json(path: Path, record: dict) -> None:

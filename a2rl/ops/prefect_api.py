@@ -34,10 +34,10 @@ BUSY_WAITS_S = (0.25, 0.5, 1.0)
 class BusyRetries(httpx.HTTPTransport):
     """The ops client's transport: a request the server answered "busy" (BUSY_STATUS) is sent again after each of
     BUSY_WAITS_S; anything else, a timeout included, is handed back at once. Connecting is retried as Prefect's
-    own transport does (`retries=3`), for a server that is restarting."""
+    own transport does (`connect_retries=3`), for a server that is restarting."""
 
-    def __init__(self, waits_s: tuple[float, ...] = BUSY_WAITS_S) -> None:
-        super().__init__(retries=3)
+    def __init__(self, waits_s: tuple[float, ...] = BUSY_WAITS_S, connect_retries: int = 3) -> None:
+        super().__init__(retries=connect_retries)
         self.waits_s = waits_s
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
