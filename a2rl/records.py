@@ -9,9 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_serializer
 
 Split = Literal["validation", "test"]
 Protocol = Literal["heldout", "paper"]
@@ -33,6 +33,8 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+MAX_BUDGET_S = 7 * 24 * 3600.0
+"""The longest agent budget a run takes: a week; more is a typo (milliseconds for seconds), not a plan."""
 ANALYSIS_ONLY = frozenset({"test_every_submission"})
 """RunConfig fields that add analysis-only evaluations and change nothing the run measures: not in its hash, so
 turning one on names the same run (and a retry with it on resumes the run)."""
@@ -44,7 +46,8 @@ class RunConfig(BaseModel):
     The single source of a run's settings: the CLI's options (a2rl/run_options.py) are derived from these fields;
     it is the typed `config` parameter of the `benchmark-run` flow (and `run` of the sweep's), so the Prefect UI's
     run form shows it field by field, and prefect.yaml's `config:` validates as it (tests/test_run_config.py).
-    Each field's docstring is its help text."""
+    Each field's docstring is its help text; its limits are pydantic constraints, so a bad value is refused where
+    the config is made (the CLI's option, the form's field, a deployment's parameters at flow-run creation)."""
 
     model_config = ConfigDict(use_attribute_docstrings=True)
 
@@ -61,19 +64,19 @@ class RunConfig(BaseModel):
     """training mode, checked on the agent's code at every submission"""
     strict_mode: bool = False
     """refuse submissions whose code breaks the mode (default: accept and flag them)"""
-    base_model: str = "smollm2-135m-instruct"
+    base_model: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)] = "smollm2-135m-instruct"
     """base model: a registry key, a local HF checkpoint dir, a local .gguf file, or an HF id (needs internet)"""
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
     """seed given to the agent"""
-    budget_s: float = 120.0
+    budget_s: float = Field(default=120.0, gt=0, le=MAX_BUDGET_S, allow_inf_nan=False)
     """agent wall-clock budget in seconds (grading excluded)"""
     protocol: Protocol = "heldout"
     """heldout: validation feedback, one hidden-test evaluation; paper: test feedback"""
-    max_submissions: int = 20
+    max_submissions: int = Field(default=20, ge=1)
     """submission cap"""
-    val_limit: int | None = 16
+    val_limit: int | None = Field(default=16, ge=0)
     """evaluate the first N validation items (0 or None = all); the report says so"""
-    test_limit: int | None = 32
+    test_limit: int | None = Field(default=32, ge=0)
     """evaluate the first N hidden-test items (0 or None = all); the report says so"""
     eval_batch_size: int = Field(default=16, ge=1)
     """prompts per generate call in the grader (interactive tasks: episodes stepped together); on a GPU raise it,
@@ -83,11 +86,11 @@ class RunConfig(BaseModel):
     sandbox: Literal["auto", "required", "off"] = "auto"
     """bubblewrap sandbox for the agent: auto falls back to a visibly weaker mode (rlimits, scrubbed
     environment, quota) where it cannot run; required refuses to start without it"""
-    max_workspace_bytes: int = 100 * 1024**3
+    max_workspace_bytes: int = Field(default=100 * 1024**3, ge=1)
     """disk quota of the agent's workspace, bytes"""
-    grading_workers: int = 1
+    grading_workers: int = Field(default=1, ge=1)
     """parallel evaluations; on a GPU machine each worker gets its own GPU"""
-    max_checkpoint_bytes: int = 64 * 1024**3
+    max_checkpoint_bytes: int = Field(default=64 * 1024**3, ge=1)
     """largest checkpoint a submission may be, bytes"""
     test_every_submission: bool = False
     """after the session, also evaluate every scored submission on the hidden test set, for analysis only (the

@@ -14,7 +14,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from a2rl.records import RunConfig
 
@@ -39,7 +39,7 @@ class RunOptions(BaseModel):
     """the results store (DuckDB); a relative path is taken from the repository root"""
     runs_dir: Path | None = None
     """where run directories go (default: `runs/` beside the results store)"""
-    grace_s: float = GRACE_S
+    grace_s: float = Field(default=GRACE_S, ge=0, allow_inf_nan=False)
     """seconds the agent gets after its budget to save and submit, before it is stopped"""
     on_resume: ResumePolicy = "continue"
     """a retried run continues an interrupted agent session with what remains of its budget, or records it

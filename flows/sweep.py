@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from itertools import product
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
@@ -67,7 +67,7 @@ class SweepMatrix(BaseModel):
     drivers: list[str] | None = None
     """driver LLMs, paired with LLM agents only (a scripted agent runs once per cell with driver `none`)"""
     modes: list[Mode] | None = None
-    seeds: list[int] | None = None
+    seeds: list[Annotated[int, Field(ge=0)]] | None = None
 
 
 class SweepConfig(BaseModel):
@@ -86,14 +86,14 @@ class SweepConfig(BaseModel):
     `deployment` on its work pool and (with `wait`) follow them until they end"""
     force: bool = False
     """also run configurations already completed in the results store"""
-    gpu_slots: int = 1
+    gpu_slots: int = Field(default=1, ge=1)
     """slots of the global concurrency limit `gpu`, i.e. agent sessions at once across workers"""
     deployment: str = RUN_DEPLOYMENT
     job_variables: dict[str, Any] | None = None
     """per-run infrastructure overrides for the deployment (e.g. {"env": {...}})"""
     wait: bool = True
-    poll_s: float = 5.0
-    watch_timeout_s: float | None = None
+    poll_s: float = Field(default=5.0, gt=0, allow_inf_nan=False)
+    watch_timeout_s: float | None = Field(default=None, gt=0)
     """stop following after this long (the runs go on, the sweep fails saying so); None = a bound from the
     matrix: each run's budget three times over plus an hour, per run"""
     merge_from: list[str] | None = None

@@ -8,7 +8,6 @@ It lives in `tasks`, not in the library, because it asks the tasks, agents and d
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import tempfile
@@ -17,8 +16,6 @@ from urllib.parse import urlparse
 
 from a2rl.records import RunConfig
 
-MAX_BUDGET_S = 7 * 24 * 3600.0
-"""A week: more is a typo (milliseconds for seconds), not a plan."""
 NETWORK_TIMEOUT_S = 5.0
 
 
@@ -27,8 +24,8 @@ class PreflightError(ValueError):
 
 
 def check_run(config: RunConfig, results: Path, runs_dir: Path | None = None, *, probe: bool = True) -> None:
-    """All checks, cheapest first. `probe=False` skips what asks the network or starts an agent's CLI."""
-    check_limits(config)
+    """All checks, cheapest first. `probe=False` skips what asks the network or starts an agent's CLI. A config's
+    limits are not checked here: they are RunConfig's types, refused where the config is made."""
     runs_dir = Path(runs_dir) if runs_dir else Path(results).parent / "runs"
     check_results_location(Path(results), runs_dir)
     check_space(config, Path(results), runs_dir)
@@ -40,39 +37,18 @@ def check_run(config: RunConfig, results: Path, runs_dir: Path | None = None, *,
 
 
 def check_sweep(configs: list[RunConfig], results: Path, runs_dir: Path | None = None) -> None:
-    """What every run of a sweep can be checked for here, before any starts: limits, the results location, each
-    task and agent named (drivers and CLIs are checked by each run where it runs: a worker may be elsewhere)."""
+    """What every run of a sweep can be checked for here, before any starts (its limits are RunConfig's types):
+    the results location, each task and agent named (drivers and CLIs are checked by each run where it runs: a
+    worker may be elsewhere)."""
     from a2rl.agents import agent_class
 
     check_results_location(Path(results), Path(runs_dir) if runs_dir else Path(results).parent / "runs")
     for c in configs:
-        check_limits(c)
         check_task(c.task, c.variant, probe=False)
         try:
             agent_class(c.agent)
         except KeyError as e:
             raise PreflightError(f"{e.args[0]} (see `a2rl agents`)") from e
-
-
-def check_limits(c: RunConfig) -> None:
-    if not (math.isfinite(c.budget_s) and 0 < c.budget_s <= MAX_BUDGET_S):
-        raise PreflightError(f"--budget must be a number of seconds between 1 and {MAX_BUDGET_S:.0f} (a week), "
-                             f"got {c.budget_s:g}; e.g. --budget 600")  # fmt: skip
-    for flag, value in (("--val-limit", c.val_limit), ("--test-limit", c.test_limit)):
-        if value is not None and value < 0:
-            raise PreflightError(f"{flag} must be 0 (all items) or a positive number of items, got {value}")
-    if c.max_submissions < 1:
-        raise PreflightError(f"--max-submissions must be at least 1, got {c.max_submissions}")
-    if c.seed < 0:
-        raise PreflightError(f"--seed must be 0 or positive, got {c.seed}")
-    for flag, value, example in (("--max-workspace-bytes", c.max_workspace_bytes, "107374182400 (100 GiB)"),
-                                 ("--max-checkpoint-bytes", c.max_checkpoint_bytes, "68719476736 (64 GiB)"),
-                                 ("--grading-workers", c.grading_workers, "1")):  # fmt: skip
-        if value < 1:
-            raise PreflightError(f"{flag} must be at least 1, got {value}; e.g. {flag} {example}")
-    if not c.base_model.strip():
-        raise PreflightError("--base-model is empty; name a registry key (e.g. smollm2-135m-instruct), a checkpoint "
-                             "directory or a hub id")  # fmt: skip
 
 
 def check_results_location(results: Path, runs_dir: Path) -> None:

@@ -190,3 +190,80 @@ def test_a2rl_status_finds_a_runs_harness_from_its_flow_runs_parameters_of_eithe
     row = FlowRunRow(id=flow_run_id, flow="benchmark-run", name="x", state="Running", state_type="RUNNING",
                      start="", elapsed_s=None, parameters=params)  # fmt: skip
     assert harness_dir_of(row) == harness
+
+
+# Limits are constraints of the types (issue #46): each bad value, the field that refuses it.
+BAD_VALUES = {"budget_s": [-5, 0, float("nan"), float("inf"), 8 * 24 * 3600], "seed": [-1], "max_submissions": [0],
+              "val_limit": [-3], "test_limit": [-1], "max_workspace_bytes": [0], "max_checkpoint_bytes": [-1],
+              "grading_workers": [0], "eval_batch_size": [0], "base_model": ["", "   "]}  # fmt: skip
+
+
+@pytest.mark.parametrize("field,value", [(f, v) for f, vs in BAD_VALUES.items() for v in vs])
+def test_a_config_out_of_its_limits_is_refused_where_it_is_made_naming_its_field(field, value):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as refused:
+        RunConfig(**{field: value})
+    assert [e["loc"] for e in refused.value.errors()] == [(field,)]
+    from prefect.exceptions import ParameterTypeError
+
+    with pytest.raises(ParameterTypeError, match=rf"config\.{field}:"):  # the flows' parameters (a deployment's)
+        benchmark_run.validate_parameters({"config": {field: value}, "options": {}})
+    with pytest.raises(ParameterTypeError, match=rf"config\.run\.{field}:"):  # and a sweep's
+        sweep.validate_parameters({"config": {"run": {field: value}}})
+
+
+def test_options_and_sweep_limits_are_constraints_too():
+    from pydantic import ValidationError
+
+    for bad in ({"options": {"grace_s": -1}}, {"gpu_slots": 0}, {"poll_s": 0}, {"watch_timeout_s": -1},
+                {"matrix": {"seeds": [0, -1]}}):  # fmt: skip
+        with pytest.raises(ValidationError):
+            SweepConfig.model_validate(bad)
+
+
+def test_the_run_form_shows_the_limits():
+    """The Prefect UI renders the form from the parameter schema: its bounds are what it refuses."""
+    run_config = model_of(form(benchmark_run), form(benchmark_run)["properties"]["config"])["properties"]
+    assert run_config["budget_s"]["exclusiveMinimum"] == 0 and run_config["budget_s"]["maximum"] == 7 * 24 * 3600
+    assert run_config["seed"]["minimum"] == 0 and run_config["max_submissions"]["minimum"] == 1
+    assert {"minimum": 0} in [{k: v for k, v in alt.items() if k == "minimum"} for alt in run_config["val_limit"]["anyOf"]]
+
+
+def test_the_cli_names_its_own_flag_for_a_refused_sweep_value(tmp_path, capsys):
+    """`a2rl sweep --budget -5` is refused naming --budget (the flag typed), not the field's name."""
+    from a2rl.cli import main
+
+    assert main(["sweep", "--budget", "-5", "--dry-run", "--results", str(tmp_path / "r.duckdb")]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("a2rl: --budget -5") and "greater than 0" in line, line
+    assert main(["sweep", "--seeds", "0", "-2", "--dry-run", "--results", str(tmp_path / "r.duckdb")]) == 2
+    assert capsys.readouterr().err.strip().startswith("a2rl: --seeds"), "the matrix's flag"
+    assert not (tmp_path / "r.duckdb").exists()
+
+
+def test_a_deployment_refuses_a_bad_config_before_a_flow_run_exists(prefect_harness, tmp_path):
+    """A deployment's parameter schema is the flow's, enforced by the server: a run of it with a negative budget
+    is refused at creation, naming the field (no flow run, so no run directory and no row)."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import PrefectHTTPStatusError
+    from prefect.utilities.callables import parameter_schema
+
+    with get_client(sync_client=True) as client:
+        flow_id = client.create_flow(benchmark_run)
+        deployment_id = client.create_deployment(flow_id, f"limits-{tmp_path.name}",
+                                                 parameter_openapi_schema=parameter_schema(benchmark_run).model_dump(),
+                                                 enforce_parameter_schema=True)  # fmt: skip
+        options = RunOptions(results=tmp_path / "r.duckdb").model_dump(mode="json")
+        with pytest.raises(PrefectHTTPStatusError) as refused:
+            client.create_flow_run_from_deployment(deployment_id, parameters={"config": {"budget_s": -5},
+                                                                              "options": options})  # fmt: skip
+        assert refused.value.response.status_code == 409 and "budget_s" in refused.value.response.text
+        from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+        made = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+        assert made == []
+        ok = client.create_flow_run_from_deployment(deployment_id, parameters={"config": {"budget_s": 5},
+                                                                                "options": options})  # fmt: skip
+        client.delete_flow_run(ok.id)  # a good one is taken (and removed: no worker here)
+    assert not (tmp_path / "r.duckdb").exists() and not (tmp_path / "runs").exists()

@@ -613,9 +613,11 @@ def main(argv: list[str] | None = None) -> int:
         _traceback_if(debug)
         print(f"a2rl: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
-    except ValidationError as e:  # a value the settings refuse (a sweep's, a driver's)
+    except ValidationError as e:  # a value the settings refuse (a sweep's, a driver's): named by its option
+        from a2rl.run_options import option_name
+
         _traceback_if(debug)
-        print(f"a2rl: {validation_line(e)}", file=sys.stderr)
+        print(f"a2rl: {validation_line(e, option_name)}", file=sys.stderr)
         return 2
     except OpsError as e:  # server, worker, deployment or retry: the message says what to do
         _traceback_if(debug)
