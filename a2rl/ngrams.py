@@ -1,5 +1,5 @@
 """Word tokens and n-grams: the one text matching that the contamination guard (`a2rl.benchmarks.contamination`,
-held-out items in a task's visible data) and the post-run leak audit (`a2rl.isolation.leak_audit`, hidden items in what
+held-out items in a task's visible data) and the post-run leak audit (`a2rl.summary.leak_audit`, hidden items in what
 the agent wrote) share. Tokens are lower-cased `\\w+` runs, so whitespace, punctuation and case do not matter.
 """
 

@@ -9,7 +9,7 @@ import traceback
 from pathlib import Path
 
 from a2rl.grading.ledger import Ledger, LedgerCorrupted, head_mac
-from a2rl.isolation.leak_audit import LeakReport, audit_run, hidden_texts, leak_metrics
+from a2rl.summary.leak_audit import LeakReport, audit_run, hidden_texts, leak_metrics
 from a2rl.ngrams import StreamMatcher
 from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
 from a2rl.capture.attempts import read_attempts

@@ -629,7 +629,7 @@ def test_an_output_flood_is_capped_and_a_leak_inside_it_still_found(tmp_path, ti
     """Agent output volume: the sandboxed agent prints 80 MiB, a hidden item after the first 60. agent.log keeps
     its head and tail only (the rest counted, and searched as it was written), and the leak audit finds the item
     in the dropped middle: "found", never "0 of N" (issue 24: 3 GiB in 36 s; a flood then a leak read clean)."""
-    from a2rl.isolation.leak_audit import audit_run, hidden_texts
+    from a2rl.summary.leak_audit import audit_run, hidden_texts
     from a2rl.ngrams import StreamMatcher
     from a2rl.capture.agent_log import HEAD_BYTES, TAIL_BYTES, read_agent_log_records
     from tests.redteam_agent import FLOOD_ATTEMPT
@@ -1065,7 +1065,7 @@ def test_encoded_normalised_or_split_hidden_items_are_found_and_answers_are_audi
     or UTF-16-encoded, joined with `_`, interleaved with zero-width spaces, in Cyrillic look-alike letters,
     reversed, or split over two files: 0 of 40 found each time; reference answers were not audited. Now 40 of 40
     in each case, and the report says what it decoded; an honest workspace stays "not found"."""
-    from a2rl.isolation.leak_audit import audit_leaks, hidden_texts
+    from a2rl.summary.leak_audit import audit_leaks, hidden_texts
 
     items, cases = _encoded_leaks()
     texts = hidden_texts(items)
@@ -1093,7 +1093,7 @@ def test_encoded_normalised_or_split_hidden_items_are_found_and_answers_are_audi
 
 def _found_items(ws: Path, texts: list[str]) -> set[int]:
     """Every item the audit found in `ws` (the report lists at most 20 examples)."""
-    from a2rl.isolation import leak_audit
+    from a2rl.summary import leak_audit
 
     old, leak_audit.MAX_EXAMPLES = leak_audit.MAX_EXAMPLES, 10_000
     try:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from sandbox_support import needs_bwrap
 
-from a2rl.isolation.leak_audit import audit_leaks, hidden_texts
+from a2rl.summary.leak_audit import audit_leaks, hidden_texts
 from a2rl.paths import a2rl_home
 from a2rl.isolation.sandbox import FORWARDER, Limits, SandboxPolicy, SandboxUnavailable, data_package_paths, sandbox_label, sandbox_mode, workspace_bytes, workspace_over_quota, wrap
 
@@ -363,7 +363,7 @@ def test_policy_round_trips_through_json_for_harness_side_runners(workspace):
 
 
 def test_leak_audit_skips_what_the_harness_provided(tmp_path):
-    from a2rl.isolation.leak_audit import audit_leaks
+    from a2rl.summary.leak_audit import audit_leaks
 
     hidden = "A farmer has seventeen sheep and all but nine run away; how many sheep does the farmer have left now"
     (tmp_path / "data").mkdir()

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 from a2rl.grading.ledger import LedgerCorrupted, LedgerHead, mac_matches, read_ledger
 from a2rl.grading.record import eval_key
-from a2rl.isolation.leak_audit import LeakReport, leak_metrics
+from a2rl.summary.leak_audit import LeakReport, leak_metrics
 from a2rl.protocol.picking import latest_submissions
 from a2rl.capture.calls import read_llm_calls, read_tool_calls
 from a2rl.capture.resources import read_resources, resource_rows
