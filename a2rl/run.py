@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
+from a2rl import __version__ as a2rl_version
 from a2rl.records import RunConfig
 from a2rl.workspace import RunPaths
 
 if TYPE_CHECKING:
     from a2rl.isolation.sandbox import SandboxPolicy
 
-MANIFEST_PACKAGES = ("a2rl", "prefect", "torch", "transformers", "trl", "peft", "datasets", "duckdb", "fastapi")
+MANIFEST_PACKAGES = ("prefect", "torch", "transformers", "trl", "peft", "datasets", "duckdb", "fastapi")
 
 
 class RunContext(BaseModel):
@@ -57,7 +58,10 @@ class Provenance(BaseModel):
 
     @classmethod
     def here(cls) -> Provenance:
-        return cls(packages={name: _version(name) for name in MANIFEST_PACKAGES}, python=platform.python_version(),
+        # The harness's own version from the code that runs (its distribution is a2rl-bench; a distribution named
+        # `a2rl` is another project on PyPI, which must never be reported as this one).
+        packages = {"a2rl": a2rl_version, **{name: _version(name) for name in MANIFEST_PACKAGES}}
+        return cls(packages=packages, python=platform.python_version(),
                    platform=platform.platform(), harness_git_revision=_git_revision(),
                    machine=Machine(host=host_name(), cpu_count=_cpu_count(), gpus=gpu_names()))  # fmt: skip
 

@@ -11,6 +11,7 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+DISTRIBUTION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["name"]
 PACKAGES = ("a2rl", "agents", "analysis", "benchmarks", "blocks", "flows", "tasks")
 
 OPTIONAL = {
@@ -132,7 +133,7 @@ def test_the_wheel_installs_one_top_level_name_and_imports_from_it(tmp_path):
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
                     str(source)], check=True, capture_output=True, timeout=600)  # fmt: skip
-    (wheel,) = wheels.glob("a2rl-*.whl")
+    (wheel,) = wheels.glob(f"{DISTRIBUTION.replace('-', '_')}-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"a2rl", wheel.name.split("-py")[0] + ".dist-info"}
     for package in PACKAGES[1:]:
@@ -160,3 +161,26 @@ def test_the_package_list_names_every_package_of_the_checkout():
             found.add(dotted if top == "a2rl" else f"a2rl.{dotted}")
     assert set(setuptools["packages"]) == found
     assert setuptools["package-dir"] == {f"a2rl.{top}": top for top in PACKAGES[1:]}
+
+
+def test_the_distribution_is_not_named_like_another_pypi_project():
+    """`a2rl` on PyPI is another project (amazon-accessible-rl-sdk, which imports as `a2rl` too): a plug-in that
+    declared a dependency on `a2rl` would pull it. The distribution is `a2rl-bench`; the import package stays `a2rl`,
+    and its version is the one pyproject declares."""
+    import a2rl
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["name"] == "a2rl-bench" and project["version"] == a2rl.__version__
+    lock = tomllib.loads((REPO / "uv.lock").read_text())
+    assert [p["version"] for p in lock["package"] if p["name"] == "a2rl-bench"] == [a2rl.__version__]
+    assert not [p for p in lock["package"] if p["name"] == "a2rl"]
+
+
+def test_a_run_records_the_harness_version_not_another_distributions(monkeypatch):
+    """With PyPI's `a2rl` installed beside the harness, a run's provenance still names the harness's version."""
+    import a2rl
+    from a2rl.run import Provenance
+
+    real = md.version
+    monkeypatch.setattr(md, "version", lambda name: "1.2.0" if name == "a2rl" else real(name))
+    assert Provenance.here().packages["a2rl"] == a2rl.__version__
