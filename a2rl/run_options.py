@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from a2rl.paths import checkout_root
 from a2rl.records import RunConfig
 
 DEFAULT_RESULTS = Path("results/a2rl.duckdb")
@@ -47,13 +48,15 @@ class RunOptions(BaseModel):
 
 
 def repo_root() -> Path:
-    return Path(__file__).resolve().parent.parent
+    """The checkout a2rl runs from; for an installed wheel, the directory it was started in."""
+    return checkout_root() or Path.cwd()
 
 
 def resolve_results(path: Path | str) -> Path:
     """A flow's results path: absolute as given; a relative one (a deployment's default `results/...`) is taken
     from the repository root, where `a2rl deploy` registered the deployments and `a2rl status` looks, not from
-    the temporary directory a process worker runs the flow in. The CLI passes absolute paths."""
+    the temporary directory a process worker runs the flow in (an installed wheel has no repository: from the
+    directory it runs in, never from site-packages). The CLI passes absolute paths."""
     path = Path(path).expanduser()
     return path if path.is_absolute() else repo_root() / path
 

@@ -10,6 +10,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 DISTRIBUTION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["name"]
 PACKAGES = ("a2rl", "agents", "analysis", "benchmarks", "blocks", "flows", "tasks")
@@ -117,13 +119,12 @@ def test_the_vllm_environment_resolves():
     assert pins["vllm"].split()[0] == "0.31.0" and pins["torch"].split()[0].startswith("2.")
 
 
-def test_the_wheel_installs_one_top_level_name_and_imports_from_it(tmp_path):
-    """The repository keeps the design card's top-level folders, but the wheel puts only `a2rl` into site-packages
-    (`flows/` installs as `a2rl/flows/`, ...): no generic name such as `agents` (the OpenAI Agents SDK's) or
-    `tasks` to clash with another package. Built from a copy of the tracked files, as a fresh checkout would."""
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel, built from a copy of the tracked files, as a fresh checkout would build it."""
     import subprocess
-    import zipfile
 
+    tmp_path = tmp_path_factory.mktemp("wheel")
     source = tmp_path / "src"
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
     for rel in filter(None, tracked.decode().split("\0")):
@@ -133,12 +134,24 @@ def test_the_wheel_installs_one_top_level_name_and_imports_from_it(tmp_path):
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
                     str(source)], check=True, capture_output=True, timeout=600)  # fmt: skip
-    (wheel,) = wheels.glob(f"{DISTRIBUTION.replace('-', '_')}-*.whl")
+    (built,) = wheels.glob(f"{DISTRIBUTION.replace('-', '_')}-*.whl")
+    return built
+
+
+def test_the_wheel_installs_one_top_level_name_and_imports_from_it(wheel, tmp_path):
+    """The repository keeps the design card's top-level folders, but the wheel puts only `a2rl` into site-packages
+    (`flows/` installs as `a2rl/flows/`, ...): no generic name such as `agents` (the OpenAI Agents SDK's) or
+    `tasks` to clash with another package. Built from a copy of the tracked files, as a fresh checkout would."""
+    import subprocess
+    import zipfile
+
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"a2rl", wheel.name.split("-py")[0] + ".dist-info"}
     for package in PACKAGES[1:]:
         assert f"a2rl/{package}/__init__.py" in names
     assert "a2rl/benchmarks/gsm8k/description.md" in names and "a2rl/templates/instructions.md" in names
+    shipped = {f"a2rl/data/{p.relative_to(REPO / 'data')}" for p in (REPO / "data").glob("*/*.json")}
+    assert shipped and shipped <= set(names), f"task data missing from the wheel: {sorted(shipped - set(names))}"
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     probe = ("import a2rl.flows.benchmark_run, a2rl.benchmarks, a2rl.agents, sys; "
@@ -154,13 +167,13 @@ def test_the_package_list_names_every_package_of_the_checkout():
     """pyproject lists the packages one by one (a package-dir mapping cannot be found automatically): a new
     package folder must join the list, or the wheel would ship without it."""
     setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    found = {"a2rl.templates"}
+    found = {"a2rl.templates", "a2rl.data"}  # data/: the task data's split files, package data only
     for top in PACKAGES:
         for init in (REPO / top).rglob("__init__.py"):
             dotted = ".".join(init.parent.relative_to(REPO).parts)
             found.add(dotted if top == "a2rl" else f"a2rl.{dotted}")
     assert set(setuptools["packages"]) == found
-    assert setuptools["package-dir"] == {f"a2rl.{top}": top for top in PACKAGES[1:]}
+    assert setuptools["package-dir"] == {f"a2rl.{top}": top for top in (*PACKAGES[1:], "data")}
 
 
 def test_the_distribution_is_not_named_like_another_pypi_project():
@@ -184,3 +197,57 @@ def test_a_run_records_the_harness_version_not_another_distributions(monkeypatch
     real = md.version
     monkeypatch.setattr(md, "version", lambda name: "1.2.0" if name == "a2rl" else real(name))
     assert Provenance.here().packages["a2rl"] == a2rl.__version__
+
+
+def test_no_module_finds_a_file_by_assuming_a_checkout():
+    """A path computed upward from a module's file (`Path(__file__).parents[2] / "data"`) lands in site-packages
+    once installed: files are found through `a2rl.paths` (`data_file`, `package_file`, `checkout_root`, ...),
+    the one module that knows both layouts."""
+    upward = re.compile(r"(__file__|HERE|ROOT)\)?(\.resolve\(\))?\.(parents\[|parent\.parent)")
+    found = [f"{path.relative_to(REPO)}:{n}" for package in PACKAGES for path in sorted((REPO / package).rglob("*.py"))
+             if path != REPO / "a2rl" / "paths.py"
+             for n, line in enumerate(path.read_text().splitlines(), 1) if upward.search(line)]  # fmt: skip
+    assert not found, f"paths that assume a checkout: {found}"
+
+
+def test_an_installed_wheel_runs_a_benchmark_run_outside_the_checkout(wheel, prefect_harness, tiny_model_dir,
+                                                                       tmp_path):
+    """`pip install` of the wheel into a fresh venv, then `a2rl run` from another directory: the task's split files
+    come from the wheel, the run writes where it was told, nothing lands in site-packages. Offline: the venv sees
+    this environment's packages through a path file (the wheel is installed without its dependencies)."""
+    import os
+    import subprocess
+    import sysconfig
+
+    from prefect.settings import PREFECT_API_URL
+
+    venv = tmp_path / "venv"
+    subprocess.run([_uv(), "venv", "-q", "--offline", "--python", sys.executable, str(venv)], check=True,
+                   capture_output=True, timeout=300)  # fmt: skip
+    subprocess.run([_uv(), "pip", "install", "-q", "--offline", "--no-deps", "--python", str(venv / "bin" / "python"),
+                    str(wheel)], check=True, capture_output=True, timeout=300)  # fmt: skip
+    (site,) = (venv / "lib").glob("python3*/site-packages")
+    (site / "zz_harness_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "A2RL_DEBUG")}
+    env |= {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "PREFECT_API_URL": PREFECT_API_URL.value(),
+            "A2RL_SFT_MAX_STEPS": "4", "A2RL_SFT_BATCH_SIZE": "4", "A2RL_SFT_MAX_LENGTH": "512",
+            "A2RL_SFT_TRAIN_S": "5", "A2RL_SFT_LR": "5e-3"}  # fmt: skip
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import a2rl, a2rl.paths as p; "
+                            "print(a2rl.__file__, p.checkout_root(), p.data_file('gsm8k', 'split-offline.json'))"],
+                           cwd=work, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert where.returncode == 0, where.stderr[-2000:]
+    assert where.stdout.split() == [str(site / "a2rl" / "__init__.py"), "None",
+                                    str(site / "a2rl" / "data" / "gsm8k" / "split-offline.json")]
+    before = {p for p in site.rglob("*") if "__pycache__" not in p.parts}
+    done = subprocess.run([str(venv / "bin" / "a2rl"), "run", "--base-model", str(tiny_model_dir), "--budget", "20",
+                           "--val-limit", "2", "--test-limit", "2", "--results", "out/r.duckdb", "--sandbox", "off"],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    import duckdb
+
+    with duckdb.connect(str(work / "out" / "r.duckdb"), read_only=True) as con:
+        (status,) = con.execute("SELECT status FROM runs").fetchone()
+    assert status == "completed" and len(list((work / "out" / "runs").glob("*/harness/report.json"))) == 1
+    assert {p for p in site.rglob("*") if "__pycache__" not in p.parts} == before, "the run wrote into site-packages"

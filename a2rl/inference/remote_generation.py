@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from a2rl.inference.generation import Conversation, GenerationOutput, render_prompt
+from a2rl.paths import import_root
 
 WORKER_SCRIPT = Path(__file__).with_name("generation_worker.py")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class RemoteGenerationError(RuntimeError):
@@ -70,7 +70,7 @@ class WorkerClient:
 
     def __init__(self, python: str, model_dir: str | Path, backend: str = "vllm", start_timeout_s: float = 1800):
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(import_root()), env.get("PYTHONPATH")]))
         cmd = [python, str(WORKER_SCRIPT), "--backend", backend, "--model", str(model_dir)]
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)

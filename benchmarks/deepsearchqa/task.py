@@ -36,11 +36,12 @@ from a2rl.benchmarks.envs import searchqa
 from a2rl.benchmarks.envs.searchqa import Judge, SearchQAEnv, contains_alias, searchqa_prompt
 from a2rl.benchmarks.envs.splits import read_manifest, split_ids, write_manifest
 from a2rl.benchmarks.envs.task import InteractiveTask
+from a2rl.paths import data_file
 
 SPLIT_SEED = 20262
 SIZES = {"validation": 200, "test": 400, "train": -1}
 RETRIEVAL_K = 5
-MANIFEST = Path(__file__).resolve().parents[2] / "data" / "deepsearchqa" / "split-offline.json"
+MANIFEST = data_file("deepsearchqa", "split-offline.json")
 REGENERATE = "a2rl.benchmarks.deepsearchqa.task.write_offline_manifest()"
 
 

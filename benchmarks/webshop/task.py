@@ -30,10 +30,11 @@ from a2rl.benchmarks.webshop.catalog import (
     catalog_hash,
     read_products,
 )
+from a2rl.paths import data_file
 
 SPLIT_SEED = 20261
 SIZES = {"validation": 100, "test": 100, "train": -1}
-MANIFEST = Path(__file__).resolve().parents[2] / "data" / "webshop" / "split-offline.json"
+MANIFEST = data_file("webshop", "split-offline.json")
 REGENERATE = "a2rl.benchmarks.webshop.task.write_offline_manifest()"
 
 
