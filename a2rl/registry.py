@@ -41,26 +41,28 @@ class PluginRef:
 class Registry(Generic[T]):
     """Names -> lazily imported objects. Built-ins are given as `module:object` strings; entry points of `group`
     are read on first use. A name declared twice (built-in and plug-in, or two plug-ins) is an error that names
-    both sources, never a silent override."""
+    both sources, never a silent override, and raised for that name only (the other plug-ins stay usable)."""
 
     def __init__(self, kind: str, group: str, builtin: dict[str, str]):
         self.kind = kind
         self.group = group
         self._builtin = {name: PluginRef(name, target, "built-in") for name, target in builtin.items()}
         self._refs: dict[str, PluginRef] | None = None
+        self._clashes: dict[str, list[PluginRef]] = {}
         self._loaded: dict[str, T] = {}
 
     def _discover(self) -> dict[str, PluginRef]:
         if self._refs is None:
             refs = dict(self._builtin)
+            clashes: dict[str, list[PluginRef]] = {}
             for ep in importlib.metadata.entry_points(group=self.group):
                 dist = getattr(ep.dist, "name", None) or "an installed package"
                 ref = PluginRef(ep.name, ep.value, dist)
                 if ep.name in refs and refs[ep.name].target != ref.target:
-                    raise PluginError(f"two {self.kind}s are named {ep.name!r}: {refs[ep.name].target} "
-                                      f"({refs[ep.name].source}) and {ref.target} ({dist}); uninstall or rename one")
+                    # Refused for this name only, when it is asked for: every other plug-in stays usable.
+                    clashes.setdefault(ep.name, [refs[ep.name]]).append(ref)
                 refs[ep.name] = ref
-            self._refs = refs
+            self._refs, self._clashes = refs, clashes
         return self._refs
 
     def refresh(self) -> None:
@@ -71,10 +73,22 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         return sorted(self._discover())
 
+    def clashes(self) -> dict[str, str]:
+        """Names declared more than once, each with the error its lookup raises (a listing shows them apart)."""
+        self._discover()
+        return {name: self._clash_message(name, clash) for name, clash in self._clashes.items()}
+
+    def _clash_message(self, name: str, clash: list[PluginRef]) -> str:
+        both = " and ".join(f"{r.target} ({r.source})" for r in clash)
+        count = "two" if len(clash) == 2 else str(len(clash))
+        return f"{count} {self.kind}s are named {name!r}: {both}; uninstall or rename one"
+
     def ref(self, name: str) -> PluginRef:
         refs = self._discover()
         if name not in refs:
             raise PluginError(f"unknown {self.kind} {name!r}; known {self.kind}s: {', '.join(sorted(refs))}")
+        if clash := self._clashes.get(name):
+            raise PluginError(self._clash_message(name, clash))
         return refs[name]
 
     def load(self, name: str) -> T:

@@ -243,3 +243,29 @@ def test_an_unknown_or_broken_plugin_is_one_clear_error(tmp_path, monkeypatch):
     finally:
         monkeypatch.undo()
         a2rl.agents.AGENTS.refresh()
+
+
+def test_a_name_two_plugins_declare_is_refused_alone(tmp_path, monkeypatch):
+    """Two installed packages both declare an agent `toy-sft`: that name is refused naming both, and only that
+    name: every other agent and task still loads, and the listings show the rest."""
+    root = _plugin_package(tmp_path / "site", """
+        [a2rl.agents]
+        toy-sft = a2rl_toy_plugin.agent:ToySFT
+        """)
+    other = root / "a2rl_toy_plugin_two-0.1.dist-info"
+    other.mkdir()
+    (other / "METADATA").write_text("Metadata-Version: 2.1\nName: a2rl-toy-plugin-two\nVersion: 0.1\n")
+    (other / "entry_points.txt").write_text("[a2rl.agents]\ntoy-sft = a2rl_toy_plugin.task:Echo\n")
+    monkeypatch.syspath_prepend(str(root))
+    a2rl.agents.AGENTS.refresh()
+    try:
+        with pytest.raises(PluginError, match=r"two agents are named 'toy-sft': .*\(a2rl-toy-plugin\) and .*"
+                                              r"\(a2rl-toy-plugin-two\)"):  # fmt: skip
+            a2rl.agents.agent_class("toy-sft")
+        assert a2rl.agents.agent_class("reference-sft").id == "reference-sft"
+        assert "reference-sft" in a2rl.agents.list_agents() and "toy-sft" not in a2rl.agents.list_agents()
+        assert set(a2rl.agents.AGENTS.clashes()) == {"toy-sft"}
+        assert a2rl.benchmarks.get_task("gsm8k").id == "gsm8k"
+    finally:
+        monkeypatch.undo()
+        a2rl.agents.AGENTS.refresh()

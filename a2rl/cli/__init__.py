@@ -245,6 +245,10 @@ def cmd_tasks(args: argparse.Namespace) -> int:
         return 0
     for t in list_tasks():
         print(f"{t.id:14} {t.level}  {t.title}  [{', '.join(t.variant_labels)}]")
+    from a2rl.benchmarks import TASKS
+
+    for name, problem in TASKS.clashes().items():
+        print(f"{name:14} not usable: {problem}")
     return 0
 
 
