@@ -6,7 +6,7 @@ a module or inside a function, so a loop hidden behind a lazy import fails like 
     a2rl.benchmarks, a2rl.agents,  plug-ins: tasks, agents, driver LLMs, analysis; they import the library
     a2rl.blocks, a2rl.analysis
     a2rl (the rest)                the library: imports none of the packages above; inside it, its packages are
-                                   layered too (store > summary (the leak audit) > grading > inference > building blocks)
+                                   layered too (store > summary (leak audit) > grading > inference > building blocks)
 
 So the library can be read, tested and reused without a task, an agent, a Prefect flow or a figure, and no
 import cycle between packages hides behind a lazy import.
