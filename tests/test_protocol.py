@@ -242,3 +242,51 @@ def test_no_copy_of_a_rule_in_the_stores_sql(tmp_path):
             con.execute(step)
         found = " ".join(_sql_copies(con.execute(CATALOG_SQL).fetchall()))
     assert [rule for rule in SQL_COPIES if rule not in found] == []
+
+
+# The interval maths written again in Python (a z, a t quantile, a standard error): `a2rl.summary.intervals` is its
+# one home; the places that compute numbers a user reads must call it. The store's SQL is scanned above.
+PY_INTERVAL_COPIES = {
+    "the normal z of a 95% interval": re.compile(r"\b1\.96\b"),
+    "the t quantile": re.compile(r"12\.706|\.ppf\(|\bt\.interval\("),
+    "a standard error (a spread over the root of a count)": re.compile(
+        r"/\s*(?:math\.|np\.|numpy\.)?sqrt\("  # sd / sqrt(n)
+        r"|/\s*\(?[\w.()]+\)?\s*\*\*\s*\(?0?\.5\b"  # sd / n ** 0.5
+        r"|sqrt\([^()]*(?:\([^()]*\)[^()]*)*/\s*\w+\)"),  # sqrt(var / n)
+    "the binomial standard error": re.compile(r"\*\s*\(\s*1(?:\.0)?\s*-\s*\w+\s*\)\s*/"),
+}
+NUMBER_PACKAGES = ("a2rl/summary", "a2rl/store", "a2rl/grading", "a2rl/cli", "a2rl/ops", "analysis", "tasks", "flows")
+INTERVAL_HOME = "a2rl/summary/intervals.py"
+HISTORY = {"a2rl/store/schema.py": "the store's migrations, SQL kept as it ran (the catalog is scanned instead)"}
+COMPARISON_ONLY = {("analysis/coverage.py", "t_over_seeds_bounds"): "the old leaderboard's t-interval, for comparison"}
+
+
+def _python_interval_copies(files: list[Path]) -> list[str]:
+    found = []
+    for path in files:
+        rel = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+        text = path.read_text()
+        owner = {}  # line -> enclosing function, for the comparisons kept on purpose
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                owner.update({n: node.name for n in range(node.lineno, (node.end_lineno or node.lineno) + 1)})
+        for n, line in enumerate(text.splitlines(), 1):
+            code = line.split("#")[0]
+            for rule, pattern in PY_INTERVAL_COPIES.items():
+                if pattern.search(code) and (rel, owner.get(n)) not in COMPARISON_ONLY:
+                    found.append(f"{rel}:{n}: a copy of {rule}")
+    return found
+
+
+def test_no_copy_of_the_interval_maths_in_python(tmp_path):
+    files = [p for pkg in NUMBER_PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))]
+    files += sorted((ROOT / "a2rl").glob("*.py"))
+    files = [p for p in files if str(p.relative_to(ROOT)) not in {INTERVAL_HOME, *HISTORY}]
+    assert _python_interval_copies(files) == []
+    planted = tmp_path / "planted.py"  # the scan itself: each way of writing an interval again is found
+    planted.write_text("def ci(mean, sd, n, p, var, k):\n    half = 1.96 * sd / n ** 0.5\n"
+                       "    se = math.sqrt(var / k)\n    q = scipy.stats.t.ppf(0.975, k - 1)\n"
+                       "    b = 100 * sqrt(p * (1 - p) / n)\n    return mean - sd / np.sqrt(len(x))\n")  # fmt: skip
+    found = " ".join(_python_interval_copies([planted]))
+    assert [rule for rule in PY_INTERVAL_COPIES if rule not in found] == [], found
+    assert len(_python_interval_copies([planted])) >= 5

@@ -21,7 +21,7 @@ import numpy as np
 
 from a2rl.store.derived import BUDGET_FRACTIONS, insert_rows
 from a2rl.summary.intervals import (DELTA_PSEUDO, SCORE_PSEUDO, Z975_PRINTED, agresti_coull_score, binomial_var,
-                                    binomial_se, item_se, seeds_interval, seeds_items_interval)  # fmt: skip
+                                    binomial_se, item_se, mean_se, seeds_interval, seeds_items_interval)  # fmt: skip
 
 GROUP = ("task", "variant", "item_selection", "base_model")
 
@@ -142,7 +142,7 @@ def _setting_rows(analysed: list[tuple[Any, ...]], pairs: dict[str, list[tuple[A
     for setting_id, runs in sorted(settings.items()):
         group, k = runs[0][1:5], len(runs)
         deltas = [r[8] for r in runs]
-        se = math.sqrt(_var(deltas) / k) if k > 1 else None
+        se = mean_se(_var(deltas), k) if k > 1 else None
         table = _shared_items(runs, pairs)
         for metric in ("delta", "score"):
             if table is not None:

@@ -359,6 +359,11 @@ def baseline_se(scores: Sequence[float]) -> float:
     return item_se(float(s.std()), n)
 
 
+def mean_se(variance: float, n: int) -> float:
+    """Standard error of a mean over n values whose sample variance is `variance` (e.g. a setting's Δ over seeds)."""
+    return math.sqrt(variance / n)
+
+
 def item_se(sd: float, n: int) -> float:
     """Standard error (points) of a mean over n graded items whose scores (0-1) have population sd `sd`: the
     bootstrap SE of their mean."""
