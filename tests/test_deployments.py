@@ -60,6 +60,7 @@ def test_prefect_yaml_registers_the_three_deployments_on_the_local_pool(live):
         {k: form[k] for k in ("properties", "definitions")}  # fmt: skip
     assert {"config.driver", "options.results"} <= schema_names(run.parameter_openapi_schema)
     assert run.parameters["config"]["task"] == "gsm8k" and set(run.parameters) == {"config", "options"}
+    assert run.enforce_parameter_schema  # a run out of RunConfig's limits is refused before it exists (#46)
     sweep_config = nightly.parameters["config"]
     assert sweep_config["matrix"]["seeds"] == [0, 1, 2] and sweep_config["local"] is False
     assert nightly.work_queue_name == "sweeps"
