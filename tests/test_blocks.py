@@ -61,8 +61,9 @@ def test_cost_uses_all_four_prices():
 
 
 def test_registry():
-    assert list_agents() == ["claude-code", "claude-tools", "codex", "gemini", "opencode", "openhands",
-                             "reference-grpo", "reference-sft", "reference-sft-gigpo", "reference-sft-grpo"]  # fmt: skip
+    # Read from the registry, not a fixed list (a new agent, built in or a plug-in, must not break this test).
+    agents = list_agents()
+    assert agents == sorted(agents) and {"claude-tools", "codex", "reference-grpo", "reference-sft"} <= set(agents)
     assert uses_llm("codex") and not uses_llm("reference-grpo")
     with pytest.raises(KeyError, match="known agents"):
         get_agent("gpt-agent")

@@ -74,7 +74,7 @@ def test_each_cli_agent_builds_the_same_command_parses_the_same_events_and_keeps
         tmp_path, monkeypatch):  # fmt: skip
     expected = json.loads(SNAPSHOT.read_text())
     found = cli_agents()
-    assert sorted(found) == sorted(expected) == ["claude-code", "codex", "gemini", "opencode", "openhands"]
+    assert found and sorted(found) == sorted(expected), "each CLI agent the registry has keeps a snapshot"
     for name, cls in found.items():
         workspace = tmp_path / name
         workspace.mkdir()
