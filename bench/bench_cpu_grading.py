@@ -1,17 +1,23 @@
-"""CPU grading of the default run on three paths, side by side in one process, same items, same token ids.
+"""CPU grading of the default run on several engines, side by side in one process, same items, same token ids.
 
 * `fp32 static`: the decode engine over a static cache, the shared exemplars copied into every row, fixed
   batches (the CPU path before issue #37);
 * `fp32 batcher`: `a2rl.inference.prefix_batching` (the exemplars' KV once for all rows, continuous batching,
   prompts prefilled in groups of similar length): the default greedy CPU path, same numeric path;
-* `bf16 batcher`: the same with bf16 weights (what evaluation uses where `a2rl.inference.numerics` measures bf16
-  matmuls faster).
+* `bf16 batcher`: the same with bf16 weights (the opt-in `A2RL_CPU_EVAL_DTYPE=bf16`);
+* with `--llama-cpp DIR`: llama.cpp on the same GGUF file (the registry model's Q4_1 file the checkpoint was
+  converted from) and the same token ids, greedy, the prefix decoded once and shared in its KV cache, rows
+  decoded together (`llama.cpp batch`) and one at a time (`llama.cpp sequential`); `bench/llama_cpp_grading.py`
+  says how (the llama-cpp-cffi 0.4.42 wheel in a `pip install --no-deps --target DIR` folder and a one-symbol
+  libstdc++ shim). Its answers come from the Q4_1 weights with 8-bit activations, not the fp32 dequantized ones,
+  so agreement with fp32 is a measure, not expected to be total.
 
-Runs alternate so machine load hits every path alike; wall and CPU seconds are both printed (on a shared machine
-CPU seconds vary less). Completions are compared with the fp32 static path's (fp32 paths: identical expected;
-bf16: the agreement is the measure).
+All on one thread. Runs alternate so machine load hits every engine alike; CPU seconds are the measure (wall is
+printed too). The floor: the fp32 matrix products the grading needs at least (2 x the weight matrices'
+parameters x the tokens fed, prefix once + suffixes + generated tokens; attention left out), at this CPU's
+measured fp32 GEMM rate per CPU second. Completions are compared with the fp32 static path's.
 
-    python bench/bench_cpu_grading.py --model smollm2-135m-instruct --limit 16 --repeats 2
+    python bench/bench_cpu_grading.py --model smollm2-135m-instruct --limit 16 --repeats 2 --llama-cpp DIR
 """
 
 from __future__ import annotations
@@ -20,7 +26,10 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the evaluation process runs
 
@@ -31,15 +40,19 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=16, help="validation items (the default run grades 16)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--llama-cpp", type=Path, default=None,
+                        help="a --target folder holding llama-cpp-cffi 0.4.42 (adds the llama.cpp engines)")
     args = parser.parse_args()
 
     import torch
 
-    from a2rl.base_models.registry import resolve_base_model
-    from a2rl.inference.generation import generate, load_model
-    from a2rl.inference.numerics import probe
+    from a2rl.base_models.registry import DEFAULT_BASE_MODEL, REGISTRY, gguf_path, resolve_base_model
     from a2rl.benchmarks import get_task
+    from a2rl.inference.decode_engine import shared_prefix
+    from a2rl.inference.generation import (MIN_SHARED_PREFIX, _eos_ids, _finish_rows, generate, load_model,
+                                           render_prompt)  # fmt: skip
 
+    torch.set_num_threads(1)
     task = get_task("gsm8k")
     task.prepare("offline")
     items = task.load_split("offline", "validation", args.limit)
@@ -47,36 +60,92 @@ def main() -> None:
     d = task.decoding
     model_dir = resolve_base_model(args.model)
     models = {"fp32": load_model(model_dir, "cpu"), "bf16": load_model(model_dir, "cpu", dtype=torch.bfloat16)}
+    tokenizer = models["fp32"].tokenizer
+    ids = tokenizer([render_prompt(tokenizer, c) for c in conversations], add_special_tokens=False)["input_ids"]
+    prefix = shared_prefix(ids)
+    prefix = prefix if len(prefix) >= MIN_SHARED_PREFIX else []
+    eos = _eos_ids(models["fp32"].model, tokenizer)
     paths = [("fp32", "static"), ("fp32", "auto"), ("bf16", "auto")]
-    print(json.dumps({"threads": torch.get_num_threads(), "items": len(items), "probe": probe()}), flush=True)
+    if args.llama_cpp is not None:
+        paths += [("q4_1", f"llama.cpp batch {args.batch_size}"), ("q4_1", "llama.cpp sequential")]
+        request = {"gguf": str(gguf_path(REGISTRY[args.model if args.model in REGISTRY else DEFAULT_BASE_MODEL])),
+                   "prefix": prefix, "rows": [r[len(prefix):] for r in ids], "max_new_tokens": d.max_new_tokens,
+                   "eos": sorted(eos), "stop": list(d.stop), "threads": 1}  # fmt: skip
+    print(json.dumps({"threads": torch.get_num_threads(), "items": len(items), "prefix_tokens": len(prefix)}),
+          flush=True)  # fmt: skip
     wall: dict = {p: [] for p in paths}
     cpu: dict = {p: [] for p in paths}
-    outs = {}
+    outs: dict = {}
     for _ in range(args.repeats):
         for dtype, engine in paths:
             w, c = time.perf_counter(), time.process_time()
-            out = generate(models[dtype], conversations, max_new_tokens=d.max_new_tokens, temperature=0.0,
-                           stop=d.stop, batch_size=args.batch_size, engine=engine)  # fmt: skip
+            if engine.startswith("llama.cpp"):
+                slots = 1 if engine.endswith("sequential") else args.batch_size
+                got = _llama_cpp(args.llama_cpp, {**request, "batch": slots})
+                texts, counts = _finish_rows(got["new_tokens"], tokenizer, tuple(d.stop), eos)
+                outs[(dtype, engine)] = (texts, sum(counts))
+                cpu_s = got["cpu_s"]  # the child's decoding alone (its model load is reported apart)
+                print(json.dumps({"llama_cpp_load_cpu_s": round(got["load_cpu_s"], 2)}), flush=True)
+            else:
+                out = generate(models[dtype], conversations, max_new_tokens=d.max_new_tokens, temperature=0.0,
+                               stop=d.stop, batch_size=args.batch_size, engine=engine)  # fmt: skip
+                outs[(dtype, engine)] = (out.completions, out.generated_tokens)
+                cpu_s = time.process_time() - c
             wall[(dtype, engine)].append(time.perf_counter() - w)
-            cpu[(dtype, engine)].append(time.process_time() - c)
-            outs[(dtype, engine)] = out
+            cpu[(dtype, engine)].append(cpu_s)
             print(json.dumps({"dtype": dtype, "engine": engine, "wall_s": round(wall[(dtype, engine)][-1], 1),
-                              "cpu_s": round(cpu[(dtype, engine)][-1], 1), "tokens": out.generated_tokens,
+                              "cpu_s": round(cpu_s, 1), "tokens": outs[(dtype, engine)][1],
                               "load": round(os.getloadavg()[0], 1)}), flush=True)  # fmt: skip
-    reference = outs[paths[0]]
-    base_wall, base_cpu = statistics.median(wall[paths[0]]), statistics.median(cpu[paths[0]])
-    print(f"\n| path | wall s (each run) | CPU s (each run) | speed-up wall / CPU (medians) | tokens | tok/s (wall) "
-          f"| same completions as fp32 static | correct |")  # fmt: skip
+    reference = outs[paths[0]][0]
+    floor = _floor_cpu_s(models["fp32"].model, len(prefix) + sum(len(r) - len(prefix) for r in ids),
+                         outs[("fp32", "auto")][1])  # fmt: skip
+    base_cpu = statistics.median(cpu[paths[0]])
+    print(f"\nfloor: {floor['cpu_s']:.1f} CPU s ({floor['gflop']:.0f} GFLOP of fp32 matrix products at "
+          f"{floor['gflops']:.1f} GFLOP per CPU s, n = {len(items)} items)\n")
+    print("| engine | CPU s (each run) | x fp32 static (CPU, medians) | x floor | tokens | tokens / CPU s "
+          "| same completions as fp32 static | correct |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     for path in paths:
-        out = outs[path]
-        same = sum(a == b for a, b in zip(reference.completions, out.completions))
-        correct = sum(r.correct for r in task.score_items(items, out.completions))
-        mw, mc = statistics.median(wall[path]), statistics.median(cpu[path])
-        print(f"| {path[0]} {'static engine' if path[1] == 'static' else 'batcher'} "
-              f"| {', '.join(f'{s:.1f}' for s in wall[path])} | {', '.join(f'{s:.1f}' for s in cpu[path])} "
-              f"| {base_wall / mw:.2f}x / {base_cpu / mc:.2f}x | {out.generated_tokens} "
-              f"| {out.generated_tokens / mw:.1f} | {same}/{len(items)} | {correct}/{len(items)} |")  # fmt: skip
+        texts, tokens = outs[path]
+        same = sum(a == b for a, b in zip(reference, texts))
+        correct = sum(r.correct for r in task.score_items(items, texts))
+        mc = statistics.median(cpu[path])
+        name = path[1] if path[1].startswith("llama.cpp") else f"a2rl {path[0]} " + (
+            "static engine" if path[1] == "static" else "batcher")
+        print(f"| {name} | {', '.join(f'{s:.1f}' for s in cpu[path])} | {base_cpu / mc:.2f}x | "
+              f"{mc / floor['cpu_s']:.1f}x | {tokens} | {tokens / mc:.1f} | {same}/{len(items)} "
+              f"| {correct}/{len(items)} |")  # fmt: skip
+
+
+def _llama_cpp(site: Path, request: dict) -> dict:
+    """`bench/llama_cpp_grading.py` in its own process: the wheel's folder on its path, the shim preloaded."""
+    here = Path(__file__).resolve().parent
+    from llama_cpp_grading import shim_library  # noqa: PLC0415 - bench/ is this script's folder
+
+    env = {**os.environ, "PYTHONPATH": str(site), "LD_PRELOAD": str(shim_library(site))}
+    out = subprocess.run([sys.executable, str(here / "llama_cpp_grading.py")], input=json.dumps(request), env=env,
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _floor_cpu_s(model, fed_tokens: int, generated_tokens: int) -> dict:
+    """CPU seconds of the grading's matrix products at this CPU's fp32 GEMM rate (one thread, best of 3)."""
+    import torch
+
+    head = model.get_output_embeddings()  # on generated tokens only (a prompt's last position is one of them)
+    body = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head)
+    gflop = 2 * (body * (fed_tokens + generated_tokens) + head.weight.numel() * generated_tokens) / 1e9
+    x, w = torch.randn(64, 576), torch.randn(1536, 576)
+    best = float("inf")
+    with torch.inference_mode():
+        torch.nn.functional.linear(x, w)
+        for _ in range(3):
+            c = time.process_time()
+            for _ in range(200):
+                torch.nn.functional.linear(x, w)
+            best = min(best, time.process_time() - c)
+    gflops = 200 * 2 * x.shape[0] * w.numel() / 1e9 / best
+    return {"gflop": gflop, "gflops": gflops, "cpu_s": gflop / gflops}
 
 
 if __name__ == "__main__":

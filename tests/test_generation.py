@@ -159,25 +159,68 @@ def test_cpu_batcher_failure_falls_back_with_the_same_answers(tiny: LoadedModel,
     assert out.completions == reference.completions and sum(done) == len(with_prefix)
 
 
-def test_cpu_numeric_path_follows_the_probe_and_the_override(tmp_path, monkeypatch) -> None:
-    """bf16 only where the probe measured it faster; the verdict is kept per machine so a grader and its
-    evaluation process agree; A2RL_CPU_EVAL_DTYPE overrides it, and a typo is refused."""
+def test_cpu_evaluation_is_fp32_everywhere_unless_bf16_is_asked_for(tmp_path, monkeypatch) -> None:
+    """fp32 on every CPU by default, even where the probe measured bf16 faster: a checkpoint gets one answer set
+    wherever it is graded. bf16 is an opt-in (`bf16`, or `auto`: where the probe says it pays) whose path names
+    what changes its answers, the batch size and the engine; the probe's verdict is kept per machine; a typo is
+    refused."""
     from a2rl.inference import numerics
 
     monkeypatch.setattr(numerics, "_verdict_file", lambda: tmp_path / "cpu-numerics.json")
     monkeypatch.delenv(numerics.CPU_DTYPE_ENV, raising=False)
+    monkeypatch.delenv("A2RL_DECODE_ENGINE", raising=False)
     measured = numerics.probe_verdict()
     assert measured["fp32_s"] > 0 and measured["bf16_s"] > 0
     assert numerics.probe_verdict() == measured  # kept, not measured again
-    for speedup, path in ((1.0, "cpu-fp32"), (2.1, "cpu-bf16")):
-        (tmp_path / "cpu-numerics.json").write_text(json.dumps({**measured, "bf16_speedup": speedup}))
-        assert numerics.numeric_path("transformers", on_gpu=False) == path
-        assert numerics.numeric_path("transformers", on_gpu=True) == "cuda-bf16"
+    (tmp_path / "cpu-numerics.json").write_text(json.dumps({**measured, "bf16_speedup": 2.1}))
+    assert numerics.numeric_path("transformers", on_gpu=False) == "cpu-fp32"  # the probe alone picks nothing
+    assert numerics.numeric_path("transformers", on_gpu=True) == "cuda-bf16"
+    monkeypatch.setenv(numerics.CPU_DTYPE_ENV, "auto")
+    assert numerics.numeric_path("transformers", on_gpu=False, batch_size=4) == "cpu-bf16-b4-auto"
+    (tmp_path / "cpu-numerics.json").write_text(json.dumps({**measured, "bf16_speedup": 1.0}))
+    assert numerics.cpu_path(4) == "cpu-fp32"
+    monkeypatch.setenv(numerics.CPU_DTYPE_ENV, "bf16")
+    assert numerics.cpu_path(16) == "cpu-bf16-b16-auto" != numerics.cpu_path(16, engine="static")
+    monkeypatch.setenv("A2RL_DECODE_ENGINE", "generate")
+    assert numerics.cpu_path(1) == "cpu-bf16-b1-generate"
+    assert str(numerics.torch_dtype(numerics.cpu_path(1))) == "torch.bfloat16"
     monkeypatch.setenv(numerics.CPU_DTYPE_ENV, "fp32")
-    assert numerics.cpu_path() == "cpu-fp32"
+    assert numerics.cpu_path(1) == "cpu-fp32" and str(numerics.torch_dtype("cpu-fp32")) == "torch.float32"
     monkeypatch.setenv(numerics.CPU_DTYPE_ENV, "fp16")
     with pytest.raises(ValueError, match="fp32, bf16 or auto"):
         numerics.cpu_path()
+
+
+def test_the_cache_keeps_bf16_results_of_another_batch_size_apart(tmp_path, monkeypatch) -> None:
+    """fp32 answers do not depend on the batch, so one cached fp32 result serves every batch size; bf16 answers
+    do, so its cache entries (and evaluator ids, hence settings) differ by batch size."""
+    from a2rl.benchmarks import get_task
+    from a2rl.inference import numerics
+    from a2rl.inference.evaluation import EvalCache, EvalSpec
+
+    task = get_task("gsm8k")
+    cache = EvalCache(tmp_path)
+    by_batch = {b: EvalSpec.of(task, "offline", "test", 8, batch_size=b) for b in (4, 16)}
+    monkeypatch.setenv(numerics.CPU_DTYPE_ENV, "fp32")
+    assert cache._file("h", by_batch[4]) == cache._file("h", by_batch[16])
+    monkeypatch.setenv(numerics.CPU_DTYPE_ENV, "bf16")
+    assert cache._file("h", by_batch[4]) != cache._file("h", by_batch[16])
+
+
+def test_fp32_answers_do_not_depend_on_the_batch_or_its_company(tiny: LoadedModel, with_prefix) -> None:
+    """The default (fp32, shared-prefix batcher) path gives the same items the same completions at batch 1, 4
+    and 16, alone or among other prompts (in another order, behind another shared prefix or none)."""
+    items = with_prefix[:6]
+    alone = {b: generate(tiny, items, max_new_tokens=MAX_NEW, batch_size=b).completions for b in (1, 4, 16)}
+    assert alone[1] == alone[4] == alone[16]
+    others = [[c[0], {"role": "user", "content": q}] for c, q in zip(with_prefix, tiny_questions(40, 52))]
+    crowd = others[:5] + items[::-1] + others[5:]
+    among = generate(tiny, crowd, max_new_tokens=MAX_NEW, batch_size=4).completions[5 : 5 + len(items)][::-1]
+    assert among == alone[1]
+    bare = [c[1:] for c in with_prefix[6:12]]  # no shared system message: no prefix is prefilled once
+    mixed = generate(tiny, bare + items, max_new_tokens=MAX_NEW, batch_size=16).completions[len(bare) :]
+    assert mixed == alone[1]
+    assert len(set(alone[1])) > 1  # the items really get different answers
 
 
 def test_bf16_cpu_generation_runs_the_batcher_in_bf16(tiny_model_dir: Path, with_prefix) -> None:
@@ -205,3 +248,40 @@ def test_the_report_names_the_numeric_path_that_graded(tmp_path):
     (evaluations / "torn.json").write_text("{")
     assert graded_numeric_paths(evaluations) == ["cpu-bf16", "cpu-fp32"]
     assert graded_numeric_paths(tmp_path / "missing") == []
+
+
+def test_results_and_the_report_warn_when_numeric_paths_are_mixed(tmp_path, capsys):
+    """Runs graded on different numeric paths give different answers: `a2rl results` says so under its table,
+    and a run whose own evaluations mix paths says so in its report; one path alone gives no warning."""
+    import argparse
+    from types import SimpleNamespace
+
+    from a2rl.cli import cmd_results
+    from a2rl.records import EvalResult, RunConfig
+    from a2rl.store.results import ResultsStore
+    from a2rl.summary.report import run_notes
+
+    path = tmp_path / "results.duckdb"
+    store = ResultsStore(path)
+    for run_id, numerics in (("r1", "cpu-fp32"), ("r2", "cpu-fp32"), ("r3", "cpu-bf16-b16-auto")):
+        store.start_run(run_id, RunConfig(seed=int(run_id[1])), None, "offline")
+        result = EvalResult(task="gsm8k", split="test", score=5.0, n=8, n_correct=0,
+                            evaluator_id=f"gsm8k/prompt/v1@{numerics}", generated_tokens=1, duration_s=1.0)  # fmt: skip
+        store.record_evaluation(run_id, "baseline-test", "baseline", result)
+    assert cmd_results(argparse.Namespace(results=str(path), limit=10)) == 0
+    assert "different numeric paths (cpu-bf16-b16-auto, cpu-fp32)" in capsys.readouterr().out
+    assert cmd_results(argparse.Namespace(results=str(path), limit=2)) == 0  # r3 and r2
+    assert "different numeric paths" in capsys.readouterr().out
+    store.record_evaluation("r3", "baseline-test", "baseline", result.model_copy(update={"evaluator_id": "x@cpu-fp32"}))
+    assert cmd_results(argparse.Namespace(results=str(path), limit=10)) == 0
+    assert "numeric paths" not in capsys.readouterr().out
+    paths = SimpleNamespace(harness_dir=tmp_path)
+    evaluations = tmp_path / "evaluations"
+    evaluations.mkdir()
+    for name, numerics in (("baseline-0-test", "cpu-fp32"), ("final-1-test", "cpu-fp32")):
+        (evaluations / f"{name}.json").write_text(json.dumps({"evaluator_id": f"gsm8k/prompt/v1@{numerics}"}))
+    notes = run_notes(SimpleNamespace(config=RunConfig(), variant_label="offline", paths=paths), {})
+    assert any("`cpu-fp32`" in n for n in notes) and not any("mix numeric paths" in n for n in notes)
+    (evaluations / "final-1-test.json").write_text(json.dumps({"evaluator_id": "gsm8k/prompt/v1@cpu-bf16-b16-auto"}))
+    notes = run_notes(SimpleNamespace(config=RunConfig(), variant_label="offline", paths=paths), {})
+    assert any("mix numeric paths" in n for n in notes), notes

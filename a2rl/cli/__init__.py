@@ -259,12 +259,29 @@ def cmd_results(args: argparse.Namespace) -> int:
         print(f"no results yet: {args.results} does not exist; `make run` (or `a2rl run`) makes the first run")
         return 0
     _check_store(Path(args.results))
-    df = ResultsStore(Path(args.results)).query(
+    store = ResultsStore(Path(args.results))
+    df = store.query(
         "SELECT run_id, task, variant, agent, status, baseline_test, best_val, final_test, delta_test, n_submissions, "
         "started_at FROM runs ORDER BY started_at DESC LIMIT ?", [args.limit]
     )
     print(df.to_string(index=False))
+    if warning := _mixed_numerics_warning(store, list(df["run_id"])):
+        print(warning)
     return 0
+
+
+def _mixed_numerics_warning(store, run_ids: list[str]) -> str | None:
+    """A line when these runs were graded on more than one numeric path (`a2rl.inference.numerics`)."""
+    from a2rl.inference.numerics import mixed_paths
+
+    if not run_ids:
+        return None
+    marks = ", ".join("?" * len(run_ids))
+    ids = store.query(f"SELECT DISTINCT evaluator_id FROM evaluations WHERE run_id IN ({marks})", run_ids)
+    if not (paths := mixed_paths(ids["evaluator_id"].dropna())):
+        return None
+    return (f"warning: these runs were graded on different numeric paths ({', '.join(paths)}): their scores are "
+            "not comparable (another path gives other answers); A2RL_CPU_EVAL_DTYPE picks the CPU path")
 
 
 def _check_store(results: Path) -> None:

@@ -119,7 +119,7 @@ def evaluate(model_dir: Path, spec: EvalSpec, numerics: str | None = None) -> Ev
     from a2rl.inference.numerics import torch_dtype
     from a2rl.ops.progress import ItemProgressWriter
 
-    numerics = numerics or numeric_path(spec.backend, torch.cuda.is_available())
+    numerics = numerics or numeric_path(spec.backend, torch.cuda.is_available(), spec.batch_size)
 
     task = spec.task_object()
     task.preflight()  # what the task needs besides the model (a judge): checked before the model is loaded
@@ -176,7 +176,7 @@ class EvalCache:
         self.root = root or eval_cache_dir()
 
     def _file(self, weights_hash: str, spec: EvalSpec, device: str | None = None) -> Path:
-        numerics = numeric_path(spec.backend, _uses_gpu(device))
+        numerics = numeric_path(spec.backend, _uses_gpu(device), spec.batch_size)
         return self.root / f"{spec.cache_key(weights_hash, evaluator_id(spec, numerics))}.json"
 
     def lookup(self, weights_hash: str, spec: EvalSpec, device: str | None = None) -> EvalResult | None:
@@ -270,7 +270,7 @@ def evaluate_in_subprocess(
         sys.executable, "-m", "a2rl.inference.evaluation",
         "--model", str(model_dir), "--task", spec.task, "--task-class", task_ref, "--variant", spec.variant,
         "--split", spec.split, "--batch-size", str(spec.batch_size), "--backend", spec.backend,
-        "--out", str(out_file), "--numerics", numeric_path(spec.backend, _uses_gpu(device)),
+        "--out", str(out_file), "--numerics", numeric_path(spec.backend, _uses_gpu(device), spec.batch_size),
     ]  # fmt: skip
     if spec.limit:
         cmd += ["--limit", str(spec.limit)]

@@ -70,8 +70,8 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
 def load_model(
     model_dir: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None
 ) -> LoadedModel:
-    """Load a checkpoint for inference: bf16 on CUDA; on CPU `dtype`, default fp32 (exact; evaluation asks for
-    bf16 where `a2rl.inference.numerics` measured it faster on this CPU)."""
+    """Load a checkpoint for inference: bf16 on CUDA; on CPU `dtype`, default fp32 (the same answers at any batch;
+    evaluation asks for bf16 only where A2RL_CPU_EVAL_DTYPE opts in, `a2rl.inference.numerics`)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

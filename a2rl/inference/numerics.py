@@ -1,10 +1,15 @@
 """The numeric path an evaluation runs on, named so that results of different paths are never mixed.
 
-On CUDA evaluation is bf16 (`cuda-bf16`), through vLLM `vllm`. On CPU it is fp32 (`cpu-fp32`) unless a measured
-probe shows bf16 matrix products clearly faster on this CPU (`cpu-bf16`: AVX-512 bf16 or AMX, e.g. 2-3x on a
-2-core EPYC); `A2RL_CPU_EVAL_DTYPE=fp32|bf16` overrides the probe. The probe's verdict is kept per machine (CPU
-model, torch version) beside the evaluation cache, so a grader and its evaluation process always agree on it.
-The path is part of the evaluator id (`<task evaluator id>@<path>`) and so of the evaluation cache key.
+On CUDA evaluation is bf16 (`cuda-bf16`), through vLLM `vllm`. On CPU it is fp32 (`cpu-fp32`) on every machine:
+greedy fp32 answers are the same at any batch size and in any company (the shared-prefix batcher's rows are
+computed independently), so a checkpoint gets one answer set wherever it is graded. bf16 is an explicit opt-in,
+`A2RL_CPU_EVAL_DTYPE=bf16` (or `auto`: bf16 where a measured probe shows its matrix products clearly faster on
+this CPU, e.g. AVX-512 bf16 or AMX). bf16 answers differ from fp32's (about half of GSM8K's extracted answers) and
+depend on the batch (batch 4 against 16 agreed on 6 of 16 completions), so its path names the batch size and
+the decoding engine: `cpu-bf16-b16-auto`. The path is part of the evaluator id (`<task evaluator id>@<path>`) and
+so of the evaluation cache key and of a setting; the report and `a2rl results` warn when runs of different
+paths are shown together. The probe's verdict is kept per machine (CPU model, torch version) beside the
+evaluation cache, so a grader and its evaluation process agree on it.
 """
 
 from __future__ import annotations
@@ -23,28 +28,39 @@ MIN_BF16_SPEEDUP = 1.4
 is several times slower, one with native bf16 about 2-3x faster; between, fp32's exactness wins)."""
 
 
-def numeric_path(backend: str, on_gpu: bool) -> str:
-    """The numeric path of an evaluation with this backend, on a GPU or not."""
+def numeric_path(backend: str, on_gpu: bool, batch_size: int = 16, engine: str | None = None) -> str:
+    """The numeric path of an evaluation with this backend, on a GPU or not; `batch_size` and `engine` (default:
+    A2RL_DECODE_ENGINE, else `auto`) are named by a path whose answers depend on them (CPU bf16)."""
     if backend == "vllm":
         return "vllm"
     if on_gpu:
         return "cuda-bf16"
-    return cpu_path()
+    return cpu_path(batch_size, engine)
 
 
-def cpu_path() -> str:
+def cpu_path(batch_size: int = 16, engine: str | None = None) -> str:
+    """`cpu-fp32` unless A2RL_CPU_EVAL_DTYPE opts into bf16 (`bf16`, or `auto` where the probe says bf16 pays)."""
     forced = os.environ.get(CPU_DTYPE_ENV, "").strip().lower()
-    if forced in CPU_PATHS:
-        return CPU_PATHS[forced]
-    if forced not in ("", "auto"):
+    if forced not in ("", "fp32", "bf16", "auto"):
         raise ValueError(f"{CPU_DTYPE_ENV} must be fp32, bf16 or auto (got {forced!r})")
-    return CPU_PATHS["bf16"] if probe_verdict()["bf16_speedup"] >= MIN_BF16_SPEEDUP else CPU_PATHS["fp32"]
+    if forced == "bf16" or (forced == "auto" and probe_verdict()["bf16_speedup"] >= MIN_BF16_SPEEDUP):
+        engine = engine or os.environ.get("A2RL_DECODE_ENGINE") or "auto"
+        return f"{CPU_PATHS['bf16']}-b{batch_size}-{engine}"
+    return CPU_PATHS["fp32"]
 
 
 def torch_dtype(path: str):
+    """The CPU weights' dtype of a `cpu-*` path."""
     import torch
 
-    return torch.float32 if path == "cpu-fp32" else torch.bfloat16
+    return torch.bfloat16 if path.startswith(CPU_PATHS["bf16"]) else torch.float32
+
+
+def mixed_paths(evaluator_ids) -> list[str]:
+    """The numeric paths named by these evaluator ids when there are more than one (their scores are not
+    comparable: another path gives other answers), else []."""
+    paths = sorted({e.rsplit("@", 1)[1] for e in evaluator_ids if e and "@" in e})
+    return paths if len(paths) > 1 else []
 
 
 def _verdict_file() -> Path:

@@ -99,6 +99,9 @@ def run_notes(ctx: RunContext, session_detail: dict) -> list[str]:
     if paths := graded_numeric_paths(ctx.paths.harness_dir / "evaluations"):
         notes.append("Graded on the numeric path " + ", ".join(f"`{p}`" for p in paths) + " (the evaluator id's "
                      "suffix: cached results of other paths are never reused; `A2RL_CPU_EVAL_DTYPE` chooses on CPU).")
+        if len(paths) > 1:
+            notes.append("Warning: this run's evaluations mix numeric paths, which give different answers: its "
+                         "scores on different paths are not comparable.")
     return notes
 
 
