@@ -170,7 +170,9 @@ def _sections(t: AnalysisTables, fig: dict[str, Path]) -> list[Section]:
 COMPARISON = ("paired by seed number and by hidden-test item: per seed pair and shared item, B's Δ on the item minus "
               "A's, combined over seeds and items with the same seeds × items interval as a setting's Δ; p from the "
               "same test, so the interval leaves 0 out exactly when p < 0.05. Seeds only one side ran are left out "
-              "(unpaired_seeds), and so are items not scored by every paired run (dropped_items). ")
+              "(unpaired_seeds), and so are items not scored by every paired run (dropped_items) and runs without item rows "
+              "where the others have them (runs_without_items); the column design says which design each row used "
+              "(seed pairs × items, seed pairs × shared items, or seeds without per-item results). ")
 
 
 def _rl_section(t: AnalysisTables) -> Section:
@@ -192,9 +194,10 @@ def _rl_section(t: AnalysisTables) -> Section:
 def _comparison_text(r) -> str:
     """"+0.19 [95% −7.92, +8.30], p = 0.96, n = 4 seeds × 134 items: no detectable difference"."""
     if r.ci_low != r.ci_low:
-        return f"{r.mean_diff:+.2f} (n = {r.n_seeds} seeds; {r.interval})"
+        return f"{r.mean_diff:+.2f} (n = {r.n_seeds} seeds; {r.interval}; design: {r.design})"
     return (f"{r.mean_diff:+.2f} [95% {r.ci_low:+.2f}, {r.ci_high:+.2f}], p = {r.p_value:.2g}, n = {r.n_seeds} "
-            f"seeds × {r.n_items} items: {r.verdict}")
+            f"seeds × {r.n_items} items: {r.verdict} (design: {r.design}"
+            + (f"; {r.interval.rsplit('; ', 1)[-1]}" if r.runs_without_items else "") + ")")
 
 
 def _paper_sections(t: AnalysisTables) -> list[Section]:

@@ -78,7 +78,7 @@ def _compare_with_oracle(path: Path) -> None:
     copy = path.with_name("oracle-" + path.name)
     copy.write_bytes(path.read_bytes())
     with duckdb.connect(str(path), read_only=True) as con:
-        got = _rows(con, sorted(oracle))
+        got = {v: _without_reason(f) for v, f in _rows(con, sorted(oracle)).items()}
     with duckdb.connect(str(copy)) as con:
         for sql in [*_oracle_macros(), *oracle.values()]:
             con.execute(sql)
@@ -86,6 +86,16 @@ def _compare_with_oracle(path: Path) -> None:
     problems = [p for v in sorted(oracle) for p in _same(v, got[v], want[v])]
     assert problems == []
     assert sum(len(f) for f in got.values()) > 0 or len(got["latest_runs"]) == 0
+
+
+# Issue 47: a setting that falls back to the design over seeds says why where version 10 did not (its numbers stay).
+FALLBACK_REASON = r"; \d+ of \d+ runs without item rows$"
+
+
+def _without_reason(frame: pd.DataFrame) -> pd.DataFrame:
+    if "interval" in frame.columns:
+        frame["interval"] = frame["interval"].astype(object).str.replace(FALLBACK_REASON, "", regex=True)
+    return frame
 
 
 def _frames_store(path: Path, frames: dict[str, pd.DataFrame]) -> Path:

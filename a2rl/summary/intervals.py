@@ -231,6 +231,50 @@ def seeds_items_interval(values: np.ndarray, pseudo: tuple[float, float] = DELTA
 
 
 
+class SharedItems(NamedTuple):
+    """The items every seed scored, out of a seeds × items table with NaN where a seed has no score (not scored, or
+    a NULL score), and what was left out."""
+
+    values: np.ndarray
+    """k seeds × n shared items."""
+    left_out: int
+    """Items some seed scored and another did not: left out and counted."""
+    scored: int
+    """Items any seed scored."""
+
+    @property
+    def design(self) -> str:
+        """`seeds × items` (every seed scored every item) or `seeds × shared items` (some were left out)."""
+        return "seeds × shared items" if self.left_out else "seeds × items"
+
+    def note(self) -> str:
+        """What the shared-items table left out, for an interval's method ("" when nothing was)."""
+        return (f"; {self.left_out} of {self.scored} items not scored by every seed, left out" if self.left_out
+                else "")
+
+
+def shared_items(values: np.ndarray) -> SharedItems:
+    """The seeds × items table cut to the items every seed scored (NaN: no score). A comparison or a setting uses
+    these before falling back to the wider design over seeds: dropping a few items costs a little width, the
+    fallback's binomial bound (which ignores the pairing with the base model) about doubles it."""
+    v = np.atleast_2d(np.asarray(values, dtype=float))
+    missing = np.isnan(v)
+    shared, scored = ~missing.any(axis=0), ~missing.all(axis=0)
+    return SharedItems(v[:, shared], int(scored.sum() - shared.sum()), int(scored.sum()))
+
+
+def shared_items_interval(values: np.ndarray, pseudo: tuple[float, float] = DELTA_PSEUDO,
+                          bounds: tuple[float, float] = (-100.0, 100.0), p_value: bool = True
+                          ) -> tuple[Interval, str] | None:
+    """`seeds_items_interval` over the items every seed scored (`shared_items`; NaN: no score), with its design
+    (`seeds × items` or `seeds × shared items`) and what it left out in its method; None when no item is shared."""
+    shared = shared_items(values)
+    if not shared.values.shape[1]:
+        return None
+    iv = seeds_items_interval(shared.values, pseudo, bounds, p_value)
+    return iv._replace(method=iv.method + shared.note()), shared.design
+
+
 def two_tables_interval(first: np.ndarray, second: np.ndarray, bounds: tuple[float, float] = (-200.0, 200.0)
                         ) -> Interval:
     """95% interval (points) of mean(first) − mean(second), two k × n tables of item values of the same k seeds on
