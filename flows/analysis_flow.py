@@ -99,7 +99,7 @@ def run_analysis(
 
 def _sections(t: AnalysisTables, fig: dict[str, Path]) -> list[Section]:
     board_cols = ["task", "variant", "item_selection", "series", "n", "n_items", "mean_delta", "ci_low", "ci_high",
-                  "p_value", "verdict", "interval", "noise_se", "noise_floor", "within_noise", "is_best", "is_worst",
+                  "p_value", "verdict", "design", "interval", "noise_se", "noise_floor", "within_noise", "is_best", "is_worst",
                   "mark_note", "n_mode_breaches", "setting_id"]
     matrix_cols = ["task", "variant", "item_selection", "evaluator_id", "agent", "driver", "base_model", "protocol",
                    "budget_s", "mode", "n", "mean_delta", "ci_low", "ci_high", "verdict", "noise_floor", "is_best",
@@ -110,7 +110,9 @@ def _sections(t: AnalysisTables, fig: dict[str, Path]) -> list[Section]:
                 if len(pak) else pak)  # fmt: skip
     excluded = t.exclusion_note
     interval = ("One 95% interval per setting, over its seeds and the hidden-test items they share (seeds × items; "
-                "one seed: that run's exact paired interval), with its p-value and verdict from the same test; see "
+                "items some seed did not score are left out and counted: seeds × shared items; one seed: that run's "
+                "exact paired interval; without per-item results: the t-interval over seeds, with the reason), with "
+                "its p-value and verdict from the same test; the column design says which; see "
                 "docs/reading-numbers.md. ")
     return [
         Section("Overview", f"{len(t.runs)} runs analysed, {t.runs['task'].nunique()} tasks, "
