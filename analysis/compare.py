@@ -13,10 +13,13 @@ used), so **the interval leaves 0 out exactly when p < 0.05**, on every table.
 What is left out, and said:
 - seeds that only one side ran are dropped and counted (`unpaired_seeds`); with none in common there is no
   interval (pairing seeds of different numbers would pretend a pairing that is not there);
-- items not scored by every paired run are dropped and counted (`dropped_items`);
+- items not scored by every paired run are dropped and counted (`dropped_items`; design `seed pairs × shared items`);
+- runs without item rows, where other runs have them, are dropped and counted (`runs_without_items`);
 - several runs of one side with the same seed (a rerun) are averaged per item;
-- without per-item results (older runs): the paired seeds' Δ differences get the t-interval over seed pairs plus a
-  binomial bound for the items where their number is known (`seeds_interval`), labelled so.
+- only where one side has no per-item results at all (older runs): the paired seeds' Δ differences get the t-interval
+  over seed pairs plus a binomial bound for the items where their number is known (`seeds_interval`; design
+  `seeds (no per-item results)`).
+Every row names its design (`design`), and its mean Δs are over the paired seeds only.
 """
 
 from __future__ import annotations
