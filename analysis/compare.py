@@ -13,10 +13,13 @@ used), so **the interval leaves 0 out exactly when p < 0.05**, on every table.
 What is left out, and said:
 - seeds that only one side ran are dropped and counted (`unpaired_seeds`); with none in common there is no
   interval (pairing seeds of different numbers would pretend a pairing that is not there);
-- items not scored by every paired run are dropped and counted (`dropped_items`);
+- items not scored by every paired run are dropped and counted (`dropped_items`; design `seed pairs × shared items`);
+- runs without item rows, where other runs have them, are dropped and counted (`runs_without_items`);
 - several runs of one side with the same seed (a rerun) are averaged per item;
-- without per-item results (older runs): the paired seeds' Δ differences get the t-interval over seed pairs plus a
-  binomial bound for the items where their number is known (`seeds_interval`), labelled so.
+- only where one side has no per-item results at all (older runs): the paired seeds' Δ differences get the t-interval
+  over seed pairs plus a binomial bound for the items where their number is known (`seeds_interval`; design
+  `seeds (no per-item results)`).
+Every row names its design (`design`), and its mean Δs are over the paired seeds only.
 """
 
 from __future__ import annotations
@@ -46,6 +49,12 @@ class Comparison:
     """Seeds one side ran and the other did not: left out."""
     dropped_items: int = 0
     """Items some paired run was not scored on: left out."""
+    design: str = "no interval"
+    """`seed pairs × items`, `seed pairs × shared items` (some items left out) or `seeds (no per-item results)`."""
+    runs_without_items: int = 0
+    """Runs without item rows, left out where the other runs have them (said in `interval`)."""
+    seeds: tuple = ()
+    """The paired seeds the comparison rests on."""
 
     @property
     def half_width(self) -> float:
@@ -61,16 +70,17 @@ class Comparison:
     def row(self) -> dict:
         iv = self.interval
         return {"n_seeds": iv.n, "unpaired_seeds": self.unpaired_seeds, "n_items": iv.n_items,
-                "dropped_items": self.dropped_items, "mean_diff": iv.estimate, "ci_low": iv.low, "ci_high": iv.high,
+                "dropped_items": self.dropped_items, "runs_without_items": self.runs_without_items,
+                "design": self.design, "mean_diff": iv.estimate, "ci_low": iv.low, "ci_high": iv.high,
                 "half_width": self.half_width, "p_value": iv.p_value, "verdict": self.verdict, "interval": iv.method}
 
 
-def compare_items(a: pd.DataFrame, b: pd.DataFrame) -> Comparison:
+def compare_items(a: pd.DataFrame, b: pd.DataFrame, without_items: tuple[int, int] = (0, 0)) -> Comparison:
     """B − A from per-item values: frames with columns `seed`, `item_id`, `value` (a run's Δ on that item, in
     item units: -1..1 for right/wrong items). Paired by seed, then by item (module docstring)."""
     codes, items = pd.factorize(pd.concat([a["item_id"], b["item_id"]], ignore_index=True))
     return compare_tables(_seed_table(a["seed"], codes[:len(a)], a["value"], len(items)),
-                          _seed_table(b["seed"], codes[len(a):], b["value"], len(items)))
+                          _seed_table(b["seed"], codes[len(a):], b["value"], len(items)), without_items)
 
 
 SeedTable = tuple[np.ndarray, np.ndarray]
@@ -88,27 +98,34 @@ def _seed_table(seed: pd.Series, item_code: np.ndarray, value: pd.Series, n_item
     return seeds, np.divide(total, count, out=np.full_like(total, np.nan), where=count > 0)
 
 
-def compare_tables(a: SeedTable, b: SeedTable) -> Comparison:
-    """B − A from the two sides' seed tables: paired by seed, then by the items every paired seed scored."""
+def compare_tables(a: SeedTable, b: SeedTable, without_items: tuple[int, int] = (0, 0)) -> Comparison:
+    """B − A from the two sides' seed tables: paired by seed, then by the items every paired seed scored.
+    `without_items`: (runs the caller left out for having no item rows, runs in all), counted and said."""
     (sa, ta), (sb, tb) = a, b
+    runs_without_items = without_items[0]
+    left = f"; {without_items[0]} of {without_items[1]} runs without item rows, left out" if without_items[0] else ""
     seeds = np.intersect1d(sa, sb)
     unpaired = len(np.union1d(sa, sb)) - len(seeds)
     if len(seeds) == 0:
-        return Comparison(_no_interval(f"no seed in common ({unpaired} unpaired seeds): no paired comparison"),
-                          unpaired)
+        return Comparison(_no_interval(f"no seed in common ({unpaired} unpaired seeds): no paired comparison{left}"),
+                          unpaired, runs_without_items=runs_without_items)
     ta, tb = ta[np.searchsorted(sa, seeds)], tb[np.searchsorted(sb, seeds)]
     scored = ~np.isnan(a[1]).all(axis=0) | ~np.isnan(b[1]).all(axis=0)
     shared = ~np.isnan(ta).any(axis=0) & ~np.isnan(tb).any(axis=0)
     dropped = int(scored.sum() - shared.sum())
     if not shared.any():
-        return Comparison(_no_interval("no hidden-test item scored by every paired run"), unpaired, dropped)
+        return Comparison(_no_interval(f"no hidden-test item scored by every paired run{left}"), unpaired, dropped,
+                          runs_without_items=runs_without_items, seeds=tuple(seeds.tolist()))
     n = int(shared.sum())
     iv = seeds_items_interval(tb[:, shared] - ta[:, shared], bounds=DIFF_BOUNDS)
     method = (f"paired by seed ({len(seeds)} pairs) and item ({n} shared): seeds × items interval of the item "
               "differences (+2 pseudo-items per seed)" if len(seeds) > 1 else
               f"1 seed pair, {n} shared items: t over the item differences (+2 pseudo-items); seed-to-seed spread not "
               "measured")
-    return Comparison(iv._replace(method=method), unpaired, dropped)
+    method += (f"; {dropped} of {dropped + n} items not scored by every paired run, left out" if dropped else "")
+    design = "seed pairs × shared items" if dropped else "seed pairs × items"
+    return Comparison(iv._replace(method=method + left), unpaired, dropped, design, runs_without_items,
+                      tuple(seeds.tolist()))
 
 
 class RunItems:
@@ -121,15 +138,18 @@ class RunItems:
         self.matrix[run_code, item_code] = values["value"].to_numpy(dtype=float)
         self.row = {r: i for i, r in enumerate(runs)}
 
-    def table(self, runs: pd.DataFrame) -> SeedTable | None:
-        """The seed table of these runs; None unless every one has per-item values."""
+    def table(self, runs: pd.DataFrame) -> tuple[SeedTable, int] | None:
+        """The seed table of the runs with per-item values, and how many runs have none (left out, counted); None
+        when no run has any."""
         rows = [self.row.get(r) for r in runs["run_id"]]
-        if not rows or any(r is None for r in rows):
+        have = [i for i, r in enumerate(rows) if r is not None and not np.isnan(self.matrix[r]).all()]
+        if not have:
             return None
-        m = self.matrix[rows]
+        m = self.matrix[[rows[i] for i in have]]
         n_items = m.shape[1]
-        item_code = np.tile(np.arange(n_items), len(rows))
-        return _seed_table(runs["seed"].repeat(n_items), item_code, pd.Series(m.ravel()), n_items)
+        item_code = np.tile(np.arange(n_items), len(have))
+        seeds = runs["seed"].iloc[have]
+        return _seed_table(seeds.repeat(n_items), item_code, pd.Series(m.ravel()), n_items), len(rows) - len(have)
 
 
 def compare_deltas(a: pd.DataFrame, b: pd.DataFrame, n_items: int = 0) -> Comparison:
@@ -148,7 +168,8 @@ def compare_deltas(a: pd.DataFrame, b: pd.DataFrame, n_items: int = 0) -> Compar
         var = sum(binomial_var(float(f.loc[f["seed"].isin(seeds), "final_test"].mean()), n_items) for f in (a, b))
     iv = seeds_interval((db.loc[seeds] - da.loc[seeds]).tolist(), var, n_items, bounds=DIFF_BOUNDS)
     method = f"no per-item results: paired by seed ({len(seeds)} pairs), {iv.method}"
-    return Comparison(iv._replace(method=method), unpaired)
+    return Comparison(iv._replace(method=method), unpaired, design="seeds (no per-item results)",
+                      seeds=tuple(seeds.tolist()))
 
 
 def _no_interval(why: str) -> Interval:
@@ -167,10 +188,11 @@ def item_values(runs: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
 
 
 def compare_runs(a: pd.DataFrame, b: pd.DataFrame, items: RunItems) -> Comparison:
-    """B − A for two sets of runs (rows of `analysed_runs`), from their per-item values where every run has them."""
+    """B − A for two sets of runs (rows of `analysed_runs`), from the per-item values of the runs that have them (the
+    others left out and counted); from the runs' Δs only where one side has none at all."""
     ta, tb = items.table(a), items.table(b)
     if ta is not None and tb is not None:
-        return compare_tables(ta, tb)
+        return compare_tables(ta[0], tb[0], (ta[1] + tb[1], len(a) + len(b)))
     return compare_deltas(a, b, _n_items(a, b))
 
 
@@ -211,11 +233,23 @@ def compare_field(runs: pd.DataFrame, pairs: pd.DataFrame, field: str,
                 continue
             c = compare_runs(ga, gb, mine)
             rows.append(dict(zip(fixed, group)) | {
-                "compared": field, "a": a, "b": b, "mean_delta_a": float(ga["delta_test"].mean()),
-                "mean_delta_b": float(gb["delta_test"].mean())} | c.row())  # fmt: skip
-    columns = ["compared", "a", "b", *fixed, "mean_delta_a", "mean_delta_b", "n_seeds", "unpaired_seeds", "n_items",
-               "dropped_items", "mean_diff", "ci_low", "ci_high", "half_width", "p_value", "verdict", "interval"]
+                "compared": field, "a": a, "b": b, "mean_delta_a": _paired_mean(ga, c.seeds),
+                "mean_delta_b": _paired_mean(gb, c.seeds)} | c.row())  # fmt: skip
+    columns = ["compared", "a", "b", *fixed, "mean_delta_a", "mean_delta_b", *COMPARISON_COLUMNS]
     return pd.DataFrame(rows, columns=columns)
+
+
+COMPARISON_COLUMNS = ["n_seeds", "unpaired_seeds", "n_items", "dropped_items", "runs_without_items", "design",
+                      "mean_diff", "ci_low", "ci_high", "half_width", "p_value", "verdict", "interval"]
+"""The columns of `Comparison.row`, in every comparison table."""
+
+
+def _paired_mean(runs: pd.DataFrame, seeds: tuple) -> float:
+    """Mean Δ over the seeds the comparison paired (reruns of a seed averaged first, as the comparison does), so
+    that mean_delta_b − mean_delta_a is the Δ difference of the same seeds as mean_diff; NaN without any."""
+    per_seed = runs.groupby("seed")["delta_test"].mean()
+    per_seed = per_seed[per_seed.index.isin(list(seeds))]
+    return float(per_seed.mean()) if len(per_seed) else math.nan
 
 
 def rl_helped(runs: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
@@ -242,18 +276,21 @@ def rl_share_over_seeds(shares: pd.DataFrame, items: pd.DataFrame) -> pd.DataFra
             `item_id`, `score`).
     """
     key = [c for c in ["setting_id", *SETTING_KEY] if c in shares.columns]
-    columns = [*key, "n_runs", "mean_rl_share", "n_seeds", "unpaired_seeds", "n_items", "dropped_items", "mean_diff",
-               "ci_low", "ci_high", "half_width", "p_value", "verdict", "interval"]
+    columns = [*key, "n_runs", "mean_rl_share", *COMPARISON_COLUMNS]
     if shares.empty:
         return pd.DataFrame(columns=columns)
     rows = []
     for group, g in shares.groupby(key, dropna=False, sort=True):
         sft, rl = _share_items(g, items)
-        if len(sft) and sft["run_id"].nunique() == len(g) and rl["run_id"].nunique() == len(g):
-            c = compare_items(sft, rl)
-        else:  # no per-item post-hoc results: the runs' shares over seeds
+        with_items = set(sft["run_id"]) & set(rl["run_id"])
+        if with_items:  # the runs with both checkpoints' item rows; the others left out and counted
+            keep = sft["run_id"].isin(with_items), rl["run_id"].isin(with_items)
+            c = compare_items(sft[keep[0]], rl[keep[1]], (len(g) - len(with_items), len(g)))
+        else:  # no run has per-item post-hoc results: the runs' shares over seeds, said so
             iv = seeds_interval(g["rl_share"].astype(float).tolist())
-            c = Comparison(iv._replace(method="no per-item post-hoc results: " + iv.method))
+            c = Comparison(iv._replace(method=f"no per-item post-hoc results ({len(g)} of {len(g)} runs without item "
+                                              f"rows): {iv.method}"), design="seeds (no per-item results)",
+                           runs_without_items=len(g))
         rows.append(dict(zip(key, group)) | {"n_runs": len(g), "mean_rl_share": float(g["rl_share"].mean())}
                     | c.row())
     return pd.DataFrame(rows, columns=columns)

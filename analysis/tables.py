@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from a2rl.protocol.feedback import feedback_split
-from a2rl.summary.intervals import binomial_var, paired_item_interval, seeds_interval, seeds_items_interval
+from a2rl.summary.intervals import binomial_var, paired_item_interval, seeds_interval, shared_items_interval
 from a2rl.setting import SETTING_KEY
 from a2rl.analysis.compare import compare_field, item_values, marks, rl_helped, rl_share_over_seeds
 from a2rl.analysis.stats import pass_at_k, selection_gap_summary
@@ -257,25 +257,27 @@ def setting_interval(pairs: pd.DataFrame | None, deltas: Sequence[float], row: A
     """The interval of one leaderboard row (`row`: its `n`, `mean_final_test`, `mean_baseline_test` and
     `noise_n_items`) from its runs' item pairs and Δs."""
     k = int(row.n)
-    table = None
+    shared, why = None, ""
     if pairs is not None and len(pairs):
-        diff = pairs.assign(d=pairs["final_score"] - pairs["base_score"])
-        table = diff.pivot_table(index="run_id", columns="item_id", values="d", aggfunc="first")
-        if len(table) != k or table.isna().to_numpy().any():
-            table = None  # not every seed scored every item: no seeds × items table
-    if table is not None and k == 1:
-        g = pairs
+        diff = pairs.assign(d=pairs["final_score"] - pairs["base_score"])  # a NULL score: no score, left out
+        table = diff.pivot_table(index="run_id", columns="item_id", values="d", aggfunc="first", dropna=False)
+        shared = shared_items_interval(table.to_numpy(dtype=float)) if len(table) == k else None
+        why = (f"{k - len(table)} of {k} runs without item rows" if len(table) < k
+               else "no item scored by every seed")  # fmt: skip
+    if shared is not None and k == 1:
+        g = pairs.dropna(subset=["base_score", "final_score"])
         iv = paired_item_interval(g["base_score"], g["final_score"])
         iv = iv._replace(n=1, method="1 seed: that run's item-level interval (seed-to-seed spread not measured); "
                          + iv.method)
         design = "1 seed × items"
-    elif table is not None:
-        iv, design = seeds_items_interval(table.to_numpy()), "seeds × items"
+    elif shared is not None:
+        iv, design = shared
     else:
         n_items = int(_number(row.noise_n_items, 0))
         final, base = _number(row.mean_final_test), _number(row.mean_baseline_test)
         var = binomial_var(final, n_items) + binomial_var(base, n_items) if n_items > 1 and final == final else None
         iv, design = seeds_interval(deltas, var, n_items), "seeds"
+        iv = iv._replace(method=iv.method + (f"; {why}" if why else ""))
     return {"ci_low": iv.low, "ci_high": iv.high, "p_value": iv.p_value, "interval": iv.method,
             "verdict": iv.label(), "n_items": iv.n_items, "design": design}
 

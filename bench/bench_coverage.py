@@ -7,11 +7,16 @@ seed spread τ 0/0.15/0.3), and a stress grid with τ = 0.6: the smallest and th
 the share of Δ = 0 settings that got a verdict (improved or worse), and the median interval width. Beside a2rl's
 intervals, the two the leaderboard used at 2d3f374 (t over seeds; item bootstrap pooled over seeds).
 Writes `<out>/bench_coverage.json` and prints a markdown table.
+
+With `--spread` (issue 47): a2rl's setting interval for k = 2..10 seeds, n = 32 and 134 items, at seed spreads τ = 0
+to 0.6 (seeds whose own Δs differ by up to about 20 points), every scenario of the grid per cell; and the power at
+Δ = +10 with k = 10 where one seed misses a few items. Writes `<out>/bench_coverage_spread.json`.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -22,8 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from a2rl.summary.intervals import t975
+from a2rl.summary.intervals import binomial_var, crossed, t975
 from a2rl.analysis.coverage import (
+    Scenario,
     covers,
     scenarios,
     seeds_items_bounds,
@@ -78,14 +84,108 @@ def cell(k: int, n: int, grid, reps: int, rng, method: str) -> dict:
     return row
 
 
+SPREAD_TAUS = (0.0, 0.15, 0.3, 0.45, 0.6)
+"""Seed-to-seed spread on the probit scale: 0.6 gives seeds whose own Δs differ by up to about 20 points (sd)."""
+SPREAD_KS = tuple(range(2, 11))
+SPREAD_NS = (32, 134)
+
+
+def spread_cell(k: int, n: int, tau: float, reps: int, rng) -> dict:
+    """a2rl's setting interval over every scenario of one seed spread: the smallest coverage (Δ = 0 and Δ ≠ 0), the
+    largest share of false verdicts where Δ = 0, the median width and the seeds' measured spread (sd of their own Δ,
+    points; smallest and largest over scenarios)."""
+    cov, false, width, spread = {"zero": [], "nonzero": []}, [], [], []
+    for s in scenarios(tau=(tau,)):
+        d = simulate(rng, reps, k, n, s)
+        low, high = seeds_items_bounds(d)
+        cov["zero" if s.delta == 0 else "nonzero"].append(float(covers(low, high, s.delta).mean()))
+        if s.delta == 0:
+            false.append(float(((low > 0) | (high < 0)).mean()))
+        width.append(float(np.median(high - low)))
+        spread.append(100 * float(d.run_truth.std(axis=-1, ddof=1).mean()))
+    return {"k": k, "n": n, "tau": tau, "reps": reps, "spread_points": [round(min(spread), 1), round(max(spread), 1)],
+            "min_cov_zero": round(min(cov["zero"]), 3), "min_cov_nonzero": round(min(cov["nonzero"]), 3),
+            "max_false_verdicts": round(max(false), 3), "median_width_points": round(100 * float(np.mean(width)), 1)}
+
+
+def power_cells(reps: int, rng, k: int = 10, missing: int = 3) -> list[dict]:
+    """Power at Δ = +10 (k seeds; n = 32 and 134 items; base rate 30% and 60%, ρ = 0.9, seed spread τ = 0, 0.15 and
+    0.3): every seed scored every item; one seed missing `missing` items (the shared-items design); and the fallback
+    it replaced there (the t-interval over seeds plus a binomial bound for the items)."""
+    rows = []
+    for n, p_base, tau in itertools.product((32, 134), (0.3, 0.6), (0.0, 0.15, 0.3)):
+        s = Scenario(p_base, 0.1, rho=0.9, tau=tau)
+        d = simulate(rng, reps, k, n, s)
+        diff = d.final - d.base
+        full = crossed(diff)
+        cut = crossed(diff[..., missing:])  # the items every seed scored: one seed lacks the first `missing`
+        final, base = d.final.mean(axis=(-1, -2)), d.base.mean(axis=(-1, -2))
+        seeds = diff.mean(axis=-1)  # each seed's Δ on its own items (the seed with fewer items included)
+        seeds[:, 0] = diff[:, 0, missing:].mean(axis=-1)
+        var_items = np.array([binomial_var(100 * f, n) + binomial_var(100 * b, n) for f, b in zip(final, base)])
+        half = np.sqrt(t975(k - 1) ** 2 * seeds.var(axis=-1, ddof=1) * 1e4 / k + t975(n - 1) ** 2 * var_items)
+        fallback_low = 100 * seeds.mean(axis=-1) - half
+        for design, low in (("seeds × items (every item shared)", full.centre - full.half),
+                            (f"seeds × shared items ({missing} of {n} left out)", cut.centre - cut.half),
+                            ("seeds + binomial bound (the fallback before issue 47)", fallback_low / 100)):
+            power = float((low > 0).mean())
+            rows.append({"k": k, "n": n, "p_base": p_base, "tau": tau, "delta": 10, "design": design, "reps": reps,
+                         "power": round(power, 3), "mc_se": round(math.sqrt(power * (1 - power) / reps), 3)})
+    return rows
+
+
+def main_spread(args, out: Path) -> None:
+    rng = np.random.default_rng(args.seed)
+    start = time.perf_counter()
+    rows = []
+    for tau in SPREAD_TAUS:
+        for n in SPREAD_NS:
+            for k in SPREAD_KS:
+                rows.append(spread_cell(k, n, tau, args.reps, rng))
+                print(json.dumps(rows[-1]), flush=True)
+    power = power_cells(args.reps, rng)
+    for r in power:
+        print(json.dumps(r), flush=True)
+    report = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count()}, "reps": args.reps,
+              "seed": args.seed, "seconds": round(time.perf_counter() - start, 1), "rows": rows, "power": power}
+    (out / "bench_coverage_spread.json").write_text(json.dumps(report, indent=2))
+    print(spread_markdown(rows, args.reps))
+
+
+def spread_markdown(rows: list[dict], reps: int) -> str:
+    """One line per spread and n, one column per k: smallest coverage / largest false-verdict share."""
+    mc_cov, mc_false = math.sqrt(0.95 * 0.05 / reps), math.sqrt(0.05 * 0.95 / reps)
+    lines = [f"Cells: smallest coverage over scenarios (Δ = 0 and Δ ≠ 0 together) / largest false-verdict share "
+             f"(Δ = 0); {reps} replications per scenario, Monte-Carlo SE ±{mc_cov:.3f} at 0.95 and ±{mc_false:.3f} "
+             "at 0.05.", "",
+             "| τ (seed spread, points) | n | " + " | ".join(f"k = {k}" for k in SPREAD_KS) + " |",
+             "|---|---|" + "---|" * len(SPREAD_KS)]
+    for tau in SPREAD_TAUS:
+        for n in SPREAD_NS:
+            cells = {r["k"]: r for r in rows if r["tau"] == tau and r["n"] == n}
+            if not cells:
+                continue
+            lo, hi = (min(c["spread_points"][0] for c in cells.values()),
+                      max(c["spread_points"][1] for c in cells.values()))
+            lines.append(f"| {tau} ({lo:.0f}–{hi:.0f}) | {n} | " + " | ".join(
+                f"{min(c['min_cov_zero'], c['min_cov_nonzero']):.3f} / {c['max_false_verdicts']:.3f}"
+                for c in (cells[k] for k in SPREAD_KS if k in cells)) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=4000, help="replications per scenario and cell")
     parser.add_argument("--seed", type=int, default=2025)
     parser.add_argument("--out", default=None, help="directory for bench_coverage.json (default: a temp dir)")
+    parser.add_argument("--spread", action="store_true", help="the grid of seed spread × k = 2..10 (and power at "
+                        "+10 where one seed misses items) instead: bench_coverage_spread.json")
     args = parser.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="a2rl-bench-coverage-"))
     out.mkdir(parents=True, exist_ok=True)
+    if args.spread:
+        main_spread(args, out)
+        return
     rng = np.random.default_rng(args.seed)
     start = time.perf_counter()
     rows = []

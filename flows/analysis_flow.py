@@ -99,7 +99,7 @@ def run_analysis(
 
 def _sections(t: AnalysisTables, fig: dict[str, Path]) -> list[Section]:
     board_cols = ["task", "variant", "item_selection", "series", "n", "n_items", "mean_delta", "ci_low", "ci_high",
-                  "p_value", "verdict", "interval", "noise_se", "noise_floor", "within_noise", "is_best", "is_worst",
+                  "p_value", "verdict", "design", "interval", "noise_se", "noise_floor", "within_noise", "is_best", "is_worst",
                   "mark_note", "n_mode_breaches", "setting_id"]
     matrix_cols = ["task", "variant", "item_selection", "evaluator_id", "agent", "driver", "base_model", "protocol",
                    "budget_s", "mode", "n", "mean_delta", "ci_low", "ci_high", "verdict", "noise_floor", "is_best",
@@ -110,7 +110,9 @@ def _sections(t: AnalysisTables, fig: dict[str, Path]) -> list[Section]:
                 if len(pak) else pak)  # fmt: skip
     excluded = t.exclusion_note
     interval = ("One 95% interval per setting, over its seeds and the hidden-test items they share (seeds × items; "
-                "one seed: that run's exact paired interval), with its p-value and verdict from the same test; see "
+                "items some seed did not score are left out and counted: seeds × shared items; one seed: that run's "
+                "exact paired interval; without per-item results: the t-interval over seeds, with the reason), with "
+                "its p-value and verdict from the same test; the column design says which; see "
                 "docs/reading-numbers.md. ")
     return [
         Section("Overview", f"{len(t.runs)} runs analysed, {t.runs['task'].nunique()} tasks, "
@@ -170,7 +172,9 @@ def _sections(t: AnalysisTables, fig: dict[str, Path]) -> list[Section]:
 COMPARISON = ("paired by seed number and by hidden-test item: per seed pair and shared item, B's Δ on the item minus "
               "A's, combined over seeds and items with the same seeds × items interval as a setting's Δ; p from the "
               "same test, so the interval leaves 0 out exactly when p < 0.05. Seeds only one side ran are left out "
-              "(unpaired_seeds), and so are items not scored by every paired run (dropped_items). ")
+              "(unpaired_seeds), and so are items not scored by every paired run (dropped_items) and runs without item rows "
+              "where the others have them (runs_without_items); the column design says which design each row used "
+              "(seed pairs × items, seed pairs × shared items, or seeds without per-item results). ")
 
 
 def _rl_section(t: AnalysisTables) -> Section:
@@ -192,9 +196,10 @@ def _rl_section(t: AnalysisTables) -> Section:
 def _comparison_text(r) -> str:
     """"+0.19 [95% −7.92, +8.30], p = 0.96, n = 4 seeds × 134 items: no detectable difference"."""
     if r.ci_low != r.ci_low:
-        return f"{r.mean_diff:+.2f} (n = {r.n_seeds} seeds; {r.interval})"
+        return f"{r.mean_diff:+.2f} (n = {r.n_seeds} seeds; {r.interval}; design: {r.design})"
     return (f"{r.mean_diff:+.2f} [95% {r.ci_low:+.2f}, {r.ci_high:+.2f}], p = {r.p_value:.2g}, n = {r.n_seeds} "
-            f"seeds × {r.n_items} items: {r.verdict}")
+            f"seeds × {r.n_items} items: {r.verdict} (design: {r.design}"
+            + (f"; {r.interval.rsplit('; ', 1)[-1]}" if r.runs_without_items else "") + ")")
 
 
 def _paper_sections(t: AnalysisTables) -> list[Section]:

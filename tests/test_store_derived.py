@@ -26,8 +26,14 @@ def _oracle_views() -> dict[str, str]:
         for step in MIGRATIONS[:ORACLE_VERSION]:
             assert not isinstance(step, Step)
             con.execute(step)
-        return {name: sql.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1)
+        return {name: sql.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1).replace(*SEED_QUANTILE)
                 for name, sql in con.execute("SELECT view_name, sql FROM duckdb_views() WHERE NOT internal").fetchall()}
+
+
+# Issue 47: the seeds × items interval's seed part has the small-sample factor (1 + 2/k) on its t quantile
+# (`a2rl.summary.intervals.seed_quantile`); version 10's SQL gets it too, so that everything else is still compared.
+SEED_QUANTILE = ("COALESCE((t975((k - 1)) ^ 2), 0) * var_seeds",
+                 "COALESCE(((t975((k - 1)) * (1 + 2.0 / k)) ^ 2), 0) * var_seeds")
 
 
 def _oracle_macros() -> list[str]:
@@ -78,7 +84,7 @@ def _compare_with_oracle(path: Path) -> None:
     copy = path.with_name("oracle-" + path.name)
     copy.write_bytes(path.read_bytes())
     with duckdb.connect(str(path), read_only=True) as con:
-        got = _rows(con, sorted(oracle))
+        got = {v: _without_reason(f) for v, f in _rows(con, sorted(oracle)).items()}
     with duckdb.connect(str(copy)) as con:
         for sql in [*_oracle_macros(), *oracle.values()]:
             con.execute(sql)
@@ -86,6 +92,16 @@ def _compare_with_oracle(path: Path) -> None:
     problems = [p for v in sorted(oracle) for p in _same(v, got[v], want[v])]
     assert problems == []
     assert sum(len(f) for f in got.values()) > 0 or len(got["latest_runs"]) == 0
+
+
+# Issue 47: a setting that falls back to the design over seeds says why where version 10 did not (its numbers stay).
+FALLBACK_REASON = r"; \d+ of \d+ runs without item rows$"
+
+
+def _without_reason(frame: pd.DataFrame) -> pd.DataFrame:
+    if "interval" in frame.columns:
+        frame["interval"] = frame["interval"].astype(object).str.replace(FALLBACK_REASON, "", regex=True)
+    return frame
 
 
 def _frames_store(path: Path, frames: dict[str, pd.DataFrame]) -> Path:

@@ -99,10 +99,23 @@ def insert_rows(con: duckdb.DuckDBPyConnection, table: str, cols: tuple[str, ...
     insert_frame(con, table, pd.DataFrame(rows, columns=list(cols)))
 
 
+def refuse_unscored_items(con: duckdb.DuckDBPyConnection, table: str, relation: str) -> None:
+    """An `item_results` row without a score (NULL or NaN, or no score column) is refused before it is written: it
+    would leave its item out of every interval over its setting, or make them NaN. Other tables pass."""
+    if table != "item_results":
+        return
+    columns = {c for (c, *_) in con.execute(f"DESCRIBE {relation}").fetchall()}
+    where = "score IS NULL OR isnan(score)" if "score" in columns else "true"
+    for row in con.execute(f"SELECT run_id, eval_key, item_id FROM {relation} WHERE {where} LIMIT 1").fetchall():
+        raise ValueError(f"item_results: item {row[2]!r} of evaluation {row[1]!r} of run {row[0]!r} has no score "
+                         "(NULL or NaN): every item result needs one; nothing was written")
+
+
 def insert_frame(con: duckdb.DuckDBPyConnection, table: str, frame: Any) -> None:
     """INSERT ... BY NAME from a DataFrame or Arrow table (columns matched by name)."""
     con.register("_rows", frame)
     try:
+        refuse_unscored_items(con, table, "_rows")
         con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _rows")
     finally:
         con.unregister("_rows")

@@ -21,7 +21,8 @@ import numpy as np
 
 from a2rl.store.derived import BUDGET_FRACTIONS, insert_rows
 from a2rl.summary.intervals import (DELTA_PSEUDO, SCORE_PSEUDO, Z975_PRINTED, agresti_coull_score, binomial_var,
-                                    binomial_se, item_se, mean_se, seeds_interval, seeds_items_interval)  # fmt: skip
+                                    binomial_se, item_se, mean_se, seeds_interval, seeds_items_interval,
+                                    shared_items_interval)  # fmt: skip
 
 GROUP = ("task", "variant", "item_selection", "base_model")
 
@@ -143,17 +144,20 @@ def _setting_rows(analysed: list[tuple[Any, ...]], pairs: dict[str, list[tuple[A
         group, k = runs[0][1:5], len(runs)
         deltas = [r[8] for r in runs]
         se = mean_se(_var(deltas), k) if k > 1 else None
-        table = _shared_items(runs, pairs)
+        tables = _item_tables(runs, pairs)
+        diff = tables[1] - tables[0] if tables is not None else None
         for metric in ("delta", "score"):
-            if table is not None:
-                if metric == "delta" and k < 2:  # one seed's Δ: the run's own paired test (item_pairs) speaks for it
-                    continue
-                values = table[1] - table[0] if metric == "delta" else table[1]
-                i = (seeds_items_interval(values, p_value=False) if metric == "delta" else
-                     seeds_items_interval(values, SCORE_PSEUDO, bounds=(0.0, 100.0), p_value=False))
-                row = ("seeds × items", i.n_items, i.estimate, i.low, i.high, i.method)
+            # the score on the same items as the Δ: an item whose base score is NULL is left out of both
+            shared = (None if diff is None else shared_items_interval(diff, p_value=False) if metric == "delta"
+                      else shared_items_interval(np.where(np.isnan(diff), np.nan, tables[1]), SCORE_PSEUDO,
+                                                 bounds=(0.0, 100.0), p_value=False))  # fmt: skip
+            if shared is not None and metric == "delta" and k < 2:
+                continue  # one seed's Δ: the run's own paired test (item_pairs) speaks for it
+            if shared is not None:
+                i, design = shared
+                row = (design, i.n_items, i.estimate, i.low, i.high, i.method)
             else:
-                row = _seeds_row(metric, runs, test_noise.get((*group, runs[0][5])))
+                row = _seeds_row(metric, runs, test_noise.get((*group, runs[0][5])), _no_table_reason(diff))
             design, n_items, estimate, low, high, text = row
             verdict = (None if metric == "score" else "improved" if low is not None and low > 0
                        else "worse" if high is not None and high < 0 else "no significant change")  # fmt: skip
@@ -170,20 +174,34 @@ def _setting_rows(analysed: list[tuple[Any, ...]], pairs: dict[str, list[tuple[A
     return out
 
 
-def _shared_items(runs: list[tuple[Any, ...]], pairs: dict[str, list[tuple[Any, Any, Any]]]
-                  ) -> tuple[np.ndarray, np.ndarray] | None:
-    """(base, final) item tables, k seeds × n items, when every seed of the setting scored every item; else None."""
+def _item_tables(runs: list[tuple[Any, ...]], pairs: dict[str, list[tuple[Any, Any, Any]]]
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
+    """(base, final) item tables, k seeds × every item any seed scored, NaN where a seed has no score (no row, or a
+    NULL score written by SQL: counted and left out, never a NaN interval); None without per-item results."""
     items = sorted({p[0] for r in runs for p in pairs[r[0]]})
-    if not items or any(len(pairs[r[0]]) != len(items) for r in runs):
+    if not items:
         return None
-    base = np.array([[p[1] for p in pairs[r[0]]] for r in runs], dtype=float)
-    final = np.array([[p[2] for p in pairs[r[0]]] for r in runs], dtype=float)
+    col = {item: j for j, item in enumerate(items)}
+    base, final = np.full((len(runs), len(items)), np.nan), np.full((len(runs), len(items)), np.nan)
+    for i, r in enumerate(runs):
+        for item, b, f in pairs[r[0]]:
+            base[i, col[item]], final[i, col[item]] = _nan(b), _nan(f)
     return base, final
 
 
-def _seeds_row(metric: str, runs: list[tuple[Any, ...]], noise: tuple[Any, ...] | None) -> tuple[Any, ...]:
-    """Without shared per-item results: the t-interval over seeds, plus a binomial bound for the items' sampling
-    error where the number of the base model's hidden-test items is known (`seeds_interval`)."""
+def _no_table_reason(diff: np.ndarray | None) -> str:
+    """Why a setting falls back to the design over seeds: said in its interval's text."""
+    if diff is None:
+        return ""  # (the design `seeds` and its text say so already)
+    bare = int(np.isnan(diff).all(axis=1).sum())
+    return (f"{bare} of {len(diff)} runs without item rows" if bare else "no item scored by every seed")
+
+
+def _seeds_row(metric: str, runs: list[tuple[Any, ...]], noise: tuple[Any, ...] | None, why: str
+               ) -> tuple[Any, ...]:
+    """Without shared per-item results (`why` says so in the text): the t-interval over seeds, plus a binomial bound
+    for the items' sampling error where the number of the base model's hidden-test items is known
+    (`seeds_interval`)."""
     k = len(runs)
     values = [r[8] if metric == "delta" else r[9] for r in runs]
     known = [v for v in values if v is not None]
@@ -201,13 +219,14 @@ def _seeds_row(metric: str, runs: list[tuple[Any, ...]], noise: tuple[Any, ...] 
     if k < 2:
         return "seeds", n_items, estimate, None, None, NO_INTERVAL
     if var_seeds is None or var_items is None:
-        return "seeds", n_items, estimate, None, None, _seeds_text(var_items, n_items)
+        return "seeds", n_items, estimate, None, None, _seeds_text(var_items, n_items) + (f"; {why}" if why else "")
     if var_seeds + var_items == 0:
         return ("seeds", n_items, estimate, None, None,
-                "the seeds agree exactly and no per-item results say how much items vary: no interval")
+                f"the seeds agree exactly and no per-item results say how much items vary: no interval"
+                + (f"; {why}" if why else ""))
     i = seeds_interval(known, items_var=var_items or None, n_items=n_items,
                        bounds=(-100.0, 100.0) if metric == "delta" else (0.0, 100.0))
-    return "seeds", n_items, estimate, i.low, i.high, _seeds_text(var_items, n_items)
+    return "seeds", n_items, estimate, i.low, i.high, _seeds_text(var_items, n_items) + (f"; {why}" if why else "")
 
 
 def _seeds_text(var_items: float | None, n_items: int) -> str:
@@ -248,6 +267,10 @@ def _baseline_rows(analysed: list[tuple[Any, ...]], pairs: dict[str, list[tuple[
 def _var(values: list[float]) -> float:
     """Sample variance; exactly 0 for equal values (as SQL's var_samp, where numpy's mean can leave a rounding)."""
     return 0.0 if len(set(values)) == 1 else float(np.var(values, ddof=1))
+
+
+def _nan(value: Any) -> float:
+    return math.nan if value is None else float(value)
 
 
 def _num(value: Any) -> float | None:

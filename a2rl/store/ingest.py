@@ -240,8 +240,8 @@ def _item_rows(run_id: str, harness: Path) -> list[dict[str, Any]]:
     for saved in sorted((harness / "evaluations").glob("*.json")):
         try:
             result = EvalResult.model_validate_json(saved.read_text())
-        except ValueError as e:  # one damaged file must not lose the run's other rows
+            rows += item_rows(run_id, saved.stem, result)
+        except ValueError as e:  # one damaged file (or an item without a score) must not lose the run's other rows
             log.warning("per-item results skipped: %s is not an evaluation (%s)", saved, e)
             continue
-        rows += item_rows(run_id, saved.stem, result)
     return rows

@@ -9,6 +9,7 @@ retried run replaces its rows instead of duplicating them.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -327,6 +328,7 @@ class ResultsStore:
         with self._transaction() as con:
             con.register("frame", frame)
             try:
+                derived.refuse_unscored_items(con, table, "frame")
                 # INSERT OR REPLACE goes through the key index: ~10x faster than DELETE ... USING + INSERT.
                 con.execute(f"INSERT OR REPLACE INTO {table} BY NAME SELECT * FROM frame")
                 ((n,),) = con.execute("SELECT count(*) FROM frame").fetchall()
@@ -553,6 +555,9 @@ def item_rows(run_id: str, eval_key: str, result: EvalResult) -> list[dict[str, 
     An item id seen twice keeps its last result (the key is one row per item)."""
     rows: dict[str, dict[str, Any]] = {}
     for item in result.items:
+        if item.value is not None and not math.isfinite(item.value):  # NaN would make the setting's interval NaN
+            raise ValueError(f"evaluation {eval_key!r} of run {run_id!r}: item {item.item_id!r} has the value "
+                             f"{item.value} (not a number): refused")
         tokens = item.detail.get("generated_tokens")
         rows[item.item_id] = {
             "run_id": run_id, "eval_key": eval_key, "split": result.split, "item_id": item.item_id,

@@ -13,7 +13,8 @@ to what a score can be (a Δ within [-100, 100], a score within [0, 100]).
   seeds' Δ misses their sampling error. The k × n table of item values is treated as a crossed design (seeds ×
   items): the variance of its mean is split into an item part (the spread of per-item means over seeds) and a seed
   part (the spread of per-seed means, / k, with k - 1 degrees of freedom), each taken with its own t quantile:
-  half-width = sqrt((t_items · se_items)² + (t_seeds · se_seeds)²). Every seed gets two pseudo-items with the
+  half-width = sqrt((t_items · se_items)² + (t_seeds · se_seeds)²), where t_seeds carries a small-sample factor
+  (1 + 2/k) for the skew of bounded Δs over few seeds (`seed_quantile`). Every seed gets two pseudo-items with the
   extreme values (±1 for a Δ, 0 and 1 for a score; in the spirit of Agresti-Caffo), so the item part is over
   n + 2 items with n + 1 degrees of freedom and never collapses when nothing varies: tied seeds never give a
   zero-width interval or p = 0. The sum of the two parts over-counts the seed × item noise once, which keeps the
@@ -195,10 +196,19 @@ class Crossed(NamedTuple):
     n_seeds: int
 
 
+def seed_quantile(k: int) -> float:
+    """The seed part's quantile for k seeds: t975(k - 1) × (1 + 2/k), a small-sample correction. A seed's Δ is
+    bounded, so where seeds spread widely or a score sits near 0 or 100% their Δs are skewed and a few seeds
+    understate the spread: the plain t quantile then covered 0.89–0.93 and called up to 7% false differences
+    (BENCHMARKS.md, issue 47); with the factor every simulated cell of k = 2..10 covers ≥ 0.93 with ≤ 5%."""
+    return t975(k - 1) * (1 + 2 / k)
+
+
 def crossed(values: np.ndarray, pseudo: tuple[float, float] = DELTA_PSEUDO) -> Crossed:
     """The seeds × items interval's parts for `values` of shape (..., k seeds, n items): every seed scored every
     item. Each seed gets the two pseudo-items; var_items = spread of the per-item means / (n + 2), var_seeds =
-    spread of the per-seed means / k (0 for one seed); half = sqrt(t975(n+1)² var_items + t975(k-1)² var_seeds)."""
+    spread of the per-seed means / k (0 for one seed); half = sqrt(t975(n+1)² var_items + seed_quantile(k)²
+    var_seeds)."""
     v = np.asarray(values, dtype=float)
     k, n = v.shape[-2:]
     pad = np.broadcast_to(np.asarray(pseudo, dtype=float), v.shape[:-1] + (2,))
@@ -206,7 +216,7 @@ def crossed(values: np.ndarray, pseudo: tuple[float, float] = DELTA_PSEUDO) -> C
     size = n + 2
     var_items = x.mean(axis=-2).var(axis=-1, ddof=1) / size
     var_seeds = x.mean(axis=-1).var(axis=-1, ddof=1) / k if k > 1 else np.zeros(v.shape[:-2])
-    half = np.sqrt(t975(size - 1) ** 2 * var_items + (t975(k - 1) ** 2 * var_seeds if k > 1 else 0.0))
+    half = np.sqrt(t975(size - 1) ** 2 * var_items + (seed_quantile(k) ** 2 * var_seeds if k > 1 else 0.0))
     return Crossed(v.mean(axis=(-1, -2)), x.mean(axis=(-1, -2)), var_items, var_seeds, half, n, k)
 
 
@@ -231,6 +241,50 @@ def seeds_items_interval(values: np.ndarray, pseudo: tuple[float, float] = DELTA
 
 
 
+class SharedItems(NamedTuple):
+    """The items every seed scored, out of a seeds × items table with NaN where a seed has no score (not scored, or
+    a NULL score), and what was left out."""
+
+    values: np.ndarray
+    """k seeds × n shared items."""
+    left_out: int
+    """Items some seed scored and another did not: left out and counted."""
+    scored: int
+    """Items any seed scored."""
+
+    @property
+    def design(self) -> str:
+        """`seeds × items` (every seed scored every item) or `seeds × shared items` (some were left out)."""
+        return "seeds × shared items" if self.left_out else "seeds × items"
+
+    def note(self) -> str:
+        """What the shared-items table left out, for an interval's method ("" when nothing was)."""
+        return (f"; {self.left_out} of {self.scored} items not scored by every seed, left out" if self.left_out
+                else "")
+
+
+def shared_items(values: np.ndarray) -> SharedItems:
+    """The seeds × items table cut to the items every seed scored (NaN: no score). A comparison or a setting uses
+    these before falling back to the wider design over seeds: dropping a few items costs a little width, the
+    fallback's binomial bound (which ignores the pairing with the base model) about doubles it."""
+    v = np.atleast_2d(np.asarray(values, dtype=float))
+    missing = np.isnan(v)
+    shared, scored = ~missing.any(axis=0), ~missing.all(axis=0)
+    return SharedItems(v[:, shared], int(scored.sum() - shared.sum()), int(scored.sum()))
+
+
+def shared_items_interval(values: np.ndarray, pseudo: tuple[float, float] = DELTA_PSEUDO,
+                          bounds: tuple[float, float] = (-100.0, 100.0), p_value: bool = True
+                          ) -> tuple[Interval, str] | None:
+    """`seeds_items_interval` over the items every seed scored (`shared_items`; NaN: no score), with its design
+    (`seeds × items` or `seeds × shared items`) and what it left out in its method; None when no item is shared."""
+    shared = shared_items(values)
+    if not shared.values.shape[1]:
+        return None
+    iv = seeds_items_interval(shared.values, pseudo, bounds, p_value)
+    return iv._replace(method=iv.method + shared.note()), shared.design
+
+
 def two_tables_interval(first: np.ndarray, second: np.ndarray, bounds: tuple[float, float] = (-200.0, 200.0)
                         ) -> Interval:
     """95% interval (points) of mean(first) − mean(second), two k × n tables of item values of the same k seeds on
@@ -249,7 +303,7 @@ def two_tables_interval(first: np.ndarray, second: np.ndarray, bounds: tuple[flo
     var_seeds = float(per_seed.var(ddof=1)) / k if k > 1 else 0.0
     var_items = float(ca.var_items) + float(cb.var_items)
     half = math.sqrt(t975(na + 1) ** 2 * float(ca.var_items) + t975(nb + 1) ** 2 * float(cb.var_items)
-                     + (t975(k - 1) ** 2 * var_seeds if k > 1 else 0.0))
+                     + (seed_quantile(k) ** 2 * var_seeds if k > 1 else 0.0))
     centre = float(ca.centre) - float(cb.centre)
     se = math.sqrt(var_items + var_seeds)
     what = (f"seeds × items on two item sets: {k} seeds, {na} and {nb} items, item parts added, seed part from the "
