@@ -192,14 +192,15 @@ def agent_uid(policy: SandboxPolicy) -> int:
 
 
 # -- the command line ---------------------------------------------------------------------------------------
-def wrap(cmd: list[str], env: dict[str, str], policy: SandboxPolicy, report_fd: int | None = None
-         ) -> tuple[list[str], dict[str, str]]:  # fmt: skip
+def wrap(cmd: list[str], env: dict[str, str], policy: SandboxPolicy, report_fd: int | None = None,
+         cgroup: str | Path | None = None) -> tuple[list[str], dict[str, str]]:  # fmt: skip
     """The command line and environment that run `cmd` (cwd: the workspace) inside the sandbox.
 
     The returned environment is `env` without secrets (SECRET_ENV, `A2RL_HARNESS_*`); it is passed through
     bubblewrap unchanged, so the grading token never appears on a command line. With `report_fd` (an fd the
     caller passes to the shim), `cmd`'s exit code is written there when it exits, and the sandbox lives on
     until the jobs `cmd` left in the background end (a tool call that starts a training run in the background).
+    With `cgroup` (`procs.freezer_cgroup`), everything below the shim runs in it (the agent's freezer).
     """
     mode = sandbox_mode(policy)
     workspace = Path(policy.workspace).resolve()
@@ -216,6 +217,7 @@ def wrap(cmd: list[str], env: dict[str, str], policy: SandboxPolicy, report_fd: 
         "status_path": str(policy.status_path) if policy.status_path else None,
         "env_keep": list(policy.env_keep),
         "pass_fds": [report_fd] if report_fd is not None else [],
+        "cgroup": str(cgroup) if cgroup is not None else None,
     }
     if mode == "none":
         report = ["--report", str(report_fd)] if report_fd is not None else []
@@ -550,7 +552,7 @@ def _shim(cfg: dict) -> int:
         procs = _sibling("procs")
         death = signal.SIGKILL if sandboxed else procs.SUPERVISOR_DEATH_SIGNAL
         child = procs.start(cfg["child"], group="group", death_signal=death, env=env, cwd=cfg["workspace"],
-                            pass_fds=cfg.get("pass_fds", ()))  # fmt: skip
+                            pass_fds=cfg.get("pass_fds", ()), cgroup=cfg.get("cgroup"))  # fmt: skip
 
         def forward(signum, frame) -> None:
             if not sandboxed:
