@@ -112,10 +112,10 @@ def test_a_pid_hopping_agent_with_vfork_parents_gets_no_work_done_while_frozen(t
         clock.done.set()
         session.join(timeout=120)
     outcome = result["outcome"]
-    assert outcome.clock_rule["mechanism"] == mechanism, outcome.clock_rule
-    assert outcome.clock_rule["unconfirmed"] == 0, outcome.clock_rule
     assert still[0] == frozen_at[0], f"the worker counted {still[0] - frozen_at[0]} while frozen"
     assert still[1] == frozen_at[1], f"the hopper hopped {still[1] - frozen_at[1]} times while frozen"
+    assert outcome.clock_rule["mechanism"] == mechanism, outcome.clock_rule
+    assert outcome.clock_rule["unconfirmed"] == 0, outcome.clock_rule
     assert charged == 0.0, charged  # a confirmed freeze: the pause is not the agent's time
     assert stop_s < 5.0, stop_s  # the old freezer slept at least 10 s on the vfork parents
     assert gone(str(paths.workspace)), "a process of the agent outlived its session"
