@@ -1,12 +1,14 @@
 """A hostile agent against the grading freeze (tests/test_redteam_freeze.py), run inside the real sandbox.
 
-Its main worker counts in a shared file the harness reads (`COUNTER` bytes 0-8: the worker's progress; 8-16:
-the hopper's hops; 16-24: the vfork parents in place). Attacks, by flag:
+Its main worker counts in a shared file the harness reads (bytes 0-8: the worker's progress; 8-16: the hopper's
+hops; 16-24: the vfork parents in place; 24-32: the worker's longest gap between two steps, in seconds, as a
+double the harness may reset to 0). Attacks and load, by flag:
 
 - `--hop`: a process that forks and exits in a loop (its pid changes all the time, so no listing of the agent's
   processes holds it for long), each generation sending `kill(-1, SIGCONT)` to every process of the agent.
 - `--vfork N`: N processes parked in uninterruptible sleep as vfork parents (glibc's posix_spawn is a vfork;
   the child blocks opening a FIFO that nobody opens for writing), all started before the worker.
+- `--sleepers N` / `--spinners N`: N more processes sleeping / N busy (load for the benchmark).
 
 Standard library only: it runs on the interpreter the sandbox binds in.
 """
@@ -23,8 +25,8 @@ import time
 
 def _counter(path: str) -> mmap.mmap:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    os.ftruncate(fd, 24)
-    return mmap.mmap(fd, 24)
+    os.ftruncate(fd, 32)
+    return mmap.mmap(fd, 32)
 
 
 def _hopper(shared: mmap.mmap) -> None:
@@ -54,6 +56,8 @@ def main() -> None:
     ap.add_argument("counter")
     ap.add_argument("--hop", action="store_true")
     ap.add_argument("--vfork", type=int, default=0)
+    ap.add_argument("--sleepers", type=int, default=0)
+    ap.add_argument("--spinners", type=int, default=0)
     args = ap.parse_args()
     shared = _counter(args.counter)
     if args.vfork:
@@ -64,14 +68,25 @@ def main() -> None:
             if os.fork() == 0:
                 _vfork_parent(fifo)
             shared[16:24] = struct.pack("<Q", i + 1)
+    for _ in range(args.sleepers):
+        if os.fork() == 0:
+            os.execv("/bin/sleep", ["sleep", "100000"])
+    for _ in range(args.spinners):
+        if os.fork() == 0:
+            while True:
+                pass
     if args.hop and os.fork() == 0:
         _hopper(shared)
     if os.fork() == 0:  # the worker: the youngest process, listed after every other
-        n = 0
+        n, last = 0, time.monotonic()
         while True:
             n += 1
             if n % 256 == 0:
                 shared[0:8] = struct.pack("<Q", n)
+                now = time.monotonic()
+                if now - last > struct.unpack("<d", shared[24:32])[0]:
+                    shared[24:32] = struct.pack("<d", now - last)
+                last = now
     while True:
         time.sleep(60)
 
