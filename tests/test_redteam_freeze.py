@@ -8,6 +8,7 @@ counters: frozen, they must not move at all (a count, not a time).
 from __future__ import annotations
 
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -174,3 +175,142 @@ def test_a_freeze_that_cannot_be_confirmed_charges_the_agent():
     time.sleep(0.05)
     assert clock.elapsed() == first, "a confirmed freeze left the agent's clock running"
     clock.resume()
+
+
+# -- plug-in data (issue 43, row 8) --------------------------------------------------------------------------
+PLUGIN_CANARY = "PLUGIN-HIDDEN-SPLIT-7f3a"
+PEEK = """
+import os, sys
+pkg = sys.argv[1]
+try:
+    print("LISTED", sorted(os.listdir(pkg)))
+except OSError as e:
+    print("UNLISTABLE", type(e).__name__)
+try:
+    print("READ", open(os.path.join(pkg, "hidden", "test.jsonl")).read())
+except OSError as e:
+    print("UNREADABLE", type(e).__name__)
+"""
+
+
+@needs_bwrap
+def test_an_installed_plugin_tasks_hidden_split_is_unreadable_in_the_sandbox(tmp_path, monkeypatch):
+    """Plug-in tasks kept their hidden data readable: the sandbox masked a fixed list of data distributions, and a
+    plug-in task's package, bound in with the interpreter's site-packages, showed the agent all its entries.
+    A throwaway plug-in (its own site folder, registered through the `a2rl.tasks` entry points, bound into the
+    sandbox as site-packages would be) ships a hidden split; inside the real sandbox it cannot be listed or read."""
+    from a2rl.benchmarks import TASKS
+    from a2rl.isolation.sandbox import TASK_ENTRY_POINTS, plugin_task_paths, wrap
+
+    assert TASK_ENTRY_POINTS == TASKS.group  # the group the registry reads is the one the sandbox masks
+    site = tmp_path / "site"
+    pkg = site / "toy_hidden_plugin"
+    (pkg / "hidden").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "task.py").write_text("Task = None\n")
+    (pkg / "hidden" / "test.jsonl").write_text(f'{{"question": "{PLUGIN_CANARY}", "answer": "1"}}\n')
+    info = site / "toy_hidden_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-hidden-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[a2rl.tasks]\ntoy-hidden = toy_hidden_plugin.task:Task\n")
+    (info / "RECORD").write_text("toy_hidden_plugin/__init__.py,,\ntoy_hidden_plugin/task.py,,\n"
+                                 "toy_hidden_plugin/hidden/test.jsonl,,\n")  # fmt: skip
+    for path in [tmp_path, site, *site.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)  # readable by the agent's uid, as site-packages are
+    monkeypatch.syspath_prepend(str(site))
+    assert pkg in plugin_task_paths()
+    ws = tmp_path / "runs" / "r1" / "workspace"
+    for sub in ("code", "data", "models/base"):
+        (ws / sub).mkdir(parents=True)
+    argv, env = wrap([sys.executable, "-I", "-S", "-c", PEEK, str(pkg)], {"PATH": "/usr/bin:/bin"},
+                     SandboxPolicy(ws, extra_ro=(site,)))  # fmt: skip
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert "LISTED" in out.stdout or "UNLISTABLE" in out.stdout, out.stderr[-2000:]
+    assert PLUGIN_CANARY not in out.stdout, out.stdout
+    assert "LISTED []" in out.stdout or "UNLISTABLE" in out.stdout, out.stdout
+    assert "UNREADABLE" in out.stdout, out.stdout
+
+
+# -- snapshot disk (issue 43, row 7) -------------------------------------------------------------------------
+MiB = 1 << 20
+
+
+def _constant(model_dir, weights_hash, spec, device=None):
+    from a2rl.records import EvalResult
+
+    return EvalResult(task=spec.task, split=spec.split, score=50.0, n=4, n_correct=2, evaluator_id="constant",
+                      weights_hash=weights_hash)  # fmt: skip
+
+
+def _grader(tmp_path: Path, **ctx):
+    from a2rl.grading import GradingContext, GradingService
+    from a2rl.records import RunConfig
+
+    paths = RunPaths.for_run(tmp_path / "runs", "snapshot-run")
+    paths.create()
+    context = GradingContext("snapshot-run", RunConfig(max_submissions=6), paths.workspace, paths.harness_dir,
+                             {"validation": 10.0}, **ctx)  # fmt: skip
+    return paths, GradingService(context, BudgetClock(600), evaluate=_constant)
+
+
+def _checkpoint(root: Path, data: bytes, apparent: int) -> None:
+    """config.json and a .bin of `apparent` bytes holding `data` at its start and its end, a hole between."""
+    root.mkdir(parents=True)
+    (root / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "vocab_size": 8}')
+    with open(root / "pytorch_model.bin", "wb") as f:
+        f.write(data)
+        f.seek(apparent - len(data))
+        f.write(data)
+
+
+def test_a_sparse_checkpoint_stays_sparse_in_the_snapshots(tmp_path):
+    """The grader copied a sparse checkpoint densely: 472 KB on the agent's disk became 1.1 GB in
+    `harness/snapshots` per submission. Now only the data is copied; the hole stays a hole."""
+    import httpx
+
+    from a2rl.grading import GradingServer
+
+    paths, service = _grader(tmp_path)
+    ckpt = paths.workspace / "output" / "sparse"
+    _checkpoint(ckpt, b"\x01" * 64 * 1024, 256 * MiB)
+    assert (ckpt / "pytorch_model.bin").stat().st_blocks * 512 < 4 * MiB  # the agent's disk: sparse
+    with GradingServer(service) as server:
+        r = httpx.post(f"{server.url}/submit", json={"model_path": "output/sparse", "wait": True},
+                       headers={"Authorization": f"Bearer {server.token}"}, timeout=300)  # fmt: skip
+    service.close(30)
+    assert r.status_code == 200 and r.json()["status"] == "scored", r.text
+    copy = paths.harness_dir / "snapshots" / "s1" / "pytorch_model.bin"
+    assert copy.stat().st_size == 256 * MiB  # the file as submitted (its hole reads as zeros)
+    assert copy.stat().st_blocks * 512 < 4 * MiB, f"the snapshot takes {copy.stat().st_blocks * 512} bytes of disk"
+    with open(copy, "rb") as f:
+        assert f.read(16) == b"\x01" * 16
+        f.seek(128 * MiB)
+        assert f.read(16) == b"\0" * 16
+
+
+def test_snapshots_count_against_a_harness_side_quota_with_a_clear_refusal(tmp_path):
+    """20 submissions x 64 GiB could fill the harness disk. The bytes snapshots write are counted against the
+    run's snapshot quota: past it a submission is refused (507, one line saying why, nothing spent) and the
+    refusal is on the ledger; what fits still goes through."""
+    import httpx
+
+    from a2rl.grading import GradingServer
+    from a2rl.grading.ledger import Ledger
+
+    paths, service = _grader(tmp_path, snapshot_quota_bytes=int(2.5 * MiB))
+    for name, size in (("a", MiB), ("b", MiB), ("c", MiB), ("small", MiB // 4)):
+        _checkpoint(paths.workspace / "output" / name, bytes([len(name)]) * (size // 2), size)
+    codes, details = [], []
+    with GradingServer(service) as server:
+        for name in ("a", "b", "c", "small"):
+            r = httpx.post(f"{server.url}/submit", json={"model_path": f"output/{name}", "wait": True},
+                           headers={"Authorization": f"Bearer {server.token}"}, timeout=300)  # fmt: skip
+            codes.append(r.status_code)
+            details.append(r.json().get("detail", ""))
+    service.close(30)
+    assert codes == [200, 200, 507, 200], (codes, details)
+    assert "snapshots is used up" in details[2] and "nothing was spent" in details[2], details[2]
+    events = [e.detail for e in Ledger(paths.harness_dir / "ledger.jsonl").entries() if e.kind == "event"]
+    refused = [d for d in events if d.get("event") == "snapshot-quota-refused"]
+    assert len(refused) == 1 and refused[0]["quota_bytes"] == int(2.5 * MiB), events
+    assert not list((paths.harness_dir / "snapshots").glob(".pending-*"))

