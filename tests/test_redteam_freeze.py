@@ -120,6 +120,13 @@ def test_a_pid_hopping_agent_with_vfork_parents_gets_no_work_done_while_frozen(t
     assert charged == 0.0, charged  # a confirmed freeze: the pause is not the agent's time
     assert stop_s < 5.0, stop_s  # the old freezer slept at least 10 s on the vfork parents
     assert gone(str(paths.workspace)), "a process of the agent outlived its session"
+    from types import SimpleNamespace
+
+    from a2rl.records import RunConfig
+    from a2rl.summary.report import run_notes
+
+    notes = run_notes(SimpleNamespace(config=RunConfig(), variant_label="offline", paths=paths), outcome.model_dump())
+    assert any(freezer.MECHANISMS[mechanism] in n for n in notes), notes  # the report names how it was stopped
 
 
 class _BlockingListener:
