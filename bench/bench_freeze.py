@@ -181,8 +181,9 @@ def main() -> None:
                 rows.append(row)
     for mechanism in args.mechanisms.split(","):
         mine = [r for r in rows if r["mechanism"] == mechanism]
+        stops = [r["stop_s"] for r in mine]
         print(f"{mechanism}: n={len(mine)} processes {statistics.median(r['processes'] for r in mine):.0f}, "
-              f"stop_s median {statistics.median(r['stop_s'] for r in mine):.3f} max {max(r['stop_s'] for r in mine):.3f}, "
+              f"stop_s median {statistics.median(stops):.3f} max {max(stops):.3f}, "
               f"confirmed {sum(r['confirmed'] for r in mine)}/{len(mine)}, clock read wait max "
               f"{max(r['clock_read_wait_max_s'] for r in mine):.3f} s, worker steps frozen "
               f"{[r['worker_steps_frozen'] for r in mine]}, longest gap {[r['worker_longest_gap_s'] for r in mine]} "

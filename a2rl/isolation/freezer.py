@@ -99,10 +99,10 @@ class AgentFreezer:
                 self._confirmed = self._freeze_cgroup(deadline)
             elif self.mechanism == "uid":
                 self._as_agent(signal.SIGSTOP)
-                self._stop_tree(deadline, wait=False)  # what runs outside the uid (an LLM agent's runner)
-                self._confirmed = _until(deadline, lambda: self._all_stopped(self._uid_pids()))
+                self._stop_others()
+                self._confirmed = _until(deadline, lambda: all(s in STOPPED_STATES for s in self._uid_states()))
             else:
-                self._stop_tree(deadline, wait=True)
+                self._stop_tree(deadline)
                 self._confirmed = _until(deadline, lambda: self._all_stopped(list(self._stopped)))
             self.longest_stop_s = max(self.longest_stop_s, time.monotonic() - began)
             self.unconfirmed += not self._confirmed
@@ -155,22 +155,44 @@ class AgentFreezer:
     def _uid_pids(self) -> list[int]:
         return [p.pid for p in procs.all_procs(with_uid=True) if p.uid == self.uid]
 
-    def _stop_tree(self, deadline: float, wait: bool) -> None:
-        """SIGSTOP the listed processes below the leader, parents first; with `wait`, each is seen stopped before
-        its children are signalled, until `deadline` (one deadline for all: a process that does not stop, a vfork
+    def _uid_states(self) -> list[str]:
+        """The /proc state of every process of the agent's uid, in one pass over /proc."""
+        states = []
+        with os.scandir("/proc") as it:
+            for entry in it:
+                if not entry.name.isdigit():
+                    continue
+                try:
+                    if entry.stat(follow_symlinks=False).st_uid != self.uid:
+                        continue
+                    states.append(_state(int(entry.name)))
+                except OSError:
+                    continue
+        return states
+
+    def _stop_others(self) -> None:
+        """What runs below the leader outside the agent's uid (bubblewrap, an LLM agent's runner): harness code,
+        which does not fork to escape, stopped in one pass, parents first."""
+        listing = procs.all_procs(with_uid=True)
+        by_pid = {p.pid: p for p in listing}
+        for pid in procs.descendants(self.leader_pid, listing):
+            if by_pid[pid].uid != self.uid and _signal(pid, signal.SIGSTOP):
+                self._stopped[pid] = by_pid[pid].start_ticks
+
+    def _stop_tree(self, deadline: float) -> None:
+        """SIGSTOP the listed processes below the leader, parents first, each seen stopped before its children
+        are signalled, until `deadline` (one deadline for all: a process that does not stop, a vfork
         parent in uninterruptible sleep, costs its wait once, not once each)."""
-        skip = set(self._uid_pids()) if self.mechanism == "uid" else set()
         for n in range(PASSES):
             if n and time.monotonic() >= deadline:
                 break
-            fresh = [p for p in procs.descendants(self.leader_pid) if p not in self._stopped and p not in skip]
+            fresh = [p for p in procs.descendants(self.leader_pid) if p not in self._stopped]
             if not fresh:
                 break
             for pid in fresh:  # parents before their children (`descendants` lists them so)
                 if (st := procs.proc_stat(pid)) is not None and _signal(pid, signal.SIGSTOP):
                     self._stopped[pid] = st.start_ticks
-                    if wait:
-                        _until(deadline, lambda pid=pid: _state(pid) in STOPPED_STATES, first_s=0.0005)
+                    _until(deadline, lambda pid=pid: _state(pid) in STOPPED_STATES, first_s=0.0005)
 
     def _all_stopped(self, pids: list[int]) -> bool:
         return all(_state(p) in STOPPED_STATES for p in pids)
