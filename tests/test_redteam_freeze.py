@@ -76,8 +76,10 @@ def test_a_pid_hopping_agent_with_vfork_parents_gets_no_work_done_while_frozen(t
     step). Now the whole agent stops at once (cgroup v2 freezer, or kill(-1, SIGSTOP) as the agent's uid): the
     worker (listed after every vfork parent) and the hopper make no progress at all while frozen, the freeze is
     confirmed, and it costs the harness a bounded step (the old one had a floor of 200 x 50 ms of sleeps)."""
-    if mechanism == "cgroup" and procs.freezer_cgroup("probe") is None:
+    if mechanism == "cgroup" and (probe := procs.freezer_cgroup("probe")) is None:
         pytest.skip("no writable cgroup v2 here")
+    elif mechanism == "cgroup":
+        procs.remove_cgroup(probe)
     if mechanism == "uid":
         monkeypatch.setattr(procs, "freezer_cgroup", lambda label="agent": None)
     monkeypatch.setattr(freezer, "CONFIRM_S", 30.0)  # a loaded machine may take long to confirm: not the point

@@ -206,7 +206,9 @@ def freezer_cgroup(label: str = "agent") -> Path | None:
     rel = next((line[3:] for line in lines if line.startswith("0::")), None)
     if mount is None or rel is None:
         return None
-    child = mount / rel.lstrip("/") / f"a2rl-{label}-{os.getpid()}-{time.monotonic_ns()}"
+    here = mount / rel.lstrip("/")
+    _remove_stale_cgroups(here)
+    child = here / f"a2rl-{label}-{os.getpid()}-{time.monotonic_ns()}"
     try:
         child.mkdir()
     except OSError:
@@ -215,6 +217,21 @@ def freezer_cgroup(label: str = "agent") -> Path | None:
         return child
     remove_cgroup(child)
     return None
+
+
+def _remove_stale_cgroups(parent: Path) -> None:
+    """Empty `a2rl-<label>-<pid>-<ns>` cgroups whose harness process is gone: `remove_cgroup` gives up on one whose
+    killed processes take long to exit (thousands, on a loaded machine), and the next harness sweeps it."""
+    for stale in parent.glob("a2rl-*-*-*"):
+        try:
+            os.kill(int(stale.name.rsplit("-", 2)[1]), 0)
+        except ProcessLookupError:
+            try:
+                stale.rmdir()  # only an empty one goes; one still populated stays for a later sweep
+            except OSError:
+                pass
+        except (OSError, ValueError):
+            continue
 
 
 def remove_cgroup(cgroup: Path) -> None:
