@@ -7,10 +7,10 @@
                 └─ bwrap ... [setpriv to the agent uid] python forwarder.py ... -- <agent command>
                       inside: 127.0.0.1:8123 ──> /run/a2rl/p8123.sock   (own network namespace: loopback only)
 
-Inside, the agent sees /usr, the Python prefixes it runs on (minus the task-data wheels), a few /etc files, a
-fresh /proc and /dev, size-capped tmpfs /tmp and /dev/shm, its workspace read-write at the same path (with
-`models/base` and `data` read-only), and nothing else: not the harness directory, other runs, A2RL_HOME, the
-repository or /root. The shim passes SIGTERM on to the agent (so it keeps its grace period and can still
+Inside, the agent sees /usr, the Python prefixes it runs on (minus the task-data wheels and plug-in tasks), a few
+/etc files, a fresh /proc and /dev, size-capped tmpfs /tmp and /dev/shm, its workspace read-write at the same
+path (with `models/base` and `data` read-only), and nothing else: not the harness directory, other runs,
+A2RL_HOME, the repository or /root. The shim passes SIGTERM on to the agent (so it keeps its grace period and can still
 reach the grader), stops the sandbox when the workspace is over its quota, and takes the whole sandbox down
 with it when it is killed (`--die-with-parent`, one PID namespace).
 
