@@ -261,18 +261,27 @@ def run_agent(
         raise ValueError(f"{agent.id}: launch_env names must start with {HARNESS_ENV_PREFIX}: {bad}")
     # The attempt's tag (run, attempt, harness pid): a retry finds what this session left by it (procs.ATTEMPT_ENV).
     command, child_env = agent.command(env.workspace), {**agent_environment(env), **procs.attempt_env(), **extra}
+    # Everything below the session's leader runs in a cgroup of its own where the machine delegates one: the
+    # freezer stops it atomically (a2rl.isolation.freezer).
+    cgroup = procs.freezer_cgroup()
     if sandbox is not None:
         if agent.uses_llm:
             child_env[f"{HARNESS_ENV_PREFIX}SANDBOX"] = json.dumps(describe_sandbox(sandbox))
         else:
-            command, child_env = wrap_in_sandbox(command, child_env, sandbox)
+            try:
+                command, child_env = wrap_in_sandbox(command, child_env, sandbox, cgroup=cgroup)
+            except BaseException:
+                if cgroup is not None:
+                    procs.remove_cgroup(cgroup)
+                raise
     # Root harness with bubblewrap: every process of the agent runs under this uid (recorded for retries).
     uid = agent_uid(sandbox) if sandbox is not None and sandbox_mode(sandbox) == "bwrap-root" else None
     # What runs on the host (an LLM agent's runner, an agent without sandbox) runs under a supervisor that ends
     # all of it, daemons included, should the harness die; a sandbox's shim does that for what runs inside.
     death_signal = signal.SIGKILL
     if sandbox is None or agent.uses_llm:
-        command, death_signal = procs.supervised(command, sys.executable), procs.SUPERVISOR_DEATH_SIGNAL
+        command = procs.supervised(command, sys.executable, cgroup=cgroup)
+        death_signal = procs.SUPERVISOR_DEATH_SIGNAL
     clock.start()
     # The agent's output goes through a pipe into a capped log, searched for hidden items as it is read
     # (a2rl.capture.agent_log): an agent printing fast cannot fill the harness disk, nor hide what it printed.
@@ -293,7 +302,7 @@ def run_agent(
             os.close(write_fd)
         _record_session(env, proc, uid)
         ended_by: Literal["exited", "budget"] = "exited"
-        clock.listen(freezer := AgentFreezer(proc.pid))  # stopped while the clock is paused for grading
+        clock.listen(freezer := AgentFreezer(proc.pid, cgroup, uid))  # stopped while the clock is paused for grading
         try:
             while proc.poll() is None:
                 if clock.expired:
@@ -316,6 +325,8 @@ def run_agent(
         if freezer is not None:
             clock.unlisten(freezer)
             freezer.on_resume()  # never leave a stopped process behind, whatever ended the session
+        if cgroup is not None:
+            procs.remove_cgroup(cgroup)
         output.finish()
     return SessionOutcome(
         exit_code=proc.returncode,

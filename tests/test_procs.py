@@ -206,26 +206,42 @@ def test_every_process_of_an_attempt_carries_its_identity_and_a_retry_ends_those
         first.wait(timeout=10)
 
 
-def test_a_freeze_is_invisible_to_a_shell_with_job_control():
+@pytest.mark.parametrize("mechanism", ["tree", "cgroup", "uid"])
+def test_a_freeze_is_invisible_to_a_shell_with_job_control(mechanism):
     """A command that spans a grading freeze must not look stopped to the shell running it: an agent's terminal
     tool (OpenHands' bash, job control on) reported every `curl .../submit` as failed (exit 147) when the shell
-    was continued before its command. Parents are stopped first and continued last."""
+    was continued before its command. Parents are stopped first and continued last (signals), or nothing is
+    signalled at all (the cgroup freezer)."""
+    import shutil
     import subprocess
     import time
 
     from a2rl.isolation.freezer import AgentFreezer
 
+    if mechanism == "cgroup" and (probe := procs.freezer_cgroup("test")) is None:
+        pytest.skip("no writable cgroup v2 here")
+    elif mechanism == "cgroup":
+        procs.remove_cgroup(probe)
+    uid = 1_999_999_000 + os.getpid() % 1000 if mechanism == "uid" else None
+    if mechanism == "uid" and (os.geteuid() != 0 or not shutil.which("setpriv")):
+        pytest.skip("needs root and setpriv to run the shell under a uid of its own")
+    shell = ["bash", "-c", "set -m; sleep 1.5; echo rc=$?"]
+    if uid is not None:
+        shell = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *shell]
     for _ in range(3):
-        leader = subprocess.Popen(["sh", "-c", "bash -c 'set -m; sleep 1.5; echo rc=$?'"], stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        cgroup = procs.freezer_cgroup("test") if mechanism == "cgroup" else None
+        leader = procs.start(procs.supervised(shell, sys.executable, cgroup=cgroup), group="session",
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
         try:
             time.sleep(0.5)
-            freezer = AgentFreezer(leader.pid)
-            freezer.on_pause()
+            freezer = AgentFreezer(leader.pid, cgroup, uid, confirm_s=30)
+            assert freezer.on_pause()
             time.sleep(1.0)
             freezer.on_resume()
             out, _ = leader.communicate(timeout=30)
         finally:
             leader.kill()
+            if cgroup is not None:
+                procs.remove_cgroup(cgroup)
         assert out.strip() == "rc=0", out
         assert freezer.freezes == 1 and freezer.frozen_s >= 1.0

@@ -8,8 +8,10 @@ nothing the agent wrote runs over hidden prompts except the weights themselves.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,8 @@ from a2rl.grading.weights import (
 )
 
 MAX_CHECKPOINT_BYTES = 64 * 1024**3
+SNAPSHOT_QUOTA_BYTES = 4 * MAX_CHECKPOINT_BYTES
+"""Default bytes a run's submission snapshots may write in all (`GradingContext.snapshot_quota_bytes`)."""
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 NOT_WEIGHTS = {"training_args.bin"}  # Trainer's pickled arguments, never loaded by the grader
@@ -36,7 +40,8 @@ BASE_FILES = (
 CONFIG_KEYS_DROPPED = ("auto_map", "tokenizer_class", "chat_template", "custom_pipelines")
 """config.json keys that would choose code or a template; the base model's files decide those."""
 
-__all__ = ["SubmissionRejected", "CheckedCheckpoint", "open_checkpoint", "check_checkpoint", "check_compatible"]
+__all__ = ["SubmissionRejected", "CheckedCheckpoint", "open_checkpoint", "check_checkpoint", "check_compatible",
+           "SNAPSHOT_QUOTA_BYTES", "allocated_bytes"]
 
 
 def resolve_in_workspace(workspace: Path, model_path: str) -> Path:
@@ -212,17 +217,31 @@ def snapshot_base_files(base_model_dir: Path, dest: Path) -> Path:
     return dest
 
 
-def write_snapshot(checked: CheckedCheckpoint, dest: Path, base_files: Path | None, deadline: Deadline) -> Path:
-    """The graded copy: weights (from the checked fds), a cleaned config.json, the base model's tokenizer."""
+def write_snapshot(checked: CheckedCheckpoint, dest: Path, base_files: Path | None, deadline: Deadline,
+                   charge: Callable[[int], None] | None = None) -> Path:  # fmt: skip
+    """The graded copy: weights (from the checked fds, sparsely; each block told to `charge` before it is
+    written), a cleaned config.json, the base model's tokenizer."""
     dest.mkdir(parents=True)
     for f in [*checked.weights, *([checked.index] if checked.index else [])]:
-        f.copy_to(dest / f.name, deadline)
+        f.copy_to(dest / f.name, deadline, charge=charge)
     config = {k: v for k, v in checked.config.items() if k not in CONFIG_KEYS_DROPPED}
     (dest / "config.json").write_text(json.dumps(config, indent=2))
     if base_files is not None:
         for src in sorted(base_files.iterdir()):
             shutil.copyfile(src, dest / src.name)
     return dest
+
+
+def allocated_bytes(root: Path) -> int:
+    """Disk bytes the files under `root` (a harness-owned directory) take: their allocated blocks."""
+    total = 0
+    for folder, _, names in os.walk(root):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+            except OSError:
+                continue
+    return total
 
 
 def check_directory(path: Path, max_bytes: int = MAX_CHECKPOINT_BYTES) -> dict[str, Any]:

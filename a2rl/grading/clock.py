@@ -39,17 +39,26 @@ class BudgetClock:
         self._paused_at = 0.0
         self._paused_total = 0.0
         self._listeners: list = []  # told when pauses begin and end (`a2rl.isolation.freezer.AgentFreezer`)
+        self._transition = threading.Lock()  # orders the listeners' calls; never taken by readers of the clock
+        self._charged_pause = False  # this pause's freeze was not confirmed: the agent's time runs through it
 
     def listen(self, listener) -> None:
-        """`listener.on_pause()` when the clock stops for grading, `on_resume()` when it may run again; called
-        under the clock's lock, in order. A listener attached while paused is told at once."""
-        with self._lock:
-            self._listeners.append(listener)
-            if self._pauses:
-                listener.on_pause()
+        """`listener.on_pause()` when the clock stops for grading, `on_resume()` when it may run again; called in
+        order, one transition at a time, but never under the clock's lock (a freeze that waits for processes
+        must not stall `elapsed()`, i.e. the agent's `/budget` or the budget check). `on_pause` returns whether
+        the agent is confirmed stopped: until it is, the agent's time runs on (False: for the whole pause). A
+        listener attached while paused is told at once."""
+        with self._transition:
+            with self._lock:
+                self._listeners.append(listener)
+                paused = self._pauses > 0
+            if paused and listener.on_pause() is False:
+                with self._lock:
+                    self._charged_pause = True
+                    self._run_if_free(time.monotonic())
 
     def unlisten(self, listener) -> None:
-        with self._lock:
+        with self._transition, self._lock:
             if listener in self._listeners:
                 self._listeners.remove(listener)
 
@@ -65,25 +74,38 @@ class BudgetClock:
             self._stopped = True
 
     def pause(self) -> None:
-        with self._lock:
-            now = time.monotonic()
-            if self._pauses == 0:
-                self._paused_at = now
-                self._close_stretch(now)
-                for listener in self._listeners:
-                    listener.on_pause()
-            self._pauses += 1
+        with self._transition:
+            with self._lock:
+                self._pauses += 1
+                if self._pauses > 1:
+                    return
+                self._paused_at = time.monotonic()
+                self._charged_pause = False
+                listeners = list(self._listeners)
+            # The agent's time runs until its processes are confirmed stopped, and through the whole pause when
+            # they cannot be (a listener that returns False): a freeze that failed charges the agent, never the
+            # harness, and waiting for it never holds the lock `elapsed()` needs.
+            confirmed = all([listener.on_pause() is not False for listener in listeners])
+            with self._lock:
+                if confirmed:
+                    self._close_stretch(time.monotonic())
+                else:
+                    self._charged_pause = True
 
     def resume(self) -> None:
-        with self._lock:
-            if self._pauses == 0:
-                return
-            self._pauses -= 1
-            if self._pauses == 0:
-                now = time.monotonic()
-                self._paused_total += now - self._paused_at
-                for listener in self._listeners:
-                    listener.on_resume()
+        with self._transition:
+            with self._lock:
+                if self._pauses == 0:
+                    return
+                self._pauses -= 1
+                if self._pauses:
+                    return
+                self._paused_total += time.monotonic() - self._paused_at
+                listeners = list(self._listeners)
+            for listener in listeners:
+                listener.on_resume()
+            with self._lock:
+                self._charged_pause = False
                 self._run_if_free(time.monotonic())
 
     def elapsed(self) -> float:
@@ -113,11 +135,17 @@ class BudgetClock:
         return self._pauses > 0
 
     @property
+    def is_charging(self) -> bool:
+        """The agent's time runs now: started, not stopped, and no pause, or a pause whose freeze failed."""
+        return self._running_since is not None
+
+    @property
     def expired(self) -> bool:
         return self.remaining() <= 0.0
 
     def _run_if_free(self, now: float) -> None:
-        if self._started and not self._stopped and self._pauses == 0 and self._running_since is None:
+        free = self._pauses == 0 or self._charged_pause
+        if self._started and not self._stopped and free and self._running_since is None:
             self._running_since = now
 
     def _close_stretch(self, now: float) -> None:
@@ -159,7 +187,8 @@ class ClockRecorder:
 
     def save(self) -> None:
         _write_json(self.path, {"elapsed_s": round(self.clock.elapsed(), 3), "at": time.time(),
-                                "paused": self.clock.is_paused, "budget_s": self.clock.budget_s})
+                                "paused": not self.clock.is_charging and self.clock.is_paused,
+                                "budget_s": self.clock.budget_s})
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):

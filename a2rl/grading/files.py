@@ -16,6 +16,7 @@ import json
 import os
 import stat
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,17 +94,53 @@ class OpenFile:
         except (ValueError, RecursionError) as e:  # RecursionError: nesting deeper than the parser's stack
             raise SubmissionRejected(f"{self.name} is not valid JSON") from e
 
-    def copy_to(self, dest: Path, deadline: Deadline, chunk: int = 8 << 20) -> None:
-        """Copy exactly the checked size; a file that shrank since is refused (it is being rewritten)."""
-        offset = 0
+    def copy_to(self, dest: Path, deadline: Deadline, chunk: int = 8 << 20,
+                charge: Callable[[int], None] | None = None) -> int:  # fmt: skip
+        """Copy exactly the checked size, sparsely: only the file's data extents are read and written, its holes
+        stay holes (a sparse file of a few KB on the agent's disk must not become gigabytes in the harness's).
+        `charge(n)` is told each block's bytes before it is written (the snapshot quota; it may refuse). A file
+        that shrank since is refused (it is being rewritten). Returns the bytes written."""
+        written = 0
         with open(dest, "wb") as out:
-            while offset < self.size:
-                deadline.check(f"copying {self.name}")
-                block = os.pread(self.fd, min(chunk, self.size - offset), offset)
-                if not block:
-                    raise SubmissionRejected(f"{shown(self.name)} changed while it was copied: submit it again", 409)
-                out.write(block)
-                offset += len(block)
+            for start, end in _data_extents(self.fd, self.size):
+                offset = start
+                while offset < end:
+                    deadline.check(f"copying {self.name}")
+                    n = min(chunk, end - offset)
+                    if charge is not None:
+                        charge(n)
+                    block = os.pread(self.fd, n, offset)
+                    if not block:
+                        raise SubmissionRejected(f"{shown(self.name)} changed while it was copied: submit it again",
+                                                 409)  # fmt: skip
+                    out.seek(offset)
+                    out.write(block)
+                    offset += len(block)
+                    written += len(block)
+            out.truncate(self.size)  # a hole at the end too
+        return written
+
+
+def _data_extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
+    """(start, end) of each stretch of `fd` that holds data, up to `size` (SEEK_DATA / SEEK_HOLE); the whole
+    file where the filesystem cannot tell."""
+    pos = 0
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # only a hole from here on
+                return
+            yield pos, size  # no SEEK_DATA here: copy densely
+            return
+        if start >= size:
+            return
+        try:
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        except OSError:
+            end = size
+        yield start, end
+        pos = end
 
 
 @dataclass

@@ -65,6 +65,7 @@ SUBMISSION_RESPONSES: dict[int | str, dict] = {
     409: _error("A checkpoint file changed while it was being checked or copied"),
     413: _error("Request body too large, or checkpoint over the size cap"),
     429: _error("Submission cap reached, or other checkpoints are being checked right now (retry when answered)"),
+    507: _error("The run's disk for submission snapshots is used up (a harness-side quota); nothing was spent"),
 }
 
 

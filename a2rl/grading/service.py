@@ -26,7 +26,9 @@ from a2rl.contracts import BenchmarkTask
 from a2rl.inference.evaluation import EvalCache, EvalSpec, EvaluationFailed, evaluate_cached
 from a2rl.ops.progress import GRADING_PROGRESS_FILE
 from a2rl.grading.checkpoint import (
+    SNAPSHOT_QUOTA_BYTES,
     CheckedCheckpoint,
+    allocated_bytes,
     check_checkpoint,
     check_compatible,
     open_checkpoint,
@@ -79,6 +81,9 @@ class GradingContext:
     on_process: Callable[[Any], None] | None = None
     """Told every evaluation process as it starts (`a2rl.isolation.procs.Started`: pid and start time), e.g. to
     record it in the run's attempt record; passed to the evaluator as `on_start` (only when set)."""
+    snapshot_quota_bytes: int = SNAPSHOT_QUOTA_BYTES
+    """Bytes the submissions' snapshots (`harness/snapshots/`) may write over the run, counted as written (sparse
+    files copied sparsely); a submission that would pass it is refused (507) and the refusal is on the ledger."""
 
 
 def grading_devices(workers: int) -> list[str | None]:
@@ -126,6 +131,8 @@ class GradingService:
         self._lock = threading.Lock()
         self._copy_lock = threading.Lock()
         self._copies = 0  # checkpoints being checked (and copied) right now, outside self._lock
+        self._snapshot_bytes = allocated_bytes(self.snapshots)  # under _copy_lock; what earlier sessions wrote too
+        self._pending_bytes: dict[Path, int] = {}  # bytes charged for each pending copy, refunded if discarded
         self._routes = RouteScanner(GRADER_LIMITS)  # bounded, and incremental between submissions
         self._route_lock = threading.Lock()
         self.closed = False
@@ -201,14 +208,48 @@ class GradingService:
         deadline = Deadline()
         checked = self._checked(model_path, deadline)
         pending = self.snapshots / f".pending-{uuid.uuid4().hex}"
+        charged = [0]
+
+        def charge(n: int) -> None:
+            self._charge_snapshot(n, charged[0])
+            charged[0] += n
+
         try:
-            write_snapshot(checked, pending, self.base_files, deadline)
+            write_snapshot(checked, pending, self.base_files, deadline, charge=charge)
         except BaseException:
             shutil.rmtree(pending, ignore_errors=True)
+            self._refund_snapshot(charged[0])
             raise
         finally:
             checked.close()
+        self._pending_bytes[pending] = charged[0]
         return pending, checked.facts
+
+    def _charge_snapshot(self, n: int, so_far: int) -> None:
+        """`n` more bytes of a snapshot being written (`so_far` already): within the run's snapshot quota, or
+        refused, with the refusal on the ledger."""
+        quota = self.ctx.snapshot_quota_bytes
+        with self._copy_lock:
+            if self._snapshot_bytes + n <= quota:
+                self._snapshot_bytes += n
+                return
+            used = self._snapshot_bytes - so_far
+        self.record_event("snapshot-quota-refused", quota_bytes=quota, used_bytes=used, needed_bytes=so_far + n)
+        raise SubmissionRejected(
+            f"the harness's disk for submission snapshots is used up: {used / 1e9:.2f} of {quota / 1e9:.2f} GB "
+            f"written by earlier submissions, and this checkpoint needs over {(so_far + n) / 1e9:.2f} GB more "
+            "(its data, holes not counted); nothing was spent", 507)  # fmt: skip
+
+    def _refund_snapshot(self, n: int) -> None:
+        with self._copy_lock:
+            self._snapshot_bytes -= n
+
+    def _discard(self, pending: Path) -> None:
+        """A pending copy that did not become a submission's snapshot: removed, its bytes given back."""
+        charged = self._pending_bytes.pop(pending, 0)
+        if pending.exists():
+            shutil.rmtree(pending, ignore_errors=True)
+            self._refund_snapshot(charged)
 
     def submit(self, model_path: str, wait: bool = False, timeout_s: float = 6 * 3600, stage: str | None = None) -> dict:
         if self.closed:  # fail fast; the authoritative check is under the lock below
@@ -252,7 +293,7 @@ class GradingService:
                     if not handed_over:
                         self.clock.resume()
         finally:
-            shutil.rmtree(pending, ignore_errors=True)
+            self._discard(pending)
         if hit is not None:  # identical weights, same evaluator: answered at once, still on the ledger
             release = self._release_once()
             try:

@@ -91,7 +91,7 @@ OnStart = Callable[[Started], None]
 
 def start(cmd: list[str], group: Literal["session", "group", "inherit"] = "session", die_with_parent: bool = True,
           death_signal: int = signal.SIGKILL, memory: MemoryLimit | None = None, on_start: OnStart | None = None,
-          **popen_kwargs) -> subprocess.Popen:  # fmt: skip
+          cgroup: str | Path | None = None, **popen_kwargs) -> subprocess.Popen:  # fmt: skip
     """`subprocess.Popen(cmd, **popen_kwargs)` that dies with this harness (unless `die_with_parent` is False: a
     server meant to outlive the command that started it): as the leader of a new session (the harness's group
     signals do not reach it; `stop_group` / `stop_session` do), of a new process group in this session, or in
@@ -99,7 +99,8 @@ def start(cmd: list[str], group: Literal["session", "group", "inherit"] = "sessi
     called `start` ends: call it from the thread that waits for the process, not from a short-lived one.
 
     `memory`: the process (and all it starts) runs under that limit, applied before it executes anything; call
-    `memory.release()` once it has ended. `on_start`: told the process's `Started` as soon as it runs."""
+    `memory.release()` once it has ended. `cgroup`: a cgroup v2 directory the process joins before it executes
+    anything (`freezer_cgroup`). `on_start`: told the process's `Started` as soon as it runs."""
     if group == "session":
         popen_kwargs["start_new_session"] = True
     elif group == "group":
@@ -107,6 +108,8 @@ def start(cmd: list[str], group: Literal["session", "group", "inherit"] = "sessi
     steps = [parent_death_signal(death_signal)] if die_with_parent else []
     if memory is not None:
         steps.append(memory.preexec())
+    if cgroup is not None:
+        steps.append(join_cgroup(cgroup))
     preexec = steps[0] if len(steps) == 1 else (lambda: [step() for step in steps]) if steps else None
     proc = subprocess.Popen(cmd, preexec_fn=preexec, **popen_kwargs)
     if on_start is not None:
@@ -136,16 +139,7 @@ class MemoryLimit:
 
     def preexec(self) -> Callable[[], None]:
         if self.how == "cgroup":
-            procs_file = str(self.cgroup / "cgroup.procs")
-
-            def join() -> None:  # in the child, before exec: "0" moves the writing process itself
-                fd = os.open(procs_file, os.O_WRONLY)
-                try:
-                    os.write(fd, b"0")
-                finally:
-                    os.close(fd)
-
-            return join
+            return join_cgroup(self.cgroup)
         limit = self.max_bytes
 
         def cap() -> None:
@@ -171,18 +165,89 @@ class MemoryLimit:
         """Kill what is left in the cgroup and remove it (nothing to do for an rlimit)."""
         if self.how != "cgroup" or self.cgroup is None:
             return
-        for _ in range(50):
+        remove_cgroup(self.cgroup)
+
+
+def join_cgroup(cgroup: str | Path) -> Callable[[], None]:
+    """A `preexec_fn` moving the child into `cgroup` before it executes anything (and all it will start)."""
+    procs_file = str(Path(cgroup) / "cgroup.procs")
+
+    def join() -> None:  # in the child, before exec: "0" moves the writing process itself
+        fd = os.open(procs_file, os.O_WRONLY)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+
+    return join
+
+
+def cgroup2_mount() -> Path | None:
+    """Where the unified (v2) hierarchy is mounted: /sys/fs/cgroup, or beside v1 controllers in a hybrid layout
+    (/sys/fs/cgroup/unified)."""
+    try:
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            left, _, right = line.partition(" - ")
+            if right.split()[:1] == ["cgroup2"]:
+                return Path(left.split()[4].replace("\\040", " "))
+    except (OSError, IndexError):
+        pass
+    return None
+
+
+def freezer_cgroup(label: str = "agent") -> Path | None:
+    """A fresh cgroup v2 child of this process's cgroup whose `cgroup.freeze` the harness may write (the v2
+    freezer needs no controller: any delegated, writable cgroup has one), or None where there is none."""
+    mount = cgroup2_mount()
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    rel = next((line[3:] for line in lines if line.startswith("0::")), None)
+    if mount is None or rel is None:
+        return None
+    here = mount / rel.lstrip("/")
+    _remove_stale_cgroups(here)
+    child = here / f"a2rl-{label}-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        child.mkdir()
+    except OSError:
+        return None
+    if os.access(child / "cgroup.freeze", os.W_OK) and os.access(child / "cgroup.procs", os.W_OK):
+        return child
+    remove_cgroup(child)
+    return None
+
+
+def _remove_stale_cgroups(parent: Path) -> None:
+    """Empty `a2rl-<label>-<pid>-<ns>` cgroups whose harness process is gone: `remove_cgroup` gives up on one whose
+    killed processes take long to exit (thousands, on a loaded machine), and the next harness sweeps it."""
+    for stale in parent.glob("a2rl-*-*-*"):
+        try:
+            os.kill(int(stale.name.rsplit("-", 2)[1]), 0)
+        except ProcessLookupError:
             try:
-                (self.cgroup / "cgroup.kill").write_text("1")
+                stale.rmdir()  # only an empty one goes; one still populated stays for a later sweep
             except OSError:
-                signal_pids(_cgroup_pids(self.cgroup), signal.SIGKILL)
-            try:
-                self.cgroup.rmdir()
-                return
-            except FileNotFoundError:
-                return
-            except OSError:  # still populated: its processes are being reaped
-                time.sleep(0.1)
+                pass
+        except (OSError, ValueError):
+            continue
+
+
+def remove_cgroup(cgroup: Path) -> None:
+    """Kill whatever is left in `cgroup` and remove it (bounded: a process stuck in the kernel keeps it)."""
+    for _ in range(50):
+        try:
+            (cgroup / "cgroup.kill").write_text("1")
+        except OSError:
+            signal_pids(_cgroup_pids(cgroup), signal.SIGKILL)
+        try:
+            cgroup.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:  # still populated: its processes are being reaped
+            time.sleep(0.1)
 
 
 def _cgroup_pids(cgroup: Path) -> list[int]:
@@ -409,13 +474,14 @@ def _term_then_kill(pids: list[int], grace_s: float = 10.0) -> None:
 
 
 # -- a supervisor for commands that run on the host ------------------------------------------------------------
-def supervised(cmd: list[str], python: str) -> list[str]:
+def supervised(cmd: list[str], python: str, cgroup: str | Path | None = None) -> list[str]:
     """`cmd` under a supervisor (this file run as a script): start it with group="session" and
-    death_signal=SUPERVISOR_DEATH_SIGNAL."""
-    return [python, "-I", "-S", str(Path(__file__).resolve()), "--supervise", "--", *cmd]
+    death_signal=SUPERVISOR_DEATH_SIGNAL. With `cgroup`, `cmd` (not the supervisor) joins it."""
+    where = ["--cgroup", str(cgroup)] if cgroup is not None else []
+    return [python, "-I", "-S", str(Path(__file__).resolve()), "--supervise", *where, "--", *cmd]
 
 
-def supervise(cmd: list[str]) -> int:
+def supervise(cmd: list[str], cgroup: str | None = None) -> int:
     """Run `cmd` and outlive everything it starts: as a child subreaper, orphans (a daemon that left its session
     included) become our children, not init's. When the harness dies (SUPERVISOR_DEATH_SIGNAL) or `cmd` exits,
     every process below us is killed. Group signals (the budget's SIGTERM) reach `cmd` directly; we ignore them.
@@ -446,7 +512,7 @@ def supervise(cmd: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda s, f: None)  # a handler, not SIG_IGN: `cmd` must not inherit "ignored"
     try:
-        child = start(cmd, group="inherit")
+        child = start(cmd, group="inherit", cgroup=cgroup)
     except OSError as e:
         print(f"[supervisor] cannot start {cmd[:1]}: {e}", file=sys.stderr, flush=True)
         return 127
@@ -664,3 +730,5 @@ def end_earlier_attempts(harness_dir: Path, timeout_s: float = 15.0, run_id: str
 
 if __name__ == "__main__" and sys.argv[1:3] == ["--supervise", "--"]:
     sys.exit(supervise(sys.argv[3:]))
+if __name__ == "__main__" and sys.argv[1:3] == ["--supervise", "--cgroup"] and sys.argv[4:5] == ["--"]:
+    sys.exit(supervise(sys.argv[5:], cgroup=sys.argv[3]))

