@@ -409,7 +409,9 @@ def plugin_task_paths() -> list[Path]:
     import importlib.util
     from importlib import metadata
 
-    own = Path(__file__).resolve().parents[1]
+    import a2rl
+
+    own = Path(a2rl.__file__).resolve().parent
     found: list[Path] = []
     for ep in metadata.entry_points(group=TASK_ENTRY_POINTS):
         paths = _distribution_tops(ep.dist) if ep.dist is not None else []
