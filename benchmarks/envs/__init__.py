@@ -1,7 +1,8 @@
 """Text environments for the interactive tasks and the lockstep ReAct loop (stdlib + numpy only).
 
-This package is also shipped to agents as `data/envlib.zip` (imported as `envlib`), so its modules use only
-relative imports; `task.py` (the evaluator glue, which imports the harness) is left out of that copy.
+Shipped to agents as `data/envlib.zip` (imported as `envlib`), so its modules use only relative imports: the
+shared modules and the environment module(s) the workspace's task declares (`export.py`); `task.py` (the evaluator
+glue, which imports the harness) is left out of that copy.
 """
 
 from __future__ import annotations
