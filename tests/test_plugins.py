@@ -337,7 +337,7 @@ def count(convs): return [str(len(c[0]['content'].split('Tried: ')[1].replace('-
 goals = envlib.load_goals(sys.argv[2])
 eps = envlib.run_episodes(envlib.make_env('toy-guess', sys.argv[2]), goals, count, envlib.prompter('toy-guess'),
                           envlib.MAX_STEPS['toy-guess'])
-assert 'a2rl' not in sys.modules and 'a2rl_toy_plugin' not in sys.modules
+assert 'a2rl' not in sys.modules and 'a2rl_toy_plugin' not in sys.modules and list(envlib.TASKS) == ['toy-guess']
 print(envlib.MAX_STEPS, [ep.won for ep in eps], sorted(zipfile.ZipFile(sys.argv[1]).namelist()))
 """
 

@@ -7,13 +7,14 @@ glue, which imports the harness) is left out of that copy.
 
 from __future__ import annotations
 
-from .api import MAX_STEPS, STOP, load_goals, make_env, prompter
+from .api import MAX_STEPS, STOP, TASKS, load_goals, make_env, prompter
 from .base import StepResult, TextEnv
 from .react import BatchPolicy, Episode, parse_action, run_episodes
 
 __all__ = [
     "MAX_STEPS",
     "STOP",
+    "TASKS",
     "BatchPolicy",
     "Episode",
     "StepResult",
