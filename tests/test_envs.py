@@ -85,8 +85,9 @@ def test_batched_and_sequential_runs_give_the_same_episodes() -> None:
 
 
 def test_envlib_zip_runs_training_episodes_outside_the_harness(tmp_path: Path) -> None:
-    prepared = WebShop().prepare("offline")
-    zip_path = write_envlib(tmp_path / "envlib.zip")
+    task = WebShop()
+    prepared = task.prepare("offline")
+    zip_path = write_envlib(tmp_path / "envlib.zip", task.id, task.max_steps, task.agent_environment)
     assert "envlib/task.py" not in zipfile.ZipFile(zip_path).namelist()  # the evaluator glue stays out
     script = (
         "import sys; sys.path.insert(0, sys.argv[1]); import envlib\n"
@@ -94,6 +95,7 @@ def test_envlib_zip_runs_training_episodes_outside_the_harness(tmp_path: Path) -
         "def oracle(convs): return ['search[' + goals[0]['product_type'] + ']'] * len(convs)\n"
         "eps = envlib.run_episodes(envlib.make_env('webshop', sys.argv[2]), goals, oracle, envlib.prompter('webshop'), 2)\n"
         "assert 'a2rl' not in sys.modules and 'benchmarks' not in sys.modules\n"
+        "assert envlib.MAX_STEPS == {'webshop': 15}, envlib.MAX_STEPS\n"
         "print(len(eps), eps[0].turns[0]['observation'].count('['))\n"
     )
     out = subprocess.run(
@@ -111,10 +113,12 @@ def test_prepare_refreshes_an_envlib_zip_made_from_older_modules() -> None:
 
     task = get_task("alfworld")
     path = task.prepare("offline").public_dir / "envlib.zip"
-    assert path.read_bytes() == envlib_bytes() == envlib_bytes()  # reproducible bytes
+    declared = (task.id, task.max_steps, task.agent_environment)
+    assert path.read_bytes() == envlib_bytes(*declared) == envlib_bytes(*declared)  # reproducible bytes
+    assert "envlib/shop.py" not in zipfile.ZipFile(path).namelist()  # the task's own environment only
     path.write_bytes(b"an envlib.zip of an older simulation")
     task.prepare("offline")  # already prepared: only the envlib is rewritten
-    assert path.read_bytes() == envlib_bytes()
+    assert path.read_bytes() == envlib_bytes(*declared)
 
 
 @pytest.mark.parametrize("task_id", ["webshop", "deepsearchqa", "alfworld"])

@@ -117,10 +117,14 @@ def test_every_package_is_checked_for_import_cycles_among_its_modules():
 def test_the_shipped_environment_code_contract_is_the_shipped_set(installed_layout):
     """The code shipped to agents (`envlib.zip`) must run in a workspace alone: the contract's list is exactly
     the shipped modules, and the package's `__init__` (shipped too) imports shipped modules only."""
-    from a2rl.benchmarks.envs.export import ENVLIB_MODULES
+    from a2rl.benchmarks import TASKS, get_task
+    from a2rl.benchmarks.envs.export import SHARED_MODULES
 
     section = contract("envlib-alone")
-    shipped = {f"a2rl.benchmarks.envs.{name}" for name in ENVLIB_MODULES if name != "__init__"}
+    shipped = {f"a2rl.benchmarks.envs.{name}" for name in SHARED_MODULES if name != "__init__"}
+    for name in TASKS.names():  # and the environment modules each built-in interactive task declares
+        if TASKS.ref(name).source == "built-in" and hasattr(task := get_task(name), "agent_environment"):
+            shipped |= set(task.agent_environment.modules)
     assert set(listed(section, "source_modules")) == shipped
     rest = {f"a2rl.benchmarks.envs.{p.stem}" for p in (ROOT / "benchmarks" / "envs").glob("*.py")} - shipped
     assert set(listed(section, "forbidden_modules")) >= rest - {"a2rl.benchmarks.envs.__init__"}

@@ -269,3 +269,116 @@ def test_a_name_two_plugins_declare_is_refused_alone(tmp_path, monkeypatch):
     finally:
         monkeypatch.undo()
         a2rl.agents.AGENTS.refresh()
+
+
+GUESS_ENV = '''
+"""Guess the number: the plug-in's own environment, shipped to agents as envlib/guessing.py (stdlib only)."""
+from typing import NamedTuple
+
+
+class Step(NamedTuple):
+    observation: str
+    reward: float
+    done: bool
+    info: dict
+
+
+class GuessEnv:
+    def reset(self, goal, seed=0):
+        self.target = goal["target"]
+        return "Guess the number from 0 to 9.", {}
+
+    def step(self, action):
+        won = action.strip() == str(self.target)
+        return Step("right" if won else "wrong", float(won), won, {"won": won})
+
+    def admissible_actions(self):
+        return [str(i) for i in range(10)]
+
+
+def make_env(data_dir):
+    return GuessEnv
+
+
+def guess_prompt(goal, observation, turns):
+    return [{"role": "user", "content": f"{observation} Tried: {' '.join(t['action'] for t in turns) or '-'}"}]
+'''
+GUESS_TASK = '''
+from dataclasses import dataclass
+
+from a2rl.benchmarks.base import TaskData
+from a2rl.benchmarks.envs.task import AgentEnvironment, InteractiveTask
+from a2rl_toy_plugin.guess.guessing import GuessEnv, guess_prompt
+
+
+@dataclass
+class Guess(InteractiveTask):
+    agent_environment = AgentEnvironment(("a2rl_toy_plugin.guess.guessing",), "guessing:make_env",
+                                         "guessing:guess_prompt")
+
+    def loaders(self):
+        return {"offline": self._goals}
+
+    def _goals(self):
+        items = [{"id": f"g{i}", "target": i} for i in range(10)]
+        return TaskData(train=items[:6], validation=items[6:8], test=items[8:], source="ten numbers in the plug-in")
+
+    def make_env(self, variant):
+        return GuessEnv
+
+    def prompt(self, goal, observation, turns):
+        return guess_prompt(goal, observation, turns)
+'''
+GUESS_TOML = FOLDER_TASK_TOML.replace('"toy-words"', '"toy-guess"').replace("[decoding]", "max_steps = 3\n\n[decoding]")
+# The agent's side: guesses 0, 1, 2, ... (one per step), with only the workspace's envlib imported.
+GUESS_AGENT = """\
+import sys, zipfile; sys.path.insert(0, sys.argv[1]); import envlib
+def count(convs): return [str(len(c[0]['content'].split('Tried: ')[1].replace('-', '').split())) for c in convs]
+goals = envlib.load_goals(sys.argv[2])
+eps = envlib.run_episodes(envlib.make_env('toy-guess', sys.argv[2]), goals, count, envlib.prompter('toy-guess'),
+                          envlib.MAX_STEPS['toy-guess'])
+assert 'a2rl' not in sys.modules and 'a2rl_toy_plugin' not in sys.modules and list(envlib.TASKS) == ['toy-guess']
+print(envlib.MAX_STEPS, [ep.won for ep in eps], sorted(zipfile.ZipFile(sys.argv[1]).namelist()))
+"""
+
+
+def test_an_interactive_plugin_task_gives_agents_its_environment(tmp_path, monkeypatch):
+    """A plug-in interactive task declares its own environment module; the workspace's `envlib.zip` ships it with
+    the shared modules (and no other task's), and an agent plays its episodes through `envlib` alone."""
+    root = _plugin_package(tmp_path / "site", """
+        [a2rl.tasks]
+        toy-guess = a2rl_toy_plugin.guess.task:Guess
+        """)
+    guess = root / "a2rl_toy_plugin" / "guess"
+    guess.mkdir()
+    for name, text in {"__init__.py": "", "guessing.py": GUESS_ENV, "task.py": GUESS_TASK, "task.toml": GUESS_TOML,
+                       "description.md": DESCRIPTION}.items():
+        (guess / name).write_text(text)
+    def forget_modules() -> None:  # another test's copy of the plug-in may be imported already
+        for name in [m for m in sys.modules if m.split(".")[0] == "a2rl_toy_plugin"]:
+            del sys.modules[name]
+
+    forget_modules()
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setenv("A2RL_HOME", str(tmp_path / "home"))
+    a2rl.benchmarks.TASKS.refresh()
+    try:
+        public = a2rl.benchmarks.get_task("toy-guess").prepare("offline").public_dir
+    finally:
+        monkeypatch.undo()
+        forget_modules()
+        a2rl.benchmarks.TASKS.refresh()
+    out = subprocess.run([sys.executable, "-c", GUESS_AGENT, str(public / "envlib.zip"), str(public)],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path, env={"PATH": os.environ["PATH"]})
+    assert out.returncode == 0, out.stderr
+    shipped = [f"envlib/{m}.py" for m in ("__init__", "_tasks", "api", "base", "bm25", "guessing", "react")]
+    assert out.stdout.split("\n")[0] == f"{{'toy-guess': 3}} [True, True, True, False, False, False] {shipped}"
+
+
+def test_an_environment_module_that_would_replace_a_shared_one_is_refused():
+    from a2rl.benchmarks.envs.export import AgentEnvironment
+
+    with pytest.raises(ValueError, match=r"module 'a2rl.benchmarks.envs.base' would replace envlib/base.py; rename"):
+        AgentEnvironment(("a2rl.benchmarks.envs.base",), "base:make_env", "base:prompt").shipped_files()
+    with pytest.raises(ValueError, match=r"'shop' is not 'module:function' with module one of \['shop.py'\]"):
+        AgentEnvironment(("a2rl.benchmarks.envs.shop",), "shop:make_env", "shop").shipped_files()

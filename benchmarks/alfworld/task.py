@@ -17,7 +17,7 @@ from a2rl.benchmarks.base import Item, Messages, TaskData
 from a2rl.benchmarks.envs.base import StepResult, TextEnv
 from a2rl.benchmarks.envs.household import SIMULATION_VERSION, HouseholdEnv, household_prompt
 from a2rl.benchmarks.envs.splits import read_manifest, write_manifest
-from a2rl.benchmarks.envs.task import InteractiveTask
+from a2rl.benchmarks.envs.task import AgentEnvironment, InteractiveTask
 from a2rl.paths import data_file
 
 MANIFEST = data_file("alfworld", "split-offline.json")
@@ -85,6 +85,9 @@ def load_offline(path: Path = MANIFEST) -> TaskData:
 @dataclass
 class ALFWorld(InteractiveTask):
     """Declarative fields (id, title, decoding, variant labels, ...): task.toml beside this file."""
+    agent_environment = AgentEnvironment(
+        ("a2rl.benchmarks.envs.household",), "household:make_env", "household:household_prompt"
+    )
 
     def loaders(self) -> dict[str, Callable[[], TaskData]]:
         return {"offline": load_offline, "full": load_full}

@@ -35,7 +35,7 @@ from a2rl.benchmarks.envs.bm25 import BM25
 from a2rl.benchmarks.envs import searchqa
 from a2rl.benchmarks.envs.searchqa import Judge, SearchQAEnv, contains_alias, searchqa_prompt
 from a2rl.benchmarks.envs.splits import read_manifest, split_ids, write_manifest
-from a2rl.benchmarks.envs.task import InteractiveTask
+from a2rl.benchmarks.envs.task import AgentEnvironment, InteractiveTask
 from a2rl.paths import data_file
 
 SPLIT_SEED = 20262
@@ -137,6 +137,9 @@ def full_task_data(rows: list[dict[str, Any]]) -> TaskData:
 @dataclass
 class DeepSearchQA(InteractiveTask):
     """Declarative fields (id, title, decoding, variant labels, ...): task.toml beside this file."""
+    agent_environment = AgentEnvironment(
+        ("a2rl.benchmarks.envs.searchqa",), "searchqa:make_env", "searchqa:searchqa_prompt"
+    )
 
     judge: Judge | None = None
     """Off by default: grading is alias match. A judge must be pinned (model + prompt) and its failures

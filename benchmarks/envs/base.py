@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import abc
+import json
 from collections.abc import Hashable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 
@@ -40,3 +42,9 @@ class TextEnv(abc.ABC):
     @abc.abstractmethod
     def admissible_actions(self) -> list[str]:
         """Actions that are valid in the current state (templates such as `search[...]` for free text)."""
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Rows of a workspace file (not `a2rl.jsonl`: this module ships to agents and must run without the harness)."""
+    with path.open() as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -22,6 +22,8 @@ accepts and wins exactly when the goal formula holds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .base import StepResult, TextEnv
@@ -319,3 +321,8 @@ def _natural(name: str) -> tuple[str, int]:
 
 def household_prompt(goal: dict[str, Any], observation: str, turns: list[dict[str, Any]], window: int = 6) -> Messages:
     return history_prompt(SYSTEM_PROMPT, observation, turns, window, action_prefix="")
+
+
+def make_env(data_dir: Path) -> Callable[[], TextEnv]:
+    """envlib's factory for ALFWorld: the games are generated from each goal, no file needed."""
+    return HouseholdEnv

@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from .base import StepResult, TextEnv
+from .base import StepResult, TextEnv, read_jsonl
 from .bm25 import BM25
 from .react import Messages, history_prompt
 
@@ -109,3 +110,10 @@ def oracle_actions(goal: dict[str, Any]) -> list[str]:
 
 def searchqa_prompt(goal: dict[str, Any], observation: str, turns: list[dict[str, Any]], window: int = 4) -> Messages:
     return history_prompt(SYSTEM_PROMPT, observation, turns, window, action_prefix="")
+
+
+def make_env(data_dir: Path) -> Callable[[], TextEnv]:
+    """envlib's factory for DeepSearchQA: the corpus in `data_dir` and its search index, built once."""
+    docs = read_jsonl(data_dir / "corpus.jsonl")
+    index = BM25([f"{d['title']} {d['text']}" for d in docs])
+    return lambda: SearchQAEnv(docs, index)

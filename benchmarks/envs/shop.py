@@ -13,9 +13,11 @@ item page. Reward at purchase (WebShop's formula without the attribute terms, wh
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from .base import StepResult, TextEnv
+from .base import StepResult, TextEnv, read_jsonl
 from .bm25 import BM25
 from .react import Messages, history_prompt
 
@@ -188,3 +190,10 @@ def oracle_actions(goal: dict[str, Any]) -> list[str]:
 def shop_prompt(goal: dict[str, Any], observation: str, turns: list[dict[str, Any]], window: int = 4) -> Messages:
     """The evaluator's prompt: the task, the last few steps, and the current page with its actions."""
     return history_prompt(SYSTEM_PROMPT, f"Observation: {observation}", turns, window, action_prefix="")
+
+
+def make_env(data_dir: Path) -> Callable[[], TextEnv]:
+    """envlib's factory for WebShop: the catalog in `data_dir` and its search index, built once."""
+    listings = read_jsonl(data_dir / "catalog.jsonl")
+    index = BM25([listing_text(x) for x in listings])
+    return lambda: ShopEnv(listings, index)

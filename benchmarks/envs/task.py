@@ -9,12 +9,12 @@ import abc
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from a2rl.records import ItemResult
 from a2rl.benchmarks.base import BenchmarkTask, Decoding, Item, Messages, PreparedData, write_jsonl
 from a2rl.benchmarks.envs.base import TextEnv
-from a2rl.benchmarks.envs.export import write_envlib
+from a2rl.benchmarks.envs.export import AgentEnvironment, write_envlib
 from a2rl.benchmarks.envs.react import BatchPolicy, Episode, parse_action, run_episodes
 
 EPISODE_SEED = 0
@@ -51,6 +51,8 @@ class InteractiveTask(BenchmarkTask):
     """A task whose items are goals of a `TextEnv`; evaluation runs episodes instead of one generation."""
 
     max_steps: int = 15
+    agent_environment: ClassVar[AgentEnvironment]
+    """The modules and functions of the task's environment that agents get in `data/envlib.zip` (export.py)."""
 
     @abc.abstractmethod
     def make_env(self, variant: str) -> Callable[[], TextEnv]:
@@ -114,7 +116,11 @@ class InteractiveTask(BenchmarkTask):
             if not (prepared.public_dir / name).exists():
                 write_jsonl(prepared.public_dir / name, rows)
         # Rewritten when the modules changed since preparation: workspaces get the evaluator's current rules.
-        write_envlib(prepared.public_dir / "envlib.zip")
+        environment = getattr(self, "agent_environment", None)
+        if not isinstance(environment, AgentEnvironment):
+            raise TypeError(f"interactive task {self.id!r} declares no agent_environment = AgentEnvironment(...): "
+                            "agents could not play its episodes")
+        write_envlib(prepared.public_dir / "envlib.zip", self.id, self.max_steps, environment)
         return prepared
 
     def evaluator_id(self) -> str:

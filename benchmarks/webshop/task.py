@@ -19,7 +19,7 @@ from a2rl.benchmarks.envs.bm25 import BM25
 from a2rl.benchmarks.envs import shop
 from a2rl.benchmarks.envs.shop import ShopEnv, listing_text, shop_prompt
 from a2rl.benchmarks.envs.splits import read_manifest, split_ids, write_manifest
-from a2rl.benchmarks.envs.task import InteractiveTask
+from a2rl.benchmarks.envs.task import AgentEnvironment, InteractiveTask
 from a2rl.benchmarks.webshop.catalog import (
     CATALOG_SEED,
     DB_FILE,
@@ -102,6 +102,9 @@ def real_webshop_available() -> bool:
 @dataclass
 class WebShop(InteractiveTask):
     """Declarative fields (id, title, decoding, variant labels, ...): task.toml beside this file."""
+    agent_environment = AgentEnvironment(
+        ("a2rl.benchmarks.envs.shop",), "shop:make_env", "shop:shop_prompt"
+    )
 
     def loaders(self) -> dict[str, Callable[[], TaskData]]:
         return {"offline": load_offline, "full": load_full}
