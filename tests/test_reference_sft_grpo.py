@@ -1,5 +1,5 @@
 """reference-sft-grpo on an interactive task (alfworld): the in-process session (SFT rounds until validation
-stops rising, then GRPO with online rollouts and a loop penalty), its stop rule, its rewards, and the mode
+stops rising, then GRPO with online rollouts and win-only returns), its stop rule, its rewards, and the mode
 sft-only, on the tiny model against the real grading HTTP API."""
 
 from __future__ import annotations
