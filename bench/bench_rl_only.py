@@ -1,19 +1,23 @@
 """RL only, the fast loop for tuning: from one fixed SFT checkpoint, N updates of GRPO, GiGPO and "none" (no
-update: the frozen policy, whose wins per update show the sampling noise), side by side on one card.
+update: the frozen policy, whose wins per update show the sampling noise), for each rollout seed, side by side
+on one card.
 
-    python bench/bench_rl_only.py MODEL [--sft CKPT] [--updates 12] [--val-every 4] [--out rl_only.jsonl]
+    python bench/bench_rl_only.py MODEL [--sft CKPT] [--updates 12] [--val-every 4] [--seeds 0 1 2] [--out F]
     BENCH_SCRIPT=bench/bench_rl_only.py bash bench/gpu_alfworld.sh MODEL_PARTS... [OPTIONS]   # on the GPU
     python bench/bench_rl_only.py TINY_MODEL_DIR --smoke          # CPU check with the tests' tiny model
 
-MODEL is a Hugging Face checkpoint directory (on the GPU: the converted SmolLM2-135M). Without `--sft`, a short
-SFT on the offline alfworld worked examples (`--sft-steps`) makes the checkpoint first, once, in the out
-folder. Each arm starts from that checkpoint with the agent's own code (`grpo_env_torch.GRPOEnv`, the knobs'
-defaults unless overridden) and records per update the training episodes won (of goals x group), the update's
-clip fraction, approximate KL, entropy and optimizer steps, and every `--val-every` updates the policy's greedy
-win rate on the validation games (the evaluator's environment, prompts and step limit, played through
-`grpo_env_torch.play`: not the grader's own evaluation, the same games). The arms run as parallel processes on
-the one card (`--sequential` for one after another). Output: one JSON line per update per arm
-(`--out`), then a table.
+MODEL is a Hugging Face checkpoint directory (on the GPU: the converted SmolLM2-135M). Without `--sft`, the
+agent's own SFT data (the offline alfworld worked examples plus its searching demonstrations built from the
+training games, `sft_grpo_session.sft_examples`) trains the checkpoint first (`--sft-steps` at the agent's
+defaults), once, in the work folder. Each arm and rollout seed starts from that checkpoint with the agent's own
+code (`grpo_env_torch.GRPOEnv`, the knobs' defaults unless overridden) and records per update the training
+episodes won (of goals x group), the update's clip fraction, approximate KL, entropy, minibatches taken, seconds
+and the process's peak GPU memory (`torch.cuda.max_memory_allocated`), every `--val-every` updates the policy's
+greedy win rate on the validation games, and after the last update the last checkpoint's greedy win rate on the
+hidden test games (both through the evaluator's environment, prompts and step limit, played by
+`grpo_env_torch.play`: not the grader's own evaluation, the same games). Every (arm, seed) is its own process
+on the one card (`--sequential` for one after another in this process). Output: one JSON line per update per
+arm and seed (`--out`), then a table.
 """
 
 from __future__ import annotations
@@ -36,22 +40,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("model", type=Path, nargs="+", help="base model: a Hugging Face checkpoint directory, a .gguf "
                    "file or its parts in order (converted once, as bench/gpu_alfworld.py does)")
     p.add_argument("--sft", type=Path, help="the SFT checkpoint to start from (default: made here)")
-    p.add_argument("--sft-steps", type=int, default=150, help="SFT optimizer steps when no --sft is given")
+    p.add_argument("--sft-steps", type=int, default=300, help="SFT optimizer steps when no --sft is given")
+    p.add_argument("--no-search-demos", action="store_true", help="SFT on the worked examples alone")
     p.add_argument("--updates", type=int, default=12)
     p.add_argument("--val-every", type=int, default=4, help="validation every this many updates (and at 0)")
     p.add_argument("--val-limit", type=int, default=0, help="validation games (0: all 60)")
     p.add_argument("--val-max-steps", type=int, default=0, help="validation step limit (0: the evaluator's, 50)")
+    p.add_argument("--test-limit", type=int, default=0, help="hidden test games for the last checkpoint (0: all)")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     p.add_argument("--env", nargs="*", default=[], metavar="A2RL_GRPO_X=V", help="knob overrides for the RL arms")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="rollout seeds (one run each)")
+    p.add_argument("--seed", type=int, default=0, help="the SFT checkpoint's seed")
     p.add_argument("--sequential", action="store_true", help="arms one after another in this process")
     p.add_argument("--smoke", action="store_true", help="tiny sizes: a CPU check of the whole path")
     p.add_argument("--out", type=Path, default=Path("rl_only.jsonl"))
     p.add_argument("--work", type=Path, default=Path("/tmp/a2rl-rl-only"), help="the SFT checkpoint, the model")
     p.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)  # one arm, in a child process
+    p.add_argument("--arm-seed", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.smoke:
         args.sft_steps, args.updates, args.val_every, args.val_limit, args.val_max_steps = 2, 2, 1, 2, 2
+        args.test_limit = 2
         args.env = ["A2RL_GRPO_GOALS_PER_STEP=2", "A2RL_GRPO_NUM_GENERATIONS=2", "A2RL_GRPO_MAX_EPISODE_STEPS=2",
                     "A2RL_GRPO_MAX_SAMPLES=16", *args.env]  # fmt: skip
     return args
@@ -68,12 +77,14 @@ def make_sft(args, public: Path, knobs) -> Path:
     """A short SFT on the worked examples, saved once under the out folder (reused when already there)."""
     from a2rl.agents.reference_sft.train_sft import save_checkpoint
     from a2rl.agents.reference_sft_grpo import sft_torch
+    from a2rl.agents.reference_sft_grpo.sft_grpo_session import sft_examples
 
-    out = args.work / f"sft-{args.sft_steps}-steps-seed-{args.seed}"
+    search = not args.no_search_demos
+    out = args.work / f"sft-{args.sft_steps}-steps-seed-{args.seed}{'-search' if search else ''}"
     if (out / "model.safetensors").is_file():
         return out
     model, tokenizer = load(args.model)
-    examples, rows = sft_torch.load_examples(public / "sft.jsonl", tokenizer, knobs.sft_max_length)
+    examples, rows = sft_examples(public, public / "sft.jsonl", "alfworld", tokenizer, knobs.sft_max_length, search)
     sft = sft_torch.SFTRounds(model, tokenizer, examples, lr=knobs.sft_lr, batch_size=knobs.sft_batch_size,
                               seed=args.seed)  # fmt: skip
     stats = sft.train(seconds=3600, max_steps=args.sft_steps)
@@ -89,8 +100,19 @@ def validation(grpo_env_torch, envlib, public: Path, goals: list[dict], model, t
     return sum(r.won for r in grpo_env_torch.play(envlib, "alfworld", public, goals, sample, steps, seed=0))
 
 
-def run_arm(args, arm: str, sft: Path, public: Path) -> None:
-    """N updates of one arm from the SFT checkpoint, one JSON line per update to `args.out`."""
+def _games(public: Path, split: str, limit: int) -> list[dict]:
+    path = public.parent / "private" / f"{split}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()][: limit or None]
+
+
+def peak_gib() -> float | None:
+    import torch
+
+    return round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None
+
+
+def run_arm(args, arm: str, seed: int, sft: Path, public: Path) -> None:
+    """N updates of one arm and rollout seed from the SFT checkpoint, one JSON line per update to `args.out`."""
     import os
 
     from a2rl.agents.reference_sft_grpo import grpo_env_torch
@@ -98,22 +120,20 @@ def run_arm(args, arm: str, sft: Path, public: Path) -> None:
 
     knobs = Knobs.from_env({**os.environ, **dict(kv.split("=", 1) for kv in args.env)})
     envlib = grpo_env_torch.import_envlib(public)
-    val_goals = [json.loads(line) for line in (public.parent / "private" / "validation.jsonl").read_text().splitlines()
-                 if line.strip()]  # fmt: skip
-    val_goals = val_goals[: args.val_limit or None]
+    val_goals = _games(public, "validation", args.val_limit)
     model, tokenizer = load(sft)
     grpo = grpo_env_torch.GRPOEnv(
         model, tokenizer, envlib, "alfworld", public, lr=knobs.grpo_lr, goals_per_step=knobs.goals_per_step,
         group_size=knobs.group_size, max_episode_steps=knobs.max_episode_steps, temperature=knobs.temperature,
         loop_penalty=knobs.loop_penalty, invalid_penalty=knobs.invalid_penalty,
-        algorithm=arm if arm != "none" else "grpo", gamma=knobs.gamma, seed=args.seed, engine=knobs.rollout_engine,
-        max_samples=knobs.max_samples, schedule=knobs.schedule(grpo_env_torch),
+        algorithm=arm if arm != "none" else "grpo", gamma=knobs.gamma, seed=seed, engine=knobs.rollout_engine,
+        max_samples=knobs.max_samples, micro_tokens=knobs.micro_tokens, schedule=knobs.schedule(grpo_env_torch),
     )  # fmt: skip
     t0 = time.monotonic()
     with args.out.open("a", encoding="utf-8") as f:
 
         def emit(row: dict) -> None:
-            row = {"arm": arm, "t_s": round(time.monotonic() - t0, 1), **row}
+            row = {"arm": arm, "seed": seed, "t_s": round(time.monotonic() - t0, 1), **row}
             f.write(json.dumps(row) + "\n")
             f.flush()
             print(json.dumps(row), flush=True)
@@ -131,33 +151,48 @@ def run_arm(args, arm: str, sft: Path, public: Path) -> None:
                 row = {"episodes": stats.episodes, "wins": stats.wins, "rollout_s": stats.rollout_s,
                        "update_s": stats.update_s, "samples": stats.samples, "mean_steps": stats.mean_steps,
                        "optimizer_steps": stats.update.optimizer_steps, "clip_fraction": stats.update.clip_fraction,
-                       "approx_kl": stats.update.approx_kl, "entropy": stats.update.entropy, "lr": stats.update.lr}  # fmt: skip
+                       "approx_kl": stats.update.approx_kl, "entropy": stats.update.entropy, "lr": stats.update.lr,
+                       "minibatches_used": stats.update.minibatches_used, "kl_stopped": stats.update.kl_stopped,
+                       "entropy_alarm": stats.entropy_alarm, "cut": stats.cut}  # fmt: skip
+            row["max_memory_gib"] = peak_gib()
             if update % args.val_every == 0 or update == args.updates:
                 row |= {"val_won": validation(grpo_env_torch, envlib, public, val_goals, model, tokenizer, args.val_max_steps),
                         "val_n": len(val_goals)}  # fmt: skip
             emit({"update": update, **row})
+        test_goals = _games(public, "test", args.test_limit)
+        emit({"update": args.updates, "final": True, "max_memory_gib": peak_gib(), "test_n": len(test_goals),
+              "test_won": validation(grpo_env_torch, envlib, public, test_goals, model, tokenizer, args.val_max_steps)})
 
 
 def table(rows: list[dict]) -> str:
-    """Per arm: training wins per update, first three against last three, and the validation scores."""
-    lines = ["| arm | wins per update | first 3 -> last 3 updates (Δ ± 95% CI, n episodes) | validation (won/n @ update) |",
-             "|---|---|---|---|"]  # fmt: skip
+    """Per arm and seed: training wins per update (first three against last three), seconds per update, peak
+    memory, the validation scores, the last checkpoint's hidden-test score."""
+    lines = ["| arm | seed | wins per update | first 3 -> last 3 updates (Δ ± 95% CI, n episodes) | s / update | "
+             "peak GiB | validation (won/n @ update) | test (last) |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for arm in ARMS:
-        mine = sorted((r for r in rows if r["arm"] == arm), key=lambda r: r["update"])
-        if not mine:
-            continue
-        trained = [r for r in mine if "wins" in r]
-        wins = ", ".join(f"{r['wins']}" for r in trained)
-        k = min(3, len(trained) // 2)  # first k against last k updates, never overlapping
-        first, last = trained[:k], trained[len(trained) - k :]
-        delta = "-"
-        if first and last:
-            (a, n), (b, m) = ((sum(r["wins"] for r in x), sum(r["episodes"] for r in x)) for x in (first, last))
-            p, q = a / n, b / m
-            se = math.sqrt(p * (1 - p) / n + q * (1 - q) / m)  # Wald, episodes as independent (they are not quite)
-            delta = f"{100 * p:.1f}% -> {100 * q:.1f}% ({100 * (q - p):+.1f} ± {196 * se:.1f}, n={n}, {m})"
-        val = ", ".join(f"{r['val_won']}/{r['val_n']}@{r['update']}" for r in mine if "val_won" in r)
-        lines.append(f"| {arm} | {wins} (of {trained[0]['episodes'] if trained else '-'}) | {delta} | {val} |")
+        for seed in sorted({r.get("seed", 0) for r in rows if r["arm"] == arm}):
+            mine = sorted((r for r in rows if r["arm"] == arm and r.get("seed", 0) == seed and not r.get("final")),
+                          key=lambda r: r["update"])  # fmt: skip
+            final = next((r for r in rows if r["arm"] == arm and r.get("seed", 0) == seed and r.get("final")), {})
+            trained = [r for r in mine if "wins" in r]
+            wins = ", ".join(f"{r['wins']}" for r in trained)
+            k = min(3, len(trained) // 2)  # first k against last k updates, never overlapping
+            first, last = trained[:k], trained[len(trained) - k :]
+            delta = "-"
+            if first and last:
+                (a, n), (b, m) = ((sum(r["wins"] for r in x), sum(r["episodes"] for r in x)) for x in (first, last))
+                p, q = a / n, b / m
+                se = math.sqrt(p * (1 - p) / n + q * (1 - q) / m)  # Wald, episodes as independent (they are not quite)
+                delta = f"{100 * p:.1f}% -> {100 * q:.1f}% ({100 * (q - p):+.1f} ± {196 * se:.1f}, n={n}, {m})"
+            timed = [r["update_s"] for r in trained if "update_s" in r]
+            per_update = f"{sum(timed) / len(timed):.1f} (n={len(timed)})" if timed else "-"
+            peak = max((r["max_memory_gib"] for r in mine + [final] if r.get("max_memory_gib") is not None),
+                       default=None)  # fmt: skip
+            val = ", ".join(f"{r['val_won']}/{r['val_n']}@{r['update']}" for r in mine if "val_won" in r)
+            test = f"{final['test_won']}/{final['test_n']}" if "test_won" in final else "-"
+            lines.append(f"| {arm} | {seed} | {wins} (of {trained[0]['episodes'] if trained else '-'}) | {delta} | "
+                         f"{per_update} | {'-' if peak is None else peak} | {val} | {test} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -167,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     from a2rl.benchmarks import get_task
 
     public = get_task("alfworld").prepare("offline").public_dir
-    if args.arm:  # a child: one arm
-        run_arm(args, args.arm, args.sft, public)
+    if args.arm:  # a child: one arm and seed
+        run_arm(args, args.arm, args.arm_seed, args.sft, public)
         return 0
     from gpu_alfworld import model_dir
 
@@ -178,27 +213,29 @@ def main(argv: list[str] | None = None) -> int:
     args.out.unlink(missing_ok=True)
     sft = args.sft or make_sft(args, public, Knobs.from_env({}))
     t0 = time.monotonic()
+    runs = [(arm, seed) for arm in args.arms for seed in args.seeds]
     if args.sequential:
-        for arm in args.arms:
-            run_arm(args, arm, sft, public)
+        for arm, seed in runs:
+            run_arm(args, arm, seed, sft, public)
     else:
         options = (argv if argv is not None else sys.argv[1:])[given:]  # the model parts first, as parsed
         passed = [str(args.model), *(a for a in options if a != "--sequential")]
-        for arm in args.arms:
-            args.out.with_suffix(f".{arm}.jsonl").unlink(missing_ok=True)
+        parts = {run: args.out.with_suffix(f".{run[0]}-{run[1]}.jsonl") for run in runs}
+        for part in parts.values():
+            part.unlink(missing_ok=True)
         children = [subprocess.Popen([sys.executable, __file__, *passed, "--sft", str(sft), "--arm", arm,
-                                      "--out", str(args.out.with_suffix(f".{arm}.jsonl"))])
-                    for arm in args.arms]  # fmt: skip
+                                      "--arm-seed", str(seed), "--out", str(parts[arm, seed])])
+                    for arm, seed in runs]  # fmt: skip
         codes = [c.wait() for c in children]
         with args.out.open("a", encoding="utf-8") as f:
-            for arm in args.arms:
-                part = args.out.with_suffix(f".{arm}.jsonl")
+            for part in parts.values():
                 if part.is_file():
                     f.write(part.read_text())
         if any(codes):
-            print(f"arms exited {dict(zip(args.arms, codes))}", file=sys.stderr)
+            print(f"runs exited {dict(zip(runs, codes))}", file=sys.stderr)
     rows = [json.loads(line) for line in args.out.read_text().splitlines() if line.strip()]
-    print(f"\nRL only from {sft}, {args.updates} updates, {time.monotonic() - t0:.0f} s\n\n{table(rows)}", flush=True)
+    print(f"\nRL only from {sft}, {args.updates} updates, seeds {args.seeds}, {time.monotonic() - t0:.0f} s\n\n"
+          f"{table(rows)}", flush=True)  # fmt: skip
     return 0
 
 

@@ -22,8 +22,8 @@ OPTIONAL = {
 }
 """Third-party modules imported only where present, each with why it is not a dependency."""
 
-AGENT_LOCAL = {"envlib", "decode_engine", "grpo_env_torch", "round_loop", "sft_grpo_session", "sft_torch",
-               "train_common", "train_grpo", "train_precision", "train_sft", "web_agent_site", "textworld"}
+AGENT_LOCAL = {"envlib", "decode_engine", "grpo_env_torch", "round_loop", "search_demos", "sft_grpo_session",
+               "sft_torch", "train_common", "train_grpo", "train_precision", "train_sft", "web_agent_site", "textworld"}
 """Modules that are files copied into an agent's workspace or shipped task data (data/envlib.zip), not packages."""
 
 

@@ -1,5 +1,5 @@
 """reference-sft-grpo on an interactive task (alfworld): the in-process session (SFT rounds until validation
-stops rising, then GRPO with online rollouts and a loop penalty), its stop rule, its rewards, and the mode
+stops rising, then GRPO with online rollouts and win-only returns), its stop rule, its rewards, and the mode
 sft-only, on the tiny model against the real grading HTTP API."""
 
 from __future__ import annotations
@@ -60,6 +60,27 @@ def test_sft_keeps_to_a_third_of_the_budget_by_default():
     assert session.round_seconds() == pytest.approx(70.0)  # a sixth of the budget
 
 
+def test_an_entropy_alarm_rolls_back_to_the_best_checkpoint_and_stops_rl_after_three():
+    session = sft_grpo_session.InteractiveSession.__new__(sft_grpo_session.InteractiveSession)  # no grader needed
+    restored, rolled = [], []
+    session.__dict__.update(k=Knobs.from_env({}), save_s=5.0, phase="GRPO", mode="free", margin_s=13.4,
+                            budget={"budget_s": 420.0, "remaining_s": 300.0, "elapsed_s": 120.0},
+                            entropy_rollbacks=0, failures_in_a_row=0, rounds=[], best_score=30.0,
+                            grpo=type("G", (), {"rolled_back": lambda self, note: rolled.append(note)})())  # fmt: skip
+    session.restore_best = lambda: restored.append(True)
+    for n in range(1, 4):
+        r = sft_grpo_session.Round(n, "GRPO", "output/v1", 3, 0.1, 10.0, score=35.0, note="new best",
+                                   entropy_alarm=True)  # fmt: skip
+        session.next_phase(r)
+        assert len(restored) == len(rolled) == n and "best checkpoint restored, RL rate halved" in r.note
+        assert session.can_start()[0] == (n < sft_grpo_session.MAX_ENTROPY_ROLLBACKS)
+    assert "entropy rose" in session.can_start()[2]
+    calm = sft_grpo_session.Round(4, "GRPO", "output/v1", 3, 0.1, 10.0, score=29.0)
+    session.entropy_rollbacks = 0
+    session.next_phase(calm)  # within the rollback margin, no alarm: RL goes on from here
+    assert len(restored) == 3 and "RL goes on from here" in calm.note
+
+
 def test_sft_stop_rule_with_patience_two():
     assert not sft_finished([10.0, 20.0, 15.0], 0.0, max_rounds=9, patience=2)
     assert sft_finished([10.0, 20.0, 15.0, 20.0], 0.0, max_rounds=9, patience=2)
@@ -90,11 +111,14 @@ def test_mode_comes_from_the_instructions(tmp_path):
 
 def test_knobs_default_to_the_gpu_recipe():
     k = Knobs.from_env({})
-    assert (k.sft_lr, k.sft_batch_size, k.group_size, k.goals_per_step, k.loop_penalty) == (1e-4, 32, 8, 8, 0.5)
-    assert (k.algorithm, k.invalid_penalty, k.rollout_engine) == ("grpo", 0.1, "auto")
+    assert (k.sft_lr, k.sft_batch_size, k.group_size, k.goals_per_step) == (1e-4, 32, 8, 8)
+    assert (k.algorithm, k.rollout_engine, k.grpo_lr, k.kl_target) == ("grpo", "auto", 3e-5, 0.02)
+    # Win-only returns, episodes as long as the evaluator lets them run (its limit, read from the task's envlib).
+    assert (k.loop_penalty, k.invalid_penalty, k.max_episode_steps) == (0.0, 0.0, None)
     assert Knobs.from_env({"A2RL_SFT_ROUND_S": "7", "A2RL_GRPO_LOOP_PENALTY": "0.2"}).sft_round_s == 7.0
     schedule = k.schedule(grpo_env_torch)
     assert (schedule.epochs, schedule.minibatches, schedule.clip_low, schedule.clip_high) == (1, 4, 0.2, 0.28)
+    assert schedule.kl_target == 0.02
     assert Knobs.from_env({"A2RL_GRPO_EPOCHS": "2"}).schedule(grpo_env_torch).epochs == 2
 
 
@@ -156,23 +180,28 @@ def test_sft_rounds_and_grpo_iterations_change_the_weights(tiny_model_dir, alfwo
 
     envlib = grpo_env_torch.import_envlib(alfworld_data)
     grpo = grpo_env_torch.GRPOEnv(model, tokenizer, envlib, "alfworld", alfworld_data, lr=1e-2, goals_per_step=2,
-                                  group_size=2, max_episode_steps=3, temperature=1.0, loop_penalty=0.5, seed=0,
+                                  group_size=2, max_episode_steps=None, temperature=1.0, loop_penalty=0.0, seed=0,
                                   max_new_tokens=8)  # fmt: skip
-    # A scripted sampler: one episode of each group loops, the other does not, so advantages are not zero.
+    assert grpo.max_episode_steps == envlib.MAX_STEPS["alfworld"] == 50  # the evaluator's limit, read from envlib
+    # A scripted sampler: one episode of each group plays its game's walkthrough (a win), the other loops.
+    env = envlib.make_env("alfworld", alfworld_data)()
+    walkthrough = {env.reset(g)[0]: g["walkthrough"] for g in envlib.load_goals(alfworld_data)}
     calls = {"n": 0}
 
-    def looping_or_not(conversations):
+    def winning_or_looping(conversations):
         out = []
         for row, conv in enumerate(conversations):
             ids = tokenizer(conv[-1]["content"][:20], add_special_tokens=False)["input_ids"][:4] or [1]
-            text = "look" if row % 2 == 0 else f"go to cabinet {calls['n'] + 1}"
+            steps = walkthrough[conv[1]["content"].split("\n(")[0]]
+            text = steps[calls["n"]] if row % 2 and calls["n"] < len(steps) else "look"
             out.append((ids, tokenizer(text, add_special_tokens=False)["input_ids"], text))
         calls["n"] += 1
         return out
 
-    grpo.sample = looping_or_not
+    grpo.sample = winning_or_looping
     stats = grpo.grpo_step()
-    assert stats.episodes == 4 and stats.samples > 0 and stats.mean_repeat > 0
+    assert stats.episodes == 4 and stats.wins == 2 and stats.samples > 0 and stats.mean_repeat > 0
+    assert stats.mean_steps > 25  # the losers ran the evaluator's 50 steps, not a shorter training cap
     assert max((model.state_dict()[k] - after_sft[k]).abs().max().item() for k in before) > 0
     assert all(torch.isfinite(v).all() for v in model.state_dict().values())
 
@@ -191,6 +220,7 @@ def test_play_uses_the_evaluators_environment_and_real_sampling(tiny_model_dir, 
     cut = grpo_env_torch.play(envlib, "alfworld", alfworld_data, goals, sample, max_steps=2, seed=0,
                               deadline=time.monotonic() - 1)  # fmt: skip
     assert [len(r.steps) for r in cut] == [0, 0] and not any(r.won for r in cut)
+    assert all(r.cut for r in cut) and not any(r.cut for r in rollouts)  # cut: left out of the update
 
 
 def test_completion_loss_equals_the_models_own_loss_without_full_logits(tiny_model_dir, alfworld_data):
@@ -210,6 +240,14 @@ def test_completion_loss_equals_the_models_own_loss_without_full_logits(tiny_mod
     assert ours.item() == pytest.approx(reference.item(), rel=1e-5)
     for name, param in model.named_parameters():
         assert torch.allclose(param.grad, want[name], atol=1e-6, rtol=1e-4), name
+    # At a sampling temperature T the scores are those of the distribution sampled from: softmax(logits / T).
+    with torch.no_grad():
+        targets = labels != sft_torch.IGNORE
+        full = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float() / 0.7, dim=-1)
+        want_t = full[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)[targets[:, 1:]]
+        at_t = sft_torch.target_log_probs(model, ids, mask, targets, "cpu", chunk_rows=7, temperature=0.7)
+        at_1 = sft_torch.target_log_probs(model, ids, mask, targets, "cpu", chunk_rows=7)
+    assert torch.allclose(at_t, want_t, atol=1e-5) and not torch.allclose(at_1, want_t, atol=1e-3)
 
 
 def test_the_shared_prompt_prefix_runs_once_with_the_same_loss_and_gradients(tiny_model_dir, alfworld_data):
@@ -274,6 +312,31 @@ def test_gigpo_credits_the_action_taken_from_a_shared_state():
     assert gigpo[0][2] == pytest.approx(grpo[0][2])  # s2 is seen once: no step-level term
     with pytest.raises(ValueError, match="algorithm"):
         grpo_env_torch.step_advantages([win, lose], 2, algorithm="ppo", loop_penalty=0, invalid_penalty=0)
+
+
+def test_returns_are_wins_and_shaping_is_never_the_whole_signal_of_a_group():
+    """Win-only returns normalised in the group; the per-step penalties come after, unnormalised, and only in a
+    group with a win and a loss; an episode cut by the deadline leaves the update (not scored as a loss)."""
+    loops = _rollout(["look", "look", "look"], ["s0", "s1", "s1"], 0.0)
+    clean = _rollout(["go to a", "go to b", "go to c"], ["s0", "s2", "s3"], 0.0)
+    win = _rollout(["go to a", "take x from a", "look", "look"], ["s0", "s1", "s2", "s2"], 1.0,
+                   [False, False, True, False])  # fmt: skip
+    cut = _rollout(["go to a"], ["s0"], 0.0)
+    cut.cut = True
+    adv = grpo_env_torch.step_advantages([loops, clean, win, loops, cut, clean], 3, algorithm="grpo",
+                                         loop_penalty=0.1, invalid_penalty=0.05)  # fmt: skip
+    # Group 1: two losses and a win: (+-) normalised outcome, then each step's own penalty, as is.
+    # (0 - 1/3) / std(0, 0, 1) = -0.7071; (1 - 1/3) / std = 1.4142
+    assert adv[0] == pytest.approx([-0.7071, -0.7071 - 0.1, -0.7071 - 0.1], abs=1e-3)
+    assert adv[1] == pytest.approx([-0.7071] * 3, abs=1e-3)
+    assert adv[2] == pytest.approx([1.4142, 1.4142, 1.4142 - 0.05, 1.4142 - 0.1], abs=1e-3)
+    # Group 2: no win among the episodes that finished: no signal, and the loop penalty alone is not one.
+    assert adv[3] == [0.0] * 3 and adv[5] == [0.0] * 3 and adv[4] == [0.0]
+    # A cut episode is not a loss: with it gone, the win against one loss is +1 / -1.
+    win2 = _rollout(["go to a"], ["s0"], 1.0)
+    adv = grpo_env_torch.step_advantages([win2, cut, clean], 3, algorithm="grpo", loop_penalty=0, invalid_penalty=0)
+    assert adv[0] == [pytest.approx(1.0, abs=1e-3)] and adv[1] == [0.0]
+    assert adv[2] == [pytest.approx(-1.0, abs=1e-3)] * 3
 
 
 def test_household_state_key_tells_states_apart():
@@ -494,3 +557,43 @@ def test_the_alfworld_table_sql_gives_newcombes_interval_and_the_gpu(tmp_path):
     assert row["paired_ci95_hi"] == round(100 * (d + half * (sd / 134) ** 0.5), 1)
     assert (row["baseline_test_games"], row["final_test_games"]) == ("0/134", "30/134")
     assert row["gpu"] == "NVIDIA H100 80GB HBM3"
+
+
+# -- searching demonstrations -----------------------------------------------------------------------------------
+def test_searching_demonstrations_look_in_the_learned_order_until_found_and_win(alfworld_data, tiny_model_dir):
+    """Built from the training games alone: each fetch visits receptacles most likely first (by how often their
+    type held the object's type in the training games), opens closed ones, takes the first object of the wanted
+    type it sees; every kept demonstration wins when replayed in the task's environment, and some searched (the
+    worked examples never do: their first `go to` holds the object)."""
+    from a2rl.agents.reference_sft_grpo import search_demos
+
+    envlib = grpo_env_torch.import_envlib(alfworld_data)
+    goals = {g["id"]: g for g in envlib.load_goals(alfworld_data)}
+    prior = search_demos.receptacle_prior(list(goals.values()))
+    demos = search_demos.demonstrations(envlib, "alfworld", alfworld_data)
+    assert len(demos) >= len(goals) // 2
+    assert any(d.searched > 0 for d in demos)  # at least one fetch looked where the object was not
+    for demo in demos:
+        goal = goals[demo.goal_id]
+        kind = goal["goal"]["object"]
+        assert demo.turns[0]["action"] == f"go to {search_demos.search_order(goal, kind, prior)[0]}"
+        env = envlib.make_env("alfworld", alfworld_data)()
+        assert env.reset(goal)[0] == demo.first
+        results = [env.step(t["action"]) for t in demo.turns]
+        assert results[-1].info["won"] and not any(r.done for r in results[:-1])
+        assert [r.observation for r in results] == [t["observation"] for t in demo.turns]
+        assert len(demo.turns) <= envlib.MAX_STEPS["alfworld"]
+    # The rows are in the worked examples' own format: a game's first prompt is the same in both.
+    rows = search_demos.sft_rows(envlib, "alfworld", alfworld_data)
+    worked = [json.loads(line) for line in (alfworld_data / "sft.jsonl").read_text().splitlines()]
+    first = {r["goal_id"]: r["prompt"] for r in worked if len(r["prompt"]) == 2}
+    assert any(r["prompt"] == first[r["goal_id"]] for r in rows if r["goal_id"] in first and len(r["prompt"]) == 2)
+    # The session's SFT data: the worked examples plus these.
+    model, tokenizer = _tiny(tiny_model_dir)
+    alone, n = sft_torch.load_examples(alfworld_data / "sft.jsonl", tokenizer, 100_000)
+    mixed, m = sft_grpo_session.sft_examples(alfworld_data, alfworld_data / "sft.jsonl", "alfworld", tokenizer,
+                                             100_000, search=True)  # fmt: skip
+    assert len(mixed) == len(alone) + len(rows) and m == n + len(rows)
+    off, _ = sft_grpo_session.sft_examples(alfworld_data, alfworld_data / "sft.jsonl", "alfworld", tokenizer,
+                                           100_000, search=False)  # fmt: skip
+    assert len(off) == len(alone)

@@ -22,7 +22,12 @@ BPE model's 512 tokens would put chance near zero: no group would ever win, so n
   temperature 1.3: 100% at 90 updates for seed 0, but seed 1 peaked at 75% and fell back, and seed 2 collapsed to
   0 wins at update 88 (one update with approximate KL 1.67 to the sampling policy), as lr 2e-3 did at update ~85
   (at temperature 1.3, lr 2e-3: seed 2 100% at 70 updates, seed 1 25% through 150). At learning rates fast enough
-  for the time limit, training was unstable; slower ones did not get past 25-50% in time.
+  for the time limit, training was unstable; slower ones did not get past 25-50% in time. Third pass (win-only
+  returns, per-episode weighting; issue 42): still not asserted. GRPO, lr 3e-3, seed 0: 0% greedy through 120
+  updates, sampled wins 3 of 128 at update 5, then 0. A variant whose first action is read from the
+  observation and the second is fixed (take the object named, then "box"; 0.5 for the first): sampled reward
+  0.11 -> 0.25 over 25 updates (the first step learned), no win, 0% greedy; stopped there (the shared machine
+  at load 50-300 gave ~5 s per update).
 
 Checked by mutation (each once, on the clipped update too): the advantage's sign flipped fails it (greedy 0%,
 sampled wins 4 -> 0 of 128); the sampler's copy never synced after an update fails it (greedy 0-25%, sampled wins
@@ -238,28 +243,37 @@ def test_the_rl_only_bench_runs_on_the_cpu(tiny_model_dir, tmp_path, capsys):
 
     out = tmp_path / "rl.jsonl"
     assert bench_rl_only.main([str(tiny_model_dir), "--smoke", "--sequential", "--arms", "gigpo", "none",
-                               "--out", str(out), "--work", str(tmp_path / "work")]) == 0  # fmt: skip
+                               "--seeds", "1", "--out", str(out), "--work", str(tmp_path / "work")]) == 0  # fmt: skip
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(r["arm"], r["update"]) for r in rows] == [(a, u) for a in ("gigpo", "none") for u in (0, 1, 2)]
-    assert all(r["val_n"] == 2 for r in rows) and rows[1]["optimizer_steps"] >= 1 and "clip_fraction" in rows[1]
+    runs = [(a, 1) for a in ("gigpo", "none")]  # a rollout seed per run (the GPU bench: 0 1 2)
+    assert [(r["arm"], r["seed"], r["update"]) for r in rows] == [(a, s, u) for a, s in runs for u in (0, 1, 2, 2)]
+    assert all(r["val_n"] == 2 for r in rows if not r.get("final")) and rows[1]["optimizer_steps"] >= 0
+    assert "clip_fraction" in rows[1] and "minibatches_used" in rows[1] and "max_memory_gib" in rows[1]
+    finals = [r for r in rows if r.get("final")]
+    assert len(finals) == 2 and all(r["test_n"] == 2 and 0 <= r["test_won"] <= 2 for r in finals)  # the last checkpoint
     printed = capsys.readouterr().out
-    assert "| gigpo | " in printed and "| none | " in printed and "0/2 @ 0" not in printed  # the table
+    assert "| gigpo | 1 | " in printed and "| none | 1 | " in printed and "0/2 @ 0" not in printed  # the table
+    assert "searching demonstration steps" in printed  # the SFT checkpoint saw the agent's own search data
 
 
 # -- the loss reads the action tokens only -------------------------------------------------------------------
-def action_only_gradient(samples, model, *, mask_off: bool = False) -> dict:
+def action_only_gradient(samples, model, *, mask_off: bool = False, token_mean: bool = False,
+                         temperature: float = 0.5) -> dict:
     """Reference gradient of the update's first step when the sampler is the policy (ratio 1): minus the
-    advantage-weighted log-likelihood of the action tokens, over their count, by a plain full-logits forward
-    pass. `mask_off`: every token after the first scored instead (what a missing action mask computes)."""
+    advantage-weighted log-likelihood of the action tokens, averaged per episode over its tokens, then over the
+    episodes, by a plain full-logits forward pass. `mask_off`: every token after the first scored instead (what
+    a missing action mask computes); `token_mean`: one mean over all tokens (long episodes weigh more). The
+    log-probs are those of the sampling distribution, softmax(logits / `temperature`)."""
     import torch
 
     model.zero_grad(set_to_none=True)
-    scored = [([p[0]], p[1:] + a, adv) if mask_off else (p, a, adv) for p, a, adv in samples]
-    n = sum(len(a) for _, a, _ in scored)
+    scored = [([p[0]], p[1:] + a, adv, e) if mask_off else (p, a, adv, e) for p, a, adv, e in samples]
+    tokens = {e: sum(len(a) for _, a, _, f in scored if f == e) for *_, e in scored}
     loss = 0.0
-    for p, a, adv in scored:
+    for p, a, adv, e in scored:
+        n = sum(tokens.values()) if token_mean else tokens[e] * len(tokens)
         ids = torch.tensor([p + a])
-        log_probs = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), dim=-1)
+        log_probs = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float() / temperature, dim=-1)
         loss = loss - adv * log_probs[len(p) - 1 :].gather(-1, ids[0, len(p) :, None]).sum() / n
     loss.backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
@@ -269,16 +283,18 @@ def action_only_gradient(samples, model, *, mask_off: bool = False) -> dict:
 
 def test_the_update_learns_from_the_action_tokens_only(tmp_path, one_torch_thread):
     """The action mask, through the agent's own update (`GRPOEnv.update`: its batching, shared-prefix forward,
-    clipped ratio and token mean): on steps with different prompts and advantages that do not sum to zero (so
-    prompt terms would not cancel, as they do within a GRPO group), the first optimizer step's gradient is that
-    of the action tokens' log-likelihood alone, and far from the gradient with the prompt tokens scored too.
+    clipped ratio, log-probs at the sampling temperature, per-episode token mean): on steps with different
+    prompts and advantages that do not sum to zero (so prompt terms would not cancel, as they do within a GRPO
+    group), the first optimizer step's gradient is that of the action tokens' log-likelihood alone (each
+    episode weighted the same, at the sampling temperature), and far from the gradient with the prompt tokens
+    scored too, with a token mean over the batch, or at T = 1.
     (The output layer's rows of prompt-only tokens are no test of this: the softmax gives every row a gradient.)"""
     import torch
 
     envlib = game_envlib(True)
     model, tokenizer = word_model()
     grpo = grpo_env_torch.GRPOEnv(model, tokenizer, envlib, "game", None, lr=1e-3, goals_per_step=8, group_size=4,
-                                  max_episode_steps=2, temperature=1.0, loop_penalty=0.5, seed=0, max_new_tokens=2,
+                                  max_episode_steps=2, temperature=0.5, loop_penalty=0.5, seed=0, max_new_tokens=2,
                                   engine="engine", max_grad_norm=1e9)  # fmt: skip
     grpo.sample.copy.float()  # the sampler's weights equal to the policy's: every ratio of the first step is 1
     grpo.sample.sync()
@@ -293,21 +309,81 @@ def test_the_update_learns_from_the_action_tokens_only(tmp_path, one_torch_threa
         return tokenizer(text, add_special_tokens=False)["input_ids"] + eos
 
     opened = [{"completion": "open", "observation": "open box . see apple ."}]
-    samples = [(prompt({"object": "apple"}, []), word("open"), 1.0),
-               (prompt({"object": "apple"}, opened), word("apple"), 0.5),
-               (prompt({"object": "book"}, []), word("egg"), -0.3)]  # fmt: skip
-    prompts = [p for p, _, _ in samples]  # the shipped path: the shared system prompt run once for the batch
+    # Two steps of one episode, one of another: each episode counts once, whatever its number of tokens.
+    samples = [(prompt({"object": "apple"}, []), word("open"), 1.0, 0),
+               (prompt({"object": "apple"}, opened), word("apple"), 0.5, 0),
+               (prompt({"object": "book"}, []), word("egg"), -0.3, 1)]  # fmt: skip
+    prompts = [p for p, *_ in samples]  # the shipped path: the shared system prompt run once for the batch
     assert grpo_env_torch.shared_prefix_length(prompts, [len(p) for p in prompts]) >= grpo_env_torch.MIN_TRAIN_PREFIX
     want = action_only_gradient(samples, model)
     wrong = action_only_gradient(samples, model, mask_off=True)
+    by_token = action_only_gradient(samples, model, token_mean=True)
+    at_one = action_only_gradient(samples, model, temperature=1.0)
 
     seen = {}
     grpo.optimizer.step = lambda *a, **k: seen.update({n: p.grad.clone() for n, p in model.named_parameters()})
     stats = grpo.update(samples)
-    assert stats.optimizer_steps == 1 and stats.first_ratio_max_dev <= 1e-5
+    assert stats.optimizer_steps == 1 and stats.first_ratio_max_dev <= 1e-4  # fp32 rounding, doubled by 1 / T
 
     def distance(a, b):  # relative to the action-only gradient's norm, over all parameters
         return float(sum(((a[n] - b[n]) ** 2).sum() for n in a) ** 0.5 / sum((b[n] ** 2).sum() for n in b) ** 0.5)
 
     assert distance(wrong, want) > 0.5  # the prompt's tokens would change the step a lot: the test can tell
+    assert distance(by_token, want) > 0.1  # so would a token mean over the batch
+    assert distance(at_one, want) > 0.1  # and scores at T = 1 when the sampler drew at T = 0.5
     assert distance(seen, want) < 1e-4, distance(seen, want)
+
+
+# -- the trust region ----------------------------------------------------------------------------------------
+def test_a_kl_target_stops_the_update_and_adapts_the_rate(tmp_path, one_torch_thread):
+    """Past 1.5 x the KL target an update takes no further minibatch (the one that overshot is not stepped) and
+    the rate halves; far below it, every minibatch is taken and the rate rises. The curve records both."""
+    tight = grpo_env_torch.Schedule(minibatches=4, kl_target=1e-5)
+    stats, update, row = one_update(tmp_path, lr=3e-2, schedule=tight)
+    assert update.kl_stopped and 1 <= update.minibatches_used < 4 and update.optimizer_steps == update.minibatches_used
+    assert row["kl_stopped"] and row["minibatches_used"] == update.minibatches_used
+    loose = grpo_env_torch.Schedule(minibatches=4, kl_target=10.0)
+    _, update, row = one_update(tmp_path, lr=1e-5, schedule=loose)
+    assert not update.kl_stopped and update.minibatches_used == 4
+    for field in ("win_rate", "mean_reward", "approx_kl", "entropy", "lr", "minibatches_used", "entropy_alarm"):
+        assert field in row, field
+
+
+def test_the_kl_target_adapts_the_learning_rate(tmp_path, one_torch_thread):
+    envlib = game_envlib(False)
+    model, tokenizer = word_model()
+
+    def grpo_at(lr, kl_target):
+        return grpo_env_torch.GRPOEnv(model, tokenizer, envlib, "game", None, lr=lr, goals_per_step=8,
+                                      group_size=16, max_episode_steps=None, temperature=1.0, loop_penalty=0.0,
+                                      seed=0, max_new_tokens=2, engine="engine",
+                                      schedule=grpo_env_torch.Schedule(minibatches=4, kl_target=kl_target))  # fmt: skip
+
+    fast = grpo_at(3e-2, 1e-5)
+    assert fast.max_episode_steps == 1  # the game's own step limit (its envlib.MAX_STEPS)
+    fast.grpo_step()
+    assert fast.lr_scale == 0.5
+    slow = grpo_at(1e-6, 10.0)
+    slow.grpo_step()
+    assert slow.lr_scale == 1.5
+    second = slow.grpo_step()
+    assert second.update.lr == pytest.approx(1e-6 * 1.5, rel=1e-6)
+
+
+def test_three_rises_of_the_entropy_in_a_row_raise_the_alarm(tmp_path):
+    envlib = game_envlib(False)
+    model, tokenizer = word_model()
+    curve = tmp_path / "curve.jsonl"
+    grpo = grpo_env_torch.GRPOEnv(model, tokenizer, envlib, "game", None, lr=1e-3, goals_per_step=2, group_size=2,
+                                  max_episode_steps=None, temperature=1.0, loop_penalty=0.0, seed=0,
+                                  max_new_tokens=2, engine="generate", curve=curve)  # fmt: skip
+    grpo.entropies = [1.0, 1.1, 1.2]
+    assert not grpo.entropy_alarm()  # two rises
+    grpo.entropies.append(1.3)
+    assert grpo.entropy_alarm()
+    grpo.entropies = [1.0, 1.1, 1.105, 1.3]  # the second "rise" is within the noise share (2%)
+    assert not grpo.entropy_alarm()
+    grpo.entropies = [1.0, 1.1, 1.2, 1.3]
+    grpo.rolled_back("test")
+    assert grpo.lr_scale == 0.5 and grpo.entropies == [] and not grpo.entropy_alarm()
+    assert json.loads(curve.read_text().splitlines()[-1])["rolled_back"] == "test"

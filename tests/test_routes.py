@@ -212,12 +212,12 @@ def test_names_in_strings_and_comments_are_not_evidence():
                                     "train_precision.py", "train_common.py", "decode_engine.py"}),
         ("reference-sft-grpo", "SFT+RL", {"agent.py", "train_grpo.py", "train_grpo_env.py", "round_loop.py",
                                           "train_sft.py", "train_precision.py", "train_common.py",
-                                          "sft_grpo_session.py", "sft_torch.py", "grpo_env_torch.py",
+                                          "sft_grpo_session.py", "sft_torch.py", "grpo_env_torch.py", "search_demos.py",
                                           "decode_engine.py"}),
         ("reference-sft-gigpo", "SFT+RL", {"agent.py", "train_grpo.py", "train_grpo_env.py", "round_loop.py",
                                            "train_sft.py", "train_precision.py", "train_common.py",
                                            "sft_grpo_session.py", "sft_torch.py", "grpo_env_torch.py",
-                                           "decode_engine.py"}),
+                                           "search_demos.py", "decode_engine.py"}),
     ],
 )
 def test_reference_agents_code_gets_its_route(tmp_path, agent_id, label, files):

@@ -1,7 +1,8 @@
 """`reference-sft-grpo`: reference-grpo's agent started with SFT. On an interactive task that ships worked
 examples and environments (alfworld), one process runs full-fine-tuning SFT rounds until validation stops
-rising, then GRPO with online rollouts, loop and invalid-action penalties (`sft_grpo_session.py`; on CUDA the
-rollouts sample through a copy of the harness's decode engine); elsewhere one SFT warm-up round
+rising (worked examples plus its own searching demonstrations), then GRPO with online rollouts, win-only
+returns and a KL target (`sft_grpo_session.py`; on CUDA the rollouts sample through a copy of the harness's
+decode engine); elsewhere one SFT warm-up round
 (`train_sft.py`) precedes reference-grpo's GRPO rounds. `reference-sft-gigpo` is the same agent with GiGPO's
 step-level advantages over anchor states in its RL rounds."""
 
@@ -12,7 +13,7 @@ from pathlib import Path
 from a2rl.agents.reference_grpo.adapter import ReferenceGRPO
 
 HERE = Path(__file__).parent
-SESSION_FILES = ("sft_grpo_session.py", "sft_torch.py", "grpo_env_torch.py")
+SESSION_FILES = ("sft_grpo_session.py", "sft_torch.py", "grpo_env_torch.py", "search_demos.py")
 
 
 class ReferenceSFTGRPO(ReferenceGRPO):

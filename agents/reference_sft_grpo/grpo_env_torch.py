@@ -2,14 +2,23 @@
 
 One step: `goals_per_step` training goals, `group_size` sampled episodes each (a group's episodes start from the
 same game), played in lockstep in the task's own environment (``data/envlib.zip``) under the evaluator's own
-prompts, step limit and action parsing. An episode's return is the environment's reward minus a loop penalty
-(the share of its actions that repeat an earlier one) and an invalid-action penalty (the share of its actions
-the environment refused: "Nothing happens."). Every step of an episode is one sample: its prompt exactly as the
-evaluator shows it and its sampled action tokens. Each update takes `epochs` x `minibatches` optimizer steps over
-the rollout batch with the clipped objective of PPO / GRPO (no KL term): per action token
-``-min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A)``, ``r`` the ratio of the policy's probability to that
-of the policy that sampled the batch (its log-probs taken once, right after the rollouts, from the sampler's own
-weights), averaged over the minibatch's action tokens; the learning rate warms up, then decays (cosine).
+prompts, step limit (training episodes are capped at the evaluator's, ``envlib.MAX_STEPS``) and action parsing.
+An episode's return is the environment's reward alone (won or not): the update is about winning. Shaping is
+optional and small: a repeated action (``loop_penalty``) or one the environment refused ("Nothing happens.",
+``invalid_penalty``) costs its own step that much, UNnormalised, added to the advantages after the group
+normalisation and only in groups whose returns differ, so it is never the whole signal of a group. Episodes cut
+by the round's deadline are dropped from the update (their outcome is unknown, not a loss).
+
+Every step of an episode is one sample: its prompt exactly as the evaluator shows it and its sampled action
+tokens. Each update takes `epochs` x `minibatches` optimizer steps over the rollout batch with the clipped
+objective of PPO / GRPO: per action token ``-min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A)``, ``r`` the
+ratio of the policy's probability to that of the policy that sampled the batch (its log-probs taken once, right
+after the rollouts, from the sampler's own weights, at the sampling temperature), averaged per episode over its
+action tokens, then over the episodes (a 50-step loss weighs what an 8-step win does). The learning rate warms
+up, then decays (cosine). A trust region: with ``kl_target``, an update stops taking minibatches once one's
+approximate KL to the sampler passes 1.5 x the target, and the rate is adapted toward it (halved above 2 x,
+raised by half below half of it, within 1/20 to 2 x the peak); the sampling policy's entropy is watched, and
+three rises in a row (`entropy_alarm`) end the round so that the session rolls back to its best checkpoint.
 
 Advantages:
 * ``grpo``: the episode's return normalised within its group, the same for each of its steps;
@@ -36,11 +45,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 try:  # in a workspace: the copies beside this file
+    from search_demos import import_envlib  # noqa: F401 - the task's environments, for this module's users
     from sft_torch import MIN_SHARED_PREFIX as MIN_TRAIN_PREFIX
     from sft_torch import autocast, shared_prefix_length, target_log_probs
     from train_grpo import import_decode_engine
 except ImportError:  # in the harness's source tree
     from a2rl.agents.reference_grpo.train_grpo import import_decode_engine
+    from a2rl.agents.reference_sft_grpo.search_demos import import_envlib  # noqa: F401
     from a2rl.agents.reference_sft_grpo.sft_torch import MIN_SHARED_PREFIX as MIN_TRAIN_PREFIX
     from a2rl.agents.reference_sft_grpo.sft_torch import autocast, shared_prefix_length, target_log_probs
 
@@ -49,16 +60,6 @@ INVALID_OBSERVATION = "Nothing happens"
 """How ALFWorld (and its offline stand-in) answers a command it cannot carry out."""
 MIN_SHARED_PREFIX = 32
 """Shortest common token prefix of a step's prompts worth prefilling once."""
-
-
-def import_envlib(data_dir: Path):
-    """The task's environments, as shipped in the workspace (`data/envlib.zip`)."""
-    zip_path = str(Path(data_dir) / "envlib.zip")
-    if zip_path not in sys.path:
-        sys.path.insert(0, zip_path)
-    import envlib
-
-    return envlib
 
 
 # -- rewards -----------------------------------------------------------------------------------------------
@@ -149,30 +150,49 @@ class Rollout:
     """The environment state each action was taken from (GiGPO's anchor states)."""
     reward: float = 0.0
     won: bool = False
+    cut: bool = False
+    """Stopped by the round's deadline, not by the game or its step limit: dropped from the update."""
 
 
 def step_advantages(rollouts: list[Rollout], group_size: int, *, algorithm: str, loop_penalty: float,
                     invalid_penalty: float, gamma: float = 0.95, step_weight: float = 1.0) -> list[list[float]]:  # fmt: skip
-    """One advantage per step of each rollout (rollouts in consecutive groups of `group_size`)."""
+    """One advantage per step of each rollout (rollouts in consecutive groups of `group_size`).
+
+    The return is the environment's reward (win-only), normalised within the group over its episodes that were
+    not cut by the deadline (cut ones get 0 everywhere: they leave the update). GiGPO adds the step-level
+    advantage over anchor states. Then, in groups with a signal only, each step's own penalty (`loop_penalty`
+    if it repeats an earlier action, `invalid_penalty` if the environment refused it) is subtracted as is."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS} (got {algorithm!r})")
-    returns = [shaped_reward(r.reward, r.actions, loop_penalty, r.invalid, invalid_penalty) for r in rollouts]
-    episode = group_advantages(returns, group_size)
-    out = [[adv] * len(r.steps) for r, adv in zip(rollouts, episode)]
-    if algorithm == "grpo":
-        return out
+    if group_size < 1 or len(rollouts) % group_size:
+        raise ValueError(f"{len(rollouts)} rollouts are not whole groups of {group_size}")
+    out = [[0.0] * len(r.steps) for r in rollouts]
     for start in range(0, len(rollouts), group_size):
-        anchors: dict[Hashable, list[tuple[int, int, float]]] = defaultdict(list)
-        for i in range(start, start + group_size):
-            r = rollouts[i]
-            rewards = step_rewards(r.reward, r.actions, r.invalid, loop_penalty, invalid_penalty)
-            for t, (key, ret) in enumerate(zip(r.state_keys, discounted_returns(rewards, gamma))):
-                anchors[key].append((i, t, ret))
-        for members in anchors.values():
-            if len(members) < 2:
-                continue
-            for (i, t, _), adv in zip(members, _normalised([ret for _, _, ret in members])):
-                out[i][t] += step_weight * adv
+        members = [i for i in range(start, start + group_size) if not rollouts[i].cut]
+        if len(members) < 2:
+            continue
+        episode = _normalised([float(rollouts[i].reward) for i in members])
+        if not any(episode):  # all won or all lost: nothing says which behaviour is better
+            continue
+        for i, adv in zip(members, episode):
+            out[i] = [adv] * len(rollouts[i].steps)
+        if algorithm == "gigpo":
+            anchors: dict[Hashable, list[tuple[int, int, float]]] = defaultdict(list)
+            for i in members:
+                r = rollouts[i]
+                rewards = step_rewards(r.reward, r.actions, r.invalid, 0.0, 0.0)
+                for t, (key, ret) in enumerate(zip(r.state_keys, discounted_returns(rewards, gamma))):
+                    anchors[key].append((i, t, ret))
+            for same_state in anchors.values():
+                if len(same_state) < 2:
+                    continue
+                for (i, t, _), adv in zip(same_state, _normalised([ret for _, _, ret in same_state])):
+                    out[i][t] += step_weight * adv
+        if loop_penalty or invalid_penalty:
+            for i in members:
+                r = rollouts[i]
+                for t, (rep, bad) in enumerate(zip(repeat_flags(r.actions), r.invalid)):
+                    out[i][t] -= loop_penalty * rep + invalid_penalty * bad
     return out
 
 
@@ -331,7 +351,7 @@ def play(envlib, task: str, data_dir: Path, goals: list[dict], sample, max_steps
          deadline: float | None = None) -> list[Rollout]:  # fmt: skip
     """One episode per goal, in lockstep (one `sample` call per step for the live episodes), with the
     evaluator's environment, prompts and action parsing. Past `deadline` (monotonic clock) no further step is
-    played: the episodes still running end there, unfinished (reward 0, like an episode out of steps)."""
+    played: the episodes still running end there, marked `cut` (their outcome unknown: not a loss)."""
     make_env, prompter = envlib.make_env(task, data_dir), envlib.prompter(task)
     envs = [make_env() for _ in goals]
     first = [env.reset(goal, seed=seed + i)[0] for i, (env, goal) in enumerate(zip(envs, goals))]
@@ -341,7 +361,11 @@ def play(envlib, task: str, data_dir: Path, goals: list[dict], sample, max_steps
     done = [False] * len(goals)
     for _ in range(max_steps):
         live = [i for i in range(len(goals)) if not done[i]]
-        if not live or (deadline is not None and time.monotonic() > deadline):
+        if live and deadline is not None and time.monotonic() > deadline:
+            for i in live:
+                rollouts[i].cut = True
+            break
+        if not live:
             break
         samples = sample([prompter(goals[i], first[i], turns[i]) for i in live])
         for i, (prompt_ids, action_ids, text) in zip(live, samples):
@@ -380,6 +404,10 @@ class Schedule:
     decay_steps: int = 0
     """Cosine decay over this many optimizer steps after the warm-up, down to `min_lr_share` (0: constant)."""
     min_lr_share: float = 0.1
+    kl_target: float = 0.0
+    """Approximate KL per update to aim at (0: no trust region): minibatches stop past 1.5 x, the rate adapts."""
+    entropy_rise: float = 0.02
+    """A rise of the sampling entropy counts when it exceeds the last one by this share (noise is no rise)."""
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.minibatches < 1:
@@ -419,6 +447,9 @@ class UpdateStats:
     first_ratio_max_dev: float = 0.0
     """Largest |r - 1| in the first minibatch of the update (0 up to rounding when the sampler is the policy)."""
     lr: float = 0.0
+    minibatches_used: int = 0
+    """Minibatches whose optimizer step was taken (fewer than planned when the KL target stopped the update)."""
+    kl_stopped: bool = False
 
 
 @dataclass
@@ -426,7 +457,7 @@ class StepStats:
     episodes: int
     wins: int
     mean_reward: float
-    """Mean shaped return (environment reward minus the loop and invalid-action penalties)."""
+    """Mean return: the environment's reward (win-only; the shaping penalties are per step, not in it)."""
     mean_repeat: float
     samples: int
     """Steps that carried a non-zero advantage into the loss."""
@@ -436,6 +467,11 @@ class StepStats:
     mean_invalid: float = 0.0
     mean_steps: float = 0.0
     generated_tokens: int = 0
+    cut: int = 0
+    """Episodes cut by the deadline (left out of the update)."""
+    win_rate: float = 0.0
+    entropy_alarm: bool = False
+    """The sampling entropy rose three updates running: the round ends here (the session rolls back)."""
     update: UpdateStats = field(default_factory=UpdateStats)
 
 
@@ -443,11 +479,11 @@ class GRPOEnv:
     """GRPO / GiGPO steps on one loaded model; its own optimizer across the session's RL rounds."""
 
     def __init__(self, model, tokenizer, envlib, task: str, data_dir: Path, *, lr: float, goals_per_step: int,
-                 group_size: int, max_episode_steps: int, temperature: float, loop_penalty: float, seed: int,
-                 invalid_penalty: float = 0.1, algorithm: str = "grpo", gamma: float = 0.95,
-                 step_weight: float = 1.0, micro_batch: int | None = None, max_new_tokens: int = 32,
-                 max_grad_norm: float = 1.0, engine: str = "auto", curve: Path | None = None,
-                 max_samples: int = 1024, schedule: Schedule = Schedule()):  # fmt: skip
+                 group_size: int, max_episode_steps: int | None, temperature: float, loop_penalty: float,
+                 seed: int, invalid_penalty: float = 0.0, algorithm: str = "grpo", gamma: float = 0.95,
+                 step_weight: float = 1.0, micro_batch: int | None = None, micro_tokens: int | None = None,
+                 max_new_tokens: int = 32, max_grad_norm: float = 1.0, engine: str = "auto",
+                 curve: Path | None = None, max_samples: int = 1024, schedule: Schedule = Schedule()):  # fmt: skip
         import torch
 
         if algorithm not in ALGORITHMS:
@@ -455,10 +491,19 @@ class GRPOEnv:
         self.model, self.tokenizer, self.envlib, self.task, self.data_dir = model, tokenizer, envlib, task, data_dir
         self.goals_per_step, self.group_size, self.loop_penalty = goals_per_step, group_size, loop_penalty
         self.invalid_penalty, self.algorithm, self.gamma, self.step_weight = invalid_penalty, algorithm, gamma, step_weight
-        self.max_episode_steps = min(max_episode_steps, envlib.MAX_STEPS.get(task, max_episode_steps))
+        limit = envlib.MAX_STEPS.get(task)  # the evaluator's: training episodes may run as long as it lets them
+        if limit is None and max_episode_steps is None:
+            raise ValueError(f"no step limit for task {task!r}: envlib.MAX_STEPS lacks it and none was given")
+        self.max_episode_steps = min(x for x in (max_episode_steps, limit) if x is not None)
         self.device = next(model.parameters()).device
-        # With the shared system prompt run once per micro-batch, rows cost their suffix only: 64 on a GPU.
+        # With the shared system prompt run once per micro-batch, rows cost their suffix only. A micro-batch is
+        # bounded by rows and by padded tokens: activations grow with tokens (16k tokens of a 135M model: ~8 GB).
         self.micro_batch = micro_batch or (64 if self.device.type == "cuda" else 16)
+        self.micro_tokens = micro_tokens or (16_384 if self.device.type == "cuda" else 4096)
+        self.temperature = temperature
+        self.lr_scale = 1.0
+        """The trust region's adaptation of the peak rate (1: as given)."""
+        self.entropies: list[float] = []
         self.max_grad_norm, self.max_samples = max_grad_norm, max_samples
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -475,6 +520,20 @@ class GRPOEnv:
         """The policy's weights changed outside an update (e.g. a checkpoint was restored)."""
         if hasattr(self.sample, "sync"):
             self.sample.sync()
+
+    def entropy_alarm(self) -> bool:
+        """Whether the sampling entropy rose (by more than `entropy_rise` each time) three updates running."""
+        e, share = self.entropies[-4:], self.schedule.entropy_rise
+        return len(e) == 4 and all(b > a * (1 + share) for a, b in zip(e, e[1:]))
+
+    def rolled_back(self, note: str) -> None:
+        """The session restored an earlier checkpoint after an alarm: the rate halves, the watch starts over."""
+        self.weights_changed()
+        self.lr_scale = max(0.05, self.lr_scale / 2)
+        self.entropies = []
+        if self.curve is not None:
+            with self.curve.open("a", encoding="utf-8") as f:
+                f.write(json.dumps({"update": self.steps_done, "rolled_back": note, "lr_scale": self.lr_scale}) + "\n")
 
     def rollouts(self, deadline: float | None = None) -> list[Rollout]:
         goals = self.rng.sample(self.goals, min(self.goals_per_step, len(self.goals)))
@@ -493,8 +552,8 @@ class GRPOEnv:
         advantages = step_advantages(rollouts, self.group_size, algorithm=self.algorithm,
                                      loop_penalty=self.loop_penalty, invalid_penalty=self.invalid_penalty,
                                      gamma=self.gamma, step_weight=self.step_weight)  # fmt: skip
-        samples = [(p, a, adv) for r, advs in zip(rollouts, advantages) for (p, a), adv in zip(r.steps, advs)
-                   if adv != 0.0 and a]  # fmt: skip
+        samples = [(p, a, adv, e) for e, (r, advs) in enumerate(zip(rollouts, advantages))
+                   for (p, a), adv in zip(r.steps, advs) if adv != 0.0 and a]  # fmt: skip
         if len(samples) > self.max_samples:  # a uniform subset: the same expected loss, a bounded update time
             samples = self.rng.sample(samples, self.max_samples)
         t_update = time.monotonic()
@@ -502,16 +561,18 @@ class GRPOEnv:
         if hasattr(self.sample, "sync"):  # after the last optimizer step: the next rollouts use these weights
             self.sample.sync()
         self.steps_done += 1
+        if update.optimizer_steps:
+            self.entropies.append(update.entropy)
         n = len(rollouts)
         steps = sum(len(r.actions) for r in rollouts)
-        rewards = [shaped_reward(r.reward, r.actions, self.loop_penalty, r.invalid, self.invalid_penalty)
-                   for r in rollouts]  # fmt: skip
+        wins = sum(r.won for r in rollouts)
         stats = StepStats(
-            n, sum(r.won for r in rollouts), round(sum(rewards) / n, 4),
+            n, wins, round(sum(float(r.reward) for r in rollouts) / n, 4),
             round(sum(repeat_fraction(r.actions) for r in rollouts) / n, 4), len(samples), round(update.loss, 5),
             round(time.monotonic() - t_update, 2), round(rollout_s, 2),
             round(sum(sum(r.invalid) for r in rollouts) / max(1, steps), 4), round(steps / n, 2),
-            getattr(self.sample, "tokens", 0) - tokens_before, update,
+            getattr(self.sample, "tokens", 0) - tokens_before, sum(r.cut for r in rollouts), round(wins / n, 4),
+            self.entropy_alarm(), update,
         )  # fmt: skip
         if self.curve is not None:
             with self.curve.open("a", encoding="utf-8") as f:
@@ -520,106 +581,161 @@ class GRPOEnv:
                 f.write(json.dumps({"update": self.steps_done, "algorithm": self.algorithm, **row}) + "\n")
         return stats
 
-    def _batch(self, chunk: list[tuple[list[int], list[int], float]]):
+    def _batch(self, chunk: list[tuple]):
         """Right-padded ids, attention mask and action-token mask of a micro-batch, on the device."""
         import torch
 
-        width = max(len(p) + len(a) for p, a, _ in chunk)
+        width = max(len(x[0]) + len(x[1]) for x in chunk)
         ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(chunk), width), dtype=torch.long)
         targets = torch.zeros((len(chunk), width), dtype=torch.bool)
-        for row, (p, a, _) in enumerate(chunk):
+        for row, (p, a, *_) in enumerate(chunk):
             ids[row, : len(p) + len(a)] = torch.tensor(p + a)
             mask[row, : len(p) + len(a)] = 1
             targets[row, len(p) : len(p) + len(a)] = True
-        prefix = shared_prefix_length([p for p, _, _ in chunk], [len(p) for p, _, _ in chunk])
+        prefix = shared_prefix_length([x[0] for x in chunk], [len(x[0]) for x in chunk])
         return ids.to(self.device), mask.to(self.device), targets.to(self.device), prefix
 
     def _log_probs(self, model, chunk):
         ids, mask, targets, prefix = self._batch(chunk)
-        return target_log_probs(model, ids, mask, targets, self.device,
+        return target_log_probs(model, ids, mask, targets, self.device, temperature=self.temperature,
                                 prefix=prefix if prefix >= MIN_TRAIN_PREFIX else 0)  # fmt: skip
+
+    def micro_batches(self, indices: list[int], samples: list[tuple]) -> list[list[int]]:
+        """Consecutive runs of `indices` (sorted by length) of at most `micro_batch` rows and `micro_tokens`
+        padded tokens (a single longer row goes alone)."""
+        out: list[list[int]] = []
+        width = 0
+        for i in indices:
+            size = len(samples[i][0]) + len(samples[i][1])
+            fits = (len(out[-1]) + 1) * max(size, width) <= self.micro_tokens if out else False
+            if fits and len(out[-1]) < self.micro_batch:
+                out[-1].append(i)
+                width = max(size, width)
+            else:
+                out.append([i])
+                width = size
+        return out
 
     def sampling_log_probs(self, samples) -> list:
         """Each sample's action-token log-probs under the weights that sampled it (the rollout copy when there is
-        one), taken before the first optimizer step of the update."""
+        one) at the sampling temperature, taken before the first optimizer step of the update."""
         import torch
 
         sampler_model = getattr(self.sample, "copy", None) or self.model
         out = []
         with torch.no_grad():
-            for start in range(0, len(samples), self.micro_batch):
-                chunk = samples[start : start + self.micro_batch]
+            for idx in self.micro_batches(list(range(len(samples))), samples):
+                chunk = [samples[i] for i in idx]
                 flat = self._log_probs(sampler_model, chunk).float()
-                out += list(torch.split(flat, [len(a) for _, a, _ in chunk]))
+                out += list(torch.split(flat, [len(x[1]) for x in chunk]))
         return out
 
-    def update(self, samples: list[tuple[list[int], list[int], float]]) -> UpdateStats:
-        """`epochs` x `minibatches` optimizer steps on the clipped objective over the action tokens."""
+    @staticmethod
+    def token_weights(samples: list[tuple]) -> list[float]:
+        """Each sample's weight per action token: 1 / (its episode's action tokens x the episodes), so that every
+        episode counts the same whatever its length (a per-episode token mean, then a mean over episodes).
+
+        >>> GRPOEnv.token_weights([([1], [2, 3], 1.0, 0), ([1], [4, 5], 1.0, 0), ([1], [6], -1.0, 1)])
+        [0.125, 0.125, 0.5]
+        """
+        tokens: dict[Hashable, int] = defaultdict(int)
+        for _, a, _, episode in samples:
+            tokens[episode] += len(a)
+        return [1.0 / (tokens[episode] * len(tokens)) for _, _, _, episode in samples]
+
+    def update(self, samples: list[tuple[list[int], list[int], float, Hashable]]) -> UpdateStats:
+        """`epochs` x `minibatches` optimizer steps on the clipped objective over the action tokens; a sample is
+        (prompt ids, action ids, advantage, episode). Each minibatch's loss is its episode-weighted token mean
+        (`token_weights`); with a KL target, the update stops before a minibatch whose KL passed 1.5 x it."""
         import torch
 
-        stats = UpdateStats(lr=round(self.peak_lr * self.schedule.lr_factor(self.optimizer_steps), 10))
+        k = self.schedule
+        stats = UpdateStats(lr=round(self.peak_lr * self.lr_scale * k.lr_factor(self.optimizer_steps), 10))
         if not samples:
             return stats
         self.model.eval()
         samples = sorted(samples, key=lambda s: len(s[0]) + len(s[1]))  # similar lengths share micro-batches
+        weights = self.token_weights(samples)
         old = self.sampling_log_probs(samples)
+        # The sampling policy's entropy, estimated over every action token of the batch (-log p of each).
+        stats.entropy = round(float(-sum(float(o.sum()) for o in old) / max(1, sum(len(o) for o in old))), 4)
         self.model.train()
-        k = self.schedule
         tokens = clipped = 0
-        kl_sum = entropy_sum = loss_sum = 0.0
+        kl_sum = loss_sum = 0.0
         first = True
         for _ in range(k.epochs):
+            if stats.kl_stopped:
+                break
             order = list(range(len(samples)))
             self.rng.shuffle(order)
             for part in range(k.minibatches):
                 chosen = sorted(order[part :: k.minibatches])  # sorted: by length again, for the micro-batches
                 if not chosen:
                     continue
-                mb_tokens = sum(len(samples[i][1]) for i in chosen)
-                lr = self.peak_lr * k.lr_factor(self.optimizer_steps)
+                mb_weight = sum(weights[i] * len(samples[i][1]) for i in chosen)
+                lr = self.peak_lr * self.lr_scale * k.lr_factor(self.optimizer_steps)
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
-                for start in range(0, len(chosen), self.micro_batch):
-                    idx = chosen[start : start + self.micro_batch]
+                mb_kl = mb_tokens = 0
+                mb_clipped, mb_loss = 0, 0.0
+                for idx in self.micro_batches(chosen, samples):
                     chunk = [samples[i] for i in idx]
                     new = self._log_probs(self.model, chunk).float()
                     before = torch.cat([old[i] for i in idx]).to(new.device)
-                    adv = torch.tensor([adv for _, a, adv in chunk for _ in a], device=new.device)
+                    adv = torch.tensor([x[2] for x in chunk for _ in x[1]], device=new.device)
+                    w = torch.tensor([weights[i] for i in idx for _ in samples[i][1]], device=new.device)
                     ratio = torch.exp(new - before)
                     bounded = torch.clamp(ratio, 1 - k.clip_low, 1 + k.clip_high)
-                    loss = -torch.minimum(ratio * adv, bounded * adv).sum() / mb_tokens
+                    loss = -(torch.minimum(ratio * adv, bounded * adv) * w).sum() / mb_weight
                     loss.backward()
                     with torch.no_grad():
                         r = ratio.detach()
-                        clipped += int(((r > 1 + k.clip_high) & (adv > 0) | (r < 1 - k.clip_low) & (adv < 0)).sum())
-                        kl_sum += float(((r - 1) - torch.log(r)).sum())
-                        entropy_sum += float(-before.sum())
-                        tokens += len(r)
-                        loss_sum += float(loss.detach())
+                        outside = (r > 1 + k.clip_high) & (adv > 0) | (r < 1 - k.clip_low) & (adv < 0)
+                        mb_clipped += int(outside.sum())
+                        mb_kl += float(((r - 1) - torch.log(r)).sum())
+                        mb_tokens += len(r)
+                        mb_loss += float(loss.detach())
                         if first:
                             stats.first_ratio_max_dev = max(stats.first_ratio_max_dev, float((r - 1).abs().max()))
                 first = False
+                if k.kl_target and stats.optimizer_steps and mb_kl / max(1, mb_tokens) > 1.5 * k.kl_target:
+                    self.optimizer.zero_grad(set_to_none=True)  # past the trust region: this step is not taken
+                    stats.kl_stopped = True
+                    kl_sum, tokens = kl_sum + mb_kl, tokens + mb_tokens  # what stopped it is in the estimate
+                    break
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 self.optimizer_steps += 1
                 stats.optimizer_steps += 1
+                stats.minibatches_used += 1
                 stats.lr = round(lr, 10)
+                clipped, loss_sum = clipped + mb_clipped, loss_sum + mb_loss
+                kl_sum, tokens = kl_sum + mb_kl, tokens + mb_tokens
         self.model.eval()
-        stats.loss = round(loss_sum / stats.optimizer_steps, 6)
-        stats.clip_fraction, stats.approx_kl = round(clipped / tokens, 4), round(kl_sum / tokens, 6)
-        stats.entropy, stats.first_ratio_max_dev = round(entropy_sum / tokens, 4), round(stats.first_ratio_max_dev, 6)
+        steps = max(1, stats.optimizer_steps)
+        stats.loss = round(loss_sum / steps, 6)
+        stats.clip_fraction, stats.approx_kl = round(clipped / max(1, tokens), 4), round(kl_sum / max(1, tokens), 6)
+        stats.first_ratio_max_dev = round(stats.first_ratio_max_dev, 6)
+        if k.kl_target:  # toward the target: a slower rate after a step too far, a faster one after a timid one
+            if stats.approx_kl > 2 * k.kl_target:
+                self.lr_scale = max(0.05, self.lr_scale / 2)
+            elif stats.approx_kl < k.kl_target / 2:
+                self.lr_scale = min(2.0, self.lr_scale * 1.5)
         return stats
 
     def train(self, seconds: float, max_steps: int | None = None) -> tuple[int, list[StepStats], float]:
-        """Steps until the next would end past `seconds` (judged by the last one) or `max_steps`. Rollouts stop
-        early enough for the update to end in time too, so even the first step keeps to `seconds`."""
+        """Steps until the next would end past `seconds` (judged by the last one), `max_steps`, or an entropy
+        alarm. Rollouts stop early enough for the update to end in time too, so even the first step keeps to
+        `seconds`."""
         t0 = last = time.monotonic()
         stats: list[StepStats] = []
         update_s = 0.2 * seconds  # a guess until an update has been timed
         while max_steps is None or len(stats) < max_steps:
             stats.append(self.grpo_step(deadline=t0 + seconds - update_s))
+            if stats[-1].entropy_alarm:
+                break
             update_s = max(stats[-1].update_s, 0.5)
             now = time.monotonic()
             if now - t0 + (now - last) > seconds:

@@ -1,12 +1,15 @@
 """reference-sft-grpo on an interactive task that ships worked examples (``data/sft.jsonl``) and its environments
 (``data/envlib.zip``): one process, one loaded model, rounds of (train, save, submit).
 
-1. SFT rounds: full fine-tuning on the worked examples (``sft_torch.py``), each round submitted, until the
-   validation score stops rising (``sft_finished``).
+1. SFT rounds: full fine-tuning on the worked examples (``sft_torch.py``) and on searching demonstrations the
+   agent builds from the public training games (``search_demos.py``: the worked examples are oracle walkthroughs
+   that never search), each round submitted, until the validation score stops rising (``sft_finished``).
 2. RL rounds from the best checkpoint so far: GRPO (or GiGPO with ``A2RL_GRPO_ALGORITHM=gigpo``) with online
-   rollouts on training goals, loop and invalid-action penalties (``grpo_env_torch.py``; on CUDA the rollouts
-   run on the decode engine), each round submitted; a round whose validation score falls more than
-   ``A2RL_GRPO_ROLLBACK_MARGIN`` points below the best is rolled back, otherwise RL goes on from it.
+   rollouts on training goals, win-only returns, a KL target per update (``grpo_env_torch.py``; on CUDA the
+   rollouts run on the decode engine), each round submitted; a round whose validation score falls more than
+   ``A2RL_GRPO_ROLLBACK_MARGIN`` points below the best is rolled back, otherwise RL goes on from it. When the
+   sampling entropy rose three updates running the round ends, the best checkpoint is restored and RL goes on
+   at half the rate; after ``MAX_ENTROPY_ROLLBACKS`` such rollbacks RL stops.
 In mode ``sft-only`` (read from ``instructions.md``) the RL code is removed from ``code/`` first and the SFT
 rounds go on from the best checkpoint at half the learning rate instead of GRPO.
 
@@ -24,11 +27,14 @@ from pathlib import Path
 
 try:  # in a workspace: the copies beside this file
     import round_loop as loop
+    import search_demos
     import sft_torch
 except ImportError:  # in the harness's source tree
     from a2rl.agents.reference_sft import agent as loop
-    from a2rl.agents.reference_sft_grpo import sft_torch
+    from a2rl.agents.reference_sft_grpo import search_demos, sft_torch
 
+MAX_ENTROPY_ROLLBACKS = 3
+"""RL stops after this many rollbacks for a rising entropy (the policy keeps drifting away at any rate)."""
 RL_FILES = ("train_grpo.py", "train_grpo_env.py", "grpo_env_torch.py")
 """Files of ``code/`` that hold RL code: removed in mode sft-only, so every snapshot is SFT only."""
 _MODE_LINE = re.compile(r"^- Mode: `([a-z-]+)`", re.MULTILINE)
@@ -90,6 +96,8 @@ class Knobs:
     sft_max_steps: int | None
     """Cap on steps per SFT round (tests)."""
     sft_max_rounds: int
+    sft_search_demos: bool
+    """Mix the agent's own searching demonstrations (``search_demos.py``) into the worked examples."""
     sft_max_share: float
     """SFT never uses more than this share of the budget (its rounds are cut to fit; the RL phase needs time to
     take many updates; in mode sft-only the annealed SFT rounds that follow are SFT too)."""
@@ -100,10 +108,17 @@ class Knobs:
     grpo_max_steps: int | None
     goals_per_step: int
     group_size: int
-    max_episode_steps: int
+    max_episode_steps: int | None
+    """Training episodes' step limit (default: the evaluator's own, from the task's ``envlib``)."""
     temperature: float
     loop_penalty: float
     invalid_penalty: float
+    """Per-step costs of a repeated / refused action, added unnormalised after the win-only group normalisation
+    (0 by default: returns are about winning only)."""
+    kl_target: float
+    """Approximate KL per update to aim at: minibatches stop past 1.5 x it and the rate adapts (0: off)."""
+    micro_tokens: int | None
+    """Padded tokens per micro-batch of the update (bounds its memory; default 16k on a GPU)."""
     algorithm: str
     """`grpo` (episode-level advantages) or `gigpo` (plus step-level advantages over anchor states)."""
     gamma: float
@@ -138,17 +153,20 @@ class Knobs:
             sft_round_s=opt("A2RL_SFT_ROUND_S", float),
             sft_max_steps=opt("A2RL_SFT_MAX_STEPS", int),
             sft_max_rounds=int(env.get("A2RL_SFT_MAX_ROUNDS") or 6),
+            sft_search_demos=(env.get("A2RL_SFT_SEARCH_DEMOS") or "1") != "0",
             sft_max_share=float(env.get("A2RL_SFT_MAX_SHARE") or 1 / 3),
             validation_items=int(env.get("A2RL_VALIDATION_ITEMS") or 60),
-            grpo_lr=float(env.get("A2RL_GRPO_LR") or 1e-5),
+            grpo_lr=float(env.get("A2RL_GRPO_LR") or 3e-5),
             grpo_round_s=opt("A2RL_GRPO_ROUND_S", float),
             grpo_max_steps=opt("A2RL_GRPO_MAX_STEPS", int),
             goals_per_step=int(env.get("A2RL_GRPO_GOALS_PER_STEP") or 8),
             group_size=int(env.get("A2RL_GRPO_NUM_GENERATIONS") or 8),
-            max_episode_steps=int(env.get("A2RL_GRPO_MAX_EPISODE_STEPS") or 30),
+            max_episode_steps=opt("A2RL_GRPO_MAX_EPISODE_STEPS", int),
             temperature=float(env.get("A2RL_GRPO_TEMPERATURE") or 1.0),
-            loop_penalty=float(env.get("A2RL_GRPO_LOOP_PENALTY") or 0.5),
-            invalid_penalty=float(env.get("A2RL_GRPO_INVALID_PENALTY") or 0.1),
+            loop_penalty=float(env.get("A2RL_GRPO_LOOP_PENALTY") or 0.0),
+            invalid_penalty=float(env.get("A2RL_GRPO_INVALID_PENALTY") or 0.0),
+            kl_target=float(env.get("A2RL_GRPO_KL_TARGET") or 0.02),
+            micro_tokens=opt("A2RL_GRPO_MICRO_TOKENS", int),
             algorithm=env.get("A2RL_GRPO_ALGORITHM") or "grpo",
             gamma=float(env.get("A2RL_GRPO_GAMMA") or 0.95),
             rollback_margin=float(env.get("A2RL_GRPO_ROLLBACK_MARGIN") or 10.0),
@@ -166,7 +184,26 @@ class Knobs:
         """The update recipe as `grpo_env_torch.Schedule` (the module passed in: the workspace's copy or ours)."""
         return grpo_env_torch.Schedule(epochs=self.epochs, minibatches=self.minibatches, clip_low=self.clip_low,
                                        clip_high=self.clip_high, warmup_steps=self.warmup_steps,
-                                       decay_steps=self.decay_steps)  # fmt: skip
+                                       decay_steps=self.decay_steps, kl_target=self.kl_target)  # fmt: skip
+
+
+def sft_examples(data_path: Path, train_file: Path, task: str, tokenizer, max_length: int,
+                 search: bool) -> tuple[list, int]:  # fmt: skip
+    """The worked examples that fit, plus (with `search`) the searching demonstrations built from the training
+    games; (examples, rows read). A task whose games this builder cannot search keeps its worked examples."""
+    examples, rows = sft_torch.load_examples(train_file, tokenizer, max_length)
+    if not search or not task:
+        return examples, rows
+    try:
+        envlib = search_demos.import_envlib(data_path)
+        extra = search_demos.sft_rows(envlib, task, data_path)
+    except Exception as error:  # noqa: BLE001 - the demonstrations are a bonus: SFT goes on without them
+        loop.log(f"no searching demonstrations ({type(error).__name__}: {error}); worked examples only")
+        return examples, rows
+    more, n = sft_torch.examples_from_rows(extra, tokenizer, max_length)
+    loop.log(f"{len(more)}/{n} searching demonstration steps of {len({r['goal_id'] for r in extra})} training "
+             f"games added to {len(examples)} worked examples")  # fmt: skip
+    return examples + more, rows + n
 
 
 def _win_rate(stats) -> str:
@@ -190,6 +227,8 @@ class Round:
     score: float | None = None
     note: str = ""
     detail: str = ""
+    entropy_alarm: bool = False
+    """An RL round ended by its sampling entropy rising three updates running."""
 
 
 class InteractiveSession:
@@ -214,6 +253,7 @@ class InteractiveSession:
         self.rounds: list[Round] = []
         self.failures_in_a_row = 0
         self.model = self.tokenizer = self.sft = self.grpo = None
+        self.entropy_rollbacks = 0
 
     # -- set-up ------------------------------------------------------------------------------------------
     def respect_mode(self) -> None:
@@ -235,7 +275,8 @@ class InteractiveSession:
         torch.manual_seed(self.s.seed)
         self.model = AutoModelForCausalLM.from_pretrained(self.s.model_path, dtype=torch.float32).to(device)
         self.model.eval()
-        examples, rows = sft_torch.load_examples(self.s.train_file, self.tokenizer, self.k.sft_max_length)
+        examples, rows = sft_examples(self.s.data_path, self.s.train_file, self.task, self.tokenizer,
+                                      self.k.sft_max_length, self.k.sft_search_demos)  # fmt: skip
         self.sft = sft_torch.SFTRounds(self.model, self.tokenizer, examples, lr=self.k.sft_lr,
                                        batch_size=self.k.sft_batch_size, seed=self.s.seed)  # fmt: skip
         loop.log(f"loaded {self.s.model_path} on {device} ({sum(p.numel() for p in self.model.parameters()):,} "
@@ -258,7 +299,8 @@ class InteractiveSession:
             goals_per_step=k.goals_per_step, group_size=k.group_size, max_episode_steps=k.max_episode_steps,
             temperature=k.temperature, loop_penalty=k.loop_penalty, invalid_penalty=k.invalid_penalty,
             algorithm=k.algorithm, gamma=k.gamma, seed=self.s.seed, engine=k.rollout_engine, max_samples=k.max_samples,
-            curve=self.s.workspace / "code" / "rl_curve.jsonl", schedule=k.schedule(grpo_env_torch),
+            micro_tokens=k.micro_tokens, curve=self.s.workspace / "code" / "rl_curve.jsonl",
+            schedule=k.schedule(grpo_env_torch),
         )  # fmt: skip
 
     # -- rounds ------------------------------------------------------------------------------------------
@@ -280,6 +322,8 @@ class InteractiveSession:
         cap = self.budget.get("max_submissions")
         if cap is not None and self.budget.get("submissions_used", 0) >= cap:
             return False, 0.0, "submission cap reached"
+        if self.phase == "GRPO" and self.entropy_rollbacks >= MAX_ENTROPY_ROLLBACKS:
+            return False, 0.0, f"RL stopped: the sampling entropy rose three updates running {self.entropy_rollbacks}x"
         if self.failures_in_a_row >= loop.MAX_FAILURES_IN_A_ROW:
             return False, 0.0, f"{self.failures_in_a_row} failed rounds in a row"
         seconds = self.round_seconds()
@@ -302,7 +346,8 @@ class InteractiveSession:
                       f"{sum(x.mean_repeat * x.episodes for x in stats) / max(1, episodes):.2f}, "
                       f"win rate first/last update {_win_rate(stats[:1])}/{_win_rate(stats[-1:])}")  # fmt: skip
             loss = stats[-1].loss if stats else 0.0
-            return Round(n, "GRPO", init, steps, loss, train_s, detail=detail)
+            alarm = bool(stats) and stats[-1].entropy_alarm
+            return Round(n, "GRPO", init, steps, loss, train_s, detail=detail, entropy_alarm=alarm)
         st = self.sft.train(seconds, self.k.sft_max_steps)
         detail = f"{st.examples} examples, {st.tokens} tokens, {st.tokens / max(st.train_s, 1e-9):.0f} tok/s"
         return Round(n, self.phase, init, st.steps, st.loss, st.train_s, detail=detail)
@@ -378,6 +423,15 @@ class InteractiveSession:
                     self.sft.set_lr(self.k.sft_lr / 2)
         elif r.method == "SFT-anneal" and r.note != "new best":
             self.sft.set_lr(self.sft.lr / 2)
+        if r.method == "GRPO" and r.entropy_alarm:  # the policy drifts: back to the best, at half the rate
+            self.entropy_rollbacks += 1
+            self.restore_best()
+            if self.grpo is not None:
+                self.grpo.rolled_back(f"entropy rose three updates running ({self.entropy_rollbacks})")
+            r.note = (r.note + "; " if r.note else "") + (
+                f"entropy rose three updates running: best checkpoint restored, RL rate halved "
+                f"({self.entropy_rollbacks}/{MAX_ENTROPY_ROLLBACKS})")  # fmt: skip
+            return
         if r.note.startswith("new best"):
             return
         if r.method == "GRPO" and r.score is not None and self.best_score is not None \

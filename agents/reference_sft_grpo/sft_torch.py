@@ -60,23 +60,26 @@ def to_example(prompt_ids: list[int], reply_ids: list[int], max_length: int) -> 
 
 def load_examples(path: Path, tokenizer, max_length: int) -> tuple[list[Example], int]:
     """(examples that fit, rows read) of a prompt-completion JSONL file (tokenised in one batch)."""
-    pairs, rows = [], 0
     with Path(path).open(encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            if not (isinstance(row.get("prompt"), list) and isinstance(row.get("completion"), list)):
-                continue
-            rows += 1
-            if (pair := split_conversation(tokenizer, row["prompt"], row["completion"])) is not None:
-                pairs.append(pair)
+        rows = [json.loads(line) for line in f if line.strip()]
+    return examples_from_rows(rows, tokenizer, max_length)
+
+
+def examples_from_rows(rows: list[dict], tokenizer, max_length: int) -> tuple[list[Example], int]:
+    """(examples that fit, well-formed rows) of prompt-completion rows (tokenised in one batch)."""
+    pairs, n = [], 0
+    for row in rows:
+        if not (isinstance(row.get("prompt"), list) and isinstance(row.get("completion"), list)):
+            continue
+        n += 1
+        if (pair := split_conversation(tokenizer, row["prompt"], row["completion"])) is not None:
+            pairs.append(pair)
     if not pairs:
-        return [], rows
+        return [], n
     prompts = tokenizer([b for b, _ in pairs], add_special_tokens=False)["input_ids"]
     replies = tokenizer([r for _, r in pairs], add_special_tokens=False)["input_ids"]
     examples = [to_example(p, r, max_length) for p, r in zip(prompts, replies)]
-    return [e for e in examples if e is not None], rows
+    return [e for e in examples if e is not None], n
 
 
 def epoch_batches(n: int, batch_size: int, rng: random.Random, lengths: list[int]) -> list[list[int]]:
@@ -108,13 +111,16 @@ def collate(examples: list[Example], pad_id: int, device):
     return ids.to(device), mask.to(device), labels.to(device)
 
 
-def target_log_probs(model, ids, mask, targets, device, chunk_rows: int = 2048, prefix: int = 0):
+def target_log_probs(model, ids, mask, targets, device, chunk_rows: int = 512, prefix: int = 0,
+                     temperature: float = 1.0):
     """Log-probabilities of the target tokens only: `targets` is a bool (B, L) tensor marking the tokens to
     score (each predicted from the position before it). Returns a flat tensor in row-major order.
 
-    The output layer runs on the selected positions alone, in chunks whose logits are recomputed in the
-    backward pass, so no (B, L, vocabulary) tensor is ever held: SFT and GRPO memory stays that of the
-    transformer itself (fp32 logits over a 49k vocabulary were most of a 30-45 GB peak).
+    The output layer runs on the selected positions alone, in chunks of `chunk_rows` whose logits are recomputed
+    in the backward pass: each chunk's log-prob is the sampled token's logit minus the logsumexp of its row, so
+    no (B, L, vocabulary) tensor and no fp32 log-softmax copy of a whole chunk is ever held (fp32 logits over a
+    49k vocabulary were most of a 30-45 GB peak). `temperature`: the logits are divided by it first, so an RL
+    ratio is taken against the distribution the sampler drew from at that temperature.
 
     `prefix`: the first `prefix` tokens are the same real tokens in every row (a shared system prompt) and
     hold no target: they run through the model once, at batch 1, and every row attends to their keys and
@@ -122,6 +128,8 @@ def target_log_probs(model, ids, mask, targets, device, chunk_rows: int = 2048, 
     import torch
     from torch.utils.checkpoint import checkpoint
 
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 (got {temperature})")
     decoder, head = model.get_decoder(), model.get_output_embeddings()
     with autocast(device):
         if prefix > 0:
@@ -135,7 +143,8 @@ def target_log_probs(model, ids, mask, targets, device, chunk_rows: int = 2048, 
     def score(h, t):
         with autocast(device):
             logits = head(h)
-        return torch.log_softmax(logits.float(), dim=-1).gather(-1, t[:, None]).squeeze(-1)
+        logits = logits.float() / temperature if temperature != 1.0 else logits.float()
+        return logits.gather(-1, t[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
     parts = [checkpoint(score, picked[i : i + chunk_rows], wanted[i : i + chunk_rows], use_reentrant=False)
              for i in range(0, picked.shape[0], chunk_rows)]  # fmt: skip
