@@ -1177,3 +1177,68 @@ def test_a_forged_run_from_another_host_is_refused_and_never_replaces_a_verified
     shown = [p for p in (tmp_path / "analysis").rglob("*") if p.suffix in (".csv", ".html", ".md")
              and "UNVERIFIED" in p.read_text(errors="replace")]  # fmt: skip
     assert shown, "the unverified run is not flagged in the analysis"
+
+
+# -- integrity, fifth pass (issue 43: route scan, items bound to the ledger, escaping, leak audit) ---------------
+LEASE_HOLDER = """
+import fcntl, os, signal, sys, time
+signal.signal(signal.SIGIO, signal.SIG_IGN)  # a lease break is announced by SIGIO: hold on regardless
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.fcntl(fd, 1024, fcntl.F_WRLCK)  # F_SETLEASE
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def test_an_oversized_or_leased_script_cannot_blind_the_mode_check(tmp_path, tiny_model_dir):
+    """sft-only enforced? The route scan skipped a script it could not read and still called the scan complete:
+    strict sft-only, real grader, a GRPO script padded past 2 MB, or held under an F_SETLEASE write lease, was
+    scored (200). Now large scripts are streamed (tokens), and an unreadable, over-cap or leased one makes the scan
+    incomplete, which strict sft-only refuses with a fixed 403 (no path, no OS error text); never blocking."""
+    import subprocess
+
+    paths, _, service = _served(tmp_path, tiny_model_dir, mode="sft-only", strict_mode=True, max_submissions=8)
+    code = paths.workspace / "code"
+    code.mkdir(exist_ok=True)
+    (code / "sft.py").write_text("from trl import SFTTrainer\nSFTTrainer(model='m')\n")
+    auth_url = None
+
+    def submit() -> httpx.Response:
+        return httpx.post(f"{auth_url[0]}/submit", json={"model_path": "output/honest", "wait": True},
+                          headers={"Authorization": f"Bearer {auth_url[1]}"}, timeout=120)  # fmt: skip
+
+    with GradingServer(service) as server:
+        auth_url = (server.url, server.token)
+        assert submit().status_code == 200  # control: SFT only
+        # A GRPO script padded with 3 MB of comments: read by tokens, not skipped.
+        padded = code / "zz_grpo_train.py"
+        padded.write_text("# padding\n" * 300_000 + GRPO_SCRIPT)
+        r = submit()
+        assert r.status_code == 403 and "SFT+RL" in r.json()["detail"], r.text
+        padded.unlink()
+        assert submit().status_code == 200
+        # Past the read cap (a sparse file: no disk): unread, so the scan is incomplete.
+        with open(code / "zz_big.py", "wb") as f:
+            f.truncate(65 * MiB)
+        r = submit()
+        assert r.status_code == 403 and "route scan is incomplete" in r.json()["detail"], r.text
+        assert "could not be read" in r.json()["detail"] and "zz_big" not in r.json()["detail"], r.text
+        (code / "zz_big.py").unlink()
+        # Under a write lease held by an agent process: the open answers EWOULDBLOCK at once, never waits 45 s.
+        padded.write_text(GRPO_SCRIPT)
+        holder = subprocess.Popen([sys.executable, "-c", LEASE_HOLDER, str(padded)], stdout=subprocess.PIPE,
+                                  text=True)  # fmt: skip
+        try:
+            assert holder.stdout.readline().strip() == "held"
+            started = time.monotonic()
+            r = submit()
+            assert r.status_code == 403 and "route scan is incomplete" in r.json()["detail"], r.text
+            assert "lease" in r.json()["detail"] and "zz_grpo" not in r.json()["detail"], r.text
+            assert "Errno" not in r.json()["detail"] and "temporarily" not in r.json()["detail"], r.text
+            assert time.monotonic() - started < 40, "the scan waited for the lease to be broken"
+        finally:
+            holder.kill()
+            holder.wait()
+        padded.unlink()
+        assert submit().status_code == 200  # nothing left unread, nothing of RL: accepted again
+    service.close(10)
