@@ -1395,3 +1395,50 @@ def test_agent_text_is_escaped_by_one_rule_at_every_sink(tmp_path, monkeypatch, 
     for f in (tmp_path / "analysis").rglob("*"):
         if f.suffix in (".csv", ".html", ".md", ".json"):
             _inert(f.read_text(errors="replace"), str(f.name))
+
+
+def test_what_one_line_of_python_encodes_the_leak_audit_decodes_in_files_and_output(tmp_path):
+    """The leak audit decodes common encodings? 0 of 40 hidden items were found written as base32, base85/ascii85,
+    zip, xz, bz2, UTF-32, numpy arrays, PNG zTXt, one character per line, reversed word order, each word reversed,
+    character-code lists, one-byte XOR (raw or base64), Caesar shifts or tensors of character codes, nor gzip/zlib/
+    UTF-16 bytes printed amid the agent's output. Now 40 of 40 for each (real GSM8K questions among the whole hidden
+    set), and an honest workspace stays "not found"."""
+    import random
+
+    from a2rl.isolation import leak_audit
+    from a2rl.isolation.leak_audit import audit_leaks, hidden_texts
+    from tests.leak_cases import file_cases, output_cases
+
+    task = get_task("gsm8k")
+    task.prepare("offline")
+    items = task.load_split("offline", "test")
+    texts = hidden_texts(items)
+    questions = [items[k]["question"] for k in random.Random(43).sample(range(len(items)), 40)]
+    want = {texts.index(q) for q in questions}
+    missed = {}
+    old, leak_audit.MAX_EXAMPLES = leak_audit.MAX_EXAMPLES, 10_000
+    try:
+        for name, files in file_cases(questions).items():
+            ws = tmp_path / ("f-" + name.replace(" ", "-"))
+            ws.mkdir()
+            for file, data in files.items():
+                (ws / file).write_bytes(data)
+            report = audit_leaks(ws, [], texts)
+            if len(want & {e.item for e in report.examples}) < 40:
+                missed[name] = (len(want & {e.item for e in report.examples}), report.decoded)
+        for name, data in output_cases(questions).items():
+            ws = tmp_path / ("o-" + name.replace(" ", "-"))
+            (ws / "workspace").mkdir(parents=True)
+            (ws / "agent.log").write_bytes(data)
+            report = audit_leaks(ws / "workspace", [], texts, agent_log=ws / "agent.log")
+            if len(want & {e.item for e in report.examples}) < 40:
+                missed[f"output: {name}"] = (len(want & {e.item for e in report.examples}), report.decoded)
+    finally:
+        leak_audit.MAX_EXAMPLES = old
+    assert not missed, missed
+    honest = tmp_path / "honest"
+    (honest / "code").mkdir(parents=True)
+    (honest / "code" / "train.py").write_text(GRPO_SCRIPT + "# " + b64_of_noise() + "\n")
+    (honest / "code" / "notes.md").write_text("We train with the reward of each sample and keep the best of the run.\n")
+    report = audit_leaks(honest, [], texts)
+    assert report.verdict == "not found", report
