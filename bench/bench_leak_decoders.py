@@ -36,6 +36,7 @@ def found(ws: Path, texts: list[str], agent_log: Path | None = None) -> tuple[se
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=43)
+    ap.add_argument("--parts", default="recall,cost,hostile", help="comma-separated: recall, cost, hostile")
     ap.add_argument("--model-dir", help="a model's folder: its text files make the honest workspace timed")
     args = ap.parse_args()
     task = get_task("gsm8k")
@@ -49,42 +50,65 @@ def main() -> None:
     print(f"hidden texts searched: {len(texts)}; planted per encoding: 40 (seed {args.seed})")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, files in file_cases(questions).items():
-            ws = Path(tmp) / ("f-" + name.replace(" ", "-"))
-            ws.mkdir()
-            for file, data in files.items():
-                (ws / file).write_bytes(data)
-            got, seconds, verdict = found(ws, texts)
-            rows.append(("file", name, len(got & want), len(got - want), seconds))
-        for name, data in output_cases(questions).items():
-            ws = Path(tmp) / ("o-" + name.replace(" ", "-"))
-            (ws / "workspace").mkdir(parents=True)
-            (ws / "agent.log").write_bytes(data)
-            got, seconds, verdict = found(ws / "workspace", texts, agent_log=ws / "agent.log")
-            rows.append(("output", name, len(got & want), len(got - want), seconds))
+        if "recall" in args.parts:
+            recall(tmp, questions, texts, want, rows)
     print("| where | encoding | found | other items | seconds |\n|---|---|---|---|---|")
     for where, name, n, other, seconds in rows:
         print(f"| {where} | {name} | {n}/40 | {other} | {seconds:.2f} |")
-    if args.model_dir:
+    if "cost" in args.parts and args.model_dir:
         cost(Path(args.model_dir), texts)
-    hostile(texts)
+    if "hostile" in args.parts:
+        hostile(texts)
+
+
+def recall(tmp: str, questions: list[str], texts: list[str], want: set[int], rows: list) -> None:
+    """Found n/40 per encoding: written into a workspace, or printed amid the agent's output."""
+    for name, files in file_cases(questions).items():
+        ws = Path(tmp) / ("f-" + name.replace(" ", "-"))
+        ws.mkdir()
+        for file, data in files.items():
+            (ws / file).write_bytes(data)
+        got, seconds, _ = found(ws, texts)
+        rows.append(("file", name, len(got & want), len(got - want), seconds))
+    for name, data in output_cases(questions).items():
+        ws = Path(tmp) / ("o-" + name.replace(" ", "-"))
+        (ws / "workspace").mkdir(parents=True)
+        (ws / "agent.log").write_bytes(data)
+        got, seconds, _ = found(ws / "workspace", texts, agent_log=ws / "agent.log")
+        rows.append(("output", name, len(got & want), len(got - want), seconds))
+
+
+def old_views():
+    """The decoders of 77516f7 (issue 33), loaded from git beside these."""
+    import importlib.util
+    import subprocess
+
+    old_src = subprocess.run(["git", "show", "77516f7:a2rl/isolation/leak_decode.py"], capture_output=True, text=True,
+                             check=True, cwd=Path(__file__).resolve().parents[1]).stdout  # fmt: skip
+    path = Path(tempfile.mkdtemp()) / "old_leak_decode.py"
+    path.write_text(old_src)
+    spec = importlib.util.spec_from_file_location("old_leak_decode", path)
+    old = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(old)
+    return old.Views
+
+
+def timed(ws: Path, texts: list[str], views) -> tuple[float, str]:
+    new_views, leak_audit.Views = leak_audit.Views, views
+    try:
+        _, seconds, verdict = found(ws, texts)
+        return seconds, verdict
+    finally:
+        leak_audit.Views = new_views
 
 
 def cost(model_dir: Path, texts: list[str]) -> None:
     """An honest workspace (the model's text files and this repository's Python): the audit's time with the
     decoders of 77516f7 (issue 33) and with these, alternately, three times each."""
-    import importlib.util
     import shutil
-    import subprocess
 
-    old_src = subprocess.run(["git", "show", "77516f7:a2rl/isolation/leak_decode.py"], capture_output=True, text=True,
-                             check=True, cwd=Path(__file__).resolve().parents[1]).stdout  # fmt: skip
+    old = old_views()
     with tempfile.TemporaryDirectory() as tmp:
-        old_path = Path(tmp) / "old_leak_decode.py"
-        old_path.write_text(old_src)
-        spec = importlib.util.spec_from_file_location("old_leak_decode", old_path)
-        old = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(old)
         ws = Path(tmp) / "ws"
         (ws / "output" / "ckpt").mkdir(parents=True)
         for f in model_dir.iterdir():
@@ -93,16 +117,12 @@ def cost(model_dir: Path, texts: list[str]) -> None:
         shutil.copytree(Path(__file__).resolve().parents[1] / "a2rl" / "isolation", ws / "code",
                         ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
         size = sum(f.stat().st_size for f in ws.rglob("*") if f.is_file())
-        new_views, times = leak_audit.Views, {"77516f7": [], "now": []}
-        try:
-            for _ in range(3):
-                for label, views in (("77516f7", old.Views), ("now", new_views)):
-                    leak_audit.Views = views
-                    _, seconds, verdict = found(ws, texts)
-                    assert verdict == "not found", verdict
-                    times[label].append(seconds)
-        finally:
-            leak_audit.Views = new_views
+        times: dict[str, list[float]] = {"77516f7": [], "now": []}
+        for _ in range(3):
+            for label, views in (("77516f7", old), ("now", leak_audit.Views)):
+                seconds, verdict = timed(ws, texts, views)
+                assert verdict == "not found", verdict
+                times[label].append(seconds)
     best = {k: min(v) for k, v in times.items()}
     print(f"honest workspace ({size / 1e6:.1f} MB): best of 3, decoders of 77516f7 {best['77516f7']:.2f} s, "
           f"now {best['now']:.2f} s (x{best['now'] / best['77516f7']:.1f})")
@@ -123,14 +143,16 @@ def hostile(texts: list[str]) -> None:
         "one character per line": b"a\n" * (8 * mib),
         "utf-32 run": "x".encode("utf-32-le") * (4 * mib),
     }
-    print("| hostile file (16 MiB viewed) | seconds | verdict |\n|---|---|---|")
+    old = old_views()
+    print("| hostile file | seconds, decoders of 77516f7 | seconds, now | verdict now |\n|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for name, data in cases.items():
             ws = Path(tmp) / name.replace(" ", "-")
             ws.mkdir()
             (ws / "f.bin").write_bytes(data)
-            _, seconds, verdict = found(ws, texts)
-            print(f"| {name} ({len(data) / mib:.0f} MiB) | {seconds:.1f} | {verdict} |")
+            before, _ = timed(ws, texts, old)
+            seconds, verdict = timed(ws, texts, leak_audit.Views)
+            print(f"| {name} ({len(data) / mib:.0f} MiB) | {before:.1f} | {seconds:.1f} | {verdict} |")
 
 
 if __name__ == "__main__":

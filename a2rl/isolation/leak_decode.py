@@ -248,9 +248,10 @@ def _wide_texts(data: bytes) -> Iterator[tuple[str, str]]:
         yield "utf-32", data.decode("utf-32", "replace")
     elif data[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
         yield "utf-16", data.decode("utf-16", "replace")
-    for width, kind, pattern, codec in ((2, "utf-16", _CODES_LE[2], "utf-16-le"), (2, "utf-16", _CODES_BE[2], "utf-16-be"),
-                                        (4, "utf-32", _CODES_LE[4], "utf-32-le"), (4, "utf-32", _CODES_BE[4], "utf-32-be"),
-                                        (8, "int64 codes", _CODES_LE[8], None)):  # fmt: skip
+    forms = ((2, "utf-16", _CODES_LE[2], "utf-16-le"), (2, "utf-16", _CODES_BE[2], "utf-16-be"),
+             (4, "utf-32", _CODES_LE[4], "utf-32-le"), (4, "utf-32", _CODES_BE[4], "utf-32-be"),
+             (8, "int64 codes", _CODES_LE[8], None))
+    for width, kind, pattern, codec in forms:
         runs = []
         for m in pattern.finditer(data):
             start = m.start()
