@@ -36,6 +36,8 @@ def found(ws: Path, texts: list[str], agent_log: Path | None = None) -> tuple[se
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=43)
+    ap.add_argument("--compare", action="store_true", help="hostile files through the decoders of 77516f7 too "
+                    "(slow: they had no bound on the number of runs decoded)")
     ap.add_argument("--parts", default="recall,cost,hostile", help="comma-separated: recall, cost, hostile")
     ap.add_argument("--model-dir", help="a model's folder: its text files make the honest workspace timed")
     args = ap.parse_args()
@@ -58,7 +60,7 @@ def main() -> None:
     if "cost" in args.parts and args.model_dir:
         cost(Path(args.model_dir), texts)
     if "hostile" in args.parts:
-        hostile(texts)
+        hostile(texts, args.compare)
 
 
 def recall(tmp: str, questions: list[str], texts: list[str], want: set[int], rows: list) -> None:
@@ -128,7 +130,7 @@ def cost(model_dir: Path, texts: list[str]) -> None:
           f"now {best['now']:.2f} s (x{best['now'] / best['77516f7']:.1f})")
 
 
-def hostile(texts: list[str]) -> None:
+def hostile(texts: list[str], compare: bool) -> None:
     """Files made to be slow to decode, 16 MiB each (the viewed part): the audit's time per file."""
     import gzip as gz
 
@@ -150,7 +152,7 @@ def hostile(texts: list[str]) -> None:
             ws = Path(tmp) / name.replace(" ", "-")
             ws.mkdir()
             (ws / "f.bin").write_bytes(data)
-            before, _ = timed(ws, texts, old)
+            before = timed(ws, texts, old)[0] if compare else float("nan")
             seconds, verdict = timed(ws, texts, leak_audit.Views)
             print(f"| {name} ({len(data) / mib:.0f} MiB) | {before:.1f} | {seconds:.1f} | {verdict} |")
 
