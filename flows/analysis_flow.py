@@ -15,6 +15,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from a2rl.safetext import cells
 from a2rl.run_options import DEFAULT_RESULTS, resolve_results
 from a2rl.store.results import ResultsStore
 from matplotlib.figure import Figure
@@ -275,7 +276,7 @@ def publish_artifacts(out_dir: Path) -> None:
               "verdict", "noise_floor", "within_noise")
     cols = [c for c in wanted if c in board]
     rows = board[cols].round(3).astype(object).where(board[cols].notna(), None).to_dict("records")
-    create_table_artifact(rows or [{"task": None}], key="analysis-leaderboard",
+    create_table_artifact(cells(rows) or [{"task": None}], key="analysis-leaderboard",
                           description="mean Δ test with its 95% interval over seeds and shared items")
     lines = [f"# a2rl analysis of `{summary['results']}`", "",
              f"{summary['completed_runs']} runs analysed ({sum(summary['excluded_runs'].values())} excluded); tasks {', '.join(summary['tasks']) or '-'}; "

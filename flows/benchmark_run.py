@@ -23,6 +23,7 @@ from prefect.exceptions import TerminationSignal
 from prefect.states import Cancelled
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 
+from a2rl.safetext import cells
 from a2rl.ops import disk
 from a2rl.grading import BudgetClock, GradingServer
 from a2rl.grading.clock import CLOCK_FILE, ClockRecorder
@@ -193,9 +194,9 @@ def summarize_run(ctx: RunContext, status: RunStatus, phase_seconds: dict[str, f
         raise LedgerTampered(summary.error)
     create_markdown_artifact(report.read_text(), key=_artifact_key(ctx.run_id), description="a2rl run report")
     entries = ledger_of(ctx).entries()
-    create_table_artifact(
-        [{"submission": e.submission_id, "status": e.status, "score": e.score, "path": e.model_path}
-         for e in latest_submissions(entries)] or [{"submission": None}],
+    create_table_artifact(  # the path is the agent's text: one rule for it (`safetext.cells`)
+        cells([{"submission": e.submission_id, "status": e.status, "score": e.score, "path": e.model_path}
+               for e in latest_submissions(entries)]) or [{"submission": None}],
         key=_artifact_key(ctx.run_id) + "-submissions",
     )  # fmt: skip
     trajectory = ctx.paths.harness_dir / "score_trajectory.png"

@@ -8,6 +8,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
+from a2rl.safetext import cells
 from a2rl.run_options import DEFAULT_RESULTS, resolve_results
 from a2rl.ops.prefect_local import server_flow_run_lookup
 from a2rl.store.merge import HOSTS_PATTERN, expand_sources, merge_stores
@@ -27,7 +28,7 @@ def merge_stores_flow(into: Path = DEFAULT_RESULTS, sources: list[str] | None = 
     report = merge_stores(into, found, flow_runs=server_flow_run_lookup())
     logger.info("%s", report.summary())
     rows = [{"run": o.run_id, "host store": o.source, "outcome": o.status, "detail": o.detail} for o in report.notable()]
-    create_table_artifact(rows or [{"run": None, "outcome": "all unchanged"}], key="merge-report",
+    create_table_artifact(cells(rows) or [{"run": None, "outcome": "all unchanged"}], key="merge-report",
                           description=report.summary())  # fmt: skip
     if report.refused:
         raise RuntimeError(f"{len(report.refused)} run(s) refused: " + "; ".join(

@@ -25,6 +25,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.runtime import flow_run
 from pydantic import BaseModel, ConfigDict, Field
 
+from a2rl.safetext import cells
 from a2rl.ops.prefect_local import RUN_DEPLOYMENT
 from a2rl.records import Mode, RunConfig
 from a2rl.run_options import MATRIX_FIELDS, RunOptions, resolve_results, run_parameters
@@ -340,8 +341,8 @@ def sweep(config: SweepConfig = SweepConfig()) -> list[SweepItem]:
                 if config.merge_from:
                     merge_hosts(results, config.merge_from, "after the runs")
     create_table_artifact(
-        [{"run": i.label, "config_hash": i.config.config_hash(), "status": i.status, "state": i.state,
-          "flow_run_id": i.flow_run_id, "detail": i.detail} for i in items],
+        cells([{"run": i.label, "config_hash": i.config.config_hash(), "status": i.status, "state": i.state,
+                "flow_run_id": i.flow_run_id, "detail": i.detail} for i in items]),
         key="sweep-summary", description="a2rl sweep: one row per configuration",
     )  # fmt: skip
     if failed := [i.label for i in items if i.status == "failed"]:

@@ -38,8 +38,7 @@ def write_run(results: Path, runs_dir: Path, config: RunConfig, flow_run_id: str
     book = book_of(ctx)
     for split, n in (("validation", 4), ("test", 8)):
         result = synthetic_eval(split, n, 1)
-        book.record_evaluation(book.append(kind="baseline", split=split, status="scored", score=result.score,
-                                           weights_hash="base", eval_seconds=0.1), result)  # fmt: skip
+        book.record_scored(result, kind="baseline", split=split, weights_hash="base")
     if session:
         book.append(kind="event", detail={"event": "session-start", "budget_s": config.budget_s})
         for sid in range(1, submissions + 1):
@@ -47,13 +46,13 @@ def write_run(results: Path, runs_dir: Path, config: RunConfig, flow_run_id: str
                           size_bytes=1000, split="validation", agent_elapsed_s=5.0 * sid)  # fmt: skip
             book.append(**fields, status="queued")
             result = synthetic_eval("validation", 4, min(4, 1 + sid))
-            book.record_evaluation(book.append(**fields, status="scored", score=result.score, eval_seconds=0.1), result)
+            book.record_scored(result, **fields)
         book.append(kind="event", detail={"event": "session-end", "ended_by": "exited", "exit_code": 0,
                                           "agent_seconds": 10.0, "wall_seconds": 11.0, "grading_seconds": 1.0})
         if submissions:
             result = synthetic_eval("test", 8, 3)
-            book.record_evaluation(book.append(kind="final", split="test", status="scored", score=result.score,
-                                               submission_id=submissions, weights_hash=f"w{submissions}"), result)
+            book.record_scored(result, kind="final", split="test", submission_id=submissions,
+                               weights_hash=f"w{submissions}")
     if status is not None:
         write_summary(ctx, status, {"agent_session": 11.0}, error=None if status == "completed" else "stopped")
     return ctx

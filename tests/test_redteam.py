@@ -1177,3 +1177,268 @@ def test_a_forged_run_from_another_host_is_refused_and_never_replaces_a_verified
     shown = [p for p in (tmp_path / "analysis").rglob("*") if p.suffix in (".csv", ".html", ".md")
              and "UNVERIFIED" in p.read_text(errors="replace")]  # fmt: skip
     assert shown, "the unverified run is not flagged in the analysis"
+
+
+# -- integrity, fifth pass (issue 43: route scan, items bound to the ledger, escaping, leak audit) ---------------
+LEASE_HOLDER = """
+import fcntl, os, signal, sys, time
+signal.signal(signal.SIGIO, signal.SIG_IGN)  # a lease break is announced by SIGIO: hold on regardless
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.fcntl(fd, 1024, fcntl.F_WRLCK)  # F_SETLEASE
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def test_an_oversized_or_leased_script_cannot_blind_the_mode_check(tmp_path, tiny_model_dir):
+    """sft-only enforced? The route scan skipped a script it could not read and still called the scan complete:
+    strict sft-only, real grader, a GRPO script padded past 2 MB, or held under an F_SETLEASE write lease, was
+    scored (200). Now large scripts are streamed (tokens), and an unreadable, over-cap or leased one makes the scan
+    incomplete, which strict sft-only refuses with a fixed 403 (no path, no OS error text); never blocking."""
+    import subprocess
+
+    paths, _, service = _served(tmp_path, tiny_model_dir, mode="sft-only", strict_mode=True, max_submissions=8)
+    code = paths.workspace / "code"
+    code.mkdir(exist_ok=True)
+    (code / "sft.py").write_text("from trl import SFTTrainer\nSFTTrainer(model='m')\n")
+    auth_url = None
+
+    def submit() -> httpx.Response:
+        return httpx.post(f"{auth_url[0]}/submit", json={"model_path": "output/honest", "wait": True},
+                          headers={"Authorization": f"Bearer {auth_url[1]}"}, timeout=120)  # fmt: skip
+
+    with GradingServer(service) as server:
+        auth_url = (server.url, server.token)
+        assert submit().status_code == 200  # control: SFT only
+        # A GRPO script padded with 3 MB of comments: read by tokens, not skipped.
+        padded = code / "zz_grpo_train.py"
+        padded.write_text("# padding\n" * 300_000 + GRPO_SCRIPT)
+        r = submit()
+        assert r.status_code == 403 and "SFT+RL" in r.json()["detail"], r.text
+        padded.unlink()
+        assert submit().status_code == 200
+        # Past the read cap (a sparse file: no disk): unread, so the scan is incomplete.
+        with open(code / "zz_big.py", "wb") as f:
+            f.truncate(65 * MiB)
+        r = submit()
+        assert r.status_code == 403 and "route scan is incomplete" in r.json()["detail"], r.text
+        assert "could not be read" in r.json()["detail"] and "zz_big" not in r.json()["detail"], r.text
+        (code / "zz_big.py").unlink()
+        # Under a write lease held by an agent process: the open answers EWOULDBLOCK at once, never waits 45 s.
+        padded.write_text(GRPO_SCRIPT)
+        holder = subprocess.Popen([sys.executable, "-c", LEASE_HOLDER, str(padded)], stdout=subprocess.PIPE,
+                                  text=True)  # fmt: skip
+        try:
+            assert holder.stdout.readline().strip() == "held"
+            started = time.monotonic()
+            r = submit()
+            assert r.status_code == 403 and "route scan is incomplete" in r.json()["detail"], r.text
+            assert "lease" in r.json()["detail"] and "zz_grpo" not in r.json()["detail"], r.text
+            assert "Errno" not in r.json()["detail"] and "temporarily" not in r.json()["detail"], r.text
+            assert time.monotonic() - started < 40, "the scan waited for the lease to be broken"
+        finally:
+            holder.kill()
+            holder.wait()
+        padded.unlink()
+        assert submit().status_code == 200  # nothing left unread, nothing of RL: accepted again
+    service.close(10)
+
+
+def test_edited_per_item_results_are_not_counted_and_the_paired_interval_does_not_move(tmp_path, monkeypatch):
+    """Per-item results are what was graded? `harness/evaluations/*.json` were covered by neither the ledger nor
+    its MAC: a run with final 0.0 showed 2 of 8 items correct after an edit, and its paired interval moved from
+    [-49, +49] p = 1 to [-10.2, +85.0] p = 0.5, merged as verified. Now each file's sha256 is in its ledger line:
+    ingest and merge refuse a run whose items do not match (verified or --unverified), and the report's interval
+    never reads an edited file."""
+    from a2rl.grading.ledger import LedgerCorrupted, read_ledger, trust_host_key
+    from a2rl.store.ingest import ingest_run_dir
+    from a2rl.store.merge import merge_stores
+    from a2rl.store.results import ResultsStore
+    from a2rl.summary.process_facts import item_level_intervals
+    from tests.run_dirs import write_run
+
+    monkeypatch.setenv("A2RL_HOME", str(tmp_path / "host-home"))
+    get_task("gsm8k").prepare("offline")
+    config = RunConfig(seed=7, budget_s=60)
+    write_run(tmp_path / "host" / "a2rl.duckdb", tmp_path / "host" / "runs", config, "e" * 8)
+    [harness] = (tmp_path / "host" / "runs").glob("*/harness")
+    run_id = harness.parent.name
+    entries = read_ledger(harness / "ledger.jsonl")
+    honest = item_level_intervals(harness, entries, config)
+    assert honest["delta_test_ci_high"] is not None, honest
+    [final] = (harness / "evaluations").glob("final-*-test.json")
+    original = final.read_bytes()
+    result = EvalResult.model_validate_json(original)
+    forged = result.model_copy(update={"items": [i.model_copy(update={"correct": True}) for i in result.items],
+                                       "n_correct": result.n})  # fmt: skip
+    final.write_text(forged.model_dump_json(indent=1))
+    moved = item_level_intervals(harness, entries, config)
+    assert moved["delta_test_ci_high"] in (None, honest["delta_test_ci_high"]), (honest, moved)
+    assert moved["verdict"] != "improved", moved
+    # Ingest (the host's own store, which anchored the ledger) refuses it: no items, no score.
+    host = ResultsStore(tmp_path / "host" / "a2rl.duckdb")
+    with pytest.raises(LedgerCorrupted, match="do not match the digests"):
+        ingest_run_dir(host, harness.parent)
+    assert host.get_run(run_id)["status"] == "failed" and host.get_run(run_id)["final_test"] is None
+    assert host.query("SELECT count(*) AS n FROM item_results WHERE run_id = ?", [run_id])["n"].tolist() == [0]
+    # The merge refuses it too, verified (the host's key registered) or --unverified.
+    monkeypatch.setenv("A2RL_HOME", str(tmp_path / "central-home"))
+    trust_host_key(tmp_path / "host-home" / "ledger.key", "host")
+    for unverified in (False, True):
+        central = tmp_path / f"central-{unverified}.duckdb"
+        out = merge_stores(central, [tmp_path / "host" / "a2rl.duckdb"], unverified=unverified)
+        assert [o.status for o in out.outcomes] == ["refused"] and "digests" in out.outcomes[0].detail, out
+        assert ResultsStore(central).query("SELECT count(*) AS n FROM item_results")["n"].tolist() == [0]
+    # The honest file back: ingested and merged, verified.
+    final.write_bytes(original)
+    ingest_run_dir(host, harness.parent)
+    assert host.get_run(run_id)["status"] == "completed"
+    out = merge_stores(tmp_path / "central-ok.duckdb", [tmp_path / "host" / "a2rl.duckdb"])
+    assert [o.status for o in out.outcomes] == ["merged"], out
+
+
+HOSTILE_PATH = ("output/ckpt\u061c\u202eevil\u2066\u200b\u00ad\x1b]8;;javascript:alert(1)\x07click\x1b]8;;\x07\x1b[2J"
+                "\n| 9 | scored | 99.99 | forged |\n## LEDGER INTEGRITY: OK\u2028[bold]x[/]" + "x" * 3771)  # fmt: skip
+
+
+def _inert(text: str, where: str, one_line: bool = False) -> None:
+    """No control, format (bidi, zero-width) or separator character, no escape, no forged row, bounded."""
+    import unicodedata
+
+    kept = "" if one_line else "\n"
+    bad = sorted({f"U+{ord(c):04X}" for c in text
+                  if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") and c not in kept})  # fmt: skip
+    assert not bad, f"{where}: {bad}"
+    assert "javascript" not in text and "x" * 1001 not in text, f"{where}: {text[:300]!r}"
+    assert not any(line.lstrip().startswith(("| 9 | scored", "## LEDGER")) for line in text.splitlines()), where
+
+
+def test_agent_text_is_escaped_by_one_rule_at_every_sink(tmp_path, monkeypatch, capsys):
+    """Agent text escaped everywhere? The Prefect table artifact `run-<id>-submissions` carried the raw checkpoint
+    path (U+202E, an OSC 8 `javascript:` link, a newline with a forged row, 3,771 characters), and U+061C passed the
+    sanitiser at every sink. Now one rule (`a2rl.safetext`: every Cc/Cf/Zl/Zp character, escapes, one line,
+    bounded) at each place a run writes agent text: report.md, report.json's rendering, run.log, the live display
+    (live and plain), `a2rl status`'s tables, the Prefect table and markdown artifacts, the analysis report.html
+    and CSVs."""
+    import io
+    import logging
+
+    import flows.benchmark_run as benchmark_run
+    from a2rl.cli import _print_table
+    from a2rl.cli.display import RunDisplay
+    from a2rl.ops.progress import PROGRESS_FILE, RunProgress, read_snapshot
+    from flows.analysis_flow import run_analysis
+    from tasks.run_steps import book_of
+    from tasks.session_steps import SessionRecorder
+    from tests.run_dirs import synthetic_eval, write_run
+
+    monkeypatch.setenv("A2RL_HOME", str(tmp_path / "home"))
+    get_task("gsm8k").prepare("offline")
+    results = tmp_path / "a2rl.duckdb"
+    ctx = write_run(results, tmp_path / "runs", RunConfig(seed=3, budget_s=60), "d" * 8, status=None)
+    entry = book_of(ctx).record_scored(synthetic_eval("validation", 4, 2), kind="submission", submission_id=3,
+                                       model_path=HOSTILE_PATH, weights_hash="w3", size_bytes=10,
+                                       split="validation", agent_elapsed_s=20.0)  # fmt: skip
+    harness = ctx.paths.harness_dir
+    (harness / "agent.log").write_text("step done [/done] \x1b[31m" + HOSTILE_PATH.replace("\n", " ") + "\n")
+    artifacts: list[tuple[str, object]] = []
+    monkeypatch.setattr(benchmark_run, "create_markdown_artifact", lambda md, **kw: artifacts.append(("md", md)))
+    monkeypatch.setattr(benchmark_run, "create_table_artifact", lambda rows, **kw: artifacts.append(("table", rows)))
+    monkeypatch.setattr(benchmark_run, "create_image_artifact", lambda *a, **kw: None)
+    benchmark_run.summarize_run.fn(ctx, "completed", {"agent_session": 11.0})
+    report = (harness / "report.md").read_text()
+    assert "ckpt" in report, "the hostile submission is not in the report"
+    _inert(report, "report.md")
+    [md] = [a for kind, a in artifacts if kind == "md"]
+    _inert(md, "markdown artifact")
+    [table] = [a for kind, a in artifacts if kind == "table"]
+    [row] = [r for r in table if r["submission"] == 3]
+    assert "ckpt" in row["path"] and "|" not in row["path"] and "<" not in row["path"], row
+    for r in table:
+        for v in r.values():
+            _inert(str(v), "table artifact", one_line=True)
+    # run.log: the grade's log line, as the run's logger writes it.
+    logger = logging.getLogger("redteam-sinks")
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler := logging.FileHandler(harness / "run.log"))
+    try:
+        SessionRecorder(None, logger).on_entry(entry)
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    run_log = (harness / "run.log").read_text()
+    assert "ckpt" in run_log and run_log.count("\n") == 1, run_log
+    _inert(run_log, "run.log")
+    # The live display and its plain form (a terminal without live updates), from the run's own files.
+    (harness / PROGRESS_FILE).write_text(RunProgress(run_id=ctx.run_id, harness_dir=harness, phase="agent_session",
+                                                     budget_s=60).model_dump_json())  # fmt: skip
+    snap = read_snapshot(harness / PROGRESS_FILE)
+    assert "[bold]x[/]" in snap.last_activity, snap.last_activity
+    from rich.console import Console
+
+    out = io.StringIO()
+    display = RunDisplay(tmp_path / "announce", stream=io.StringIO(), live=True)
+    Console(file=out, width=300, force_terminal=False).print(display._render(snap))
+    assert "[bold]x[/]" in out.getvalue(), out.getvalue()
+    _inert(out.getvalue(), "live display")
+    plain = RunDisplay(tmp_path / "announce", stream=io.StringIO(), live=False)
+    plain._plain(snap)
+    _inert(plain.stream.getvalue(), "plain display")
+    # `a2rl status`: its tables print cells as text, never as markup.
+    capsys.readouterr()
+    _print_table("latest runs", ["run_id", "detail"], [[ctx.run_id, HOSTILE_PATH]])
+    printed = capsys.readouterr().out
+    assert "[bold]x[/]" in printed, printed
+    _inert(printed, "a2rl status")
+    # The analysis: report.html and its CSVs.
+    run_analysis(results, tmp_path / "analysis")
+    for f in (tmp_path / "analysis").rglob("*"):
+        if f.suffix in (".csv", ".html", ".md", ".json"):
+            _inert(f.read_text(errors="replace"), str(f.name))
+
+
+def test_what_one_line_of_python_encodes_the_leak_audit_decodes_in_files_and_output(tmp_path):
+    """The leak audit decodes common encodings? 0 of 40 hidden items were found written as base32, base85/ascii85,
+    zip, xz, bz2, UTF-32, numpy arrays, PNG zTXt, one character per line, reversed word order, each word reversed,
+    character-code lists, one-byte XOR (raw or base64), Caesar shifts or tensors of character codes, nor gzip/zlib/
+    UTF-16 bytes printed amid the agent's output. Now 40 of 40 for each (real GSM8K questions among the whole hidden
+    set), and an honest workspace stays "not found"."""
+    import random
+
+    from a2rl.isolation import leak_audit
+    from a2rl.isolation.leak_audit import audit_leaks, hidden_texts
+    from tests.leak_cases import file_cases, output_cases
+
+    task = get_task("gsm8k")
+    task.prepare("offline")
+    items = task.load_split("offline", "test")
+    texts = hidden_texts(items)
+    questions = [items[k]["question"] for k in random.Random(43).sample(range(len(items)), 40)]
+    want = {texts.index(q) for q in questions}
+    missed = {}
+    old, leak_audit.MAX_EXAMPLES = leak_audit.MAX_EXAMPLES, 10_000
+    try:
+        for name, files in file_cases(questions).items():
+            ws = tmp_path / ("f-" + name.replace(" ", "-"))
+            ws.mkdir()
+            for file, data in files.items():
+                (ws / file).write_bytes(data)
+            report = audit_leaks(ws, [], texts)
+            if len(want & {e.item for e in report.examples}) < 40:
+                missed[name] = (len(want & {e.item for e in report.examples}), report.decoded)
+        for name, data in output_cases(questions).items():
+            ws = tmp_path / ("o-" + name.replace(" ", "-"))
+            (ws / "workspace").mkdir(parents=True)
+            (ws / "agent.log").write_bytes(data)
+            report = audit_leaks(ws / "workspace", [], texts, agent_log=ws / "agent.log")
+            if len(want & {e.item for e in report.examples}) < 40:
+                missed[f"output: {name}"] = (len(want & {e.item for e in report.examples}), report.decoded)
+    finally:
+        leak_audit.MAX_EXAMPLES = old
+    assert not missed, missed
+    honest = tmp_path / "honest"
+    (honest / "code").mkdir(parents=True)
+    (honest / "code" / "train.py").write_text(GRPO_SCRIPT + "# " + b64_of_noise() + "\n")
+    (honest / "code" / "notes.md").write_text("We train with the reward of each sample and keep the best of the run.\n")
+    report = audit_leaks(honest, [], texts)
+    assert report.verdict == "not found", report

@@ -314,7 +314,7 @@ def test_a_bounded_scan_stops_says_so_and_the_next_one_goes_on_without_rereading
     (code / "train.py").write_text(GRPO_TRL)
     reads = []
     real = routes._analyze_entry
-    monkeypatch.setattr(routes, "_analyze_entry", lambda e: reads.append(e.rel) or real(e))
+    monkeypatch.setattr(routes, "_analyze_entry", lambda e, *a: reads.append(e.rel) or real(e, *a))
     scanner = routes.RouteScanner(routes.ScanLimits(max_entries=1000, max_new_bytes=10 * 500, seconds=60))
     first = scanner.scan(code)
     assert not first.complete and first.left > 0 and len(reads) == first.files_scanned

@@ -567,13 +567,16 @@ def _print_sweep(items) -> None:
 def _print_table(title: str, columns: list[str], rows: list[list]) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
+
+    from a2rl.safetext import terminal
 
     print(title)  # not a table title: rich would pad it to the console's width
     table = Table()
     for c in columns:
         table.add_column(c)
-    for row in rows:
-        table.add_row(*[str(v) for v in row])
+    for row in rows:  # cells are text, never markup or terminal control (one rule: `a2rl.safetext`)
+        table.add_row(*[Text(terminal(v, 400)) for v in row])
     Console(width=None if sys.stdout.isatty() else 1000).print(table)  # a log file gets whole lines, unwrapped
 
 

@@ -5,19 +5,29 @@
 end, `a2rl.grading.ledger`) and written there as its row: an event's, a submission's. A scored evaluation
 (`record_scored`) adds its row and per-item results in the store and its full result in
 `harness/evaluations/<key>.json`, outside the workspace (it holds hidden-test answers), which ingest rebuilds
-the rows from. Grading sits below the store: the store is typed here by what the book uses of it (`RunStore`).
+the rows from. The file is written first and the sha256 of its bytes goes into its ledger line (`detail`,
+`EVAL_DIGEST`), so the chain and the head's MAC cover the per-item results too: `read_evaluations` hands out only
+files that match their line. Grading sits below the store: the store is typed here by what the book uses of it
+(`RunStore`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import hashlib
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from a2rl.grading.ledger import Anchor, Ledger
+from a2rl.grading.ledger import Anchor, Ledger, LedgerCorrupted
 from a2rl.inference.evaluation import EvalSpec, evaluate_cached
 from a2rl.records import EvalResult, LedgerEntry
+
+log = logging.getLogger(__name__)
+EVAL_DIGEST = "eval_sha256"
+"""Key of a scored ledger line's `detail`: sha256 of its evaluation file's bytes."""
+SCORED_KINDS = ("baseline", "submission", "final", "posthoc")
 
 
 class RunStore(Protocol):
@@ -67,18 +77,74 @@ class RunBook:
         seconds), its rows and its file."""
         outcome = {"status": "scored", "score": result.score, "cached": result.cached,
                    "eval_seconds": round(result.duration_s, 3)}
+        key = eval_key(fields["kind"], fields.get("submission_id"), result.split)
+        # The file first (ingest rebuilds the rows from it), then its digest in the line the chain covers.
+        digest = write_evaluation(self.harness_dir, key, result)
+        fields["detail"] = {**(fields.get("detail") or {}), EVAL_DIGEST: digest}
         entry = self.append(on_durable=on_durable, **fields | outcome)
-        self.record_evaluation(entry, result)
-        return entry
-
-    def record_evaluation(self, entry: LedgerEntry, result: EvalResult) -> None:
-        """The evaluation of a ledger line: its row and per-item results in the store, the whole result in its file."""
-        key = eval_key(entry.kind, entry.submission_id, result.split)
-        out = self.harness_dir / "evaluations"
-        out.mkdir(exist_ok=True)
-        (out / f"{key}.json").write_text(result.model_dump_json(indent=1))  # first: ingest rebuilds the rows from it
         if self.store is not None:
             self.store.record_evaluation(self.run_id, key, entry.kind, result, submission_id=entry.submission_id)
+        return entry
+
+
+def write_evaluation(harness_dir: Path, key: str, result: EvalResult) -> str:
+    """`harness/evaluations/<key>.json`; returns the sha256 of the bytes written."""
+    out = Path(harness_dir) / "evaluations"
+    out.mkdir(exist_ok=True)
+    data = result.model_dump_json(indent=1).encode()
+    (out / f"{key}.json").write_bytes(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+class EvaluationsAltered(LedgerCorrupted):
+    """An evaluation file does not match the digest its ledger line recorded: per-item results were edited."""
+
+
+def expected_digests(entries: Iterable[LedgerEntry]) -> dict[str, str | None]:
+    """Per evaluation key, the digest its latest scored ledger line recorded (None: a line from before digests,
+    which the chain shows was written so)."""
+    out: dict[str, str | None] = {}
+    for e in entries:
+        if e.kind in SCORED_KINDS and e.status == "scored" and e.score is not None:
+            out[eval_key(e.kind, e.submission_id, e.split)] = e.detail.get(EVAL_DIGEST)
+    return out
+
+
+def read_evaluations(harness_dir: Path | str, entries: Iterable[LedgerEntry],
+                     keys: Iterable[str] | None = None) -> dict[str, EvalResult]:  # fmt: skip
+    """The evaluation files the ledger vouches for (`keys`, or every scored line's): each one's bytes must hash to
+    the digest its line recorded, else EvaluationsAltered (naming the keys, never trusting any of them). A file
+    no scored line names is not an evaluation of this run and is left out; a missing or unparsable one too."""
+    folder = Path(harness_dir) / "evaluations"
+    expected = expected_digests(entries)
+    wanted = [k for k in (expected if keys is None else keys) if k in expected]
+    found: dict[str, EvalResult] = {}
+    altered = []
+    for key in wanted:
+        try:
+            data = (folder / f"{key}.json").read_bytes()
+        except OSError:
+            continue
+        if expected[key] is not None and hashlib.sha256(data).hexdigest() != expected[key]:
+            altered.append(key)
+            continue
+        try:
+            found[key] = EvalResult.model_validate_json(data)
+        except ValueError as e:  # one damaged file must not lose the run's other results
+            log.warning("per-item results skipped: %s is not an evaluation (%s)", folder / f"{key}.json", e)
+    if altered:
+        raise EvaluationsAltered(f"{folder}: {len(altered)} evaluation files do not match the digests their ledger "
+                                 f"lines recorded ({', '.join(sorted(altered)[:5])}): per-item results were edited")
+    return found
+
+
+def read_evaluation(harness_dir: Path | str, entries: Iterable[LedgerEntry], key: str) -> EvalResult | None:
+    """One evaluation the ledger vouches for (`read_evaluations`), or None (missing, unparsable or altered)."""
+    try:
+        return read_evaluations(harness_dir, entries, [key]).get(key)
+    except EvaluationsAltered as e:
+        log.warning("%s", e)
+        return None
 
 
 def evaluate_and_record(book: RunBook, checkpoint: Path, weights_hash: str, spec: EvalSpec, kind: str,

@@ -25,14 +25,17 @@ and it never satisfies `sft-only`.
 from __future__ import annotations
 
 import ast
+import codecs
 import contextlib
+import errno
 import io
 import json
 import os
+import stat
 import re
 import time
 import tokenize
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
@@ -43,7 +46,10 @@ from a2rl.isolation import safefs
 RL_METHODS = frozenset({"GRPO", "PPO", "RLOO", "RL"})
 RL_LABELS = frozenset(RL_METHODS | {"SFT+RL"})
 LABELS = ("SFT", "GRPO", "PPO", "RLOO", "RL", "DPO", "SFT+RL", "SFT+DPO", "copy", "none")
-MAX_FILE_BYTES = 2_000_000
+MAX_FILE_BYTES = 64 * 1024**2
+"""A script larger than this is not read: the scan is then incomplete (never "no method found")."""
+MAX_NOTEBOOK_BYTES = 16 * 1024**2
+"""A notebook is parsed whole (JSON): its own, smaller cap."""
 SCRIPT_SUFFIXES = (".py", ".ipynb", ".sh", ".bash")
 SKIP_DIRS = {"__pycache__", ".git", ".ipynb_checkpoints", "node_modules", ".venv", "venv", "wandb"}
 
@@ -99,6 +105,9 @@ class RouteAnalysis(BaseModel):
     scripts read so far show (a later scan of the same directory continues)."""
     left: int = 0
     """Scripts (or names) not analysed because of the bounds."""
+    unreadable: int = 0
+    """Scripts of this round that could not be read: no permission, held under a lease, swapped while listed, or
+    over their size cap. Any one makes the scan incomplete until a later round reads it."""
 
 
 class ScanLimits(NamedTuple):
@@ -145,6 +154,8 @@ class RouteScanner:
         self._cache: dict[str, tuple[tuple, list[Evidence] | None]] = {}
         self._cursor: tuple[str, tuple[int, str]] | None = None
         """Where the last scan that stopped early stopped (directory, name key): the next one starts there."""
+        self._unread: set[str] = set()
+        """Scripts found unreadable in the current round (from the top to the end of the walk)."""
 
     def scan(self, code_dir: Path) -> RouteAnalysis:
         lim = self.limits
@@ -153,6 +164,7 @@ class RouteScanner:
         scanned = left = new_bytes = 0
         complete = True
         cache: dict[str, tuple[tuple, list[Evidence] | None]] = {}
+        unread = self._unread if self._cursor is not None else set()  # a new round forgets the last one's
         walk = CodeFirstWalk(Path(code_dir), self._cursor, deadline)
         with contextlib.closing(iter(walk)) as entries:
             for n, entry in enumerate(entries):
@@ -172,18 +184,24 @@ class RouteScanner:
                         break  # the cursor must not pass a file left unread
                     continue
                 else:
-                    evidence = _analyze_entry(entry)
+                    evidence = _analyze_entry(entry, deadline)
                     new_bytes += entry.st.st_size
-                    if evidence is UNREADABLE:
+                    if evidence is GONE:
                         continue
+                    if evidence is UNREADABLE:  # never cached: every later scan tries it again
+                        unread.add(entry.rel)
+                        continue
+                unread.discard(entry.rel)
                 walk.handled(entry)
                 cache[entry.rel] = (key, evidence)  # not a script (None) is remembered too: never read again
                 if evidence is not None:
                     scanned += 1
                     found += evidence
         # A scan stopped early resumes after the last name it handled: a bulk directory cannot hold it at the top.
-        complete = complete and walk.finished
-        self._cursor = None if complete else walk.cursor
+        complete = complete and walk.finished and not unread
+        # A finished walk ends the round: the next scan starts at the top (and tries the unreadable scripts again).
+        self._cursor = None if walk.finished else walk.cursor
+        self._unread = unread
         if not complete:  # what earlier scans found where this one did not reach still stands
             for rel, kept in self._cache.items():
                 if rel not in cache:
@@ -194,7 +212,8 @@ class RouteScanner:
         copies = any(e.method == "copy" for e in found)
         return RouteAnalysis(label=combine_methods(methods, copies), methods=sorted(methods),
                              copies_base_model=copies, evidence=[e._asdict() for e in found[:50]],
-                             files_scanned=scanned, complete=complete, left=left)  # fmt: skip
+                             files_scanned=scanned, complete=complete, left=left,
+                             unreadable=len(unread))  # fmt: skip
 
 
 def combine_methods(methods: set[str], copies_base_model: bool = False) -> str:
@@ -251,6 +270,9 @@ def check_snapshot(code_dir: Path, mode: str, dpo_counts_as_rl: bool = False,
     if not analysis.complete:
         unread = (f"from {analysis.files_scanned} scripts; {analysis.left} more were not yet analysed: code/ is "
                   "too large to scan at once, the next submission's scan goes on where this one stopped")  # fmt: skip
+        if analysis.unreadable:  # a fixed category: never a path or an OS error text
+            unread = (f"{analysis.unreadable} scripts in code/ could not be read (no permission, held under a "
+                      f"lease, changing while read, or over the {MAX_FILE_BYTES // 1024**2} MiB cap); {unread}")
         if mode == "sft-only" and verdict.ok:
             verdict = ModeCheck(False, f"mode sft-only could not be confirmed: the route scan is incomplete ({unread})")
         else:
@@ -268,7 +290,11 @@ AST_MAX_BYTES = 512 * 1024
 BULK_DIR_NAMES = 1_000
 """A directory of more names than this is bulk: its files are visited after every code file elsewhere."""
 UNREADABLE: list[Evidence] = []
-"""`_analyze_entry`'s answer for a file that could not be read (gone, swapped, too large): not cached."""
+"""`_analyze_entry`'s answer for a script that could not be read (no permission, a lease, swapped, too large):
+not cached, and the scan is incomplete."""
+GONE: list[Evidence] = []
+"""`_analyze_entry`'s answer for a file deleted since it was listed: nothing to analyse."""
+STREAM_CHUNK = 1024**2
 
 
 class CodeFirstWalk:
@@ -386,7 +412,7 @@ def _entry(fd: int, name: str, prefix: str) -> safefs.Entry | None:
     except OSError:
         return None
     entry = safefs.Entry(fd, name, prefix + name, st)
-    return entry if entry.is_file and st.st_size <= MAX_FILE_BYTES else None
+    return entry if entry.is_file else None  # too large to read: `_analyze_entry` says unreadable
 
 
 def _open_rel(root: Path, rel: str) -> int:
@@ -405,23 +431,65 @@ def _too_short_for_a_shebang(entry: safefs.Entry) -> bool:
     return not PurePosixPath(entry.rel).suffix and entry.st.st_size < 4  # "#!sh" at least
 
 
-def _analyze_entry(entry: safefs.Entry) -> list[Evidence] | None:
-    """The evidence in one script, read relative to its held directory (a FIFO or a link swapped in meanwhile is
-    skipped, not waited on or followed); None when it is not a script after all, `UNREADABLE` when unread."""
-    data = safefs.read_file(entry, MAX_FILE_BYTES)
+def _analyze_entry(entry: safefs.Entry, deadline: float | None = None) -> list[Evidence] | None:
+    """The evidence in one script, read relative to its held directory; None when it is not a script after all,
+    `UNREADABLE` when it could not be read whole (a FIFO or a link swapped in meanwhile, no permission, a lease
+    held on it, over its cap, past the deadline), `GONE` when it was deleted. Never blocks: a file under a write
+    lease answers EWOULDBLOCK to the non-blocking open instead of waiting for the lease holder. Scripts larger than
+    `AST_MAX_BYTES` are streamed (tokens and command lines), never held whole."""
     suffix = PurePosixPath(entry.rel).suffix
-    if data is None:
-        return UNREADABLE
-    if not (suffix or _has_shell_shebang(data)):
-        return None
-    text = data.decode("utf-8", errors="replace")
-    if suffix == ".py":
-        if len(data) > AST_MAX_BYTES:
-            return _analyze_unparsable(text, entry.rel) + _command_evidence(text, entry.rel)
-        return analyze_python(text, entry.rel)
-    if suffix == ".ipynb":
-        return _analyze_notebook(text, entry.rel)
-    return analyze_shell(text, entry.rel)
+    try:
+        fd = os.open(entry.name, safefs.FILE_FLAGS, dir_fd=entry.dir_fd)
+    except OSError as e:
+        return GONE if e.errno == errno.ENOENT else UNREADABLE
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (entry.st.st_dev, entry.st.st_ino):
+            return UNREADABLE  # swapped since it was listed
+        cap = MAX_NOTEBOOK_BYTES if suffix == ".ipynb" else MAX_FILE_BYTES
+        if st.st_size > cap:
+            return UNREADABLE
+        try:
+            head = f.read(64)
+            if not (suffix or _has_shell_shebang(head)):
+                return None
+            if suffix == ".ipynb" or (suffix == ".py" and st.st_size <= AST_MAX_BYTES):
+                data = head + f.read(cap + 1 - len(head))  # the file may grow meanwhile
+                if len(data) > cap:
+                    return UNREADABLE
+                text = data.decode("utf-8", errors="replace")
+                return analyze_python(text, entry.rel) if suffix == ".py" else _analyze_notebook(text, entry.rel)
+            lines = _Lines(f, head, cap, deadline)
+            found = _stream_python(lines, entry.rel) if suffix == ".py" else analyze_shell_lines(lines, entry.rel)
+            return UNREADABLE if lines.cut else found
+        except OSError:
+            return UNREADABLE
+
+
+class _Lines:
+    """The lines of an open file, read in chunks (a script of 64 MiB is never held whole); `cut` when the file
+    grew past `cap` or the deadline passed before its end (then what was found is not the file's whole story)."""
+
+    def __init__(self, f: io.BufferedReader, head: bytes, cap: int, deadline: float | None):
+        self.f, self.head, self.cap, self.deadline = f, head, cap, deadline
+        self.cut = False
+
+    def __iter__(self) -> Iterator[str]:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        read, pending, chunk = 0, "", self.head
+        while chunk:
+            read += len(chunk)
+            if read > self.cap or (self.deadline is not None and time.monotonic() > self.deadline):
+                self.cut = True
+                return
+            pending += decoder.decode(chunk)
+            *done, pending = pending.split("\n")
+            for line in done:
+                yield line + "\n"
+            chunk = self.f.read(STREAM_CHUNK)
+        pending += decoder.decode(b"", final=True)
+        if pending:
+            yield pending
 
 
 def _has_shell_shebang(data: bytes) -> bool:
@@ -551,11 +619,31 @@ def _command_evidence(text: str, name: str) -> list[Evidence]:
     return found
 
 
-def _analyze_unparsable(source: str, name: str) -> list[Evidence]:
-    """Names of trainers outside strings and comments (tokenize copes with most half-written files)."""
+def _stream_python(lines: Iterator[str] | _Lines, name: str) -> list[Evidence]:
+    """A script too large for a syntax tree, line by line: trainer names among its tokens (outside strings and
+    comments) and trainer command lines anywhere, in one pass over the file."""
+    commands: list[Evidence] = []
+    numbered = enumerate(lines, start=1)
+
+    def readline() -> str:
+        for i, line in numbered:
+            commands.extend(e._replace(line=i) for e in _command_evidence(line, name))
+            return line
+        return ""
+
+    found = _analyze_unparsable(readline, name)
+    for _ in iter(readline, ""):  # a tokenizer error stops the tokens, never the command lines
+        pass
+    return found + commands
+
+
+def _analyze_unparsable(source: str | Callable[[], str], name: str) -> list[Evidence]:
+    """Names of trainers outside strings and comments (tokenize copes with most half-written files); `source` is
+    a text or a `readline`."""
     code = []  # trainer names only: a large file's other tokens are not kept
+    readline = io.StringIO(source).readline if isinstance(source, str) else source
     try:
-        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        for tok in tokenize.generate_tokens(readline):
             if tok.type == tokenize.NAME and tok.string in TRAINER_METHODS:
                 code.append((tok.string, tok.start[0]))
     except (tokenize.TokenError, IndentationError, SyntaxError):
@@ -570,8 +658,13 @@ def _analyze_unparsable(source: str, name: str) -> list[Evidence]:
 
 def analyze_shell(text: str, name: str = "<shell>") -> list[Evidence]:
     """Trainer command lines and copies of the base model in a shell script (comments ignored)."""
+    return analyze_shell_lines(text.splitlines(), name)
+
+
+def analyze_shell_lines(lines: Iterable[str], name: str = "<shell>") -> list[Evidence]:
+    """`analyze_shell` over lines (a large script is streamed)."""
     found = []
-    for i, raw in enumerate(text.splitlines(), start=1):
+    for i, raw in enumerate(lines, start=1):
         line = raw.split("#", 1)[0] if not raw.lstrip().startswith("#!") else ""
         found += [e._replace(line=i) for e in _command_evidence(line, name)]
         if _SHELL_COPY.search(line):

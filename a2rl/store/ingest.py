@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from a2rl.grading.ledger import LedgerCorrupted, LedgerHead, mac_matches, read_ledger
-from a2rl.grading.record import eval_key
+from a2rl.grading.record import eval_key, read_evaluations
 from a2rl.summary.leak_audit import LeakReport, leak_metrics
 from a2rl.protocol.picking import latest_submissions
 from a2rl.capture.calls import read_llm_calls, read_tool_calls
@@ -55,6 +55,8 @@ def ingest_run_dir(store: Any, run_dir: Path | str, unverified_ok: bool = False)
     summary = record.summary if record else None
     try:
         entries, verified = verified_entries(store, run_id, harness, record, unverified_ok)
+        # Per-item results only as the ledger recorded them (EvaluationsAltered: refused, verified or not).
+        evaluations = read_evaluations(harness, entries)
     except LedgerCorrupted as e:
         store.replace_run(run_id, _refused_frames(run_id, config, summary, harness, str(e)))
         raise
@@ -73,8 +75,8 @@ def ingest_run_dir(store: Any, run_dir: Path | str, unverified_ok: bool = False)
     frames = {
         "runs": pd.DataFrame([row]),
         "submissions": pd.DataFrame(_submission_rows(run_id, entries, process)),
-        "evaluations": pd.DataFrame(_evaluation_rows(run_id, entries, harness)),
-        "item_results": pd.DataFrame(_item_rows(run_id, harness), columns=list(ITEM_COLUMNS)),
+        "evaluations": pd.DataFrame(_evaluation_rows(run_id, entries, evaluations)),
+        "item_results": pd.DataFrame(_item_rows(run_id, evaluations), columns=list(ITEM_COLUMNS)),
         "events": pd.DataFrame([
             {"run_id": run_id, "seq": e.seq, "created_at": e.at, "kind": e.detail.get("event", "event"),
              "detail_json": json.dumps(e.detail, sort_keys=True, default=str)}
@@ -201,15 +203,15 @@ def _submission_rows(run_id: str, entries: list[LedgerEntry], process: ProcessFa
     ]  # fmt: skip
 
 
-def _evaluation_rows(run_id: str, entries: list[LedgerEntry], harness: Path) -> list[dict[str, Any]]:
+def _evaluation_rows(run_id: str, entries: list[LedgerEntry],
+                     evaluations: dict[str, EvalResult]) -> list[dict[str, Any]]:  # fmt: skip
     """One row per scored evaluation, keyed as the live flow keys them (`<kind>-<submission or 0>-<split>`)."""
     rows: dict[str, dict[str, Any]] = {}
     for e in entries:
         if e.kind not in ("baseline", "submission", "final", "posthoc") or e.status != "scored" or e.score is None:
             continue
         key = eval_key(e.kind, e.submission_id, e.split)
-        saved = harness / "evaluations" / f"{key}.json"
-        result = EvalResult.model_validate_json(saved.read_text()) if saved.exists() else None
+        result = evaluations.get(key)
         rows[key] = {
             "run_id": run_id, "eval_key": key, "kind": e.kind, "submission_id": e.submission_id, "split": e.split,
             "score": e.score, "n": result.n if result else None, "n_correct": result.n_correct if result else None,
@@ -234,14 +236,12 @@ def _metric_rows(run_id: str, process: ProcessFacts, harness: Path) -> list[dict
             for k, (v, t) in ((k, metric_cells(v)) for k, v in values.items())]
 
 
-def _item_rows(run_id: str, harness: Path) -> list[dict[str, Any]]:
-    """Per-item results of every evaluation file the run wrote (`harness/evaluations/<eval_key>.json`)."""
+def _item_rows(run_id: str, evaluations: dict[str, EvalResult]) -> list[dict[str, Any]]:
+    """Per-item results of the evaluations the ledger vouches for (`read_evaluations`)."""
     rows: list[dict[str, Any]] = []
-    for saved in sorted((harness / "evaluations").glob("*.json")):
+    for key, result in sorted(evaluations.items()):
         try:
-            result = EvalResult.model_validate_json(saved.read_text())
-            rows += item_rows(run_id, saved.stem, result)
-        except ValueError as e:  # one damaged file (or an item without a score) must not lose the run's other rows
-            log.warning("per-item results skipped: %s is not an evaluation (%s)", saved, e)
-            continue
+            rows += item_rows(run_id, key, result)
+        except ValueError as e:  # an item without a score must not lose the run's other rows
+            log.warning("per-item results of evaluation %s skipped: %s", key, e)
     return rows

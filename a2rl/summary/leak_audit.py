@@ -16,9 +16,11 @@ The verdict is three-valued, and "not found" means everything was read:
 What is read as text is the bytes as written (UTF-8): the tensor data of well-formed safetensors files is not text
 and is counted apart (`tensor_bytes`). Besides, each file's first 16 MiB, the file names and the agent's output are
 normalised and decoded (`a2rl.isolation.leak_decode`: look-alike letters, invisible characters, joiners, reversed
-text, rot13, URL, UTF-16, gzip/zlib, base64, hex) and searched in that form too, every file's normal form also
-concatenated with the others and interleaved word by word with the one before it (an item split over two files);
-`decoded` counts what was decoded. Numbers in tensors are not decoded.
+text and word order, rot13 and Caesar shifts, one-byte XOR, URL, UTF-16/32, character codes as numbers or
+integers, compressed streams anywhere in the bytes, zip members, PNG text chunks, Python bytes literals, base64,
+base32, base85, hex) and searched in that form too, every file's normal form also concatenated with the others and
+interleaved word by word with the one before it (an item split over two files); `decoded` counts what was
+decoded. The integer tensors of safetensors files are viewed as character codes; float tensors are not decoded.
 """
 
 from __future__ import annotations
@@ -327,8 +329,36 @@ def _workspace_file(audit: _Audit, root: Path, entry: safefs.Entry) -> None:
             audit.seen.setdefault(size, []).append(digest.digest())
         if whole:
             audit.views(path, os.pread(fd, min(text_end, MAX_VIEW_BYTES), 0), text_end)
+        if whole and text_end < size and (codes := _integer_tensors(fd, text_end)):
+            audit.views(f"{path} (integer tensors)", codes, len(codes))
     finally:
         os.close(fd)
+
+
+INTEGER_DTYPES = {"I8", "U8", "I16", "U16", "I32", "U32", "I64", "U64"}
+
+
+def _integer_tensors(fd: int, data_start: int) -> bytes:
+    """The data of a safetensors file's integer tensors (up to MAX_VIEW_BYTES in all): weights are floats, a
+    tensor of integers may be character codes. Each one's bytes as stored (little-endian), one after another."""
+    import json
+
+    try:
+        header = json.loads(os.pread(fd, data_start - 8, 8))
+    except ValueError:
+        return b""
+    out, left = [], MAX_VIEW_BYTES
+    for name, info in header.items() if isinstance(header, dict) else ():
+        if name == "__metadata__" or not isinstance(info, dict) or info.get("dtype") not in INTEGER_DTYPES:
+            continue
+        begin, end = info.get("data_offsets", (0, 0))
+        n = min(int(end) - int(begin), left)
+        if n > 0:
+            out.append(os.pread(fd, n, data_start + int(begin)))
+            left -= n
+        if left <= 0:
+            break
+    return b"\n".join(out)
 
 
 def _safetensors_text_end(fd: int, size: int) -> int:

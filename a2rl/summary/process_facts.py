@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from a2rl.grading.record import read_evaluation
 from a2rl.safetext import md_text
 from a2rl.summary.headline import baseline_scores, delta, headline
 from a2rl.summary.intervals import paired_item_interval
@@ -28,7 +29,7 @@ from a2rl.summary.narrative import deterministic_narrative, narrate
 from a2rl.protocol.feedback import feedback_split
 from a2rl.protocol.picking import (best_so_far, best_submission, final_entry, final_evaluation_key,
                                    latest_submissions, scored_submissions)
-from a2rl.records import EvalResult, LedgerEntry, RunConfig, RunSummary
+from a2rl.records import LedgerEntry, RunConfig, RunSummary
 from a2rl.capture.calls import read_llm_calls, summarize_llm_calls
 from a2rl.capture.resources import read_resources, summarize_resources
 from a2rl.summary.route_labels import label_routes
@@ -265,7 +266,7 @@ def item_level_intervals(harness_dir: Path, entries: list[LedgerEntry], config: 
     for name, key, base_key in (("delta_test", final_key, "baseline-0-test"),
                                 ("improvement_feedback", best and f"submission-{best.submission_id}-{split}",
                                  f"baseline-0-{split}")):  # fmt: skip
-        interval = _paired_from_files(harness_dir / "evaluations", base_key, key) if key else None
+        interval = _paired_from_files(harness_dir, entries, base_key, key) if key else None
         out |= {f"{name}_ci_low": interval and interval.low, f"{name}_ci_high": interval and interval.high,
                 f"{name}_p_value": interval and interval.p_value, f"{name}_n_items": interval and interval.n,
                 f"{name}_interval": interval.method if interval else "no item-level results"}  # fmt: skip
@@ -275,10 +276,10 @@ def item_level_intervals(harness_dir: Path, entries: list[LedgerEntry], config: 
     return out
 
 
-def _paired_from_files(folder: Path, base_key: str, key: str):
-    try:
-        base, pick = (EvalResult.model_validate_json((folder / f"{k}.json").read_text()) for k in (base_key, key))
-    except (OSError, ValueError):
+def _paired_from_files(harness_dir: Path, entries: list[LedgerEntry], base_key: str, key: str):
+    """The paired interval of two evaluation files, each as its ledger line recorded it (an edited one: None)."""
+    base, pick = (read_evaluation(harness_dir, entries, k) for k in (base_key, key))
+    if base is None or pick is None:
         return None
     scores = {i.item_id: (i.value if i.value is not None else float(i.correct)) for i in base.items}
     paired = [(scores[i.item_id], i.value if i.value is not None else float(i.correct))

@@ -15,7 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from a2rl.records import EvalResult, LedgerEntry
+from a2rl.grading.record import read_evaluation
+from a2rl.records import LedgerEntry
 from a2rl.summary.intervals import paired_item_interval
 from a2rl.protocol.picking import latest_submissions, pick_best
 from a2rl.safetext import md_text
@@ -87,16 +88,13 @@ def stage_share(tests: list[SubmissionTest], items: Callable[[int], dict[str, fl
     )  # fmt: skip
 
 
-def items_from_files(harness_dir: Path | str) -> Callable[[int], dict[str, float] | None]:
-    """Per-item hidden-test scores of a submission from the run's `harness/evaluations/posthoc-<id>-test.json`."""
-    folder = Path(harness_dir) / "evaluations"
+def items_from_files(harness_dir: Path | str, entries: list[LedgerEntry]) -> Callable[[int], dict[str, float] | None]:
+    """Per-item hidden-test scores of a submission from the run's `harness/evaluations/posthoc-<id>-test.json`, as
+    its ledger line recorded them (`read_evaluation`: an edited file gives None)."""
 
     def items(submission_id: int) -> dict[str, float] | None:
-        try:
-            result = EvalResult.model_validate_json((folder / f"posthoc-{submission_id}-test.json").read_text())
-        except (OSError, ValueError):
-            return None
-        return {i.item_id: _value(i) for i in result.items}
+        result = read_evaluation(harness_dir, entries, f"posthoc-{submission_id}-test")
+        return None if result is None else {i.item_id: _value(i) for i in result.items}
 
     return items
 
@@ -107,7 +105,7 @@ def _value(item) -> float:
 
 def run_stage_share(entries: list[LedgerEntry], harness_dir: Path | str) -> StageShare | None:
     """`stage_share` of a run from its ledger and its evaluation files."""
-    return stage_share(submission_tests(entries), items_from_files(harness_dir))
+    return stage_share(submission_tests(entries), items_from_files(harness_dir, entries))
 
 
 def stage_metrics(entries: list[LedgerEntry], harness_dir: Path | str) -> dict[str, Any]:
