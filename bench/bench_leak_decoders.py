@@ -18,8 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from a2rl.benchmarks import get_task  # noqa: E402
-from a2rl.isolation import leak_audit  # noqa: E402
-from a2rl.isolation.leak_audit import audit_leaks, hidden_texts  # noqa: E402
+from a2rl.summary import leak_audit  # noqa: E402
+from a2rl.summary.leak_audit import audit_leaks, hidden_texts  # noqa: E402
 from tests.leak_cases import file_cases, output_cases  # noqa: E402
 
 

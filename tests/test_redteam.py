@@ -1405,8 +1405,8 @@ def test_what_one_line_of_python_encodes_the_leak_audit_decodes_in_files_and_out
     set), and an honest workspace stays "not found"."""
     import random
 
-    from a2rl.isolation import leak_audit
-    from a2rl.isolation.leak_audit import audit_leaks, hidden_texts
+    from a2rl.summary import leak_audit
+    from a2rl.summary.leak_audit import audit_leaks, hidden_texts
     from tests.leak_cases import file_cases, output_cases
 
     task = get_task("gsm8k")
