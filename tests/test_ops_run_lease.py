@@ -268,3 +268,52 @@ def test_a_stale_attempt_ends_its_processes_and_exits_without_a_word(api_url, tm
     finally:
         proc.kill()
         run_lease.drop_lease(api_url, flow_run_id)
+
+
+FROZEN_ATTEMPT = """
+import sys, time
+from a2rl.ops import run_lease
+from a2rl.flows.benchmark_run import StaleStop
+
+run_lease.RENEW_S = 0.2
+api_url, flow_run_id = sys.argv[1:3]
+run_lease.AttemptLease(api_url, flow_run_id, 1, StaleStop(), host="gpu-host-1").take()
+print("holding", flush=True)
+time.sleep(600)
+"""
+
+
+def test_an_attempt_frozen_until_its_retry_completed_stops_at_once_without_a_second_ending(api_url):
+    """Attempt 1's host freezes (SIGSTOP); the run is retried, attempt 2 completes and gives the lease back (none
+    left to name it). Attempt 1 wakes: the run's state, not the lease, tells it the run is over: it exits
+    STALE_EXIT, writing no lease and no state."""
+    import signal
+    from pathlib import Path
+
+    from a2rl.flows.benchmark_run import STALE_EXIT
+
+    repo = Path(__file__).resolve().parents[1]
+    flow_run_id = _running_flow_run(api_url)
+    proc = subprocess.Popen([sys.executable, "-c", FROZEN_ATTEMPT, api_url, flow_run_id], cwd=repo,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(repo)})  # fmt: skip
+    try:
+        assert proc.stdout.readline().strip() == "holding"
+        os.kill(proc.pid, signal.SIGSTOP)
+        url = f"{api_url}/flow_runs/{flow_run_id}/set_state"
+        prefect_http.post(url, json={"state": {"type": "SCHEDULED", "name": "AwaitingRetry"}, "force": True})
+        for state in ({"type": "PENDING"}, {"type": "RUNNING"}):
+            assert prefect_http.post(url, json={"state": state}).json()["status"] == "ACCEPT"
+        assert prefect_http.get(f"{api_url}/flow_runs/{flow_run_id}").json()["run_count"] == 2
+        second = AttemptLease(api_url, flow_run_id, 2, lambda why: pytest.fail(why), host="gpu-host-2")
+        second.take(wait=lambda s: None)
+        prefect_http.post(url, json={"state": {"type": "COMPLETED", "name": "Completed"}, "force": True})
+        second.release()
+        assert run_lease.read_lease(api_url, flow_run_id) is None
+        os.kill(proc.pid, signal.SIGCONT)
+        assert proc.wait(timeout=120) == STALE_EXIT
+        assert run_lease.read_lease(api_url, flow_run_id) is None  # it wrote no lease of its own again
+        states = prefect_http.get(f"{api_url}/flow_run_states/", params={"flow_run_id": flow_run_id}).json()
+        assert [s["type"] for s in states].count("COMPLETED") == 1
+    finally:
+        proc.kill()
+        run_lease.drop_lease(api_url, flow_run_id)
