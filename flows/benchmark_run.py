@@ -21,7 +21,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import deployment as prefect_deployment
 from prefect.runtime import flow_run as prefect_flow_run
 from prefect.exceptions import TerminationSignal
-from prefect.states import Cancelled
+from prefect.states import Cancelled, Completed
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 
 from a2rl.ops import disk
@@ -37,7 +37,7 @@ from a2rl.run import RunContext, gpu_names, sandbox_for
 from a2rl.run_options import GRACE_S, ResumePolicy, RunOptions, resolve_results, run_results
 from a2rl.tasks.preflight import check_run
 from a2rl.ops.gpu_slots import hold_gpu_slot
-from a2rl.ops.run_lease import AttemptLease, StaleAttempt
+from a2rl.ops.run_lease import AttemptLease, StaleAttempt, ended_earlier
 from a2rl.isolation import procs
 from a2rl.ops.housekeeping import clean_stale_temp
 from a2rl.ops.progress import RUN_LOG, ProgressWriter, note_phase, note_step
@@ -233,6 +233,10 @@ def benchmark_run(config: RunConfig = RunConfig(), options: RunOptions = RunOpti
         if lease is not None:
             lease.release()
         return done
+    if lease is not None and (ended := ended_earlier(lease.api_url, lease.flow_run_id)) is not None:
+        get_run_logger().warning(ended)  # on another host than the one holding its summary, or a plain server
+        lease.release()
+        return Completed(message=ended)
     t = time.perf_counter()
     try:  # what killed runs left in the caches (never the reason this run fails)
         if removed := clean_stale_temp():

@@ -185,6 +185,7 @@ def test_an_attempt_is_stale_once_its_run_moved_on(api_url):
     lease = AttemptLease(api_url, flow_run_id, 1, lambda why: pytest.fail(why), host="gpu-host-1")
     lease.take()
     lease.check()  # the current attempt: goes on
+    assert run_lease.ended_earlier(api_url, flow_run_id) is None
     stopped: list[str] = []
     lease.on_stale = stopped.append
     done = {"type": "COMPLETED", "name": "Completed"}
@@ -194,6 +195,12 @@ def test_an_attempt_is_stale_once_its_run_moved_on(api_url):
     lease.release()
     with pytest.raises(StaleAttempt, match="is over: the flow run is Completed"):
         AttemptLease(api_url, flow_run_id, 1, lambda why: None, host="gpu-host-1").take()
+    # A Retry of the completed run (or, on a plain Prefect server, a new attempt it let start): the attempt that
+    # runs finds the earlier ending in the run's history and does nothing (the flow returns Completed at once).
+    url = f"{api_url}/flow_runs/{flow_run_id}/set_state"
+    for state in ({"type": "SCHEDULED", "name": "AwaitingRetry"}, {"type": "PENDING"}, {"type": "RUNNING"}):
+        prefect_http.post(url, json={"state": state, "force": True})
+    assert "the flow run already completed at " in run_lease.ended_earlier(api_url, flow_run_id)
 
 
 def test_the_servers_verdicts_on_crash_reports_and_expired_leases():

@@ -12,10 +12,10 @@ installed through Prefect's injection point for flow policies (`prefect.server.o
   have crashed, the report is about the attempt a Retry has just closed;
 * one for a run that is Pending or Running is aborted while the run's lease (a2rl.ops.run_lease) is live: an
   attempt is at work, the current one or the earlier one the report is about. If the current attempt is the one
-  that died, its lease expires within LEASE_S, and the server's lease sweep (a thread of the same process) then
-  marks the run Crashed, as it does for a run whose whole host died: nothing reports those. A Retry pressed
-  meanwhile (the UI's, on a run that reads Running) is applied: the new attempt takes the lease, and the old one,
-  should it still live, stops itself.
+  that died, its renewals stop, and once LEASE_S of heard time passed the server's lease sweep (a thread of the
+  same process) marks the run Crashed, as it does for a run whose whole host died: nothing reports those. A Retry
+  pressed meanwhile (the UI's, on a run that reads Running) is applied: the new attempt takes the lease, and the
+  old one, should it still live, stops itself.
 
 Forced state changes (the UI's "Mark as crashed", `a2rl retry`, the lease sweep, automations) pass the rule.
 `python -m a2rl.ops.crash_reports worker start ...` (what `a2rl server start`'s own worker runs) also drops, on

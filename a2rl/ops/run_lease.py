@@ -200,6 +200,24 @@ def flow_run_verdict(api_url: str, flow_run_id: str, attempt: int, timeout_s: fl
     return stale_verdict(attempt, int(run.run_count or 0), run.state.type.value, run.state.name or "")
 
 
+def ended_earlier(api_url: str, flow_run_id: str) -> str | None:
+    """When the flow run already completed in an earlier attempt (its state history holds a Completed state): one
+    line saying so; None otherwise, or when the server cannot be asked. On a server without a2rl's rule a new attempt
+    may start on a completed run (Prefect accepts Completed → Running), and a Retry of a completed run may land on
+    a host without its summary: either way the run is not done twice."""
+    try:
+        with prefect_api.client(api_url, TIMEOUT_S) as c:
+            states = c.read_flow_run_states(flow_run_id)
+    except Exception as e:  # the server is away or the run unknown: nothing says it ended
+        log.warning("could not read the flow run's states: %s", e)
+        return None
+    done = [s for s in states if s.type.value == "COMPLETED"]
+    if not done:
+        return None
+    at = f" at {done[-1].timestamp:%Y-%m-%d %H:%M:%S} UTC" if done[-1].timestamp is not None else ""
+    return f"the flow run already completed{at}: this attempt does nothing (one ending per run)"
+
+
 class AttemptLease:
     """The flow side: take the run's lease for this attempt, renew it in a thread, call `on_stale` (once, from
     that thread) when a later attempt has taken it, and give it back at the end."""
