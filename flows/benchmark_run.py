@@ -308,7 +308,7 @@ def benchmark_run(config: RunConfig = RunConfig(), options: RunOptions = RunOpti
 
 
 STALE_EXIT = 75
-"""The exit status of an attempt that stopped itself because a later attempt holds the run's lease."""
+"""The exit status of an attempt that stopped itself: a later attempt holds the run's lease, or the run moved on."""
 
 
 @dataclass
