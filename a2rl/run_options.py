@@ -148,6 +148,15 @@ def nest_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
             "options": {k: v for k, v in parameters.items() if k in option_fields}}  # fmt: skip
 
 
+def parameter_mismatch(parameters: dict[str, Any]) -> str | None:
+    """One line naming the parameters the `benchmark-run` flow does not take (flat keywords of before, or unknown
+    ones), and what to do; None when it takes them all."""
+    if not (extra := sorted(set(parameters) - {"config", "options"})):
+        return None
+    return (f"parameters the benchmark-run flow does not take: {', '.join(extra)} (it takes `config` and `options`); "
+            "a deployment registered by an older a2rl: register it again with `a2rl deploy` and start the run anew")
+
+
 def config_from_parameters(parameters: dict[str, Any]) -> RunConfig:
     """The RunConfig of a set of `benchmark-run` parameters (a deployment's, a sweep item's, a flow run's; the
     flat shape of before is read too)."""

@@ -13,6 +13,7 @@ import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -20,7 +21,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import deployment as prefect_deployment
 from prefect.runtime import flow_run as prefect_flow_run
 from prefect.exceptions import TerminationSignal
-from prefect.states import Cancelled
+from prefect.states import Cancelled, Completed
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 
 from a2rl.safetext import cells
@@ -37,7 +38,7 @@ from a2rl.run import RunContext, gpu_names, sandbox_for
 from a2rl.run_options import GRACE_S, ResumePolicy, RunOptions, resolve_results, run_results
 from a2rl.tasks.preflight import check_run
 from a2rl.ops.gpu_slots import hold_gpu_slot
-from a2rl.ops.run_lease import AttemptLease, StaleAttempt
+from a2rl.ops.run_lease import AttemptLease, StaleAttempt, ended_earlier
 from a2rl.isolation import procs
 from a2rl.ops.housekeeping import clean_stale_temp
 from a2rl.ops.progress import RUN_LOG, ProgressWriter, note_phase, note_step
@@ -221,6 +222,8 @@ def benchmark_run(config: RunConfig = RunConfig(), options: RunOptions = RunOpti
     repository root. The row ends `completed`, or `failed`/`interrupted` with the error (also when recording
     the failure fails again); the traceback goes to `harness/run.log`, the phase reached to
     `harness/progress.json`."""
+    stop = StaleStop()
+    lease = take_run_lease(stop)  # first: one attempt at a time across hosts, and the server hears this one at once
     results, elsewhere = run_results(options.results, deployed=prefect_deployment.get_id() is not None)
     if elsewhere:
         get_run_logger().info("results go to %s", elsewhere)
@@ -228,14 +231,21 @@ def benchmark_run(config: RunConfig = RunConfig(), options: RunOptions = RunOpti
     if (done := completed_before(config, results, runs_dir, prefect_flow_run.get_id())) is not None:
         get_run_logger().warning("run %s had already completed: a retry changes nothing (its row, report and "
                                  "timings stay as they were)", done.run_id)  # fmt: skip
+        if lease is not None:
+            lease.release()
         return done
+    if lease is not None and (ended := ended_earlier(lease.api_url, lease.flow_run_id)) is not None:
+        get_run_logger().warning(ended)  # on another host than the one holding its summary, or a plain server
+        lease.release()
+        return Completed(message=ended)
     t = time.perf_counter()
     try:  # what killed runs left in the caches (never the reason this run fails)
         if removed := clean_stale_temp():
             get_run_logger().info("removed %d file(s) killed runs left in the caches", len(removed))
     except OSError:
         pass
-    ctx = open_run(config, results, runs_dir)
+    ctx = open_run(config, results, runs_dir, prefect_flow_run.get_run_count() or 1)
+    stop.harness_dir, stop.run_id = ctx.paths.harness_dir, ctx.run_id
     reserve = disk.reserve_space(ctx.run_id, [ctx.paths.harness_dir, results.parent])  # room to record a failure
     # This attempt: its times (wall, phases, summed with earlier attempts' for the report) and its identity,
     # which every process it starts is recorded with (a retry ends what an earlier attempt left, never its own).
@@ -244,9 +254,9 @@ def benchmark_run(config: RunConfig = RunConfig(), options: RunOptions = RunOpti
     procs.begin_attempt(ctx.paths.harness_dir,
                         procs.Attempt.here(ctx.run_id, prefect_flow_run.get_id(), attempts.current.number))
     record_flow_run(ctx, "Running")
-    lease = take_run_lease(ctx)  # one attempt at a time across hosts: a stale one stops itself
     progress = ProgressWriter(ctx.run_id, ctx.paths.harness_dir, config.budget_s)
-    phases = RunPhases(attempts, progress)
+    # Before each step: a run that moved on (a later attempt, a Retry pressed, an ending) stops this attempt.
+    phases = RunPhases(attempts, progress, before=lease.check if lease is not None else None)
     run_log = ctx.paths.harness_dir / RUN_LOG
 
     with logs_to(run_log):
@@ -299,10 +309,21 @@ def benchmark_run(config: RunConfig = RunConfig(), options: RunOptions = RunOpti
 
 
 STALE_EXIT = 75
-"""The exit status of an attempt that stopped itself because a later attempt holds the run's lease."""
+"""The exit status of an attempt that stopped itself: a later attempt holds the run's lease, or the run moved on."""
 
 
-def take_run_lease(ctx: RunContext) -> AttemptLease | None:
+@dataclass
+class StaleStop:
+    """What a stale attempt stops (`stop_stale_attempt`): its run, once the run's directory is known."""
+
+    harness_dir: Path | None = None
+    run_id: str = "this run"
+
+    def __call__(self, why: str) -> None:
+        stop_stale_attempt(self.harness_dir, self.run_id, why)
+
+
+def take_run_lease(stop: StaleStop) -> AttemptLease | None:
     """This attempt's hold on the run's lease in the server (a2rl.ops.run_lease); None without a server (an
     ephemeral one: `a2rl run`, one process, nobody to retry it elsewhere)."""
     from prefect.settings import PREFECT_API_URL
@@ -311,25 +332,25 @@ def take_run_lease(ctx: RunContext) -> AttemptLease | None:
     if not api_url or not flow_run_id:
         return None
     logger = logging.getLogger(__name__)
-    lease = AttemptLease(api_url, flow_run_id, prefect_flow_run.get_run_count(),
-                         lambda why: stop_stale_attempt(ctx.paths.harness_dir, ctx.run_id, why))  # fmt: skip
+    lease = AttemptLease(api_url, flow_run_id, prefect_flow_run.get_run_count(), stop)
     try:
         if (earlier := lease.take()) is not None:
             logger.warning("took the run's lease from %s, which stops itself", earlier.describe())
     except StaleAttempt as e:
-        stop_stale_attempt(ctx.paths.harness_dir, ctx.run_id, str(e))
+        stop(str(e))
     except httpx.HTTPError as e:
         logger.warning("could not take the run's lease (%s): this attempt goes on without it", e)
         return None
     return lease
 
 
-def stop_stale_attempt(harness_dir: Path, run_id: str, why: str) -> None:
-    """A later attempt holds the run's lease: end this attempt's processes and exit at once, writing nothing more
-    (the flow run's state and the run's files are the later attempt's now) than its agent's clock as it stops."""
+def stop_stale_attempt(harness_dir: Path | None, run_id: str, why: str) -> None:
+    """A later attempt holds the run's lease, or the run moved on (a Retry, an ending): end this attempt's processes
+    and exit at once, writing nothing more (the flow run's state and the run's files are the later attempt's now,
+    and a run has one ending) than its agent's clock as it stops."""
     logging.getLogger(__name__).error("this attempt of %s stops itself: %s", run_id, why)
     ClockRecorder.stop_all_now()  # the agent's time ends here, with the SIGKILLs below
-    for record in procs.read_records(harness_dir):
+    for record in procs.read_records(harness_dir) if harness_dir is not None else []:
         if record.ours():
             procs.stop_session(record.leader)
     procs.signal_pids(procs.descendants(os.getpid()), signal.SIGKILL)

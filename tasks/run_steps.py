@@ -30,6 +30,7 @@ from a2rl.store.results import ResultsStore
 from a2rl.workspace import RunPaths, build_workspace, render_instructions
 from a2rl.agents import get_agent
 from a2rl.benchmarks import get_task
+from a2rl.capture.attempts import read_attempts
 
 PROTOCOL_TEXT = {
     "heldout": "Each submission is scored on a **validation** set. A hidden test set, which you never see, "
@@ -64,8 +65,10 @@ def ledger_of(ctx: RunContext, store: ResultsStore | None = None) -> Ledger:
 
 
 @task(name="open-run", cache_policy=NO_CACHE)
-def open_run(config: RunConfig, results_path: Path, runs_dir: Path) -> RunContext:
-    """Give the run its id and directories, write its manifest and its first row in the results store."""
+def open_run(config: RunConfig, results_path: Path, runs_dir: Path, attempt: int = 1) -> RunContext:
+    """Give the run its id and directories, write its manifest and its first row in the results store. Attempt
+    `attempt` goes on only from the directory of the attempt just before it: a directory an older attempt left
+    here (later ones ran on other hosts) is set aside (`set_aside_stale_run_dir`) and the run starts over."""
     bench = get_task(config.task)
     run_id = make_run_id(config, flow_run.get_id())
     ctx = RunContext(
@@ -75,26 +78,61 @@ def open_run(config: RunConfig, results_path: Path, runs_dir: Path) -> RunContex
         results_path=Path(results_path).resolve(),
         variant_label=bench.variant_labels.get(config.variant, config.variant),
     )
+    if (moved := set_aside_stale_run_dir(ctx.paths.run_dir, attempt)) is not None:
+        store = ResultsStore(ctx.results_path)
+        store.delete_run_children(run_id)  # the rows and ledger anchors of the directory set aside: not this run's
+        store.adopt_ledger_heads(run_id, [])
+        _SET_ASIDE[run_id] = moved
     ctx.paths.create()
     write_manifest(ctx)
     ResultsStore(ctx.results_path).start_run(run_id, config, str(ctx.paths.harness_dir), ctx.variant_label)
     return ctx
 
 
+_SET_ASIDE: dict[str, str] = {}
+"""Run id → why its directory was set aside by this process (what `record_attempt` says)."""
+
+
+def set_aside_stale_run_dir(run_dir: Path, attempt: int) -> str | None:
+    """A run directory whose last attempt (its `harness/attempts.json`) is older than `attempt - 1` holds work that
+    later attempts on other hosts went past: renamed to `<run dir>.attempt-N-set-aside` (kept, never resumed).
+    Returns what happened, or None when the directory is the previous attempt's, new, or has no attempt yet."""
+    if attempt <= 1 or not (Path(run_dir) / "harness").is_dir():
+        return None
+    # Prefect's run count names an attempt across hosts (`number` counts this directory's attempts only).
+    numbers = [a.prefect_run_count or a.number for a in read_attempts(Path(run_dir) / "harness").attempts]
+    last = max(numbers, default=None)
+    if last is None or last >= attempt - 1:
+        return None
+    target = Path(f"{run_dir}.attempt-{last}-set-aside")
+    n = 1
+    while target.exists():
+        n += 1
+        target = Path(f"{run_dir}.attempt-{last}-set-aside-{n}")
+    Path(run_dir).rename(target)
+    return (f"this host's run directory was left by attempt {last}, and attempts {last + 1}-{attempt - 1} ran "
+            f"elsewhere: it was set aside as {target.name} and the run starts over")
+
+
 def record_attempt(ctx: RunContext) -> None:
     """A retried flow run records in the ledger which attempt this is, on which host, and whether it goes on with
     this run directory or starts the run over: a retry on a host that never saw the run (its first host died, with
-    the run directory) starts it over under the same run id, and says so. First attempts record nothing."""
+    the run directory), or whose directory is an older attempt's than the last one, starts it over under the same
+    run id, and says so (run log, the flow run's log in the UI, the ledger). First attempts record nothing."""
     attempt = flow_run.get_run_count() or 1
     if attempt <= 1:
         return
     book = book_of(ctx)
-    starts_over = not book.entries()
+    set_aside = _SET_ASIDE.pop(ctx.run_id, None)
+    starts_over = set_aside is not None or not book.entries()
     detail = {"event": "attempt", "attempt": attempt, "host": host_name(), "starts_over": starts_over}
+    if set_aside is not None:
+        detail["set_aside"] = set_aside
     book.append(kind="event", detail=detail)
     run_logger().warning(
         "attempt %d of run %s on host %s: %s", attempt, ctx.run_id, detail["host"],
-        "starts the run over (no earlier attempt left a ledger entry here: it ran on another host, or died early)"
+        f"starts the run over ({set_aside})" if set_aside is not None
+        else "starts the run over (no earlier attempt left a ledger entry here: it ran on another host, or died early)"
         if starts_over
         else "goes on with this host's run directory",
     )  # fmt: skip

@@ -153,3 +153,33 @@ def test_a_harness_going_down_on_a_signal_stops_the_agents_clock_with_its_agent(
         pass
     assert at_agent_end is not None and at_agent_end > 0.3
     assert abs(ClockRecorder.used_seconds(clock_file) - at_agent_end) < 0.05, "the clock ran on after the agent ended"
+
+
+def test_a_retry_goes_on_only_from_the_directory_of_the_attempt_just_before_it(tmp_path, monkeypatch):
+    """#44: attempt 1 ran on this host; attempts 2 and 3 ran elsewhere; attempt 4 lands here. It must not resume
+    attempt 1's directory (that would drop what 2 and 3 did): the directory is set aside, kept, and the run
+    starts over with a fresh one and a store that holds none of the old directory's rows or ledger anchors."""
+    from a2rl.records import RunConfig
+    from a2rl.store.results import ResultsStore
+    from a2rl.tasks import run_steps
+    from a2rl.tasks.run_steps import open_run
+
+    monkeypatch.setattr(run_steps.flow_run, "get_id", lambda: "5e7a11fd-0000-4000-8000-000000000001")  # one flow run
+    results, runs = tmp_path / "results.duckdb", tmp_path / "runs"
+    config = RunConfig()
+    first = open_run.fn(config, results, runs)
+    attempt = AttemptLog(first.paths.harness_dir, "fr-1", 1)  # Prefect's run count 1, recorded in the directory
+    attempt.end("failed")
+    (first.paths.harness_dir / "ledger.jsonl").write_text("attempt 1's ledger\n")
+    ResultsStore(results).record_ledger_head(first.run_id, 0, "hash-of-attempt-1")
+
+    again = open_run.fn(config, results, runs, 2)  # the next attempt, on the same host: goes on from here
+    assert (again.paths.harness_dir / "ledger.jsonl").read_text() == "attempt 1's ledger\n"
+
+    fourth = open_run.fn(config, results, runs, 4)  # attempts 2 and 3 ran on other hosts
+    assert fourth.paths.run_dir == first.paths.run_dir
+    assert not (fourth.paths.harness_dir / "ledger.jsonl").exists()
+    assert read_attempts(fourth.paths.harness_dir).attempts == []
+    kept = runs / f"{first.run_id}.attempt-1-set-aside"
+    assert (kept / "harness" / "ledger.jsonl").read_text() == "attempt 1's ledger\n"  # nothing is lost
+    assert ResultsStore(results).ledger_head(first.run_id) is None  # the new ledger is not checked against it

@@ -233,3 +233,44 @@ def test_reads_inside_one_open_client_share_it_and_other_threads_open_their_own(
         assert seen and seen[0] is not outer
     with prefect_api.client(url) as later:
         assert later is not outer  # the outer one is closed
+
+
+def test_a2rl_status_asks_a_server_that_answered_too_late_again_and_a_gone_one_not(capsys):
+    """#44: a sweep keeps the server busy and a read times out: `a2rl status` asks again (twice, after a wait)
+    instead of printing "cannot list flow runs: ReadTimeout"; a refused connection is answered at once."""
+    import httpx
+
+    from a2rl.cli import with_read_retries
+
+    release, hits = threading.Event(), []
+
+    class Busy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            if len(hits) <= 2:
+                release.wait(60)  # the first two are answered after the client gave up on them
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Busy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/flow_runs"
+    timeouts = iter([0.5, 0.5, 60.0])
+    try:
+        assert with_read_retries(lambda: httpx.get(url, timeout=next(timeouts)).text, waits_s=(0.1, 0.1)) == "ok"
+        assert len(hits) == 3
+        assert capsys.readouterr().err.count("the server answered too late (ReadTimeout); asking again") == 2
+        server.shutdown()
+        server.server_close()
+        gone = []
+        with pytest.raises(httpx.ConnectError):
+            with_read_retries(lambda: gone.append(1) or httpx.get(url, timeout=5).text, waits_s=(0.1, 0.1))
+        assert gone == [1]  # not asked again
+    finally:
+        release.set()
+        server.server_close()

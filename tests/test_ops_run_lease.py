@@ -29,9 +29,9 @@ def api_url(prefect_harness) -> str:
     return PREFECT_API_URL.value()
 
 
-def _running_flow_run(api_url: str) -> str:
+def _running_flow_run(api_url: str, flow_name: str = "lease-target") -> str:
     """A flow run that went Pending → Running the way an engine takes it (run_count 1)."""
-    flow = prefect_http.post(f"{api_url}/flows/", json={"name": "lease-target"}).json()
+    flow = prefect_http.post(f"{api_url}/flows/", json={"name": flow_name}).json()
     body = {"flow_id": flow["id"], "name": f"lease-{uuid.uuid4().hex[:6]}", "state": {"type": "SCHEDULED"}}
     run = prefect_http.post(f"{api_url}/flow_runs/", json=body).json()
     for state in ({"type": "PENDING"}, {"type": "RUNNING"}):
@@ -59,7 +59,7 @@ def test_a_later_attempt_takes_the_lease_and_the_earlier_one_stops_itself(api_ur
     taken_from = second.take(wait=waited.append)
     assert taken_from is not None and taken_from.attempt == 1  # a live holder on another host: wait for it
     assert waited == [run_lease.TAKEOVER_WAIT_S]
-    assert stale.wait(5), "the earlier attempt never noticed"
+    assert stale.wait(60), "the earlier attempt never noticed"
     assert "a later attempt took the run's lease: attempt 2 on gpu-host-2" in reasons[0]
 
     first.release()  # the stale attempt leaves the later one's lease alone
@@ -86,20 +86,121 @@ def test_the_lease_goes_to_the_server_named_not_to_the_profiles_url(api_url):
     assert run_lease.read_lease(api_url, flow_run_id) is None
 
 
-def test_an_expired_lease_marks_its_running_flow_run_crashed_and_a_live_one_does_not(api_url):
+class FakeClock:
+    """The server's monotonic clock, advanced by hand: the sweeps below happen at the times the test says."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _sweeps(api_url: str, watch, clock: FakeClock, n: int, step_s: float = run_lease.SWEEP_S) -> list[str]:
     from a2rl.ops.crash_reports import sweep_expired_leases
 
+    marked: list[str] = []
+    for _ in range(n):
+        clock.now += step_s
+        marked += sweep_expired_leases(api_url, watch)
+    return marked
+
+
+def test_a_silent_lease_marks_its_running_flow_run_crashed_after_enough_heard_time_and_a_renewed_one_does_not(
+        api_url, monkeypatch):  # fmt: skip
+    monkeypatch.setattr(run_lease, "PROBE_S", 3600.0)  # the test server's speed is not what is tested here
     dead, alive = _running_flow_run(api_url), _running_flow_run(api_url)
     now = datetime.now(timezone.utc)
     run_lease.write_lease(api_url, RunLease(dead, 1, "gpu-host-1", 4242, now - timedelta(seconds=1)))
-    run_lease.write_lease(api_url, RunLease(alive, 1, "gpu-host-2", 4343, now + timedelta(seconds=30)))
-    marked = sweep_expired_leases(api_url)
-    assert dead in marked and alive not in marked
+    alive_lease = RunLease(alive, 1, "gpu-host-2", 4343, now - timedelta(seconds=1))
+    run_lease.write_lease(api_url, alive_lease)
+    clock = FakeClock()
+    watch = run_lease.LeaseWatch(clock)
+    # Expired by the clock, yet not dead: the server has not heard LEASE_S of silence yet (a restarted server,
+    # one that was stalled: it hears afresh).
+    assert _sweeps(api_url, watch, clock, 3) == []
+    for i in range(int(run_lease.LEASE_S / run_lease.SWEEP_S) + run_lease.MIN_ROUNDS):
+        run_lease.write_lease(api_url, RunLease(alive, 1, "gpu-host-2", 4343, alive_lease.expires, seq=i + 1))
+        if dead in _sweeps(api_url, watch, clock, 1):
+            break
+    else:
+        pytest.fail("the silent lease's run was never marked crashed")
+    assert i + 3 >= run_lease.LEASE_S / run_lease.SWEEP_S  # not before LEASE_S of heard silence
     state = prefect_http.get(f"{api_url}/flow_runs/{dead}").json()["state"]
     assert state["type"] == "CRASHED" and "its attempt 1 on gpu-host-1 stopped renewing the run's lease" in state["message"]
     assert run_lease.read_lease(api_url, dead) is None  # done with
-    assert prefect_http.get(f"{api_url}/flow_runs/{alive}").json()["state"]["type"] == "RUNNING"
+    assert prefect_http.get(f"{api_url}/flow_runs/{alive}").json()["state"]["type"] == "RUNNING"  # it renewed
     run_lease.drop_lease(api_url, alive)
+
+
+def test_time_the_server_could_not_hear_is_nobodys_silence(monkeypatch):
+    """A stalled server (a long gap between its sweeps), a slow read (its database away or loaded) and a failed
+    sweep add no silence; a renewal resets it; a lease is dead only after LEASE_S of heard silence over at least
+    MIN_ROUNDS sweeps."""
+    clock = FakeClock()
+    watch = run_lease.LeaseWatch(clock)
+    lease = RunLease("f", 1, "gpu-host-1", 7, datetime.now(timezone.utc))
+    step = run_lease.SWEEP_S
+
+    def sweep(after_s: float, read_s: float = 0.1, renewed: bool = False) -> float:
+        nonlocal lease
+        clock.now += after_s
+        if renewed:
+            lease = RunLease("f", 1, "gpu-host-1", 7, lease.expires, lease.seq + 1)
+        return watch.silence(lease, watch.round(read_s))
+
+    assert sweep(step) == 0.0  # first sweep: nothing heard yet
+    assert sweep(step) == 0.0  # 10 s heard, fewer than MIN_ROUNDS sweeps so far
+    assert sweep(45.0) == 0.0  # the server was stopped 45 s: that gap counts nothing
+    watch.failed()  # its database was down for this sweep...
+    assert sweep(step) == 0.0  # ... so only the time since the failed sweep counts: 20 s heard
+    assert sweep(step, read_s=run_lease.PROBE_S + 1) == 0.0  # a slow read hears nothing
+    assert sweep(step) == 3 * step >= run_lease.LEASE_S  # dead: 30 s heard without a renewal, over 3 sweeps
+    assert sweep(step, renewed=True) == 0.0 and sweep(step) == 0.0  # a renewal: heard afresh
+
+
+def test_a_running_benchmark_run_whose_attempt_never_takes_the_lease_is_crashed(api_url, monkeypatch):
+    """The host died between its worker starting the run and the flow taking the lease: nothing reports it, no
+    lease expires; the server marks it Crashed once UNCLAIMED_S of heard time passed (a Retry of a deployment's
+    run is then taken: tests/test_one_ending.py)."""
+    monkeypatch.setattr(run_lease, "PROBE_S", 3600.0)
+    zombie = _running_flow_run(api_url, run_lease.BENCHMARK_FLOW)
+    clock = FakeClock()
+    watch = run_lease.LeaseWatch(clock)
+    rounds = int(run_lease.UNCLAIMED_S / run_lease.SWEEP_S)
+    assert zombie not in _sweeps(api_url, watch, clock, rounds)  # the first sweep hears nothing: 80 s counted
+    assert zombie in _sweeps(api_url, watch, clock, 1)  # 90 s: within UNCLAIMED_S + SWEEP_S of its Running
+    state = prefect_http.get(f"{api_url}/flow_runs/{zombie}").json()["state"]
+    assert state["type"] == "CRASHED" and "its attempt 1 never took the run's lease" in state["message"]
+
+
+def test_an_attempt_is_stale_once_its_run_moved_on(api_url):
+    """Not only the lease: a Retry pressed (Scheduled), a later run count, an ending (Completed) each stop an
+    attempt, at its next renewal, before its next step, and at the start."""
+    assert run_lease.stale_verdict(1, 1, "RUNNING") is None
+    assert "at attempt 2" in run_lease.stale_verdict(1, 2, "RUNNING")
+    assert "AwaitingRetry" in run_lease.stale_verdict(1, 1, "SCHEDULED", "AwaitingRetry")
+    assert "Completed" in run_lease.stale_verdict(2, 2, "COMPLETED", "Completed")
+    flow_run_id = _running_flow_run(api_url)
+    lease = AttemptLease(api_url, flow_run_id, 1, lambda why: pytest.fail(why), host="gpu-host-1")
+    lease.take()
+    lease.check()  # the current attempt: goes on
+    assert run_lease.ended_earlier(api_url, flow_run_id) is None
+    stopped: list[str] = []
+    lease.on_stale = stopped.append
+    done = {"type": "COMPLETED", "name": "Completed"}
+    prefect_http.post(f"{api_url}/flow_runs/{flow_run_id}/set_state", json={"state": done, "force": True})
+    lease.check()
+    assert stopped and "Completed" in stopped[0], stopped
+    lease.release()
+    with pytest.raises(StaleAttempt, match="is over: the flow run is Completed"):
+        AttemptLease(api_url, flow_run_id, 1, lambda why: None, host="gpu-host-1").take()
+    # A Retry of the completed run (or, on a plain Prefect server, a new attempt it let start): the attempt that
+    # runs finds the earlier ending in the run's history and does nothing (the flow returns Completed at once).
+    url = f"{api_url}/flow_runs/{flow_run_id}/set_state"
+    for state in ({"type": "SCHEDULED", "name": "AwaitingRetry"}, {"type": "PENDING"}, {"type": "RUNNING"}):
+        prefect_http.post(url, json={"state": state, "force": True})
+    assert "the flow run already completed at " in run_lease.ended_earlier(api_url, flow_run_id)
 
 
 def test_the_servers_verdicts_on_crash_reports_and_expired_leases():
@@ -111,10 +212,11 @@ def test_the_servers_verdicts_on_crash_reports_and_expired_leases():
     assert "attempt 2 (run at 1)" in run_lease.crash_report_verdict(live, 1, now)  # Pending: not counted yet
     assert run_lease.crash_report_verdict(expired, 2, now) is None  # nobody at work: the report applies
     assert run_lease.crash_report_verdict(None, 2, now) is None  # not an a2rl benchmark run
-    assert "stopped renewing the run's lease" in run_lease.expired_verdict(expired, 2, "RUNNING", now)
-    assert run_lease.expired_verdict(live, 2, "RUNNING", now) is None
-    assert run_lease.expired_verdict(expired, 3, "RUNNING", now) is None  # a later attempt is starting
-    assert run_lease.expired_verdict(expired, 2, "COMPLETED", now) is None
+    silent = run_lease.LEASE_S
+    assert "stopped renewing the run's lease" in run_lease.expired_verdict(expired, 2, "RUNNING", silent)
+    assert run_lease.expired_verdict(expired, 2, "RUNNING", silent - 1) is None  # not heard silent long enough
+    assert run_lease.expired_verdict(expired, 3, "RUNNING", silent) is None  # a later attempt is starting
+    assert run_lease.expired_verdict(expired, 2, "COMPLETED", silent) is None
     assert RunLease.from_value({"attempt": "x"}) is None and RunLease.from_value("not json") is None
 
 
@@ -170,6 +272,55 @@ def test_a_stale_attempt_ends_its_processes_and_exits_without_a_word(api_url, tm
         except psutil.NoSuchProcess:
             pass
         assert run_lease.read_lease(api_url, flow_run_id).attempt == 2  # the stale one left the lease alone
+    finally:
+        proc.kill()
+        run_lease.drop_lease(api_url, flow_run_id)
+
+
+FROZEN_ATTEMPT = """
+import sys, time
+from a2rl.ops import run_lease
+from a2rl.flows.benchmark_run import StaleStop
+
+run_lease.RENEW_S = 0.2
+api_url, flow_run_id = sys.argv[1:3]
+run_lease.AttemptLease(api_url, flow_run_id, 1, StaleStop(), host="gpu-host-1").take()
+print("holding", flush=True)
+time.sleep(600)
+"""
+
+
+def test_an_attempt_frozen_until_its_retry_completed_stops_at_once_without_a_second_ending(api_url):
+    """Attempt 1's host freezes (SIGSTOP); the run is retried, attempt 2 completes and gives the lease back (none
+    left to name it). Attempt 1 wakes: the run's state, not the lease, tells it the run is over: it exits
+    STALE_EXIT, writing no lease and no state."""
+    import signal
+    from pathlib import Path
+
+    from a2rl.flows.benchmark_run import STALE_EXIT
+
+    repo = Path(__file__).resolve().parents[1]
+    flow_run_id = _running_flow_run(api_url)
+    proc = subprocess.Popen([sys.executable, "-c", FROZEN_ATTEMPT, api_url, flow_run_id], cwd=repo,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(repo)})  # fmt: skip
+    try:
+        assert proc.stdout.readline().strip() == "holding"
+        os.kill(proc.pid, signal.SIGSTOP)
+        url = f"{api_url}/flow_runs/{flow_run_id}/set_state"
+        prefect_http.post(url, json={"state": {"type": "SCHEDULED", "name": "AwaitingRetry"}, "force": True})
+        for state in ({"type": "PENDING"}, {"type": "RUNNING"}):
+            assert prefect_http.post(url, json={"state": state}).json()["status"] == "ACCEPT"
+        assert prefect_http.get(f"{api_url}/flow_runs/{flow_run_id}").json()["run_count"] == 2
+        second = AttemptLease(api_url, flow_run_id, 2, lambda why: pytest.fail(why), host="gpu-host-2")
+        second.take(wait=lambda s: None)
+        prefect_http.post(url, json={"state": {"type": "COMPLETED", "name": "Completed"}, "force": True})
+        second.release()
+        assert run_lease.read_lease(api_url, flow_run_id) is None
+        os.kill(proc.pid, signal.SIGCONT)
+        assert proc.wait(timeout=120) == STALE_EXIT
+        assert run_lease.read_lease(api_url, flow_run_id) is None  # it wrote no lease of its own again
+        states = prefect_http.get(f"{api_url}/flow_run_states/", params={"flow_run_id": flow_run_id}).json()
+        assert [s["type"] for s in states].count("COMPLETED") == 1
     finally:
         proc.kill()
         run_lease.drop_lease(api_url, flow_run_id)

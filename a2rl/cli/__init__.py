@@ -494,11 +494,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         _check_store(results)
     rows = status.store_rows(results, args.limit) if results.exists() else []
     if (url := prefect_local.resolve_api_url()) and rc == 0:
+        def read() -> tuple:
+            return (status.operator_flow_runs(url, args.limit), status.scheduled_flow_runs(url, 3),
+                    gpu_slots.describe(url, prefect_local.prefect_home(), status.flow_run_label(url)),
+                    status.flow_runs_by_suffix(url, [status.run_id_suffix(r["run_id"]) for r in rows]))  # fmt: skip
+
         try:
-            runs = status.operator_flow_runs(url, args.limit)
-            upcoming = status.scheduled_flow_runs(url, 3)
-            slots = gpu_slots.describe(url, prefect_local.prefect_home(), status.flow_run_label(url))
-            flow_runs = status.flow_runs_by_suffix(url, [status.run_id_suffix(r["run_id"]) for r in rows])
+            runs, upcoming, slots, flow_runs = with_read_retries(read)
         except httpx_errors() as e:  # the server may be starting or going; the store below is still worth showing
             print(f"cannot list flow runs: {type(e).__name__}: {_one_line(e)}")
         else:
@@ -520,6 +522,24 @@ def cmd_status(args: argparse.Namespace) -> int:
     _print_table(f"latest runs in {results.resolve()}", columns,
                  [["-" if v is None or v != v else str(v) for v in row.values()] for row in rows])
     return rc
+
+
+STATUS_READ_WAITS_S = (2.0, 5.0)
+"""`a2rl status`: a read the server answered too late (a sweep keeps it busy) is asked again after each wait."""
+
+
+def with_read_retries(read, waits_s: tuple[float, ...] = STATUS_READ_WAITS_S):
+    """`read()`, asked again after each of `waits_s` while it times out (a busy server, not a gone one: a refused
+    connection is answered at once); a note on stderr says so."""
+    import httpx
+
+    for wait_s in waits_s:
+        try:
+            return read()
+        except httpx.TimeoutException as e:
+            print(f"the server answered too late ({type(e).__name__}); asking again in {wait_s:g} s", file=sys.stderr)
+            time.sleep(wait_s)
+    return read()
 
 
 def httpx_errors() -> tuple[type[Exception], ...]:

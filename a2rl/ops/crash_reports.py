@@ -12,10 +12,10 @@ installed through Prefect's injection point for flow policies (`prefect.server.o
   have crashed, the report is about the attempt a Retry has just closed;
 * one for a run that is Pending or Running is aborted while the run's lease (a2rl.ops.run_lease) is live: an
   attempt is at work, the current one or the earlier one the report is about. If the current attempt is the one
-  that died, its lease expires within LEASE_S, and the server's lease sweep (a thread of the same process) then
-  marks the run Crashed, as it does for a run whose whole host died: nothing reports those. A Retry pressed
-  meanwhile (the UI's, on a run that reads Running) is applied: the new attempt takes the lease, and the old one,
-  should it still live, stops itself.
+  that died, its renewals stop, and once LEASE_S of heard time passed the server's lease sweep (a thread of the
+  same process) marks the run Crashed, as it does for a run whose whole host died: nothing reports those. A Retry
+  pressed meanwhile (the UI's, on a run that reads Running) is applied: the new attempt takes the lease, and the
+  old one, should it still live, stops itself.
 
 Forced state changes (the UI's "Mark as crashed", `a2rl retry`, the lease sweep, automations) pass the rule.
 `python -m a2rl.ops.crash_reports worker start ...` (what `a2rl server start`'s own worker runs) also drops, on
@@ -63,12 +63,59 @@ def flow_policy() -> type:
             if why is not None:
                 await self.abort_transition(why)
 
+    class OneEndingPerRun(FlowRunOrchestrationRule):
+        """A completed run stays completed: no attempt starts on it (Pending, Running) and no late attempt writes a
+        second ending over it. A Retry (Scheduled) is still taken: the flow then returns the run's summary."""
+
+        FROM_STATES = {StateType.COMPLETED}
+        TO_STATES = {StateType.PENDING, StateType.RUNNING, StateType.COMPLETED, StateType.FAILED,
+                     StateType.CANCELLED}  # fmt: skip
+
+        async def before_transition(self, initial_state, proposed_state, context) -> None:
+            if initial_state is None or proposed_state is None:
+                return
+            await self.abort_transition(
+                f"the run is already Completed: {proposed_state.type.value} from an attempt that is over is not "
+                "applied (one ending per run)"
+            )
+
+    class FailRunsWithOldParameters(FlowRunOrchestrationRule):
+        """A benchmark run whose parameters the flow cannot take (the flat keywords of an older a2rl's deployment)
+        dies before the flow starts and its worker reports it Crashed; it is Failed instead, with the reason, so
+        nothing retries it."""
+
+        FROM_STATES = {StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING}
+        TO_STATES = {StateType.CRASHED}
+
+        async def before_transition(self, initial_state, proposed_state, context) -> None:
+            if initial_state is None or proposed_state is None:
+                return
+            if (why := await _parameter_mismatch(context)) is not None:
+                from prefect.server.schemas.states import Failed
+
+                await self.reject_transition(Failed(message=why), why)
+
     class A2rlFlowPolicy(CoreFlowPolicy):
         @staticmethod
         def priority() -> list:
-            return [AbortCrashReportsOfScheduledRuns, *CoreFlowPolicy.priority()]
+            return [FailRunsWithOldParameters, OneEndingPerRun, AbortCrashReportsOfScheduledRuns,
+                    *CoreFlowPolicy.priority()]  # fmt: skip
 
     return A2rlFlowPolicy
+
+
+async def _parameter_mismatch(context: Any) -> str | None:
+    """One line naming the parameters a benchmark run has that its flow does not take; None for any other run."""
+    from prefect.server.models.flows import read_flow
+
+    from a2rl.ops.run_lease import BENCHMARK_FLOW
+    from a2rl.run_options import parameter_mismatch
+
+    parameters = dict(context.run.parameters or {})
+    if not set(parameters) - {"config", "options"}:
+        return None
+    flow = await read_flow(session=context.session, flow_id=context.run.flow_id)
+    return parameter_mismatch(parameters) if flow is not None and flow.name == BENCHMARK_FLOW else None
 
 
 async def _lease_of(context: Any) -> Any:
@@ -95,31 +142,75 @@ def install_server_rule() -> None:
     logging.getLogger("a2rl").warning("%s: crash reports of attempts that are over are not applied", GUARDED)
 
 
-def sweep_expired_leases(api_url: str) -> list[str]:
-    """Mark Crashed (forced) each Running flow run whose current attempt's lease expired, and drop leases whose
-    runs ended; returns the flow-run ids marked. What notices a dead host: nothing else reports its runs."""
+def sweep_expired_leases(api_url: str, watch: Any = None) -> list[str]:
+    """One sweep of the server's leases (a2rl.ops.run_lease.LeaseWatch judges what it heard): mark Crashed (forced)
+    each Running flow run whose current attempt has been silent for LEASE_S of heard time, or never took the lease
+    within UNCLAIMED_S; drop leases whose runs ended. Returns the flow-run ids marked. What notices a dead host:
+    nothing else reports its runs. Raises httpx errors when the leases cannot be read (the sweep hears nothing)."""
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterState
+    from prefect.client.schemas.filters import FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
     from prefect.exceptions import ObjectNotFound
     from prefect.states import Crashed
 
     from a2rl.ops import prefect_api
-    from a2rl.ops.run_lease import all_leases, drop_lease, expired_verdict
+    from a2rl.ops.run_lease import BENCHMARK_FLOW, LeaseWatch, all_leases, drop_lease, expired_verdict
+    from a2rl.ops.run_lease import unclaimed_verdict
 
-    marked = []
-    for lease in all_leases(api_url):
-        if lease.live():
-            continue
+    watch = watch if watch is not None else LeaseWatch()
+    t = time.monotonic()
+    try:
+        leases = {lease.flow_run_id: lease for lease in all_leases(api_url)}
+        running: list = []
         with prefect_api.client(api_url) as c:
-            try:
-                run = c.read_flow_run(lease.flow_run_id)
-            except ObjectNotFound:
-                run = None
-            state_type = run.state.type.value if run is not None and run.state is not None else "?"  # "?": gone
-            if run is not None and (why := expired_verdict(lease, int(run.run_count or 0), state_type)):
-                c.set_flow_run_state(lease.flow_run_id, Crashed(message=why), force=True)
-                logging.getLogger("a2rl.crash_reports").warning("flow run %s marked crashed: %s", run.id, why)
-                marked.append(lease.flow_run_id)
-        if marked[-1:] == [lease.flow_run_id] or state_type not in ("RUNNING", "PENDING", "SCHEDULED", "PAUSED"):
-            drop_lease(api_url, lease.flow_run_id)  # its run is gone, ended (or was marked just now): the lease is done
+            while True:  # the server answers at most 200 at a time
+                page = c.read_flow_runs(
+                    flow_filter=FlowFilter(name=FlowFilterName(any_=[BENCHMARK_FLOW])),
+                    flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
+                        any_=[StateType.RUNNING]))), limit=200, offset=len(running))  # fmt: skip
+                running += page
+                if len(page) < 200:
+                    break
+    except Exception:
+        watch.failed()
+        raise
+    heard_s = watch.round(time.monotonic() - t)
+    log = logging.getLogger("a2rl.crash_reports")
+    marked: list[str] = []
+
+    def crash(flow_run_id: str, why: str) -> None:
+        with prefect_api.client(api_url) as c:
+            c.set_flow_run_state(flow_run_id, Crashed(message=why), force=True)
+        log.warning("flow run %s marked crashed: %s", flow_run_id, why)
+        marked.append(flow_run_id)
+
+    unclaimed = set()
+    for run in running:  # Running at attempt N without attempt N's lease: its host died before the flow took it
+        lease = leases.get(str(run.id))
+        if lease is None or lease.attempt < int(run.run_count or 0):
+            unclaimed.add(str(run.id))
+            if why := unclaimed_verdict(int(run.run_count or 0),
+                                        watch.unclaimed(str(run.id), int(run.run_count or 0), heard_s)):
+                crash(str(run.id), why)
+    running_by_id = {str(run.id): run for run in running}
+    for lease in leases.values():
+        silent_s = watch.silence(lease, heard_s)
+        if lease.flow_run_id in marked or (silent_s <= 0 and lease.live()):
+            continue
+        run = running_by_id.get(lease.flow_run_id)
+        if run is None:  # not a Running benchmark run: any other flow's, or ended; ask for it
+            with prefect_api.client(api_url) as c:
+                try:
+                    run = c.read_flow_run(lease.flow_run_id)
+                except ObjectNotFound:
+                    run = None
+        state_type = run.state.type.value if run is not None and run.state is not None else "?"  # "?": gone
+        if run is not None and (why := expired_verdict(lease, int(run.run_count or 0), state_type, silent_s)):
+            crash(lease.flow_run_id, why)
+            drop_lease(api_url, lease.flow_run_id)  # marked just now: the lease is done
+        elif not lease.live() and state_type not in ("RUNNING", "PENDING", "SCHEDULED", "PAUSED"):
+            drop_lease(api_url, lease.flow_run_id)  # its run is gone or ended: the lease is done
+    watch.forget(leases=set(leases) - set(marked), unclaimed=unclaimed - set(marked))
     return marked
 
 
@@ -128,7 +219,7 @@ def start_lease_sweep(argv: list[str]) -> None:
     import os
     import threading
 
-    from a2rl.ops.run_lease import LEASE_S, RENEW_S, SWEEP_S
+    from a2rl.ops.run_lease import SWEEP_S, LeaseWatch
 
     def option(name: str, default: str) -> str:
         return argv[argv.index(name) + 1] if name in argv[:-1] else default
@@ -138,11 +229,11 @@ def start_lease_sweep(argv: list[str]) -> None:
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}/api"
 
     def loop() -> None:
-        time.sleep(LEASE_S + RENEW_S)  # after a restart, attempts that were cut off renew their leases first
+        watch = LeaseWatch()  # empty after a (re)start: every attempt gets a full LEASE_S of heard time to renew
         while True:
             time.sleep(SWEEP_S)
             try:
-                sweep_expired_leases(url)
+                sweep_expired_leases(url, watch)
             except Exception as e:  # the server is starting, stopping, or its database is away: next round
                 logging.getLogger("a2rl.crash_reports").debug("lease sweep: %s", e)
 
