@@ -23,7 +23,7 @@ from prefect.exceptions import TerminationSignal
 from prefect.states import Cancelled
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 
-from a2rl.ops import disk
+from a2rl.ops import disk, stopping
 from a2rl.grading import BudgetClock, GradingServer
 from a2rl.grading.clock import CLOCK_FILE, ClockRecorder
 from a2rl.capture.attempts import AttemptLog
@@ -187,16 +187,24 @@ def final_grading(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
 
 @flow(name="summarize-run")
 def summarize_run(ctx: RunContext, status: RunStatus, phase_seconds: dict[str, float]) -> RunSummary:
-    """Write the report and final results row, and publish them as Prefect artifacts."""
-    summary, report = write_summary(ctx, status, phase_seconds)
+    """Write the report and the final results row (the parent flow publishes them as artifacts)."""
+    summary, _ = write_summary(ctx, status, phase_seconds)
     if summary.error and summary.error.startswith("ledger integrity"):
         raise LedgerTampered(summary.error)
-    create_markdown_artifact(report.read_text(), key=_artifact_key(ctx.run_id), description="a2rl run report")
+    return summary
+
+
+def publish_artifacts(ctx: RunContext) -> None:
+    """The report, the submissions table and the score trajectory as artifacts of the flow run this is called in:
+    the benchmark-run itself, whose Artifacts tab is where a user looks (a subflow's is one click deeper)."""
+    report = ctx.paths.harness_dir / "report.md"
+    if report.exists():
+        create_markdown_artifact(report.read_text(), key=_artifact_key(ctx.run_id), description="a2rl run report")
     entries = ledger_of(ctx).entries()
     create_table_artifact(
         [{"submission": e.submission_id, "status": e.status, "score": e.score, "path": e.model_path}
          for e in latest_submissions(entries)] or [{"submission": None}],
-        key=_artifact_key(ctx.run_id) + "-submissions",
+        key=_artifact_key(ctx.run_id) + "-submissions", description="a2rl run submissions",
     )  # fmt: skip
     trajectory = ctx.paths.harness_dir / "score_trajectory.png"
     if trajectory.exists():
@@ -204,7 +212,6 @@ def summarize_run(ctx: RunContext, status: RunStatus, phase_seconds: dict[str, f
             "data:image/png;base64," + base64.b64encode(trajectory.read_bytes()).decode(),
             key=_artifact_key(ctx.run_id) + "-trajectory", description="score trajectory",
         )
-    return summary
 
 
 def _artifact_key(run_id: str) -> str:
@@ -220,7 +227,9 @@ def benchmark_run(config: RunConfig = RunConfig(), options: RunOptions = RunOpti
     repository root. The row ends `completed`, or `failed`/`interrupted` with the error (also when recording
     the failure fails again); the traceback goes to `harness/run.log`, the phase reached to
     `harness/progress.json`."""
-    results, elsewhere = run_results(options.results, deployed=prefect_deployment.get_id() is not None)
+    deployed = prefect_deployment.get_id() is not None
+    stopping.begin_run(hold_after_final=not deployed)
+    results, elsewhere = run_results(options.results, deployed=deployed)
     if elsewhere:
         get_run_logger().info("results go to %s", elsewhere)
     runs_dir = resolve_results(options.runs_dir) if options.runs_dir else results.parent / "runs"
@@ -268,9 +277,12 @@ def benchmark_run(config: RunConfig = RunConfig(), options: RunOptions = RunOpti
                 final_grading(ctx, base_model_dir)
             with phases.enter("summary"):
                 summary = summarize_run(ctx, "completed", attempts.totals())
+                publish_artifacts(ctx)
             attempts.end("completed")
             record_flow_run(ctx, "Completed")
         except BaseException as e:
+            if stopping.final_run() == ctx.run_id:  # a second stop after the row was final: it stays `completed`
+                raise
             # Recorded without Prefect (its API may be going down too). A stop on request (SIGTERM: `a2rl server
             # stop`, a cancelled worker) ends the flow run Cancelled, with what happened; anything else is
             # re-raised so Prefect marks the flow run failed or crashed. Either way a Retry resumes it.
@@ -283,9 +295,19 @@ def benchmark_run(config: RunConfig = RunConfig(), options: RunOptions = RunOpti
             progress.update(error=error)
             attempts.end(status)
             record_failure(ctx, status, attempts.totals(), error, run_log)
-            record_flow_run(ctx, "Cancelled" if isinstance(e, TerminationSignal)
+            # A stop on request ends the flow run Cancelled, as the row reads `interrupted`: Prefect's SIGTERM, and
+            # Ctrl-C/SIGTERM of `a2rl run` (no deployment: no worker whose crash handling would look for Crashed).
+            cancel = isinstance(e, TerminationSignal) or (isinstance(e, KeyboardInterrupt) and not deployed)
+            record_flow_run(ctx, "Cancelled" if cancel
                             else "Failed" if isinstance(e, Exception) else "Crashed")  # as Prefect will have it
-            if isinstance(e, TerminationSignal):
+            if isinstance(e, Exception):  # a failed run's report on its page too; never a second failure
+                try:
+                    publish_artifacts(ctx)
+                except Exception as again:  # noqa: BLE001 - Prefect's API may be what failed
+                    logging.getLogger(__name__).warning("could not publish the report as an artifact: %s", again)
+            if cancel:
+                if isinstance(e, TerminationSignal):
+                    stopping.stopped_by(signal.SIGTERM)
                 return Cancelled(message=f"a2rl recorded the run interrupted ({error}); a Retry resumes it")
             raise
         finally:

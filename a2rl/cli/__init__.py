@@ -141,17 +141,21 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
             options = RunOptions(results=results.resolve(), runs_dir=runs_dir.resolve() if runs_dir else None)
             summary = benchmark_run(config, options)
     except KeyboardInterrupt as e:
-        return _stopped(*interrupted_how(e), time.perf_counter() - start, read_announced(announce) is not None, args)
+        return _stopped(*interrupted_how(e), time.perf_counter() - start, read_announced(announce), args)
     except Exception as e:
-        if _ended_cancelled(e):  # SIGTERM inside the flow: Prefect's own handler; the run recorded it interrupted
-            return _stopped("SIGTERM", 143, time.perf_counter() - start, True, args)
+        if _ended_cancelled(e):  # a stop inside the flow: the run recorded it interrupted, its flow run Cancelled
+            from a2rl.ops import stopping
+
+            return _stopped(*stopping.signal_words(stopping.last_signal()), time.perf_counter() - start,
+                            read_announced(announce), args)  # fmt: skip
         if args.debug:
             import traceback
 
             traceback.print_exc()
         run = read_announced(announce)
         if run is None:  # it broke before the run had a row (e.g. the Prefect server did not start)
-            print(f"a2rl: the run could not start: {start_failure(e)}", file=sys.stderr)
+            places = [results.parent, runs_dir or results.parent / "runs"]
+            print(f"a2rl: {start_failure(e, places)}", file=sys.stderr)
             return 1
         from a2rl.ops.progress import PROGRESS_FILE, read_snapshot
 
@@ -165,18 +169,42 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
     print(render_summary(summary, args.results, time.perf_counter() - start))
     if summary.status != "completed":
         print(f"a2rl: run {summary.run_id} {summary.status}: {summary.error}", file=sys.stderr)
+    elif (held := _held_stop()) is not None:
+        print(f"a2rl: {held} came after the run was recorded 'completed': it completed, nothing was cut short",
+              file=sys.stderr)  # fmt: skip
     return 0 if summary.status == "completed" else 1
 
 
-def _stopped(how: str, code: int, seconds: float, has_row: bool, args: argparse.Namespace) -> int:
-    """One line for a run stopped by a signal (`how`), and its exit code by the shell's rule."""
-    if not has_row:
+def _held_stop() -> str | None:
+    from a2rl.ops import stopping
+
+    held = stopping.held()
+    return None if held is None else stopping.signal_words(held)[0]
+
+
+def _stopped(how: str, code: int, seconds: float, run, args: argparse.Namespace) -> int:
+    """One line for a run stopped by a signal (`how`), and its exit code by the shell's rule. What it says the
+    run is recorded as is read from the run's row: a stop after the row was final does not make it interrupted."""
+    if run is None:
         print(f"\na2rl: stopped by {how} after {seconds:.0f} s, before the run had a row: nothing was recorded",
               file=sys.stderr)  # fmt: skip
-    else:  # the flow has written the run's row (status interrupted) and its ledger; no traceback
-        print(f"\na2rl: stopped by {how} after {seconds:.0f} s; the run is recorded as 'interrupted' in "
-              f"{args.results} (see: a2rl results --results {args.results})", file=sys.stderr)  # fmt: skip
-    return code
+        return code
+    status = _row_status(Path(args.results), run.run_id) or "interrupted"
+    # the flow has written the run's row and its ledger; no traceback
+    print(f"\na2rl: stopped by {how} after {seconds:.0f} s; the run is recorded as '{status}' in "
+          f"{args.results} (see: a2rl results --results {args.results})", file=sys.stderr)  # fmt: skip
+    return 0 if status == "completed" else code
+
+
+def _row_status(results: Path, run_id: str) -> str | None:
+    """The run's status as its row has it, or None where the store cannot be read."""
+    try:
+        from a2rl.store.results import ResultsStore
+
+        rows = ResultsStore(results).query("SELECT status FROM runs WHERE run_id = ?", [run_id])
+    except Exception:  # noqa: BLE001 - the line still names the store to look in
+        return None
+    return str(rows["status"].iloc[0]) if len(rows) else None
 
 
 def _ended_cancelled(e: Exception) -> bool:
@@ -511,10 +539,28 @@ def cmd_retry(args: argparse.Namespace) -> int:
     from a2rl.ops import prefect_local
 
     url = _require_api_url()
+    run = prefect_local._read_flow_run(url, args.flow_run_id)
+    if not run.get("deployment_id"):  # `a2rl run`'s own flow run: no worker will ever pick up a retry
+        raise prefect_local.OpsError(_no_worker_retry(run))
     print(f"retrying flow run {args.flow_run_id} ...", flush=True)
     state = prefect_local.retry_flow_run(url, args.flow_run_id, settle_s=args.settle)
     print(f"flow run {args.flow_run_id}: {state}; a worker on its pool picks it up (`a2rl status`)")
     return 0
+
+
+def _no_worker_retry(run: dict) -> str:
+    """What to do instead of retrying a flow run no worker can pick up: the `a2rl run` line that starts it again."""
+    from a2rl.records import RunConfig
+    from a2rl.run_options import option_name
+
+    params = run.get("parameters") or {}
+    defaults = RunConfig().model_dump(mode="json")
+    flags = [f"{option_name(k)} {v}" for k, v in (params.get("config") or {}).items()
+             if k in defaults and v != defaults[k] and not isinstance(v, (dict, list, bool))]  # fmt: skip
+    results = (params.get("options") or {}).get("results")
+    command = " ".join(["a2rl run", *flags, *([f"--results {results}"] if results else [])])
+    return (f"flow run {run.get('name', '?')} was started by `a2rl run` (no deployment): no worker can pick up a "
+            f"retry; start it again here: {command}  (or run it as a deployment: `a2rl deploy`, `a2rl sweep`)")
 
 
 def _print_server_status(none_is_error: bool = True) -> int:
@@ -605,6 +651,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = getattr(args, "debug", False) or debug_enabled()
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if main_thread else None
+    previous_int = signal.getsignal(signal.SIGINT) if main_thread else None
     if main_thread:
         terminate_like_ctrl_c()
     try:
@@ -633,6 +680,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if main_thread and previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if main_thread and previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
 
 
 def _traceback_if(debug: bool) -> None:
