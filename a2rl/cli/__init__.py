@@ -347,7 +347,9 @@ def add_ops_parsers(sub) -> None:
     )  # fmt: skip
     server.add_argument("action", choices=["start", "stop", "status"])
     server.add_argument("--host", default=prefect_local.DEFAULT_HOST, help="interface to listen on (keep it local)")
-    server.add_argument("--port", type=int, default=prefect_local.DEFAULT_PORT)
+    server.add_argument("--port", type=int, default=None,
+                        help=f"port to listen on (start: default {prefect_local.DEFAULT_PORT}); stop and status: only "
+                        "the server on this port")  # fmt: skip
     server.add_argument("--pool", default=prefect_local.DEFAULT_POOL, help="process work pool of the worker")
     server.add_argument("--database", default=None,
                         help="the server's database, e.g. postgresql+asyncpg://prefect:PASSWORD@db-host:5432/prefect "
@@ -406,16 +408,17 @@ def cmd_server(args: argparse.Namespace) -> int:
     from a2rl.ops import prefect_local
 
     if args.action == "stop":
-        print(f"stopping: the worker's flow runs first (each records 'interrupted' with its report; up to "
-              f"{prefect_local.FLOW_RUN_GRACE_S:.0f} s), then the worker and the server ...", flush=True)
-        worker, server = prefect_local.stop_worker(), prefect_local.stop_server()
-        said = {True: "stopped", False: "was not running"}
-        print(f"worker {said[worker]}; server {said[server]}")
-        return 0
+        return _stop_server(args.port)
     if args.action == "status":
-        return _print_server_status()
-    print(f"starting a Prefect server on {args.host}:{args.port} (PREFECT_HOME={prefect_local.prefect_home()}) ...", flush=True)
-    server = prefect_local.start_server(args.host, args.port, database=args.database)
+        return _print_server_status(port=args.port)
+    port = args.port or prefect_local.DEFAULT_PORT
+    if warning := prefect_local.exposure_warning(args.host, port):
+        print(f"a2rl: warning: {warning}", file=sys.stderr)
+    if users := prefect_local.database_users(prefect_local.prefect_home()):
+        print(f"a2rl: warning: {users}", file=sys.stderr)
+    print(f"starting a Prefect server on {args.host}:{port} (PREFECT_HOME={prefect_local.prefect_home()}) ...",
+          flush=True)  # fmt: skip
+    server = prefect_local.start_server(args.host, port, database=args.database)
     print(f"server up: {server.url} (pid {server.pid}, log {server.log}; database: "
           f"{prefect_local.database_label(args.database or os.environ.get(prefect_local.DATABASE_ENV))})")
     from a2rl.ops import gpu_slots
@@ -425,7 +428,31 @@ def cmd_server(args: argparse.Namespace) -> int:
     if not args.no_worker:
         worker = prefect_local.start_worker(server.url, pool=args.pool, run_limit=args.worker_limit)
         print(f"worker polling pool {args.pool!r} (pid {worker.pid}, log {worker.log})")
-    print(f"UI: {server.url.removesuffix('/api')}\nin other shells: export PREFECT_API_URL={server.url}")
+    ui = prefect_local.ui_env(args.host, port)["PREFECT_UI_API_URL"].removesuffix("/api")
+    print(f"UI: {ui}\nin other shells: export PREFECT_API_URL={server.url}")
+    return 0
+
+
+def _stop_server(port: int | None) -> int:
+    """Stop the server (and worker) this PREFECT_HOME started; with `port`, only if that is the one on `port`.
+    Says which it stopped, and names a server that answers on `port` from elsewhere instead of "not running"."""
+    from a2rl.ops import prefect_local
+
+    home = prefect_local.prefect_home()
+    ours = prefect_local.read_state(prefect_local.SERVER_STATE, home)
+    ours = ours if ours is not None and ours.alive() else None
+    if port is not None and (ours is None or prefect_local.url_port(ours.url) != port):
+        elsewhere = prefect_local.answering_on(port)
+        mine = f"; the one started from it is on {ours.url}, left running" if ours else ""
+        print(f"no server on port {port} was started from PREFECT_HOME={home}{mine}"
+              + (f"; {elsewhere} answers there: stop it from the PREFECT_HOME that started it" if elsewhere else ""))
+        return 1 if elsewhere else 0
+    print(f"stopping: the worker's flow runs first (each records 'interrupted' with its report; up to "
+          f"{prefect_local.FLOW_RUN_GRACE_S:.0f} s), then the worker and the server ...", flush=True)
+    worker, server = prefect_local.stop_worker(), prefect_local.stop_server()
+    said = {True: "stopped", False: "was not running"}
+    which = f" ({ours.url}, pid {ours.pid})" if ours is not None and server else ""
+    print(f"worker {said[worker]}; server{which} {said[server]}")
     return 0
 
 
@@ -563,10 +590,13 @@ def _no_worker_retry(run: dict) -> str:
             f"retry; start it again here: {command}  (or run it as a deployment: `a2rl deploy`, `a2rl sweep`)")
 
 
-def _print_server_status(none_is_error: bool = True) -> int:
+def _print_server_status(none_is_error: bool = True, port: int | None = None) -> int:
     from a2rl.ops import prefect_local
 
     url = prefect_local.resolve_api_url()
+    if port is not None and (url is None or prefect_local.url_port(url) != port):
+        # the port asked about, not this PREFECT_HOME's server (another home's may answer there)
+        url = f"http://127.0.0.1:{port}/api"
     for name, state in (("server", prefect_local.SERVER_STATE), ("worker", prefect_local.WORKER_STATE)):
         proc = prefect_local.read_state(state)
         if proc:
