@@ -21,3 +21,26 @@ def test_a_complete_count_says_finishing_and_a_late_last_item_is_not_seconds_lef
     view = CountView()
     shown = {view.counts(Snapshot(progress=run, items=late), now=2093.0 + t)[0].left for t in range(0, 150, 5)}
     assert shown == {"finishing"}, shown
+
+
+def test_a_long_wait_says_what_it_waits_on_and_counts_the_seconds():
+    """`a2rl deploy` (543 s), `a2rl analyze` (350 s) and `a2rl drivers add` (319-556 s) printed nothing while they
+    waited; a wait now says what it is, then again with the seconds it has lasted, and a quick one says nothing."""
+    import io
+    import re
+    import time
+
+    from a2rl.cli.display import Waiting
+
+    out = io.StringIO()
+    with Waiting("deploying all deployments of prefect.yaml", first_s=0.0, every_s=0.01, stream=out):
+        deadline = time.monotonic() + 60
+        while out.getvalue().count("still") < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith("deploying all deployments of prefect.yaml ..."), lines
+    assert all(re.search(r"still deploying all deployments of prefect\.yaml \(\d+ s\)$", x) for x in lines[1:3]), lines
+    quick = io.StringIO()
+    with Waiting("asking the server", stream=quick):  # over long before its first word is due
+        pass
+    assert quick.getvalue() == ""

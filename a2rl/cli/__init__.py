@@ -51,7 +51,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         "unless PREFECT_API_URL is set.",
         formatter_class=DefaultsHelpFormatter,
     )
-    add_config_options(run, help_extra={"agent": f": {agents_help()}" if agents_help() else ""})
+    # The agents' list imports every adapter (and the grading service): only where `run`'s help can show it.
+    listed = agents_help() if argv is None or "run" in argv else ""
+    add_config_options(run, help_extra={"agent": f": {listed}" if listed else ""})
     run.add_argument("--results", default=str(DEFAULT_RESULTS), help="DuckDB results file (created if missing)")
     run.add_argument("--runs-dir", default=None, help="where run directories go (default: <results dir>/runs)")
     run.add_argument("--log-level", default="off", choices=LOG_LEVELS,
@@ -300,7 +302,10 @@ def _check_store(results: Path) -> None:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from a2rl.flows.analysis_flow import run_analysis
+    from a2rl.cli.display import Waiting
+
+    with Waiting("loading the analysis (pandas, matplotlib, Prefect)"):
+        from a2rl.flows.analysis_flow import run_analysis
 
     if args.synthetic is not None:
         from a2rl.analysis.synthetic import demo_spec, write_synthetic_store
@@ -308,7 +313,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         if Path(args.results).exists():
             print(f"--synthetic writes a new store, and {args.results} exists; name another --results", file=sys.stderr)
             return 2
-        write_synthetic_store(args.results, demo_spec(args.synthetic))
+        with Waiting(f"writing a synthetic store of about {args.synthetic} runs at {args.results}"):
+            write_synthetic_store(args.results, demo_spec(args.synthetic))
     if not Path(args.results).exists():
         print(f"no results file at {args.results}; run `a2rl run` first", file=sys.stderr)
         return 1
@@ -323,7 +329,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         return 2
     if compare and len(compare) != 2:
         compare = (setting_field(compare[0]), *compare[1:])
-    paths = run_analysis(Path(args.results), Path(args.out), compare=compare)
+    with Waiting(f"analysing {args.results} into {args.out} (figures, tables, report.html)"):
+        paths = run_analysis(Path(args.results), Path(args.out), compare=compare)
     report = next(p for p in paths if p.name == "report.html")
     print(f"{len(paths)} files under {args.out}; open {report}")
     return 0
@@ -460,9 +467,11 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from a2rl.ops import prefect_local
 
     url = _require_api_url()
-    print(f"deploying {', '.join(args.name) if args.name else 'all deployments of prefect.yaml'} to {url} ...",
-          flush=True)  # fmt: skip
-    out = prefect_local.deploy(url, names=args.name, pool=args.pool)
+    from a2rl.cli.display import Waiting
+
+    what = ", ".join(args.name) if args.name else "all deployments of prefect.yaml"
+    with Waiting(f"deploying {what} to {url} (`prefect deploy` imports each flow)"):
+        out = prefect_local.deploy(url, names=args.name, pool=args.pool)
     # The CLI draws boxes around its messages; keep only the deployment lines.
     created = [line.strip(" │") for line in out.splitlines() if "Deployment '" in line]
     print("\n".join(created) or out)
