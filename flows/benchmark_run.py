@@ -24,6 +24,7 @@ from prefect.states import Cancelled
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 
 from a2rl.ops import disk, stopping
+from a2rl.ops.load import load_per_core
 from a2rl.grading import BudgetClock, GradingServer
 from a2rl.grading.clock import CLOCK_FILE, ClockRecorder
 from a2rl.capture.attempts import AttemptLog
@@ -98,6 +99,7 @@ def agent_session(
     what remains of the agent's budget (`on_resume="continue"`) or is recorded as interrupted.
     """
     logger = get_run_logger()
+    entered = time.monotonic()  # the session's start delay (the agent's clock stands still until it launches)
     end_earlier_attempt(ctx)
     store = ResultsStore(ctx.results_path)
     entries = ledger_of(ctx, store).entries()
@@ -136,14 +138,15 @@ def agent_session(
         policy, sandbox = sandbox_for(ctx, server.url, agent.uses_llm)
         service.record_event("session-resumed" if interrupted else "session-start", url=server.url,
                              budget_s=ctx.config.budget_s, already_used_s=used_s, sandbox=sandbox,
-                             gpus=gpu_names())
+                             gpus=gpu_names(), start_delay_s=round(time.monotonic() - entered, 1))
         logger.info("grading service on %s; agent %s %s with %.0f s left", server.url, agent.id,
                     "resumes" if interrupted else "starts", clock.remaining())
         env = AgentEnv(ctx.config.task, ctx.config.base_model, ctx.paths.workspace, server.url, server.token,
                        ctx.config.seed, harness_dir=ctx.paths.harness_dir)
         sampler = ResourceSampler(
             ctx.paths.harness_dir, workspace_pids(ctx.paths.workspace), interval_s=10, workspace=ctx.paths.workspace,
-            extra_fn=lambda: {"grading": clock.is_paused, "agent_elapsed_s": round(clock.elapsed(), 1)},
+            extra_fn=lambda: {"grading": clock.is_paused, "agent_elapsed_s": round(clock.elapsed(), 1),
+                              "load_per_core": round(load_per_core(), 2)},
         )
         with ClockRecorder(clock, clock_file), snapshots.periodic(300), sampler:
             outcome = run_agent(agent, env, clock, ctx.paths.harness_dir / "agent.log", grace_s=grace_s,

@@ -44,3 +44,14 @@ def test_a_long_wait_says_what_it_waits_on_and_counts_the_seconds():
     with Waiting("asking the server", stream=quick):  # over long before its first word is due
         pass
     assert quick.getvalue() == ""
+
+
+def test_asyncio_lines_of_the_harness_runner_are_not_the_agents_latest_line():
+    """A harness-internal "Task was destroyed but it is pending!" showed as the agent's latest log line."""
+    from a2rl.ops.progress import agent_lines
+
+    log = ["[agent 10:01:59] tool bash: python train.py --epochs 1",
+           "Task was destroyed but it is pending!",
+           "task: <Task pending name='Task-7' coro=<Runner._heartbeat() running at runner.py:88> wait_for=<Future "
+           "pending cb=[Task.task_wakeup()]>>"]  # fmt: skip
+    assert agent_lines(log)[-1] == log[0]

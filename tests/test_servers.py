@@ -94,3 +94,18 @@ def test_server_start_names_the_processes_that_hold_its_database(tmp_path):
         holder.kill()
     holder.wait()
     assert prefect_local.database_users(tmp_path) is None
+
+
+def test_a_plain_run_holds_no_gpu_slot_and_prefect_does_not_warn_of_a_missing_limit(prefect_harness, caplog):
+    """Every plain run logged Prefect's WARNING "Concurrency limits ['gpu'] do not exist" (the limit is a sweep's)."""
+    import logging
+    import uuid
+
+    from a2rl.ops import gpu_slots
+
+    said: list[str] = []
+    with caplog.at_level(logging.WARNING):
+        with gpu_slots.hold_gpu_slot(str(uuid.uuid4()), said.append, name=f"gpu-none-{uuid.uuid4().hex[:8]}"):
+            held = True
+    assert held and not said
+    assert not [r for r in caplog.records if "do not exist" in r.getMessage()], caplog.text

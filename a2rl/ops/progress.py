@@ -372,14 +372,21 @@ def _last_activity(h: Path) -> str:
 _WARNING = re.compile(r"\b\w*(Warning|Deprecation)\b[:(]|^\s*warnings\.warn\(|^\s*(warn|warnings)\(|^WARNING\b|\bUserWarning\b")
 
 
+_ASYNCIO_NOISE = re.compile(r"^\s*(Task was destroyed but it is pending!|Task exception was never retrieved|"
+                            r"Future exception was never retrieved|task: <Task (pending|finished)|"
+                            r"future: <(Task|Future) (pending|finished))")
+"""What asyncio prints as an LLM agent's runner (the harness's side of the session) exits: never the agent's work."""
+
+
 def agent_lines(lines: list[str]) -> list[str]:
     """The agent's own lines: blank lines, library warnings and the source line Python prints under a warning
-    (`  x = f(...)`) left out, so that the latest line shown is what the agent did."""
+    (`  x = f(...)`), and asyncio's lines about the runner's pending tasks left out, so that the latest line shown
+    is what the agent did."""
     kept: list[str] = []
     after_warning = False
     for line in lines:
         raw = line.split("| ", 1)[1] if line.lstrip().startswith("| ") else line  # the reference agent's echo
-        if not raw.strip():
+        if not raw.strip() or _ASYNCIO_NOISE.search(raw):
             continue
         if _WARNING.search(raw):
             after_warning = True
