@@ -107,6 +107,7 @@ def agent_session(
         logger.info("agent session already finished (%s); reusing its outcome", done.detail.get("ended_by"))
         return SessionOutcome.model_validate(done.detail)
     clock_file = ctx.paths.harness_dir / CLOCK_FILE
+    note_step(ctx.paths.harness_dir, "starting the grading service, then the agent (its clock starts with it)")
     used_s = ClockRecorder.used_seconds(clock_file)
     clock = BudgetClock(ctx.config.budget_s, already_used_s=used_s)
     snapshots = CodeSnapshots(ctx.paths.harness_dir, ctx.paths.workspace / "code")
@@ -148,6 +149,7 @@ def agent_session(
             extra_fn=lambda: {"grading": clock.is_paused, "agent_elapsed_s": round(clock.elapsed(), 1),
                               "load_per_core": round(load_per_core(), 2)},
         )
+        note_step(ctx.paths.harness_dir, None)  # the agent's own lines say what it does from here
         with ClockRecorder(clock, clock_file), snapshots.periodic(300), sampler:
             outcome = run_agent(agent, env, clock, ctx.paths.harness_dir / "agent.log", grace_s=grace_s,
                                 sandbox=policy, log_matcher=output_matcher(ctx))
@@ -318,7 +320,8 @@ def benchmark_run(config: RunConfig = RunConfig(), options: RunOptions = RunOpti
             if lease is not None:
                 lease.release()
             disk.release(reserve)
-    progress.update(phase="done")
+    # The command returns once Prefect has recorded the flow run's end (minutes on a starved machine): said.
+    progress.update(phase="done", step="the run is recorded; Prefect is recording the flow run's end")
     return summary
 
 

@@ -184,3 +184,15 @@ def test_retry_of_a_run_started_by_a2rl_run_says_what_to_do_instead(prefect_harn
     assert "picks it up" not in line
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(flow_run_id).state.type.value == "FAILED"  # not left AwaitingRetry
+
+
+def test_the_report_says_its_wall_time_is_not_the_prefect_uis_duration(tmp_path):
+    """The run page's duration counts only Running time (9m 39s for a 24-minute run); the report says so."""
+    from a2rl.records import RunConfig
+    from a2rl.run import RunContext
+    from a2rl.summary.report import run_notes
+    from a2rl.workspace import RunPaths
+
+    ctx = RunContext(run_id="r", config=RunConfig(), paths=RunPaths.for_run(tmp_path, "r"), results_path=tmp_path)
+    note = next(n for n in run_notes(ctx, {}) if n.startswith("Wall time"))
+    assert "Prefect UI's duration" in note and "only its time in the Running state" in note
