@@ -201,7 +201,15 @@ def summarize_run(ctx: RunContext, status: RunStatus, phase_seconds: dict[str, f
 
 def publish_artifacts(ctx: RunContext) -> None:
     """The report, the submissions table and the score trajectory as artifacts of the flow run this is called in:
-    the benchmark-run itself, whose Artifacts tab is where a user looks (a subflow's is one click deeper)."""
+    the benchmark-run itself, whose Artifacts tab is where a user looks (a subflow's is one click deeper). Never
+    raises: the run's files are its record."""
+    try:
+        _publish(ctx)
+    except Exception as e:  # noqa: BLE001 - Prefect's API may be what failed; the files are the record
+        logging.getLogger(__name__).warning("could not publish the run's report as artifacts: %s", e)
+
+
+def _publish(ctx: RunContext) -> None:
     report = ctx.paths.harness_dir / "report.md"
     if report.exists():
         create_markdown_artifact(report.read_text(), key=_artifact_key(ctx.run_id), description="a2rl run report")
@@ -233,7 +241,7 @@ def benchmark_run(config: RunConfig = RunConfig(), options: RunOptions = RunOpti
     the failure fails again); the traceback goes to `harness/run.log`, the phase reached to
     `harness/progress.json`."""
     deployed = prefect_deployment.get_id() is not None
-    stopping.begin_run(hold_after_final=not deployed)
+    stopping.begin_run()
     results, elsewhere = run_results(options.results, deployed=deployed)
     if elsewhere:
         get_run_logger().info("results go to %s", elsewhere)
@@ -282,7 +290,7 @@ def benchmark_run(config: RunConfig = RunConfig(), options: RunOptions = RunOpti
                 final_grading(ctx, base_model_dir)
             with phases.enter("summary"):
                 summary = summarize_run(ctx, "completed", attempts.totals())
-                publish_artifacts(ctx)
+                publish_artifacts(ctx)  # best effort: the row is final, a failure here must not fail the run
             attempts.end("completed")
             record_flow_run(ctx, "Completed")
         except BaseException as e:
@@ -305,11 +313,8 @@ def benchmark_run(config: RunConfig = RunConfig(), options: RunOptions = RunOpti
             cancel = isinstance(e, TerminationSignal) or (isinstance(e, KeyboardInterrupt) and not deployed)
             record_flow_run(ctx, "Cancelled" if cancel
                             else "Failed" if isinstance(e, Exception) else "Crashed")  # as Prefect will have it
-            if isinstance(e, Exception):  # a failed run's report on its page too; never a second failure
-                try:
-                    publish_artifacts(ctx)
-                except Exception as again:  # noqa: BLE001 - Prefect's API may be what failed
-                    logging.getLogger(__name__).warning("could not publish the report as an artifact: %s", again)
+            if isinstance(e, Exception):  # a failed run's report on its page too
+                publish_artifacts(ctx)
             if cancel:
                 if isinstance(e, TerminationSignal):
                     stopping.stopped_by(signal.SIGTERM)

@@ -138,10 +138,12 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
             logging.captureWarnings(True)  # library warnings go to the run's log, not between the display's lines
             start_prefect(display.waiting)
             display.waiting("opening the run (its row, its directories)")
+            from a2rl.ops import stopping
             from a2rl.run_options import RunOptions
 
             options = RunOptions(results=results.resolve(), runs_dir=runs_dir.resolve() if runs_dir else None)
-            summary = benchmark_run(config, options)
+            with stopping.armed():  # a stop after the row is final waits for the flow run's end; said below
+                summary = benchmark_run(config, options)
     except KeyboardInterrupt as e:
         return _stopped(*interrupted_how(e), time.perf_counter() - start, read_announced(announce), args)
     except Exception as e:

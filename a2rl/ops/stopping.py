@@ -12,15 +12,28 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 _state: dict[str, Any] = {"final": None, "held": None, "last": None, "armed": False, "previous": None}
 
 
-def begin_run(hold_after_final: bool) -> None:
-    """A new run in this process: nothing final, nothing held. `hold_after_final`: this process owns the run's
-    end (`a2rl run`, not a worker's flow run), so a stop after its row is final waits for the flow run's end."""
-    _state.update(final=None, held=None, armed=hold_after_final, previous=None)
+@contextmanager
+def armed() -> Iterator[None]:
+    """While the block runs, this process owns its run's end and acts on a held stop once the flow returns (`a2rl
+    run`): only then is a stop after the row is final held (a sweep's or a worker's runs, or a flow called from
+    Python, never are)."""
+    _state["armed"] = True
+    try:
+        yield
+    finally:
+        _state["armed"] = False
+
+
+def begin_run() -> None:
+    """A new run in this process: nothing final, nothing held."""
+    _state.update(final=None, held=None)
 
 
 def row_final(run_id: str) -> None:
@@ -28,8 +41,11 @@ def row_final(run_id: str) -> None:
     own SIGTERM bridge (active while the flow runs) is set aside for that time; Prefect restores the command's
     handler as the flow run ends, and that one holds a first stop too."""
     _state["final"] = run_id
-    if _state["armed"] and threading.current_thread() is threading.main_thread():
-        _state["previous"] = signal.signal(signal.SIGTERM, _hold_or_stop)
+    if not _state["armed"] or threading.current_thread() is not threading.main_thread():
+        return
+    if (current := signal.getsignal(signal.SIGTERM)) is not _hold_or_stop:
+        _state["previous"] = current
+        signal.signal(signal.SIGTERM, _hold_or_stop)
 
 
 def final_run() -> str | None:
@@ -47,9 +63,9 @@ def _hold_or_stop(signum: int, frame: Any) -> None:
 
 
 def hold(signum: int) -> bool:
-    """Whether a stop arriving now waits for the flow run's end (True once, after `row_final`)."""
+    """Whether a stop arriving now waits for the flow run's end (True once, after `row_final`, when armed)."""
     _state["last"] = signum
-    if _state["final"] is None or _state["held"] is not None:
+    if not _state["armed"] or _state["final"] is None or _state["held"] is not None:
         return False
     _state["held"] = signum
     print(f"a2rl: {signal_words(signum)[0]}: the run is already recorded 'completed'; stopping once Prefect has "
