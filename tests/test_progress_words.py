@@ -55,3 +55,19 @@ def test_asyncio_lines_of_the_harness_runner_are_not_the_agents_latest_line():
            "task: <Task pending name='Task-7' coro=<Runner._heartbeat() running at runner.py:88> wait_for=<Future "
            "pending cb=[Task.task_wakeup()]>>"]  # fmt: skip
     assert agent_lines(log)[-1] == log[0]
+
+
+def test_codex_records_the_command_the_sessions_end_cut_off():
+    """codex's tool-call records missed the `/submit` call (5 of 6 commands): the budget's end stopped the session
+    while it ran, and only completed items were recorded."""
+    from a2rl.agents.cli_agents.codex import CodexStreamParser
+
+    p = CodexStreamParser()
+    submit = "curl -s -X POST $A2RL_GRADER_URL/submit -d '{\"path\": \"output/v1\"}'"
+    p.feed({"type": "item.started", "item": {"id": "i1", "type": "command_execution", "command": "ls"}})
+    p.feed({"type": "item.completed", "item": {"id": "i1", "type": "command_execution", "command": "ls",
+                                               "aggregated_output": "x", "exit_code": 0, "status": "completed"}})
+    p.feed({"type": "item.started", "item": {"id": "i2", "type": "command_execution", "command": submit}})
+    calls = p.finish()
+    assert [(c.tool, c.ok, c.input["command"]) for c in calls] == [("command_execution", False, submit)]
+    assert p.tool_calls == 2 and p.finish() == []

@@ -34,8 +34,10 @@ RUNS_QUEUE = "default"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVER_STATE = "a2rl-server.json"
 WORKER_STATE = "a2rl-worker.json"
-# Set for every Prefect process we start: the machine is offline, and telemetry would only log errors.
-QUIET_ENV = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+# Set for every Prefect process we start: the machine is offline, and telemetry would only log errors. A wide
+# console: Prefect's CLI draws its messages in boxes as wide as the console (80 columns without a terminal), which
+# cut `prefect deploy`'s "... created with id '...'" lines, ids and all, across lines `a2rl deploy` then dropped.
+QUIET_ENV = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "COLUMNS": "400"}
 
 
 class OpsError(RuntimeError):
