@@ -51,5 +51,6 @@ def start_failure(error: BaseException, places: list[Path] | None = None) -> str
     if TIMED_OUT in text:
         return (f"the run could not start: the local Prefect server did not answer within {startup_timeout_s():.0f} s "
                 f"({describe_load()}); run again when the machine is quieter, set {STARTUP_TIMEOUT_ENV} higher, or "
-                f"start a lasting server once (`a2rl server start`) and export the PREFECT_API_URL it prints")  # fmt: skip
+                f"start a lasting server once (`a2rl server start`) and export the PREFECT_API_URL it "
+                f"prints")  # fmt: skip
     return f"the run could not start: {type(error).__name__}: {text[:300]}"

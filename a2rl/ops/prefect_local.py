@@ -123,7 +123,9 @@ def database_users(home: Path) -> str | None:
     users = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         try:
-            if proc.pid not in (os.getpid(), ours.pid if ours else None) and any(Path(f.path) == db for f in proc.open_files()):
+            if proc.pid in (os.getpid(), ours.pid if ours else None):
+                continue
+            if any(Path(f.path) == db for f in proc.open_files()):
                 users.append(f"pid {proc.pid} ({' '.join(proc.info['cmdline'] or [])[:80]})")
         except (psutil.Error, OSError):
             continue
