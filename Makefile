@@ -6,6 +6,9 @@ STAMP := $(VENV)/.a2rl-installed
 ARGS ?=
 
 .PHONY: setup tools postgres browser run test vllm-env
+# Another apt (unattended upgrades, a second `make`) holding dpkg's lock is waited for, up to 10 minutes, instead
+# of failing at once.
+APT_WAIT := -o DPkg::Lock::Timeout=600
 
 # Pinned tools, installed once per machine by scripts/tools.sh into a cache keyed by these versions (outside the
 # checkout: /var/cache/a2rl/tools where writable, else ~/.cache/a2rl/tools; A2RL_TOOLS_CACHE overrides) that
@@ -59,8 +62,8 @@ PG_MAJOR := 15
 postgres:
 	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null || { \
 	  test "$$(id -u)" = 0 || { echo "make test needs PostgreSQL: sudo apt-get install postgresql-$(PG_MAJOR)"; exit 1; }; \
-	  apt-get update -qq && { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-$(PG_MAJOR) || \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }; }
+	  apt-get $(APT_WAIT) update -qq && { DEBIAN_FRONTEND=noninteractive apt-get $(APT_WAIT) install -y -qq postgresql-$(PG_MAJOR) || \
+	  DEBIAN_FRONTEND=noninteractive apt-get $(APT_WAIT) install -y -qq postgresql; }; }
 
 # Headless Chromium for the browser tests (tests/test_browser.py): Debian's `chromium` package (Playwright's own
 # browser downloads are not reachable from every machine, CI's included) and Playwright, pinned, in the venv.
@@ -69,7 +72,7 @@ PLAYWRIGHT_VERSION := 1.65.2
 browser: setup
 	@command -v chromium >/dev/null || { \
 	  test "$$(id -u)" = 0 || { echo "make test needs Chromium: sudo apt-get install chromium"; exit 1; }; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+	  apt-get $(APT_WAIT) update -qq && DEBIAN_FRONTEND=noninteractive apt-get $(APT_WAIT) install -y -qq chromium; }
 	@test "$$($(PY) -c 'import importlib.metadata as m; print(m.version("playwright"))' 2>/dev/null)" = $(PLAYWRIGHT_VERSION) || { \
 	  uv=$$($(TOOLS_SH) uv) && UV_CACHE_DIR=$$($(TOOLS_SH) cache-dir)/uv-cache \
 	  "$$uv" pip install -q --python $(PY) playwright==$(PLAYWRIGHT_VERSION); }

@@ -25,7 +25,8 @@ from prefect.states import Cancelled, Completed
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 
 from a2rl.safetext import cells
-from a2rl.ops import disk
+from a2rl.ops import disk, stopping
+from a2rl.ops.load import load_per_core
 from a2rl.grading import BudgetClock, GradingServer
 from a2rl.grading.clock import CLOCK_FILE, ClockRecorder
 from a2rl.capture.attempts import AttemptLog
@@ -100,6 +101,7 @@ def agent_session(
     what remains of the agent's budget (`on_resume="continue"`) or is recorded as interrupted.
     """
     logger = get_run_logger()
+    entered = time.monotonic()  # the session's start delay (the agent's clock stands still until it launches)
     end_earlier_attempt(ctx)
     store = ResultsStore(ctx.results_path)
     entries = ledger_of(ctx, store).entries()
@@ -107,6 +109,7 @@ def agent_session(
         logger.info("agent session already finished (%s); reusing its outcome", done.detail.get("ended_by"))
         return SessionOutcome.model_validate(done.detail)
     clock_file = ctx.paths.harness_dir / CLOCK_FILE
+    note_step(ctx.paths.harness_dir, "starting the grading service, then the agent (its clock starts with it)")
     used_s = ClockRecorder.used_seconds(clock_file)
     clock = BudgetClock(ctx.config.budget_s, already_used_s=used_s)
     snapshots = CodeSnapshots(ctx.paths.harness_dir, ctx.paths.workspace / "code")
@@ -138,15 +141,17 @@ def agent_session(
         policy, sandbox = sandbox_for(ctx, server.url, agent.uses_llm)
         service.record_event("session-resumed" if interrupted else "session-start", url=server.url,
                              budget_s=ctx.config.budget_s, already_used_s=used_s, sandbox=sandbox,
-                             gpus=gpu_names())
+                             gpus=gpu_names(), start_delay_s=round(time.monotonic() - entered, 1))
         logger.info("grading service on %s; agent %s %s with %.0f s left", server.url, agent.id,
                     "resumes" if interrupted else "starts", clock.remaining())
         env = AgentEnv(ctx.config.task, ctx.config.base_model, ctx.paths.workspace, server.url, server.token,
                        ctx.config.seed, harness_dir=ctx.paths.harness_dir)
         sampler = ResourceSampler(
             ctx.paths.harness_dir, workspace_pids(ctx.paths.workspace), interval_s=10, workspace=ctx.paths.workspace,
-            extra_fn=lambda: {"grading": clock.is_paused, "agent_elapsed_s": round(clock.elapsed(), 1)},
+            extra_fn=lambda: {"grading": clock.is_paused, "agent_elapsed_s": round(clock.elapsed(), 1),
+                              "load_per_core": round(load_per_core(), 2)},
         )
+        note_step(ctx.paths.harness_dir, None)  # the agent's own lines say what it does from here
         with ClockRecorder(clock, clock_file), snapshots.periodic(300), sampler:
             outcome = run_agent(agent, env, clock, ctx.paths.harness_dir / "agent.log", grace_s=grace_s,
                                 sandbox=policy, log_matcher=output_matcher(ctx))
@@ -189,16 +194,32 @@ def final_grading(ctx: RunContext, base_model_dir: Path) -> LedgerEntry:
 
 @flow(name="summarize-run")
 def summarize_run(ctx: RunContext, status: RunStatus, phase_seconds: dict[str, float]) -> RunSummary:
-    """Write the report and final results row, and publish them as Prefect artifacts."""
-    summary, report = write_summary(ctx, status, phase_seconds)
+    """Write the report and the final results row (the parent flow publishes them as artifacts)."""
+    summary, _ = write_summary(ctx, status, phase_seconds)
     if summary.error and summary.error.startswith("ledger integrity"):
         raise LedgerTampered(summary.error)
-    create_markdown_artifact(report.read_text(), key=_artifact_key(ctx.run_id), description="a2rl run report")
+    return summary
+
+
+def publish_artifacts(ctx: RunContext) -> None:
+    """The report, the submissions table and the score trajectory as artifacts of the flow run this is called in:
+    the benchmark-run itself, whose Artifacts tab is where a user looks (a subflow's is one click deeper). Never
+    raises: the run's files are its record."""
+    try:
+        _publish(ctx)
+    except Exception as e:  # noqa: BLE001 - Prefect's API may be what failed; the files are the record
+        logging.getLogger(__name__).warning("could not publish the run's report as artifacts: %s", e)
+
+
+def _publish(ctx: RunContext) -> None:
+    report = ctx.paths.harness_dir / "report.md"
+    if report.exists():
+        create_markdown_artifact(report.read_text(), key=_artifact_key(ctx.run_id), description="a2rl run report")
     entries = ledger_of(ctx).entries()
     create_table_artifact(  # the path is the agent's text: one rule for it (`safetext.cells`)
         cells([{"submission": e.submission_id, "status": e.status, "score": e.score, "path": e.model_path}
                for e in latest_submissions(entries)]) or [{"submission": None}],
-        key=_artifact_key(ctx.run_id) + "-submissions",
+        key=_artifact_key(ctx.run_id) + "-submissions", description="a2rl run submissions",
     )  # fmt: skip
     trajectory = ctx.paths.harness_dir / "score_trajectory.png"
     if trajectory.exists():
@@ -206,7 +227,6 @@ def summarize_run(ctx: RunContext, status: RunStatus, phase_seconds: dict[str, f
             "data:image/png;base64," + base64.b64encode(trajectory.read_bytes()).decode(),
             key=_artifact_key(ctx.run_id) + "-trajectory", description="score trajectory",
         )
-    return summary
 
 
 def _artifact_key(run_id: str) -> str:
@@ -224,7 +244,9 @@ def benchmark_run(config: RunConfig = RunConfig(), options: RunOptions = RunOpti
     `harness/progress.json`."""
     stop = StaleStop()
     lease = take_run_lease(stop)  # first: one attempt at a time across hosts, and the server hears this one at once
-    results, elsewhere = run_results(options.results, deployed=prefect_deployment.get_id() is not None)
+    deployed = prefect_deployment.get_id() is not None
+    stopping.begin_run()
+    results, elsewhere = run_results(options.results, deployed=deployed)
     if elsewhere:
         get_run_logger().info("results go to %s", elsewhere)
     runs_dir = resolve_results(options.runs_dir) if options.runs_dir else results.parent / "runs"
@@ -279,9 +301,12 @@ def benchmark_run(config: RunConfig = RunConfig(), options: RunOptions = RunOpti
                 final_grading(ctx, base_model_dir)
             with phases.enter("summary"):
                 summary = summarize_run(ctx, "completed", attempts.totals())
+                publish_artifacts(ctx)  # best effort: the row is final, a failure here must not fail the run
             attempts.end("completed")
             record_flow_run(ctx, "Completed")
         except BaseException as e:
+            if stopping.final_run() == ctx.run_id:  # a second stop after the row was final: it stays `completed`
+                raise
             # Recorded without Prefect (its API may be going down too). A stop on request (SIGTERM: `a2rl server
             # stop`, a cancelled worker) ends the flow run Cancelled, with what happened; anything else is
             # re-raised so Prefect marks the flow run failed or crashed. Either way a Retry resumes it.
@@ -294,9 +319,16 @@ def benchmark_run(config: RunConfig = RunConfig(), options: RunOptions = RunOpti
             progress.update(error=error)
             attempts.end(status)
             record_failure(ctx, status, attempts.totals(), error, run_log)
-            record_flow_run(ctx, "Cancelled" if isinstance(e, TerminationSignal)
+            # A stop on request ends the flow run Cancelled, as the row reads `interrupted`: Prefect's SIGTERM, and
+            # Ctrl-C/SIGTERM of `a2rl run` (no deployment: no worker whose crash handling would look for Crashed).
+            cancel = isinstance(e, TerminationSignal) or (isinstance(e, KeyboardInterrupt) and not deployed)
+            record_flow_run(ctx, "Cancelled" if cancel
                             else "Failed" if isinstance(e, Exception) else "Crashed")  # as Prefect will have it
-            if isinstance(e, TerminationSignal):
+            if isinstance(e, Exception):  # a failed run's report on its page too
+                publish_artifacts(ctx)
+            if cancel:
+                if isinstance(e, TerminationSignal):
+                    stopping.stopped_by(signal.SIGTERM)
                 return Cancelled(message=f"a2rl recorded the run interrupted ({error}); a Retry resumes it")
             raise
         finally:
@@ -304,7 +336,8 @@ def benchmark_run(config: RunConfig = RunConfig(), options: RunOptions = RunOpti
             if lease is not None:
                 lease.release()
             disk.release(reserve)
-    progress.update(phase="done")
+    # The command returns once Prefect has recorded the flow run's end (minutes on a starved machine): said.
+    progress.update(phase="done", step="the run is recorded; Prefect is recording the flow run's end")
     return summary
 
 

@@ -131,10 +131,12 @@ def expand_matrix(
 
 
 def completed_hashes(results: Path) -> set[str]:
-    """Config hashes with a completed run in the results store (none if the store does not exist yet)."""
+    """Config hashes with a completed run in the results store (none if the store does not exist yet); a run the
+    machine starved (failure class `environment`) is not done: its configuration runs again."""
     if not Path(results).exists():
         return set()
-    df = ResultsStore(results).query("SELECT DISTINCT config_hash FROM runs WHERE status = 'completed'")
+    df = ResultsStore(results).query("SELECT DISTINCT config_hash FROM runs WHERE status = 'completed' "
+                                     "AND failure_class IS DISTINCT FROM 'environment'")
     return set(df["config_hash"])
 
 

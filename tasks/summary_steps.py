@@ -11,6 +11,7 @@ from pathlib import Path
 from a2rl.grading.ledger import Ledger, LedgerCorrupted, head_mac
 from a2rl.summary.leak_audit import LeakReport, audit_run, hidden_texts, leak_metrics
 from a2rl.ngrams import StreamMatcher
+from a2rl.ops import stopping
 from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
 from a2rl.capture.attempts import read_attempts
 from a2rl.capture.calls import read_llm_calls
@@ -88,6 +89,8 @@ def write_summary(
         store.record_metrics(ctx.run_id, leak_metrics(leaks))
         store_process_report(store, process, ctx.paths.harness_dir)
         store.finish_run(summary)
+    if summary.status == "completed":
+        stopping.row_final(ctx.run_id)  # a stop from now on waits for the flow run's end (one truth: completed)
     return summary, report
 
 

@@ -108,3 +108,23 @@ def test_the_analysis_report_loads_every_figure_with_no_console_error(browser, s
     broken = [src for src, width in images if not width]
     assert not broken, json.dumps(images)[:2000]
     assert not errors, errors
+
+
+def test_the_benchmark_runs_own_artifacts_tab_shows_the_report_submissions_and_trajectory(browser, served_run):
+    """The run the user started (not its summarize-run subflow) carries the report, the submissions table and the
+    score trajectory: its Artifacts tab said "This run did not produce any artifacts"."""
+    base, _ = served_run
+    api = f"{base}/api"
+    run = prefect_http.post(f"{api}/flow_runs/filter", json={"flows": {"name": {"any_": ["benchmark-run"]}}}).json()[0]
+    mine = {"artifacts": {"flow_run_id": {"any_": [run["id"]]}}}
+    own = prefect_http.post(f"{api}/artifacts/filter", json=mine).json()
+    keys = sorted(a["key"] for a in own if a.get("key"))
+    assert [k for k in keys if k.endswith(("-submissions", "-trajectory"))] and len(keys) == 3, keys
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{base}/runs/flow-run/{run['id']}", wait_until="networkidle")
+    page.get_by_text("Artifacts", exact=True).first.click()
+    page.get_by_text(keys[-1], exact=False).first.wait_for(timeout=60_000)
+    screenshot(page, "prefect-flow-run-artifacts")
+    text = page.inner_text("body")
+    assert "did not produce any artifacts" not in text, text[:3000]
+    assert all(key in text for key in keys), (keys, text[:3000])

@@ -51,7 +51,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         "unless PREFECT_API_URL is set.",
         formatter_class=DefaultsHelpFormatter,
     )
-    add_config_options(run, help_extra={"agent": f": {agents_help()}" if agents_help() else ""})
+    # The agents' list imports every adapter (and the grading service): only where `run`'s help can show it.
+    listed = agents_help() if argv is None or "run" in argv else ""
+    add_config_options(run, help_extra={"agent": f": {listed}" if listed else ""})
     run.add_argument("--results", default=str(DEFAULT_RESULTS), help="DuckDB results file (created if missing)")
     run.add_argument("--runs-dir", default=None, help="where run directories go (default: <results dir>/runs)")
     run.add_argument("--log-level", default="off", choices=LOG_LEVELS,
@@ -136,22 +138,28 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
             logging.captureWarnings(True)  # library warnings go to the run's log, not between the display's lines
             start_prefect(display.waiting)
             display.waiting("opening the run (its row, its directories)")
+            from a2rl.ops import stopping
             from a2rl.run_options import RunOptions
 
             options = RunOptions(results=results.resolve(), runs_dir=runs_dir.resolve() if runs_dir else None)
-            summary = benchmark_run(config, options)
+            with stopping.armed():  # a stop after the row is final waits for the flow run's end; said below
+                summary = benchmark_run(config, options)
     except KeyboardInterrupt as e:
-        return _stopped(*interrupted_how(e), time.perf_counter() - start, read_announced(announce) is not None, args)
+        return _stopped(*interrupted_how(e), time.perf_counter() - start, read_announced(announce), args)
     except Exception as e:
-        if _ended_cancelled(e):  # SIGTERM inside the flow: Prefect's own handler; the run recorded it interrupted
-            return _stopped("SIGTERM", 143, time.perf_counter() - start, True, args)
+        if _ended_cancelled(e):  # a stop inside the flow: the run recorded it interrupted, its flow run Cancelled
+            from a2rl.ops import stopping
+
+            return _stopped(*stopping.signal_words(stopping.last_signal()), time.perf_counter() - start,
+                            read_announced(announce), args)  # fmt: skip
         if args.debug:
             import traceback
 
             traceback.print_exc()
         run = read_announced(announce)
         if run is None:  # it broke before the run had a row (e.g. the Prefect server did not start)
-            print(f"a2rl: the run could not start: {start_failure(e)}", file=sys.stderr)
+            places = [results.parent, runs_dir or results.parent / "runs"]
+            print(f"a2rl: {start_failure(e, places)}", file=sys.stderr)
             return 1
         from a2rl.ops.progress import PROGRESS_FILE, read_snapshot
 
@@ -165,18 +173,42 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
     print(render_summary(summary, args.results, time.perf_counter() - start))
     if summary.status != "completed":
         print(f"a2rl: run {summary.run_id} {summary.status}: {summary.error}", file=sys.stderr)
+    elif (held := _held_stop()) is not None:
+        print(f"a2rl: {held} came after the run was recorded 'completed': it completed, nothing was cut short",
+              file=sys.stderr)  # fmt: skip
     return 0 if summary.status == "completed" else 1
 
 
-def _stopped(how: str, code: int, seconds: float, has_row: bool, args: argparse.Namespace) -> int:
-    """One line for a run stopped by a signal (`how`), and its exit code by the shell's rule."""
-    if not has_row:
+def _held_stop() -> str | None:
+    from a2rl.ops import stopping
+
+    held = stopping.held()
+    return None if held is None else stopping.signal_words(held)[0]
+
+
+def _stopped(how: str, code: int, seconds: float, run, args: argparse.Namespace) -> int:
+    """One line for a run stopped by a signal (`how`), and its exit code by the shell's rule. What it says the
+    run is recorded as is read from the run's row: a stop after the row was final does not make it interrupted."""
+    if run is None:
         print(f"\na2rl: stopped by {how} after {seconds:.0f} s, before the run had a row: nothing was recorded",
               file=sys.stderr)  # fmt: skip
-    else:  # the flow has written the run's row (status interrupted) and its ledger; no traceback
-        print(f"\na2rl: stopped by {how} after {seconds:.0f} s; the run is recorded as 'interrupted' in "
-              f"{args.results} (see: a2rl results --results {args.results})", file=sys.stderr)  # fmt: skip
-    return code
+        return code
+    status = _row_status(Path(args.results), run.run_id) or "interrupted"
+    # the flow has written the run's row and its ledger; no traceback
+    print(f"\na2rl: stopped by {how} after {seconds:.0f} s; the run is recorded as '{status}' in "
+          f"{args.results} (see: a2rl results --results {args.results})", file=sys.stderr)  # fmt: skip
+    return 0 if status == "completed" else code
+
+
+def _row_status(results: Path, run_id: str) -> str | None:
+    """The run's status as its row has it, or None where the store cannot be read."""
+    try:
+        from a2rl.store.results import ResultsStore
+
+        rows = ResultsStore(results).query("SELECT status FROM runs WHERE run_id = ?", [run_id])
+    except Exception:  # noqa: BLE001 - the line still names the store to look in
+        return None
+    return str(rows["status"].iloc[0]) if len(rows) else None
 
 
 def _ended_cancelled(e: Exception) -> bool:
@@ -293,7 +325,10 @@ def _check_store(results: Path) -> None:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from a2rl.flows.analysis_flow import run_analysis
+    from a2rl.cli.display import Waiting
+
+    with Waiting("loading the analysis (pandas, matplotlib, Prefect)"):
+        from a2rl.flows.analysis_flow import run_analysis
 
     if args.synthetic is not None:
         from a2rl.analysis.synthetic import demo_spec, write_synthetic_store
@@ -301,7 +336,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         if Path(args.results).exists():
             print(f"--synthetic writes a new store, and {args.results} exists; name another --results", file=sys.stderr)
             return 2
-        write_synthetic_store(args.results, demo_spec(args.synthetic))
+        with Waiting(f"writing a synthetic store of about {args.synthetic} runs at {args.results}"):
+            write_synthetic_store(args.results, demo_spec(args.synthetic))
     if not Path(args.results).exists():
         print(f"no results file at {args.results}; run `a2rl run` first", file=sys.stderr)
         return 1
@@ -316,7 +352,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         return 2
     if compare and len(compare) != 2:
         compare = (setting_field(compare[0]), *compare[1:])
-    paths = run_analysis(Path(args.results), Path(args.out), compare=compare)
+    with Waiting(f"analysing {args.results} into {args.out} (figures, tables, report.html)"):
+        paths = run_analysis(Path(args.results), Path(args.out), compare=compare)
     report = next(p for p in paths if p.name == "report.html")
     print(f"{len(paths)} files under {args.out}; open {report}")
     return 0
@@ -340,7 +377,9 @@ def add_ops_parsers(sub) -> None:
     )  # fmt: skip
     server.add_argument("action", choices=["start", "stop", "status"])
     server.add_argument("--host", default=prefect_local.DEFAULT_HOST, help="interface to listen on (keep it local)")
-    server.add_argument("--port", type=int, default=prefect_local.DEFAULT_PORT)
+    server.add_argument("--port", type=int, default=None,
+                        help=f"port to listen on (start: default {prefect_local.DEFAULT_PORT}); stop and status: only "
+                        "the server on this port")  # fmt: skip
     server.add_argument("--pool", default=prefect_local.DEFAULT_POOL, help="process work pool of the worker")
     server.add_argument("--database", default=None,
                         help="the server's database, e.g. postgresql+asyncpg://prefect:PASSWORD@db-host:5432/prefect "
@@ -399,16 +438,17 @@ def cmd_server(args: argparse.Namespace) -> int:
     from a2rl.ops import prefect_local
 
     if args.action == "stop":
-        print(f"stopping: the worker's flow runs first (each records 'interrupted' with its report; up to "
-              f"{prefect_local.FLOW_RUN_GRACE_S:.0f} s), then the worker and the server ...", flush=True)
-        worker, server = prefect_local.stop_worker(), prefect_local.stop_server()
-        said = {True: "stopped", False: "was not running"}
-        print(f"worker {said[worker]}; server {said[server]}")
-        return 0
+        return _stop_server(args.port)
     if args.action == "status":
-        return _print_server_status()
-    print(f"starting a Prefect server on {args.host}:{args.port} (PREFECT_HOME={prefect_local.prefect_home()}) ...", flush=True)
-    server = prefect_local.start_server(args.host, args.port, database=args.database)
+        return _print_server_status(port=args.port)
+    port = args.port or prefect_local.DEFAULT_PORT
+    if warning := prefect_local.exposure_warning(args.host, port):
+        print(f"a2rl: warning: {warning}", file=sys.stderr)
+    if users := prefect_local.database_users(prefect_local.prefect_home()):
+        print(f"a2rl: warning: {users}", file=sys.stderr)
+    print(f"starting a Prefect server on {args.host}:{port} (PREFECT_HOME={prefect_local.prefect_home()}) ...",
+          flush=True)  # fmt: skip
+    server = prefect_local.start_server(args.host, port, database=args.database)
     print(f"server up: {server.url} (pid {server.pid}, log {server.log}; database: "
           f"{prefect_local.database_label(args.database or os.environ.get(prefect_local.DATABASE_ENV))})")
     from a2rl.ops import gpu_slots
@@ -418,7 +458,31 @@ def cmd_server(args: argparse.Namespace) -> int:
     if not args.no_worker:
         worker = prefect_local.start_worker(server.url, pool=args.pool, run_limit=args.worker_limit)
         print(f"worker polling pool {args.pool!r} (pid {worker.pid}, log {worker.log})")
-    print(f"UI: {server.url.removesuffix('/api')}\nin other shells: export PREFECT_API_URL={server.url}")
+    ui = prefect_local.ui_env(args.host, port)["PREFECT_UI_API_URL"].removesuffix("/api")
+    print(f"UI: {ui}\nin other shells: export PREFECT_API_URL={server.url}")
+    return 0
+
+
+def _stop_server(port: int | None) -> int:
+    """Stop the server (and worker) this PREFECT_HOME started; with `port`, only if that is the one on `port`.
+    Says which it stopped, and names a server that answers on `port` from elsewhere instead of "not running"."""
+    from a2rl.ops import prefect_local
+
+    home = prefect_local.prefect_home()
+    ours = prefect_local.read_state(prefect_local.SERVER_STATE, home)
+    ours = ours if ours is not None and ours.alive() else None
+    if port is not None and (ours is None or prefect_local.url_port(ours.url) != port):
+        elsewhere = prefect_local.answering_on(port)
+        mine = f"; the one started from it is on {ours.url}, left running" if ours else ""
+        print(f"no server on port {port} was started from PREFECT_HOME={home}{mine}"
+              + (f"; {elsewhere} answers there: stop it from the PREFECT_HOME that started it" if elsewhere else ""))
+        return 1 if elsewhere else 0
+    print(f"stopping: the worker's flow runs first (each records 'interrupted' with its report; up to "
+          f"{prefect_local.FLOW_RUN_GRACE_S:.0f} s), then the worker and the server ...", flush=True)
+    worker, server = prefect_local.stop_worker(), prefect_local.stop_server()
+    said = {True: "stopped", False: "was not running"}
+    which = f" ({ours.url}, pid {ours.pid})" if ours is not None and server else ""
+    print(f"worker {said[worker]}; server{which} {said[server]}")
     return 0
 
 
@@ -426,9 +490,11 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from a2rl.ops import prefect_local
 
     url = _require_api_url()
-    print(f"deploying {', '.join(args.name) if args.name else 'all deployments of prefect.yaml'} to {url} ...",
-          flush=True)  # fmt: skip
-    out = prefect_local.deploy(url, names=args.name, pool=args.pool)
+    from a2rl.cli.display import Waiting
+
+    what = ", ".join(args.name) if args.name else "all deployments of prefect.yaml"
+    with Waiting(f"deploying {what} to {url} (`prefect deploy` imports each flow)"):
+        out = prefect_local.deploy(url, names=args.name, pool=args.pool)
     # The CLI draws boxes around its messages; keep only the deployment lines.
     created = [line.strip(" │") for line in out.splitlines() if "Deployment '" in line]
     print("\n".join(created) or out)
@@ -552,16 +618,37 @@ def cmd_retry(args: argparse.Namespace) -> int:
     from a2rl.ops import prefect_local
 
     url = _require_api_url()
+    run = prefect_local._read_flow_run(url, args.flow_run_id)
+    if not run.get("deployment_id"):  # `a2rl run`'s own flow run: no worker will ever pick up a retry
+        raise prefect_local.OpsError(_no_worker_retry(run))
     print(f"retrying flow run {args.flow_run_id} ...", flush=True)
     state = prefect_local.retry_flow_run(url, args.flow_run_id, settle_s=args.settle)
     print(f"flow run {args.flow_run_id}: {state}; a worker on its pool picks it up (`a2rl status`)")
     return 0
 
 
-def _print_server_status(none_is_error: bool = True) -> int:
+def _no_worker_retry(run: dict) -> str:
+    """What to do instead of retrying a flow run no worker can pick up: the `a2rl run` line that starts it again."""
+    from a2rl.records import RunConfig
+    from a2rl.run_options import option_name
+
+    params = run.get("parameters") or {}
+    defaults = RunConfig().model_dump(mode="json")
+    flags = [f"{option_name(k)} {v}" for k, v in (params.get("config") or {}).items()
+             if k in defaults and v != defaults[k] and not isinstance(v, (dict, list, bool))]  # fmt: skip
+    results = (params.get("options") or {}).get("results")
+    command = " ".join(["a2rl run", *flags, *([f"--results {results}"] if results else [])])
+    return (f"flow run {run.get('name', '?')} was started by `a2rl run` (no deployment): no worker can pick up a "
+            f"retry; start it again here: {command}  (or run it as a deployment: `a2rl deploy`, `a2rl sweep`)")
+
+
+def _print_server_status(none_is_error: bool = True, port: int | None = None) -> int:
     from a2rl.ops import prefect_local
 
     url = prefect_local.resolve_api_url()
+    if port is not None and (url is None or prefect_local.url_port(url) != port):
+        # the port asked about, not this PREFECT_HOME's server (another home's may answer there)
+        url = f"http://127.0.0.1:{port}/api"
     for name, state in (("server", prefect_local.SERVER_STATE), ("worker", prefect_local.WORKER_STATE)):
         proc = prefect_local.read_state(state)
         if proc:
@@ -649,6 +736,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = getattr(args, "debug", False) or debug_enabled()
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if main_thread else None
+    previous_int = signal.getsignal(signal.SIGINT) if main_thread else None
     if main_thread:
         terminate_like_ctrl_c()
     try:
@@ -679,6 +767,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if main_thread and previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if main_thread and previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
 
 
 def _traceback_if(debug: bool) -> None:

@@ -158,7 +158,18 @@ def cmd_drivers(args: argparse.Namespace) -> int:
         args.print_help()
         return 0
     set_prefect_console_level("off")  # the server's start and stop lines are not what the user asked for
-    return {"add": _drivers_add, "list": _drivers_list, "rm": _drivers_rm}[args.action](args)
+    if args.action == "add":
+        return _drivers_add(args)  # it may prompt for the key first: its wait is said after that
+    with _server_wait("asking"):
+        return {"list": _drivers_list, "rm": _drivers_rm}[args.action](args)
+
+
+def _server_wait(doing: str):
+    """The wait for the Prefect server that holds the drivers, said and counted (a local one starts first)."""
+    from a2rl.cli.display import Waiting
+
+    where = os.environ.get("PREFECT_API_URL") or "a local Prefect server (started for this command)"
+    return Waiting(f"{doing} {where}")
 
 
 def _drivers_add(args: argparse.Namespace) -> int:
@@ -174,10 +185,11 @@ def _drivers_add(args: argparse.Namespace) -> int:
     elif args.key_prompt:
         fields[KEY_FIELD] = getpass.getpass(f"API key for {args.name}: ")
     block = DriverConfig(**{k: v for k, v in fields.items() if v is not None})
-    if not args.force and _saved_driver_names().count(args.name):
-        print(f"a2rl: a driver named {args.name!r} is saved already; add --force to replace it", file=sys.stderr)
-        return 2
-    block.save(args.name, overwrite=True)
+    with _server_wait("saving the driver on"):
+        if not args.force and _saved_driver_names().count(args.name):
+            print(f"a2rl: a driver named {args.name!r} is saved already; add --force to replace it", file=sys.stderr)
+            return 2
+        block.save(args.name, overwrite=True)
     print(f"saved driver {args.name!r}: {describe_driver(block)}; use it with: a2rl run --driver {args.name}")
     return 0
 

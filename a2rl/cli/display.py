@@ -155,3 +155,33 @@ def set_prefect_console_level(level: str) -> None:
         for handler in logger.handlers:
             if isinstance(handler, PrefectConsoleHandler):
                 handler.setLevel(level)
+
+
+class Waiting:
+    """A command's wait that can take minutes on a loaded machine (`a2rl deploy`, `a2rl analyze`, saving a driver):
+    what it waits on, said on stderr once it has lasted `first_s` (a quick command stays quiet), then again with
+    the seconds counted every `every_s`, so no wait passes in silence. A context manager."""
+
+    def __init__(self, what: str, first_s: float = 3.0, every_s: float = 15.0, stream: TextIO | None = None) -> None:
+        self.what, self.first_s, self.every_s, self.stream = what, first_s, every_s, stream or sys.stderr
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="a2rl-waiting")
+        self._started = time.monotonic()
+
+    def __enter__(self) -> Waiting:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        if self._stop.wait(self.first_s):
+            return
+        self._say(f"{self.what} ...")
+        while not self._stop.wait(self.every_s):
+            self._say(f"still {self.what} ({time.monotonic() - self._started:.0f} s)")
+
+    def _say(self, line: str) -> None:
+        print(f"a2rl {time.strftime('%H:%M:%S')} {line}", file=self.stream, flush=True)

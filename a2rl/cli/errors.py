@@ -57,13 +57,22 @@ class Terminated(KeyboardInterrupt):
     signal_name = "SIGTERM"
 
 
-def _raise_terminated(signum, frame) -> None:
-    raise Terminated()
+def _on_stop(signum, frame) -> None:
+    """SIGTERM (and Ctrl-C) in the main thread: stop, unless the run is already recorded completed and only waits
+    for Prefect to record its end; that stop is held, said, and a second one does not wait (a2rl.ops.stopping)."""
+    from a2rl.ops import stopping
+
+    if stopping.hold(signum):
+        return
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 def terminate_like_ctrl_c() -> None:
-    """From now on, SIGTERM in this (main) thread raises `Terminated`."""
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    """From now on, SIGTERM in this (main) thread raises `Terminated`, and Ctrl-C (where it raises at all) goes
+    through the same handler."""
+    signal.signal(signal.SIGTERM, _on_stop)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_stop)
 
 
 def interrupted_how(error: BaseException) -> tuple[str, int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 from a2rl.ops.load import describe_load, scaled_timeout
 
@@ -39,11 +40,17 @@ def start_prefect(say: Callable[[str], None]) -> None:
     SubprocessASGIServer().start(timeout=int(timeout))
 
 
-def start_failure(error: BaseException) -> str:
-    """One line for an error before the run had a row, with what to do where that is known."""
+def start_failure(error: BaseException, places: list[Path] | None = None) -> str:
+    """One line for an error before the run had a row, with what to do where that is known (`places`: where the
+    run writes, for a full disk)."""
+    from a2rl.ops.disk import disk_full
+
     text = " ".join(str(error).split())
+    if full := disk_full(error, places or []):  # the run's directory may exist: it stopped as it opened, not before
+        return f"the run stopped before its row was written: {full}"
     if TIMED_OUT in text:
-        return (f"the local Prefect server did not answer within {startup_timeout_s():.0f} s ({describe_load()}); "
-                f"run again when the machine is quieter, set {STARTUP_TIMEOUT_ENV} higher, or start a lasting "
-                f"server once (`a2rl server start`) and export the PREFECT_API_URL it prints")  # fmt: skip
-    return f"{type(error).__name__}: {text[:300]}"
+        return (f"the run could not start: the local Prefect server did not answer within {startup_timeout_s():.0f} s "
+                f"({describe_load()}); run again when the machine is quieter, set {STARTUP_TIMEOUT_ENV} higher, or "
+                f"start a lasting server once (`a2rl server start`) and export the PREFECT_API_URL it "
+                f"prints")  # fmt: skip
+    return f"the run could not start: {type(error).__name__}: {text[:300]}"

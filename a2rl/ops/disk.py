@@ -130,6 +130,10 @@ def _size(n: int) -> str:
     return f"{n / 1024**3:.1f} GiB" if n >= 1024**3 else f"{n / MiB:.0f} MiB"
 
 
+FULL_WORDS = ("No space left on device", "Disk quota exceeded")
+"""ENOSPC and EDQUOT as their text reads in an exception that carries no errno."""
+
+
 def disk_full(error: BaseException, places: list[Path]) -> str | None:
     """For an error (or one it was caused by) that means a full disk (ENOSPC, EDQUOT): one clause naming the
     path (the file it was writing, else the fullest of `places`) and what to do; else None."""
@@ -143,6 +147,9 @@ def disk_full(error: BaseException, places: list[Path]) -> str | None:
                 return "the disk is full: free some space, then run again"
             return (f"the disk is full at {where} ({_size(_free(where))} free): free some space there, or point "
                     f"the run elsewhere (--results, --runs-dir, A2RL_HOME), then run again")  # fmt: skip
+        if not isinstance(error, OSError) and any(words in str(error) for words in FULL_WORDS):
+            # DuckDB (and other libraries) say it in their own exception, without an errno
+            return disk_full(OSError(errno.ENOSPC, FULL_WORDS[0]), places)
         error = error.__cause__ or error.__context__
     return None
 

@@ -52,10 +52,12 @@ class SlotLease:
         return self.expires <= datetime.now(timezone.utc)
 
 
-def read_limit(api_url: str, name: str = GPU_LIMIT) -> SlotLimit | None:
+def read_limit(api_url: str | None, name: str = GPU_LIMIT) -> SlotLimit | None:
+    """The limit `name` on the server at `api_url` (None: the one this process uses, an ephemeral one too)."""
+    from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
-    with prefect_api.client(api_url) as c:
+    with prefect_api.client(api_url) if api_url else get_client(sync_client=True) as c:
         try:
             d = c.read_global_concurrency_limit_by_name(name)
         except ObjectNotFound:
@@ -125,14 +127,16 @@ def hold_gpu_slot(flow_run_id: str | None, on_wait: Callable[[str], None], name:
     from prefect.settings import PREFECT_API_URL
 
     api_url = PREFECT_API_URL.value()
-    if api_url:
-        try:
-            limit = read_limit(api_url, name)
-        except Exception:  # only for the line below: the acquisition itself says what is wrong
-            limit = None
-        if limit is not None and limit.active and limit.active_slots >= limit.limit:
-            on_wait(f"waiting for a GPU slot: {limit.active_slots} of {limit.limit} in use "
-                    "(`a2rl status` shows who holds them)")  # fmt: skip
+    try:
+        limit = read_limit(api_url or None, name)
+    except Exception:  # only for what follows: the acquisition itself says what is wrong
+        limit = SlotLimit("", 0, 0, False)
+    if limit is None:  # no such limit (a plain run: sweeps make it): nothing to hold, and no warning of Prefect's
+        yield
+        return
+    if limit.active and limit.active_slots >= limit.limit:
+        on_wait(f"waiting for a GPU slot: {limit.active_slots} of {limit.limit} in use "
+                "(`a2rl status` shows who holds them)")  # fmt: skip
     holder = ConcurrencyLeaseHolder(type="flow_run", id=flow_run_id) if flow_run_id else None
     with concurrency(name, occupy=1, lease_duration=LEASE_S, holder=holder, timeout_seconds=timeout_s):
         yield

@@ -35,8 +35,10 @@ REPO_ROOT = checkout_root() or Path.cwd()
 """Where prefect.yaml is and servers and workers start: the checkout (an installed wheel: where a2rl started)."""
 SERVER_STATE = "a2rl-server.json"
 WORKER_STATE = "a2rl-worker.json"
-# Set for every Prefect process we start: the machine is offline, and telemetry would only log errors.
-QUIET_ENV = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+# Set for every Prefect process we start: the machine is offline, and telemetry would only log errors. A wide
+# console: Prefect's CLI draws its messages in boxes as wide as the console (80 columns without a terminal), which
+# cut `prefect deploy`'s "... created with id '...'" lines, ids and all, across lines `a2rl deploy` then dropped.
+QUIET_ENV = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "COLUMNS": "400"}
 
 
 class OpsError(RuntimeError):
@@ -68,6 +70,70 @@ def prefect_home() -> Path:
 
 def api_url_of(host: str, port: int) -> str:
     return f"http://{host}:{port}/api"
+
+
+def url_port(url: str | None) -> int | None:
+    from urllib.parse import urlsplit
+
+    try:
+        return urlsplit(url or "").port
+    except ValueError:
+        return None
+
+
+def reachable_address() -> str:
+    """This machine's address on the network its default route leads to (no packet is sent), else 127.0.0.1."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: only picks the outgoing interface
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+def exposure_warning(host: str, port: int) -> str | None:
+    """For a bind beyond this machine's loopback: the server has no authentication, so say who can reach it."""
+    import ipaddress
+
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback:
+        return None
+    where = "every interface" if host in WILDCARD_HOSTS else host
+    return (f"the Prefect server listens on {where} (port {port}) with no authentication: anyone who can reach "
+            f"that port can read, start, change and delete runs; keep --host 127.0.0.1 (and reach it over SSH) "
+            f"unless this network is trusted")
+
+
+def answering_on(port: int) -> str | None:
+    """'a Prefect server (http://127.0.0.1:PORT/api)' when one answers on this machine's `port`, else None."""
+    url = api_url_of(DEFAULT_HOST, port)
+    return f"a Prefect server ({url})" if server_healthy(url) else None
+
+
+def database_users(home: Path) -> str | None:
+    """Processes that hold this PREFECT_HOME's SQLite database open (an `a2rl run`'s own server, another server)
+    but the server a2rl started from it: a second server on it meets 'database is locked'. None when there are
+    none (or they cannot be seen)."""
+    db = (home / "prefect.db").resolve()
+    ours = read_state(SERVER_STATE, home)
+    users = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if proc.pid in (os.getpid(), ours.pid if ours else None):
+                continue
+            if any(Path(f.path) == db for f in proc.open_files()):
+                users.append(f"pid {proc.pid} ({' '.join(proc.info['cmdline'] or [])[:80]})")
+        except (psutil.Error, OSError):
+            continue
+    if not users:
+        return None
+    return (f"{db} is in use by {', '.join(users[:3])}: a second server on the same database answers 'database is "
+            f"locked' while they write; wait for them to end, or start this one with another PREFECT_HOME")
 
 
 def read_state(name: str, home: Path | None = None) -> ManagedProcess | None:
@@ -189,13 +255,14 @@ def start_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, home: Path 
     return server
 
 
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
 def ui_env(host: str, port: int) -> dict[str, str]:
     """The settings that make the server's UI talk to this server's API: without them `/ui-settings` names the
     default port (4200) and the UI on any other port cannot reach its API. A wildcard host is served to the
-    browser as this machine's name."""
-    import socket
-
-    ui_host = socket.gethostname() if host in ("0.0.0.0", "::", "") else host
+    browser as this machine's address on its network (a host name may not resolve where the browser is)."""
+    ui_host = reachable_address() if host in WILDCARD_HOSTS else host
     return {"PREFECT_SERVER_API_HOST": host, "PREFECT_SERVER_API_PORT": str(port),
             "PREFECT_UI_API_URL": api_url_of(ui_host, port)}  # fmt: skip
 

@@ -154,7 +154,7 @@ class ItemProgress(BaseModel):
 
     def left(self) -> str:
         """What remains, in words: loading the model, measuring the rate, or about how long."""
-        return "loading the model" if not self.loaded else eta_text(self.eta_s())
+        return "loading the model" if not self.loaded else eta_text(self.eta_s(), 0 < self.total <= self.done)
 
     def eta_s(self, now: float | None = None) -> float | None:
         """Seconds left at the rate measured since the model was loaded (items of a batch finish together, so
@@ -372,14 +372,21 @@ def _last_activity(h: Path) -> str:
 _WARNING = re.compile(r"\b\w*(Warning|Deprecation)\b[:(]|^\s*warnings\.warn\(|^\s*(warn|warnings)\(|^WARNING\b|\bUserWarning\b")
 
 
+_ASYNCIO_NOISE = re.compile(r"^\s*(Task was destroyed but it is pending!|Task exception was never retrieved|"
+                            r"Future exception was never retrieved|task: <Task (pending|finished)|"
+                            r"future: <(Task|Future) (pending|finished))")
+"""What asyncio prints as an LLM agent's runner (the harness's side of the session) exits: never the agent's work."""
+
+
 def agent_lines(lines: list[str]) -> list[str]:
     """The agent's own lines: blank lines, library warnings and the source line Python prints under a warning
-    (`  x = f(...)`) left out, so that the latest line shown is what the agent did."""
+    (`  x = f(...)`), and asyncio's lines about the runner's pending tasks left out, so that the latest line shown
+    is what the agent did."""
     kept: list[str] = []
     after_warning = False
     for line in lines:
         raw = line.split("| ", 1)[1] if line.lstrip().startswith("| ") else line  # the reference agent's echo
-        if not raw.strip():
+        if not raw.strip() or _ASYNCIO_NOISE.search(raw):
             continue
         if _WARNING.search(raw):
             after_warning = True
@@ -514,13 +521,14 @@ class CountView:
             done = self.high["baseline"] = max(self.high.get("baseline", 0), done)
             loading = items is not None and not items.loaded
             out.append(Count("baseline", done, p.baseline_total, "loading the model" if loading else
-                             eta_text(self._eta("baseline", eta, now))))  # fmt: skip
+                             eta_text(self._eta("baseline", eta, now), done >= p.baseline_total)))  # fmt: skip
         elif p.phase in ("final_grading", "agent_session") and items is not None:
             # The final phase's evaluations add up; each submission's grading is a counter of its own.
             label = "final test" if p.phase == "final_grading" else f"grading #{snap.grading_id}"
             done, total = self.counters.setdefault(label, ItemCounter())(items)
             key = f"{label}:{items.id}"  # each evaluation measures its own rate
-            left = "loading the model" if not items.loaded else eta_text(self._eta(key, items.eta_s(now), now))
+            eta = self._eta(key, items.eta_s(now), now)
+            left = "loading the model" if not items.loaded else eta_text(eta, 0 < items.total <= items.done)
             out.append(Count(label, done, total, left))
         return out
 
@@ -528,7 +536,14 @@ class CountView:
         return self.etas.setdefault(key, EtaSmoother())(estimate, now)
 
 
-def eta_text(eta_s: float | None) -> str:
+FINISHING_S = 5.0
+"""Below this many seconds left (or with every item counted), the display says "finishing": an ETA of a few
+seconds held while a last slow item or the evaluation's end takes minutes read as a hang (issue #45)."""
+
+
+def eta_text(eta_s: float | None, complete: bool = False) -> str:
+    if complete or (eta_s is not None and eta_s < FINISHING_S):
+        return "finishing"
     return "measuring the rate" if eta_s is None else f"about {_duration(eta_s)} left"
 
 

@@ -458,16 +458,30 @@ class ResultsStore:
 
 
 def _create(path: Path) -> None:
-    """A new, empty store file with small blocks. DuckDB checkpoints on every close and rewrites whole blocks of
-    each table a write touched: ~0.8 MB per small write with its default 256 KB blocks, ~54 KB with 16 KB blocks
-    (BENCHMARKS.md, "Results store writes"). The block size is stored in the file; older stores keep theirs."""
+    """A new store file with small blocks and its whole schema, made beside `path` and renamed into place: a store
+    is there with its tables or not at all (a disk that fills while it is made leaves no store without `runs`).
+    DuckDB checkpoints on every close and rewrites whole blocks of each table a write touched: ~0.8 MB per small
+    write with its default 256 KB blocks, ~54 KB with 16 KB blocks (BENCHMARKS.md, "Results store writes"). The
+    block size is stored in the file; older stores keep theirs."""
     path.unlink(missing_ok=True)  # an empty file (mkstemp, `touch`) holds no data and DuckDB refuses it
-    con = duckdb.connect()
+    new = path.with_name(f".{path.name}.new-{os.getpid()}")
     try:
-        con.execute(f"ATTACH '{_sql_literal(str(path))}' AS store (BLOCK_SIZE {STORE_BLOCK_SIZE})")
-        con.execute("DETACH store")
-    finally:
-        con.close()
+        con = duckdb.connect()
+        try:
+            con.execute(f"ATTACH '{_sql_literal(str(new))}' AS store (BLOCK_SIZE {STORE_BLOCK_SIZE})")
+            con.execute("USE store")
+            con.execute("BEGIN TRANSACTION")
+            _migrate(con, path)
+            con.execute("COMMIT")
+            con.execute("USE memory")
+            con.execute("DETACH store")
+        finally:
+            con.close()
+        os.replace(new, path)
+    except BaseException:
+        for leftover in (new, new.with_name(new.name + ".wal")):
+            leftover.unlink(missing_ok=True)
+        raise
 
 
 def _sql_literal(text: str) -> str:

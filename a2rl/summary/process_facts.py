@@ -31,10 +31,11 @@ from a2rl.protocol.picking import (best_so_far, best_submission, final_entry, fi
                                    latest_submissions, scored_submissions)
 from a2rl.records import LedgerEntry, RunConfig, RunSummary
 from a2rl.capture.calls import read_llm_calls, summarize_llm_calls
-from a2rl.capture.resources import read_resources, summarize_resources
+from a2rl.capture.resources import ResourceSample, read_resources, summarize_resources
 from a2rl.summary.route_labels import label_routes
 from a2rl.summary.stages import stage_metrics
-from a2rl.summary.verdicts import FailureClass, explain_failure
+from a2rl.summary.report import last_event
+from a2rl.summary.verdicts import FailureClass, environment_fault, explain_failure
 
 
 class ProcessFacts(BaseModel):
@@ -185,6 +186,7 @@ def summarize_process(
     labels = label_routes(entries, snapshots)
     metrics.route_counts = {r: list(labels.routes.values()).count(r) for r in sorted(set(labels.routes.values()))}
     context = dict(session_detail) | {
+        "environment_fault": starved(entries, read_resources(harness_dir / "resources.jsonl"), session_detail),
         "run_status": run_status,
         "run_error": run_error,
         "submission_errors": [e.error for e in latest_submissions(entries) if e.status == "error" and e.error],
@@ -209,6 +211,16 @@ def summarize_process(
         if report.narrative:
             (harness_dir / "narrative.md").write_text(_narrative_md(report))
     return report
+
+
+def starved(entries: list[LedgerEntry], samples: list[ResourceSample], session_detail: Mapping[str, Any]) -> str | None:
+    """Whether the machine starved the run, from what the harness recorded: the session's start delay (its
+    `session-start` event), the load per core and the agent's CPU in the resource samples taken while it ran."""
+    start = last_event(entries, "session-start")
+    delay = _num(start.detail.get("start_delay_s")) if start else None
+    loads = [float(s.extra["load_per_core"]) for s in samples if isinstance(s.extra.get("load_per_core"), (int, float))]
+    cpu_s = sum(s.cpu_percent / 100 * (b.elapsed_s - s.elapsed_s) for s, b in zip(samples, samples[1:])) or None
+    return environment_fault(delay, loads, cpu_s, _num(session_detail.get("agent_seconds")))
 
 
 def _narrative_md(report: ProcessFacts) -> str:

@@ -86,6 +86,8 @@ def run_notes(ctx: RunContext, session_detail: dict) -> list[str]:
     if c.protocol == "paper":
         notes.append("Protocol `paper`: submissions were scored on the test set and the best was kept, "
                      "i.e. selection on the test set (optimistic).")
+    notes.append("Wall time: this report's is the run's own, every phase of every attempt; the Prefect UI's duration "
+                 "of the flow run counts only its time in the Running state (a 24-minute run read 9m 39s there).")
     if session_detail.get("ended_by") == "budget":
         notes.append("The agent was stopped at the end of its budget.")
     if rule := session_detail.get("clock_rule"):

@@ -6,18 +6,21 @@ Failure class (first rule that matches wins; operational, not semantic, like the
 |---|---|---|
 | 1 | `none` | the run improved: the 95% item-level interval of Δ test is above 0 (or, with no final test score, the best feedback score's) |
 | 2 | `infrastructure failure` | the agent could not be launched; or no baseline was recorded; or the session was interrupted by a harness crash; or the run failed (a harness error), or was interrupted before the agent session ended; or every submission failed with a grader-side error (`INFRA_ERROR_MARKERS`) |
-| 3 | `static shortcut` | every scored submission has the base model's weights (route `copy`) |
-| 4 | `early coding failure` | no submission was scored: the agent never closed one train → submit → score cycle |
-| 5 | `static shortcut` | heldout: the validation score improved significantly but the hidden test score did not (no transfer) |
-| 6 | `training collapse` | the best scored submission is below baseline by more than max(1 point, 10% of baseline), and significantly |
-| 7 | `rollout construction failure` | an RL route (GRPO, PPO, RLOO, RL, SFT+RL) was submitted, and every RL submission errored or scored exactly the baseline (the policy never moved) |
-| 8 | `inconclusive` | the feedback split is too small to say the models stayed near the baseline: its 95% interval of the best gain is wider than ±`NEAR_HALF_WIDTH` points (e.g. a 1-item validation set) |
-| 9 | `reward/data design failure` | otherwise: models trained and scored, near the baseline (within that interval), without improving |
+| 3 | `environment` | no submission was scored and the machine starved the run: the session took `STARVED_START_S` or more to start the agent, or the load per core while the agent ran averaged `STARVED_LOAD` or more (`environment_fault`) |
+| 4 | `static shortcut` | every scored submission has the base model's weights (route `copy`) |
+| 5 | `early coding failure` | no submission was scored: the agent never closed one train → submit → score cycle |
+| 6 | `static shortcut` | heldout: the validation score improved significantly but the hidden test score did not (no transfer) |
+| 7 | `training collapse` | the best scored submission is below baseline by more than max(1 point, 10% of baseline), and significantly |
+| 8 | `rollout construction failure` | an RL route (GRPO, PPO, RLOO, RL, SFT+RL) was submitted, and every RL submission errored or scored exactly the baseline (the policy never moved) |
+| 9 | `inconclusive` | the feedback split is too small to say the models stayed near the baseline: its 95% interval of the best gain is wider than ±`NEAR_HALF_WIDTH` points (e.g. a 1-item validation set) |
+| 10 | `reward/data design failure` | otherwise: models trained and scored, near the baseline (within that interval), without improving |
 
 Every reason names the numbers it rests on (scores, intervals and their item counts, submission counts).
 "Significantly": the 95% interval from the paired per-item comparison with the base model on the same items
 (`a2rl.summary.intervals.paired_item_interval`) excludes 0. Runs without per-item results fall back to the sign, and the
 reason says the change was not tested. Infrastructure failure is kept apart from the agent's failures: it says the harness, not the agent, failed.
+`environment` likewise says the machine failed the agent (a starved machine): both are left out of every aggregate
+and a sweep runs their configuration again.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from a2rl.summary.metrics import RunMetrics
 FailureClass = Literal[
     "none",
     "infrastructure failure",
+    "environment",
     "early coding failure",
     "static shortcut",
     "training collapse",
@@ -43,6 +47,12 @@ INFRA_ERROR_MARKERS = ("grader crash", "cuda out of memory", "no space left on d
                        "nccl", "evaluator error", "connection refused")  # fmt: skip
 COLLAPSE_MIN_POINTS = 1.0
 COLLAPSE_FRACTION = 0.10
+STARVED_START_S = 60.0
+"""Seconds from the session's start to the agent's launch beyond which the machine, not the agent, lost the run."""
+STARVED_LOAD = 4.0
+"""Mean load per core while the agent ran at or above which each runnable process got a quarter core or less."""
+NOT_THE_AGENTS = ("infrastructure failure", "environment")
+"""Failure classes that say the harness or the machine failed: left out of aggregates, run again by sweeps."""
 NEAR_HALF_WIDTH = 25.0
 """The widest 95% interval (half-width, points) of the best feedback gain that can still show "near the baseline":
 a 1-item validation set ([0, 100] for one item gained) cannot."""
@@ -81,6 +91,8 @@ def explain_failure(
         return FailureVerdict("infrastructure failure", f"{why}: {session_detail.get('run_error')}")
     if n_scored == 0 and errors and all(any(k in x for k in INFRA_ERROR_MARKERS) for x in errors):
         return FailureVerdict("infrastructure failure", f"all {len(errors)} submissions failed with a grader-side error")
+    if n_scored == 0 and (why := session_detail.get("environment_fault")):
+        return FailureVerdict("environment", f"no submission scored, and {why}")
     scored_ids = m.scored_submission_ids or []
     if scored_ids and all(routes.get(sid) == "copy" for sid in scored_ids):
         return FailureVerdict("static shortcut", f"all {len(scored_ids)} scored submissions are the base model "
@@ -126,6 +138,23 @@ def explain_failure(
         f"trained models scored near the baseline ({scores}{_ci(m, 'improvement_feedback')}){test}; "
         f"routes {routes_seen}",
     )
+
+
+def environment_fault(start_delay_s: float | None, loads: list[float], agent_cpu_s: float | None,
+                      agent_s: float | None) -> str | None:
+    """Why the machine starved the run (the reason's clause), or None: the session's start delay (the harness's
+    `session-start` event), the load per core sampled while the agent ran and the agent's CPU time against its
+    clock (`a2rl.capture.resources`)."""
+    load = sum(loads) / len(loads) if loads else None
+    slow_start = start_delay_s is not None and start_delay_s >= STARVED_START_S
+    if not slow_start and (load is None or load < STARVED_LOAD):
+        return None
+    parts = [f"the session took {start_delay_s:.0f} s to start its agent" if start_delay_s is not None else None,
+             f"the load per core averaged {load:.1f} over {len(loads)} samples while the agent ran"
+             if load is not None else None,
+             f"the agent got {agent_cpu_s:.0f} CPU-s in {agent_s:.0f} s of its clock" if agent_cpu_s is not None
+             and agent_s else None]  # fmt: skip
+    return "the machine starved the run: " + "; ".join(p for p in parts if p)
 
 
 def failure_class(

@@ -25,6 +25,9 @@ class CodexStreamParser(StreamParser):
     def __init__(self):
         super().__init__()
         self.started: dict[str, float] = {}
+        self.open_items: dict[str, dict[str, Any]] = {}
+        """Tool items started and not completed: the last one (often the `/submit` call the budget's end cut off)
+        is still a tool call of the session (`finish`)."""
 
     def feed(self, event: dict[str, Any]) -> list[ToolCallEvent]:
         self.events += 1
@@ -32,8 +35,11 @@ class CodexStreamParser(StreamParser):
         item = event.get("item") or {}
         if kind == "item.started":
             self.started[item.get("id", "")] = time.monotonic()
+            if item.get("type") in self.TOOL_ITEMS:
+                self.open_items[item.get("id", "")] = item
         elif kind == "item.completed" and item.get("type") in self.TOOL_ITEMS:
             key = self.TOOL_ITEMS[item["type"]]
+            self.open_items.pop(item.get("id", ""), None)
             started = self.started.pop(item.get("id", ""), time.monotonic())
             exit_code = item.get("exit_code")
             failed = item.get("status") in ("failed", "declined") or (exit_code not in (None, 0))
@@ -52,6 +58,16 @@ class CodexStreamParser(StreamParser):
         elif kind in ("turn.failed", "error"):
             self.result = {"error": event.get("error") or event.get("message")}
         return []
+
+    def finish(self) -> list[ToolCallEvent]:
+        """Tool items that never completed (the session was stopped while they ran)."""
+        done = []
+        for tid, item in self.open_items.items():
+            key = self.TOOL_ITEMS[item["type"]]
+            done.append(self.tool_event(tool=item["type"], tool_use_id=tid, input=shorten({key: item.get(key)}, 500),
+                                        ok=False, error="no result: the session ended first"))  # fmt: skip
+        self.open_items.clear()
+        return done
 
 
 def codex_command(prompt: str, driver: LLMDriver, options: AgentOptions, proxy: LLMProxy

@@ -1,0 +1,73 @@
+"""What the live display says while it waits (issue #45): never "measuring the rate" once every item is counted,
+and not "about 2 s left" held for minutes while a last slow item or the evaluation's end takes its time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def test_a_complete_count_says_finishing_and_a_late_last_item_is_not_seconds_left():
+    from a2rl.ops.progress import CountView, ItemProgress, RunProgress, Snapshot
+
+    run = RunProgress(run_id="r", harness_dir=Path("."), phase="final_grading")
+    view = CountView()
+    done = ItemProgress(what="test", id="a", done=32, total=32, started_at=1000.0, at=1100.0, loaded=True)
+    (count,) = view.counts(Snapshot(progress=run, items=done), now=1101.0)
+    assert (count.done, count.total, count.left) == (32, 32, "finishing")
+    assert done.left() == "finishing"
+    # 31 of 32 at 3 s an item: the estimate runs out while the last item takes 150 s more. It said "about 2 s left"
+    # for those 150 s; a count that still moves says what it is doing (the phase's own clock counts beside it).
+    late = ItemProgress(what="test", id="b", done=31, total=32, started_at=2000.0, at=2093.0, loaded=True)
+    view = CountView()
+    shown = {view.counts(Snapshot(progress=run, items=late), now=2093.0 + t)[0].left for t in range(0, 150, 5)}
+    assert shown == {"finishing"}, shown
+
+
+def test_a_long_wait_says_what_it_waits_on_and_counts_the_seconds():
+    """`a2rl deploy` (543 s), `a2rl analyze` (350 s) and `a2rl drivers add` (319-556 s) printed nothing while they
+    waited; a wait now says what it is, then again with the seconds it has lasted, and a quick one says nothing."""
+    import io
+    import re
+    import time
+
+    from a2rl.cli.display import Waiting
+
+    out = io.StringIO()
+    with Waiting("deploying all deployments of prefect.yaml", first_s=0.0, every_s=0.01, stream=out):
+        deadline = time.monotonic() + 60
+        while out.getvalue().count("still") < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith("deploying all deployments of prefect.yaml ..."), lines
+    assert all(re.search(r"still deploying all deployments of prefect\.yaml \(\d+ s\)$", x) for x in lines[1:3]), lines
+    quick = io.StringIO()
+    with Waiting("asking the server", stream=quick):  # over long before its first word is due
+        pass
+    assert quick.getvalue() == ""
+
+
+def test_asyncio_lines_of_the_harness_runner_are_not_the_agents_latest_line():
+    """A harness-internal "Task was destroyed but it is pending!" showed as the agent's latest log line."""
+    from a2rl.ops.progress import agent_lines
+
+    log = ["[agent 10:01:59] tool bash: python train.py --epochs 1",
+           "Task was destroyed but it is pending!",
+           "task: <Task pending name='Task-7' coro=<Runner._heartbeat() running at runner.py:88> wait_for=<Future "
+           "pending cb=[Task.task_wakeup()]>>"]  # fmt: skip
+    assert agent_lines(log)[-1] == log[0]
+
+
+def test_codex_records_the_command_the_sessions_end_cut_off():
+    """codex's tool-call records missed the `/submit` call (5 of 6 commands): the budget's end stopped the session
+    while it ran, and only completed items were recorded."""
+    from a2rl.agents.cli_agents.codex import CodexStreamParser
+
+    p = CodexStreamParser()
+    submit = "curl -s -X POST $A2RL_GRADER_URL/submit -d '{\"path\": \"output/v1\"}'"
+    p.feed({"type": "item.started", "item": {"id": "i1", "type": "command_execution", "command": "ls"}})
+    p.feed({"type": "item.completed", "item": {"id": "i1", "type": "command_execution", "command": "ls",
+                                               "aggregated_output": "x", "exit_code": 0, "status": "completed"}})
+    p.feed({"type": "item.started", "item": {"id": "i2", "type": "command_execution", "command": submit}})
+    calls = p.finish()
+    assert [(c.tool, c.ok, c.input["command"]) for c in calls] == [("command_execution", False, submit)]
+    assert p.tool_calls == 2 and p.finish() == []
