@@ -140,8 +140,12 @@ def test_a_harness_going_down_on_a_signal_stops_the_agents_clock_with_its_agent(
     clock, clock_file = BudgetClock(600), tmp_path / "harness" / CLOCK_FILE
     (tmp_path / "harness").mkdir()
     env = AgentEnv("gsm8k", "tiny", ws, "http://127.0.0.1:9", "token", 0, harness_dir=tmp_path / "harness")
+    # interrupt_main runs the Python-level SIGINT handler: an earlier test of the session (the CLI's own Ctrl-C
+    # handling, run in-process) may have left one that does not raise, and the session then ran out its whole
+    # 600 s budget instead of being interrupted (the suite's slowest test). Python's default raises.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=interrupt_when_ready, daemon=True).start()
-    at_agent_end = None
+    at_agent_end, interrupted = None, False
     try:
         with ClockRecorder(clock, clock_file):
             try:
@@ -150,7 +154,10 @@ def test_a_harness_going_down_on_a_signal_stops_the_agents_clock_with_its_agent(
                 at_agent_end = clock.elapsed()
                 time.sleep(1.5)  # the harness's way down
     except KeyboardInterrupt:
-        pass
+        interrupted = True
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert interrupted, "the harness was not interrupted: the session ran to its budget"
     assert at_agent_end is not None and at_agent_end > 0.3
     assert abs(ClockRecorder.used_seconds(clock_file) - at_agent_end) < 0.05, "the clock ran on after the agent ended"
 
