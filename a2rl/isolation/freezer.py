@@ -56,6 +56,8 @@ MECHANISMS: dict[str, str] = {
 }  # fmt: skip
 """How the agent was stopped, as the report states it."""
 PASSES = 5
+PARENTS_FIRST_S = 0.2
+"""How long a uid freeze waits for the agent's shells to stop before it stops everything at once."""
 """Listings per "tree" freeze: a stopped process cannot fork, so each pass can only find children forked meanwhile."""
 CONFIRM_S = 1.0
 """The longest a freeze waits to see the agent stopped; past it the pause is charged to the agent."""
@@ -98,6 +100,7 @@ class AgentFreezer:
             if self.mechanism == "cgroup":
                 self._confirmed = self._freeze_cgroup(deadline)
             elif self.mechanism == "uid":
+                self._stop_parents_first(began + PARENTS_FIRST_S)
                 self._as_agent(signal.SIGSTOP)
                 self._stop_others()
                 self._confirmed = _until(deadline, lambda: all(s in STOPPED_STATES for s in self._uid_states()))
@@ -122,7 +125,11 @@ class AgentFreezer:
                 if procs.alive(pid, ticks):
                     _signal(pid, signal.SIGCONT)
             self._stopped.clear()
-            for pid in sorted(listed, key=_start_ticks, reverse=True):  # the youngest (children) first
+            tree = procs.descendants(self.leader_pid)  # parents before their children
+            rest = set(listed) - set(tree)
+            # children before their parents (by the tree: a shell and its command often share a start tick),
+            # then what left the tree, the youngest first
+            for pid in [*reversed(tree), *sorted(rest, key=_start_ticks, reverse=True)]:
                 _signal(pid, signal.SIGCONT)
             for pid in procs.descendants(self.leader_pid):  # anything stopped that the record missed
                 _signal(pid, signal.SIGCONT)
@@ -169,6 +176,17 @@ class AgentFreezer:
                 except OSError:
                     continue
         return states
+
+    def _stop_parents_first(self, deadline: float) -> None:
+        """The agent's processes that have children (shells waiting on a command), stopped before `kill -1`
+        stops everything: a shell still running when its command stopped reads the stop and reports the command
+        "Stopped" (exit 147) after the freeze. One short shared wait, never one per process: a parent that does
+        not stop in time (a vfork parent in D state) is stopped by the `kill -1` that follows all the same."""
+        listing = procs.all_procs()
+        parents = {p.ppid for p in listing}
+        sent = [pid for pid in procs.descendants(self.leader_pid, listing)
+                if pid in parents and _signal(pid, signal.SIGSTOP)]  # fmt: skip
+        _until(deadline, lambda: self._all_stopped(sent))
 
     def _stop_others(self) -> None:
         """What runs below the leader outside the agent's uid (bubblewrap, an LLM agent's runner): harness code,
