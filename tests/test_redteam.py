@@ -1346,6 +1346,7 @@ def test_agent_text_is_escaped_by_one_rule_at_every_sink(tmp_path, monkeypatch, 
     monkeypatch.setattr(benchmark_run, "create_table_artifact", lambda rows, **kw: artifacts.append(("table", rows)))
     monkeypatch.setattr(benchmark_run, "create_image_artifact", lambda *a, **kw: None)
     benchmark_run.summarize_run.fn(ctx, "completed", {"agent_session": 11.0})
+    benchmark_run.publish_artifacts(ctx)  # the benchmark-run flow's own artifacts (its Artifacts tab)
     report = (harness / "report.md").read_text()
     assert "ckpt" in report, "the hostile submission is not in the report"
     _inert(report, "report.md")

@@ -185,7 +185,7 @@ def test_reference_sft_grpo_session_warms_up_with_sft_then_runs_grpo_from_it(
     code = {p.name for p in (paths.workspace / "code").iterdir()}
     assert code == {"agent.py", "train_grpo.py", "train_grpo_env.py", "train_sft.py", "round_loop.py",
                     "decode_engine.py", "train_precision.py", "train_common.py", "sft_grpo_session.py", "sft_torch.py",
-                    "grpo_env_torch.py"}
+                    "grpo_env_torch.py", "search_demos.py"}
     clock = BudgetClock(600)
     ctx = GradingContext("run-g", RunConfig(max_submissions=2), paths.workspace, paths.harness_dir,
                          baseline={"validation": 25.0}, base_model_dir=tiny_model_dir)  # fmt: skip

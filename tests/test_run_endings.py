@@ -79,6 +79,9 @@ def test_the_row_the_line_and_prefects_state_agree_however_the_run_ends(
     stop_at(monkeypatch, phase, how)
     results = tmp_path / "a.duckdb"
     previous = signal.getsignal(signal.SIGINT)
+    # Ctrl-C as in a fresh process: Python's default handler (an earlier in-process test may have left one that
+    # does not raise, and the run then went on to complete)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         rc = main(["run", "--base-model", str(tiny_model_dir), "--budget", "10", "--val-limit", "1", "--test-limit",
                    "1", "--sandbox", "off", "--results", str(results), "--runs-dir", str(tmp_path / "runs")])

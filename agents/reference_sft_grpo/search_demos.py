@@ -25,8 +25,14 @@ from pathlib import Path
 def import_envlib(data_dir: Path):
     """The task's environments, as shipped in the workspace (`data/envlib.zip`)."""
     zip_path = str(Path(data_dir) / "envlib.zip")
-    if zip_path not in sys.path:
-        sys.path.insert(0, zip_path)
+    loaded = sys.modules.get("envlib")
+    if loaded is not None and not str(getattr(loaded, "__file__", "")).startswith(zip_path + "/"):
+        # another workspace's envlib (several in one process, as in tests): each zip holds its own task only
+        for name in [n for n in sys.modules if n == "envlib" or n.startswith("envlib.")]:
+            del sys.modules[name]
+    if zip_path in sys.path:
+        sys.path.remove(zip_path)
+    sys.path.insert(0, zip_path)
     import envlib
 
     return envlib
