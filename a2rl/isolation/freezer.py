@@ -127,11 +127,9 @@ class AgentFreezer:
             self._stopped.clear()
             tree = procs.descendants(self.leader_pid)  # parents before their children
             rest = set(listed) - set(tree)
-            # children before their parents (by the tree: a shell and its command often share a start tick),
-            # then what left the tree, the youngest first
+            # children before their parents (by the tree: a shell and its command often share a start tick), which
+            # also continues anything stopped that the record missed; then what left the tree, the youngest first
             for pid in [*reversed(tree), *sorted(rest, key=_start_ticks, reverse=True)]:
-                _signal(pid, signal.SIGCONT)
-            for pid in procs.descendants(self.leader_pid):  # anything stopped that the record missed
                 _signal(pid, signal.SIGCONT)
             if self.mechanism == "uid":
                 self._as_agent(signal.SIGCONT)
