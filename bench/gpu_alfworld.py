@@ -16,7 +16,18 @@ Started by `bench/gpu_alfworld.sh` (which installs the carried wheels first):
 MODEL is a Hugging Face checkpoint directory, a .gguf file, or the parts of one (`split -n 2`), joined in the
 order given. A lent GPU machine runs one command for at most 10 minutes: `--detach` starts the runs in their
 own sessions (they outlive the command) and returns; a next command `--collect` (same `--work`) waits for them,
-merges and prints. `--table STORE` only prints the table of an existing store (CPU check of the SQL).
+merges and prints (with `--wait-only S` it waits at most S seconds and leaves unfinished runs going, for a next
+call). A detached run outlives the call only when it runs from a copy outside the tool's checkout (the next call
+replaces the checkout): copy the tree to `$STASH/repo` and start it there. With several modes the collect also runs
+`a2rl analyze --compare mode` on the merged store. The SFT-only against SFT + RL table (issue 42, BENCHMARKS.md
+"RL, fourth pass"), 4 seeds x 2 modes, 8 runs on one machine of 2 GPUs:
+
+    bash bench/gpu_alfworld.sh PARTS --runs reference-sft-grpo:sft-only reference-sft-grpo:free \
+        --seeds 0 1 2 3 --per-gpu 4 --budget 420 --work $STASH/work --detach
+    python3 bench/gpu_alfworld.py --runs ... --seeds 0 1 2 3 --work $STASH/work --collect --wait-only 520
+    python3 bench/gpu_alfworld.py --runs ... --seeds 0 1 2 3 --work $STASH/work --collect --deadline-s 560
+
+`--table STORE` only prints the table of an existing store (CPU check of the SQL).
 """
 
 from __future__ import annotations
@@ -69,6 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "with --collect, from the collect's start")  # fmt: skip
     p.add_argument("--detach", action="store_true", help="start the runs and return (collect them with --collect)")
     p.add_argument("--collect", action="store_true", help="wait for the runs --detach started, merge, print")
+    p.add_argument("--wait-only", type=float, metavar="S",
+                   help="with --collect: wait at most S seconds and, if runs are still going, leave them running "
+                        "and exit 5 (a later --collect goes on; a GPU tool call lasts 10 minutes at most)")
     p.add_argument("--launch-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--per-gpu", type=int, default=2, help="runs at a time on one GPU (the rest wait for a place)")
     p.add_argument("--no-test-every-submission", dest="test_every_submission", action="store_false",
@@ -331,6 +345,18 @@ def seeds_table(store: Path, exclude: set[str] = frozenset()) -> str:
     return "\n".join(per_run + [""] + lines)
 
 
+def compare_modes(args: argparse.Namespace, store: Path) -> str:
+    """`a2rl analyze --compare mode` on the merged store (paired by seed and hidden-test item): its printed lines;
+    its summary.json and report.html go to --work/analysis."""
+    cmd = [args.python, "-c", "import sys; from a2rl.cli import main; sys.exit(main())", "analyze", "--results",
+           str(store), "--out", str(args.work / "analysis"), "--compare", "mode"]  # fmt: skip
+    try:
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return "a2rl analyze: timed out after 300 s"
+    return f"(rc {done.returncode})\n{done.stdout}{done.stderr[-2000:]}"
+
+
 def copy_artifacts(results: Path, dest: Path) -> None:
     """report.md, run.log, agent.log, ledger, the agent's NOTES.md and RL curve of each run under `results`."""
     for run in sorted((results.parent / "runs").glob("*")):
@@ -365,7 +391,10 @@ def start_all(args: argparse.Namespace, base: Path, t0: float) -> list[dict]:
     import torch
 
     gpus = list(range(torch.cuda.device_count())) or [None]
-    pending = [(agent_mode, seed) for seed in args.seeds for agent_mode in args.runs]
+    # Every other seed in reverse order of settings: round-robin then puts each setting on every card (seed 0's
+    # first setting on card 0, seed 1's on card 1, ...) instead of one setting per card.
+    pending = [(agent_mode, seed) for i, seed in enumerate(args.seeds)
+               for agent_mode in (args.runs if i % 2 == 0 else args.runs[::-1])]  # fmt: skip
     started: list[dict] = []
     while pending:
         busy = {g: sum(1 for r in started if r["gpu"] == g and alive(r["pid"])) for g in gpus}
@@ -394,6 +423,14 @@ def collect(args: argparse.Namespace, started: list[dict], facts: dict, t0: floa
     """Wait for the runs, merge their stores, print the tables, pack the artifacts (at most 8 files in $OUT)."""
     import tarfile
 
+    if args.wait_only is not None:
+        until = time.monotonic() + args.wait_only
+        while any(alive(r["pid"]) for r in started) and time.monotonic() < until:
+            time.sleep(5)
+        going = [r["name"] for r in started if alive(r["pid"])]
+        if going:
+            log(f"still running after {args.wait_only:.0f} s, left running: {' '.join(going)}", t0)
+            return 5
     wait_all({r["name"]: r["pid"] for r in started}, t0 + args.deadline_s, t0)
     stores = [Path(r["results"]) for r in started]
     merge_stores(stores, args.out / "a2rl.duckdb")
@@ -413,6 +450,12 @@ def collect(args: argparse.Namespace, started: list[dict], facts: dict, t0: floa
         return 1
     text = print_table(args.out / "a2rl.duckdb") + "\n\nover seeds:\n" + seeds_table(args.out / "a2rl.duckdb")
     print(text.split("\n\nover seeds:")[1], flush=True)
+    if len({m.split(":")[1] for m in args.runs}) > 1:  # the settings differ in mode: the library's comparison
+        compare = compare_modes(args, args.out / "a2rl.duckdb")
+        print(compare, flush=True)
+        text += "\n\na2rl analyze --compare mode:\n" + compare
+        if (args.work / "analysis" / "summary.json").is_file():
+            shutil.copyfile(args.work / "analysis" / "summary.json", args.out / "analysis-summary.json")
     (args.out / "table.txt").write_text(text + "\n")
     for r in started:
         tail = Path(r["log"]).read_text(errors="replace").strip().splitlines()[-4:] if Path(r["log"]).is_file() else []

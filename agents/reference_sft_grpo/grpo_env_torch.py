@@ -450,6 +450,8 @@ class UpdateStats:
     minibatches_used: int = 0
     """Minibatches whose optimizer step was taken (fewer than planned when the KL target stopped the update)."""
     kl_stopped: bool = False
+    peak_gib: float = 0.0
+    """The process's peak GPU memory allocated during the update (torch.cuda.max_memory_allocated; 0 on CPU)."""
 
 
 @dataclass
@@ -654,6 +656,8 @@ class GRPOEnv:
         stats = UpdateStats(lr=round(self.peak_lr * self.lr_scale * k.lr_factor(self.optimizer_steps), 10))
         if not samples:
             return stats
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         self.model.eval()
         samples = sorted(samples, key=lambda s: len(s[0]) + len(s[1]))  # similar lengths share micro-batches
         weights = self.token_weights(samples)
@@ -718,6 +722,8 @@ class GRPOEnv:
         stats.loss = round(loss_sum / steps, 6)
         stats.clip_fraction, stats.approx_kl = round(clipped / max(1, tokens), 4), round(kl_sum / max(1, tokens), 6)
         stats.first_ratio_max_dev = round(stats.first_ratio_max_dev, 6)
+        if self.device.type == "cuda":
+            stats.peak_gib = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)
         if k.kl_target:  # toward the target: a slower rate after a step too far, a faster one after a timid one
             if stats.approx_kl > 2 * k.kl_target:
                 self.lr_scale = max(0.05, self.lr_scale / 2)
