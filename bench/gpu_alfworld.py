@@ -384,6 +384,13 @@ def prepare(args: argparse.Namespace, t0: float) -> tuple[Path, dict]:
     return base, {k: round(v, 1) for k, v in eval_s.items()}
 
 
+def run_order(runs: list[str], seeds: list[int]) -> list[tuple[str, int]]:
+    """(agent:mode, seed) in the order the runs start: every other seed takes the settings in reverse, so that
+    round-robin over the cards puts each setting on every card (seed 0's first setting on card 0, seed 1's on
+    card 1, ...) rather than one setting per card."""
+    return [(agent_mode, seed) for i, seed in enumerate(seeds) for agent_mode in (runs if i % 2 == 0 else runs[::-1])]
+
+
 def start_all(args: argparse.Namespace, base: Path, t0: float) -> list[dict]:
     """Every (agent:mode, seed) run, round-robin over the visible GPUs, at most `--per-gpu` at a time on a card
     (three SmolLM2 runs on one 80 GB H100 ran out of memory, 2026-11-26): the rest start as runs end. Returns
@@ -391,10 +398,7 @@ def start_all(args: argparse.Namespace, base: Path, t0: float) -> list[dict]:
     import torch
 
     gpus = list(range(torch.cuda.device_count())) or [None]
-    # Every other seed in reverse order of settings: round-robin then puts each setting on every card (seed 0's
-    # first setting on card 0, seed 1's on card 1, ...) instead of one setting per card.
-    pending = [(agent_mode, seed) for i, seed in enumerate(args.seeds)
-               for agent_mode in (args.runs if i % 2 == 0 else args.runs[::-1])]  # fmt: skip
+    pending = run_order(args.runs, args.seeds)
     started: list[dict] = []
     while pending:
         busy = {g: sum(1 for r in started if r["gpu"] == g and alive(r["pid"])) for g in gpus}
