@@ -21,7 +21,6 @@ The field names match `a2rl.agents.LLMDriver` / `a2rl.agents.AgentOptions`, whic
 
 from __future__ import annotations
 
-
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
 
