@@ -168,3 +168,13 @@ def test_a_wait_for_another_install_and_a_quiet_install_say_what_they_wait_on_an
     assert proc.returncode == 0, err_path.read_text()
     assert out.strip() == str(target / "bin" / "uv")
     assert re.search(r"still installing .* \(\d+ s\)\n", err_path.read_text())
+
+
+def test_make_tools_and_the_runs_preflight_hold_the_agent_clis_to_one_node_floor():
+    """`make tools` refused Node 18 by name while a run's preflight, reading codex's `engines` (>=16), blamed the
+    install: one floor, the same number in both."""
+    from a2rl.agents.cli_agents.install import NODE_MAJOR_LEAST
+
+    script = (REPO / "scripts" / "tools.sh").read_text()
+    assert f'if [ "$node_major" -lt {NODE_MAJOR_LEAST} ]' in script
+    assert f"need Node.js >= {NODE_MAJOR_LEAST}" in script
