@@ -7,6 +7,10 @@ import os
 from importlib import resources
 from pathlib import Path
 
+HOSTS_PATTERN = "results/hosts/*/a2rl.duckdb"
+"""Where the day-one layout keeps a copy of each host's results directory (docs/scale-out.md); here, not in
+a2rl.store.merge, so that `a2rl store merge --help` does not import DuckDB."""
+
 
 def a2rl_home() -> Path:
     """Machine-wide cache root: converted base models, prepared task data, evaluation cache."""

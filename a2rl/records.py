@@ -11,7 +11,9 @@ import json
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_serializer
+from pydantic import (
+    BaseModel, ConfigDict, Field, SecretStr, StringConstraints, field_validator, model_serializer,
+)
 
 Split = Literal["validation", "test"]
 Protocol = Literal["heldout", "paper"]
@@ -31,6 +33,24 @@ class Sparse(BaseModel):
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
+
+
+class DriverFields(BaseModel):
+    """The fields of a driver LLM (model id, endpoint, key, per-token prices in USD per million tokens): the
+    `DriverConfig` Prefect block is made of them, and `a2rl drivers add` builds its options from them here,
+    without importing Prefect (its `--help` stays under a CPU-second)."""
+
+    model: str = Field(description="Model id as the endpoint knows it, e.g. claude-sonnet-4-5.")
+    api_key: SecretStr = Field(default=SecretStr(""), description="API key; never enters the agent's workspace.")
+    api_key_env: str | None = Field(default=None, description="Or: the environment variable that holds the key.")
+    base_url: str | None = Field(default=None, description="A compatible endpoint (vLLM, proxy); empty = vendor's.")
+    api: Literal["anthropic", "openai", "gemini"] = Field(
+        default="anthropic", description="Wire protocol: anthropic (Messages), openai (OpenAI-compatible: "
+        "Responses / Chat Completions, e.g. vLLM) or gemini (Gemini API generateContent).")  # fmt: skip
+    input_usd_per_mtok: float = Field(default=0.0, ge=0, description="USD per million uncached input tokens.")
+    output_usd_per_mtok: float = Field(default=0.0, ge=0, description="USD per million output tokens.")
+    cache_read_usd_per_mtok: float = Field(default=0.0, ge=0, description="USD per million cache-read tokens.")
+    cache_write_usd_per_mtok: float = Field(default=0.0, ge=0, description="USD per million cache-write tokens.")
 
 
 MAX_BUDGET_S = 7 * 24 * 3600.0

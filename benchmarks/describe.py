@@ -27,6 +27,13 @@ def describe_variant(task: BenchmarkTask, variant: str, load_offline: bool = Tru
     """Sizes and source of one variant: from its prepared manifest, else by loading it (offline only,
     since the `full` variants download from the Hugging Face Hub)."""
     lines = [f"  {variant}: {task.variant_labels.get(variant, variant)}"]
+    try:
+        loadable = variant in task.loaders()
+    except NotImplementedError:  # a task that overrides load() alone: it says at load time
+        loadable = True
+    if not loadable:  # a task.toml copied from another task's (gsm8k's `full`) labels a variant this one lacks
+        return [*lines, f"    not a variant of {task.id}: task.toml labels it, but the task has no loader for it "
+                        "(remove it from [variant_labels])"]
     manifest = prepared_manifest(task, variant)
     if manifest is not None:
         lines.append(f"    prepared: {_sizes(manifest['sizes'])}")

@@ -21,29 +21,18 @@ The field names match `a2rl.agents.LLMDriver` / `a2rl.agents.AgentOptions`, whic
 
 from __future__ import annotations
 
-from typing import Literal
-
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
 
+from a2rl.records import DriverFields
 
-class DriverConfig(Block):
-    """A driver LLM: model id, endpoint, API key and per-token prices (USD per million tokens)."""
+
+class DriverConfig(Block, DriverFields):
+    """A driver LLM: model id, endpoint, API key and per-token prices (USD per million tokens); its fields are
+    `a2rl.records.DriverFields` (there without Prefect, for `a2rl drivers add`)."""
 
     _block_type_name = "a2rl Driver Config"
     _description = "Driver LLM of an a2rl agent: model id, endpoint, API key, prices."
-
-    model: str = Field(description="Model id as the endpoint knows it, e.g. claude-sonnet-4-5.")
-    api_key: SecretStr = Field(default=SecretStr(""), description="API key; never enters the agent's workspace.")
-    api_key_env: str | None = Field(default=None, description="Or: the environment variable that holds the key.")
-    base_url: str | None = Field(default=None, description="A compatible endpoint (vLLM, proxy); empty = vendor's.")
-    api: Literal["anthropic", "openai", "gemini"] = Field(
-        default="anthropic", description="Wire protocol: anthropic (Messages), openai (OpenAI-compatible: "
-        "Responses / Chat Completions, e.g. vLLM) or gemini (Gemini API generateContent).")  # fmt: skip
-    input_usd_per_mtok: float = Field(default=0.0, ge=0, description="USD per million uncached input tokens.")
-    output_usd_per_mtok: float = Field(default=0.0, ge=0, description="USD per million output tokens.")
-    cache_read_usd_per_mtok: float = Field(default=0.0, ge=0, description="USD per million cache-read tokens.")
-    cache_write_usd_per_mtok: float = Field(default=0.0, ge=0, description="USD per million cache-write tokens.")
 
 
 class AgentConfig(Block):

@@ -34,7 +34,14 @@ install_once() {
   dir=$1; check=$2; shift 2
   works "$dir" "$check" && return 0
   exec 9>"$dir.lock"
-  flock 9
+  if ! flock -n 9; then  # another clone installs it now: say so, and count the wait
+    echo "waiting for another install of $dir to end (lock $dir.lock) ..." >&2
+    waited=0
+    until flock -w "$EVERY_S" 9; do
+      waited=$((waited + EVERY_S))
+      echo "still waiting for another install of $dir ($waited s)" >&2
+    done
+  fi
   if ! works "$dir" "$check"; then
     if [ -e "$dir/.a2rl-installed" ]; then
       echo "$dir is marked installed, but $(TARGET=$dir sh -c "$check" 2>&1 | tail -n 1 | cut -c1-200); installing it again" >&2
@@ -42,7 +49,7 @@ install_once() {
     rm -rf "$dir"
     TARGET=$dir
     export TARGET
-    "$@" >&2  # stdout is the installed directory's path, for the Makefile
+    counted "installing $dir" "$@"
     touch "$dir/.a2rl-installed"
     if ! works "$dir" "$check"; then
       echo "installed $dir, but $(sh -c "$check" 2>&1 | tail -n 1 | cut -c1-200)" >&2
@@ -51,6 +58,26 @@ install_once() {
     fi
   fi
   exec 9>&-
+}
+
+# counted WHAT COMMAND...: run COMMAND (its output to stderr: stdout is the installed directory's path, for the
+# Makefile) and say "still WHAT (N s)" every EVERY_S seconds while it runs: a quiet pip or npm showed nothing.
+EVERY_S=${A2RL_WAIT_EVERY_S:-15}
+counted() {
+  what=$1; shift
+  echo "$what ..." >&2
+  "$@" >&2 &
+  pid=$!
+  start=$(date +%s); next=$EVERY_S
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    took=$(($(date +%s) - start))
+    if [ "$took" -ge "$next" ] && kill -0 "$pid" 2>/dev/null; then
+      echo "still $what ($took s)" >&2
+      next=$((took + EVERY_S))
+    fi
+  done
+  wait "$pid"
 }
 
 # works DIR CHECK: DIR is marked installed and CHECK passes.

@@ -455,12 +455,36 @@ def test_an_old_node_on_path_is_named_with_how_to_choose_another(tmp_path):
     old_node.write_text("#!/bin/sh\necho v18.19.0\n")
     old_node.chmod(0o755)
     line = node_mismatch(cli, f"{old_node.parent}:/usr/bin:/bin")
-    assert line is not None and str(old_node) in line and "v18.19.0" in line and ">=20" in line and "PATH" in line
+    assert line is not None and str(old_node) in line and "v18.19.0" in line and ">= 20" in line and "PATH" in line
     new_node = tmp_path / "node22" / "node"
     new_node.parent.mkdir()
     new_node.write_text("#!/bin/sh\necho v22.1.0\n")
     new_node.chmod(0o755)
     assert node_mismatch(cli, f"{new_node.parent}:/usr/bin:/bin") is None
+
+
+def test_the_preflight_names_an_old_node_where_the_package_asks_for_less(tmp_path):
+    """Issue #45: codex's package asks for node >=16, so under Node 18 the run's preflight blamed the install
+    ("reinstall ...") where `make tools` named the Node; both now hold the CLIs to Node >= 20."""
+    from a2rl.agents import LLMDriver, get_agent
+
+    package = tmp_path / "lib" / "node_modules" / "@openai" / "codex"
+    (package / "bin").mkdir(parents=True)
+    (package / "package.json").write_text(json.dumps({"name": "@openai/codex", "engines": {"node": ">=16"}}))
+    cli = package / "bin" / "codex.js"
+    cli.write_text("#!/usr/bin/env node\n")
+    cli.chmod(0o755)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "codex").symlink_to(cli)
+    old_node = tmp_path / "node18" / "node"  # answers its version, and fails on codex's modern syntax
+    old_node.parent.mkdir()
+    old_node.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo v18.19.0; exit 0; }\n'
+                        'echo "SyntaxError: Unexpected token \'??=\'" >&2\nexit 1\n')
+    old_node.chmod(0o755)
+    agent = get_agent("codex", driver=LLMDriver(model="m", api="openai", api_key="k"))
+    line = agent.check(path=f"{tmp_path / 'bin'}:{old_node.parent}:/usr/bin:/bin")
+    assert line is not None and str(old_node) in line and "v18.19.0" in line and "Node >= 20" in line, line
+    assert "reinstall" not in line and "npm" not in line, line
 
 
 def _in_bwrap(*mounts: str) -> list[str]:

@@ -16,11 +16,47 @@ def test_a_complete_count_says_finishing_and_a_late_last_item_is_not_seconds_lef
     assert (count.done, count.total, count.left) == (32, 32, "finishing")
     assert done.left() == "finishing"
     # 31 of 32 at 3 s an item: the estimate runs out while the last item takes 150 s more. It said "about 2 s left"
-    # for those 150 s; a count that still moves says what it is doing (the phase's own clock counts beside it).
+    # for those 150 s; past the estimate it says so and counts up.
     late = ItemProgress(what="test", id="b", done=31, total=32, started_at=2000.0, at=2093.0, loaded=True)
     view = CountView()
-    shown = {view.counts(Snapshot(progress=run, items=late), now=2093.0 + t)[0].left for t in range(0, 150, 5)}
-    assert shown == {"finishing"}, shown
+    shown = [view.counts(Snapshot(progress=run, items=late), now=2093.0 + t)[0].left for t in range(0, 150, 5)]
+    assert shown[0] == "finishing" and all("left" not in x for x in shown), shown
+    assert shown[-1] == "overdue by 2 min 22 s", shown  # run out at 3 s, shown at 145 s
+
+
+def test_the_eta_moves_gradually_when_the_rate_slows_and_counts_up_once_overdue():
+    """The ETA jumped 9 -> 17 -> 33 -> 53 min within a minute: few items measured, and the next batch slower than
+    the first. On a synthetic clock: 400 items finishing in batches of 8, the first batch after 8 s, each later
+    one 120 s after the one before; the display is read every 5 s for 15 minutes."""
+    from a2rl.ops.progress import CountView, ItemProgress, RunProgress, Snapshot
+
+    run = RunProgress(run_id="r", harness_dir=Path("."), phase="final_grading")
+    view, shown, raw = CountView(), [], []
+    for t in range(5, 900, 5):
+        done = 0 if t < 8 else 8 * (1 + (t - 8) // 120)
+        finished_at = 0.0 if t < 8 else 8.0 + 120.0 * ((t - 8) // 120)
+        items = ItemProgress(what="test", id="a", done=done, total=400, started_at=0.0, at=finished_at, loaded=True)
+        (count,) = view.counts(Snapshot(progress=run, items=items), now=float(t))
+        if done:
+            raw.append(items.eta_s(float(t)))
+            minutes, _, seconds = count.left.removeprefix("about ").removesuffix(" s left").rpartition(" min ")
+            shown.append(int(minutes or 0) * 60 + int(seconds))
+    assert max(raw[:12]) / raw[0] > 4  # the estimate itself went up several-fold within a minute
+    for i in range(len(shown) - 6):  # over any 30 s the shown ETA at most doubles (it was 5.9x within a minute)
+        assert shown[i + 6] <= 2.0 * shown[i] + 1, (i, shown[i:i + 7])
+    assert abs(shown[-1] - raw[-1]) < 0.2 * raw[-1], (shown[-1], raw[-1])  # and it does get there: nothing hidden
+
+
+def test_an_overdue_count_starts_a_new_estimate_when_an_item_finishes():
+    from a2rl.ops.progress import EtaSmoother, eta_text
+
+    eta = EtaSmoother()
+    assert eta(20.0, now=0.0, done=5) == 20.0
+    assert eta(0.0, now=25.0, done=5) == 0.0 and eta.overdue_s(25.0) == 5.0  # ran out at 20 s
+    assert eta(10.0, now=40.0, done=5) == 0.0 and eta.overdue_s(40.0) == 20.0  # no creeping back by seconds
+    assert eta_text(0.0, overdue_s=eta.overdue_s(40.0)) == "overdue by 20 s"
+    assert eta(60.0, now=41.0, done=6) == 60.0 and eta.overdue_s(41.0) is None  # an item finished: the new rate
+    assert eta_text(60.0, complete=True) == "finishing"
 
 
 def test_a_long_wait_says_what_it_waits_on_and_counts_the_seconds():

@@ -109,3 +109,29 @@ def test_a_plain_run_holds_no_gpu_slot_and_prefect_does_not_warn_of_a_missing_li
             held = True
     assert held and not said
     assert not [r for r in caplog.records if "do not exist" in r.getMessage()], caplog.text
+
+
+def test_server_start_beside_a_process_on_its_database_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    """It was only a warning, and the server then started on the shared prefect.db: refused now, nothing started,
+    one line that says how to start one anyway."""
+    import a2rl.cli
+    from a2rl.ops import prefect_local
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    monkeypatch.delenv(prefect_local.DATABASE_ENV, raising=False)
+    db, port = tmp_path / "prefect.db", free_port()
+    holder = subprocess.Popen([sys.executable, "-c", f"import sqlite3, time; c = sqlite3.connect({str(db)!r}); "
+                               "c.execute('create table t (x)'); c.commit(); print('open', flush=True); "
+                               "time.sleep(600)"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        assert a2rl.cli.main(["server", "start", "--no-worker", "--port", str(port)]) == 1
+    finally:
+        holder.kill()
+    holder.wait()
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "server not started" in err and f"pid {holder.pid}" in err, err
+    assert "PREFECT_HOME=DIR a2rl server start" in err
+    assert prefect_local.read_state(prefect_local.SERVER_STATE, tmp_path) is None
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0  # nothing listens on the port it was asked for

@@ -128,3 +128,16 @@ def test_a_task_toml_declares_the_fields(tmp_path, monkeypatch):
 def test_a_bad_task_toml_is_one_clear_error(tmp_path, monkeypatch, toml, body, message):
     with pytest.raises(TaskFileError, match=message):
         _define(tmp_path, monkeypatch, toml, body)
+
+
+def test_a_variant_labelled_in_task_toml_without_a_loader_is_named_as_not_the_tasks(tmp_path, monkeypatch):
+    """Issue #45: a plug-in's task.toml copied from gsm8k's listed a `full` variant the task does not have, and
+    `a2rl tasks show` offered it ("not prepared on this machine (needs internet ...)")."""
+    from a2rl.benchmarks.describe import describe_variant
+
+    body = "    def loaders(self):\n        return {'offline': lambda: None}\n"
+    toy = _define(tmp_path, monkeypatch, GOOD.replace('offline = "made up"', 'offline = "made up"\nfull = "GSM8K"'),
+                  body)()  # fmt: skip
+    lines = describe_variant(toy, "full")
+    assert len(lines) == 2 and "not a variant of toy" in lines[1] and "remove it from [variant_labels]" in lines[1]
+    assert "not a variant" not in " ".join(describe_variant(toy, "offline", load_offline=False))

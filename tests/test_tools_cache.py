@@ -124,3 +124,57 @@ def test_an_old_node_first_on_path_is_named_with_how_to_choose_another(tmp_path)
     proc = tools("npm", cache=tmp_path / "cache", PATH=f"{fake}:/usr/bin:/bin")
     assert proc.returncode == 1 and f"{fake / 'node'} v18.19.0" in proc.stderr and "PATH=" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_wait_for_another_install_and_a_quiet_install_say_what_they_wait_on_and_count(tmp_path):
+    """`scripts/tools.sh uv` waited in silence: on another clone's lock, and through a quiet `pip install`. Each now
+    says what it waits on, then "still ... (N s)". Event-driven: the lock is let go, and the install (a stand-in
+    python whose venv and pip are scripts) ends, only once the count was seen."""
+    import fcntl
+    import time
+
+    cache, go = tmp_path / "cache", tmp_path / "go"
+    target = cache / f"uv-{pin('UV_VERSION')}"
+    cache.mkdir()
+    pip = tmp_path / "pip"
+    pip.write_text('#!/bin/sh\nd=$(dirname "$0")\nprintf \'#!/bin/sh\\necho uv 0\\n\' > "$d/uv"\nchmod +x "$d/uv"\n')
+    python = tmp_path / "python"  # `python -m venv DIR`: waits for the test's go, then makes DIR/bin/pip
+    python.write_text(f'#!/bin/sh\nuntil [ -e {go} ]; do sleep 0.2; done\nmkdir -p "$3/bin"\ncp {pip} "$3/bin/pip"\n')
+    for script in (pip, python):
+        script.chmod(0o755)
+    err_path = tmp_path / "stderr"
+
+    def wait_for(text: str) -> None:
+        deadline = time.monotonic() + 300
+        while text not in err_path.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()
+            time.sleep(0.1)
+
+    env = {**os.environ, "UV_VERSION": pin("UV_VERSION"), "A2RL_TOOLS_CACHE": str(cache), "PYTHON": str(python),
+           "A2RL_WAIT_EVERY_S": "1"}  # fmt: skip
+    with open(f"{target}.lock", "w") as lock, err_path.open("w") as err:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another clone installs it now
+        proc = subprocess.Popen(["sh", str(REPO / "scripts" / "tools.sh"), "uv"], env=env, stdout=subprocess.PIPE,
+                                stderr=err, text=True)  # fmt: skip
+        try:
+            wait_for(f"waiting for another install of {target} to end")
+            wait_for(f"still waiting for another install of {target} (")
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            wait_for(f"installing {target} ...")
+            wait_for(f"still installing {target} (")
+        finally:
+            go.touch()  # the stand-in install ends whatever happened
+        out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err_path.read_text()
+    assert out.strip() == str(target / "bin" / "uv")
+    assert re.search(r"still installing .* \(\d+ s\)\n", err_path.read_text())
+
+
+def test_make_tools_and_the_runs_preflight_hold_the_agent_clis_to_one_node_floor():
+    """`make tools` refused Node 18 by name while a run's preflight, reading codex's `engines` (>=16), blamed the
+    install: one floor, the same number in both."""
+    from a2rl.agents.cli_agents.install import NODE_MAJOR_LEAST
+
+    script = (REPO / "scripts" / "tools.sh").read_text()
+    assert f'if [ "$node_major" -lt {NODE_MAJOR_LEAST} ]' in script
+    assert f"need Node.js >= {NODE_MAJOR_LEAST}" in script

@@ -28,7 +28,7 @@ def _quiet_defaults() -> None:
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    """The whole command line; `argv` (when given) lets commands other than `drivers` skip importing Prefect."""
+    """The whole command line; `argv` (when given) lets commands other than `run` skip importing every agent."""
     from a2rl.cli.catalog import add_driver_parsers, agents_help
     from a2rl.cli.errors import DefaultsHelpFormatter, OneLineParser
     from a2rl.records import RunConfig
@@ -90,12 +90,28 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                          help="first write a synthetic store of about RUNS runs (failed, interrupted and infrastructure "
                          "failures included; offline stand-in data, labelled so) at --results, which must not exist")
     sub.add_parser("agents", help="list the agents and what each needs (driver API, CLI, key)")
-    add_driver_parsers(sub, with_fields=argv is None or "drivers" in argv)
+    add_driver_parsers(sub)
     add_ops_parsers(sub)
     from a2rl.cli.store_cmd import add_store_parsers
 
     add_store_parsers(sub)
     return parser
+
+
+def command_lines(parser: argparse.ArgumentParser) -> list[list[str]]:
+    """Every command line the parser knows, as `[command[, action]]` from the top (`[]`): what `--help` is
+    measured and checked on (bench/bench_cli_help.py, tests/test_cli_startup.py)."""
+    lines: list[list[str]] = [[]]
+
+    def walk(node: argparse.ArgumentParser, prefix: list[str]) -> None:
+        for action in node._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    lines.append([*prefix, name])
+                    walk(child, [*prefix, name])
+
+    walk(parser, [])
+    return lines
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -444,8 +460,10 @@ def cmd_server(args: argparse.Namespace) -> int:
     port = args.port or prefect_local.DEFAULT_PORT
     if warning := prefect_local.exposure_warning(args.host, port):
         print(f"a2rl: warning: {warning}", file=sys.stderr)
-    if users := prefect_local.database_users(prefect_local.prefect_home()):
-        print(f"a2rl: warning: {users}", file=sys.stderr)
+    sqlite = not (args.database or os.environ.get(prefect_local.DATABASE_ENV))
+    if sqlite and (users := prefect_local.database_users(prefect_local.prefect_home())):
+        # a second server on one SQLite file meets 'database is locked' while the other writes: refused, not warned
+        raise prefect_local.OpsError(f"server not started: {users}")
     print(f"starting a Prefect server on {args.host}:{port} (PREFECT_HOME={prefect_local.prefect_home()}) ...",
           flush=True)  # fmt: skip
     server = prefect_local.start_server(args.host, port, database=args.database)
@@ -495,14 +513,22 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     what = ", ".join(args.name) if args.name else "all deployments of prefect.yaml"
     with Waiting(f"deploying {what} to {url} (`prefect deploy` imports each flow)"):
         out = prefect_local.deploy(url, names=args.name, pool=args.pool)
-    # The CLI draws boxes around its messages; keep only the deployment lines.
-    created = [line.strip(" │") for line in out.splitlines() if "Deployment '" in line]
-    print("\n".join(created) or out)
+    created = deployed(out)
+    print("\n".join(f"deployed {name}: id {uid}" for name, uid in created) or out)
     if args.auto_retry is not None:
         from a2rl.ops.auto_retry import set_auto_retry
 
         print(set_auto_retry(url, prefect_local.RUN_DEPLOYMENT, args.auto_retry))
     return 0
+
+
+def deployed(out: str) -> list[tuple[str, str]]:
+    """(flow/deployment, full id) of each deployment `prefect deploy` reports created. It says so in a box that
+    wraps at the terminal's width, cutting the id onto the next line: the box is read as one text."""
+    import re
+
+    text = " ".join(re.sub(r"[│╭╮╰╯─]", " ", out).split())
+    return re.findall(r"Deployment '([^']+)' successfully created with id '([0-9a-fA-F-]{36})'", text)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

@@ -105,8 +105,8 @@ def installed(program: str) -> str:
 # ---- drivers ---------------------------------------------------------------------------------------------------
 
 
-def add_driver_parsers(sub, with_fields: bool = True) -> None:
-    """`with_fields=False` skips importing Prefect (seconds) when the command line is not `a2rl drivers ...`."""
+def add_driver_parsers(sub) -> None:
+    """`a2rl drivers add|list|rm`; the options of `add` come from the driver's fields without Prefect."""
     drivers = sub.add_parser("drivers", help="save, list and remove driver LLMs (DriverConfig blocks)",
                              description="Driver LLMs of LLM agents, saved as Prefect DriverConfig blocks on the "
                              "Prefect server in use (the local one under PREFECT_HOME unless PREFECT_API_URL is set). "
@@ -117,8 +117,7 @@ def add_driver_parsers(sub, with_fields: bool = True) -> None:
 
     add = actions.add_parser("add", help="save a driver", formatter_class=DefaultsHelpFormatter)
     add.add_argument("name", help="name to save it under (what --driver takes)")
-    if with_fields:
-        _add_field_options(add)
+    _add_field_options(add)
     key = add.add_mutually_exclusive_group()
     key.add_argument("--key-env", metavar="VAR", help="read the API key from this environment variable now and save "
                      "it with the driver (secret; never shown)")
@@ -130,9 +129,9 @@ def add_driver_parsers(sub, with_fields: bool = True) -> None:
 
 
 def _add_field_options(add: argparse.ArgumentParser) -> None:
-    from a2rl.blocks import DriverConfig
+    from a2rl.records import DriverFields  # the block's fields without Prefect: `--help` stays light
 
-    for name, field in DriverConfig.model_fields.items():
+    for name, field in DriverFields.model_fields.items():
         if name in (KEY_FIELD, KEY_ENV_FIELD):  # one way to give a key here: --key-env or --key-prompt
             continue
         kind, choices = _arg_type(field.annotation)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from a2rl.run_options import DEFAULT_RESULTS
-from a2rl.store.merge import HOSTS_PATTERN
+from a2rl.paths import HOSTS_PATTERN
 
 
 def add_store_parsers(sub) -> None:

@@ -133,7 +133,8 @@ def database_users(home: Path) -> str | None:
     if not users:
         return None
     return (f"{db} is in use by {', '.join(users[:3])}: a second server on the same database answers 'database is "
-            f"locked' while they write; wait for them to end, or start this one with another PREFECT_HOME")
+            f"locked' while they write; wait for them to end, or give this one its own home: PREFECT_HOME=DIR a2rl "
+            f"server start --port N")
 
 
 def read_state(name: str, home: Path | None = None) -> ManagedProcess | None:

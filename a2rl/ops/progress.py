@@ -447,32 +447,51 @@ def status_line(snap: Snapshot, with_time: bool = True, view: CountView | None =
 
 
 class EtaSmoother:
-    """An ETA as shown: it counts down between estimates and moves toward each new one gradually (a time
-    constant of `tau_s`), by at most a factor of 2 in any `tau_s`, so a rate that wobbles between batches,
-    splits or a slow first item never makes it jump (13 -> 84 -> 53 -> 23 min, issue #36)."""
+    """An ETA as shown, honest about what it knows: it counts down between estimates and moves toward each new one
+    gradually (a time constant of `tau_s`), by at most a factor of 2 in any `tau_s`, so a rate that wobbles between
+    batches, splits or a slow first item never makes it jump (13 -> 84 -> 53 -> 23 min, issue #36; 9 -> 17 -> 33
+    -> 53 min in under a minute, issue #45). Once it has counted down to 0 s with items still to do, it does not
+    creep back up by seconds ("about 2 s left" held for 150 s): the count is overdue, and says by how long
+    (`overdue_s`), until an item finishes (`done` moves) and the observed rate gives a new estimate."""
 
-    def __init__(self, tau_s: float = 10.0):
+    def __init__(self, tau_s: float = 30.0):
         self.tau_s = tau_s
         self.shown: float | None = None
         self.at = 0.0
+        self.done: int | None = None
+        self.overdue_since: float | None = None
 
-    def __call__(self, estimate: float | None, now: float | None = None) -> float | None:
+    def __call__(self, estimate: float | None, now: float | None = None, done: int | None = None) -> float | None:
         now = time.time() if now is None else now
+        if done is not None and done != self.done:
+            if self.overdue_since is not None:  # an item finished after the estimate ran out: estimate anew
+                self.shown, self.overdue_since = None, None
+            self.done = done
         if self.shown is None:
             if estimate is not None:
                 self.shown, self.at = max(0.0, estimate), now
             return self.shown
+        if self.overdue_since is not None:
+            return 0.0
         dt = max(0.0, now - self.at)
         current = max(0.0, self.shown - dt)
+        if current <= 0.0:
+            self.overdue_since = self.at + self.shown  # when the shown count reached 0
+            self.shown, self.at = 0.0, now
+            return 0.0
         if estimate is not None:
             step = min(1.0, dt / self.tau_s)
             target = current + step * (estimate - current)
             most = 2.0**step  # 2x per tau_s at most, compounded over the updates within it
-            floor = 1.0  # from 0 s left, allow a second or so: a stalled last item
-            target = min(max(target, current / most), max(current, floor) * most)
-            current = target
+            current = min(max(target, current / most), current * most)
         self.shown, self.at = current, now
         return current
+
+    def overdue_s(self, now: float | None = None) -> float | None:
+        """Seconds since the shown ETA ran out with items still to do; None while it has not."""
+        if self.overdue_since is None:
+            return None
+        return max(0.0, (time.time() if now is None else now) - self.overdue_since)
 
 
 class ItemCounter:
@@ -521,28 +540,35 @@ class CountView:
             done = self.high["baseline"] = max(self.high.get("baseline", 0), done)
             loading = items is not None and not items.loaded
             out.append(Count("baseline", done, p.baseline_total, "loading the model" if loading else
-                             eta_text(self._eta("baseline", eta, now), done >= p.baseline_total)))  # fmt: skip
+                             self._left("baseline", eta, now, done, done >= p.baseline_total)))  # fmt: skip
         elif p.phase in ("final_grading", "agent_session") and items is not None:
             # The final phase's evaluations add up; each submission's grading is a counter of its own.
             label = "final test" if p.phase == "final_grading" else f"grading #{snap.grading_id}"
             done, total = self.counters.setdefault(label, ItemCounter())(items)
             key = f"{label}:{items.id}"  # each evaluation measures its own rate
-            eta = self._eta(key, items.eta_s(now), now)
-            left = "loading the model" if not items.loaded else eta_text(eta, 0 < items.total <= items.done)
+            left = ("loading the model" if not items.loaded else
+                    self._left(key, items.eta_s(now), now, items.done, 0 < items.total <= items.done))  # fmt: skip
             out.append(Count(label, done, total, left))
         return out
 
-    def _eta(self, key: str, estimate: float | None, now: float | None) -> float | None:
-        return self.etas.setdefault(key, EtaSmoother())(estimate, now)
+    def _left(self, key: str, estimate: float | None, now: float | None, done: int, complete: bool) -> str:
+        smoother = self.etas.setdefault(key, EtaSmoother())
+        shown = smoother(estimate, now, done)
+        return eta_text(shown, complete, None if complete else smoother.overdue_s(now))
 
 
 FINISHING_S = 5.0
-"""Below this many seconds left (or with every item counted), the display says "finishing": an ETA of a few
-seconds held while a last slow item or the evaluation's end takes minutes read as a hang (issue #45)."""
+"""With every item counted, or below this many seconds left of an estimate not yet run out, the display says
+"finishing"; past the estimate it says by how long ("overdue by ..."), counting up: an ETA of a few seconds held
+while a last slow item took minutes read as a hang (issue #45)."""
 
 
-def eta_text(eta_s: float | None, complete: bool = False) -> str:
-    if complete or (eta_s is not None and eta_s < FINISHING_S):
+def eta_text(eta_s: float | None, complete: bool = False, overdue_s: float | None = None) -> str:
+    if complete:
+        return "finishing"
+    if overdue_s is not None:
+        return f"overdue by {_duration(overdue_s)}"
+    if eta_s is not None and eta_s < FINISHING_S:
         return "finishing"
     return "measuring the rate" if eta_s is None else f"about {_duration(eta_s)} left"
 

@@ -36,11 +36,10 @@ from typing import Any, Callable, Literal
 
 import duckdb
 
+from a2rl.paths import HOSTS_PATTERN
 from a2rl.store.results import ResultsStore, StoreError
 from a2rl.summary.record import RunRecord, read_run_record
 
-HOSTS_PATTERN = "results/hosts/*/a2rl.duckdb"
-"""Where the day-one layout keeps a copy of each host's results directory (docs/scale-out.md)."""
 STATUS_RANK = {"completed": 3, "failed": 2, "interrupted": 1}
 """Finished statuses; a higher one wins over a later attempt with a lower one."""
 MergeStatus = Literal["merged", "unchanged", "refused", "unfinished", "superseded", "crashed"]

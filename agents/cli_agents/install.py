@@ -143,9 +143,14 @@ def shebang_interpreter(command: Path) -> str | None:
     return program if Path(program).is_absolute() and Path(words[0].decode()).name != "env" else Path(program).name
 
 
+NODE_MAJOR_LEAST = 20
+"""The oldest Node the agent CLIs run on, whatever a package's `engines` says (codex asks for >=16, yet its
+bundle needs 20): the floor `make tools` checks (scripts/tools.sh npm; tests/test_tools_cache.py holds them equal)."""
+
+
 def node_mismatch(command: Path, path: str | None) -> str | None:
-    """For a node CLI whose package asks (`engines.node`, e.g. ">=20") for a newer Node than the one on PATH:
-    one clause naming that node, its version and how to choose another; else None."""
+    """For a node CLI, where the Node on PATH is older than its package asks (`engines.node`, e.g. ">=20") or
+    than NODE_MAJOR_LEAST: one clause naming that node, its version and how to choose another; else None."""
     import re
 
     interpreter = shebang_interpreter(command)
@@ -155,19 +160,20 @@ def node_mismatch(command: Path, path: str | None) -> str | None:
     try:
         wanted = json.loads((package / "package.json").read_text()).get("engines", {}).get("node", "")
     except (OSError, ValueError, AttributeError):
-        return None
+        wanted = ""
     node = which_cli("node", path)
-    least = re.search(r"(\d+)", wanted or "")
-    if node is None or least is None:
+    asked = re.search(r"(\d+)", wanted if isinstance(wanted, str) else "")
+    least = max(NODE_MAJOR_LEAST, int(asked.group(1)) if asked else 0)
+    if node is None:
         return None
     try:
         version = subprocess.run([str(node), "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return None
     have = re.match(r"v?(\d+)", version)
-    if have is None or int(have.group(1)) >= int(least.group(1)):
+    if have is None or int(have.group(1)) >= least:
         return None
-    return (f"the Node on PATH is {node} {version}, and {package.name} needs node {wanted}: put a newer Node's "
+    return (f"the Node on PATH is {node} {version}, and {package.name} needs Node >= {least}: put a newer Node's "
             f"bin directory first on PATH (e.g. PATH=/opt/node-22/bin:$PATH), or install one (apt-get install nodejs)")
 
 
