@@ -18,6 +18,10 @@ parameters x the tokens fed, prefix once + suffixes + generated tokens; attentio
 measured fp32 GEMM rate per CPU second. Completions are compared with the fp32 static path's.
 
     python bench/bench_cpu_grading.py --model smollm2-135m-instruct --limit 16 --repeats 2 --llama-cpp DIR
+
+With `--phases`: where the default path's (fp32 batcher) time goes instead, per forward of the batcher grouped by
+phase (the shared prefix's prefill, the prompts' own prefill, decode steps by how many rows they carry), in CPU
+seconds, with each phase's matrix-product GFLOP and the weight bytes its forwards stream.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=16, help="validation items (the default run grades 16)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--phases", action="store_true", help="time the fp32 batcher's phases, nothing else")
     parser.add_argument("--llama-cpp", type=Path, default=None,
                         help="a --target folder holding llama-cpp-cffi 0.4.42 (adds the llama.cpp engines)")
     args = parser.parse_args()
@@ -59,6 +64,9 @@ def main() -> None:
     conversations = [task.build_prompt(item) for item in items]
     d = task.decoding
     model_dir = resolve_base_model(args.model)
+    if args.phases:
+        _phases(load_model(model_dir, "cpu"), conversations, d, args.batch_size)
+        return
     models = {"fp32": load_model(model_dir, "cpu"), "bf16": load_model(model_dir, "cpu", dtype=torch.bfloat16)}
     tokenizer = models["fp32"].tokenizer
     ids = tokenizer([render_prompt(tokenizer, c) for c in conversations], add_special_tokens=False)["input_ids"]
@@ -115,6 +123,52 @@ def main() -> None:
         print(f"| {name} | {', '.join(f'{s:.1f}' for s in cpu[path])} | {base_cpu / mc:.2f}x | "
               f"{mc / floor['cpu_s']:.1f}x | {tokens} | {tokens / mc:.1f} | {same}/{len(items)} "
               f"| {correct}/{len(items)} |")  # fmt: skip
+
+
+def _phases(loaded, conversations, d, batch_size: int) -> None:
+    """The fp32 batcher's CPU seconds per phase: each forward of `PrefixBatcher._run` timed and grouped."""
+    from collections import defaultdict
+
+    import torch
+
+    from a2rl.inference import prefix_batching
+    from a2rl.inference.generation import generate
+
+    model = loaded.model
+    head = model.get_output_embeddings()
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
+    body, head_params = sum(m.weight.numel() for m in linears), head.weight.numel()
+    weight_bytes = 4 * (body + head_params)
+    phases: dict = defaultdict(lambda: {"cpu_s": 0.0, "forwards": 0, "tokens": 0, "gflop": 0.0})
+    run = prefix_batching.PrefixBatcher._run
+
+    def timed(self, f, input_ids, positions, last):
+        b, q = input_ids.shape
+        phase = "prefix prefill" if not f.prefix_keys and q > 1 else "prompt prefill" if q > 1 else (
+            f"decode, {(b - 1) // 4 * 4 + 1}-{(b - 1) // 4 * 4 + 4} rows")
+        c = time.process_time()
+        out = run(self, f, input_ids, positions, last)
+        p = phases[phase]
+        p["cpu_s"] += time.process_time() - c
+        p["forwards"] += 1
+        p["tokens"] += b * q
+        p["gflop"] += 2 * (body * b * q + head_params * b) / 1e9
+        return out
+
+    prefix_batching.PrefixBatcher._run = timed
+    c = time.process_time()
+    out = generate(loaded, conversations, max_new_tokens=d.max_new_tokens, temperature=0.0, stop=d.stop,
+                   batch_size=batch_size)  # fmt: skip
+    total = time.process_time() - c
+    print(f"{len(conversations)} items, {out.generated_tokens} generated tokens, {total:.1f} CPU s in all; "
+          f"weights {weight_bytes / 2**20:.0f} MiB streamed once per forward\n")
+    print("| phase | forwards | tokens | CPU s | share | GFLOP | GFLOP per CPU s | weight GB per CPU s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in sorted(phases, key=lambda n: (not n.startswith("prefix"), not n.startswith("prompt"), n)):
+        p = phases[name]
+        print(f"| {name} | {p['forwards']} | {p['tokens']} | {p['cpu_s']:.1f} | {p['cpu_s'] / total:.0%} | "
+              f"{p['gflop']:.0f} | {p['gflop'] / p['cpu_s']:.1f} | "
+              f"{p['forwards'] * weight_bytes / 1e9 / p['cpu_s']:.1f} |")  # fmt: skip
 
 
 def _llama_cpp(site: Path, request: dict) -> dict:
