@@ -36,7 +36,8 @@ def make_run_id(config: RunConfig, flow_run_id: str | None) -> str:
     """Stable for one flow run: a Prefect retry keeps its flow-run id, so it resumes the same run;
     a new invocation is a new run of the same config (same `config_hash`)."""
     suffix = (flow_run_id or uuid.uuid4().hex).replace("-", "")[:8]
-    return f"{config.task}-{config.agent}-{config.config_hash()[:6]}-{suffix}"
+    names = [name.replace("/", ".") for name in (config.task, config.agent)]  # a namespaced plug-in: one folder
+    return f"{names[0]}-{names[1]}-{config.config_hash()[:6]}-{suffix}"
 
 
 class Machine(BaseModel):

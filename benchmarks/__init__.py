@@ -18,9 +18,10 @@ point group (docs/architecture.md, "Adding a benchmark task"). Imported on first
 
 
 def get_task(task_id: str) -> BenchmarkTask:
-    """A new instance of the task (tasks are small declarative objects; their data is cached on disk)."""
+    """A new instance of the task (tasks are small declarative objects; their data is cached on disk), by its short
+    name or its namespaced one (`a2rl/gsm8k`, `my-dist/my-task`)."""
     task = TASKS.load(task_id)()
-    if task.id != task_id:
+    if task.id != TASKS.ref(task_id).name:
         raise PluginError(f"task {task_id!r} ({TASKS.ref(task_id).target}) calls itself {task.id!r}")
     return task
 

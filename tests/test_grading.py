@@ -258,6 +258,53 @@ def test_the_grader_records_each_line_and_evaluation_in_the_results_store_as_the
     assert store.ledger_head("run-s") == svc.ledger.head()
 
 
+class _CountingConnection:
+    """A DuckDB connection that counts the transactions begun on it (`counts["transactions"]`)."""
+
+    def __init__(self, con, counts):
+        self._con, self._counts = con, counts
+
+    def execute(self, sql, *args, **kwargs):
+        if str(sql).strip().upper().startswith("BEGIN"):
+            self._counts["transactions"] += 1
+        return self._con.execute(sql, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._con, name)
+
+
+def test_a_grading_event_is_one_store_transaction_that_refreshes_the_derived_rows_once(tmp_path, monkeypatch):
+    """A submission's queued line (its anchor, its row) and its scored outcome (anchor, row, evaluation, items) are
+    one DuckDB transaction each, and each computes the run's derived rows and intervals once."""
+    from collections import Counter
+
+    from a2rl.grading.record import RunBook
+    from a2rl.store import derived, derived_intervals
+    from a2rl.store.results import ResultsStore
+    from tests.run_dirs import synthetic_eval
+
+    store = ResultsStore(tmp_path / "results.duckdb")
+    store.start_run("r", RunConfig(), None, "offline")
+    (tmp_path / "harness").mkdir()
+    book = RunBook("r", tmp_path / "harness", store)
+    counts: Counter = Counter()
+    real_open = ResultsStore._open
+    monkeypatch.setattr(ResultsStore, "_open", lambda self, *a: _CountingConnection(real_open(self, *a), counts))
+    for module, name in ((derived, "derived"), (derived_intervals, "intervals")):
+        monkeypatch.setattr(module, "refresh", lambda con, ids=None, f=module.refresh, n=name:
+                            (counts.update([n]), f(con, ids))[1])  # fmt: skip
+    book.append(kind="submission", submission_id=1, status="queued", split="validation", model_path="output/v1")
+    assert counts == {"transactions": 1, "derived": 1, "intervals": 1}
+    counts.clear()
+    book.record_scored(synthetic_eval("validation", 4, 2), kind="submission", submission_id=1, split="validation")
+    assert counts == {"transactions": 1, "derived": 1, "intervals": 1}
+    assert store.query("SELECT status, score, model_path FROM submissions").values.tolist() == \
+        [["scored", 50.0, "output/v1"]]
+    assert store.query("SELECT count(*) AS n FROM item_results")["n"][0] == 4
+    assert store.query("SELECT best_so_far FROM submission_derived")["best_so_far"].tolist() == [50.0]
+    assert store.ledger_head("r") == book.ledger.head()
+
+
 def test_the_results_store_anchors_every_head_and_catches_an_edited_final_score(tmp_path):
     from a2rl.store.results import ResultsStore
 

@@ -271,6 +271,36 @@ def test_a_name_two_plugins_declare_is_refused_alone(tmp_path, monkeypatch):
         a2rl.agents.AGENTS.refresh()
 
 
+def test_a_plugin_is_reached_by_its_namespaced_name_and_keeps_it_when_its_short_name_clashes(installed_plugin):
+    """`dist/name`, as Inspect AI names a package's tasks: a plug-in's task and agent answer to it beside their short
+    names (built-ins to `a2rl/<name>`); when a second package declares the same short name, only that short name
+    is refused, naming both namespaced names, and each package's plug-in is still reached by its own."""
+    from a2rl.run import make_run_id
+    from a2rl.records import RunConfig
+
+    assert a2rl.benchmarks.get_task("a2rl-toy-plugin/toy-echo").id == "toy-echo"
+    assert a2rl.benchmarks.get_task("toy-echo").id == "toy-echo"  # unique: the short name works
+    assert a2rl.benchmarks.get_task("a2rl/gsm8k").id == "gsm8k" and "a2rl/gsm8k" in a2rl.benchmarks.TASKS
+    assert a2rl.agents.agent_class("a2rl-toy-plugin/toy-sft") is a2rl.agents.agent_class("toy-sft")
+    with pytest.raises(PluginError, match="unknown task 'other-dist/toy-echo'"):
+        a2rl.benchmarks.get_task("other-dist/toy-echo")
+    run_id = make_run_id(RunConfig(task="a2rl-toy-plugin/toy-echo", agent="a2rl-toy-plugin/toy-sft"), "f" * 8)
+    assert "/" not in run_id and run_id.startswith("a2rl-toy-plugin.toy-echo-a2rl-toy-plugin.toy-sft-")
+
+    other = installed_plugin / "Toy_Plugin.Two-0.1.dist-info"  # a second package, its name normalised as pip does
+    other.mkdir()
+    (other / "METADATA").write_text("Metadata-Version: 2.1\nName: Toy_Plugin.Two\nVersion: 0.1\n")
+    (other / "entry_points.txt").write_text("[a2rl.agents]\ntoy-sft = a2rl_toy_plugin.task:Echo\n")
+    a2rl.agents.AGENTS.refresh()
+    with pytest.raises(PluginError, match="two agents are named 'toy-sft'.*'a2rl-toy-plugin/toy-sft' or "
+                                          "'toy-plugin-two/toy-sft'"):  # fmt: skip
+        a2rl.agents.agent_class("toy-sft")
+    assert a2rl.agents.agent_class("a2rl-toy-plugin/toy-sft").__name__ == "ToySFT"
+    assert a2rl.agents.agent_class("toy-plugin-two/toy-sft").__name__ == "Echo"
+    assert a2rl.agents.agent_class("reference-sft").id == "reference-sft"  # the other names are untouched
+    assert set(a2rl.agents.AGENTS.clashes()) == {"toy-sft"}
+
+
 GUESS_ENV = '''
 """Guess the number: the plug-in's own environment, shipped to agents as envlib/guessing.py (stdlib only)."""
 from typing import NamedTuple

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from a2rl.records import EvalResult, LedgerEntry, RunConfig, RunSummary
-from a2rl.store.schema import MIGRATIONS, SCHEMA_VERSION
+from a2rl.store.schema import MIGRATIONS, SCHEMA_VERSION, VIEWS
 from a2rl.store.results import ResultsStore, StoreError, StoreLockTimeout
 
 
@@ -202,6 +202,58 @@ def test_schema_version_is_one_and_reopening_does_not_migrate_again(tmp_path: Pa
     assert again.query("SELECT * FROM schema_version").equals(applied)
     assert applied["version"].tolist() == list(range(1, SCHEMA_VERSION + 1))
     assert again.get_run("r1") is not None
+
+
+V10_SCHEMA = Path(__file__).with_name("data") / "store_schema_v10.sql"
+"""A version-10 store's schema as that version's migrations made it: each view in the form it had then."""
+CATALOG = ("SELECT 'view' AS kind, view_name AS name, sql FROM duckdb_views() WHERE NOT internal UNION ALL "
+           "SELECT 'macro', function_name, macro_definition FROM duckdb_functions() "
+           "WHERE function_type = 'macro' AND NOT internal ORDER BY ALL")  # fmt: skip
+
+
+def test_an_old_store_upgraded_reads_exactly_the_views_of_a_new_store(tmp_path: Path):
+    """A store of schema version 10 (its views as that version made them, its macros, a run in it) opened by this
+    a2rl: its catalog of views and macros is a new store's, and every view gives the rows a new store gives for the
+    same run."""
+    import duckdb
+
+    old, new = tmp_path / "old.duckdb", tmp_path / "new.duckdb"
+    run = ("INSERT INTO runs (run_id, task, variant, agent, mode, status, protocol, seed, baseline_val, baseline_test, "
+           "best_val, best_submission_id, final_submission_id, final_test, delta_test, budget_s, config_json) VALUES "
+           "('r1', 'gsm8k', 'offline', 'a', 'sft-only', 'completed', 'heldout', 1, 10, 12, 15, 1, 1, 14, 2, 100, '{}')")
+    subs = ("INSERT INTO submissions (run_id, submission_id, split, score, status, agent_elapsed_s, route) VALUES "
+            "('r1', 1, 'validation', 15.0, 'scored', 10, 'SFT'), ('r1', 2, 'validation', 13.0, 'scored', 80, 'GRPO')")
+    with duckdb.connect(str(old)) as con:
+        con.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ)")
+        con.execute(V10_SCHEMA.read_text())
+        con.execute("INSERT INTO schema_version SELECT range, now() FROM range(1, 11)")
+        con.execute(run)
+        con.execute(subs)
+    assert "t975" in str(duckdb.connect(str(old)).execute(CATALOG).fetchall())
+    ResultsStore(new)
+    with duckdb.connect(str(new)) as con:
+        con.execute(run)
+        con.execute(subs)
+    upgraded, fresh = ResultsStore(old), ResultsStore(new)
+    fresh.refresh_derived()
+    assert upgraded.query(CATALOG).equals(fresh.query(CATALOG))
+    assert fresh.query(CATALOG).query("kind == 'view'")["name"].tolist() == sorted(VIEWS)
+    for view in VIEWS:
+        rows = f"SELECT * FROM {view} ORDER BY ALL"
+        assert upgraded.query(rows).equals(fresh.query(rows)), view
+    assert len(upgraded.query("SELECT * FROM mode_violations")) == len(upgraded.query("SELECT * FROM analysed_runs")) == 1
+
+
+def test_each_view_is_defined_once_in_the_schema():
+    """Its SQL lives in VIEWS alone: no migration creates or replaces a view, no view is created twice."""
+    import re
+
+    source = (Path(__file__).parents[1] / "a2rl" / "store" / "schema.py").read_text()
+    created = re.findall(r"CREATE\s+(?:OR\s+REPLACE\s+)?VIEW\s+(\w+)", source)
+    assert sorted(created) == sorted(VIEWS) and len(created) == len(set(created))
+    assert all(re.match(rf"(?s)(\s*--[^\n]*\n)*\s*CREATE VIEW {name} AS", sql) for name, sql in VIEWS.items())
+    for step in MIGRATIONS:
+        assert "VIEW" not in (step if isinstance(step, str) else step.sql).upper()
 
 
 def test_garbage_file_gives_a_clear_error_naming_it(tmp_path: Path):

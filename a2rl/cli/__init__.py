@@ -584,7 +584,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     results = Path(args.results)
     if results.exists():
         _check_store(results)
-    rows = status.store_rows(results, args.limit) if results.exists() else []
+    rows = latest_store_rows(results, args.limit) if results.exists() else []
     if (url := prefect_local.resolve_api_url()) and rc == 0:
         def read() -> tuple:
             return (status.operator_flow_runs(url, args.limit), status.scheduled_flow_runs(url, 3),
@@ -614,6 +614,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     _print_table(f"latest runs in {results.resolve()}", columns,
                  [["-" if v is None or v != v else str(v) for v in row.values()] for row in rows])
     return rc
+
+
+def latest_store_rows(results: Path, limit: int) -> list[dict]:
+    """The `limit` runs of the store started last, as `a2rl status` lists them (with each run's harness folder)."""
+    from a2rl.store.results import ResultsStore
+
+    df = ResultsStore(results).query(
+        "SELECT run_id, status, task, agent, mode, (SELECT count(*) FROM mode_violations v "
+        "WHERE v.run_id = runs.run_id) AS mode_breaches, seed, round(delta_test, 2) AS delta_test, "
+        "strftime(started_at, '%Y-%m-%d %H:%M') AS started, harness_dir FROM runs ORDER BY started_at DESC LIMIT ?",
+        [limit],
+    )
+    return df.to_dict("records")
 
 
 STATUS_READ_WAITS_S = (2.0, 5.0)

@@ -7,7 +7,8 @@ end, `a2rl.grading.ledger`) and written there as its row: an event's, a submissi
 `harness/evaluations/<key>.json`, outside the workspace (it holds hidden-test answers), which ingest rebuilds
 the rows from. The file is written first and the sha256 of its bytes goes into its ledger line (`detail`,
 `EVAL_DIGEST`), so the chain and the head's MAC cover the per-item results too: `read_evaluations` hands out only
-files that match their line. Grading sits below the store: the store is typed here by what the book uses of it
+files that match their line. Each of the book's writes (a line with its anchor, row and evaluation) is one store
+transaction that refreshes the run's derived rows once. Grading sits below the store: the store is typed here by what the book uses of it
 (`RunStore`).
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager, ExitStack
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,6 +45,8 @@ class RunStore(Protocol):
     def record_evaluation(self, run_id: str, eval_key: str, kind: Any, result: EvalResult,
                           submission_id: int | None = None) -> None: ...  # fmt: skip
 
+    def batch(self) -> AbstractContextManager[Any]: ...
+
 
 def eval_key(kind: str, submission_id: int | None, split: str | None) -> str:
     """An evaluation's key in the store and its file's name: `<kind>-<submission or 0>-<split>`."""
@@ -61,9 +65,25 @@ class RunBook:
         return self.ledger.entries()
 
     def append(self, on_durable: Callable[[LedgerEntry], None] | None = None, **fields: Any) -> LedgerEntry:
-        """One ledger line, anchored, and its row (`on_durable`: `Ledger.append`). The harness's own evaluations
-        (baseline, final, post-hoc) have no row of their own: theirs is the evaluation's (`record_evaluation`)."""
-        entry = self.ledger.append(on_durable=on_durable, run_id=self.run_id, **fields)
+        """One ledger line, anchored, and its row (`on_durable`: `Ledger.append`), in one store transaction. The
+        harness's own evaluations (baseline, final, post-hoc) have no row of their own: theirs is the evaluation's
+        (`record_evaluation`)."""
+        with ExitStack() as transaction:
+            return self._append(transaction, on_durable, **fields)
+
+    def _append(self, transaction: ExitStack, on_durable: Callable[[LedgerEntry], None] | None,
+                **fields: Any) -> LedgerEntry:  # fmt: skip
+        """`append`, its store writes in a batch that `transaction` holds open for the caller's further writes. The
+        batch begins once the line is on disk (the grader's clock runs again first, as without a store), so the
+        anchor, the row and what the caller adds commit together, and the derived rows are refreshed once."""
+
+        def durable(entry: LedgerEntry) -> None:
+            if on_durable is not None:
+                on_durable(entry)
+            if self.store is not None:
+                transaction.enter_context(self.store.batch())
+
+        entry = self.ledger.append(on_durable=durable, run_id=self.run_id, **fields)
         if self.store is not None and entry.kind == "event":
             self.store.record_event(self.run_id, entry.seq, entry.detail.get("event", "event"), entry.detail,
                                     at=entry.at)  # fmt: skip
@@ -81,9 +101,10 @@ class RunBook:
         # The file first (ingest rebuilds the rows from it), then its digest in the line the chain covers.
         digest = write_evaluation(self.harness_dir, key, result)
         fields["detail"] = {**(fields.get("detail") or {}), EVAL_DIGEST: digest}
-        entry = self.append(on_durable=on_durable, **fields | outcome)
-        if self.store is not None:
-            self.store.record_evaluation(self.run_id, key, entry.kind, result, submission_id=entry.submission_id)
+        with ExitStack() as transaction:  # one store transaction: the anchor, the submission's row, the evaluation
+            entry = self._append(transaction, on_durable, **fields | outcome)
+            if self.store is not None:
+                self.store.record_evaluation(self.run_id, key, entry.kind, result, submission_id=entry.submission_id)
         return entry
 
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -25,6 +26,18 @@ if TYPE_CHECKING:
     from prefect.client.orchestration import SyncPrefectClient
 
 TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class FlowRunState:
+    """A flow run as the Prefect server has it now: its state and how many attempts it has had (what the store's
+    merge asks of the server, a2rl.store.merge.FlowRunLookup)."""
+
+    state_type: str
+    state_name: str
+    run_count: int
+
+
 BUSY_STATUS = frozenset({429, 502, 503})
 """Answers that say "ask again shortly" (Prefect's client retries the same ones)."""
 BUSY_WAITS_S = (0.25, 0.5, 1.0)

@@ -80,16 +80,14 @@ def last_sweep_runs(api_url: str, page: int = 200) -> list[dict[str, Any]]:
 
 
 def flow_run_states(api_url: str, ids: list[str]) -> dict[str, Any]:
-    """flow-run id → its state now and its attempt count (a2rl.store.merge.FlowRunState); {} when the server does
-    not answer (the merge then leaves `running` attempts unfinished, as without a server)."""
-    from a2rl.store.merge import FlowRunState
-
-    found: dict[str, Any] = {}
+    """flow-run id → its state now and its attempt count; {} when the server does not answer (the merge then leaves
+    `running` attempts unfinished, as without a server)."""
+    found: dict[str, prefect_api.FlowRunState] = {}
     try:
         for start in range(0, len(ids), 200):
             for r in prefect_api.read_flow_runs(api_url, {"id": {"any_": ids[start:start + 200]}}, limit=200):
                 state = r.get("state") or {}
-                found[r["id"]] = FlowRunState(state.get("type") or r.get("state_type") or "?",
+                found[r["id"]] = prefect_api.FlowRunState(state.get("type") or r.get("state_type") or "?",
                                               r.get("state_name") or state.get("name") or "?", int(r.get("run_count") or 0))  # fmt: skip
     except (httpx.HTTPError, ValueError):
         return {}
@@ -252,15 +250,3 @@ def _duration(seconds: float) -> str:
 def run_id_suffix(run_id: str) -> str:
     """The flow-run part of an a2rl run id (`task-agent-hash-<first 8 hex of the flow-run id>`)."""
     return run_id.rsplit("-", 1)[-1]
-
-
-def store_rows(results: Path, limit: int) -> list[dict[str, Any]]:
-    from a2rl.store.results import ResultsStore
-
-    df = ResultsStore(results).query(
-        "SELECT run_id, status, task, agent, mode, (SELECT count(*) FROM mode_violations v "
-        "WHERE v.run_id = runs.run_id) AS mode_breaches, seed, round(delta_test, 2) AS delta_test, "
-        "strftime(started_at, '%Y-%m-%d %H:%M') AS started, harness_dir FROM runs ORDER BY started_at DESC LIMIT ?",
-        [limit],
-    )
-    return df.to_dict("records")

@@ -37,6 +37,7 @@ from typing import Any, Callable, Literal
 import duckdb
 
 from a2rl.paths import HOSTS_PATTERN
+from a2rl.ops.prefect_api import FlowRunState
 from a2rl.store.results import ResultsStore, StoreError
 from a2rl.summary.record import RunRecord, read_run_record
 
@@ -47,15 +48,6 @@ EARLIEST = datetime.min.replace(tzinfo=timezone.utc)
 OUTCOME_ORDER: tuple[MergeStatus, ...] = ("merged", "unchanged", "crashed", "superseded", "unfinished", "refused")
 FLOW_RUN_COLUMNS = ("flow_run_id", "attempts", "prefect_state")
 """What a host's row says about the run's flow run (schema migration 9); the merge carries them over."""
-
-
-@dataclass(frozen=True)
-class FlowRunState:
-    """A flow run as the Prefect server has it now: its state and how many attempts it has had."""
-
-    state_type: str
-    state_name: str
-    run_count: int
 
 
 FlowRunLookup = Callable[[list[str]], dict[str, FlowRunState]]

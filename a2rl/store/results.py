@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
@@ -22,7 +23,7 @@ import duckdb
 
 from a2rl.locks import exclusive_lock
 from a2rl.store import derived, derived_intervals
-from a2rl.store.schema import MIGRATIONS, SCHEMA_VERSION, Step
+from a2rl.store.schema import MIGRATIONS, SCHEMA_VERSION, Step, create_views, drop_views
 from a2rl.records import EvalResult, LedgerEntry, RunConfig, RunSummary, utcnow
 
 if TYPE_CHECKING:  # pandas is only needed by readers; writers (the grading service) skip its import time
@@ -73,7 +74,7 @@ class ResultsStore:
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self.lock_timeout_s = lock_timeout_s
         self.read_only = read_only
-        self._batch: duckdb.DuckDBPyConnection | None = None
+        self._local = threading.local()  # a batch belongs to its thread (the grader writes from several)
         if read_only:
             if not self.path.is_file():
                 raise StoreError(f"no results store at {self.path}")
@@ -103,7 +104,7 @@ class ResultsStore:
         }
         with self._transaction() as con:
             _upsert(con, "runs", ("run_id",), row, keep_existing={"started_at"})
-            _refresh_derived(con, [run_id])
+            self._refresh(con, [run_id])
 
     def finish_run(self, summary: RunSummary) -> None:
         """Write a run's headline numbers and final status (inserts the run if `start_run` never ran)."""
@@ -133,7 +134,7 @@ class ResultsStore:
         }
         with self._transaction() as con:
             _upsert(con, "runs", ("run_id",), row)
-            _refresh_derived(con, [summary.run_id])
+            self._refresh(con, [summary.run_id])
 
     def record_submission(self, run_id: str, entry: LedgerEntry) -> None:
         """Upsert one submission from a ledger line.
@@ -168,7 +169,7 @@ class ResultsStore:
                 con, "submissions", ("run_id", "submission_id"), row,
                 keep_existing={"created_at"}, fill_missing=described,
             )
-            _refresh_derived(con, [run_id])
+            self._refresh(con, [run_id])
 
     def record_evaluation(
         self,
@@ -203,7 +204,7 @@ class ResultsStore:
             if items:
                 con.executemany(f"INSERT INTO item_results ({', '.join(ITEM_COLUMNS)}) VALUES "
                                 f"({', '.join('?' for _ in ITEM_COLUMNS)})", [tuple(r.values()) for r in items])
-            _refresh_derived(con, [run_id])
+            self._refresh(con, [run_id])
 
     def record_event(
         self, run_id: str, seq: int, kind: str, detail: Mapping[str, Any], at: datetime | None = None
@@ -271,7 +272,7 @@ class ResultsStore:
         with self._transaction() as con:
             for table in ("submissions", "evaluations", "item_results", "events"):
                 con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-            _refresh_derived(con, [run_id])
+            self._refresh(con, [run_id])
 
     def record_metrics(self, run_id: str, metrics: Mapping[str, Any]) -> None:
         """Replace a run's process metrics. Numbers and booleans go to `value`, anything else to `text`
@@ -333,7 +334,7 @@ class ResultsStore:
                 con.execute(f"INSERT OR REPLACE INTO {table} BY NAME SELECT * FROM frame")
                 ((n,),) = con.execute("SELECT count(*) FROM frame").fetchall()
                 if table in DERIVED_FROM:
-                    _refresh_derived(con, [r for (r,) in con.execute("SELECT DISTINCT run_id FROM frame").fetchall()])
+                    self._refresh(con, [r for (r,) in con.execute("SELECT DISTINCT run_id FROM frame").fetchall()])
             finally:
                 con.unregister("frame")
         return int(n)
@@ -353,17 +354,18 @@ class ResultsStore:
                 if len(frame):
                     derived.insert_frame(con, table, frame)
             if DERIVED_FROM & set(frames):
-                _refresh_derived(con, [run_id])
+                self._refresh(con, [run_id])
 
     def refresh_derived(self) -> None:
         """Recompute every run's derived numbers (`a2rl.store.derived`): after editing stored rows by hand in SQL."""
         with self._transaction() as con:
-            _refresh_derived(con, None)
+            self._refresh(con, None)
 
     # ---- reads --------------------------------------------------------------------------------------
 
     def get_run(self, run_id: str) -> dict[str, Any] | None:
         if self._batch is not None:
+            self._refresh_stale()
             cur = self._batch.execute("SELECT * FROM runs WHERE run_id = ?", [run_id])
             row = cur.fetchone()
             return None if row is None else dict(zip([d[0] for d in cur.description], row))
@@ -380,11 +382,39 @@ class ResultsStore:
     def query(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pd.DataFrame:
         """Run SQL on a read-only connection and return a DataFrame."""
         if self._batch is not None:
+            self._refresh_stale()
             return self._batch.execute(sql, params).df()
         with self._connect(read_only=True) as con:
             return con.execute(sql, params).df()
 
     # ---- connections --------------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:  # a store handed to another process: its path and settings
+        return {k: v for k, v in self.__dict__.items() if k != "_local"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+    @property
+    def _batch(self) -> duckdb.DuckDBPyConnection | None:
+        return getattr(self._local, "con", None)
+
+    def _refresh(self, con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None) -> None:
+        """The derived rows and intervals of `run_ids` (every run when None): now, or, inside a batch, once before
+        it commits (a grading event writes a submission, an evaluation and an anchor, and refreshes once)."""
+        if self._batch is None:
+            _refresh_derived(con, run_ids)
+        elif run_ids is None or self._local.stale is None:
+            self._local.stale = None
+        else:
+            self._local.stale |= set(run_ids)
+
+    def _refresh_stale(self) -> None:
+        """Inside a batch: refresh what its writes made stale (before it commits, and before a read sees it)."""
+        stale, self._local.stale = self._local.stale, set()
+        if stale is None or stale:
+            _refresh_derived(self._batch, None if stale is None else sorted(stale))
 
     @contextmanager
     def batch(self) -> Iterator[ResultsStore]:
@@ -396,12 +426,13 @@ class ResultsStore:
             return
         with self._connect(read_only=False) as con:
             con.execute("BEGIN TRANSACTION")
-            self._batch = con
+            self._local.con, self._local.stale = con, set()
             try:
                 yield self
+                self._refresh_stale()
                 con.execute("COMMIT")
             finally:
-                self._batch = None
+                self._local.con = None
 
     @contextmanager
     def _transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -498,12 +529,19 @@ def _migrate(con: duckdb.DuckDBPyConnection, path: Path) -> None:
             f"results store {path} has schema version {current}, newer than this a2rl ({SCHEMA_VERSION}); "
             "upgrade a2rl"
         )
-    for version in range(current + 1, SCHEMA_VERSION + 1):
-        step = MIGRATIONS[version - 1]
-        con.execute(step if isinstance(step, str) else step.sql)
-        if isinstance(step, Step):
-            step.backfill(con)
-        con.execute("INSERT INTO schema_version VALUES (?, ?)", [version, utcnow()])
+    if current < SCHEMA_VERSION:
+        backfills = []
+        drop_views(con)
+        for version in range(current + 1, SCHEMA_VERSION + 1):
+            step = MIGRATIONS[version - 1]
+            if sql := (step if isinstance(step, str) else step.sql).strip():
+                con.execute(sql)
+            if isinstance(step, Step):
+                backfills.append(step.backfill)
+            con.execute("INSERT INTO schema_version VALUES (?, ?)", [version, utcnow()])
+        create_views(con)  # over the current tables: this version's views, whatever the old ones were
+        for backfill in backfills:
+            backfill(con)
     derived.refresh_missing(con)
     derived_intervals.refresh_missing(con)
 
