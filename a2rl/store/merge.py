@@ -36,8 +36,8 @@ from typing import Any, Callable, Literal
 
 import duckdb
 
-from a2rl.paths import HOSTS_PATTERN
 from a2rl.ops.prefect_api import FlowRunState
+from a2rl.paths import HOSTS_PATTERN
 from a2rl.store.results import ResultsStore, StoreError
 from a2rl.summary.record import RunRecord, read_run_record
 
