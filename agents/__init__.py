@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from a2rl.registry import Registry
-from a2rl.agents.base import (
+from a2rl_bench.registry import Registry
+from a2rl_bench.agents.base import (
     Agent,
     AgentEnv,
     AgentLaunchError,
@@ -18,16 +18,16 @@ from a2rl.agents.base import (
 # id -> "module:class"; modules are imported on use, so the registry loads no SDK. An installed package adds an
 # agent under the `a2rl.agents` entry point group (docs/architecture.md, "Adding an agent").
 AGENTS: Registry[type[Agent]] = Registry("agent", "a2rl.agents", {
-    "reference-sft": "a2rl.agents.reference_sft.adapter:ReferenceSFT",
-    "reference-grpo": "a2rl.agents.reference_grpo.adapter:ReferenceGRPO",
-    "reference-sft-grpo": "a2rl.agents.reference_sft_grpo.adapter:ReferenceSFTGRPO",
-    "reference-sft-gigpo": "a2rl.agents.reference_sft_grpo.adapter:ReferenceSFTGiGPO",
-    "claude-tools": "a2rl.agents.claude_tools.adapter:ClaudeTools",
-    "claude-code": "a2rl.agents.cli_agents.claude_code:ClaudeCode",
-    "codex": "a2rl.agents.cli_agents.codex:Codex",
-    "gemini": "a2rl.agents.cli_agents.gemini:GeminiCLI",
-    "opencode": "a2rl.agents.cli_agents.opencode:OpenCode",
-    "openhands": "a2rl.agents.cli_agents.openhands:OpenHands",
+    "reference-sft": "a2rl_bench.agents.reference_sft.adapter:ReferenceSFT",
+    "reference-grpo": "a2rl_bench.agents.reference_grpo.adapter:ReferenceGRPO",
+    "reference-sft-grpo": "a2rl_bench.agents.reference_sft_grpo.adapter:ReferenceSFTGRPO",
+    "reference-sft-gigpo": "a2rl_bench.agents.reference_sft_grpo.adapter:ReferenceSFTGiGPO",
+    "claude-tools": "a2rl_bench.agents.claude_tools.adapter:ClaudeTools",
+    "claude-code": "a2rl_bench.agents.cli_agents.claude_code:ClaudeCode",
+    "codex": "a2rl_bench.agents.cli_agents.codex:Codex",
+    "gemini": "a2rl_bench.agents.cli_agents.gemini:GeminiCLI",
+    "opencode": "a2rl_bench.agents.cli_agents.opencode:OpenCode",
+    "openhands": "a2rl_bench.agents.cli_agents.openhands:OpenHands",
 })
 
 
@@ -36,8 +36,8 @@ def agent_class(agent_id: str) -> type[Agent]:
 
 
 def get_agent(agent_id: str, driver: object | None = None, options: object | None = None) -> Agent:
-    """The agent `agent_id`; LLM agents take a driver (an `LLMDriver`, or a `a2rl.blocks.DriverConfig` block) and
-    options (`AgentOptions` or a `a2rl.blocks.AgentConfig` block). Without a driver an LLM agent can be installed
+    """The agent `agent_id`; LLM agents take a driver (an `LLMDriver`, or a `a2rl_bench.blocks.DriverConfig` block) and
+    options (`AgentOptions` or a `a2rl_bench.blocks.AgentConfig` block). Without a driver an LLM agent can be installed
     but not started (`run_agent` reports a launch error that says so)."""
     cls = agent_class(agent_id)
     if cls.uses_llm:

@@ -16,14 +16,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from a2rl.isolation import procs
-from a2rl.isolation.freezer import AgentFreezer
-from a2rl.ngrams import StreamMatcher
-from a2rl.capture.agent_log import AgentLog, Capture
-from a2rl.grading.clock import BudgetClock
-from a2rl.isolation.sandbox import SandboxPolicy, agent_uid, sandbox_mode
-from a2rl.isolation.sandbox import describe as describe_sandbox
-from a2rl.isolation.sandbox import wrap as wrap_in_sandbox
+from a2rl_bench.isolation import procs
+from a2rl_bench.isolation.freezer import AgentFreezer
+from a2rl_bench.ngrams import StreamMatcher
+from a2rl_bench.capture.agent_log import AgentLog, Capture
+from a2rl_bench.grading.clock import BudgetClock
+from a2rl_bench.isolation.sandbox import SandboxPolicy, agent_uid, sandbox_mode
+from a2rl_bench.isolation.sandbox import describe as describe_sandbox
+from a2rl_bench.isolation.sandbox import wrap as wrap_in_sandbox
 
 # Only these variables of the harness's environment reach an agent: no API keys, no tokens.
 PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
@@ -51,12 +51,12 @@ class SessionOutcome(BaseModel):
     grace_seconds: float = 0.0
     """The agent's time past its budget: the grace it gets to stop and make a last submission."""
     clock_rule: dict | None = None
-    """How grading pauses were kept free of agent work (`a2rl.isolation.freezer`): the rule, freezes, seconds."""
+    """How grading pauses were kept free of agent work (`a2rl_bench.isolation.freezer`): the rule, freezes, seconds."""
 
 
 @dataclass(frozen=True)
 class AgentEnv:
-    """The variables every agent gets (the agent's side of them: a2rl/templates/instructions.md)."""
+    """The variables every agent gets (the agent's side of them: a2rl_bench/templates/instructions.md)."""
 
     task: str
     base_model: str
@@ -246,7 +246,7 @@ def run_agent(
 
     The budget is checked against the pausable clock, so time spent grading extends the wall-clock
     deadline. After the budget, the group gets SIGTERM and `grace_s` to make a last submission, then SIGKILL.
-    With a `sandbox` policy, a scripted agent runs inside bubblewrap (a2rl.isolation.sandbox); an LLM agent's runner
+    With a `sandbox` policy, a scripted agent runs inside bubblewrap (a2rl_bench.isolation.sandbox); an LLM agent's runner
     holds its key and network access and gets the policy to apply to what it starts.
     The agent's output goes to `log_path`, capped (head and tail kept, the rest counted); every byte of it is first
     searched with `log_matcher` (the run's hidden items), whose findings `harness/agent-log.json` records.
@@ -262,7 +262,7 @@ def run_agent(
     # The attempt's tag (run, attempt, harness pid): a retry finds what this session left by it (procs.ATTEMPT_ENV).
     command, child_env = agent.command(env.workspace), {**agent_environment(env), **procs.attempt_env(), **extra}
     # Everything below the session's leader runs in a cgroup of its own where the machine delegates one: the
-    # freezer stops it atomically (a2rl.isolation.freezer).
+    # freezer stops it atomically (a2rl_bench.isolation.freezer).
     cgroup = procs.freezer_cgroup()
     if sandbox is not None:
         if agent.uses_llm:
@@ -284,7 +284,7 @@ def run_agent(
         death_signal = procs.SUPERVISOR_DEATH_SIGNAL
     clock.start()
     # The agent's output goes through a pipe into a capped log, searched for hidden items as it is read
-    # (a2rl.capture.agent_log): an agent printing fast cannot fill the harness disk, nor hide what it printed.
+    # (a2rl_bench.capture.agent_log): an agent printing fast cannot fill the harness disk, nor hide what it printed.
     read_fd, write_fd = os.pipe()
     output = Capture(read_fd, AgentLog(log_path, matcher=log_matcher)).start()
     freezer: AgentFreezer | None = None
@@ -339,6 +339,6 @@ def run_agent(
 
 
 def _record_session(env: AgentEnv, proc: subprocess.Popen, uid: int | None) -> None:
-    """The session's processes, for a retry of this run to end them should this harness die (a2rl.isolation.procs)."""
+    """The session's processes, for a retry of this run to end them should this harness die (a2rl_bench.isolation.procs)."""
     if env.harness_path.is_dir():
         procs.record_session(env.harness_path, procs.SessionRecord.of(proc.pid, agent_uid=uid))

@@ -5,7 +5,7 @@ Model. A and B are two sets of runs that differ in one thing. Their runs are **p
 seed pair, by **hidden-test item**: the value of an item is B's Δ on it minus A's Δ on it (Δ = final − base model, so
 with one base model the base cancels and it is B's answer minus A's). The k seed pairs × n shared items table of
 these differences is a crossed design, and its mean gets the seeds × items interval of
-`a2rl.summary.intervals.seeds_items_interval` (the same one as a setting's Δ): an item part and a seed part, each with
+`a2rl_bench.summary.intervals.seeds_items_interval` (the same one as a setting's Δ): an item part and a seed part, each with
 its own t quantile, two pseudo-items (±1) per seed pair so that tied seeds never give zero width. The p-value is the
 test that same interval inverts (its t statistic referred to the t distribution whose 97.5% point the interval
 used), so **the interval leaves 0 out exactly when p < 0.05**, on every table.
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from a2rl.setting import SETTING_KEY
-from a2rl.summary.intervals import Interval, binomial_var, seeds_interval, seeds_items_interval
+from a2rl_bench.setting import SETTING_KEY
+from a2rl_bench.summary.intervals import Interval, binomial_var, seeds_interval, seeds_items_interval
 
 DIFF_BOUNDS = (-200.0, 200.0)
 """A difference of two Δs (points) can be anything in ±200; one base model keeps it within ±100."""
@@ -267,7 +267,7 @@ def rl_helped(runs: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
 
 def rl_share_over_seeds(shares: pd.DataFrame, items: pd.DataFrame) -> pd.DataFrame:
     """"Did the RL stage help?", part two: per setting, RL's share (last RL checkpoint − the SFT checkpoint it
-    started from, on the hidden test; `a2rl.summary.stages`) combined over seeds × shared items like Δ.
+    started from, on the hidden test; `a2rl_bench.summary.stages`) combined over seeds × shared items like Δ.
 
     Args:
         shares: rows of the `stage_shares` view (setting fields, `seed`, `run_id`, `rl_share`, `submissions` =

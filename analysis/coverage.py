@@ -21,7 +21,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from a2rl.summary.intervals import crossed, mcnemar_interval
+from a2rl_bench.summary.intervals import crossed, mcnemar_interval
 
 _N01 = NormalDist()
 
@@ -70,7 +70,7 @@ def covers(low: np.ndarray, high: np.ndarray, truth: np.ndarray | float) -> np.n
 
 
 def seeds_items_bounds(d: Draw) -> tuple[np.ndarray, np.ndarray]:
-    """The setting's interval (`a2rl.summary.intervals.seeds_items_interval`, vectorised), as proportions."""
+    """The setting's interval (`a2rl_bench.summary.intervals.seeds_items_interval`, vectorised), as proportions."""
     c = crossed(d.final - d.base)
     return np.clip(c.centre - c.half, -1, 1), np.clip(c.centre + c.half, -1, 1)
 
@@ -86,7 +86,7 @@ def single_run_bounds(d: Draw) -> tuple[np.ndarray, np.ndarray]:
 
 def t_over_seeds_bounds(d: Draw) -> tuple[np.ndarray, np.ndarray]:
     """The t-interval over the seeds' Δ that the leaderboard used at 2d3f374 (for comparison only)."""
-    from a2rl.summary.intervals import t975
+    from a2rl_bench.summary.intervals import t975
 
     deltas = (d.final - d.base).mean(axis=-1)
     k = deltas.shape[-1]
@@ -98,7 +98,7 @@ def simulate_comparison(rng: np.random.Generator, reps: int, k: int, n: int, a: 
                         ) -> tuple[np.ndarray, float]:
     """`reps` replications of comparing two settings (same base model, same n hidden items drawn afresh per
     replication, k seeds each, paired by seed number): the (reps, k, n) table of B's item Δ − A's item Δ (what
-    `a2rl.analysis.compare.compare_items` takes) and the true difference B − A (proportion)."""
+    `a2rl_bench.analysis.compare.compare_items` takes) and the true difference B − A (proportion)."""
     if a.p_base != b.p_base:
         raise ValueError("the two settings share one base model: give them the same p_base")
     z = rng.standard_normal((reps, 1, n))

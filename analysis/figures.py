@@ -27,7 +27,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
-from a2rl.analysis.tables import AXES, as_text, key_of  # noqa: E402
+from a2rl_bench.analysis.tables import AXES, as_text, key_of  # noqa: E402
 
 MODE_ORDER = ("free", "sft-only", "rl-only", "multi")
 MAX_PANELS = 6

@@ -1,6 +1,6 @@
 """The paper's tables shaped for reading: the system × task grid of absolute hidden-test scores and the budget table.
 
-Each cell is one setting (a row key and a column key that together are `a2rl.setting.SETTING_KEY`), so no two
+Each cell is one setting (a row key and a column key that together are `a2rl_bench.setting.SETTING_KEY`), so no two
 settings can share a cell; the Baseline rows are per base model. Columns added later (e.g. per-submission test
 scores) go in as more `CELL_PARTS` or more views; the shape code does not change.
 """

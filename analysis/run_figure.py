@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from a2rl.records import LedgerEntry
-from a2rl.protocol.picking import final_entry, latest_submissions
+from a2rl_bench.records import LedgerEntry
+from a2rl_bench.protocol.picking import final_entry, latest_submissions
 
 
 def score_trajectory_png(entries: list[LedgerEntry], path: Path | str, title: str | None = None) -> Path:

@@ -326,7 +326,7 @@ def stage_study_sheets(spec: StageStudySpec = StageStudySpec()) -> dict[str, np.
 
 def stage_study_frames(spec: StageStudySpec = StageStudySpec()) -> SyntheticData:
     """The store's tables for `StageStudySpec` (runs, submissions, evaluations, item_results, metrics, llm_calls)."""
-    from a2rl.summary.stages import SubmissionTest, stage_share
+    from a2rl_bench.summary.stages import SubmissionTest, stage_share
 
     k = len(spec.mode_nets)
     skeleton = synthetic_frames(SyntheticSpec(tasks=(spec.task,), agents=(spec.agent,), modes=("sft-only", "free"),
@@ -395,7 +395,7 @@ def write_stage_study(path: Path | str, spec: StageStudySpec = StageStudySpec())
 
 def _write(path: Path | str, frames: dict[str, pd.DataFrame]) -> None:
     """A new store at `path` with these tables (bulk inserts, one per table)."""
-    from a2rl.store.results import ResultsStore
+    from a2rl_bench.store.results import ResultsStore
 
     store = ResultsStore(path)
     for table, frame in frames.items():

@@ -1,4 +1,4 @@
-"""The analysis tables, read from a results store's views and finished with `a2rl.analysis.stats`.
+"""The analysis tables, read from a results store's views and finished with `a2rl_bench.analysis.stats`.
 
 One `load_tables` call opens the store read-only a few times (the store locks per call) and returns
 plain DataFrames for the figures, the HTML report and the Prefect artifacts.
@@ -14,14 +14,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from a2rl.protocol.feedback import feedback_split
-from a2rl.summary.intervals import binomial_var, paired_item_interval, seeds_interval, shared_items_interval
-from a2rl.setting import SETTING_KEY
-from a2rl.analysis.compare import compare_field, item_values, marks, rl_helped, rl_share_over_seeds
-from a2rl.analysis.stats import pass_at_k, selection_gap_summary
+from a2rl_bench.protocol.feedback import feedback_split
+from a2rl_bench.summary.intervals import binomial_var, paired_item_interval, seeds_interval, shared_items_interval
+from a2rl_bench.setting import SETTING_KEY
+from a2rl_bench.analysis.compare import compare_field, item_values, marks, rl_helped, rl_share_over_seeds
+from a2rl_bench.analysis.stats import pass_at_k, selection_gap_summary
 
 SETTING = ["setting_id", *SETTING_KEY, "variant_label"]
-"""What defines one leaderboard row (`a2rl.setting.SETTING_KEY`): runs that differ only in seed are repeats of it."""
+"""What defines one leaderboard row (`a2rl_bench.setting.SETTING_KEY`): runs that differ only in seed are repeats of it."""
 PANEL_KEY = ["task", "variant"]
 """One panel of a figure: a task and its data variant; the settings inside it are its series."""
 SERIES_FIELDS = [c for c in SETTING_KEY if c not in PANEL_KEY]
@@ -56,7 +56,7 @@ class AnalysisTables:
     """Median and IQR of best-so-far improvement over seeds per setting, axis and grid point."""
     noise: pd.DataFrame
     paired: pd.DataFrame
-    """Settings that differ in one field (`a2rl.analysis.compare`: paired by seed and item), B − A per row."""
+    """Settings that differ in one field (`a2rl_bench.analysis.compare`: paired by seed and item), B − A per row."""
     selection: pd.DataFrame
     selection_runs: pd.DataFrame
     routes: pd.DataFrame
@@ -66,7 +66,7 @@ class AnalysisTables:
     submissions: pd.DataFrame = field(default_factory=pd.DataFrame)
     """Submissions of the analysed runs, for the per-run drill-down."""
     rl_modes: pd.DataFrame = field(default_factory=pd.DataFrame)
-    """Did the RL stage help: every mode against `sft-only`, per task and agent setting (`a2rl.analysis.compare`)."""
+    """Did the RL stage help: every mode against `sft-only`, per task and agent setting (`a2rl_bench.analysis.compare`)."""
     rl_shares: pd.DataFrame = field(default_factory=pd.DataFrame)
     """RL's share per setting over seeds and shared items (the stage shares combined like Δ)."""
     notes: list[str] = field(default_factory=list)
@@ -140,8 +140,8 @@ def load_tables(store: Any, compare: Sequence[str] | None = None, scaling_points
     """Read the views and compute every table of the analysis report.
 
     Args:
-        store: an `a2rl.store.results.ResultsStore`.
-        compare: what the comparison table compares (`a2rl.analysis.compare`): (FIELD,) every pair of values of one
+        store: an `a2rl_bench.store.results.ResultsStore`.
+        compare: what the comparison table compares (`a2rl_bench.analysis.compare`): (FIELD,) every pair of values of one
             setting field; (FIELD, A, B) only those two; (AGENT_A, AGENT_B) two agents. Default: every setting field
             with two or more values.
         scaling_points: grid points per scaling curve.
@@ -240,7 +240,7 @@ def _within_noise(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def with_intervals(board: pd.DataFrame, runs: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
-    """Each setting's one interval, p-value and verdict (`a2rl.summary.intervals`): over its seeds and the hidden-test
+    """Each setting's one interval, p-value and verdict (`a2rl_bench.summary.intervals`): over its seeds and the hidden-test
     items they share (a seeds × items table); one seed: that run's exact paired interval; no shared per-item
     results: the t-interval over seeds plus a binomial bound for the items."""
     by_setting = dict(tuple(pairs.groupby("setting_id", sort=False))) if len(pairs) else {}
@@ -290,7 +290,7 @@ def _number(value: Any, missing: float = math.nan) -> float:
 def mode_matrix(board: pd.DataFrame, runs: pd.DataFrame, values: pd.DataFrame) -> pd.DataFrame:
     """The mode × task heatmap's cells: the leaderboard's rows, with the best (★) and worst (▲) mode of each agent
     setting (everything but the mode) only where the comparison with the runner-up leaves 0 out
-    (`a2rl.analysis.compare.marks`; `mark_note` says which, or "no detectable difference (± half-width)")."""
+    (`a2rl_bench.analysis.compare.marks`; `mark_note` says which, or "no detectable difference (± half-width)")."""
     matrix = board.drop(columns=[c for c in ("deltas", "seeds") if c in board])
     if board.empty:
         return matrix.assign(is_best=pd.Series(dtype=bool), is_worst=pd.Series(dtype=bool),

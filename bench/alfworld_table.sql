@@ -1,8 +1,8 @@
 -- The alfworld hidden-test table (BENCHMARKS.md, "ALFWorld on a GPU") from the DuckDB store the runs wrote.
 -- One row per run: baseline, best validation, final hidden test, delta with an item-level 95% interval,
 -- wall time per phase and the GPU. Run: python bench/gpu_alfworld.py --table results/a2rl.duckdb (which adds
--- RL's share per run, a2rl.summary.stages, and the intervals over seeds; t975 is the library's, added to the
--- connection by a2rl.store.results.add_interval_functions).
+-- RL's share per run, a2rl_bench.summary.stages, and the intervals over seeds; t975 is the library's, added to the
+-- connection by a2rl_bench.store.results.add_interval_functions).
 --
 -- Two item-level 95% intervals of delta: delta_ci95_* is Newcombe's hybrid score interval (Wilson bounds of
 -- each success rate, combined) from the stored counts (evaluations.n_correct of n), treating the two

@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from a2rl.store.results import ResultsStore
-from a2rl.analysis.figures import (
+from a2rl_bench.store.results import ResultsStore
+from a2rl_bench.analysis.figures import (
     heatmap_figure,
     leaderboard_figure,
     pass_at_k_figure,
@@ -25,9 +25,9 @@ from a2rl.analysis.figures import (
     scaling_figure,
     selection_gap_figure,
 )
-from a2rl.analysis.html import Section, write_html_report
-from a2rl.analysis.synthetic import SyntheticSpec, synthetic_frames
-from a2rl.analysis.tables import load_tables
+from a2rl_bench.analysis.html import Section, write_html_report
+from a2rl_bench.analysis.synthetic import SyntheticSpec, synthetic_frames
+from a2rl_bench.analysis.tables import load_tables
 
 QUERIES = {
     "leaderboard_ci": "SELECT * FROM leaderboard_ci",

@@ -17,7 +17,7 @@ import sys
 
 def cpu_seconds(argv: list[str]) -> float:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([sys.executable, "-m", "a2rl", *argv, "--help"], stdout=subprocess.DEVNULL, check=True,
+    subprocess.run([sys.executable, "-m", "a2rl_bench", *argv, "--help"], stdout=subprocess.DEVNULL, check=True,
                    env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -27,7 +27,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=3)
     n = parser.parse_args().n
-    from a2rl.cli import build_parser, command_lines
+    from a2rl_bench.cli import build_parser, command_lines
 
     for argv in command_lines(build_parser()):
         values = [cpu_seconds(argv) for _ in range(n)]

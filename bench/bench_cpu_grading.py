@@ -2,7 +2,7 @@
 
 * `fp32 static`: the decode engine over a static cache, the shared exemplars copied into every row, fixed
   batches (the CPU path before issue #37);
-* `fp32 batcher`: `a2rl.inference.prefix_batching` (the exemplars' KV once for all rows, continuous batching,
+* `fp32 batcher`: `a2rl_bench.inference.prefix_batching` (the exemplars' KV once for all rows, continuous batching,
   prompts prefilled in groups of similar length): the default greedy CPU path, same numeric path;
 * `bf16 batcher`: the same with bf16 weights (the opt-in `A2RL_CPU_EVAL_DTYPE=bf16`);
 * with `--llama-cpp DIR`: llama.cpp on the same GGUF file (the registry model's Q4_1 file the checkpoint was
@@ -51,10 +51,10 @@ def main() -> None:
 
     import torch
 
-    from a2rl.base_models.registry import DEFAULT_BASE_MODEL, REGISTRY, gguf_path, resolve_base_model
-    from a2rl.benchmarks import get_task
-    from a2rl.inference.decode_engine import shared_prefix
-    from a2rl.inference.generation import (MIN_SHARED_PREFIX, _eos_ids, _finish_rows, generate, load_model,
+    from a2rl_bench.base_models.registry import DEFAULT_BASE_MODEL, REGISTRY, gguf_path, resolve_base_model
+    from a2rl_bench.benchmarks import get_task
+    from a2rl_bench.inference.decode_engine import shared_prefix
+    from a2rl_bench.inference.generation import (MIN_SHARED_PREFIX, _eos_ids, _finish_rows, generate, load_model,
                                            render_prompt)  # fmt: skip
 
     torch.set_num_threads(1)
@@ -131,8 +131,8 @@ def _phases(loaded, conversations, d, batch_size: int) -> None:
 
     import torch
 
-    from a2rl.inference import prefix_batching
-    from a2rl.inference.generation import generate
+    from a2rl_bench.inference import prefix_batching
+    from a2rl_bench.inference.generation import generate
 
     model = loaded.model
     head = model.get_output_embeddings()

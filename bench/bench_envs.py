@@ -23,9 +23,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _oracle_steps_per_s(task_id: str, n: int) -> float:
-    from a2rl.benchmarks import get_task
-    from a2rl.benchmarks.envs.searchqa import oracle_actions as qa_oracle
-    from a2rl.benchmarks.envs.shop import oracle_actions as shop_oracle
+    from a2rl_bench.benchmarks import get_task
+    from a2rl_bench.benchmarks.envs.searchqa import oracle_actions as qa_oracle
+    from a2rl_bench.benchmarks.envs.shop import oracle_actions as shop_oracle
 
     task = get_task(task_id)
     goals = task.load_split("offline", "validation")[:n]
@@ -54,11 +54,11 @@ def main() -> None:
 
     import torch
 
-    from a2rl.inference.generation import load_model
+    from a2rl_bench.inference.generation import load_model
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.tiny_model
     from tests.tiny_model import build_tiny_model
-    from a2rl.benchmarks import get_task
-    from a2rl.benchmarks.envs.task import ModelPolicy
+    from a2rl_bench.benchmarks import get_task
+    from a2rl_bench.benchmarks.envs.task import ModelPolicy
 
     torch.set_num_threads(args.threads)
     model_dir = args.model or build_tiny_model(Path(tempfile.mkdtemp()) / "tiny")

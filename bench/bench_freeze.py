@@ -31,12 +31,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import a2rl.agents.base as agent_base  # noqa: E402
-from a2rl.agents.base import Agent, AgentEnv, run_agent  # noqa: E402
-from a2rl.grading import BudgetClock  # noqa: E402
-from a2rl.isolation import freezer, procs  # noqa: E402
-from a2rl.isolation.sandbox import Limits, SandboxPolicy, agent_uid  # noqa: E402
-from a2rl.workspace import RunPaths  # noqa: E402
+import a2rl_bench.agents.base as agent_base  # noqa: E402
+from a2rl_bench.agents.base import Agent, AgentEnv, run_agent  # noqa: E402
+from a2rl_bench.grading import BudgetClock  # noqa: E402
+from a2rl_bench.isolation import freezer, procs  # noqa: E402
+from a2rl_bench.isolation.sandbox import Limits, SandboxPolicy, agent_uid  # noqa: E402
+from a2rl_bench.workspace import RunPaths  # noqa: E402
 
 AGENT = ROOT / "tests" / "freeze_agent.py"
 BEFORE = "77516f7"
@@ -62,7 +62,7 @@ class Stoppable:
 
 
 def _clock(before: bool):
-    base = _old_module("old_clock", "a2rl/grading/clock.py").BudgetClock if before else BudgetClock
+    base = _old_module("old_clock", "a2rl_bench/grading/clock.py").BudgetClock if before else BudgetClock
     cls = type("BenchClock", (Stoppable, base), {})
     clock = cls(3600.0)
     clock.done = threading.Event()
@@ -107,7 +107,7 @@ def one_round(mechanism: str, args: argparse.Namespace, root: Path, index: int) 
         "cgroup": lambda pid, cgroup, uid: freezer.AgentFreezer(pid, cgroup, uid),
         "uid": lambda pid, cgroup, uid: freezer.AgentFreezer(pid, None, uid),
         "tree": lambda pid, cgroup, uid: freezer.AgentFreezer(pid),
-        "before": lambda pid, cgroup, uid: _old_module("old_freezer", "a2rl/isolation/freezer.py").AgentFreezer(pid),
+        "before": lambda pid, cgroup, uid: _old_module("old_freezer", "a2rl_bench/isolation/freezer.py").AgentFreezer(pid),
     }[mechanism]
     agent_base.AgentFreezer = made
     clock = _clock(before=mechanism == "before")

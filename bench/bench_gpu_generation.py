@@ -6,7 +6,7 @@ No weights are downloaded: Llama-architecture models of the 135M / 0.5B / 7B sha
 with random bf16 weights directly on the GPU; the tokenizer is the locally trained tiny BPE padded with extra
 tokens to the model's vocabulary. Prompts are ~--prompt-tokens tokens of different lengths (left padding).
 
-ms/step is a decode step of the real evaluator path (`a2rl.inference.generation.generate` with engine=`generate` or
+ms/step is a decode step of the real evaluator path (`a2rl_bench.inference.generation.generate` with engine=`generate` or
 `graph`): (time for N new tokens - time for 1 new token) / (N - 1), so prefill is excluded. The memory floor
 of a step is (weight bytes + KV bytes of the real context) / (copy bandwidth measured here, read + write).
 Identity: the 135M shape in fp32, 16 prompts of different lengths, the engine's tokens vs `generate`'s up to
@@ -64,7 +64,7 @@ def build(shape: str, device, dtype):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from a2rl.inference.generation import LoadedModel, _prepare_tokenizer
+    from a2rl_bench.inference.generation import LoadedModel, _prepare_tokenizer
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.tiny_model
     from tests.tiny_model import build_tiny_tokenizer
 
@@ -99,7 +99,7 @@ def sync(torch, device) -> None:
 
 
 def timed_generate(torch, device, loaded, convs, new_tokens: int, engine: str) -> float:
-    from a2rl.inference.generation import generate
+    from a2rl_bench.inference.generation import generate
 
     sync(torch, device)
     t = time.perf_counter()
@@ -136,8 +136,8 @@ def engine_state(loaded) -> str:
 
 def identity_check(torch, device, prompt_tokens: int, new_tokens: int) -> dict:
     """135M shape in fp32: the engine's (graph) tokens against greedy `generate`'s, row by row up to EOS."""
-    from a2rl.inference.decode_engine import Decoder
-    from a2rl.inference.generation import _eos_ids, _generate_batch
+    from a2rl_bench.inference.decode_engine import Decoder
+    from a2rl_bench.inference.generation import _eos_ids, _generate_batch
 
     loaded = build("135m" if device.type == "cuda" else "tiny", device, torch.float32)
     tok = loaded.tokenizer

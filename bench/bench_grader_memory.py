@@ -39,7 +39,7 @@ MiB = 1 << 20
 
 # -- the grader, in its own process -------------------------------------------------------------------------
 def _constant(model_dir, weights_hash, spec, device=None):
-    from a2rl.records import EvalResult
+    from a2rl_bench.records import EvalResult
 
     return EvalResult(task=spec.task, split=spec.split, score=50.0, n=4, n_correct=2, evaluator_id="constant",
                       weights_hash=weights_hash)  # fmt: skip
@@ -47,8 +47,8 @@ def _constant(model_dir, weights_hash, spec, device=None):
 
 def serve(root: Path, model: Path) -> None:
     """Child mode: print {"port", "token"} and serve until stdin closes."""
-    from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
-    from a2rl.records import RunConfig
+    from a2rl_bench.grading import BudgetClock, GradingContext, GradingServer, GradingService
+    from a2rl_bench.records import RunConfig
 
     ctx = GradingContext("bench-hostile", RunConfig(max_submissions=10_000), root / "workspace", root / "harness",
                          {"validation": 10.0}, base_model_dir=model)  # fmt: skip

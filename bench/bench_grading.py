@@ -18,10 +18,10 @@ from pathlib import Path
 
 import httpx
 
-from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
-from a2rl.base_models.registry import resolve_base_model
-from a2rl.records import RunConfig
-from a2rl.benchmarks import get_task
+from a2rl_bench.grading import BudgetClock, GradingContext, GradingServer, GradingService
+from a2rl_bench.base_models.registry import resolve_base_model
+from a2rl_bench.records import RunConfig
+from a2rl_bench.benchmarks import get_task
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.tiny_model
 from tests.tiny_model import build_tiny_model  # noqa: E402

@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from a2rl.benchmarks import get_task  # noqa: E402
-from a2rl.summary import leak_audit  # noqa: E402
-from a2rl.summary.leak_audit import audit_leaks, hidden_texts  # noqa: E402
+from a2rl_bench.benchmarks import get_task  # noqa: E402
+from a2rl_bench.summary import leak_audit  # noqa: E402
+from a2rl_bench.summary.leak_audit import audit_leaks, hidden_texts  # noqa: E402
 from tests.leak_cases import file_cases, output_cases  # noqa: E402
 
 
@@ -85,7 +85,7 @@ def old_views():
     import importlib.util
     import subprocess
 
-    old_src = subprocess.run(["git", "show", "77516f7:a2rl/isolation/leak_decode.py"], capture_output=True, text=True,
+    old_src = subprocess.run(["git", "show", "77516f7:a2rl_bench/isolation/leak_decode.py"], capture_output=True, text=True,
                              check=True, cwd=Path(__file__).resolve().parents[1]).stdout  # fmt: skip
     path = Path(tempfile.mkdtemp()) / "old_leak_decode.py"
     path.write_text(old_src)
@@ -116,7 +116,7 @@ def cost(model_dir: Path, texts: list[str]) -> None:
         for f in model_dir.iterdir():
             if f.is_file() and f.suffix in (".json", ".txt", ".jinja", ".model"):
                 shutil.copy(f, ws / "output" / "ckpt" / f.name)
-        shutil.copytree(Path(__file__).resolve().parents[1] / "a2rl" / "isolation", ws / "code",
+        shutil.copytree(Path(__file__).resolve().parents[1] / "a2rl_bench" / "isolation", ws / "code",
                         ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
         size = sum(f.stat().st_size for f in ws.rglob("*") if f.is_file())
         times: dict[str, list[float]] = {"77516f7": [], "now": []}

@@ -1,7 +1,7 @@
 """Where an evaluation process's model load goes: imports (torch, transformers, the model class) against reading
 the weights, in CPU seconds (a shared machine's load stretches wall time, not these), with peak memory.
 
-Each repeat is a fresh Python process, as each evaluation is (`a2rl.inference.evaluation.evaluate_in_subprocess`);
+Each repeat is a fresh Python process, as each evaluation is (`a2rl_bench.inference.evaluation.evaluate_in_subprocess`);
 a second load in the same process shows what the weights alone cost once the imports are paid.
 
     python bench/bench_model_load.py --model smollm2-135m-instruct --repeats 3
@@ -28,7 +28,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama import modeling_llama
 (w2, c2) = mark(); phases["imports"] = (w2 - w, c2 - c); (w, c) = (w2, c2)
-from a2rl.inference.generation import load_model
+from a2rl_bench.inference.generation import load_model
 loaded = load_model(sys.argv[1], "cpu")
 (w2, c2) = mark(); phases["first load"] = (w2 - w, c2 - c); (w, c) = (w2, c2)
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    from a2rl.base_models.registry import resolve_base_model
+    from a2rl_bench.base_models.registry import resolve_base_model
 
     model_dir = resolve_base_model(args.model)
     weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))

@@ -30,12 +30,12 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
-    from a2rl.inference.evaluation import EvalSpec, evaluate_in_subprocess
-    from a2rl.base_models.registry import resolve_base_model
+    from a2rl_bench.inference.evaluation import EvalSpec, evaluate_in_subprocess
+    from a2rl_bench.base_models.registry import resolve_base_model
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.tiny_model
     from tests.tiny_model import build_tiny_model
-    from a2rl.benchmarks import get_task
+    from a2rl_bench.benchmarks import get_task
 
     if args.model == "tiny":
         model = build_tiny_model(Path(tempfile.mkdtemp(prefix="a2rl-bench-prefix-")) / "tiny")

@@ -75,9 +75,9 @@ def load(path: Path):
 
 def make_sft(args, public: Path, knobs) -> Path:
     """A short SFT on the worked examples, saved once under the out folder (reused when already there)."""
-    from a2rl.agents.reference_sft.train_sft import save_checkpoint
-    from a2rl.agents.reference_sft_grpo import sft_torch
-    from a2rl.agents.reference_sft_grpo.sft_grpo_session import sft_examples
+    from a2rl_bench.agents.reference_sft.train_sft import save_checkpoint
+    from a2rl_bench.agents.reference_sft_grpo import sft_torch
+    from a2rl_bench.agents.reference_sft_grpo.sft_grpo_session import sft_examples
 
     search = not args.no_search_demos
     out = args.work / f"sft-{args.sft_steps}-steps-seed-{args.seed}{'-search' if search else ''}"
@@ -115,8 +115,8 @@ def run_arm(args, arm: str, seed: int, sft: Path, public: Path) -> None:
     """N updates of one arm and rollout seed from the SFT checkpoint, one JSON line per update to `args.out`."""
     import os
 
-    from a2rl.agents.reference_sft_grpo import grpo_env_torch
-    from a2rl.agents.reference_sft_grpo.sft_grpo_session import Knobs
+    from a2rl_bench.agents.reference_sft_grpo import grpo_env_torch
+    from a2rl_bench.agents.reference_sft_grpo.sft_grpo_session import Knobs
 
     knobs = Knobs.from_env({**os.environ, **dict(kv.split("=", 1) for kv in args.env)})
     envlib = grpo_env_torch.import_envlib(public)
@@ -198,8 +198,8 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from a2rl.agents.reference_sft_grpo.sft_grpo_session import Knobs
-    from a2rl.benchmarks import get_task
+    from a2rl_bench.agents.reference_sft_grpo.sft_grpo_session import Knobs
+    from a2rl_bench.benchmarks import get_task
 
     public = get_task("alfworld").prepare("offline").public_dir
     if args.arm:  # a child: one arm and seed

@@ -87,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from a2rl.agents.reference_sft_grpo import grpo_env_torch
-    from a2rl.benchmarks import get_task
+    from a2rl_bench.agents.reference_sft_grpo import grpo_env_torch
+    from a2rl_bench.benchmarks import get_task
 
     public = get_task("alfworld").prepare("offline").public_dir
     envlib = grpo_env_torch.import_envlib(public)

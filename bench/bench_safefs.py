@@ -1,4 +1,4 @@
-"""Cost of the link-safe walks (a2rl.isolation.safefs) against the path walks they replaced, on a workspace-like tree.
+"""Cost of the link-safe walks (a2rl_bench.isolation.safefs) against the path walks they replaced, on a workspace-like tree.
 
 The sandbox shim runs the ownership walk and the quota count at the start of every sandbox (every bash command
 of `claude-tools`), so their cost over a large workspace matters. Builds a tree of `--files` small files in
@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from a2rl.isolation import safefs  # noqa: E402
+from a2rl_bench.isolation import safefs  # noqa: E402
 
 UID = 1_000_777_777
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import duckdb
 
-from a2rl.paths import a2rl_home
+from a2rl_bench.paths import a2rl_home
 
 SUMMARY_PREFIX = "TRAIN_SUMMARY "
 
@@ -39,7 +39,7 @@ SUMMARY_PREFIX = "TRAIN_SUMMARY "
 def run_once(args: argparse.Namespace, sandbox: str, root: Path, index: int) -> dict:
     """One `a2rl run` in a fresh results dir; its wall time, session time, training throughput and label."""
     results = root / f"{index:02d}-{sandbox}" / "a2rl.duckdb"
-    cmd = [sys.executable, "-m", "a2rl.cli", "run", "--task", args.task, "--agent", args.agent,
+    cmd = [sys.executable, "-m", "a2rl_bench.cli", "run", "--task", args.task, "--agent", args.agent,
            "--base-model", args.base_model, "--budget", str(args.budget), "--seed", "0",
            "--max-submissions", str(args.max_submissions), "--val-limit", str(args.val_limit),
            "--test-limit", str(args.test_limit), "--sandbox", sandbox, "--results", str(results)]  # fmt: skip
@@ -70,7 +70,7 @@ def run_once(args: argparse.Namespace, sandbox: str, root: Path, index: int) -> 
 
 def workload_once(ws: Path, sandboxed: bool, steps: int, index: int) -> float:
     """Seconds of training steps of one fixed `train_sft.py` job, run in `ws`, in the sandbox or not."""
-    from a2rl.isolation.sandbox import SandboxPolicy, wrap
+    from a2rl_bench.isolation.sandbox import SandboxPolicy, wrap
 
     cmd = [sys.executable, "code/train_sft.py", "--init", "models/base", "--out", f"output/w{index}",
            "--data", "data/train.jsonl", "--max-steps", str(steps), "--seed", "0"]  # fmt: skip
@@ -88,8 +88,8 @@ def workload(args: argparse.Namespace, root: Path) -> None:
     """Fixed work outside and inside the sandbox, interleaved; prints the medians and their ratio."""
     import shutil
 
-    from a2rl.base_models.registry import resolve_base_model
-    from a2rl.benchmarks import get_task
+    from a2rl_bench.base_models.registry import resolve_base_model
+    from a2rl_bench.benchmarks import get_task
 
     ws = root / "workload-ws"
     for sub in ("models", "data", "code", "output"):

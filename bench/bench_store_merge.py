@@ -29,10 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from a2rl.grading.ledger import Ledger, LedgerHead, head_mac, read_ledger  # noqa: E402
-from a2rl.records import RunConfig  # noqa: E402
-from a2rl.store.merge import merge_stores  # noqa: E402
-from a2rl.store.results import ResultsStore  # noqa: E402
+from a2rl_bench.grading.ledger import Ledger, LedgerHead, head_mac, read_ledger  # noqa: E402
+from a2rl_bench.records import RunConfig  # noqa: E402
+from a2rl_bench.store.merge import merge_stores  # noqa: E402
+from a2rl_bench.store.results import ResultsStore  # noqa: E402
 from tests.run_dirs import write_run  # noqa: E402
 
 HOSTS = ("host-1", "host-2", "host-3")

@@ -5,7 +5,7 @@ the final evaluation (32 items), then the summary rows (leak audit, process metr
 calls, resource samples, the final row).
 
 - before: DuckDB's default 256 KB blocks and one connection (so one checkpoint) per call, as the store did;
-- after:  a store created with `a2rl.store.results.STORE_BLOCK_SIZE` blocks, and the summary rows in one
+- after:  a store created with `a2rl_bench.store.results.STORE_BLOCK_SIZE` blocks, and the summary rows in one
           `ResultsStore.batch()` (one connection, one transaction, one checkpoint).
 
 Bytes are the process's `write_bytes` (block I/O) and `wchar` (bytes passed to write calls) from /proc/self/io.
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import duckdb
 
-from a2rl.records import EvalResult, ItemResult, LedgerEntry, RunConfig, RunSummary
-from a2rl.store.results import ResultsStore
+from a2rl_bench.records import EvalResult, ItemResult, LedgerEntry, RunConfig, RunSummary
+from a2rl_bench.store.results import ResultsStore
 
 
 def _io() -> tuple[int, int]:

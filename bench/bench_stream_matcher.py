@@ -1,4 +1,4 @@
-"""Throughput of the streaming hidden-item search (`a2rl.ngrams.StreamMatcher`): how fast the agent's output can be
+"""Throughput of the streaming hidden-item search (`a2rl_bench.ngrams.StreamMatcher`): how fast the agent's output can be
 searched while it is written (a faster writer is slowed by the pipe to this), and how fast the leak audit reads.
 
     PYTHONPATH=. .venv/bin/python bench/bench_stream_matcher.py [--mb 64]
@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 
-from a2rl.ngrams import StreamMatcher
-from a2rl.benchmarks import get_task
+from a2rl_bench.ngrams import StreamMatcher
+from a2rl_bench.benchmarks import get_task
 
 
 def main() -> None:

@@ -28,9 +28,9 @@ def main() -> None:
     if not os.environ.get("A2RL_VLLM_PYTHON") and not os.environ.get("A2RL_GENERATION_URL"):
         raise SystemExit("set A2RL_VLLM_PYTHON (a python with vllm) or A2RL_GENERATION_URL first")
 
-    from a2rl.inference.evaluation import EvalSpec, evaluate
-    from a2rl.base_models.registry import resolve_base_model
-    from a2rl.benchmarks import get_task
+    from a2rl_bench.inference.evaluation import EvalSpec, evaluate
+    from a2rl_bench.base_models.registry import resolve_base_model
+    from a2rl_bench.benchmarks import get_task
 
     model = resolve_base_model(args.model)
     get_task(args.task).prepare("offline")

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import httpx
 
-from a2rl.inference.evaluation import EvalSpec
-from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
-from a2rl.records import EvalResult, RunConfig
+from a2rl_bench.inference.evaluation import EvalSpec
+from a2rl_bench.grading import BudgetClock, GradingContext, GradingServer, GradingService
+from a2rl_bench.records import EvalResult, RunConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.tiny_model
 from tests.tiny_model import build_tiny_model  # noqa: E402

@@ -116,7 +116,7 @@ def machine_facts() -> dict:
 
 def model_dir(parts: list[Path], work: Path, t0: float) -> Path:
     """A checkpoint directory for the runs: as given, or converted from a GGUF file (joined from its parts)."""
-    from a2rl.base_models.registry import convert_gguf_file
+    from a2rl_bench.base_models.registry import convert_gguf_file
 
     if len(parts) == 1 and parts[0].is_dir():
         return parts[0].resolve()
@@ -141,9 +141,9 @@ def precompute_baseline(base: Path, args: argparse.Namespace, t0: float) -> dict
     each took."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from a2rl.inference.evaluation import EvalSpec, evaluate_cached
-    from a2rl.base_models.hashing import weights_hash
-    from a2rl.benchmarks import get_task
+    from a2rl_bench.inference.evaluation import EvalSpec, evaluate_cached
+    from a2rl_bench.base_models.hashing import weights_hash
+    from a2rl_bench.benchmarks import get_task
 
     base_hash = weights_hash(base)
     limits = {"validation": args.val_limit or None, "test": args.test_limit or None}
@@ -182,7 +182,7 @@ def start_run(args: argparse.Namespace, agent_mode: str, seed: int, base: Path, 
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     env.pop("PREFECT_API_URL", None)
-    cmd = [args.python, "-c", "import sys; from a2rl.cli import main; sys.exit(main())", "run", "--task", "alfworld",
+    cmd = [args.python, "-c", "import sys; from a2rl_bench.cli import main; sys.exit(main())", "run", "--task", "alfworld",
            "--agent", agent, "--base-model", str(base), "--budget", str(args.budget), "--seed", str(seed),
            "--mode", mode, "--val-limit", str(args.val_limit), "--test-limit", str(args.test_limit),
            "--eval-batch-size", str(args.eval_batch_size), "--max-submissions", str(args.max_submissions),
@@ -228,7 +228,7 @@ def wait_all(pids: dict[str, int], deadline: float, t0: float) -> None:
 def merge_stores(stores: list[Path], dest: Path) -> None:
     """One fresh store holding every finished run (`a2rl store merge`: each run rebuilt from its run directory and
     verified against its own store's ledger anchors); a run the deadline cut off stays in its store and is named."""
-    from a2rl.store.merge import merge_stores as merge
+    from a2rl_bench.store.merge import merge_stores as merge
 
     existing = [s for s in stores if s.is_file()]
     if not existing:
@@ -243,7 +243,7 @@ def merge_stores(stores: list[Path], dest: Path) -> None:
 def print_table(store: Path, out: Path | None = None) -> str:
     import duckdb
 
-    from a2rl.store.results import add_interval_functions
+    from a2rl_bench.store.results import add_interval_functions
 
     con = add_interval_functions(duckdb.connect(str(store), read_only=True))  # the query's t975
     try:
@@ -269,11 +269,11 @@ def print_table(store: Path, out: Path | None = None) -> str:
 
 
 def rl_shares(store: Path) -> dict[str, tuple[object, dict[str, float]]]:
-    """RL's share of every run (a2rl.summary.stages: last RL checkpoint against the SFT checkpoint it started from,
+    """RL's share of every run (a2rl_bench.summary.stages: last RL checkpoint against the SFT checkpoint it started from,
     on the hidden test, paired over items) from the store's post-hoc evaluations, with its per-item differences."""
     import duckdb
 
-    from a2rl.summary.stages import SubmissionTest, stage_share
+    from a2rl_bench.summary.stages import SubmissionTest, stage_share
 
     con = duckdb.connect(str(store), read_only=True)
     try:
@@ -304,7 +304,7 @@ def seeds_table(store: Path, exclude: set[str] = frozenset()) -> str:
     import duckdb
     import numpy as np
 
-    from a2rl.summary.intervals import seeds_items_interval
+    from a2rl_bench.summary.intervals import seeds_items_interval
 
     shares = rl_shares(store)
     con = duckdb.connect(str(store), read_only=True)
@@ -348,7 +348,7 @@ def seeds_table(store: Path, exclude: set[str] = frozenset()) -> str:
 def compare_modes(args: argparse.Namespace, store: Path) -> str:
     """`a2rl analyze --compare mode` on the merged store (paired by seed and hidden-test item): its printed lines;
     its summary.json and report.html go to --work/analysis."""
-    cmd = [args.python, "-c", "import sys; from a2rl.cli import main; sys.exit(main())", "analyze", "--results",
+    cmd = [args.python, "-c", "import sys; from a2rl_bench.cli import main; sys.exit(main())", "analyze", "--results",
            str(store), "--out", str(args.work / "analysis"), "--compare", "mode"]  # fmt: skip
     try:
         done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -373,7 +373,7 @@ def copy_artifacts(results: Path, dest: Path) -> None:
 def prepare(args: argparse.Namespace, t0: float) -> tuple[Path, dict]:
     """The base model as a checkpoint dir, the task data, and the baseline in the shared evaluation cache."""
     base = model_dir([Path(m) for m in args.model], args.work, t0)
-    from a2rl.benchmarks import get_task
+    from a2rl_bench.benchmarks import get_task
 
     get_task("alfworld").prepare("offline")  # once, before the runs would race for it
     try:

@@ -21,7 +21,7 @@ git check-ignore -q .gpu-1 || { echo "add /.gpu*/ to .git/info/exclude first"; e
   --platform manylinux2010_x86_64 --platform manylinux1_x86_64 --platform any \
   -d .gpu-wheels -r bench/gpu_alfworld_wheels.txt
 gguf=$(PYTHONPATH=$PWD "${A2RL_PY:-.venv/bin/python}" -c \
-  "from a2rl.base_models.registry import REGISTRY, gguf_path; print(gguf_path(REGISTRY['smollm2-135m-instruct']))")
+  "from a2rl_bench.base_models.registry import REGISTRY, gguf_path; print(gguf_path(REGISTRY['smollm2-135m-instruct']))")
 split -n 2 -d "$gguf" .gpu-wheels/model.gguf.part
 mv .gpu-wheels/model.gguf.part00 .gpu-1/
 mv .gpu-wheels/model.gguf.part01 .gpu-2/

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from a2rl.registry import PluginError, Registry
-from a2rl.benchmarks.base import BenchmarkTask, Decoding, PreparedData, TaskData
+from a2rl_bench.registry import PluginError, Registry
+from a2rl_bench.benchmarks.base import BenchmarkTask, Decoding, PreparedData, TaskData
 
 TASKS: Registry[type[BenchmarkTask]] = Registry("task", "a2rl.tasks", {
-    "gsm8k": "a2rl.benchmarks.gsm8k:GSM8K",
-    "humaneval": "a2rl.benchmarks.humaneval:HumanEval",
-    "alpacaeval": "a2rl.benchmarks.alpacaeval:AlpacaEval",
-    "alfworld": "a2rl.benchmarks.alfworld:ALFWorld",
-    "webshop": "a2rl.benchmarks.webshop:WebShop",
-    "deepsearchqa": "a2rl.benchmarks.deepsearchqa:DeepSearchQA",
+    "gsm8k": "a2rl_bench.benchmarks.gsm8k:GSM8K",
+    "humaneval": "a2rl_bench.benchmarks.humaneval:HumanEval",
+    "alpacaeval": "a2rl_bench.benchmarks.alpacaeval:AlpacaEval",
+    "alfworld": "a2rl_bench.benchmarks.alfworld:ALFWorld",
+    "webshop": "a2rl_bench.benchmarks.webshop:WebShop",
+    "deepsearchqa": "a2rl_bench.benchmarks.deepsearchqa:DeepSearchQA",
 })
 """Benchmark tasks by id: the six built in, plus any an installed package declares under the `a2rl.tasks` entry
 point group (docs/architecture.md, "Adding a benchmark task"). Imported on first use."""

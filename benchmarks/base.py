@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
-from a2rl.jsonl import read_jsonl, write_jsonl
-from a2rl.paths import task_data_dir
-from a2rl.records import ItemResult, Split
+from a2rl_bench.jsonl import read_jsonl, write_jsonl
+from a2rl_bench.paths import task_data_dir
+from a2rl_bench.records import ItemResult, Split
 
 Item = dict[str, Any]
 Messages = list[dict[str, str]]

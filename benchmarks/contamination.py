@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Literal, NamedTuple
 
-from a2rl.ngrams import DEFAULT_NGRAM, ngrams, normalize_text
-from a2rl.benchmarks.base import Item, TaskData
+from a2rl_bench.ngrams import DEFAULT_NGRAM, ngrams, normalize_text
+from a2rl_bench.benchmarks.base import Item, TaskData
 
 DEFAULT_FIELDS = ("question", "answer")
 

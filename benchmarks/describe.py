@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from a2rl.paths import task_data_dir
-from a2rl.benchmarks import get_task
-from a2rl.benchmarks.base import BenchmarkTask
+from a2rl_bench.paths import task_data_dir
+from a2rl_bench.benchmarks import get_task
+from a2rl_bench.benchmarks.base import BenchmarkTask
 
 
 def prepared_manifest(task: BenchmarkTask, variant: str) -> dict | None:

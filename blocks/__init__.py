@@ -1,6 +1,6 @@
 """Prefect Blocks of a2rl (import this package before `Block.load("<type-slug>/<name>")`, which needs the classes)."""
 
-from a2rl.blocks.llm import (
+from a2rl_bench.blocks.llm import (
     AgentConfig,
     BlockNotFound,
     DriverConfig,

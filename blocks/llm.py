@@ -15,8 +15,8 @@ Which agents speak which API: claude-code (anthropic), codex (openai), gemini (g
 anthropic), openhands (all three), claude-tools (anthropic). The key is either stored in the block (a secret)
 or named by `api_key_env` and read from the harness's environment when the run starts.
 
-The field names match `a2rl.agents.LLMDriver` / `a2rl.agents.AgentOptions`, which are made from a block with
-`LLMDriver.model_validate(block)` (or `a2rl.agents.get_agent(id, driver=block, options=block)`).
+The field names match `a2rl_bench.agents.LLMDriver` / `a2rl_bench.agents.AgentOptions`, which are made from a block with
+`LLMDriver.model_validate(block)` (or `a2rl_bench.agents.get_agent(id, driver=block, options=block)`).
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from __future__ import annotations
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
 
-from a2rl.records import DriverFields
+from a2rl_bench.records import DriverFields
 
 
 class DriverConfig(Block, DriverFields):
     """A driver LLM: model id, endpoint, API key and per-token prices (USD per million tokens); its fields are
-    `a2rl.records.DriverFields` (there without Prefect, for `a2rl drivers add`)."""
+    `a2rl_bench.records.DriverFields` (there without Prefect, for `a2rl drivers add`)."""
 
     _block_type_name = "a2rl Driver Config"
     _description = "Driver LLM of an a2rl agent: model id, endpoint, API key, prices."
@@ -90,7 +90,7 @@ def driver_from_block(block: DriverConfig):
     variable is an error that says so, not a silent empty key)."""
     import os
 
-    from a2rl.agents.base import LLMDriver
+    from a2rl_bench.agents.base import LLMDriver
 
     driver = LLMDriver.model_validate(block)
     if block.api_key_env:
@@ -105,7 +105,7 @@ def resolve_driver(name: str):
     """The driver LLM a run names: a saved `DriverConfig` block of that name, else a bare model id served by
     Anthropic (or `ANTHROPIC_BASE_URL`) with `ANTHROPIC_API_KEY` from the environment (prices then unknown,
     so costs read 0: save a block to get costs). `none` means a scripted agent."""
-    from a2rl.agents.base import LLMDriver
+    from a2rl_bench.agents.base import LLMDriver
 
     if name in ("", "none"):
         return None
@@ -121,7 +121,7 @@ def driver_from_env(model: str):
     """A bare model id served by Anthropic (or `ANTHROPIC_BASE_URL`) with `ANTHROPIC_API_KEY`; None without a key."""
     import os
 
-    from a2rl.agents.base import LLMDriver
+    from a2rl_bench.agents.base import LLMDriver
 
     if not os.environ.get("ANTHROPIC_API_KEY"):
         return None

@@ -15,12 +15,12 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from a2rl.safetext import cells
-from a2rl.run_options import DEFAULT_RESULTS, resolve_results
-from a2rl.store.results import ResultsStore
+from a2rl_bench.safetext import cells
+from a2rl_bench.run_options import DEFAULT_RESULTS, resolve_results
+from a2rl_bench.store.results import ResultsStore
 from matplotlib.figure import Figure
 
-from a2rl.analysis.figures import (
+from a2rl_bench.analysis.figures import (
     Palette,
     heatmap_figure,
     leaderboard_figure,
@@ -29,9 +29,9 @@ from a2rl.analysis.figures import (
     scaling_figure,
     selection_gap_figure,
 )
-from a2rl.analysis.html import Section, write_html_report
-from a2rl.analysis.paper_tables import budget_table, system_task_table
-from a2rl.analysis.tables import PASS_AT_K, AnalysisTables, load_tables
+from a2rl_bench.analysis.html import Section, write_html_report
+from a2rl_bench.analysis.paper_tables import budget_table, system_task_table
+from a2rl_bench.analysis.tables import PASS_AT_K, AnalysisTables, load_tables
 
 DEFAULT_OUT = Path("results/analysis")
 FIGURES = ("heatmap", "leaderboard", "scaling", "pass_at_k", "selection_gap")

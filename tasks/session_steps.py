@@ -1,5 +1,5 @@
 """The agent session's collaborators, put together for the `agent-session` subflow: the grading service (which
-records its ledger lines and evaluations in the run's store itself, `a2rl.grading.record`) with what each ledger
+records its ledger lines and evaluations in the run's store itself, `a2rl_bench.grading.record`) with what each ledger
 line sets going in the run (`SessionRecorder`), and the notice of a wait for a GPU slot."""
 
 from __future__ import annotations
@@ -7,16 +7,16 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from a2rl.grading import BudgetClock, GradingContext, GradingService
-from a2rl.grading.service import grading_devices
-from a2rl.isolation import procs
-from a2rl.ops.progress import note_phase
-from a2rl.capture.snapshots import CodeSnapshots
-from a2rl.records import LedgerEntry
-from a2rl.run import RunContext
-from a2rl.safetext import terminal
-from a2rl.store.results import ResultsStore
-from a2rl.benchmarks import get_task
+from a2rl_bench.grading import BudgetClock, GradingContext, GradingService
+from a2rl_bench.grading.service import grading_devices
+from a2rl_bench.isolation import procs
+from a2rl_bench.ops.progress import note_phase
+from a2rl_bench.capture.snapshots import CodeSnapshots
+from a2rl_bench.records import LedgerEntry
+from a2rl_bench.run import RunContext
+from a2rl_bench.safetext import terminal
+from a2rl_bench.store.results import ResultsStore
+from a2rl_bench.benchmarks import get_task
 
 
 class SessionRecorder:

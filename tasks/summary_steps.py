@@ -8,27 +8,27 @@ import logging
 import traceback
 from pathlib import Path
 
-from a2rl.grading.ledger import Ledger, LedgerCorrupted, head_mac
-from a2rl.summary.leak_audit import LeakReport, audit_run, hidden_texts, leak_metrics
-from a2rl.ngrams import StreamMatcher
-from a2rl.ops import stopping
-from a2rl.records import LedgerEntry, RunConfig, RunStatus, RunSummary
-from a2rl.capture.attempts import read_attempts
-from a2rl.capture.calls import read_llm_calls
-from a2rl.capture.snapshots import CodeSnapshots
-from a2rl.run import RunContext, make_run_id
-from a2rl.store.ingest import store_process_report
-from a2rl.store.results import ResultsStore
-from a2rl.summary.process_facts import render_process_markdown, summarize_process
-from a2rl.summary.record import LedgerCheck, build_record, build_summary, read_run_record, withheld
-from a2rl.summary.report import last_event, run_notes, write_report
-from a2rl.summary.stages import render_markdown as render_stages
-from a2rl.summary.stages import run_stage_share, submission_tests
-from a2rl.workspace import RunPaths
-from a2rl.agents import SessionOutcome, agent_class
-from a2rl.analysis.run_figure import score_trajectory_png
-from a2rl.benchmarks import get_task
-from a2rl.tasks.run_steps import ledger_of
+from a2rl_bench.grading.ledger import Ledger, LedgerCorrupted, head_mac
+from a2rl_bench.summary.leak_audit import LeakReport, audit_run, hidden_texts, leak_metrics
+from a2rl_bench.ngrams import StreamMatcher
+from a2rl_bench.ops import stopping
+from a2rl_bench.records import LedgerEntry, RunConfig, RunStatus, RunSummary
+from a2rl_bench.capture.attempts import read_attempts
+from a2rl_bench.capture.calls import read_llm_calls
+from a2rl_bench.capture.snapshots import CodeSnapshots
+from a2rl_bench.run import RunContext, make_run_id
+from a2rl_bench.store.ingest import store_process_report
+from a2rl_bench.store.results import ResultsStore
+from a2rl_bench.summary.process_facts import render_process_markdown, summarize_process
+from a2rl_bench.summary.record import LedgerCheck, build_record, build_summary, read_run_record, withheld
+from a2rl_bench.summary.report import last_event, run_notes, write_report
+from a2rl_bench.summary.stages import render_markdown as render_stages
+from a2rl_bench.summary.stages import run_stage_share, submission_tests
+from a2rl_bench.workspace import RunPaths
+from a2rl_bench.agents import SessionOutcome, agent_class
+from a2rl_bench.analysis.run_figure import score_trajectory_png
+from a2rl_bench.benchmarks import get_task
+from a2rl_bench.tasks.run_steps import ledger_of
 
 
 def hidden_items(ctx: RunContext) -> list[dict]:
@@ -98,7 +98,7 @@ def ledger_integrity(ctx: RunContext) -> LedgerCheck:
     """The ledger's head as this report is built from it, checked against the head the results store
     anchored at every append: an edited last entry, a cut-off end or entries appended past the anchored head
     show up here, as `tampered` (no number may be written from this ledger). `head_mac` authenticates the head
-    for a later ingest into another store (`a2rl.grading.ledger.head_mac`)."""
+    for a later ingest into another store (`a2rl_bench.grading.ledger.head_mac`)."""
     try:
         ledger = Ledger(ctx.paths.harness_dir / "ledger.jsonl")
     except LedgerCorrupted as e:

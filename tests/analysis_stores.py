@@ -2,7 +2,7 @@
 
 Each store is written through `ResultsStore.bulk_write` with the rows a real run leaves (runs, baseline and final
 evaluations with their per-item results, submissions, LLM calls), so every view sees what it would see after
-`a2rl run`. Unlike `a2rl.analysis.synthetic` (a big grid with known answers), these are built run by run, so a test can
+`a2rl run`. Unlike `a2rl_bench.analysis.synthetic` (a big grid with known answers), these are built run by run, so a test can
 say exactly which fields two settings share.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from a2rl.store.results import ResultsStore
+from a2rl_bench.store.results import ResultsStore
 
 BASE_SETTING: dict[str, Any] = {
     "task": "gsm8k", "variant": "offline", "val_limit": 16, "test_limit": 32, "base_model": "tiny",

@@ -19,7 +19,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["MPLBACKEND"] = "Agg"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
-# Evaluations in fp32 whatever this CPU's bf16 speed (a2rl.inference.numerics): the suite compares decoding paths
+# Evaluations in fp32 whatever this CPU's bf16 speed (a2rl_bench.inference.numerics): the suite compares decoding paths
 # token for token, which bf16 rounding would make machine-dependent; tests that want bf16 ask for it.
 os.environ["A2RL_CPU_EVAL_DTYPE"] = "fp32"
 # Several torch processes share 2 cores in tests: busy-waiting OpenMP threads slow them several-fold.
@@ -31,7 +31,7 @@ def prefect_harness():
     """One Prefect test server for the whole session; request it only in tests that run flows."""
     from prefect.testing.utilities import prefect_test_harness
 
-    from a2rl.ops.load import scaled_timeout
+    from a2rl_bench.ops.load import scaled_timeout
 
     # 90 s on an idle machine; a loaded one (other jobs on the same cores) needs proportionally longer.
     with prefect_test_harness(server_startup_timeout=int(scaled_timeout(90))):
@@ -60,8 +60,8 @@ def one_torch_thread():
 
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir: Path):
-    """The tiny model loaded on the CPU (`a2rl.inference.generation.LoadedModel`), once per module."""
-    from a2rl.inference.generation import load_model
+    """The tiny model loaded on the CPU (`a2rl_bench.inference.generation.LoadedModel`), once per module."""
+    from a2rl_bench.inference.generation import load_model
 
     return load_model(tiny_model_dir, "cpu")
 

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from a2rl.records import ItemResult
-from a2rl.benchmarks.base import BenchmarkTask, Decoding, TaskData
+from a2rl_bench.records import ItemResult
+from a2rl_bench.benchmarks.base import BenchmarkTask, Decoding, TaskData
 
 ITEMS = [{"id": str(i), "question": f"q{i}", "answer": "1"} for i in range(2)]
 

@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 import pytest
 
-from a2rl.ops import prefect_local
+from a2rl_bench.ops import prefect_local
 import prefect_http
 
 # Runs start within a second or two of being scheduled (defaults: 10 s each).

@@ -3,14 +3,14 @@ retries: a server whose SQLite database is busy (a loaded machine, several runs 
 Unavailable" for a moment, which its client waits out (PREFECT_CLIENT_MAX_RETRIES, with backoff). A test that
 sees that 503 has met the machine's load, not a fault of a2rl; any other answer is returned as it came.
 
-The retries are the ops client's own (`a2rl.ops.prefect_api.BusyRetries`), with a longer backoff (six tries over
+The retries are the ops client's own (`a2rl_bench.ops.prefect_api.BusyRetries`), with a longer backoff (six tries over
 about 15 s) and no retried connection: a test that reaches a stopped server sees that at once."""
 
 from __future__ import annotations
 
 import httpx
 
-from a2rl.ops.prefect_api import BusyRetries
+from a2rl_bench.ops.prefect_api import BusyRetries
 
 WAITS_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 

@@ -66,7 +66,7 @@ FLOOD_ATTEMPT = "flood_output_then_leak"
 SPARSE_ATTEMPT = "sparse_file_past_the_quota"
 """Run alone (`--only`): a 4 GiB sparse file in a workspace whose quota is far smaller."""
 
-HOST_MARKERS = ("pytest", "uvicorn", "prefect", "a2rl/isolation/sandbox.py", "a2rl-tests")
+HOST_MARKERS = ("pytest", "uvicorn", "prefect", "a2rl_bench/isolation/sandbox.py", "a2rl-tests")
 
 
 class Hostile:
@@ -131,7 +131,7 @@ class Hostile:
         return not leaked, f"{self.a.secret_path}: {'read, canary found' if leaked else 'unreadable'}"
 
     def read_hidden_in_default_cache(self):
-        hits = [p for root in ("/root/.cache/a2rl", str(Path.home() / ".cache" / "a2rl"))
+        hits = [p for root in ("/root/.cache/a2rl", str(Path.home() / ".cache" / "a2rl_bench"))
                 for p in glob.glob(f"{root}/task-data/*/*/private/*.jsonl")]  # fmt: skip
         return not hits, f"found {hits[:3]}" if hits else "no task-data cache visible"
 

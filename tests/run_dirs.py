@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from a2rl.records import EvalResult, ItemResult, RunConfig
-from a2rl.run import RunContext, make_run_id, write_manifest
-from a2rl.store.results import ResultsStore
-from a2rl.workspace import RunPaths
-from a2rl.tasks.run_steps import book_of
+from a2rl_bench.records import EvalResult, ItemResult, RunConfig
+from a2rl_bench.run import RunContext, make_run_id, write_manifest
+from a2rl_bench.store.results import ResultsStore
+from a2rl_bench.workspace import RunPaths
+from a2rl_bench.tasks.run_steps import book_of
 
 
 def synthetic_eval(split: str, n: int, n_correct: int) -> EvalResult:
@@ -27,7 +27,7 @@ def write_run(results: Path, runs_dir: Path, config: RunConfig, flow_run_id: str
 
     `status` None leaves it as a killed run leaves it: the row `running`, no report. `session` False stops before
     the agent session (baselines only)."""
-    from a2rl.tasks.summary_steps import write_summary
+    from a2rl_bench.tasks.summary_steps import write_summary
 
     ctx = RunContext(run_id=make_run_id(config, flow_run_id), config=config,
                      paths=RunPaths.for_run(runs_dir, make_run_id(config, flow_run_id)),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.isolation.sandbox import SandboxPolicy, SandboxUnavailable, sandbox_mode
+from a2rl_bench.isolation.sandbox import SandboxPolicy, SandboxUnavailable, sandbox_mode
 
 
 def bwrap_problem() -> str | None:

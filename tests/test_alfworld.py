@@ -7,11 +7,11 @@ import random
 
 import pytest
 
-from a2rl.benchmarks.alfworld import ALFWorld, ALFWorldDataError
-from a2rl.benchmarks.alfworld.games import TASK_TYPES, generate_game, layout_names
-from a2rl.benchmarks.alfworld.task import MANIFEST, build_offline_manifest, load_full, load_offline
-from a2rl.benchmarks.base import TaskData
-from a2rl.benchmarks.envs.household import SYSTEM_PROMPT, HouseholdEnv
+from a2rl_bench.benchmarks.alfworld import ALFWorld, ALFWorldDataError
+from a2rl_bench.benchmarks.alfworld.games import TASK_TYPES, generate_game, layout_names
+from a2rl_bench.benchmarks.alfworld.task import MANIFEST, build_offline_manifest, load_full, load_offline
+from a2rl_bench.benchmarks.base import TaskData
+from a2rl_bench.benchmarks.envs.household import SYSTEM_PROMPT, HouseholdEnv
 
 
 @pytest.fixture(scope="module")

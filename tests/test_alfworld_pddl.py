@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from a2rl.benchmarks import get_task
-from a2rl.benchmarks.alfworld.games import constants
-from a2rl.benchmarks.alfworld.pddl import (
+from a2rl_bench.benchmarks import get_task
+from a2rl_bench.benchmarks.alfworld.games import constants
+from a2rl_bench.benchmarks.alfworld.pddl import (
     AGENT,
     START,
     PDDLError,
@@ -35,8 +35,8 @@ from a2rl.benchmarks.alfworld.pddl import (
     type_objects,
     validate,
 )
-from a2rl.benchmarks.base import TaskData
-from a2rl.benchmarks.envs.household import ABLE, CAN_CONTAIN, HouseholdEnv
+from a2rl_bench.benchmarks.base import TaskData
+from a2rl_bench.benchmarks.envs.household import ABLE, CAN_CONTAIN, HouseholdEnv
 
 
 @pytest.fixture(scope="module")

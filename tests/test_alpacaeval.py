@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from a2rl.records import ItemResult
-from a2rl.benchmarks import get_task
-from a2rl.benchmarks.alpacaeval import (
+from a2rl_bench.records import ItemResult
+from a2rl_bench.benchmarks import get_task
+from a2rl_bench.benchmarks.alpacaeval import (
     JUDGE_PROMPT_VERSION,
     AlpacaEval,
     AlpacaEvalDataError,
@@ -24,16 +24,16 @@ from a2rl.benchmarks.alpacaeval import (
     parse_verdict,
     win_rates,
 )
-from a2rl.benchmarks.alpacaeval.data import (
+from a2rl_bench.benchmarks.alpacaeval.data import (
     OFFLINE_MANIFEST,
     full_task_data,
     load_full,
     load_offline,
     sharegpt_conversations,
 )
-from a2rl.benchmarks.alpacaeval.judge import JUDGE_SYSTEM
-from a2rl.benchmarks.base import TaskData, read_jsonl
-from a2rl.benchmarks.contamination import find_contamination
+from a2rl_bench.benchmarks.alpacaeval.judge import JUDGE_SYSTEM
+from a2rl_bench.benchmarks.base import TaskData, read_jsonl
+from a2rl_bench.benchmarks.contamination import find_contamination
 from tests.anthropic_loopback import AnthropicLoopback, RecordedRequest, Reply
 
 JUDGE_ENV = (
@@ -186,7 +186,7 @@ def test_no_judge_configured_is_an_error_naming_the_variables(monkeypatch) -> No
 
 
 def test_evaluation_without_a_judge_fails_before_generating(monkeypatch) -> None:
-    from a2rl.inference.evaluation import EvalSpec, evaluate
+    from a2rl_bench.inference.evaluation import EvalSpec, evaluate
 
     for name in JUDGE_ENV:
         monkeypatch.delenv(name, raising=False)
@@ -365,7 +365,7 @@ def test_items_without_verdict_are_left_out_and_counted() -> None:
 
 
 def test_describe_task_names_the_judge_or_what_is_missing(monkeypatch, offline: TaskData) -> None:
-    from a2rl.benchmarks.describe import describe_task
+    from a2rl_bench.benchmarks.describe import describe_task
 
     for name in JUDGE_ENV:
         monkeypatch.delenv(name, raising=False)

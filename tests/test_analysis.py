@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from a2rl.store.schema import MIGRATIONS, SCHEMA_VERSION
-from a2rl.store.results import ResultsStore
-from a2rl.summary.intervals import (
+from a2rl_bench.store.schema import MIGRATIONS, SCHEMA_VERSION
+from a2rl_bench.store.results import ResultsStore
+from a2rl_bench.summary.intervals import (
     SCORE_PSEUDO,
     baseline_se,
     binomial_var,
@@ -26,10 +26,10 @@ from a2rl.summary.intervals import (
     seeds_items_interval,
     t975,
 )
-from a2rl.analysis.compare import compare_field
-from a2rl.analysis.stats import pass_at_k, pass_at_k_curve
-from a2rl.analysis.synthetic import VARIANT_LABEL, SyntheticSpec, demo_spec, write_synthetic_store
-from a2rl.analysis.tables import load_tables
+from a2rl_bench.analysis.compare import compare_field
+from a2rl_bench.analysis.stats import pass_at_k, pass_at_k_curve
+from a2rl_bench.analysis.synthetic import VARIANT_LABEL, SyntheticSpec, demo_spec, write_synthetic_store
+from a2rl_bench.analysis.tables import load_tables
 
 SPEC = SyntheticSpec(n_seeds=5, subs_per_run=5)
 SMALL = SyntheticSpec(tasks=("gsm8k", "humaneval"), modes=("free", "rl-only"), n_seeds=3, subs_per_run=4)
@@ -124,11 +124,11 @@ COVERAGE_REPS = 2000
 
 @pytest.mark.parametrize("n_seeds", [2, 3, 5])
 def test_seeds_items_interval_covers_with_a_shared_test_set(n_seeds):
-    """Every seed scored on the same hidden items (`a2rl.analysis.coverage`: items drawn from a population, the base
+    """Every seed scored on the same hidden items (`a2rl_bench.analysis.coverage`: items drawn from a population, the base
     model greedy, seeds spread by τ): the setting's interval covers the true Δ in >= 93% of replications, in
     every scenario of a grid spanning the floor (2%), the middle and the ceiling (95%), Δ = 0 and Δ ≠ 0, at 16, 32
     and 134 items, seed spreads τ = 0 and 0.3. Fixed RNG; 2,000 replications a scenario (MC SE 0.5 points)."""
-    from a2rl.analysis.coverage import covers, scenarios, seeds_items_bounds, simulate
+    from a2rl_bench.analysis.coverage import covers, scenarios, seeds_items_bounds, simulate
 
     rng = np.random.default_rng(100 + n_seeds)
     worst = 1.0
@@ -146,7 +146,7 @@ def test_seeds_items_interval_covers_with_a_shared_test_set(n_seeds):
 
 def test_one_run_coverage_with_a_shared_test_set():
     """k = 1: each run's own interval covers that run's Δ over the item population (the same simulation)."""
-    from a2rl.analysis.coverage import covers, scenarios, simulate, single_run_bounds
+    from a2rl_bench.analysis.coverage import covers, scenarios, simulate, single_run_bounds
 
     rng = np.random.default_rng(11)
     for n in (16, 32, 134):
@@ -339,7 +339,7 @@ def test_selection_gap_and_scaling_end_points_match_the_submissions(synthetic):
 
 
 def test_scaling_curves_hold_the_last_value_and_count_runs_without_submissions():
-    from a2rl.analysis.tables import SETTING, scaling_curves
+    from a2rl_bench.analysis.tables import SETTING, scaling_curves
 
     setting = {c: "x" for c in SETTING}
     runs = pd.DataFrame([setting | {"run_id": "a", "budget_s": 40.0}, setting | {"run_id": "b", "budget_s": 40.0}])
@@ -396,7 +396,7 @@ def test_a_version_1_store_migrates_and_keeps_its_rows(tmp_path: Path):
 
 @pytest.fixture(scope="module")
 def analysed(tmp_path_factory):
-    from a2rl.cli import main
+    from a2rl_bench.cli import main
 
     root = tmp_path_factory.mktemp("analysed")  # 250 runs, failed, interrupted and infrastructure failures included
     assert main(["analyze", "--synthetic", "250", "--results", str(root / "results.duckdb"), "--out",
@@ -430,7 +430,7 @@ def test_html_report_is_self_contained_and_labels_the_data_variant(analysed: Pat
 
 
 def test_analysis_of_an_empty_store_draws_placeholders(tmp_path: Path):
-    from a2rl.flows.analysis_flow import run_analysis
+    from a2rl_bench.flows.analysis_flow import run_analysis
 
     ResultsStore(tmp_path / "empty.duckdb")
     paths = run_analysis(tmp_path / "empty.duckdb", tmp_path / "out")
@@ -442,7 +442,7 @@ def test_analysis_of_an_empty_store_draws_placeholders(tmp_path: Path):
 def test_analysis_flow_publishes_artifacts(prefect_harness, tmp_path: Path):
     from prefect.artifacts import Artifact
 
-    from a2rl.flows.analysis_flow import analysis
+    from a2rl_bench.flows.analysis_flow import analysis
 
     write_synthetic_store(tmp_path / "results.duckdb", TINY)
     paths = analysis(results=tmp_path / "results.duckdb", out_dir=tmp_path / "out")
@@ -479,13 +479,13 @@ def test_the_report_excludes_broken_runs_and_carries_the_papers_tables(analysed:
 
 
 def _figures_of(path: Path) -> dict:
-    from a2rl.flows.analysis_flow import draw_figures
+    from a2rl_bench.flows.analysis_flow import draw_figures
 
     return draw_figures(load_tables(ResultsStore(path)))
 
 
 def test_figures_of_a_single_run_have_no_overlapping_text(tmp_path: Path):
-    from a2rl.analysis.figures import text_overlaps
+    from a2rl_bench.analysis.figures import text_overlaps
 
     write_synthetic_store(tmp_path / "one.duckdb", SyntheticSpec(tasks=("gsm8k",), agents=("agent-a",),
                                                                  modes=("free",), n_runs=1, n_items=32))
@@ -497,7 +497,7 @@ def test_figures_of_a_single_run_have_no_overlapping_text(tmp_path: Path):
 def test_figures_of_a_thousand_runs_have_no_overlapping_text_and_say_what_they_leave_out(tmp_path: Path):
     """~1,000 runs (6 tasks × 8 agents × 3 modes × 7 seeds, broken runs included): the slowest test here (~25 s)
     because it draws every figure at full size, which is what it checks."""
-    from a2rl.analysis.figures import MAX_ROWS, MAX_SERIES, text_overlaps
+    from a2rl_bench.analysis.figures import MAX_ROWS, MAX_SERIES, text_overlaps
 
     spec = SyntheticSpec(tasks=("gsm8k", "humaneval", "alfworld", "webshop", "alpacaeval", "deepsearchqa"),
                          agents=tuple(f"agent-{c}" for c in "abcdefgh"), n_seeds=7, n_items=16, broken_every=25)

@@ -1,4 +1,4 @@
-"""The one comparison model (`a2rl.analysis.compare`): its coverage and false verdicts by simulation with a shared test
+"""The one comparison model (`a2rl_bench.analysis.compare`): its coverage and false verdicts by simulation with a shared test
 set, interval and p agreeing on every table, and the eight-run "did RL help?" store of issue 34."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from a2rl.store.results import ResultsStore
-from a2rl.summary.intervals import crossed, seeds_items_interval
-from a2rl.analysis.compare import compare_items
-from a2rl.analysis.coverage import Scenario, covers, simulate_comparison
-from a2rl.analysis.synthetic import StageStudySpec, stage_study_sheets, write_stage_study
-from a2rl.analysis.tables import load_tables
+from a2rl_bench.store.results import ResultsStore
+from a2rl_bench.summary.intervals import crossed, seeds_items_interval
+from a2rl_bench.analysis.compare import compare_items
+from a2rl_bench.analysis.coverage import Scenario, covers, simulate_comparison
+from a2rl_bench.analysis.synthetic import StageStudySpec, stage_study_sheets, write_stage_study
+from a2rl_bench.analysis.tables import load_tables
 
 # Deterministic training: a seed changes (almost) nothing; noisy: seeds differ by ~8-10 points and items churn.
 TRAINING = {"deterministic": dict(rho=0.99, tau=0.0), "noisy": dict(rho=0.7, tau=0.3)}
@@ -66,7 +66,7 @@ def test_unpaired_seeds_are_left_out_and_counted():
 
 
 def test_marks_fall_on_the_known_best_and_worst_modes_when_the_difference_is_detectable(tmp_path: Path):
-    from a2rl.analysis.synthetic import SyntheticSpec, write_synthetic_store
+    from a2rl_bench.analysis.synthetic import SyntheticSpec, write_synthetic_store
 
     spec = SyntheticSpec(tasks=("gsm8k", "humaneval"), agents=("agent-a",), n_seeds=4, mode_step=25.0, n_items=64)
     data = write_synthetic_store(tmp_path / "s.duckdb", spec)
@@ -116,7 +116,7 @@ def test_did_rl_help_reads_the_numbers_of_issue_34_and_marks_no_mode(stage_study
     assert not t.leaderboard["is_best"].any() and not t.leaderboard["is_worst"].any()
     assert t.leaderboard["mark_note"].str.startswith("no detectable difference").all()
 
-    from a2rl.flows.analysis_flow import run_analysis
+    from a2rl_bench.flows.analysis_flow import run_analysis
 
     run_analysis(stage_study, tmp_path / "out")
     text = (tmp_path / "out" / "report.html").read_text()
@@ -132,8 +132,8 @@ def test_did_rl_help_reads_the_numbers_of_issue_34_and_marks_no_mode(stage_study
 
 
 def _run_metrics(n_val: int, gained: int, **kw):
-    from a2rl.summary.intervals import paired_item_interval
-    from a2rl.summary.metrics import RunMetrics
+    from a2rl_bench.summary.intervals import paired_item_interval
+    from a2rl_bench.summary.metrics import RunMetrics
 
     val = paired_item_interval([0.0] * n_val, [1.0] * gained + [0.0] * (n_val - gained))
     test = paired_item_interval([0.0] * 67 + [1.0] * 67, [0.0] * 67 + [1.0] * 67)
@@ -147,7 +147,7 @@ def _run_metrics(n_val: int, gained: int, **kw):
 
 
 def test_a_one_item_validation_set_is_never_called_a_design_failure():
-    from a2rl.summary.verdicts import explain_failure
+    from a2rl_bench.summary.verdicts import explain_failure
 
     one = explain_failure(_run_metrics(1, 1), {1: "SFT", 2: "GRPO"}, {})
     assert one.label == "inconclusive", one.reason
@@ -164,8 +164,8 @@ def test_a_one_item_validation_set_is_never_called_a_design_failure():
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
 def test_selection_gap_interval_covers_a_zero_gap_from_the_shared_items(k: int):
-    from a2rl.summary.intervals import two_tables_interval
-    from a2rl.analysis.coverage import simulate_gap
+    from a2rl_bench.summary.intervals import two_tables_interval
+    from a2rl_bench.analysis.coverage import simulate_gap
 
     rng = np.random.default_rng(10 + k)
     for s in (Scenario(0.3, 0.1, rho=0.99, tau=0.0), Scenario(0.5, 0.05, rho=0.7, tau=0.3)):
@@ -177,7 +177,7 @@ def test_selection_gap_interval_covers_a_zero_gap_from_the_shared_items(k: int):
 
 
 def test_tied_seeds_give_the_selection_gap_a_real_width():
-    from a2rl.summary.intervals import two_tables_interval
+    from a2rl_bench.summary.intervals import two_tables_interval
 
     val = np.tile([1.0] + [0.0] * 31, (3, 1))  # three seeds, each +1 of 32 validation items, the same one
     test = np.zeros((3, 64))
@@ -187,7 +187,7 @@ def test_tied_seeds_give_the_selection_gap_a_real_width():
 
 
 def test_the_selection_table_uses_the_validation_items_where_the_store_has_them(tmp_path: Path):
-    from a2rl.analysis.synthetic import _write, stage_study_frames
+    from a2rl_bench.analysis.synthetic import _write, stage_study_frames
 
     data = stage_study_frames()
     runs = data.frames["runs"]

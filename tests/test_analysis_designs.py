@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from a2rl.analysis.compare import compare_field, rl_share_over_seeds
-from a2rl.analysis.synthetic import SyntheticSpec, synthetic_frames
-from a2rl.analysis.tables import load_tables
-from a2rl.store.results import ResultsStore
+from a2rl_bench.analysis.compare import compare_field, rl_share_over_seeds
+from a2rl_bench.analysis.synthetic import SyntheticSpec, synthetic_frames
+from a2rl_bench.analysis.tables import load_tables
+from a2rl_bench.store.results import ResultsStore
 
 N_ITEMS = 32
 
@@ -98,7 +98,7 @@ def test_an_item_without_a_score_is_refused_at_write(tmp_path: Path):
         store.replace_run(run, {"item_results": bad})
     assert store.query("SELECT count(*) AS n FROM item_results WHERE score IS NULL OR isnan(score)")["n"][0] == 0
 
-    from a2rl.records import EvalResult, ItemResult
+    from a2rl_bench.records import EvalResult, ItemResult
 
     result = EvalResult(task="gsm8k", split="test", score=50.0, n=2, n_correct=1, evaluator_id="e", items=[
         ItemResult(item_id="x", completion="", prediction=None, target="1", correct=True, value=1.0),
@@ -172,7 +172,7 @@ def test_a_comparison_leaves_out_a_run_without_item_rows_and_counts_it():
 def test_seeds_twenty_points_apart_rarely_give_a_false_difference(k: int):
     # Issue 47: with the plain t quantile for the seed part, seeds whose own Δs differ by about 20 points (τ = 0.6)
     # were called different 5.5-7.4% of the time under no change (BENCHMARKS.md, "Coverage by seed spread and k").
-    from a2rl.analysis.coverage import Scenario, seeds_items_bounds, simulate
+    from a2rl_bench.analysis.coverage import Scenario, seeds_items_bounds, simulate
 
     rng = np.random.default_rng(47 + k)
     for p_base in (0.3, 0.6):

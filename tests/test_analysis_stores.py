@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from a2rl.store.results import ResultsStore
-from a2rl.analysis.tables import load_tables
+from a2rl_bench.store.results import ResultsStore
+from a2rl_bench.analysis.tables import load_tables
 from tests.analysis_stores import (
     BASE_SETTING,
     TWIN_CHANGES,
@@ -28,7 +28,7 @@ ANALYSED_TWINS = 1 + len(TWIN_CHANGES)  # the base setting and one twin per fiel
 
 
 def _figures(tables) -> dict:
-    from a2rl.flows.analysis_flow import draw_figures
+    from a2rl_bench.flows.analysis_flow import draw_figures
 
     return draw_figures(tables)
 
@@ -73,7 +73,7 @@ def test_every_table_and_view_keys_by_the_setting(twins):
 
 
 def test_system_task_table_gives_every_setting_its_own_cell_and_each_base_model_its_baseline(twins):
-    from a2rl.flows.analysis_flow import _paper_sections
+    from a2rl_bench.flows.analysis_flow import _paper_sections
 
     _, t = twins
     section = next(s for s in _paper_sections(t) if s.title == "Paper tables")
@@ -157,7 +157,7 @@ def test_baseline_interval_stays_within_what_a_score_can_be(twins):
 
 
 def test_every_section_that_counts_runs_says_how_many_were_excluded(twins, tmp_path):
-    from a2rl.flows.analysis_flow import _sections
+    from a2rl_bench.flows.analysis_flow import _sections
 
     _, t = twins
     note = t.exclusion_note
@@ -172,7 +172,7 @@ def test_every_section_that_counts_runs_says_how_many_were_excluded(twins, tmp_p
 
 def test_sql_and_python_give_the_same_intervals(twins):
     """The store's `setting_intervals` view (what README's SQL reads) and the analysis's Python agree."""
-    from a2rl.summary.intervals import SCORE_PSEUDO, seeds_items_interval
+    from a2rl_bench.summary.intervals import SCORE_PSEUDO, seeds_items_interval
 
     path, t = twins
     sql = ResultsStore(path).query("SELECT * FROM setting_intervals").set_index(["setting_id", "metric"])
@@ -270,7 +270,7 @@ def matplotlib_rgb(colour) -> tuple:
 
 
 def test_palette_keeps_colour_and_line_style_distinct_up_to_its_maximum():
-    from a2rl.analysis.figures import MAX_STYLES, Palette
+    from a2rl_bench.analysis.figures import MAX_STYLES, Palette
 
     names = [f"s{i:02d}" for i in range(MAX_STYLES)]
     palette = Palette(names)
@@ -308,7 +308,7 @@ def test_heatmap_colour_leaves_a_lone_within_noise_cell_pale(tmp_path):
     specs += [RunSpec(f"h{s}", humaneval, s, [0.0] * 32, [1.0] + [0.0] * 31) for s in range(2)]
     path = write_store(tmp_path / "noise.duckdb", specs)
     t = load_tables(ResultsStore(path))
-    from a2rl.analysis.figures import heatmap_figure
+    from a2rl_bench.analysis.figures import heatmap_figure
 
     [ax] = [a for a in heatmap_figure(t.matrix).axes if a.images]
     grid = np.ma.filled(ax.images[0].get_array(), np.nan)
@@ -323,7 +323,7 @@ def test_heatmap_colour_leaves_a_lone_within_noise_cell_pale(tmp_path):
 
 def test_analyze_a_store_without_a_submission(tmp_path):
     """The store `make run` leaves when its agent made no submission in its budget: `a2rl analyze` works."""
-    from a2rl.cli import main
+    from a2rl_bench.cli import main
 
     path = write_store(tmp_path / "results.duckdb", zero_submission_specs())
     assert main(["analyze", "--results", str(path), "--out", str(tmp_path / "out")]) == 0
@@ -338,7 +338,7 @@ def test_analyze_a_store_without_a_submission(tmp_path):
 def test_analyze_never_crashes_on_a_valid_store(seed, tmp_path):
     """Random valid stores (any mix of statuses, graded items, no submissions, no LLM calls, variants, protocols,
     unshared items): the whole analysis runs and writes its report."""
-    from a2rl.flows.analysis_flow import run_analysis
+    from a2rl_bench.flows.analysis_flow import run_analysis
 
     rng = np.random.default_rng(seed)
     specs = random_specs(rng)
@@ -356,7 +356,7 @@ def test_analyze_a_hand_built_store_with_nulls(tmp_path):
     """Rows with only some columns (an old or hand-built store): NULL task, budget, driver, mode, seed, scores."""
     import duckdb
 
-    from a2rl.flows.analysis_flow import run_analysis
+    from a2rl_bench.flows.analysis_flow import run_analysis
 
     path = tmp_path / "results.duckdb"
     ResultsStore(path)

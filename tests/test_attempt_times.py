@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from a2rl.grading.clock import CLOCK_FILE, BudgetClock, ClockRecorder
-from a2rl.capture.attempts import AttemptLog, read_attempts
+from a2rl_bench.grading.clock import CLOCK_FILE, BudgetClock, ClockRecorder
+from a2rl_bench.capture.attempts import AttemptLog, read_attempts
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 HARNESS = """
 import sys, time
 from pathlib import Path
-from a2rl.grading.clock import BudgetClock, ClockRecorder
-from a2rl.capture.attempts import AttemptLog
+from a2rl_bench.grading.clock import BudgetClock, ClockRecorder
+from a2rl_bench.capture.attempts import AttemptLog
 
 h = Path(sys.argv[1])
 log = AttemptLog(h, "fr-1", 1)
@@ -114,7 +114,7 @@ def test_a_harness_going_down_on_a_signal_stops_the_agents_clock_with_its_agent(
     import _thread
     import threading
 
-    from a2rl.agents.base import Agent, AgentEnv, run_agent
+    from a2rl_bench.agents.base import Agent, AgentEnv, run_agent
 
     ws = tmp_path / "ws"
     (ws / "code").mkdir(parents=True)
@@ -166,10 +166,10 @@ def test_a_retry_goes_on_only_from_the_directory_of_the_attempt_just_before_it(t
     """#44: attempt 1 ran on this host; attempts 2 and 3 ran elsewhere; attempt 4 lands here. It must not resume
     attempt 1's directory (that would drop what 2 and 3 did): the directory is set aside, kept, and the run
     starts over with a fresh one and a store that holds none of the old directory's rows or ledger anchors."""
-    from a2rl.records import RunConfig
-    from a2rl.store.results import ResultsStore
-    from a2rl.tasks import run_steps
-    from a2rl.tasks.run_steps import open_run
+    from a2rl_bench.records import RunConfig
+    from a2rl_bench.store.results import ResultsStore
+    from a2rl_bench.tasks import run_steps
+    from a2rl_bench.tasks.run_steps import open_run
 
     monkeypatch.setattr(run_steps.flow_run, "get_id", lambda: "5e7a11fd-0000-4000-8000-000000000001")  # one flow run
     results, runs = tmp_path / "results.duckdb", tmp_path / "runs"

@@ -8,9 +8,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from a2rl.grading.ledger import read_ledger
-from a2rl.records import RunConfig
-from a2rl.run_options import RunOptions
+from a2rl_bench.grading.ledger import read_ledger
+from a2rl_bench.records import RunConfig
+from a2rl_bench.run_options import RunOptions
 
 
 @pytest.fixture
@@ -24,7 +24,7 @@ def small_agent(monkeypatch):
 
 
 def test_benchmark_run_end_to_end(prefect_harness, tiny_model_dir, tmp_path, small_agent):
-    from a2rl.flows.benchmark_run import benchmark_run
+    from a2rl_bench.flows.benchmark_run import benchmark_run
 
     results = tmp_path / "results.duckdb"
     config = RunConfig(base_model=str(tiny_model_dir), budget_s=45, val_limit=4, test_limit=6)
@@ -80,8 +80,8 @@ def test_benchmark_run_end_to_end(prefect_harness, tiny_model_dir, tmp_path, sma
 
 def test_a_failing_run_is_recorded_as_failed(prefect_harness, tiny_model_dir, tmp_path):
     """A run that breaks mid-way still leaves its row, with the error, and a report."""
-    from a2rl.tasks.preflight import PreflightError
-    from a2rl.flows.benchmark_run import benchmark_run
+    from a2rl_bench.tasks.preflight import PreflightError
+    from a2rl_bench.flows.benchmark_run import benchmark_run
 
     results = tmp_path / "results.duckdb"
     with pytest.raises(PreflightError, match="unknown agent"):
@@ -101,12 +101,12 @@ def test_ctrl_c_on_the_cli_records_the_run_as_interrupted_without_a_traceback(ti
     import sys
     import time
 
-    from a2rl.ops.load import describe_load, scaled_timeout
+    from a2rl_bench.ops.load import describe_load, scaled_timeout
 
     results = tmp_path / "results.duckdb"
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "A2RL_SFT_TRAIN_S": "30"}
     env.pop("PREFECT_API_URL", None)  # its own ephemeral server, as a user's first run has
-    cmd = [sys.executable, "-m", "a2rl.cli", "run", "--base-model", str(tiny_model_dir), "--budget", "120",
+    cmd = [sys.executable, "-m", "a2rl_bench.cli", "run", "--base-model", str(tiny_model_dir), "--budget", "120",
            "--val-limit", "2", "--test-limit", "2", "--results", str(results), "--sandbox", "off"]  # fmt: skip
     # Output to files, not pipes: nothing can block on a full pipe while the test waits.
     with (tmp_path / "out.log").open("w") as out_f, (tmp_path / "err.log").open("w") as err_f:
@@ -147,7 +147,7 @@ def test_alpacaeval_run_end_to_end_with_a_judge_endpoint(prefect_harness, tiny_m
     answer."""
     import re
 
-    from a2rl.flows.benchmark_run import benchmark_run
+    from a2rl_bench.flows.benchmark_run import benchmark_run
     from tests.anthropic_loopback import AnthropicLoopback
 
     def prefers_longer(request) -> str:
@@ -185,7 +185,7 @@ def test_every_submission_on_the_hidden_test_after_the_session(prefect_harness, 
     recorded apart (ledger kind `posthoc`, evaluations of kind `posthoc`) and grouped by the agent's stage label
     (SFT, then GRPO here); the final pick and Δ are those of the ordinary run, and nothing of it happened while
     the agent could ask."""
-    from a2rl.flows.benchmark_run import benchmark_run
+    from a2rl_bench.flows.benchmark_run import benchmark_run
 
     knobs = {"A2RL_SFT_MAX_STEPS": "2", "A2RL_SFT_BATCH_SIZE": "2", "A2RL_SFT_LR": "1e-3", "A2RL_SFT_ROUND_S": "12",
              "A2RL_SFT_MAX_LENGTH": "4096", "A2RL_SFT_MAX_ROUNDS": "1", "A2RL_GRPO_MAX_STEPS": "1",
@@ -221,7 +221,7 @@ def test_every_submission_on_the_hidden_test_after_the_session(prefect_harness, 
     assert "Every submission on the hidden test (analysis only)" in report and "RL's share" in report
     assert json.loads((harness / "report.json").read_text())["stage_share"]["rl_submission"] == 2
     # The analysis: the paper tables' RL section and the drill-down's post-hoc scores.
-    from a2rl.flows.analysis_flow import run_analysis
+    from a2rl_bench.flows.analysis_flow import run_analysis
 
     with duckdb.connect(str(results), read_only=True) as con:
         shares = con.execute("SELECT run_id, rl_share, n_items FROM stage_shares").fetchall()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from a2rl.benchmarks import list_tasks
+from a2rl_bench.benchmarks import list_tasks
 
 
 @pytest.mark.parametrize("task", list_tasks(), ids=lambda t: t.id)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.agents import AgentEnv, LLMDriver, get_agent, list_agents, uses_llm
-from a2rl.blocks import AgentConfig, BlockNotFound, DriverConfig, load_agent_config, load_driver_config
+from a2rl_bench.agents import AgentEnv, LLMDriver, get_agent, list_agents, uses_llm
+from a2rl_bench.blocks import AgentConfig, BlockNotFound, DriverConfig, load_agent_config, load_driver_config
 
 KEY = "sk-ant-blocks-SECRET-99"
 

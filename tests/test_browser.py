@@ -30,8 +30,8 @@ if not Path(CHROMIUM).exists():
     pytest.skip(f"no Chromium at {CHROMIUM}: `make browser` installs Debian's chromium", allow_module_level=True)
 
 
-def a2rl(args: list[str], env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "a2rl.cli", *args], env=env, capture_output=True, text=True,
+def a2rl_bench(args: list[str], env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "a2rl_bench.cli", *args], env=env, capture_output=True, text=True,
                           timeout=timeout, cwd=REPO)  # fmt: skip
 
 
@@ -53,19 +53,19 @@ def served_run(tmp_path_factory, tiny_model_dir):
             "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
             "A2RL_SFT_TRAIN_S": "4", "A2RL_SFT_MAX_STEPS": "4", "A2RL_SFT_BATCH_SIZE": "4",
             "A2RL_SFT_MAX_LENGTH": "512"}  # fmt: skip
-    up = a2rl(["server", "start", "--port", str(port), "--no-worker"], env, timeout=300)
+    up = a2rl_bench(["server", "start", "--port", str(port), "--no-worker"], env, timeout=300)
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         env["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
         results = tmp / "a.duckdb"
-        run = a2rl(["run", "--base-model", str(tiny_model_dir), "--budget", "30", "--val-limit", "1",
+        run = a2rl_bench(["run", "--base-model", str(tiny_model_dir), "--budget", "30", "--val-limit", "1",
                     "--test-limit", "1", "--sandbox", "off", "--results", str(results)], env)  # fmt: skip
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-        analysis = a2rl(["analyze", "--results", str(results), "--out", str(tmp / "analysis")], env)
+        analysis = a2rl_bench(["analyze", "--results", str(results), "--out", str(tmp / "analysis")], env)
         assert analysis.returncode == 0, analysis.stdout[-2000:] + analysis.stderr[-2000:]
         yield f"http://127.0.0.1:{port}", tmp / "analysis" / "report.html"
     finally:
-        a2rl(["server", "stop"], env, timeout=300)
+        a2rl_bench(["server", "stop"], env, timeout=300)
 
 
 def screenshot(page, name: str) -> Path:

@@ -15,15 +15,15 @@ import pytest
 from anthropic_loopback import AnthropicLoopback, Reply
 from sandbox_support import appears, gone, needs_bwrap, processes_with
 
-from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
-from a2rl.paths import a2rl_home
-from a2rl.records import EvalResult, RunConfig
-from a2rl.isolation.sandbox import SandboxPolicy, gpu_env
-from a2rl.workspace import RunPaths, build_workspace
-from a2rl.agents import AgentEnv, AgentOptions, LLMDriver, get_agent, run_agent
-from a2rl.agents.base import agent_environment
-from a2rl.agents.claude_tools import context
-from a2rl.agents.claude_tools.tools import UNSANDBOXED_NOTE, Toolbox, cut_middle
+from a2rl_bench.grading import BudgetClock, GradingContext, GradingServer, GradingService
+from a2rl_bench.paths import a2rl_home
+from a2rl_bench.records import EvalResult, RunConfig
+from a2rl_bench.isolation.sandbox import SandboxPolicy, gpu_env
+from a2rl_bench.workspace import RunPaths, build_workspace
+from a2rl_bench.agents import AgentEnv, AgentOptions, LLMDriver, get_agent, run_agent
+from a2rl_bench.agents.base import agent_environment
+from a2rl_bench.agents.claude_tools import context
+from a2rl_bench.agents.claude_tools.tools import UNSANDBOXED_NOTE, Toolbox, cut_middle
 
 API_KEY = "sk-ant-test-SECRET-7d41"
 PRICES = {"input_usd_per_mtok": 3.0, "output_usd_per_mtok": 15.0, "cache_read_usd_per_mtok": 0.3,

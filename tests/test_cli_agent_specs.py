@@ -13,10 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 
-import a2rl.agents
-from a2rl.grading import BudgetClock
-from a2rl.agents import AgentEnv, AgentOptions, LLMDriver, get_agent, run_agent
-from a2rl.agents.cli_agents.adapter import CLIAgent
+import a2rl_bench.agents
+from a2rl_bench.grading import BudgetClock
+from a2rl_bench.agents import AgentEnv, AgentOptions, LLMDriver, get_agent, run_agent
+from a2rl_bench.agents.cli_agents.adapter import CLIAgent
 
 REPO = Path(__file__).resolve().parents[1]
 SNAPSHOT = Path(__file__).with_name("cli_agent_snapshot.json")
@@ -66,7 +66,7 @@ def snapshot(build, parser_class, cls: type, workspace: Path) -> dict:
 
 
 def cli_agents() -> dict[str, type[CLIAgent]]:
-    classes = {name: a2rl.agents.agent_class(name) for name in a2rl.agents.list_agents()}
+    classes = {name: a2rl_bench.agents.agent_class(name) for name in a2rl_bench.agents.list_agents()}
     return {name: cls for name, cls in classes.items() if issubclass(cls, CLIAgent)}
 
 
@@ -100,9 +100,9 @@ TOY_AGENT = '''
 
 import time
 
-from a2rl.agents.cli_agents.adapter import CLIAgent
-from a2rl.agents.cli_agents.spec import CliAgentSpec, CliInstall
-from a2rl.agents.cli_agents.streams import PairingParser
+from a2rl_bench.agents.cli_agents.adapter import CLIAgent
+from a2rl_bench.agents.cli_agents.spec import CliAgentSpec, CliInstall
+from a2rl_bench.agents.cli_agents.streams import PairingParser
 
 
 class ToyStreamParser(PairingParser):
@@ -178,18 +178,18 @@ def toy_cli_package(tmp_path, monkeypatch):
     (bin_dir / "toycli").chmod(0o755)
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin")
-    a2rl.agents.AGENTS.refresh()
+    a2rl_bench.agents.AGENTS.refresh()
     yield site
     monkeypatch.undo()
     sys.modules.pop("a2rl_toy_cli.agent", None)
     sys.modules.pop("a2rl_toy_cli", None)
-    a2rl.agents.AGENTS.refresh()
+    a2rl_bench.agents.AGENTS.refresh()
 
 
 def test_a_cli_agent_from_an_outside_package_runs_through_the_real_runner(tmp_path, toy_cli_package):
     from cli_loopback import ScriptedLLM
 
-    assert a2rl.agents.AGENTS.ref("toy-cli").source == "a2rl-toy-cli" and "toy-cli" in a2rl.agents.list_agents()
+    assert a2rl_bench.agents.AGENTS.ref("toy-cli").source == "a2rl-toy-cli" and "toy-cli" in a2rl_bench.agents.list_agents()
     ws = tmp_path / "run" / "workspace"
     for sub in ("code", "output", "data"):
         (ws / sub).mkdir(parents=True)

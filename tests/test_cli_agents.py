@@ -15,20 +15,20 @@ import pytest
 from cli_loopback import USAGE, ScriptedLLM
 from sandbox_support import needs_bwrap
 
-from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
-from a2rl.capture.calls import read_llm_calls, read_tool_calls
-from a2rl.records import EvalResult, RunConfig
-from a2rl.isolation.sandbox import SandboxPolicy
-from a2rl.store.results import ResultsStore
-from a2rl.workspace import RunPaths, build_workspace
-from a2rl.agents import AgentEnv, LLMDriver, get_agent, run_agent
-from a2rl.agents.cli_agents import install
-from a2rl.agents.cli_agents.proxy import UsageParser
-from a2rl.agents.cli_agents.claude_code import ClaudeStreamParser
-from a2rl.agents.cli_agents.codex import CodexStreamParser
-from a2rl.agents.cli_agents.gemini import GeminiStreamParser
-from a2rl.agents.cli_agents.opencode import OpenCodeStreamParser
-from a2rl.agents.cli_agents.openhands import OpenHandsStreamParser
+from a2rl_bench.grading import BudgetClock, GradingContext, GradingServer, GradingService
+from a2rl_bench.capture.calls import read_llm_calls, read_tool_calls
+from a2rl_bench.records import EvalResult, RunConfig
+from a2rl_bench.isolation.sandbox import SandboxPolicy
+from a2rl_bench.store.results import ResultsStore
+from a2rl_bench.workspace import RunPaths, build_workspace
+from a2rl_bench.agents import AgentEnv, LLMDriver, get_agent, run_agent
+from a2rl_bench.agents.cli_agents import install
+from a2rl_bench.agents.cli_agents.proxy import UsageParser
+from a2rl_bench.agents.cli_agents.claude_code import ClaudeStreamParser
+from a2rl_bench.agents.cli_agents.codex import CodexStreamParser
+from a2rl_bench.agents.cli_agents.gemini import GeminiStreamParser
+from a2rl_bench.agents.cli_agents.opencode import OpenCodeStreamParser
+from a2rl_bench.agents.cli_agents.openhands import OpenHandsStreamParser
 
 KEY = "sk-cli-SECRET-5150"
 PRICES = {"input_usd_per_mtok": 3.0, "output_usd_per_mtok": 15.0, "cache_read_usd_per_mtok": 0.3,

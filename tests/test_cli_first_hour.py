@@ -17,7 +17,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from test_cli_newcomer import a2rl, assert_one_line, cli_env, harness_api_url
+from test_cli_newcomer import a2rl_bench, assert_one_line, cli_env, harness_api_url
 
 # ---- mistakes on the command line: one line, exit 2, nothing started ------------------------------------------
 
@@ -32,19 +32,19 @@ ARGPARSE_ROWS = {
 @pytest.mark.parametrize("row", list(ARGPARSE_ROWS))
 def test_a_wrong_type_is_one_line_not_a_usage_block(row, tmp_path):
     args, needles = ARGPARSE_ROWS[row]
-    proc = a2rl(["run", *args, "--results", str(tmp_path / "out" / "a.duckdb")], cli_env(tmp_path))
+    proc = a2rl_bench(["run", *args, "--results", str(tmp_path / "out" / "a.duckdb")], cli_env(tmp_path))
     line = assert_one_line(proc, 2, *needles)
     assert "usage:" not in proc.stdout + proc.stderr and "pydantic" not in line and "[type=" not in line
     assert not (tmp_path / "out").exists() and not (tmp_path / "prefect" / "prefect.db").exists()
 
 
 def test_an_unknown_command_is_one_line(tmp_path):
-    assert_one_line(a2rl(["runn"], cli_env(tmp_path)), 2, "unknown command 'runn'", "a2rl --help")
-    assert_one_line(a2rl(["drivers", "ad"], cli_env(tmp_path)), 2, "unknown action 'ad'")
+    assert_one_line(a2rl_bench(["runn"], cli_env(tmp_path)), 2, "unknown command 'runn'", "a2rl --help")
+    assert_one_line(a2rl_bench(["drivers", "ad"], cli_env(tmp_path)), 2, "unknown action 'ad'")
 
 
 def _torn_store(path: Path) -> Path:
-    from a2rl.store.results import ResultsStore
+    from a2rl_bench.store.results import ResultsStore
 
     ResultsStore(path)
     os.truncate(path, path.stat().st_size // 2)
@@ -62,17 +62,17 @@ def test_a_results_path_that_is_no_store_is_refused_before_prefect_starts(kind, 
         _torn_store(results)
     before = results.read_bytes()
     started = time.monotonic()
-    proc = a2rl(["run", "--results", str(results)], cli_env(tmp_path))
+    proc = a2rl_bench(["run", "--results", str(results)], cli_env(tmp_path))
     assert_one_line(proc, 2, f"--results {results}", "not a DuckDB results file", "name a new file")
     assert time.monotonic() - started < 60  # the issue saw 110-185 s and exit 1; no model, no baseline now
     assert results.read_bytes() == before and not (tmp_path / "prefect" / "prefect.db").exists()
 
 
 def test_an_existing_store_passes_the_check(tmp_path):
-    from a2rl.tasks.preflight import check_results_location
+    from a2rl_bench.tasks.preflight import check_results_location
 
     results = tmp_path / "a.duckdb"
-    from a2rl.store.results import ResultsStore
+    from a2rl_bench.store.results import ResultsStore
 
     ResultsStore(results)
     check_results_location(results, tmp_path / "runs")  # no error
@@ -80,18 +80,18 @@ def test_an_existing_store_passes_the_check(tmp_path):
 
 def test_a_driver_whose_endpoint_is_down_is_refused_before_the_run(tmp_path):
     env = cli_env(tmp_path, ANTHROPIC_API_KEY="k", ANTHROPIC_BASE_URL="http://127.0.0.1:9")  # a closed port
-    proc = a2rl(["run", "--agent", "claude-tools", "--driver", "m", "--results", str(tmp_path / "o" / "a.duckdb")], env)
+    proc = a2rl_bench(["run", "--agent", "claude-tools", "--driver", "m", "--results", str(tmp_path / "o" / "a.duckdb")], env)
     assert_one_line(proc, 2, "--driver m", "127.0.0.1:9", "does not answer")
     assert not (tmp_path / "o").exists() and not (tmp_path / "prefect" / "prefect.db").exists()
 
 
 def test_an_agent_and_a_driver_of_another_api_name_the_driver(tmp_path):
-    proc = a2rl(["run", "--agent", "codex", "--driver", "mydriver"], cli_env(tmp_path, ANTHROPIC_API_KEY="k"))
+    proc = a2rl_bench(["run", "--agent", "codex", "--driver", "mydriver"], cli_env(tmp_path, ANTHROPIC_API_KEY="k"))
     assert_one_line(proc, 2, "--driver mydriver", "speaks the openai API", "speaks anthropic", "a2rl agents")
 
 
 def test_a_judged_task_without_a_judge_names_the_openai_route(tmp_path):
-    proc = a2rl(["run", "--task", "alpacaeval"], cli_env(tmp_path))
+    proc = a2rl_bench(["run", "--task", "alpacaeval"], cli_env(tmp_path))
     assert_one_line(proc, 2, "ANTHROPIC_API_KEY", "A2RL_JUDGE_API=openai", "A2RL_JUDGE_BASE_URL")
 
 
@@ -99,7 +99,7 @@ def test_a_judged_task_without_a_judge_names_the_openai_route(tmp_path):
 
 
 def test_timeouts_grow_with_the_load_per_core(monkeypatch):
-    from a2rl.ops import load
+    from a2rl_bench.ops import load
 
     monkeypatch.setattr(load, "cores", lambda: 2)
     monkeypatch.setattr(os, "getloadavg", lambda: (1.0, 1.0, 1.0))
@@ -122,8 +122,8 @@ def _slow_program(tmp_path: Path, seconds: float) -> Path:
 def test_a_version_check_that_runs_out_of_time_once_is_tried_again(tmp_path, monkeypatch):
     """`openhands --version` took 26 s against a fixed 30 s limit under load and the check said "reinstall";
     now a slow first answer gets a second, longer try."""
-    from a2rl.ops import load
-    from a2rl.agents.cli_agents.install import check_starts
+    from a2rl_bench.ops import load
+    from a2rl_bench.agents.cli_agents.install import check_starts
 
     monkeypatch.setattr(load, "load_per_core", lambda: 0.0)
     # no error: the second try answered
@@ -131,8 +131,8 @@ def test_a_version_check_that_runs_out_of_time_once_is_tried_again(tmp_path, mon
 
 
 def test_a_version_check_that_never_answers_blames_the_load_not_the_install(tmp_path, monkeypatch):
-    from a2rl.ops import load
-    from a2rl.agents.cli_agents.install import TOO_BUSY, check_starts
+    from a2rl_bench.ops import load
+    from a2rl_bench.agents.cli_agents.install import TOO_BUSY, check_starts
 
     monkeypatch.setattr(load, "load_per_core", lambda: 0.0)
     hangs = tmp_path / "hangs"
@@ -143,8 +143,8 @@ def test_a_version_check_that_never_answers_blames_the_load_not_the_install(tmp_
 
 
 def test_a_slow_prefect_start_says_what_to_do(monkeypatch):
-    from a2rl.cli.starting import STARTUP_TIMEOUT_ENV, TIMED_OUT, start_failure, startup_timeout_s
-    from a2rl.ops import load
+    from a2rl_bench.cli.starting import STARTUP_TIMEOUT_ENV, TIMED_OUT, start_failure, startup_timeout_s
+    from a2rl_bench.ops import load
 
     monkeypatch.setenv(STARTUP_TIMEOUT_ENV, "90")  # as `a2rl` sets it in its process (and its children inherit)
     monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 9.0, 9.0))
@@ -160,7 +160,7 @@ def test_prefects_draining_notice_is_not_a_line_before_the_error(monkeypatch, re
     under their class names (outside the `prefect` logger tree): with Prefect's lines off it is not shown."""
     import logging
 
-    from a2rl.cli.display import PREFECT_QUEUE_SERVICES, set_prefect_console_level
+    from a2rl_bench.cli.display import PREFECT_QUEUE_SERVICES, set_prefect_console_level
     from test_cli_newcomer import _restore_console_levels_after
 
     _restore_console_levels_after(request)
@@ -178,7 +178,7 @@ def test_prefects_draining_notice_is_not_a_line_before_the_error(monkeypatch, re
 def test_no_command_and_drivers_without_an_action_print_the_help(tmp_path):
     env = cli_env(tmp_path)
     for args, words in (([], "run one benchmark run"), (["drivers"], "add,list,rm")):
-        proc = a2rl(args, env)
+        proc = a2rl_bench(args, env)
         assert proc.returncode == 0 and words in proc.stdout and not proc.stderr.strip(), proc.stderr
 
 
@@ -186,7 +186,7 @@ def test_results_and_status_without_a_store_are_not_errors(tmp_path):
     env = cli_env(tmp_path)
     missing = tmp_path / "results" / "a2rl.duckdb"
     for command in ("results", "status"):
-        proc = a2rl([command, "--results", str(missing)], env)
+        proc = a2rl_bench([command, "--results", str(missing)], env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "no results yet" in proc.stdout and "make run" in proc.stdout and "Traceback" not in proc.stderr
 
@@ -199,7 +199,7 @@ def test_agents_says_which_clis_are_installed(tmp_path):
     fake.chmod(0o755)
     env = cli_env(tmp_path, A2RL_TOOLS_DIR=str(tmp_path / "no-tools"))
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
-    out = a2rl(["agents"], env).stdout
+    out = a2rl_bench(["agents"], env).stdout
     assert f"`claude`: installed at {fake}" in out
     assert "`codex`: NOT installed (make tools)" in out and "`openhands`: NOT installed" in out
     reference = out.split("reference-sft", 1)[1].split("\n", 2)[:2]
@@ -207,19 +207,19 @@ def test_agents_says_which_clis_are_installed(tmp_path):
 
 
 def test_run_help_shows_each_default_once(tmp_path):
-    text = a2rl(["run", "--help"], cli_env(tmp_path)).stdout
+    text = a2rl_bench(["run", "--help"], cli_env(tmp_path)).stdout
     assert "(default: None)" not in text and "(default: False)" not in text
     assert "<results dir>/runs" in " ".join(text.split()) and "(default: 120.0)" in text
 
 
 def test_drivers_add_has_one_key_option_and_a_plain_saved_line(prefect_harness, tmp_path, monkeypatch, capsys,
                                                                request):  # fmt: skip
-    from a2rl.cli import main
+    from a2rl_bench.cli import main
 
     from test_cli_newcomer import _restore_console_levels_after
 
     _restore_console_levels_after(request)
-    help_text = a2rl(["drivers", "add", "--help"], cli_env(tmp_path)).stdout
+    help_text = a2rl_bench(["drivers", "add", "--help"], cli_env(tmp_path)).stdout
     assert "--key-env" in help_text and "--api-key-env" not in help_text and "(default: None)" not in help_text
     monkeypatch.setenv("FIRST_HOUR_KEY", "sk-first-hour-SECRET")
     assert main(["drivers", "add", "first-hour", "--model", "m1", "--api", "openai", "--base-url",
@@ -233,7 +233,7 @@ def test_drivers_add_has_one_key_option_and_a_plain_saved_line(prefect_harness, 
 
 
 def test_sigterm_before_the_run_has_a_row_is_one_line(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "a2rl.cli", "run", "--results", str(tmp_path / "a.duckdb")],
+    proc = subprocess.Popen([sys.executable, "-m", "a2rl_bench.cli", "run", "--results", str(tmp_path / "a.duckdb")],
                             env=cli_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         first = proc.stdout.readline()  # the display's first word: the checks passed, the run is starting
@@ -254,11 +254,11 @@ def test_sigterm_during_a_run_records_it_interrupted_and_says_so(prefect_harness
     the terminal gets one line saying so (it printed nothing, and the row stayed `running`)."""
     results = tmp_path / "a.duckdb"
     env = cli_env(tmp_path, A2RL_SFT_TRAIN_S="60", **harness_api_url())
-    cmd = [sys.executable, "-m", "a2rl.cli", "run", "--base-model", str(tiny_model_dir), "--budget", "300",
+    cmd = [sys.executable, "-m", "a2rl_bench.cli", "run", "--base-model", str(tiny_model_dir), "--budget", "300",
            "--val-limit", "1", "--test-limit", "1", "--results", str(results), "--sandbox", "off"]  # fmt: skip
     with (tmp_path / "out.log").open("w") as out_f, (tmp_path / "err.log").open("w") as err_f:
         proc = subprocess.Popen(cmd, env=env, stdout=out_f, stderr=err_f, text=True)
-    from a2rl.ops.load import scaled_timeout
+    from a2rl_bench.ops.load import scaled_timeout
 
     try:
         deadline = time.monotonic() + scaled_timeout(300)  # the machine's load stretches every phase before it
@@ -286,7 +286,7 @@ def test_sigterm_during_a_run_records_it_interrupted_and_says_so(prefect_harness
 
 def test_generation_counts_items_as_they_finish_not_per_batch(tiny_model_dir, one_torch_thread):
     """One batch of prompts whose completions end at different steps: the count moves within the batch."""
-    from a2rl.inference.generation import generate
+    from a2rl_bench.inference.generation import generate
 
     counts: list[int] = []
     conversations = [[{"role": "user", "content": f"q{i} " * (i % 5 + 1)}] for i in range(10)]
@@ -300,9 +300,9 @@ def test_generation_counts_items_as_they_finish_not_per_batch(tiny_model_dir, on
 
 
 def test_an_evaluation_counts_into_its_progress_file(tiny_model_dir, tmp_path, monkeypatch):
-    from a2rl.inference.evaluation import EvalSpec, evaluate
-    from a2rl.ops.progress import EVAL_PROGRESS_ENV, ItemProgress
-    from a2rl.benchmarks import get_task
+    from a2rl_bench.inference.evaluation import EvalSpec, evaluate
+    from a2rl_bench.ops.progress import EVAL_PROGRESS_ENV, ItemProgress
+    from a2rl_bench.benchmarks import get_task
 
     progress = tmp_path / "eval_progress.json"
     monkeypatch.setenv(EVAL_PROGRESS_ENV, str(progress))
@@ -313,9 +313,9 @@ def test_an_evaluation_counts_into_its_progress_file(tiny_model_dir, tmp_path, m
 
 def test_a_new_evaluation_never_shows_the_last_ones_count_while_it_starts(tmp_path, monkeypatch):
     """The final evaluation read 'test items 32/32' (the baseline's) for its first half minute, then 0/32."""
-    from a2rl.inference import evaluation
-    from a2rl.isolation import procs
-    from a2rl.benchmarks import get_task
+    from a2rl_bench.inference import evaluation
+    from a2rl_bench.isolation import procs
+    from a2rl_bench.benchmarks import get_task
 
     progress = tmp_path / "eval_progress.json"
     progress.write_text('{"what": "test", "done": 32, "total": 32}')
@@ -335,7 +335,7 @@ def test_a_new_evaluation_never_shows_the_last_ones_count_while_it_starts(tmp_pa
 def test_episodes_are_counted_as_they_end():
     """Interactive tasks run episodes in lockstep; each one is counted at the step it ends (the issue's webshop
     line read 0/200 for 140 s)."""
-    from a2rl.benchmarks import get_task
+    from a2rl_bench.benchmarks import get_task
 
     task = get_task("deepsearchqa")
     goals = task.load_split("offline", "validation", 4)
@@ -349,7 +349,7 @@ def test_episodes_are_counted_as_they_end():
 
 
 def test_eta_comes_from_the_measured_rate():
-    from a2rl.ops.progress import ItemProgress, RunProgress, Snapshot, baseline_items, eta_text
+    from a2rl_bench.ops.progress import ItemProgress, RunProgress, Snapshot, baseline_items, eta_text
 
     items = ItemProgress(what="validation", done=4, total=16, started_at=1000.0, at=1040.0, loaded=True)
     assert items.eta_s(now=1040.0) == pytest.approx(120.0)  # 10 s per item, 12 left
@@ -366,7 +366,7 @@ def test_eta_comes_from_the_measured_rate():
 
 
 def test_a_library_warning_is_never_the_agents_latest_action(tmp_path):
-    from a2rl.ops.progress import ProgressWriter, read_snapshot
+    from a2rl_bench.ops.progress import ProgressWriter, read_snapshot
 
     harness = tmp_path / "harness"
     harness.mkdir()
@@ -383,7 +383,7 @@ def test_a_library_warning_is_never_the_agents_latest_action(tmp_path):
 
 
 def test_tokens_and_cost_so_far_for_an_llm_agent(tmp_path):
-    from a2rl.ops.progress import ProgressWriter, read_snapshot, status_line
+    from a2rl_bench.ops.progress import ProgressWriter, read_snapshot, status_line
 
     harness = tmp_path / "harness"
     harness.mkdir()
@@ -401,8 +401,8 @@ def test_every_wait_has_a_word(tmp_path):
     """Before the run has a row the display names what it waits on; inside a phase, the step."""
     import io
 
-    from a2rl.cli.display import RunDisplay
-    from a2rl.ops.progress import ANNOUNCE_ENV, ProgressWriter, note_step
+    from a2rl_bench.cli.display import RunDisplay
+    from a2rl_bench.ops.progress import ANNOUNCE_ENV, ProgressWriter, note_step
 
     out = io.StringIO()
     announce = tmp_path / "announce.json"
@@ -425,7 +425,7 @@ def test_every_wait_has_a_word(tmp_path):
 
 
 def test_a_run_without_a_submission_says_why_in_one_line(tmp_path):
-    from a2rl.ops.progress import why_no_submission
+    from a2rl_bench.ops.progress import why_no_submission
 
     harness = tmp_path / "harness"
     harness.mkdir()
@@ -458,7 +458,7 @@ def busy_cores(per_core: int):
 
 def scored_50(model_dir: Path, weights_hash: str, spec, device=None):
     """A stand-in evaluator (the grader's clock is paused while it runs, so its speed is not under test)."""
-    from a2rl.records import EvalResult
+    from a2rl_bench.records import EvalResult
 
     return EvalResult(task=spec.task, split=spec.split, score=50.0, n=4, n_correct=2, evaluator_id="stand-in",
                       weights_hash=weights_hash)  # fmt: skip
@@ -469,12 +469,12 @@ def test_the_default_agent_submits_well_inside_its_budget_on_a_loaded_machine(tm
     its first round is due by half the budget left and takes one-example steps stopped at the measured step
     time, so it asks to submit by half the budget (on 2d3f374 its first round trained for up to 61 s of 4-example
     steps after loading: it asked at 69-80 s here, and under the issue's load never inside the budget)."""
-    from a2rl.base_models.registry import resolve_base_model
-    from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
-    from a2rl.records import RunConfig
-    from a2rl.workspace import RunPaths, build_workspace
-    from a2rl.agents import AgentEnv, get_agent, run_agent
-    from a2rl.benchmarks import get_task
+    from a2rl_bench.base_models.registry import resolve_base_model
+    from a2rl_bench.grading import BudgetClock, GradingContext, GradingServer, GradingService
+    from a2rl_bench.records import RunConfig
+    from a2rl_bench.workspace import RunPaths, build_workspace
+    from a2rl_bench.agents import AgentEnv, get_agent, run_agent
+    from a2rl_bench.benchmarks import get_task
 
     class Service(GradingService):
         """The real service, noting the agent's clock when a submission is asked for (before the checkpoint is
@@ -518,7 +518,7 @@ def test_the_default_agent_lands_a_graded_submission_with_every_core_busy(prefec
     round took the whole budget and nothing was submitted. The agent's time never reads above its budget."""
     results = tmp_path / "a.duckdb"
     env = {k: v for k, v in cli_env(tmp_path, **harness_api_url()).items() if not k.startswith("A2RL_SFT_")}
-    cmd = [sys.executable, "-m", "a2rl.cli", "run", "--base-model", str(tiny_model_dir), "--val-limit", "2",
+    cmd = [sys.executable, "-m", "a2rl_bench.cli", "run", "--base-model", str(tiny_model_dir), "--val-limit", "2",
            "--test-limit", "2", "--results", str(results), "--sandbox", "off"]  # fmt: skip
     with busy_cores(1):  # one busy process per core, beside everything else the machine runs
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)

@@ -18,8 +18,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from a2rl.records import RunConfig
-from a2rl.run_options import RunOptions
+from a2rl_bench.records import RunConfig
+from a2rl_bench.run_options import RunOptions
 from sandbox_support import needs_bwrap
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,8 +35,8 @@ def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env | extra
 
 
-def a2rl(args: list[str], env: dict[str, str], timeout: float = 120, prefix: list[str] | None = None):
-    return subprocess.run([*(prefix or []), sys.executable, "-m", "a2rl.cli", *args], env=env, capture_output=True,
+def a2rl_bench(args: list[str], env: dict[str, str], timeout: float = 120, prefix: list[str] | None = None):
+    return subprocess.run([*(prefix or []), sys.executable, "-m", "a2rl_bench.cli", *args], env=env, capture_output=True,
                           text=True, timeout=timeout, cwd=env.get("A2RL_TEST_CWD"))  # fmt: skip
 
 
@@ -95,7 +95,7 @@ def test_each_mistake_gives_one_line_exit_2_and_spends_nothing(row, tmp_path):
         (tmp_path / "config.json").write_text(config)
     env = cli_env(tmp_path, A2RL_TEST_CWD=str(tmp_path), **extra)
     results = tmp_path / "out" / "a.duckdb"
-    proc = a2rl(["run", *args, "--results", str(results)], env)
+    proc = a2rl_bench(["run", *args, "--results", str(results)], env)
     assert_one_line(proc, 2, *needles)
     assert not results.exists() and not (tmp_path / "out").exists()  # no row, no run directory, nothing made
     assert not (tmp_path / "prefect" / "prefect.db").exists()  # and no Prefect server was started
@@ -117,7 +117,7 @@ def test_an_unwritable_results_location_gives_one_line(where, tmp_path):
         results = tmp_path / "ro" / "a.duckdb"
         prefix = ["bwrap", "--bind", "/", "/", "--ro-bind", str(tmp_path / "ro"), str(tmp_path / "ro"),
                   "--dev", "/dev", "--proc", "/proc", "--"]  # fmt: skip
-    line = assert_one_line(a2rl(["run", "--results", str(results)], env, prefix=prefix), 2, "--results")
+    line = assert_one_line(a2rl_bench(["run", "--results", str(results)], env, prefix=prefix), 2, "--results")
     assert "writ" in line or "is a file" in line
 
 
@@ -128,33 +128,33 @@ def _bwrap_problem() -> str | None:
 
 
 def test_debug_shows_the_traceback(tmp_path):
-    proc = a2rl(["run", "--budget", "-5", "--debug"], cli_env(tmp_path))
+    proc = a2rl_bench(["run", "--budget", "-5", "--debug"], cli_env(tmp_path))
     assert proc.returncode == 2 and "Traceback" in proc.stderr and "PreflightError" in proc.stderr
-    proc = a2rl(["run", "--budget", "-5"], cli_env(tmp_path, A2RL_DEBUG="1"))
+    proc = a2rl_bench(["run", "--budget", "-5"], cli_env(tmp_path, A2RL_DEBUG="1"))
     assert proc.returncode == 2 and "Traceback" in proc.stderr
 
 
 def test_agents_and_help_say_what_each_agent_needs(tmp_path):
     env = cli_env(tmp_path)
-    out = a2rl(["agents"], env).stdout
+    out = a2rl_bench(["agents"], env).stdout
     for agent_id in ("reference-sft", "claude-tools", "claude-code", "codex"):
         assert agent_id in out
     assert "`claude` on PATH" in out and "openai API (a saved driver: a2rl drivers add" in out and "scripted" in out
-    help_text = " ".join(a2rl(["run", "--help"], env).stdout.split())
+    help_text = " ".join(a2rl_bench(["run", "--help"], env).stdout.split())
     assert "need --driver: claude-code, claude-tools, codex" in help_text and "--strict-mode" in help_text
 
 
 def test_drivers_add_list_rm_round_trip(prefect_harness, tmp_path, monkeypatch, capsys, request):
     """Saved as DriverConfig blocks on the Prefect server in use; the key comes from a variable and is never
     printed; a run's preflight resolves the saved block (no key in the environment)."""
-    from a2rl.cli import main
+    from a2rl_bench.cli import main
 
     _restore_console_levels_after(request)
     monkeypatch.setenv("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "NOTSET")  # restored after the test
     monkeypatch.setenv("MY_KEY", "sk-test-SECRET-42")
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:/usr/bin:/bin")
-    from a2rl.agents.cli_agents import install
+    from a2rl_bench.agents.cli_agents import install
 
     monkeypatch.setattr(install, "LOCAL_BINS", (tmp_path / "no-prefix",))  # nor in the project's .tools prefix
     add = ["drivers", "add", "sonnet", "--model", "claude-sonnet-4-5", "--key-env", "MY_KEY",
@@ -201,7 +201,7 @@ def test_a_failure_inside_the_run_gives_one_line_and_a_failed_row(prefect_harnes
         if f.is_file():
             (broken / f.name).write_bytes(f.read_bytes() if f.suffix != ".safetensors" else b"not a tensor file")
     results = tmp_path / "a.duckdb"
-    proc = a2rl(["run", "--base-model", str(broken), "--results", str(results), "--val-limit", "1", "--test-limit",
+    proc = a2rl_bench(["run", "--base-model", str(broken), "--results", str(results), "--val-limit", "1", "--test-limit",
                  "1", "--sandbox", "off"], cli_env(tmp_path, **harness_api_url()), timeout=300)  # fmt: skip
     line = assert_one_line(proc, 1, "failed", "report", "log")
     with duckdb.connect(str(results), read_only=True) as db:
@@ -218,8 +218,8 @@ def test_a_failure_while_recording_a_failure_still_ends_the_row_failed(prefect_h
                                                                        monkeypatch):  # fmt: skip
     """`--variant full` offline, started around the CLI (as a deployment would): the flow's own preflight stops
     it, and the leak audit of the failure report cannot load the data either. The row must not stay `running`."""
-    from a2rl.tasks.preflight import PreflightError
-    from a2rl.flows.benchmark_run import benchmark_run
+    from a2rl_bench.tasks.preflight import PreflightError
+    from a2rl_bench.flows.benchmark_run import benchmark_run
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     results = tmp_path / "a.duckdb"
@@ -234,12 +234,12 @@ def test_a_failure_while_recording_a_failure_still_ends_the_row_failed(prefect_h
 
 def test_an_agent_that_never_started_makes_the_run_failed(prefect_harness, tiny_model_dir, tmp_path, monkeypatch):
     """claude-code with no `claude` on PATH, started around the CLI: failed (infrastructure), not completed."""
-    from a2rl.tasks.preflight import PreflightError
-    from a2rl.flows.benchmark_run import benchmark_run
+    from a2rl_bench.tasks.preflight import PreflightError
+    from a2rl_bench.flows.benchmark_run import benchmark_run
 
     monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:/usr/bin:/bin")
-    from a2rl.agents.cli_agents import install
+    from a2rl_bench.agents.cli_agents import install
 
     monkeypatch.setattr(install, "LOCAL_BINS", (tmp_path / "no-prefix",))  # nor in the project's .tools prefix
     results = tmp_path / "a.duckdb"
@@ -252,11 +252,11 @@ def test_an_agent_that_never_started_makes_the_run_failed(prefect_harness, tiny_
 
 
 def test_did_not_start_reads_a_launch_error_as_the_harness_failure(tmp_path):
-    from a2rl.records import RunConfig
-    from a2rl.run import RunContext
-    from a2rl.workspace import RunPaths
-    from a2rl.agents import SessionOutcome
-    from a2rl.tasks.summary_steps import did_not_start
+    from a2rl_bench.records import RunConfig
+    from a2rl_bench.run import RunContext
+    from a2rl_bench.workspace import RunPaths
+    from a2rl_bench.agents import SessionOutcome
+    from a2rl_bench.tasks.summary_steps import did_not_start
 
     ctx = RunContext(run_id="r", config=RunConfig(agent="claude-tools", driver="m"),
                      paths=RunPaths.for_run(tmp_path, "r"), results_path=tmp_path / "a.duckdb")  # fmt: skip
@@ -278,7 +278,7 @@ def test_progress_display_and_mode_breaches_on_a_terminal(prefect_harness, tiny_
                   A2RL_SFT_MAX_LENGTH="512", COLUMNS="160", LINES="40", A2RL_HOME=str(tmp_path / "a2rl-home"),
                   **harness_api_url())  # fmt: skip
     results = tmp_path / "a.duckdb"
-    cmd = [sys.executable, "-m", "a2rl.cli", "run", "--base-model", str(tiny_model_dir), "--budget", "45",
+    cmd = [sys.executable, "-m", "a2rl_bench.cli", "run", "--base-model", str(tiny_model_dir), "--budget", "45",
            "--val-limit", "1", "--test-limit", "1", "--mode", "rl-only", "--results", str(results),
            "--sandbox", "off"]  # fmt: skip
     leader, follower = pty.openpty()
@@ -312,7 +312,7 @@ def test_progress_display_and_mode_breaches_on_a_terminal(prefect_harness, tiny_
                   "1 submission(s) broke the mode", f"mode rl-only: {n} of {n} submissions BROKE THE MODE"):
         assert shown in screen, shown
     assert f"| mode breaches (mode rl-only) | **{n}** of {n} submissions |" in (Path(harness) / "report.md").read_text()
-    table = a2rl(["status", "--results", str(results)], env).stdout
+    table = a2rl_bench(["status", "--results", str(results)], env).stdout
     assert "mode_breaches" in table and f"│ rl-only │ {n} " in table
 
 
@@ -320,9 +320,9 @@ def test_status_tells_a_live_running_row_from_one_whose_process_died(tmp_path):
     """`running` in the store: `a2rl status` says whether the run's process is still there."""
     import socket
 
-    from a2rl.ops.progress import RunProgress
-    from a2rl.records import RunConfig
-    from a2rl.store.results import ResultsStore
+    from a2rl_bench.ops.progress import RunProgress
+    from a2rl_bench.records import RunConfig
+    from a2rl_bench.store.results import ResultsStore
 
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -333,7 +333,7 @@ def test_status_tells_a_live_running_row_from_one_whose_process_died(tmp_path):
         (harness / "progress.json").write_text(RunProgress(run_id=name, harness_dir=harness, phase="agent_session",
                                                            pid=pid, host=socket.gethostname()).model_dump_json())
         store.start_run(name, RunConfig(seed=pid), str(harness), "label")
-    table = a2rl(["status", "--results", str(tmp_path / "a.duckdb")], cli_env(tmp_path)).stdout
+    table = a2rl_bench(["status", "--results", str(tmp_path / "a.duckdb")], cli_env(tmp_path)).stdout
     assert f"running (pid {os.getpid()}, agent_session)" in table and f"process {gone.pid} is gone" in table
 
 
@@ -341,8 +341,8 @@ def test_without_a_terminal_the_display_prints_plain_lines_when_something_happen
     """Piped output gets one line per change (phase, a submission queued or graded), no control sequences."""
     import io
 
-    from a2rl.cli.display import RunDisplay
-    from a2rl.ops.progress import ProgressWriter
+    from a2rl_bench.cli.display import RunDisplay
+    from a2rl_bench.ops.progress import ProgressWriter
 
     harness = tmp_path / "harness"
     harness.mkdir()
@@ -382,13 +382,13 @@ def test_server_start_on_another_port_serves_a_ui_that_talks_to_its_own_api(tmp_
     port = free_port()
     env = cli_env(tmp_path)
     try:
-        proc = a2rl(["server", "start", "--port", str(port), "--no-worker"], env, timeout=300)
+        proc = a2rl_bench(["server", "start", "--port", str(port), "--no-worker"], env, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         settings = httpx.get(f"http://127.0.0.1:{port}/ui-settings", timeout=10).json()
         assert settings["api_url"] == f"http://127.0.0.1:{port}/api"
         assert httpx.get(f"{settings['api_url']}/health", timeout=10).status_code == 200
     finally:
-        a2rl(["server", "stop"], env, timeout=120)
+        a2rl_bench(["server", "stop"], env, timeout=120)
 
 
 def _linked_cli(tmp_path: Path, body: str, name: str = "opencode") -> tuple[Path, Path]:
@@ -409,9 +409,9 @@ def _linked_cli(tmp_path: Path, body: str, name: str = "opencode") -> tuple[Path
 def test_a_cli_on_path_through_a_linked_directory_is_resolved_and_starts_in_the_sandbox(tmp_path, monkeypatch):
     """Issue #36: a CLI found through the checkout's `.tools` link passed the checks, then every run failed with
     exit 127 in the sandbox: the sandbox saw the linked path, not what it resolves to."""
-    from a2rl.isolation.sandbox import SandboxPolicy
-    from a2rl.agents import LLMDriver, get_agent
-    from a2rl.agents.cli_agents.install import check_starts, which_cli
+    from a2rl_bench.isolation.sandbox import SandboxPolicy
+    from a2rl_bench.agents import LLMDriver, get_agent
+    from a2rl_bench.agents.cli_agents.install import check_starts, which_cli
 
     bin_dir, real = _linked_cli(tmp_path, 'echo "fake 1.0"')
     path = f"{bin_dir}:/usr/bin:/bin"
@@ -436,14 +436,14 @@ def test_a_cli_that_starts_on_the_host_but_not_in_the_sandbox_is_refused_before_
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
     assert subprocess.run([str(bin_dir / "opencode"), "--version"], capture_output=True).returncode == 0  # on the host
     results = tmp_path / "out" / "a.duckdb"
-    proc = a2rl(["run", "--agent", "opencode", "--driver", "m", "--sandbox", "required", "--results", str(results)], env)
+    proc = a2rl_bench(["run", "--agent", "opencode", "--driver", "m", "--sandbox", "required", "--results", str(results)], env)
     assert_one_line(proc, 2, "opencode", "does not start in the sandbox")
     assert not results.exists() and not (tmp_path / "out").exists()
 
 
 def test_an_old_node_on_path_is_named_with_how_to_choose_another(tmp_path):
     """Issue #36: Node 18 first on PATH gave "reinstall …/.bin/codex"; the line now names that Node."""
-    from a2rl.agents.cli_agents.install import node_mismatch
+    from a2rl_bench.agents.cli_agents.install import node_mismatch
 
     package = tmp_path / "lib" / "node_modules" / "@openai" / "codex"
     (package / "bin").mkdir(parents=True)
@@ -466,7 +466,7 @@ def test_an_old_node_on_path_is_named_with_how_to_choose_another(tmp_path):
 def test_the_preflight_names_an_old_node_where_the_package_asks_for_less(tmp_path):
     """Issue #45: codex's package asks for node >=16, so under Node 18 the run's preflight blamed the install
     ("reinstall ...") where `make tools` named the Node; both now hold the CLIs to Node >= 20."""
-    from a2rl.agents import LLMDriver, get_agent
+    from a2rl_bench.agents import LLMDriver, get_agent
 
     package = tmp_path / "lib" / "node_modules" / "@openai" / "codex"
     (package / "bin").mkdir(parents=True)
@@ -503,7 +503,7 @@ def test_a_read_only_home_is_named_before_prefect_starts(tmp_path):
         env.pop(name, None)
     results = tmp_path / "out" / "a.duckdb"
     start = time.monotonic()
-    proc = a2rl(["run", "--results", str(results)], env, prefix=_in_bwrap("--ro-bind", str(home), str(home)))
+    proc = a2rl_bench(["run", "--results", str(results)], env, prefix=_in_bwrap("--ro-bind", str(home), str(home)))
     line = assert_one_line(proc, 2, f"HOME {home}", "not writable", "PREFECT_HOME", "A2RL_HOME")
     assert "quieter" not in line and time.monotonic() - start < 60
     assert not (tmp_path / "out").exists()
@@ -514,7 +514,7 @@ def test_each_unwritable_home_is_one_line_naming_it(tmp_path, which):
     ro = tmp_path / "ro"
     ro.mkdir()
     env = cli_env(tmp_path, **{which: str(ro / "sub")})
-    proc = a2rl(["run", "--results", str(tmp_path / "out" / "a.duckdb")], env, prefix=_in_bwrap("--ro-bind", str(ro), str(ro)))
+    proc = a2rl_bench(["run", "--results", str(tmp_path / "out" / "a.duckdb")], env, prefix=_in_bwrap("--ro-bind", str(ro), str(ro)))
     assert_one_line(proc, 2, f"{which} {ro}", "not writable", f"export {which}=")
 
 
@@ -522,7 +522,7 @@ def test_a_results_folder_without_room_for_the_run_is_one_line(tmp_path):
     small = tmp_path / "small"
     small.mkdir()
     env = cli_env(tmp_path, A2RL_HOME=str(tmp_path / "a2rl-home"))
-    proc = a2rl(["run", "--results", str(small / "a.duckdb")], env, prefix=_in_bwrap("--size", str(8 * 1024**2), "--tmpfs", str(small)))
+    proc = a2rl_bench(["run", "--results", str(small / "a.duckdb")], env, prefix=_in_bwrap("--size", str(8 * 1024**2), "--tmpfs", str(small)))
     assert_one_line(proc, 2, "not enough free space", f"--runs-dir {small / 'runs'}", "needed")
 
 
@@ -530,10 +530,10 @@ FILL_THE_DISK = """
 import errno, json, os, sys
 from pathlib import Path
 import duckdb
-from a2rl import workspace
-from a2rl.records import RunConfig
-from a2rl.run_options import RunOptions
-from a2rl.flows.benchmark_run import benchmark_run
+from a2rl_bench import workspace
+from a2rl_bench.records import RunConfig
+from a2rl_bench.run_options import RunOptions
+from a2rl_bench.flows.benchmark_run import benchmark_run
 
 small, model = Path(sys.argv[1]), sys.argv[2]
 copy = workspace._copy_model
@@ -580,7 +580,7 @@ def test_a_disk_that_fills_during_a_run_ends_its_row_failed_naming_the_path(pref
 def test_the_eta_does_not_jump_by_more_than_2x_once_shown():
     """The baseline's ETA read 13 -> 84 -> 53 -> 23 min; the shown one moves toward new estimates gradually and
     counts down in between."""
-    from a2rl.ops.progress import EtaSmoother
+    from a2rl_bench.ops.progress import EtaSmoother
 
     eta = EtaSmoother()
     assert eta(None, now=0.0) is None  # nothing shown before the rate is measured
@@ -597,7 +597,7 @@ def test_the_eta_does_not_jump_by_more_than_2x_once_shown():
 
 def test_counters_never_go_backwards_and_a_phases_next_evaluation_continues_the_count():
     """A final counter read 2/2, then 0/2 (the final pick's evaluation, then each submission's for analysis)."""
-    from a2rl.ops.progress import CountView, ItemProgress, RunProgress, Snapshot
+    from a2rl_bench.ops.progress import CountView, ItemProgress, RunProgress, Snapshot
 
     run = RunProgress(run_id="r", harness_dir=Path("."), phase="final_grading")
     view = CountView()
@@ -616,7 +616,7 @@ def test_counters_never_go_backwards_and_a_phases_next_evaluation_continues_the_
 
 def test_a_submissions_grading_shows_its_items_as_they_finish(tmp_path):
     """Grading a submission showed "1 queued, 0 graded" for 373 s; now its items count like the baseline's."""
-    from a2rl.ops.progress import GRADING_PROGRESS_FILE, ItemProgressWriter, ProgressWriter, read_snapshot, status_line
+    from a2rl_bench.ops.progress import GRADING_PROGRESS_FILE, ItemProgressWriter, ProgressWriter, read_snapshot, status_line
 
     harness = tmp_path / "harness"
     harness.mkdir()
@@ -636,8 +636,8 @@ def test_the_live_display_fits_80_columns_with_its_labels_whole(tmp_path):
 
     from rich.console import Console
 
-    from a2rl.cli.display import RunDisplay
-    from a2rl.ops.progress import ItemProgressWriter, ProgressWriter, EVAL_PROGRESS_FILE, read_snapshot
+    from a2rl_bench.cli.display import RunDisplay
+    from a2rl_bench.ops.progress import ItemProgressWriter, ProgressWriter, EVAL_PROGRESS_FILE, read_snapshot
 
     harness = tmp_path / "harness"
     harness.mkdir()
@@ -661,7 +661,7 @@ def test_building_a_model_draws_no_progress_bars_over_the_display(tmp_path, capf
     """The GGUF conversion's tqdm bars were drawn over the live display and stayed above it."""
     from tqdm.auto import tqdm
 
-    from a2rl.base_models.build import build_once, model_provenance
+    from a2rl_bench.base_models.build import build_once, model_provenance
 
     def build(out: Path):
         for _ in tqdm(range(50), desc="Converting and de-quantizing GGUF tensors..."):

@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from a2rl.cli import build_parser, command_lines
+from a2rl_bench.cli import build_parser, command_lines
 
 HEAVY = ("prefect", "torch", "transformers", "duckdb", "pandas", "matplotlib", "numpy")
 
@@ -16,7 +16,7 @@ HEAVY = ("prefect", "torch", "transformers", "duckdb", "pandas", "matplotlib", "
 # modules a fresh `a2rl` has before its parser is built, and reports what its `--help` added.
 PROBE = """
 import contextlib, io, json, os, sys
-import a2rl.cli
+import a2rl_bench.cli
 heavy, found = {heavy!r}, {{}}
 for argv in json.loads(sys.argv[1]):
     read, write = os.pipe()
@@ -24,7 +24,7 @@ for argv in json.loads(sys.argv[1]):
         os.close(read)
         with contextlib.redirect_stdout(io.StringIO()):
             try:
-                a2rl.cli.main([*argv, "--help"])
+                a2rl_bench.cli.main([*argv, "--help"])
             except SystemExit:
                 pass
         os.write(write, json.dumps(sorted({{m.split(".")[0] for m in sys.modules}} & set(heavy))).encode())
@@ -62,17 +62,17 @@ def test_deploy_prints_each_deployments_full_id(monkeypatch, capsys):
     from rich.console import Console
     from rich.panel import Panel
 
-    import a2rl.cli
-    from a2rl.ops import prefect_local
+    import a2rl_bench.cli
+    from a2rl_bench.ops import prefect_local
 
     ids = {name: str(uuid.uuid4()) for name in ("benchmark-run/benchmark-run", "sweep/nightly-sweep")}
     box = io.StringIO()
     console = Console(file=box, width=80)
     for name, uid in ids.items():
         console.print(Panel(f"Deployment '{name}' successfully created with id '{uid}'."), style="green")
-    monkeypatch.setattr(a2rl.cli, "_require_api_url", lambda: "http://127.0.0.1:1/api")
+    monkeypatch.setattr(a2rl_bench.cli, "_require_api_url", lambda: "http://127.0.0.1:1/api")
     monkeypatch.setattr(prefect_local, "deploy", lambda url, names=None, pool=None: box.getvalue())
-    assert a2rl.cli.main(["deploy"]) == 0
+    assert a2rl_bench.cli.main(["deploy"]) == 0
     printed = capsys.readouterr().out
     for name, uid in ids.items():
         assert f"deployed {name}: id {uid}" in printed, printed

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from a2rl.benchmarks.base import TaskData
-from a2rl.benchmarks.contamination import (
+from a2rl_bench.benchmarks.base import TaskData
+from a2rl_bench.benchmarks.contamination import (
     ContaminationError,
     check_contamination,
     drop_contaminated,
@@ -91,7 +91,7 @@ def test_drop_contaminated_filters_a_pool_and_reports_what_it_dropped() -> None:
 def test_gsm8k_offline_split_has_one_sibling_pair() -> None:
     """Evidence for wiring the guard into gsm8k: its committed offline split has exactly one 13-gram pair,
     two versions of the same locker problem (test 558 asks forwards what train 418 asks backwards)."""
-    from a2rl.benchmarks.gsm8k.task import load_offline
+    from a2rl_bench.benchmarks.gsm8k.task import load_offline
 
     data = load_offline()
     hits = find_contamination(data.train, {"validation": data.validation, "test": data.test})

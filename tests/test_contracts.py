@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-import a2rl.agents
-import a2rl.benchmarks
-from a2rl import contracts
-from a2rl.inference.evaluation import EvalSpec, task_class_ref, task_from_ref
-from a2rl.agents.base import LLMDriver
+import a2rl_bench.agents
+import a2rl_bench.benchmarks
+from a2rl_bench import contracts
+from a2rl_bench.inference.evaluation import EvalSpec, task_class_ref, task_from_ref
+from a2rl_bench.agents.base import LLMDriver
 
 
 def signature_mismatches(obj: object, protocol: type) -> list[str]:
@@ -39,9 +39,9 @@ def signature_mismatches(obj: object, protocol: type) -> list[str]:
     return wrong
 
 
-@pytest.mark.parametrize("task_id", a2rl.benchmarks.TASKS.names())
+@pytest.mark.parametrize("task_id", a2rl_bench.benchmarks.TASKS.names())
 def test_every_task_is_a_benchmark_task_as_the_library_calls_it(task_id):
-    task = a2rl.benchmarks.get_task(task_id)
+    task = a2rl_bench.benchmarks.get_task(task_id)
     assert isinstance(task, contracts.BenchmarkTask)
     assert isinstance(task.decoding, contracts.DecodingSettings)
     assert signature_mismatches(task, contracts.BenchmarkTask) == []
@@ -50,9 +50,9 @@ def test_every_task_is_a_benchmark_task_as_the_library_calls_it(task_id):
     assert task_from_ref(task_class_ref(task), task_id) == task
 
 
-@pytest.mark.parametrize("agent_id", a2rl.agents.list_agents())
+@pytest.mark.parametrize("agent_id", a2rl_bench.agents.list_agents())
 def test_every_agent_is_an_agent_as_the_harness_starts_it(agent_id):
-    agent = a2rl.agents.get_agent(agent_id)  # an LLM agent without a driver can be installed, not started
+    agent = a2rl_bench.agents.get_agent(agent_id)  # an LLM agent without a driver can be installed, not started
     assert isinstance(agent, contracts.Agent)
     assert signature_mismatches(agent, contracts.Agent) == []
 

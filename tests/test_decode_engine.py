@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-import a2rl.inference.generation as generation
-from a2rl.inference.decode_engine import Decoder, shared_prefix, unsupported_reason
-from a2rl.inference.generation import LoadedModel, _generate_batch, generate, load_model
+import a2rl_bench.inference.generation as generation
+from a2rl_bench.inference.decode_engine import Decoder, shared_prefix, unsupported_reason
+from a2rl_bench.inference.generation import LoadedModel, _generate_batch, generate, load_model
 from tests.tiny_model import tiny_questions
 
 MAX_NEW = 40
@@ -98,7 +98,7 @@ def test_engine_failure_falls_back_to_generate(tiny_model_dir: Path, with_system
         raise RuntimeError("injected fault")
 
     monkeypatch.setattr(Decoder, "_prefill", broken)
-    with caplog.at_level(logging.WARNING, logger="a2rl.inference.generation"):
+    with caplog.at_level(logging.WARNING, logger="a2rl_bench.inference.generation"):
         out = generate(model, with_system[:4], max_new_tokens=8, engine="static")
     assert out.completions == reference.completions
     assert "decode engine failed (RuntimeError: injected fault)" in caplog.text
@@ -121,8 +121,8 @@ def test_unknown_engine_is_one_clear_error(tiny: LoadedModel, conversations) -> 
 
 def _plain_and_reused(model_dir: Path, task: str, limit: int, batch_size: int, monkeypatch):
     """The same evaluation with `generate` and with the engine that reuses shared prefixes."""
-    from a2rl.inference.evaluation import EvalSpec, evaluate
-    from a2rl.benchmarks import get_task
+    from a2rl_bench.inference.evaluation import EvalSpec, evaluate
+    from a2rl_bench.benchmarks import get_task
 
     spec = EvalSpec.of(get_task(task), "offline", "validation", limit=limit, batch_size=batch_size)
     monkeypatch.setenv("A2RL_DECODE_ENGINE", "generate")

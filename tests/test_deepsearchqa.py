@@ -7,11 +7,11 @@ import random
 
 import pytest
 
-from a2rl.benchmarks.base import TaskData
-from a2rl.benchmarks.deepsearchqa import DeepSearchQA, DeepSearchQADataError
-from a2rl.benchmarks.deepsearchqa.task import MANIFEST, _sources, full_task_data, load_offline, retrievable
-from a2rl.benchmarks.deepsearchqa.web import SerpApiSearch, WebSearchQAEnv
-from a2rl.benchmarks.envs.searchqa import grade_answer, normalize_answer, oracle_actions
+from a2rl_bench.benchmarks.base import TaskData
+from a2rl_bench.benchmarks.deepsearchqa import DeepSearchQA, DeepSearchQADataError
+from a2rl_bench.benchmarks.deepsearchqa.task import MANIFEST, _sources, full_task_data, load_offline, retrievable
+from a2rl_bench.benchmarks.deepsearchqa.web import SerpApiSearch, WebSearchQAEnv
+from a2rl_bench.benchmarks.envs.searchqa import grade_answer, normalize_answer, oracle_actions
 
 
 @pytest.fixture(scope="module")

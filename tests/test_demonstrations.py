@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.agents.reference_sft.agent import Settings
-from a2rl.agents.reference_sft.train_sft import read_rows, to_conversation
-from a2rl.benchmarks import get_task
-from a2rl.benchmarks.base import read_jsonl
+from a2rl_bench.agents.reference_sft.agent import Settings
+from a2rl_bench.agents.reference_sft.train_sft import read_rows, to_conversation
+from a2rl_bench.benchmarks import get_task
+from a2rl_bench.benchmarks.base import read_jsonl
 
 INTERACTIVE = ["alfworld", "webshop", "deepsearchqa"]
 

@@ -20,9 +20,9 @@ from zoneinfo import ZoneInfo
 import duckdb
 import pytest
 
-from a2rl.ops import prefect_local
-from a2rl.grading.ledger import read_ledger
-from a2rl.run_options import nest_parameters
+from a2rl_bench.ops import prefect_local
+from a2rl_bench.grading.ledger import read_ledger
+from a2rl_bench.run_options import nest_parameters
 from live_server import SMALL_AGENT, LiveServer, kill_worker_host, ledger_with, live_server, wait_for
 from live_server import final_run as _final_run
 from live_server import flow_run as _flow_run
@@ -52,8 +52,8 @@ def test_prefect_yaml_registers_the_three_deployments_on_the_local_pool(live):
     # The run form is the flow's: a typed `config` (every RunConfig field) and its `options`.
     from prefect.utilities.callables import parameter_schema
 
-    from a2rl.flows.benchmark_run import benchmark_run
-    from a2rl.flows.sweep import schema_names
+    from a2rl_bench.flows.benchmark_run import benchmark_run
+    from a2rl_bench.flows.sweep import schema_names
 
     form = parameter_schema(benchmark_run).model_dump()
     assert {k: run.parameter_openapi_schema[k] for k in ("properties", "definitions")} == \
@@ -125,8 +125,8 @@ def test_a_worker_stopped_mid_session_records_the_run_interrupted_and_one_retry_
     its report and ends Cancelled, saying so, before the worker goes (not Crashed: it was stopped on request), no
     process of it survives, and a Retry pressed at once resumes it to one completed run with graded submissions
     only and a monotone agent clock. A Retry of the completed run is refused."""
-    from a2rl.ops import gpu_slots
-    from a2rl.capture.resources import workspace_pids
+    from a2rl_bench.ops import gpu_slots
+    from a2rl_bench.capture.resources import workspace_pids
 
     if gpu_slots.read_limit(live.url) is None:  # as a sweep makes it: the session holds one of its slots
         prefect_http.post(f"{live.url}/v2/concurrency_limits/",
@@ -170,9 +170,9 @@ def test_a_sweep_runs_one_agent_session_at_a_time_with_one_gpu_slot(live, tiny_m
     session run at a time. A second sweep over the same matrix starts nothing."""
     from prefect.client.orchestration import get_client
 
-    from a2rl.records import RunConfig
-    from a2rl.run_options import RunOptions
-    from a2rl.flows.sweep import GPU_LIMIT, SweepConfig, SweepMatrix, sweep
+    from a2rl_bench.records import RunConfig
+    from a2rl_bench.run_options import RunOptions
+    from a2rl_bench.flows.sweep import GPU_LIMIT, SweepConfig, SweepMatrix, sweep
 
     config = SweepConfig(
         run=RunConfig(budget_s=20, base_model=str(tiny_model_dir), val_limit=2, test_limit=2),
@@ -195,7 +195,7 @@ def test_a_sweep_runs_one_agent_session_at_a_time_with_one_gpu_slot(live, tiny_m
 
 
 def test_a2rl_status_shows_the_server_and_its_flow_runs(live, monkeypatch, capsys):
-    from a2rl.cli import main
+    from a2rl_bench.cli import main
 
     monkeypatch.setenv("PREFECT_API_URL", live.url)
     assert main(["status", "--results", str(live.home / "none.duckdb")]) == 0
@@ -211,8 +211,8 @@ def test_a2rl_deploy_auto_retry_retries_a_crashed_run_up_to_its_limit_and_is_off
     second stays Crashed for an operator, whose one Retry completes the run; `--auto-retry 0` removes it."""
     import json
 
-    from a2rl.cli import main
-    from a2rl.ops import auto_retry
+    from a2rl_bench.cli import main
+    from a2rl_bench.ops import auto_retry
     from prefect.deployments import run_deployment
 
     assert auto_retry.find(live.url) is None  # `a2rl deploy` (the fixture's) made none

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.capture.resources import ResourceSample
-from a2rl.records import LedgerEntry, RunConfig, RunSummary
-from a2rl.summary.metrics import RunMetrics
+from a2rl_bench.capture.resources import ResourceSample
+from a2rl_bench.records import LedgerEntry, RunConfig, RunSummary
+from a2rl_bench.summary.metrics import RunMetrics
 
 
 def _session_start(delay_s: float) -> LedgerEntry:
@@ -35,8 +35,8 @@ NO_SUBMISSION = dict(n_submissions=0, n_scored=0, baseline_feedback=0.0, submiss
     (2.0, 0.8, 180.0, "early coding failure"),  # a machine that gave the agent its cores: the agent's own failure
 ])  # fmt: skip
 def test_a_starved_run_is_classed_environment_from_what_the_harness_recorded(delay_s, load, cpu, expected):
-    from a2rl.summary.process_facts import starved
-    from a2rl.summary.verdicts import explain_failure
+    from a2rl_bench.summary.process_facts import starved
+    from a2rl_bench.summary.verdicts import explain_failure
 
     why = starved([_session_start(delay_s)], _samples(load, cpu), {"agent_seconds": 120.0, "ended_by": "budget"})
     verdict = explain_failure(RunMetrics(**NO_SUBMISSION), {}, {"ended_by": "budget", "environment_fault": why})
@@ -47,8 +47,8 @@ def test_a_starved_run_is_classed_environment_from_what_the_harness_recorded(del
 
 
 def test_an_environment_run_is_left_out_of_the_aggregates_and_run_again_by_a_sweep(tmp_path: Path):
-    from a2rl.flows.sweep import completed_hashes
-    from a2rl.store.results import ResultsStore
+    from a2rl_bench.flows.sweep import completed_hashes
+    from a2rl_bench.store.results import ResultsStore
 
     store = ResultsStore(tmp_path / "a.duckdb")
     starved_config, fine_config = RunConfig(seed=0), RunConfig(seed=1)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.benchmarks.envs.bm25 import BM25
-from a2rl.benchmarks.envs.export import envlib_bytes, write_envlib
-from a2rl.benchmarks.envs.react import parse_action, run_episodes
-from a2rl.benchmarks.webshop.task import WebShop
+from a2rl_bench.benchmarks.envs.bm25 import BM25
+from a2rl_bench.benchmarks.envs.export import envlib_bytes, write_envlib
+from a2rl_bench.benchmarks.envs.react import parse_action, run_episodes
+from a2rl_bench.benchmarks.webshop.task import WebShop
 
 
 def _hash_policy(conversations: list[list[dict]]) -> list[str]:
@@ -56,7 +56,7 @@ def test_lockstep_loop_asks_the_policy_once_per_step_for_live_episodes_only() ->
     episodes = run_episodes(task.make_env("offline"), goals, policy, task.prompt, max_steps=3)
     assert calls == [4, 4, 4] and all(len(ep.turns) == 3 for ep in episodes)
 
-    from a2rl.benchmarks.envs.shop import oracle_actions
+    from a2rl_bench.benchmarks.envs.shop import oracle_actions
 
     progress = {g["instruction"]: 0 for g in goals}  # steps taken per episode (prompts keep only a window)
 
@@ -94,7 +94,7 @@ def test_envlib_zip_runs_training_episodes_outside_the_harness(tmp_path: Path) -
         "goals = envlib.load_goals(sys.argv[2])[:3]\n"
         "def oracle(convs): return ['search[' + goals[0]['product_type'] + ']'] * len(convs)\n"
         "eps = envlib.run_episodes(envlib.make_env('webshop', sys.argv[2]), goals, oracle, envlib.prompter('webshop'), 2)\n"
-        "assert 'a2rl' not in sys.modules and 'benchmarks' not in sys.modules\n"
+        "assert 'a2rl_bench' not in sys.modules and 'benchmarks' not in sys.modules\n"
         "assert envlib.MAX_STEPS == {'webshop': 15}, envlib.MAX_STEPS\n"
         "print(len(eps), eps[0].turns[0]['observation'].count('['))\n"
     )
@@ -109,7 +109,7 @@ def test_envlib_zip_runs_training_episodes_outside_the_harness(tmp_path: Path) -
 
 
 def test_prepare_refreshes_an_envlib_zip_made_from_older_modules() -> None:
-    from a2rl.benchmarks import get_task
+    from a2rl_bench.benchmarks import get_task
 
     task = get_task("alfworld")
     path = task.prepare("offline").public_dir / "envlib.zip"
@@ -123,7 +123,7 @@ def test_prepare_refreshes_an_envlib_zip_made_from_older_modules() -> None:
 
 @pytest.mark.parametrize("task_id", ["webshop", "deepsearchqa", "alfworld"])
 def test_public_data_holds_no_validation_or_test_goal(task_id: str) -> None:
-    from a2rl.benchmarks import get_task
+    from a2rl_bench.benchmarks import get_task
 
     task = get_task(task_id)
     public = task.prepare("offline").public_dir
@@ -137,8 +137,8 @@ def test_public_data_holds_no_validation_or_test_goal(task_id: str) -> None:
 
 
 def test_evaluate_runs_an_interactive_task_end_to_end_on_the_tiny_model(tiny_model_dir: Path) -> None:
-    from a2rl.inference.evaluation import EvalSpec, evaluate
-    from a2rl.benchmarks.base import Decoding
+    from a2rl_bench.inference.evaluation import EvalSpec, evaluate
+    from a2rl_bench.benchmarks.base import Decoding
 
     # 2 steps and 8 tokens: the tiny model never wins, and this keeps the test to seconds on a loaded CPU.
     task = dataclasses.replace(WebShop(), max_steps=2, decoding=Decoding(max_new_tokens=8, stop=("\n",)))
@@ -149,9 +149,9 @@ def test_evaluate_runs_an_interactive_task_end_to_end_on_the_tiny_model(tiny_mod
 
 
 def test_tiny_model_batched_and_sequential_evaluation_agree(tiny_model_dir: Path) -> None:
-    from a2rl.inference.generation import load_model
-    from a2rl.benchmarks.base import Decoding
-    from a2rl.benchmarks.envs.task import ModelPolicy
+    from a2rl_bench.inference.generation import load_model
+    from a2rl_bench.benchmarks.base import Decoding
+    from a2rl_bench.benchmarks.envs.task import ModelPolicy
 
     task = dataclasses.replace(WebShop(), max_steps=2, decoding=Decoding(max_new_tokens=6, stop=("\n",)))
     model = load_model(tiny_model_dir)

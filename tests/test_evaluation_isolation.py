@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.inference.evaluation import EvalSpec, EvaluationFailed, evaluate_in_subprocess
-from a2rl.isolation import procs
+from a2rl_bench.inference.evaluation import EvalSpec, EvaluationFailed, evaluate_in_subprocess
+from a2rl_bench.isolation import procs
 from tests.hostile_tasks import HoggingTask
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 GRADER = textwrap.dedent("""
     import shutil, sys, time
     from pathlib import Path
-    from a2rl.grading import BudgetClock, GradingContext, GradingService
-    from a2rl.records import RunConfig
+    from a2rl_bench.grading import BudgetClock, GradingContext, GradingService
+    from a2rl_bench.records import RunConfig
     from tests.hostile_tasks import SleepingTask
 
     root, model = Path(sys.argv[1]), Path(sys.argv[2])
@@ -115,7 +115,7 @@ def test_an_inflated_config_is_refused_by_the_evaluation_before_any_weight_is_lo
                                                                                      monkeypatch):  # fmt: skip
     """A config 2x wider in its feed-forward than its weights (too small for the grader's cheap estimate to
     refuse): the evaluation process compares the exact count and fails as a load error, at once."""
-    from a2rl.benchmarks import get_task
+    from a2rl_bench.benchmarks import get_task
 
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     model = tmp_path / "inflated"

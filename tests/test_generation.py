@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.inference.generation import GenerationOutput, LoadedModel, _real_length, generate
+from a2rl_bench.inference.generation import GenerationOutput, LoadedModel, _real_length, generate
 from tests.tiny_model import tiny_questions
 
 MAX_NEW = 12
@@ -126,7 +126,7 @@ def test_cpu_batcher_matches_the_static_engine_token_for_token(tiny: LoadedModel
     """Greedy answers of the shared-prefix, continuously refilled CPU batcher (`auto`) are the static-cache
     engine's (the prefix copied into every row, fixed batches), whatever the number of slots: a freed slot takes
     the next prompt mid-way through the others' decoding."""
-    from a2rl.inference.prefix_batching import PrefixBatcher
+    from a2rl_bench.inference.prefix_batching import PrefixBatcher
 
     stop = ("e",)  # the tiny model's rows reach it after 1 to 15 characters: slots free up at many steps
     reference = generate(tiny, with_prefix, max_new_tokens=MAX_NEW, batch_size=8, engine="static", stop=stop)
@@ -146,7 +146,7 @@ def test_cpu_batcher_without_a_shared_prefix_matches_generate(tiny: LoadedModel,
 
 
 def test_cpu_batcher_failure_falls_back_with_the_same_answers(tiny: LoadedModel, with_prefix, monkeypatch) -> None:
-    from a2rl.inference import prefix_batching
+    from a2rl_bench.inference import prefix_batching
 
     def broken(*args, **kwargs):
         raise RuntimeError("simulated")
@@ -164,7 +164,7 @@ def test_cpu_evaluation_is_fp32_everywhere_unless_bf16_is_asked_for(tmp_path, mo
     wherever it is graded. bf16 is an opt-in (`bf16`, or `auto`: where the probe says it pays) whose path names
     what changes its answers, the batch size and the engine; the probe's verdict is kept per machine; a typo is
     refused."""
-    from a2rl.inference import numerics
+    from a2rl_bench.inference import numerics
 
     monkeypatch.setattr(numerics, "_verdict_file", lambda: tmp_path / "cpu-numerics.json")
     monkeypatch.delenv(numerics.CPU_DTYPE_ENV, raising=False)
@@ -194,9 +194,9 @@ def test_cpu_evaluation_is_fp32_everywhere_unless_bf16_is_asked_for(tmp_path, mo
 def test_the_cache_keeps_bf16_results_of_another_batch_size_apart(tmp_path, monkeypatch) -> None:
     """fp32 answers do not depend on the batch, so one cached fp32 result serves every batch size; bf16 answers
     do, so its cache entries (and evaluator ids, hence settings) differ by batch size."""
-    from a2rl.benchmarks import get_task
-    from a2rl.inference import numerics
-    from a2rl.inference.evaluation import EvalCache, EvalSpec
+    from a2rl_bench.benchmarks import get_task
+    from a2rl_bench.inference import numerics
+    from a2rl_bench.inference.evaluation import EvalCache, EvalSpec
 
     task = get_task("gsm8k")
     cache = EvalCache(tmp_path)
@@ -226,7 +226,7 @@ def test_fp32_answers_do_not_depend_on_the_batch_or_its_company(tiny: LoadedMode
 def test_bf16_cpu_generation_runs_the_batcher_in_bf16(tiny_model_dir: Path, with_prefix) -> None:
     import torch
 
-    from a2rl.inference.generation import load_model
+    from a2rl_bench.inference.generation import load_model
 
     bf16 = load_model(tiny_model_dir, "cpu", dtype=torch.bfloat16)
     assert next(bf16.model.parameters()).dtype == torch.bfloat16
@@ -238,7 +238,7 @@ def test_the_report_names_the_numeric_path_that_graded(tmp_path):
     """The evaluator id ends in the numeric path (#37): the report says which one graded the run."""
     import json
 
-    from a2rl.summary.report import graded_numeric_paths
+    from a2rl_bench.summary.report import graded_numeric_paths
 
     evaluations = tmp_path / "evaluations"
     evaluations.mkdir()
@@ -256,10 +256,10 @@ def test_results_and_the_report_warn_when_numeric_paths_are_mixed(tmp_path, caps
     import argparse
     from types import SimpleNamespace
 
-    from a2rl.cli import cmd_results
-    from a2rl.records import EvalResult, RunConfig
-    from a2rl.store.results import ResultsStore
-    from a2rl.summary.report import run_notes
+    from a2rl_bench.cli import cmd_results
+    from a2rl_bench.records import EvalResult, RunConfig
+    from a2rl_bench.store.results import ResultsStore
+    from a2rl_bench.summary.report import run_notes
 
     path = tmp_path / "results.duckdb"
     store = ResultsStore(path)

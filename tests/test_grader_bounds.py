@@ -9,8 +9,8 @@ import shutil
 import httpx
 import pytest
 
-from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
-from a2rl.records import EvalResult, RunConfig
+from a2rl_bench.grading import BudgetClock, GradingContext, GradingServer, GradingService
+from a2rl_bench.records import EvalResult, RunConfig
 
 
 def _constant(model_dir, weights_hash, spec, device=None) -> EvalResult:
@@ -81,7 +81,7 @@ def test_the_request_log_stops_growing_at_its_cap(tmp_path, tiny_model_dir, monk
     import json
     import time
 
-    from a2rl.grading import server as server_module
+    from a2rl_bench.grading import server as server_module
 
     monkeypatch.setattr(server_module, "MAX_REQUEST_LOG_BYTES", 2000)
     ctx = GradingContext("log", RunConfig(), tmp_path / "ws", tmp_path / "harness", {})

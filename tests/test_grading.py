@@ -10,11 +10,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from a2rl.inference.evaluation import EvalSpec
-from a2rl.grading.ledger import LedgerHead, read_ledger
-from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService, Ledger, LedgerCorrupted
-from a2rl.grading.checkpoint import SubmissionRejected, check_directory, resolve_in_workspace
-from a2rl.records import EvalResult, RunConfig
+from a2rl_bench.inference.evaluation import EvalSpec
+from a2rl_bench.grading.ledger import LedgerHead, read_ledger
+from a2rl_bench.grading import BudgetClock, GradingContext, GradingServer, GradingService, Ledger, LedgerCorrupted
+from a2rl_bench.grading.checkpoint import SubmissionRejected, check_directory, resolve_in_workspace
+from a2rl_bench.records import EvalResult, RunConfig
 
 
 # -- ledger ------------------------------------------------------------------------------------
@@ -233,10 +233,10 @@ def test_mode_is_checked_on_the_agents_code_at_every_submission(tmp_path, tiny_m
 
 
 def test_the_grader_records_each_line_and_evaluation_in_the_results_store_as_the_run_steps_do(tmp_path, tiny_model_dir):
-    """Evaluate, append to the ledger, record in the store: one call (`a2rl.grading.record.RunBook`) for the grader
+    """Evaluate, append to the ledger, record in the store: one call (`a2rl_bench.grading.record.RunBook`) for the grader
     and the run's steps. A graded submission's rows (the submission, the events, the evaluation) and its evaluation
     file are written by the grader itself, keyed as ingest keys them, its ledger's every head anchored."""
-    from a2rl.store.results import ResultsStore
+    from a2rl_bench.store.results import ResultsStore
 
     store = ResultsStore(tmp_path / "results.duckdb")
     ws, harness = tmp_path / "ws", tmp_path / "harness"
@@ -278,9 +278,9 @@ def test_a_grading_event_is_one_store_transaction_that_refreshes_the_derived_row
     one DuckDB transaction each, and each computes the run's derived rows and intervals once."""
     from collections import Counter
 
-    from a2rl.grading.record import RunBook
-    from a2rl.store import derived, derived_intervals
-    from a2rl.store.results import ResultsStore
+    from a2rl_bench.grading.record import RunBook
+    from a2rl_bench.store import derived, derived_intervals
+    from a2rl_bench.store.results import ResultsStore
     from tests.run_dirs import synthetic_eval
 
     store = ResultsStore(tmp_path / "results.duckdb")
@@ -306,7 +306,7 @@ def test_a_grading_event_is_one_store_transaction_that_refreshes_the_derived_row
 
 
 def test_the_results_store_anchors_every_head_and_catches_an_edited_final_score(tmp_path):
-    from a2rl.store.results import ResultsStore
+    from a2rl_bench.store.results import ResultsStore
 
     store = ResultsStore(tmp_path / "results.duckdb")
     path = tmp_path / "ledger.jsonl"
@@ -325,7 +325,7 @@ def test_a_mac_from_another_hosts_key_cannot_be_checked_here_but_a_forged_one_un
     """A sweep over several hosts merges runs whose reports carry their own host's MAC: that is 'cannot tell'
     (their host store's anchors verify them), never 'forged'; a MAC under this machine's key that does not match
     is forged."""
-    from a2rl.grading.ledger import LedgerHead, head_mac, mac_matches
+    from a2rl_bench.grading.ledger import LedgerHead, head_mac, mac_matches
 
     head, other = LedgerHead(5, "a" * 64), LedgerHead(6, "b" * 64)
     monkeypatch.setenv("A2RL_HOME", str(tmp_path / "host-a"))
@@ -348,8 +348,8 @@ def test_the_agents_clock_runs_again_once_its_grade_is_on_the_ledger_and_is_rele
     the resumed session's clock and the ledger agree. A store that fails to take the grade's row still lets the
     clock run again, and only once (a second release would end another submission's pause), and the grader's
     worker goes on to the next submission."""
-    from a2rl.base_models.hashing import weights_hash
-    from a2rl.store.results import ResultsStore
+    from a2rl_bench.base_models.hashing import weights_hash
+    from a2rl_bench.store.results import ResultsStore
 
     seen: list[tuple[str | None, bool]] = []  # (what was written, the clock paused then)
     write = Ledger._write

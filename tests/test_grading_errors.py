@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from a2rl.inference.evaluation import EvaluationFailed
-from a2rl.grading.errors import PUBLIC_REASONS, FailureKind, classify_failure, public_failure
+from a2rl_bench.inference.evaluation import EvaluationFailed
+from a2rl_bench.grading.errors import PUBLIC_REASONS, FailureKind, classify_failure, public_failure
 
 HIDDEN = "Natalia sold clips to 48 of her friends"
 

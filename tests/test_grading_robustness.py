@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService, Ledger
-from a2rl.grading.checkpoint import SubmissionRejected
-from a2rl.records import RunConfig
-from a2rl.benchmarks import get_task
+from a2rl_bench.grading import BudgetClock, GradingContext, GradingServer, GradingService, Ledger
+from a2rl_bench.grading.checkpoint import SubmissionRejected
+from a2rl_bench.records import RunConfig
+from a2rl_bench.benchmarks import get_task
 
 
 @pytest.fixture(scope="module")
@@ -171,14 +171,14 @@ def test_unresolvable_paths_answer_4xx(tmp_path, workspace, tiny_model_dir, path
 
 def test_a_directory_swapped_for_a_link_after_resolving_is_not_followed(tmp_path, workspace, tiny_model_dir):
     """The check opens the resolved path again one component at a time without following links."""
-    from a2rl.grading.checkpoint import open_checkpoint, resolve_in_workspace
+    from a2rl_bench.grading.checkpoint import open_checkpoint, resolve_in_workspace
 
     resolved = resolve_in_workspace(workspace, "output/v1")
     outside = tmp_path / "outside"
     shutil.copytree(workspace / "output" / "v1", outside)
     (workspace / "output").rename(workspace / "output-old")
     (workspace / "output").symlink_to(tmp_path)  # output/v1 now leads out of the workspace
-    from a2rl.grading.files import CheckpointDir
+    from a2rl_bench.grading.files import CheckpointDir
 
     with pytest.raises(SubmissionRejected, match="symbolic link"):
         CheckpointDir.open(workspace.resolve(), resolved, "output/v1")
@@ -281,7 +281,7 @@ def test_grader_killed_mid_evaluation_resumes_on_restart(tmp_path, workspace, ti
     def start() -> tuple[subprocess.Popen, str]:
         port_file.unlink(missing_ok=True)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "a2rl.tasks.serve_grading", "--harness-dir", str(harness), "--workspace", str(workspace),
+            [sys.executable, "-m", "a2rl_bench.tasks.serve_grading", "--harness-dir", str(harness), "--workspace", str(workspace),
              "--config", str(tmp_path / "config.json"), "--run-id", "run-crash", "--token-file",
              str(tmp_path / "token"), "--port-file", str(port_file), "--base-model-dir", str(tiny_model_dir)],
             start_new_session=True, env=os.environ.copy(),
@@ -319,7 +319,7 @@ def test_grader_killed_mid_evaluation_resumes_on_restart(tmp_path, workspace, ti
 def test_a_trickled_body_is_cut_off_after_the_body_time_limit(tmp_path, workspace, tiny_model_dir, monkeypatch):
     import socket
 
-    import a2rl.grading.server as server_module
+    import a2rl_bench.grading.server as server_module
 
     monkeypatch.setattr(server_module, "BODY_SECONDS", 1.0)
     service = make_service(tmp_path, workspace, tiny_model_dir)

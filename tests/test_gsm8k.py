@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.benchmarks.base import TaskData, read_jsonl
-from a2rl.benchmarks.gsm8k import GSM8K, GSM8KDataError, extract_answer, normalize_number
-from a2rl.benchmarks.gsm8k.task import (
+from a2rl_bench.benchmarks.base import TaskData, read_jsonl
+from a2rl_bench.benchmarks.gsm8k import GSM8K, GSM8KDataError, extract_answer, normalize_number
+from a2rl_bench.benchmarks.gsm8k.task import (
     OFFLINE_SIZES,
     SPLIT_SEED,
     _read_offline_source,

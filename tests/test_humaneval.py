@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.benchmarks import get_task
-from a2rl.benchmarks.base import TaskData, read_jsonl
-from a2rl.benchmarks.humaneval import HumanEval, SandboxBroken, SandboxLimits, execution, extract_code, isolation
-from a2rl.benchmarks.humaneval.task import (
+from a2rl_bench.benchmarks import get_task
+from a2rl_bench.benchmarks.base import TaskData, read_jsonl
+from a2rl_bench.benchmarks.humaneval import HumanEval, SandboxBroken, SandboxLimits, execution, extract_code, isolation
+from a2rl_bench.benchmarks.humaneval.task import (
     HumanEvalDataError,
     build_split_manifest,
     full_task_data,
@@ -84,7 +84,7 @@ def test_prepare_keeps_validation_and_test_private(offline: TaskData) -> None:
 
 
 def test_train_rows_work_with_the_reference_question_answer_trainer(offline: TaskData, tmp_path: Path) -> None:
-    from a2rl.agents.reference_sft.train_sft import read_rows, to_conversation
+    from a2rl_bench.agents.reference_sft.train_sft import read_rows, to_conversation
 
     path = tmp_path / "train.jsonl"
     path.write_text(HumanEval().prepare("offline").public_dir.joinpath("train.jsonl").read_text())
@@ -276,7 +276,7 @@ def test_a_sandbox_that_cannot_run_python_is_an_error_not_a_zero_score(items: di
 
 
 def test_describe_task_reports_sizes_metric_evaluator_and_sandbox() -> None:
-    from a2rl.benchmarks.describe import describe_task
+    from a2rl_bench.benchmarks.describe import describe_task
 
     text = describe_task("humaneval")
     assert "metric: pass@1" in text and f"evaluator: {HumanEval().evaluator_id()}" in text

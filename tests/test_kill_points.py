@@ -40,10 +40,10 @@ import duckdb
 import psutil
 import pytest
 
-from a2rl.grading.ledger import read_ledger
-from a2rl.isolation import procs
-from a2rl.ops import prefect_local
-from a2rl.run_options import nest_parameters
+from a2rl_bench.grading.ledger import read_ledger
+from a2rl_bench.isolation import procs
+from a2rl_bench.ops import prefect_local
+from a2rl_bench.run_options import nest_parameters
 from live_server import SMALL_AGENT, LiveServer, flow_run, kill_worker_host, live_server, set_state
 import prefect_http
 
@@ -59,7 +59,7 @@ CLOCK_TOLERANCE_S = 1.0
 DIES_WITH_S = 5.0
 """A harness SIGKILLed takes its agent and its evaluations with it within this long."""
 ATTEMPT_ENV = "A2RL_RUN_ATTEMPT"
-"""The tag every process of an attempt carries (a2rl.isolation.procs.ATTEMPT_ENV). The checks here read only what
+"""The tag every process of an attempt carries (a2rl_bench.isolation.procs.ATTEMPT_ENV). The checks here read only what
 any version of the harness leaves (its progress file, process records and ledger, /proc and Prefect), so that
 the matrix runs, and fails, on code from before #29 too."""
 
@@ -101,14 +101,14 @@ def live(tmp_path_factory) -> Iterator[LiveServer]:
 
 
 def test_the_server_aborts_a_late_crash_report_for_a_scheduled_run_and_the_worker_drops_stale_ones(live):
-    """The two guards (a2rl.ops.crash_reports), on the module's server: a Crashed report that is not forced, for a
+    """The two guards (a2rl_bench.ops.crash_reports), on the module's server: a Crashed report that is not forced, for a
     run a Retry has scheduled, is aborted (a forced change still goes through); and the worker's check tells a
     report for the attempt it launched from one the run has left behind."""
     import asyncio
 
     from prefect.client.orchestration import get_client
 
-    from a2rl.ops.crash_reports import superseded
+    from a2rl_bench.ops.crash_reports import superseded
 
     # A deployment on a pool no worker polls: its runs stay where these states put them.
     prefect_http.post(f"{live.url}/work_pools/", json={"name": "nobody", "type": "process"}).raise_for_status()
@@ -229,7 +229,7 @@ class Run:
         return any("train_sft.py" in (c := " ".join(cmdline(p.pid))) and ws in c for p in procs.all_procs())
 
     def agent_pids(self) -> list[int]:
-        from a2rl.capture.resources import workspace_pids
+        from a2rl_bench.capture.resources import workspace_pids
 
         return workspace_pids(self.harness.parent / "workspace")()
 
@@ -241,7 +241,7 @@ class Run:
         """The evaluation processes below the harness `pid` (and their supervisors)."""
         found = set()
         for p in procs.descendants(pid):
-            if "a2rl.inference.evaluation" in " ".join(cmdline(p)) and (st := procs.proc_stat(p)) is not None:
+            if "a2rl_bench.inference.evaluation" in " ".join(cmdline(p)) and (st := procs.proc_stat(p)) is not None:
                 found |= {p, st.ppid}  # the evaluation and its supervisor (gone already: not counted)
         return sorted(found - {pid})
 
@@ -451,7 +451,7 @@ def watch_while(state: Callable[[], tuple[bool, bool]], killed_at: float) -> Cal
 def press(run: Run, cell: Cell) -> bool:
     """The retry, as `cell.retry` says: the UI's call d seconds after the kill, or `a2rl retry` at once. False
     when there was nothing to retry (the run completed on its own, e.g. through a server restart)."""
-    from a2rl.cli import main
+    from a2rl_bench.cli import main
 
     delay = 0.0 if cell.retry == "a2rl retry" else float(cell.retry.split("@")[1])
     time.sleep(max(0.0, cell.killed_at + delay - time.time()))

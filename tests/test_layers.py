@@ -1,10 +1,10 @@
 """The layers point one way, checked by import-linter's contracts in `.importlinter` (every import, at the top of
 a module or inside a function, so a loop hidden behind a lazy import fails like any other):
 
-    a2rl.cli, a2rl/__main__.py     the command line: the top layer, may import everything below
-    a2rl.flows, a2rl.tasks         orchestration: put the library and the plug-ins together (tasks below flows)
-    a2rl.benchmarks, a2rl.agents,  plug-ins: tasks, agents, driver LLMs, analysis; they import the library
-    a2rl.blocks, a2rl.analysis
+    a2rl_bench.cli, a2rl_bench/__main__.py     the command line: the top layer, may import everything below
+    a2rl_bench.flows, a2rl_bench.tasks         orchestration: put the library and the plug-ins together (tasks below flows)
+    a2rl_bench.benchmarks, a2rl_bench.agents,  plug-ins: tasks, agents, driver LLMs, analysis; they import the library
+    a2rl_bench.blocks, a2rl_bench.analysis
     a2rl (the rest)                the library: imports none of the packages above; inside it, its packages are
                                    layered too (store > summary (leak audit) > grading > inference > building blocks)
 
@@ -39,7 +39,7 @@ def lint_imports(cwd: Path = ROOT, config: Path | None = None) -> subprocess.Com
 def plugged_folders() -> dict[str, str]:
     """pyproject's package-dir mapping of the top-level folders into the package: {"flows": "flows", ...}."""
     mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    return {package.removeprefix("a2rl."): folder for package, folder in mapping.items()}
+    return {package.removeprefix("a2rl_bench."): folder for package, folder in mapping.items()}
 
 
 def broken_contracts(output: str) -> str:
@@ -83,51 +83,51 @@ def test_the_contracts_see_imports_inside_functions(tmp_path):
 def test_the_library_contract_names_every_library_module():
     """A new library module must be placed in the layers (the library-layers contract is exhaustive over the
     top level; ops and isolation are placed module by module) and in the list of what may not import upward."""
-    top = {p.stem if p.suffix else p.name for p in (ROOT / "a2rl").iterdir()
+    top = {p.stem if p.suffix else p.name for p in (ROOT / "a2rl_bench").iterdir()
            if not p.is_symlink() and (p.suffix == ".py" or (p / "__init__.py").is_file())} - {"__init__"}  # fmt: skip
-    library = {m.removeprefix("a2rl.") for m in listed(contract("library-below-plugins"), "source_modules")}
+    library = {m.removeprefix("a2rl_bench.") for m in listed(contract("library-below-plugins"), "source_modules")}
     assert library == top - {"cli", "__main__"}
     layers = set(listed(contract("library-layers"), "layers"))
     for package in ("ops", "isolation"):
-        modules = {f"{package}.{p.stem}" for p in (ROOT / "a2rl" / package).glob("*.py") if p.stem != "__init__"}
-        assert modules <= layers, f"a2rl/{package} modules missing from the library layers: {modules - layers}"
+        modules = {f"{package}.{p.stem}" for p in (ROOT / "a2rl_bench" / package).glob("*.py") if p.stem != "__init__"}
+        assert modules <= layers, f"a2rl_bench/{package} modules missing from the library layers: {modules - layers}"
 
 
 def test_every_package_is_checked_for_import_cycles_among_its_modules():
     """The library's and the agents' packages are named one by one (a cycle between the library's packages is the
     layers contract's to find); a new package must join the list."""
     ancestors = set(listed(contract("no-cycles-inside-packages"), "ancestors"))
-    for parent in ("a2rl", "agents"):
-        prefix = "a2rl." if parent != "a2rl" else ""
+    for parent in ("a2rl_bench", "agents"):
+        prefix = "a2rl_bench." if parent != "a2rl_bench" else ""
         packages = {f"{prefix}{parent}.{p.name}" for p in (ROOT / parent).iterdir()
                     if not p.is_symlink() and (p / "__init__.py").is_file()}  # fmt: skip
         assert packages <= ancestors, f"packages not checked for cycles: {sorted(packages - ancestors)}"
 
 
 def test_the_checkout_links_each_plugged_folder_into_the_package():
-    """`a2rl/flows` -> `../flows`, ...: one relative link per entry of pyproject's package-dir mapping, so Python and
-    import-linter find `a2rl.flows` in the checkout where the wheel installs it (and a new mapping needs its link)."""
-    links = {p.name: os.readlink(p) for p in (ROOT / "a2rl").iterdir() if p.is_symlink()}
+    """`a2rl_bench/flows` -> `../flows`, ...: one relative link per entry of pyproject's package-dir mapping, so Python and
+    import-linter find `a2rl_bench.flows` in the checkout where the wheel installs it (and a new mapping needs its link)."""
+    links = {p.name: os.readlink(p) for p in (ROOT / "a2rl_bench").iterdir() if p.is_symlink()}
     assert links == {name: f"../{folder}" for name, folder in plugged_folders().items()}
 
 
 def test_the_shipped_environment_code_contract_is_the_shipped_set():
     """The code shipped to agents (`envlib.zip`) must run in a workspace alone: the contract's list is exactly
     the shipped modules, and the package's `__init__` (shipped too) imports shipped modules only."""
-    from a2rl.benchmarks import TASKS, get_task
-    from a2rl.benchmarks.envs.export import SHARED_MODULES
+    from a2rl_bench.benchmarks import TASKS, get_task
+    from a2rl_bench.benchmarks.envs.export import SHARED_MODULES
 
     section = contract("envlib-alone")
-    shipped = {f"a2rl.benchmarks.envs.{name}" for name in SHARED_MODULES if name != "__init__"}
+    shipped = {f"a2rl_bench.benchmarks.envs.{name}" for name in SHARED_MODULES if name != "__init__"}
     for name in TASKS.names():  # and the environment modules each built-in interactive task declares
         if TASKS.ref(name).source == "built-in" and hasattr(task := get_task(name), "agent_environment"):
             shipped |= set(task.agent_environment.modules)
     assert set(listed(section, "source_modules")) == shipped
-    rest = {f"a2rl.benchmarks.envs.{p.stem}" for p in (ROOT / "benchmarks" / "envs").glob("*.py")} - shipped
-    assert set(listed(section, "forbidden_modules")) >= rest - {"a2rl.benchmarks.envs.__init__"}
+    rest = {f"a2rl_bench.benchmarks.envs.{p.stem}" for p in (ROOT / "benchmarks" / "envs").glob("*.py")} - shipped
+    assert set(listed(section, "forbidden_modules")) >= rest - {"a2rl_bench.benchmarks.envs.__init__"}
     imported = subprocess.run(
-        [sys.executable, "-c", "import grimp; print(*grimp.build_graph('a2rl', cache_dir=None)"
-         ".find_modules_directly_imported_by('a2rl.benchmarks.envs'))"],
+        [sys.executable, "-c", "import grimp; print(*grimp.build_graph('a2rl_bench', cache_dir=None)"
+         ".find_modules_directly_imported_by('a2rl_bench.benchmarks.envs'))"],
         cwd=ROOT, capture_output=True, text=True, check=True, timeout=600).stdout.split()  # fmt: skip
     assert set(imported) <= shipped
 
@@ -150,7 +150,7 @@ LIBRARY_MODULES = {"__init__", "__main__", "contracts", "jsonl", "locks", "ngram
 
 def test_the_library_top_level_is_its_concept_packages_and_a_few_shared_modules():
     """A new module goes into the package of its concept (docs/architecture.md has the table), not beside them."""
-    top = ROOT / "a2rl"
+    top = ROOT / "a2rl_bench"
     packages = {p.name for p in top.iterdir() if p.is_dir() and not p.is_symlink() and p.name != "__pycache__"}
     modules = {p.stem for p in top.glob("*.py")}
     assert packages == LIBRARY_PACKAGES and modules == LIBRARY_MODULES
@@ -158,7 +158,7 @@ def test_the_library_top_level_is_its_concept_packages_and_a_few_shared_modules(
     for package in LIBRARY_PACKAGES - {"templates", "cli"}:
         for module in (top / package).glob("*.py"):
             if module.name != "__init__.py":
-                assert f"{package}/{module.name}" in documented, f"a2rl/{package}/{module.name} is not in the table"
+                assert f"{package}/{module.name}" in documented, f"a2rl_bench/{package}/{module.name} is not in the table"
 
 
 def test_each_library_package_sits_in_one_band_of_the_layers():

@@ -9,19 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.grading.ledger import Ledger
-from a2rl.store.ingest import ingest_run_dir, store_process_report
-from a2rl.summary.metrics import RunMetrics
-from a2rl.summary.process_facts import process_metrics, render_process_markdown, summarize_process
-from a2rl.summary.narrative import narrate
-from a2rl.summary.route_labels import label_routes
-from a2rl.summary.verdicts import explain_failure, failure_class
-from a2rl.analysis.run_figure import score_trajectory_png
-from a2rl.capture.snapshots import CodeSnapshots
-from a2rl.jsonl import append_jsonl
-from a2rl.agents.base import LLMCallEvent, ToolCallEvent
-from a2rl.records import LedgerEntry, RunConfig
-from a2rl.store.results import ResultsStore
+from a2rl_bench.grading.ledger import Ledger
+from a2rl_bench.store.ingest import ingest_run_dir, store_process_report
+from a2rl_bench.summary.metrics import RunMetrics
+from a2rl_bench.summary.process_facts import process_metrics, render_process_markdown, summarize_process
+from a2rl_bench.summary.narrative import narrate
+from a2rl_bench.summary.route_labels import label_routes
+from a2rl_bench.summary.verdicts import explain_failure, failure_class
+from a2rl_bench.analysis.run_figure import score_trajectory_png
+from a2rl_bench.capture.snapshots import CodeSnapshots
+from a2rl_bench.jsonl import append_jsonl
+from a2rl_bench.agents.base import LLMCallEvent, ToolCallEvent
+from a2rl_bench.records import LedgerEntry, RunConfig
+from a2rl_bench.store.results import ResultsStore
 
 RUN = "gsm8k-test-run"
 CONFIG = RunConfig(budget_s=100.0, max_submissions=10)
@@ -145,9 +145,9 @@ def test_score_trajectory_png_is_a_readable_800x450_image(entries, tmp_path: Pat
 
 
 def _fake_routes(monkeypatch, labeller):
-    module = types.ModuleType("a2rl.grading.route_audit")
+    module = types.ModuleType("a2rl_bench.grading.route_audit")
     module.route_label = labeller
-    monkeypatch.setitem(sys.modules, "a2rl.grading.route_audit", module)
+    monkeypatch.setitem(sys.modules, "a2rl_bench.grading.route_audit", module)
 
 
 def _snapshot_per_submission(tmp_path: Path) -> CodeSnapshots:
@@ -178,13 +178,13 @@ def test_route_labels_come_from_each_submission_snapshot(entries, tmp_path: Path
 
 
 def test_route_labels_without_the_routes_module_say_why(entries, tmp_path: Path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "a2rl.grading.route_audit", None)  # import fails
+    monkeypatch.setitem(sys.modules, "a2rl_bench.grading.route_audit", None)  # import fails
     labels = label_routes(entries, _snapshot_per_submission(tmp_path))
-    assert labels.routes == {1: "copy"} and "a2rl.grading.route_audit" in labels.note
+    assert labels.routes == {1: "copy"} and "a2rl_bench.grading.route_audit" in labels.note
 
 
 def test_route_labels_with_the_real_static_labeller_and_the_mode_check_view(entries, tmp_path: Path):
-    pytest.importorskip("a2rl.grading.route_audit")
+    pytest.importorskip("a2rl_bench.grading.route_audit")
     code = tmp_path / "workspace" / "code"
     code.mkdir(parents=True)
     snaps = CodeSnapshots(tmp_path / "harness", code)
@@ -287,7 +287,7 @@ def _dump(store: ResultsStore) -> dict:
 
 
 def test_reingesting_a_run_changes_nothing(tmp_path: Path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "a2rl.grading.route_audit", None)
+    monkeypatch.setitem(sys.modules, "a2rl_bench.grading.route_audit", None)
     store = ResultsStore(tmp_path / "results.duckdb")
     run_dir = _run_dir(tmp_path, store)
     first = ingest_run_dir(store, run_dir)
@@ -330,7 +330,7 @@ def test_store_process_report_is_idempotent_next_to_live_writes(entries, tmp_pat
 
 
 def _write_eval(harness: Path, key: str, correct: list[bool]) -> None:
-    from a2rl.records import EvalResult, ItemResult
+    from a2rl_bench.records import EvalResult, ItemResult
 
     items = [ItemResult(item_id=f"q{i}", completion="", prediction=None, target="", correct=c)
              for i, c in enumerate(correct)]

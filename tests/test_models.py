@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.base_models import build, registry
-from a2rl.base_models.build import MARKER
-from a2rl.base_models.registry import BaseModelSpec, resolve_base_model
-from a2rl.base_models.hashing import checkpoint_size, weights_hash
+from a2rl_bench.base_models import build, registry
+from a2rl_bench.base_models.build import MARKER
+from a2rl_bench.base_models.registry import BaseModelSpec, resolve_base_model
+from a2rl_bench.base_models.hashing import checkpoint_size, weights_hash
 from tests.tiny_model import build_tiny_model
 
 
@@ -159,7 +159,7 @@ def test_smollm2_gguf_converts_once_loads_and_generates(tmp_path: Path, monkeypa
 
 
 def _check_smollm2_conversion(spec: BaseModelSpec, home: Path) -> None:
-    from a2rl.inference.generation import generate, load_model
+    from a2rl_bench.inference.generation import generate, load_model
 
     path = resolve_base_model(registry.DEFAULT_BASE_MODEL)
     assert path == home / "models" / spec.key

@@ -27,7 +27,7 @@ from typing import Any
 import duckdb
 import pytest
 
-from a2rl.ops import auto_retry, prefect_local, run_lease
+from a2rl_bench.ops import auto_retry, prefect_local, run_lease
 from tests.postgres_support import LocalPostgres, PostgresUnavailable, free_port
 from tests.live_server import FAST_POLLING, SERVER_ENV, SMALL_AGENT
 from tests.live_server import family as _family
@@ -64,8 +64,8 @@ def _join(host: str, env: dict[str, str]) -> None:
     """A host joins as docs/scale-out.md says: its ledger key is registered where stores are merged (here the test's
     own A2RL_HOME, which the sweep worker shares), so that its runs verify in the central store."""
     run = functools.partial(subprocess.run, capture_output=True, text=True, check=True, timeout=300)
-    key = run([sys.executable, "-m", "a2rl", "store", "host-key"], env={**os.environ, **env}).stdout.strip()
-    run([sys.executable, "-m", "a2rl", "store", "trust-host", key, "--host", host])
+    key = run([sys.executable, "-m", "a2rl_bench", "store", "host-key"], env={**os.environ, **env}).stdout.strip()
+    run([sys.executable, "-m", "a2rl_bench", "store", "trust-host", key, "--host", host])
 
 
 @pytest.fixture(scope="module")
@@ -153,9 +153,9 @@ def test_a_nightly_sweep_over_three_plain_hosts_survives_a_dead_host_and_a_kille
         cluster, tiny_model_dir, tmp_path, monkeypatch, capsys):  # fmt: skip
     from prefect.deployments import run_deployment
 
-    from a2rl.cli import main
-    from a2rl.isolation.procs import kill_tree
-    from a2rl.ops.status import flow_runs_by_suffix, run_process
+    from a2rl_bench.cli import main
+    from a2rl_bench.isolation.procs import kill_tree
+    from a2rl_bench.ops.status import flow_runs_by_suffix, run_process
 
     monkeypatch.setenv("PREFECT_API_URL", cluster.url)  # the merge below asks the server which attempts are over
     central = tmp_path / "central" / "a2rl.duckdb"

@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from a2rl.ops import prefect_local, run_lease
+from a2rl_bench.ops import prefect_local, run_lease
 from tests.live_server import SERVER_ENV, family, free_port
 from tests.live_server import flow_run as _flow_run
 from tests.live_server import set_state as _set_state
@@ -114,7 +114,7 @@ def test_a_running_benchmark_run_whose_host_died_before_the_lease_is_crashed_and
 
 RENEWING = """
 import sys, time
-from a2rl.ops import run_lease
+from a2rl_bench.ops import run_lease
 
 run_lease.RENEW_S, run_lease.TIMEOUT_S, run_lease.LEASE_S = 0.5, 2.0, 10.0
 api_url, flow_run_id = sys.argv[1:3]

@@ -19,10 +19,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from a2rl.ops import gpu_slots
-from a2rl.ops import prefect_local
-from a2rl.records import RunConfig
-from a2rl.run_options import RunOptions, run_parameters
+from a2rl_bench.ops import gpu_slots
+from a2rl_bench.ops import prefect_local
+from a2rl_bench.records import RunConfig
+from a2rl_bench.run_options import RunOptions, run_parameters
 import prefect_http
 
 
@@ -160,9 +160,9 @@ def test_status_lists_top_level_runs_by_flow_name_elapsed_time_and_the_true_stat
 ):
     from prefect import flow
 
-    from a2rl.cli import main
-    from a2rl.records import RunConfig
-    from a2rl.store.results import ResultsStore
+    from a2rl_bench.cli import main
+    from a2rl_bench.records import RunConfig
+    from a2rl_bench.store.results import ResultsStore
 
     @flow(name="status-child")
     def child() -> None:
@@ -211,10 +211,10 @@ def test_status_lists_a_sweeps_runs_with_their_true_state_and_one_next_step_each
     """#29.5: every run the last sweep started through the deployment (they have a parent task run) is listed, each
     with one next step: a crashed one `a2rl retry <id>`; one that reads Running while its process is gone says
     so; and their store rows read the flow run's true state instead of "running? process N is gone"."""
-    from a2rl.cli import main
-    from a2rl.ops.progress import ProgressWriter
-    from a2rl.records import RunConfig
-    from a2rl.store.results import ResultsStore
+    from a2rl_bench.cli import main
+    from a2rl_bench.ops.progress import ProgressWriter
+    from a2rl_bench.records import RunConfig
+    from a2rl_bench.store.results import ResultsStore
 
     flow_id = prefect_http.post(f"{api_url}/flows/", json={"name": "benchmark-run"}).json()["id"]
     deployment = {"name": f"status-{uuid.uuid4().hex[:6]}", "flow_id": flow_id}
@@ -307,7 +307,7 @@ def test_temporaries_of_killed_processes_are_removed_and_live_ones_kept(tmp_path
     import subprocess
     import sys
 
-    from a2rl.ops.housekeeping import clean_stale_temp
+    from a2rl_bench.ops.housekeeping import clean_stale_temp
 
     models, cache = tmp_path / "models", tmp_path / "eval-cache"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -335,10 +335,10 @@ def test_temporaries_of_killed_processes_are_removed_and_live_ones_kept(tmp_path
 
 
 def test_a_retry_of_a_completed_run_returns_its_summary_and_changes_nothing(tmp_path):
-    from a2rl.records import RunConfig, RunSummary
-    from a2rl.run import make_run_id
-    from a2rl.store.results import ResultsStore
-    from a2rl.tasks.summary_steps import completed_before
+    from a2rl_bench.records import RunConfig, RunSummary
+    from a2rl_bench.run import make_run_id
+    from a2rl_bench.store.results import ResultsStore
+    from a2rl_bench.tasks.summary_steps import completed_before
 
     config, flow_run_id = RunConfig(), str(uuid.uuid4())
     run_id = make_run_id(config, flow_run_id)
@@ -363,7 +363,7 @@ def test_a_retry_of_a_completed_run_returns_its_summary_and_changes_nothing(tmp_
 
 
 def test_a_sweep_through_deployments_before_a2rl_deploy_says_deploy_first(api_url, monkeypatch, capsys):
-    from a2rl.cli import main
+    from a2rl_bench.cli import main
 
     monkeypatch.setenv("PREFECT_API_URL", api_url)
     assert main(["sweep", "--deployment", "--seeds", "0"]) == 2
@@ -374,8 +374,8 @@ def test_a_sweep_through_deployments_before_a2rl_deploy_says_deploy_first(api_ur
 def test_a_sweep_stops_watching_after_its_timeout_and_names_the_runs_still_going(api_url):
     from prefect import flow
 
-    from a2rl.records import RunConfig
-    from a2rl.flows.sweep import SweepItem, watch_runs
+    from a2rl_bench.records import RunConfig
+    from a2rl_bench.flows.sweep import SweepItem, watch_runs
 
     waiting = _flow_run_in("SCHEDULED")  # no worker will ever take it
 

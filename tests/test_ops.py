@@ -1,4 +1,4 @@
-"""Process management of a2rl.ops.prefect_local without a Prefect server: state files, stopping, leftovers."""
+"""Process management of a2rl_bench.ops.prefect_local without a Prefect server: state files, stopping, leftovers."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from a2rl.ops import prefect_local
+from a2rl_bench.ops import prefect_local
 
 # Like `prefect worker start`: the first SIGTERM only asks it to stop (and it stays up), the second ends it.
 STUBBORN = textwrap.dedent("""
@@ -121,7 +121,7 @@ def test_start_server_refuses_a_port_where_another_server_answers(tmp_path):
 
 
 def test_server_status_without_a_server_says_how_to_start_one(tmp_path, monkeypatch, capsys):
-    from a2rl.cli import main
+    from a2rl_bench.cli import main
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
@@ -135,7 +135,7 @@ def test_a_busy_server_is_asked_again_briefly_and_its_lasting_answer_stands():
     a moment's contention; a server that stays busy gets its answer reported after four tries."""
     import httpx
 
-    from a2rl.ops import prefect_api
+    from a2rl_bench.ops import prefect_api
 
     def serve(busy_answers: int) -> tuple[http.server.HTTPServer, list[str]]:
         seen: list[str] = []
@@ -181,7 +181,7 @@ def test_a_busy_server_is_asked_again_briefly_and_its_lasting_answer_stands():
 
 
 def test_a_server_that_accepts_but_never_answers_costs_one_timeout_not_prefects_retries():
-    """`a2rl status` against a stuck server says so after its timeout: the ops client (a2rl.ops.prefect_api)
+    """`a2rl status` against a stuck server says so after its timeout: the ops client (a2rl_bench.ops.prefect_api)
     does not add Prefect's five backed-off retries (2 + 4 + 8 + 16 + 32 s) on top."""
     import socket
 
@@ -213,7 +213,7 @@ def test_a_server_that_accepts_but_never_answers_costs_one_timeout_not_prefects_
 def test_reads_inside_one_open_client_share_it_and_other_threads_open_their_own():
     """`a2rl status` opens one client and its dozen reads share it (each new one costs ~50 ms); the lease's
     renewal thread never borrows the flow's."""
-    from a2rl.ops import prefect_api
+    from a2rl_bench.ops import prefect_api
 
     url = "http://127.0.0.1:9/api"  # nothing is sent: opening a client does not connect
     with prefect_api.client(url) as outer:
@@ -240,7 +240,7 @@ def test_a2rl_status_asks_a_server_that_answered_too_late_again_and_a_gone_one_n
     instead of printing "cannot list flow runs: ReadTimeout"; a refused connection is answered at once."""
     import httpx
 
-    from a2rl.cli import with_read_retries
+    from a2rl_bench.cli import with_read_retries
 
     release, hits = threading.Event(), []
 

@@ -1,4 +1,4 @@
-"""The run's lease in the server (a2rl.ops.run_lease): one attempt at a time across hosts, a stale attempt stops
+"""The run's lease in the server (a2rl_bench.ops.run_lease): one attempt at a time across hosts, a stale attempt stops
 itself, an expired lease marks its Running flow run Crashed, and the verdicts the server's rule takes from it.
 
 Fast: the session's Prefect test server (its Variables hold the leases); the server-side rule itself runs on
@@ -16,9 +16,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from a2rl.grading.clock import CLOCK_FILE, ClockRecorder
-from a2rl.ops import run_lease
-from a2rl.ops.run_lease import AttemptLease, RunLease, StaleAttempt
+from a2rl_bench.grading.clock import CLOCK_FILE, ClockRecorder
+from a2rl_bench.ops import run_lease
+from a2rl_bench.ops.run_lease import AttemptLease, RunLease, StaleAttempt
 import prefect_http
 
 
@@ -97,7 +97,7 @@ class FakeClock:
 
 
 def _sweeps(api_url: str, watch, clock: FakeClock, n: int, step_s: float = run_lease.SWEEP_S) -> list[str]:
-    from a2rl.ops.crash_reports import sweep_expired_leases
+    from a2rl_bench.ops.crash_reports import sweep_expired_leases
 
     marked: list[str] = []
     for _ in range(n):
@@ -223,9 +223,9 @@ def test_the_servers_verdicts_on_crash_reports_and_expired_leases():
 STALE_ATTEMPT = """
 import subprocess, sys, time
 from pathlib import Path
-from a2rl.ops import run_lease
-from a2rl.flows.benchmark_run import stop_stale_attempt
-from a2rl.grading.clock import BudgetClock, ClockRecorder
+from a2rl_bench.ops import run_lease
+from a2rl_bench.flows.benchmark_run import stop_stale_attempt
+from a2rl_bench.grading.clock import BudgetClock, ClockRecorder
 
 run_lease.RENEW_S = 0.2
 api_url, flow_run_id, harness = sys.argv[1:4]
@@ -249,7 +249,7 @@ def test_a_stale_attempt_ends_its_processes_and_exits_without_a_word(api_url, tm
 
     import psutil
 
-    from a2rl.flows.benchmark_run import STALE_EXIT
+    from a2rl_bench.flows.benchmark_run import STALE_EXIT
 
     repo = Path(__file__).resolve().parents[1]
     flow_run_id = str(uuid.uuid4())
@@ -279,8 +279,8 @@ def test_a_stale_attempt_ends_its_processes_and_exits_without_a_word(api_url, tm
 
 FROZEN_ATTEMPT = """
 import sys, time
-from a2rl.ops import run_lease
-from a2rl.flows.benchmark_run import StaleStop
+from a2rl_bench.ops import run_lease
+from a2rl_bench.flows.benchmark_run import StaleStop
 
 run_lease.RENEW_S = 0.2
 api_url, flow_run_id = sys.argv[1:3]
@@ -297,7 +297,7 @@ def test_an_attempt_frozen_until_its_retry_completed_stops_at_once_without_a_sec
     import signal
     from pathlib import Path
 
-    from a2rl.flows.benchmark_run import STALE_EXIT
+    from a2rl_bench.flows.benchmark_run import STALE_EXIT
 
     repo = Path(__file__).resolve().parents[1]
     flow_run_id = _running_flow_run(api_url)

@@ -14,10 +14,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DISTRIBUTION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["name"]
-PACKAGES = ("a2rl", "agents", "analysis", "benchmarks", "blocks", "flows", "tasks")
+PACKAGES = ("a2rl_bench", "agents", "analysis", "benchmarks", "blocks", "flows", "tasks")
 
 OPTIONAL = {
-    "vllm": "GPU backend, its own environment (a2rl/inference/generation_worker.py imports it inside a function)",
+    "vllm": "GPU backend, its own environment (a2rl_bench/inference/generation_worker.py imports it inside a function)",
     "pynvml": "GPU resource samples, only where an NVIDIA driver is present (guarded import)",
 }
 """Third-party modules imported only where present, each with why it is not a dependency."""
@@ -76,8 +76,8 @@ def test_every_direct_import_is_a_declared_dependency():
 
 
 def test_private_api_we_subclass_is_pinned_exactly():
-    """a2rl/grading/server.py subclasses uvicorn's H11Protocol: an unpinned uvicorn could change it silently."""
-    assert "H11Protocol" in (REPO / "a2rl/grading/server.py").read_text()
+    """a2rl_bench/grading/server.py subclasses uvicorn's H11Protocol: an unpinned uvicorn could change it silently."""
+    assert "H11Protocol" in (REPO / "a2rl_bench/grading/server.py").read_text()
     _, pins = _declared()
     for name in ("uvicorn", "h11"):
         assert "==" in pins.get(name, ""), f"{name} must be pinned exactly, got {pins.get(name)!r}"
@@ -140,72 +140,72 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_the_wheel_installs_one_top_level_name_and_imports_from_it(wheel, tmp_path):
     """The repository keeps the design card's top-level folders, but the wheel puts only `a2rl` into site-packages
-    (`flows/` installs as `a2rl/flows/`, ...): no generic name such as `agents` (the OpenAI Agents SDK's) or
+    (`flows/` installs as `a2rl_bench/flows/`, ...): no generic name such as `agents` (the OpenAI Agents SDK's) or
     `tasks` to clash with another package. Built from a copy of the tracked files, as a fresh checkout would."""
     import subprocess
     import zipfile
 
     names = zipfile.ZipFile(wheel).namelist()
-    assert {n.split("/")[0] for n in names} == {"a2rl", wheel.name.split("-py")[0] + ".dist-info"}
+    assert {n.split("/")[0] for n in names} == {"a2rl_bench", wheel.name.split("-py")[0] + ".dist-info"}
     for package in PACKAGES[1:]:
-        assert f"a2rl/{package}/__init__.py" in names
-    assert "a2rl/benchmarks/gsm8k/description.md" in names and "a2rl/templates/instructions.md" in names
-    shipped = {f"a2rl/data/{p.relative_to(REPO / 'data')}" for p in (REPO / "data").glob("*/*.json")}
+        assert f"a2rl_bench/{package}/__init__.py" in names
+    assert "a2rl_bench/benchmarks/gsm8k/description.md" in names and "a2rl_bench/templates/instructions.md" in names
+    shipped = {f"a2rl_bench/data/{p.relative_to(REPO / 'data')}" for p in (REPO / "data").glob("*/*.json")}
     assert shipped and shipped <= set(names), f"task data missing from the wheel: {sorted(shipped - set(names))}"
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    probe = ("import a2rl.flows.benchmark_run, a2rl.benchmarks, a2rl.agents, sys; "
-             "print(a2rl.benchmarks.get_task('gsm8k').package_dir, a2rl.__path__, "
+    probe = ("import a2rl_bench.flows.benchmark_run, a2rl_bench.benchmarks, a2rl_bench.agents, sys; "
+             "print(a2rl_bench.benchmarks.get_task('gsm8k').package_dir, a2rl_bench.__path__, "
              "sorted(m for m in sys.modules if m.split('.')[0] in %r))" % (PACKAGES[1:],))  # fmt: skip
     done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={"PATH": "/usr/bin:/bin",
                           "PYTHONPATH": str(site), "HOME": str(tmp_path)}, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    assert str(site / "a2rl" / "benchmarks" / "gsm8k") in done.stdout and done.stdout.rstrip().endswith("[]")
+    assert str(site / "a2rl_bench" / "benchmarks" / "gsm8k") in done.stdout and done.stdout.rstrip().endswith("[]")
 
 
 def test_the_package_list_names_every_package_of_the_checkout():
     """pyproject lists the packages one by one (a package-dir mapping cannot be found automatically): a new
     package folder must join the list, or the wheel would ship without it."""
     setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    found = {"a2rl.templates", "a2rl.data"}  # data/: the task data's split files, package data only
+    found = {"a2rl_bench.templates", "a2rl_bench.data"}  # data/: the task data's split files, package data only
     for top in PACKAGES:
         for init in (REPO / top).rglob("__init__.py"):
             dotted = ".".join(init.parent.relative_to(REPO).parts)
-            found.add(dotted if top == "a2rl" else f"a2rl.{dotted}")
+            found.add(dotted if top == "a2rl_bench" else f"a2rl_bench.{dotted}")
     assert set(setuptools["packages"]) == found
-    assert setuptools["package-dir"] == {f"a2rl.{top}": top for top in (*PACKAGES[1:], "data")}
+    assert setuptools["package-dir"] == {f"a2rl_bench.{top}": top for top in (*PACKAGES[1:], "data")}
 
 
 def test_the_distribution_is_not_named_like_another_pypi_project():
     """`a2rl` on PyPI is another project (amazon-accessible-rl-sdk, which imports as `a2rl` too): a plug-in that
     declared a dependency on `a2rl` would pull it. The distribution is `a2rl-bench`; the import package stays `a2rl`,
     and its version is the one pyproject declares."""
-    import a2rl
+    import a2rl_bench
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    assert project["name"] == "a2rl-bench" and project["version"] == a2rl.__version__
+    assert project["name"] == "a2rl-bench" and project["version"] == a2rl_bench.__version__
     lock = tomllib.loads((REPO / "uv.lock").read_text())
-    assert [p["version"] for p in lock["package"] if p["name"] == "a2rl-bench"] == [a2rl.__version__]
+    assert [p["version"] for p in lock["package"] if p["name"] == "a2rl-bench"] == [a2rl_bench.__version__]
     assert not [p for p in lock["package"] if p["name"] == "a2rl"]
 
 
 def test_a_run_records_the_harness_version_not_another_distributions(monkeypatch):
     """With PyPI's `a2rl` installed beside the harness, a run's provenance still names the harness's version."""
-    import a2rl
-    from a2rl.run import Provenance
+    import a2rl_bench
+    from a2rl_bench.run import Provenance
 
     real = md.version
     monkeypatch.setattr(md, "version", lambda name: "1.2.0" if name == "a2rl" else real(name))
-    assert Provenance.here().packages["a2rl"] == a2rl.__version__
+    assert Provenance.here().packages["a2rl"] == a2rl_bench.__version__
 
 
 def test_no_module_finds_a_file_by_assuming_a_checkout():
     """A path computed upward from a module's file (`Path(__file__).parents[2] / "data"`) lands in site-packages
-    once installed: files are found through `a2rl.paths` (`data_file`, `package_file`, `checkout_root`, ...),
+    once installed: files are found through `a2rl_bench.paths` (`data_file`, `package_file`, `checkout_root`, ...),
     the one module that knows both layouts."""
     upward = re.compile(r"(__file__|HERE|ROOT)\)?(\.resolve\(\))?\.(parents\[|parent\.parent)")
     found = [f"{path.relative_to(REPO)}:{n}" for package in PACKAGES for path in sorted((REPO / package).rglob("*.py"))
-             if path != REPO / "a2rl" / "paths.py"
+             if path != REPO / "a2rl_bench" / "paths.py"
              for n, line in enumerate(path.read_text().splitlines(), 1) if upward.search(line)]  # fmt: skip
     assert not found, f"paths that assume a checkout: {found}"
 
@@ -234,12 +234,12 @@ def test_an_installed_wheel_runs_a_benchmark_run_outside_the_checkout(wheel, pre
     env |= {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "PREFECT_API_URL": PREFECT_API_URL.value(),
             "A2RL_SFT_MAX_STEPS": "4", "A2RL_SFT_BATCH_SIZE": "4", "A2RL_SFT_MAX_LENGTH": "512",
             "A2RL_SFT_TRAIN_S": "5", "A2RL_SFT_LR": "5e-3"}  # fmt: skip
-    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import a2rl, a2rl.paths as p; "
-                            "print(a2rl.__file__, p.checkout_root(), p.data_file('gsm8k', 'split-offline.json'))"],
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import a2rl_bench, a2rl_bench.paths as p; "
+                            "print(a2rl_bench.__file__, p.checkout_root(), p.data_file('gsm8k', 'split-offline.json'))"],
                            cwd=work, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert where.returncode == 0, where.stderr[-2000:]
-    assert where.stdout.split() == [str(site / "a2rl" / "__init__.py"), "None",
-                                    str(site / "a2rl" / "data" / "gsm8k" / "split-offline.json")]
+    assert where.stdout.split() == [str(site / "a2rl_bench" / "__init__.py"), "None",
+                                    str(site / "a2rl_bench" / "data" / "gsm8k" / "split-offline.json")]
     before = {p for p in site.rglob("*") if "__pycache__" not in p.parts}
     done = subprocess.run([str(venv / "bin" / "a2rl"), "run", "--base-model", str(tiny_model_dir), "--budget", "20",
                            "--val-limit", "2", "--test-limit", "2", "--results", "out/r.duckdb", "--sandbox", "off"],

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from a2rl.ops.progress import PROGRESS_FILE, ProgressWriter
-from a2rl.capture.attempts import AttemptLog, read_attempts
-from a2rl.tasks.phases import RunPhases
+from a2rl_bench.ops.progress import PROGRESS_FILE, ProgressWriter
+from a2rl_bench.capture.attempts import AttemptLog, read_attempts
+from a2rl_bench.tasks.phases import RunPhases
 
 
 def test_each_phase_is_timed_into_the_attempt_and_shown_in_the_progress_file(tmp_path):

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-import a2rl.agents
-import a2rl.benchmarks
-from a2rl import contracts
-from a2rl.inference.evaluation import EvalSpec, evaluate_cached
-from a2rl.registry import PluginError
+import a2rl_bench.agents
+import a2rl_bench.benchmarks
+from a2rl_bench import contracts
+from a2rl_bench.inference.evaluation import EvalSpec, evaluate_cached
+from a2rl_bench.registry import PluginError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,8 +38,8 @@ ECHO_BEHAVIOUR = '''
 IMPORTS = '''
 from dataclasses import dataclass, field
 
-from a2rl.records import ItemResult
-from a2rl.benchmarks.base import BenchmarkTask, Decoding, TaskData
+from a2rl_bench.records import ItemResult
+from a2rl_bench.benchmarks.base import BenchmarkTask, Decoding, TaskData
 
 WORDS = ["apple", "river", "stone", "cloud", "maple", "ember", "frost", "grain"]
 '''
@@ -81,7 +81,7 @@ offline = "echo words, generated offline"
 declarative fields in task.toml, the agent-facing text in description.md."""
 
 AGENT_MODULE = '''
-from a2rl.agents.reference_sft.adapter import ReferenceSFT
+from a2rl_bench.agents.reference_sft.adapter import ReferenceSFT
 
 
 class ToySFT(ReferenceSFT):
@@ -125,19 +125,19 @@ def installed_plugin(tmp_path, monkeypatch):
         """)
     monkeypatch.syspath_prepend(str(root))
     monkeypatch.setenv("A2RL_HOME", str(tmp_path / "home"))
-    a2rl.benchmarks.TASKS.refresh()
-    a2rl.agents.AGENTS.refresh()
+    a2rl_bench.benchmarks.TASKS.refresh()
+    a2rl_bench.agents.AGENTS.refresh()
     yield root
     monkeypatch.undo()
-    a2rl.benchmarks.TASKS.refresh()
-    a2rl.agents.AGENTS.refresh()
+    a2rl_bench.benchmarks.TASKS.refresh()
+    a2rl_bench.agents.AGENTS.refresh()
 
 
 def test_an_installed_package_adds_a_task_and_an_agent(installed_plugin):
-    assert "toy-echo" in a2rl.benchmarks.TASKS and "gsm8k" in a2rl.benchmarks.TASKS
-    assert a2rl.benchmarks.TASKS.ref("toy-echo").source == "a2rl-toy-plugin"
-    task = a2rl.benchmarks.get_task("toy-echo")
-    assert [t.id for t in a2rl.benchmarks.list_tasks()].count("toy-echo") == 1
+    assert "toy-echo" in a2rl_bench.benchmarks.TASKS and "gsm8k" in a2rl_bench.benchmarks.TASKS
+    assert a2rl_bench.benchmarks.TASKS.ref("toy-echo").source == "a2rl-toy-plugin"
+    task = a2rl_bench.benchmarks.get_task("toy-echo")
+    assert [t.id for t in a2rl_bench.benchmarks.list_tasks()].count("toy-echo") == 1
     # Its description comes from its own package, with the harness's grading section after it.
     assert task.description().startswith("# Repeat the word") and "How submissions are graded" in task.description()
     prepared = task.prepare("offline")
@@ -145,7 +145,7 @@ def test_an_installed_package_adds_a_task_and_an_agent(installed_plugin):
     assert not (prepared.public_dir / "test.jsonl").exists()  # hidden items stay private, as for built-ins
     items = task.load_split("offline", "test")
     assert [task.score_item(i, f" {i['word']}\n").correct for i in items] == [True, True]
-    assert a2rl.agents.agent_class("toy-sft").id == "toy-sft" and "toy-sft" in a2rl.agents.list_agents()
+    assert a2rl_bench.agents.agent_class("toy-sft").id == "toy-sft" and "toy-sft" in a2rl_bench.agents.list_agents()
 
 
 @pytest.fixture
@@ -166,19 +166,19 @@ def task_folder(tmp_path, monkeypatch):
         # The evaluation process rebuilds the task from its class: it must import the plug-in too.
         monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root), str(REPO)]))
         monkeypatch.setenv("A2RL_HOME", str(tmp_path / "home"))
-        a2rl.benchmarks.TASKS.refresh()
+        a2rl_bench.benchmarks.TASKS.refresh()
         return root / "a2rl_toy_plugin" / "words"
 
     yield install
     monkeypatch.undo()
     forget_modules()
-    a2rl.benchmarks.TASKS.refresh()
+    a2rl_bench.benchmarks.TASKS.refresh()
 
 
 def test_a_seventh_task_is_one_folder_graded_like_the_built_ins(task_folder, tiny_model_dir):
     folder = task_folder()
     assert sorted(p.name for p in folder.iterdir()) == ["__init__.py", "description.md", "task.py", "task.toml"]
-    task = a2rl.benchmarks.get_task("toy-words")
+    task = a2rl_bench.benchmarks.get_task("toy-words")
     assert isinstance(task, contracts.BenchmarkTask)
     assert (task.title, task.decoding.max_new_tokens, task.decoding.temperature, task.variant_labels) == (
         "Repeat the word, declared as data", 4, 0.0, {"offline": "echo words, generated offline"})
@@ -197,13 +197,13 @@ def test_a_bad_task_toml_breaks_only_its_task(task_folder):
     task_folder(FOLDER_TASK_TOML.replace('level = "L1"', "level = 1"))
     with pytest.raises(PluginError, match=r"task 'toy-words' \(a2rl_toy_plugin.words.task:Words, from "
                                           r"a2rl-toy-plugin\) does not load: .*words/task.toml: level must be str"):
-        a2rl.benchmarks.get_task("toy-words")
-    assert a2rl.benchmarks.get_task("gsm8k").id == "gsm8k"
+        a2rl_bench.benchmarks.get_task("toy-words")
+    assert a2rl_bench.benchmarks.get_task("gsm8k").id == "gsm8k"
 
 
 def test_the_command_line_lists_an_installed_task(installed_plugin):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(installed_plugin), str(REPO)])}
-    out = subprocess.run([sys.executable, "-m", "a2rl", "tasks"], capture_output=True, text=True, env=env,
+    out = subprocess.run([sys.executable, "-m", "a2rl_bench", "tasks"], capture_output=True, text=True, env=env,
                          timeout=120, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert "toy-echo" in out.stdout and "Repeat the word" in out.stdout and "gsm8k" in out.stdout
@@ -215,34 +215,34 @@ def test_two_plugins_under_one_name_are_refused_naming_both(tmp_path, monkeypatc
         gsm8k = a2rl_toy_plugin.task:Echo
         """)
     monkeypatch.syspath_prepend(str(root))
-    a2rl.benchmarks.TASKS.refresh()
+    a2rl_bench.benchmarks.TASKS.refresh()
     try:
         with pytest.raises(PluginError) as caught:
-            a2rl.benchmarks.get_task("gsm8k")
+            a2rl_bench.benchmarks.get_task("gsm8k")
         message = str(caught.value)
-        assert "a2rl.benchmarks.gsm8k:GSM8K (built-in)" in message and "a2rl_toy_plugin.task:Echo (a2rl-toy-plugin)" in message
+        assert "a2rl_bench.benchmarks.gsm8k:GSM8K (built-in)" in message and "a2rl_toy_plugin.task:Echo (a2rl-toy-plugin)" in message
     finally:
         monkeypatch.undo()
-        a2rl.benchmarks.TASKS.refresh()
+        a2rl_bench.benchmarks.TASKS.refresh()
 
 
 def test_an_unknown_or_broken_plugin_is_one_clear_error(tmp_path, monkeypatch):
     with pytest.raises(KeyError, match="unknown task 'nope'; known tasks: .*gsm8k"):
-        a2rl.benchmarks.get_task("nope")
+        a2rl_bench.benchmarks.get_task("nope")
     root = _plugin_package(tmp_path / "site", """
         [a2rl.agents]
         broken = a2rl_toy_plugin.missing:Nothing
         """)
     monkeypatch.syspath_prepend(str(root))
-    a2rl.agents.AGENTS.refresh()
+    a2rl_bench.agents.AGENTS.refresh()
     try:
         with pytest.raises(PluginError, match=r"agent 'broken' \(a2rl_toy_plugin.missing:Nothing, from a2rl-toy-plugin\) "
                                               r"does not load"):
-            a2rl.agents.agent_class("broken")
-        assert a2rl.agents.agent_class("reference-sft").id == "reference-sft"  # a broken plug-in breaks only itself
+            a2rl_bench.agents.agent_class("broken")
+        assert a2rl_bench.agents.agent_class("reference-sft").id == "reference-sft"  # a broken plug-in breaks only itself
     finally:
         monkeypatch.undo()
-        a2rl.agents.AGENTS.refresh()
+        a2rl_bench.agents.AGENTS.refresh()
 
 
 def test_a_name_two_plugins_declare_is_refused_alone(tmp_path, monkeypatch):
@@ -257,33 +257,33 @@ def test_a_name_two_plugins_declare_is_refused_alone(tmp_path, monkeypatch):
     (other / "METADATA").write_text("Metadata-Version: 2.1\nName: a2rl-toy-plugin-two\nVersion: 0.1\n")
     (other / "entry_points.txt").write_text("[a2rl.agents]\ntoy-sft = a2rl_toy_plugin.task:Echo\n")
     monkeypatch.syspath_prepend(str(root))
-    a2rl.agents.AGENTS.refresh()
+    a2rl_bench.agents.AGENTS.refresh()
     try:
         with pytest.raises(PluginError, match=r"two agents are named 'toy-sft': .*\(a2rl-toy-plugin\) and .*"
                                               r"\(a2rl-toy-plugin-two\)"):  # fmt: skip
-            a2rl.agents.agent_class("toy-sft")
-        assert a2rl.agents.agent_class("reference-sft").id == "reference-sft"
-        assert "reference-sft" in a2rl.agents.list_agents() and "toy-sft" not in a2rl.agents.list_agents()
-        assert set(a2rl.agents.AGENTS.clashes()) == {"toy-sft"}
-        assert a2rl.benchmarks.get_task("gsm8k").id == "gsm8k"
+            a2rl_bench.agents.agent_class("toy-sft")
+        assert a2rl_bench.agents.agent_class("reference-sft").id == "reference-sft"
+        assert "reference-sft" in a2rl_bench.agents.list_agents() and "toy-sft" not in a2rl_bench.agents.list_agents()
+        assert set(a2rl_bench.agents.AGENTS.clashes()) == {"toy-sft"}
+        assert a2rl_bench.benchmarks.get_task("gsm8k").id == "gsm8k"
     finally:
         monkeypatch.undo()
-        a2rl.agents.AGENTS.refresh()
+        a2rl_bench.agents.AGENTS.refresh()
 
 
 def test_a_plugin_is_reached_by_its_namespaced_name_and_keeps_it_when_its_short_name_clashes(installed_plugin):
     """`dist/name`, as Inspect AI names a package's tasks: a plug-in's task and agent answer to it beside their short
     names (built-ins to `a2rl/<name>`); when a second package declares the same short name, only that short name
     is refused, naming both namespaced names, and each package's plug-in is still reached by its own."""
-    from a2rl.run import make_run_id
-    from a2rl.records import RunConfig
+    from a2rl_bench.run import make_run_id
+    from a2rl_bench.records import RunConfig
 
-    assert a2rl.benchmarks.get_task("a2rl-toy-plugin/toy-echo").id == "toy-echo"
-    assert a2rl.benchmarks.get_task("toy-echo").id == "toy-echo"  # unique: the short name works
-    assert a2rl.benchmarks.get_task("a2rl/gsm8k").id == "gsm8k" and "a2rl/gsm8k" in a2rl.benchmarks.TASKS
-    assert a2rl.agents.agent_class("a2rl-toy-plugin/toy-sft") is a2rl.agents.agent_class("toy-sft")
+    assert a2rl_bench.benchmarks.get_task("a2rl-toy-plugin/toy-echo").id == "toy-echo"
+    assert a2rl_bench.benchmarks.get_task("toy-echo").id == "toy-echo"  # unique: the short name works
+    assert a2rl_bench.benchmarks.get_task("a2rl/gsm8k").id == "gsm8k" and "a2rl/gsm8k" in a2rl_bench.benchmarks.TASKS
+    assert a2rl_bench.agents.agent_class("a2rl-toy-plugin/toy-sft") is a2rl_bench.agents.agent_class("toy-sft")
     with pytest.raises(PluginError, match="unknown task 'other-dist/toy-echo'"):
-        a2rl.benchmarks.get_task("other-dist/toy-echo")
+        a2rl_bench.benchmarks.get_task("other-dist/toy-echo")
     run_id = make_run_id(RunConfig(task="a2rl-toy-plugin/toy-echo", agent="a2rl-toy-plugin/toy-sft"), "f" * 8)
     assert "/" not in run_id and run_id.startswith("a2rl-toy-plugin.toy-echo-a2rl-toy-plugin.toy-sft-")
 
@@ -291,14 +291,14 @@ def test_a_plugin_is_reached_by_its_namespaced_name_and_keeps_it_when_its_short_
     other.mkdir()
     (other / "METADATA").write_text("Metadata-Version: 2.1\nName: Toy_Plugin.Two\nVersion: 0.1\n")
     (other / "entry_points.txt").write_text("[a2rl.agents]\ntoy-sft = a2rl_toy_plugin.task:Echo\n")
-    a2rl.agents.AGENTS.refresh()
+    a2rl_bench.agents.AGENTS.refresh()
     with pytest.raises(PluginError, match="two agents are named 'toy-sft'.*'a2rl-toy-plugin/toy-sft' or "
                                           "'toy-plugin-two/toy-sft'"):  # fmt: skip
-        a2rl.agents.agent_class("toy-sft")
-    assert a2rl.agents.agent_class("a2rl-toy-plugin/toy-sft").__name__ == "ToySFT"
-    assert a2rl.agents.agent_class("toy-plugin-two/toy-sft").__name__ == "Echo"
-    assert a2rl.agents.agent_class("reference-sft").id == "reference-sft"  # the other names are untouched
-    assert set(a2rl.agents.AGENTS.clashes()) == {"toy-sft"}
+        a2rl_bench.agents.agent_class("toy-sft")
+    assert a2rl_bench.agents.agent_class("a2rl-toy-plugin/toy-sft").__name__ == "ToySFT"
+    assert a2rl_bench.agents.agent_class("toy-plugin-two/toy-sft").__name__ == "Echo"
+    assert a2rl_bench.agents.agent_class("reference-sft").id == "reference-sft"  # the other names are untouched
+    assert set(a2rl_bench.agents.AGENTS.clashes()) == {"toy-sft"}
 
 
 GUESS_ENV = '''
@@ -336,8 +336,8 @@ def guess_prompt(goal, observation, turns):
 GUESS_TASK = '''
 from dataclasses import dataclass
 
-from a2rl.benchmarks.base import TaskData
-from a2rl.benchmarks.envs.task import AgentEnvironment, InteractiveTask
+from a2rl_bench.benchmarks.base import TaskData
+from a2rl_bench.benchmarks.envs.task import AgentEnvironment, InteractiveTask
 from a2rl_toy_plugin.guess.guessing import GuessEnv, guess_prompt
 
 
@@ -367,7 +367,7 @@ def count(convs): return [str(len(c[0]['content'].split('Tried: ')[1].replace('-
 goals = envlib.load_goals(sys.argv[2])
 eps = envlib.run_episodes(envlib.make_env('toy-guess', sys.argv[2]), goals, count, envlib.prompter('toy-guess'),
                           envlib.MAX_STEPS['toy-guess'])
-assert 'a2rl' not in sys.modules and 'a2rl_toy_plugin' not in sys.modules and list(envlib.TASKS) == ['toy-guess']
+assert 'a2rl_bench' not in sys.modules and 'a2rl_toy_plugin' not in sys.modules and list(envlib.TASKS) == ['toy-guess']
 print(envlib.MAX_STEPS, [ep.won for ep in eps], sorted(zipfile.ZipFile(sys.argv[1]).namelist()))
 """
 
@@ -391,13 +391,13 @@ def test_an_interactive_plugin_task_gives_agents_its_environment(tmp_path, monke
     forget_modules()
     monkeypatch.syspath_prepend(str(root))
     monkeypatch.setenv("A2RL_HOME", str(tmp_path / "home"))
-    a2rl.benchmarks.TASKS.refresh()
+    a2rl_bench.benchmarks.TASKS.refresh()
     try:
-        public = a2rl.benchmarks.get_task("toy-guess").prepare("offline").public_dir
+        public = a2rl_bench.benchmarks.get_task("toy-guess").prepare("offline").public_dir
     finally:
         monkeypatch.undo()
         forget_modules()
-        a2rl.benchmarks.TASKS.refresh()
+        a2rl_bench.benchmarks.TASKS.refresh()
     out = subprocess.run([sys.executable, "-c", GUESS_AGENT, str(public / "envlib.zip"), str(public)],
                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env={"PATH": os.environ["PATH"]})
     assert out.returncode == 0, out.stderr
@@ -406,9 +406,9 @@ def test_an_interactive_plugin_task_gives_agents_its_environment(tmp_path, monke
 
 
 def test_an_environment_module_that_would_replace_a_shared_one_is_refused():
-    from a2rl.benchmarks.envs.export import AgentEnvironment
+    from a2rl_bench.benchmarks.envs.export import AgentEnvironment
 
-    with pytest.raises(ValueError, match=r"module 'a2rl.benchmarks.envs.base' would replace envlib/base.py; rename"):
-        AgentEnvironment(("a2rl.benchmarks.envs.base",), "base:make_env", "base:prompt").shipped_files()
+    with pytest.raises(ValueError, match=r"module 'a2rl_bench.benchmarks.envs.base' would replace envlib/base.py; rename"):
+        AgentEnvironment(("a2rl_bench.benchmarks.envs.base",), "base:make_env", "base:prompt").shipped_files()
     with pytest.raises(ValueError, match=r"'shop' is not 'module:function' with module one of \['shop.py'\]"):
-        AgentEnvironment(("a2rl.benchmarks.envs.shop",), "shop:make_env", "shop").shipped_files()
+        AgentEnvironment(("a2rl_bench.benchmarks.envs.shop",), "shop:make_env", "shop").shipped_files()

@@ -1,4 +1,4 @@
-"""The agent dies with the harness (#13.5) and the process supervisor a2rl.isolation.procs (#20.4).
+"""The agent dies with the harness (#13.5) and the process supervisor a2rl_bench.isolation.procs (#20.4).
 
 A harness process runs a real agent session (run_agent, the real bubblewrap sandbox, and without one); the
 agent leaves background jobs, one of them a daemon in a session of its own. SIGKILL of the harness (what the
@@ -19,7 +19,7 @@ import psutil
 import pytest
 from sandbox_support import needs_bwrap
 
-from a2rl.isolation import procs
+from a2rl_bench.isolation import procs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,9 +41,9 @@ AGENT = textwrap.dedent("""
 HARNESS = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from a2rl.grading.clock import BudgetClock
-    from a2rl.isolation.sandbox import SandboxPolicy
-    from a2rl.agents.base import Agent, AgentEnv, run_agent
+    from a2rl_bench.grading.clock import BudgetClock
+    from a2rl_bench.isolation.sandbox import SandboxPolicy
+    from a2rl_bench.agents.base import Agent, AgentEnv, run_agent
 
     ws, sandboxed = Path(sys.argv[1]), sys.argv[2] == "1"
 
@@ -132,7 +132,7 @@ def test_a_retry_ends_what_an_earlier_attempt_left_and_spares_itself(tmp_path: P
 
 
 def test_start_gives_a_parent_death_signal_unless_told_not_to(tmp_path: Path):
-    code = "import subprocess, sys, time; from a2rl.isolation import procs; " \
+    code = "import subprocess, sys, time; from a2rl_bench.isolation import procs; " \
            "p = procs.start([sys.executable, '-c', 'import time; time.sleep(600)'], die_with_parent=%s); " \
            "print(p.pid, flush=True); time.sleep(600)"  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -151,7 +151,7 @@ def test_start_gives_a_parent_death_signal_unless_told_not_to(tmp_path: Path):
 ATTEMPT_HARNESS = textwrap.dedent("""
     import subprocess, sys
     from pathlib import Path
-    from a2rl.isolation import procs
+    from a2rl_bench.isolation import procs
 
     procs.begin_attempt(Path(sys.argv[1]), procs.Attempt.here("run-x", "flow-run-1", 1))
     sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -216,7 +216,7 @@ def test_a_freeze_is_invisible_to_a_shell_with_job_control(mechanism):
     import subprocess
     import time
 
-    from a2rl.isolation.freezer import AgentFreezer
+    from a2rl_bench.isolation.freezer import AgentFreezer
 
     if mechanism == "cgroup" and (probe := procs.freezer_cgroup("test")) is None:
         pytest.skip("no writable cgroup v2 here")

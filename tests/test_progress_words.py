@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def test_a_complete_count_says_finishing_and_a_late_last_item_is_not_seconds_left():
-    from a2rl.ops.progress import CountView, ItemProgress, RunProgress, Snapshot
+    from a2rl_bench.ops.progress import CountView, ItemProgress, RunProgress, Snapshot
 
     run = RunProgress(run_id="r", harness_dir=Path("."), phase="final_grading")
     view = CountView()
@@ -28,7 +28,7 @@ def test_the_eta_moves_gradually_when_the_rate_slows_and_counts_up_once_overdue(
     """The ETA jumped 9 -> 17 -> 33 -> 53 min within a minute: few items measured, and the next batch slower than
     the first. On a synthetic clock: 400 items finishing in batches of 8, the first batch after 8 s, each later
     one 120 s after the one before; the display is read every 5 s for 15 minutes."""
-    from a2rl.ops.progress import CountView, ItemProgress, RunProgress, Snapshot
+    from a2rl_bench.ops.progress import CountView, ItemProgress, RunProgress, Snapshot
 
     run = RunProgress(run_id="r", harness_dir=Path("."), phase="final_grading")
     view, shown, raw = CountView(), [], []
@@ -48,7 +48,7 @@ def test_the_eta_moves_gradually_when_the_rate_slows_and_counts_up_once_overdue(
 
 
 def test_an_overdue_count_starts_a_new_estimate_when_an_item_finishes():
-    from a2rl.ops.progress import EtaSmoother, eta_text
+    from a2rl_bench.ops.progress import EtaSmoother, eta_text
 
     eta = EtaSmoother()
     assert eta(20.0, now=0.0, done=5) == 20.0
@@ -66,7 +66,7 @@ def test_a_long_wait_says_what_it_waits_on_and_counts_the_seconds():
     import re
     import time
 
-    from a2rl.cli.display import Waiting
+    from a2rl_bench.cli.display import Waiting
 
     out = io.StringIO()
     with Waiting("deploying all deployments of prefect.yaml", first_s=0.0, every_s=0.01, stream=out):
@@ -84,7 +84,7 @@ def test_a_long_wait_says_what_it_waits_on_and_counts_the_seconds():
 
 def test_asyncio_lines_of_the_harness_runner_are_not_the_agents_latest_line():
     """A harness-internal "Task was destroyed but it is pending!" showed as the agent's latest log line."""
-    from a2rl.ops.progress import agent_lines
+    from a2rl_bench.ops.progress import agent_lines
 
     log = ["[agent 10:01:59] tool bash: python train.py --epochs 1",
            "Task was destroyed but it is pending!",
@@ -96,7 +96,7 @@ def test_asyncio_lines_of_the_harness_runner_are_not_the_agents_latest_line():
 def test_codex_records_the_command_the_sessions_end_cut_off():
     """codex's tool-call records missed the `/submit` call (5 of 6 commands): the budget's end stopped the session
     while it ran, and only completed items were recorded."""
-    from a2rl.agents.cli_agents.codex import CodexStreamParser
+    from a2rl_bench.agents.cli_agents.codex import CodexStreamParser
 
     p = CodexStreamParser()
     submit = "curl -s -X POST $A2RL_GRADER_URL/submit -d '{\"path\": \"output/v1\"}'"

@@ -1,4 +1,4 @@
-"""The protocol's rules, once each (a2rl/protocol): their behaviour (ties, no submission, failed submissions,
+"""The protocol's rules, once each (a2rl_bench/protocol): their behaviour (ties, no submission, failed submissions,
 paper against heldout), that every caller uses them, and that no copy of them is left elsewhere."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.protocol.breaches import breaks_mode, mode_breaches
-from a2rl.protocol.feedback import feedback_split, scored_on_test_in_session, split_baseline
-from a2rl.protocol.picking import (BASE_SELECTION, BEST_SELECTION, DECLARED_SELECTION, PAPER_SELECTION,
+from a2rl_bench.protocol.breaches import breaks_mode, mode_breaches
+from a2rl_bench.protocol.feedback import feedback_split, scored_on_test_in_session, split_baseline
+from a2rl_bench.protocol.picking import (BASE_SELECTION, BEST_SELECTION, DECLARED_SELECTION, PAPER_SELECTION,
                                    baseline_test_evaluation, best_so_far, best_submission, final_entry,
                                    final_evaluation_key, final_pick, final_test_evaluation, gain_over_base,
                                    latest_submissions, pick_best)
-from a2rl.records import LedgerEntry
+from a2rl_bench.records import LedgerEntry
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "protocol-run"
@@ -144,25 +144,25 @@ def test_the_final_picks_test_items_come_from_its_final_evaluation_or_under_pape
 # ---- every caller uses the rules, and no copy is left ------------------------------------------------------
 
 CALLERS = {
-    "a2rl.protocol.feedback": {"feedback_split": ["a2rl/summary/headline.py", "a2rl/summary/process_facts.py",
-                                                  "a2rl/grading/service.py", "a2rl/store/derived.py",
+    "a2rl_bench.protocol.feedback": {"feedback_split": ["a2rl_bench/summary/headline.py", "a2rl_bench/summary/process_facts.py",
+                                                  "a2rl_bench/grading/service.py", "a2rl_bench/store/derived.py",
                                                   "analysis/tables.py"],
                                "scored_on_test_in_session": ["tasks/run_steps.py"],
-                               "split_baseline": ["a2rl/store/derived.py"]},
-    "a2rl.protocol.picking": {
-        "latest_submissions": ["a2rl/summary/headline.py", "a2rl/summary/process_facts.py", "a2rl/grading/service.py",
-                               "a2rl/summary/record.py", "a2rl/summary/stages.py", "a2rl/store/ingest.py",
+                               "split_baseline": ["a2rl_bench/store/derived.py"]},
+    "a2rl_bench.protocol.picking": {
+        "latest_submissions": ["a2rl_bench/summary/headline.py", "a2rl_bench/summary/process_facts.py", "a2rl_bench/grading/service.py",
+                               "a2rl_bench/summary/record.py", "a2rl_bench/summary/stages.py", "a2rl_bench/store/ingest.py",
                                "tasks/run_steps.py"],
-        "best_submission": ["a2rl/summary/headline.py", "a2rl/summary/process_facts.py", "a2rl/grading/service.py"],
+        "best_submission": ["a2rl_bench/summary/headline.py", "a2rl_bench/summary/process_facts.py", "a2rl_bench/grading/service.py"],
         "final_pick": ["tasks/run_steps.py"],
-        "best_so_far": ["a2rl/summary/process_facts.py", "a2rl/store/derived.py"],
-        "gain_over_base": ["a2rl/store/derived.py"],
-        "final_test_evaluation": ["a2rl/store/derived.py"],
-        "baseline_test_evaluation": ["a2rl/store/derived.py"],
-        "final_entry": ["a2rl/summary/headline.py", "a2rl/summary/process_facts.py"],
-        "pick_best": ["a2rl/summary/stages.py"],
+        "best_so_far": ["a2rl_bench/summary/process_facts.py", "a2rl_bench/store/derived.py"],
+        "gain_over_base": ["a2rl_bench/store/derived.py"],
+        "final_test_evaluation": ["a2rl_bench/store/derived.py"],
+        "baseline_test_evaluation": ["a2rl_bench/store/derived.py"],
+        "final_entry": ["a2rl_bench/summary/headline.py", "a2rl_bench/summary/process_facts.py"],
+        "pick_best": ["a2rl_bench/summary/stages.py"],
     },
-    "a2rl.protocol.breaches": {"mode_breaches": ["a2rl/summary/headline.py"], "breaks_mode": ["a2rl/ops/progress.py"]},
+    "a2rl_bench.protocol.breaches": {"mode_breaches": ["a2rl_bench/summary/headline.py"], "breaks_mode": ["a2rl_bench/ops/progress.py"]},
 }
 
 
@@ -192,7 +192,7 @@ COPIES = {
 
 
 def test_no_copy_of_a_rule_outside_the_protocol_package():
-    files = [p for pkg in ("a2rl", "tasks", "flows", "analysis", "agents", "benchmarks", "blocks")
+    files = [p for pkg in ("a2rl_bench", "tasks", "flows", "analysis", "agents", "benchmarks", "blocks")
              for p in (ROOT / pkg).rglob("*.py") if "protocol" not in p.relative_to(ROOT).parts[:2]]
     copies = [f"{p.relative_to(ROOT)}:{n}: a copy of {rule}" for p in files
               for n, line in enumerate(p.read_text().splitlines(), 1)
@@ -201,14 +201,14 @@ def test_no_copy_of_a_rule_outside_the_protocol_package():
 
 
 # The same rules written in SQL: the views and macros a store has now (the migrations that made older ones are
-# history, never edited) must join the numbers `a2rl.store.derived` computed with the rules above.
+# history, never edited) must join the numbers `a2rl_bench.store.derived` computed with the rules above.
 SQL_COPIES = {  # matched against the SQL with its parentheses dropped (DuckDB stores views re-parenthesised)
     "the feedback split": re.compile(r"protocol = 'paper' THEN 'test'", re.I),
     "the split's baseline": re.compile(r"split = 'test' THEN \w*\.?baseline_test", re.I),
     "the best so far": re.compile(r"max \w*\.?score OVER", re.I),
     "the final pick's evaluation": re.compile(r"kind = 'final' (OR|DESC)", re.I),
     "the gain floored at 0": re.compile(r"greatest coalesce (max )?\w*\.?(score|best_so_far) -", re.I),
-    # the interval maths of `a2rl.summary.intervals`, stored per setting by `a2rl.store.derived_intervals`
+    # the interval maths of `a2rl_bench.summary.intervals`, stored per setting by `a2rl_bench.store.derived_intervals`
     "the t quantile": re.compile(r"\bt975\b|12\.706"),
     "the normal z of a 95% interval": re.compile(r"\b1\.96\b"),
     "the binomial standard error": re.compile(r"\bbinomial_se\b|\* 1(\.0)? - \w", re.I),
@@ -230,7 +230,7 @@ def _sql_copies(rows: list[tuple[str, str]]) -> list[str]:
 def test_no_copy_of_a_rule_in_the_stores_sql(tmp_path):
     import duckdb
 
-    from a2rl.store.results import ResultsStore
+    from a2rl_bench.store.results import ResultsStore
 
     store = ResultsStore(tmp_path / "a2rl.duckdb")
     sql = store.query(CATALOG_SQL)
@@ -242,7 +242,7 @@ def test_no_copy_of_a_rule_in_the_stores_sql(tmp_path):
     assert [rule for rule in SQL_COPIES if rule not in found] == []
 
 
-# The interval maths written again in Python (a z, a t quantile, a standard error): `a2rl.summary.intervals` is its
+# The interval maths written again in Python (a z, a t quantile, a standard error): `a2rl_bench.summary.intervals` is its
 # one home; the places that compute numbers a user reads must call it. The store's SQL is scanned above.
 PY_INTERVAL_COPIES = {
     "the normal z of a 95% interval": re.compile(r"\b1\.96\b"),
@@ -253,9 +253,9 @@ PY_INTERVAL_COPIES = {
         r"|sqrt\([^()]*(?:\([^()]*\)[^()]*)*/\s*\w+\)"),  # sqrt(var / n)
     "the binomial standard error": re.compile(r"\*\s*\(\s*1(?:\.0)?\s*-\s*\w+\s*\)\s*/"),
 }
-NUMBER_PACKAGES = ("a2rl/summary", "a2rl/store", "a2rl/grading", "a2rl/cli", "a2rl/ops", "analysis", "tasks", "flows")
-INTERVAL_HOME = "a2rl/summary/intervals.py"
-HISTORY = {"a2rl/store/schema.py": "the store's migrations, SQL kept as it ran (the catalog is scanned instead)"}
+NUMBER_PACKAGES = ("a2rl_bench/summary", "a2rl_bench/store", "a2rl_bench/grading", "a2rl_bench/cli", "a2rl_bench/ops", "analysis", "tasks", "flows")
+INTERVAL_HOME = "a2rl_bench/summary/intervals.py"
+HISTORY = {"a2rl_bench/store/schema.py": "the store's migrations, SQL kept as it ran (the catalog is scanned instead)"}
 COMPARISON_ONLY = {("analysis/coverage.py", "t_over_seeds_bounds"): "the old leaderboard's t-interval, for comparison"}
 
 
@@ -278,7 +278,7 @@ def _python_interval_copies(files: list[Path]) -> list[str]:
 
 def test_no_copy_of_the_interval_maths_in_python(tmp_path):
     files = [p for pkg in NUMBER_PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))]
-    files += sorted((ROOT / "a2rl").glob("*.py"))
+    files += sorted((ROOT / "a2rl_bench").glob("*.py"))
     files = [p for p in files if str(p.relative_to(ROOT)) not in {INTERVAL_HOME, *HISTORY}]
     assert _python_interval_copies(files) == []
     planted = tmp_path / "planted.py"  # the scan itself: each way of writing an interval again is found

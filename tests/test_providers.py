@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.benchmarks.alpacaeval.judge import JUDGE_SYSTEM, JudgeCache, JudgeConfig, JudgeNotConfigured, PairwiseJudge
+from a2rl_bench.benchmarks.alpacaeval.judge import JUDGE_SYSTEM, JudgeCache, JudgeConfig, JudgeNotConfigured, PairwiseJudge
 
 
 class ChatServer:
@@ -106,8 +106,8 @@ def test_an_anthropic_judges_cache_keys_are_unchanged_by_the_api_field() -> None
 
 
 def test_a_driver_block_of_each_provider_kind_makes_a_driver_with_its_key(monkeypatch) -> None:
-    from a2rl.blocks import DriverConfig
-    from a2rl.blocks.llm import driver_from_block
+    from a2rl_bench.blocks import DriverConfig
+    from a2rl_bench.blocks.llm import driver_from_block
 
     monkeypatch.setenv("MY_GEMINI_KEY", "g-secret")
     gemini = driver_from_block(DriverConfig(model="gemini-2.5-pro", api="gemini", api_key_env="MY_GEMINI_KEY",
@@ -125,15 +125,15 @@ def test_a_driver_block_of_each_provider_kind_makes_a_driver_with_its_key(monkey
 @pytest.mark.parametrize(("agent_id", "good", "bad"), [("claude-code", "anthropic", "gemini"), ("codex", "openai", "anthropic"),
                                                        ("gemini", "gemini", "openai"), ("opencode", "openai", "gemini")])
 def test_each_cli_agent_takes_the_provider_kinds_it_speaks(agent_id, good, bad) -> None:
-    from a2rl.agents import LLMDriver, get_agent
+    from a2rl_bench.agents import LLMDriver, get_agent
 
     assert "speaks the" not in (get_agent(agent_id, driver=LLMDriver(model="m", api=good)).check() or "")
     assert "speaks the" in get_agent(agent_id, driver=LLMDriver(model="m", api=bad)).check()
 
 
 def test_a_driver_swap_sweep_gives_one_run_per_driver_for_llm_agents_and_one_for_scripted_ones() -> None:
-    from a2rl.run_options import RunOptions, run_parameters
-    from a2rl.flows.sweep import SweepItem, expand_matrix
+    from a2rl_bench.run_options import RunOptions, run_parameters
+    from a2rl_bench.flows.sweep import SweepItem, expand_matrix
 
     configs = expand_matrix(["gsm8k"], ["claude-code", "reference-sft"], ["sonnet", "qwen-vllm", "none"], ["free"],
                             [0, 1])  # fmt: skip

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 import pytest
 
-from a2rl.capture.snapshots import CodeSnapshots
-from a2rl.capture.resources import ResourceSampler, read_resources, resource_rows, summarize_resources, workspace_pids
-from a2rl.capture.calls import read_llm_calls, read_tool_calls, summarize_llm_calls
+from a2rl_bench.capture.snapshots import CodeSnapshots
+from a2rl_bench.capture.resources import ResourceSampler, read_resources, resource_rows, summarize_resources, workspace_pids
+from a2rl_bench.capture.calls import read_llm_calls, read_tool_calls, summarize_llm_calls
 
 
 @pytest.fixture
@@ -136,8 +136,8 @@ def test_resource_sampler_measures_the_agent_process_tree(run_dir: Path):
 
 
 def test_agents_llm_and_tool_call_logs_become_store_rows(tmp_path: Path):
-    from a2rl.jsonl import append_jsonl
-    from a2rl.agents.base import LLMCallEvent, ToolCallEvent
+    from a2rl_bench.jsonl import append_jsonl
+    from a2rl_bench.agents.base import LLMCallEvent, ToolCallEvent
 
     calls = tmp_path / "llm_calls.jsonl"
     append_jsonl(calls, LLMCallEvent(call=1, model="claude-x", input_tokens=100, output_tokens=20,
@@ -161,7 +161,7 @@ def test_agents_llm_and_tool_call_logs_become_store_rows(tmp_path: Path):
 
 def test_jsonl_lines_split_on_newlines_only(tmp_path):
     """A row whose text holds U+2028 or U+0085 (written raw, as JSON allows) is one row, not two torn ones."""
-    from a2rl.jsonl import append_jsonl, read_jsonl, write_jsonl
+    from a2rl_bench.jsonl import append_jsonl, read_jsonl, write_jsonl
 
     rows = [{"q": "one\u2028two\x85three"}, {"q": "four"}]
     write_jsonl(tmp_path / "a.jsonl", rows)

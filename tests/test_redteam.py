@@ -21,14 +21,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from a2rl.inference.evaluation import EvalSpec
-from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService, Ledger
-from a2rl.paths import a2rl_home
-from a2rl.records import EvalResult, LedgerEntry, RunConfig
-from a2rl.isolation.sandbox import Limits, SandboxPolicy, agent_uid, sandbox_mode, wrap
-from a2rl.workspace import RunPaths
-from a2rl.agents.base import Agent, AgentEnv, agent_environment, run_agent
-from a2rl.benchmarks import get_task
+from a2rl_bench.inference.evaluation import EvalSpec
+from a2rl_bench.grading import BudgetClock, GradingContext, GradingServer, GradingService, Ledger
+from a2rl_bench.paths import a2rl_home
+from a2rl_bench.records import EvalResult, LedgerEntry, RunConfig
+from a2rl_bench.isolation.sandbox import Limits, SandboxPolicy, agent_uid, sandbox_mode, wrap
+from a2rl_bench.workspace import RunPaths
+from a2rl_bench.agents.base import Agent, AgentEnv, agent_environment, run_agent
+from a2rl_bench.benchmarks import get_task
 from tests.redteam_agent import ATTEMPTS, QUOTA_ATTEMPT
 from tests.sandbox_support import needs_bwrap
 
@@ -305,7 +305,7 @@ def test_many_files_filling_the_disk_are_stopped_by_the_quota(tmp_path, tiny_mod
 
 def test_reference_agent_trains_and_submits_inside_the_sandbox(tmp_path, tiny_model_dir, monkeypatch):
     """The sandbox is no use if it breaks honest agents: TRL training, tokenizers, HTTP submission all work."""
-    from a2rl.agents.reference_sft.adapter import ReferenceSFT
+    from a2rl_bench.agents.reference_sft.adapter import ReferenceSFT
 
     for key, value in {"A2RL_SFT_MAX_STEPS": "2", "A2RL_SFT_BATCH_SIZE": "2", "A2RL_SFT_MAX_LENGTH": "128",
                        "A2RL_SFT_TRAIN_S": "20", "A2RL_SFT_LR": "5e-3"}.items():  # fmt: skip
@@ -340,7 +340,7 @@ def test_reference_agent_trains_and_submits_inside_the_sandbox(tmp_path, tiny_mo
 def _served(tmp_path: Path, tiny_model_dir: Path, evaluate=_constant, **config):
     paths = _make_run(tmp_path, "integrity-run", tiny_model_dir)
     shutil.copytree(tiny_model_dir, paths.workspace / "output" / "honest")
-    from a2rl.store.results import ResultsStore
+    from a2rl_bench.store.results import ResultsStore
 
     store = ResultsStore(tmp_path / "results.duckdb")
     ctx = GradingContext("integrity-run", RunConfig(**{"max_submissions": 4, "val_limit": 2, **config}),
@@ -362,7 +362,7 @@ def _still_healthy(server: GradingServer) -> None:
 def test_a_chat_template_cannot_carry_hidden_items_out(tmp_path, tiny_model_dir):
     """Class 1: a template that raises with the hidden prompt. Grading renders with the base model's template
     (harness copy), so the evaluation scores; no response carries any hidden item's text."""
-    from a2rl.inference.evaluation import evaluate_cached
+    from a2rl_bench.inference.evaluation import evaluate_cached
 
     task = get_task("gsm8k")
     task.prepare("offline")
@@ -450,7 +450,7 @@ def test_a_chunked_body_bomb_is_cut_at_the_limit_before_authentication(tmp_path,
 def test_an_edited_or_cut_ledger_end_is_detected(tmp_path, tiny_model_dir):
     """Class 6: after a real graded submission, the last entry's score is edited, then the ledger is cut:
     both disagree with the head the results store anchored at every append."""
-    from a2rl.grading.ledger import LedgerCorrupted, read_ledger
+    from a2rl_bench.grading.ledger import LedgerCorrupted, read_ledger
 
     paths, store, service = _served(tmp_path, tiny_model_dir)
     with GradingServer(service) as server:
@@ -474,7 +474,7 @@ def test_an_edited_or_cut_ledger_end_is_detected(tmp_path, tiny_model_dir):
 def test_a_flood_of_idle_connections_cannot_exhaust_the_harness_file_descriptors(tmp_path, tiny_model_dir):
     """Class 3: 600 connections that never send a request. The grader (in this process) closes those past its
     connection cap at once and the rest after the keep-alive timeout; then it serves as before."""
-    from a2rl.grading.server import MAX_CONNECTIONS
+    from a2rl_bench.grading.server import MAX_CONNECTIONS
 
     paths, _, service = _served(tmp_path, tiny_model_dir)
 
@@ -541,7 +541,7 @@ def test_header_bombs_at_once_leave_the_grader_small(tmp_path, tiny_model_dir):
 def test_trickled_request_heads_are_cut_and_do_not_lock_the_agent_out(tmp_path, tiny_model_dir):
     """Slow headers: MAX_CONNECTIONS + 44 connections trickling header bytes. The agent's own /budget answers
     meanwhile; every trickling connection gets a 408 and is closed within HEAD_SECONDS (plus slack)."""
-    from a2rl.grading.server import HEAD_SECONDS, MAX_CONNECTIONS
+    from a2rl_bench.grading.server import HEAD_SECONDS, MAX_CONNECTIONS
 
     paths, _, service = _served(tmp_path, tiny_model_dir)
     with GradingServer(service) as server:
@@ -629,9 +629,9 @@ def test_an_output_flood_is_capped_and_a_leak_inside_it_still_found(tmp_path, ti
     """Agent output volume: the sandboxed agent prints 80 MiB, a hidden item after the first 60. agent.log keeps
     its head and tail only (the rest counted, and searched as it was written), and the leak audit finds the item
     in the dropped middle: "found", never "0 of N" (issue 24: 3 GiB in 36 s; a flood then a leak read clean)."""
-    from a2rl.summary.leak_audit import audit_run, hidden_texts
-    from a2rl.ngrams import StreamMatcher
-    from a2rl.capture.agent_log import HEAD_BYTES, TAIL_BYTES, read_agent_log_records
+    from a2rl_bench.summary.leak_audit import audit_run, hidden_texts
+    from a2rl_bench.ngrams import StreamMatcher
+    from a2rl_bench.capture.agent_log import HEAD_BYTES, TAIL_BYTES, read_agent_log_records
     from tests.redteam_agent import FLOOD_ATTEMPT
 
     items = [{"question": f"What is {CANARY}?"}]
@@ -665,11 +665,11 @@ def test_a_tampered_ledger_gets_no_number_from_the_summary_or_from_ingest(tmp_pa
     """Summaries after tampering: the final score edited 3.125 -> 93.125 after a real run; re-running the summary
     step wrote 93.125 into the store's final_test, and a new store took the run with report.json edited to match.
     Now both refuse: the row is marked failed with the reason and no number of the run is written."""
-    from a2rl.grading.ledger import LedgerCorrupted
-    from a2rl.run import RunContext, write_manifest
-    from a2rl.store.ingest import ingest_run_dir
-    from a2rl.store.results import ResultsStore
-    from a2rl.tasks.summary_steps import write_summary
+    from a2rl_bench.grading.ledger import LedgerCorrupted
+    from a2rl_bench.run import RunContext, write_manifest
+    from a2rl_bench.store.ingest import ingest_run_dir
+    from a2rl_bench.store.results import ResultsStore
+    from a2rl_bench.tasks.summary_steps import write_summary
 
     get_task("gsm8k").prepare("offline")
     paths, store, service = _served(tmp_path, tiny_model_dir)
@@ -715,7 +715,7 @@ def test_fifty_thousand_scripts_do_not_stall_submissions(tmp_path, tiny_model_di
     every submission). The scan is bounded (names, bytes, seconds) and incremental: each /submit answers within
     the scan's time bound (plus slack for a loaded machine), and once every script was analysed, a submission
     reads none of them again (counted in read system calls of this process, where the grader runs)."""
-    from a2rl.grading.route_audit import GRADER_LIMITS
+    from a2rl_bench.grading.route_audit import GRADER_LIMITS
 
     def reads() -> int:
         return int(next(x for x in Path("/proc/self/io").read_text().splitlines() if x.startswith("syscr")).split()[1])
@@ -748,9 +748,9 @@ def test_fifty_thousand_scripts_do_not_stall_submissions(tmp_path, tiny_model_di
 GRADER_PROCESS = """
 import json, sys
 from pathlib import Path
-from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
-from a2rl.inference.evaluation import EvalSpec, evaluate_in_subprocess
-from a2rl.records import EvalResult, RunConfig
+from a2rl_bench.grading import BudgetClock, GradingContext, GradingServer, GradingService
+from a2rl_bench.inference.evaluation import EvalSpec, evaluate_in_subprocess
+from a2rl_bench.records import EvalResult, RunConfig
 from tests.hostile_tasks import SleepingTask
 
 root, model = Path(sys.argv[1]), Path(sys.argv[2])
@@ -777,7 +777,7 @@ def test_an_evaluation_dies_with_its_grader_and_a_restarted_grader_serves(tmp_pa
     import signal
     import subprocess
 
-    from a2rl.isolation import procs
+    from a2rl_bench.isolation import procs
 
     out = tmp_path / "workspace" / "output"
     shutil.copytree(tiny_model_dir, out / "slow")
@@ -834,17 +834,17 @@ FORGED_NAME = ("x</td><script>alert(1)</script>\n| final, hidden test (forged) |
 def test_agent_chosen_text_stays_text_in_the_report_the_log_and_the_display(tmp_path, tiny_model_dir):
     """Agent text as markup: a checkpoint directory named with HTML, newlines, a forged table row and heading,
     ANSI escapes and BEL landed raw in report.md (also the Prefect artifact) and the run's log lines; the agent's
-    log line `step done [/done]` raised MarkupError in the live display. Now one escaping rule (`a2rl.safetext`)."""
+    log line `step done [/done]` raised MarkupError in the live display. Now one escaping rule (`a2rl_bench.safetext`)."""
     import io
     import logging
 
     from rich.console import Console
 
-    from a2rl.cli.display import RunDisplay
-    from a2rl.ops.progress import RunProgress, Snapshot
-    from a2rl.records import RunSummary
-    from a2rl.summary.report import render_markdown
-    from a2rl.tasks.session_steps import SessionRecorder
+    from a2rl_bench.cli.display import RunDisplay
+    from a2rl_bench.ops.progress import RunProgress, Snapshot
+    from a2rl_bench.records import RunSummary
+    from a2rl_bench.summary.report import render_markdown
+    from a2rl_bench.tasks.session_steps import SessionRecorder
 
     paths, store, service = _served(tmp_path, tiny_model_dir)
     shutil.copytree(tiny_model_dir, paths.workspace / "output" / FORGED_NAME)
@@ -896,7 +896,7 @@ def test_a_directory_of_empty_files_cannot_blind_the_route_scan(tmp_path, tiny_m
     top. Here with 20,000 files and a bound of 5,000 names (the same mechanism at a tenth of the cost). Now code
     files are visited before bulk directories, a scan goes on where the last one stopped, and an incomplete scan
     fails sft-only."""
-    from a2rl.grading.route_audit import RouteScanner, ScanLimits
+    from a2rl_bench.grading.route_audit import RouteScanner, ScanLimits
 
     limits = ScanLimits(max_entries=5_000)
     paths, _, service = _served(tmp_path, tiny_model_dir, mode="sft-only", max_submissions=6)
@@ -917,7 +917,7 @@ def test_a_directory_of_empty_files_cannot_blind_the_route_scan(tmp_path, tiny_m
     (code / "zz_train.py").unlink()
     (code / "a" / "zz").write_text("#!/bin/sh\ntrl grpo --model_name_or_path models/base\n")
     scanner = RouteScanner(limits)
-    from a2rl.grading.route_audit import check_snapshot
+    from a2rl_bench.grading.route_audit import check_snapshot
 
     verdicts = [check_snapshot(code, "sft-only", scanner=scanner) for _ in range(6)]
     incomplete = [(a, v) for a, v in verdicts if not a.complete]
@@ -930,7 +930,7 @@ def test_a_directory_of_empty_files_cannot_blind_the_route_scan(tmp_path, tiny_m
 def test_unused_tensors_do_not_raise_the_evaluation_memory_cap(tmp_path, tiny_model_dir, monkeypatch):
     """The agent set its own memory cap: 4 x the weights' bytes + 6 GiB, so an unused 1 GiB tensor shipped beside
     the weights raised the cap from 6 to 10 GiB. Now the cap comes from the model the config builds."""
-    from a2rl.inference.evaluation import architecture_parameters, eval_memory_bytes
+    from a2rl_bench.inference.evaluation import architecture_parameters, eval_memory_bytes
 
     monkeypatch.delenv("A2RL_EVAL_MEMORY_BYTES", raising=False)
     honest = tmp_path / "honest"
@@ -979,7 +979,7 @@ def test_a_slow_evaluation_buys_the_agent_no_unbudgeted_time(tmp_path, tiny_mode
     kept running; a checkpoint slow to evaluate, submitted without waiting, gave up to the evaluation time limit
     of unbudgeted work per submission. Now the agent's processes are stopped while its clock is paused: a real
     agent process measuring its own running time runs no longer than its budget plus the grace."""
-    from a2rl.isolation.freezer import RULE
+    from a2rl_bench.isolation.freezer import RULE
 
     budget_s, grace_s, eval_s = 4.0, 1.0, 8.0
 
@@ -1016,7 +1016,7 @@ def test_a_slow_evaluation_buys_the_agent_no_unbudgeted_time(tmp_path, tiny_mode
     assert outcome.clock_rule["freezes"] >= 1 and not _processes(lambda e: "timing.py" in (e / "cmdline").read_text())
     from types import SimpleNamespace
 
-    from a2rl.summary.report import run_notes
+    from a2rl_bench.summary.report import run_notes
 
     notes = run_notes(SimpleNamespace(config=RunConfig(), variant_label="offline", paths=paths), outcome.model_dump())
     assert any(RULE in n for n in notes), notes  # the report states the rule that applied
@@ -1065,7 +1065,7 @@ def test_encoded_normalised_or_split_hidden_items_are_found_and_answers_are_audi
     or UTF-16-encoded, joined with `_`, interleaved with zero-width spaces, in Cyrillic look-alike letters,
     reversed, or split over two files: 0 of 40 found each time; reference answers were not audited. Now 40 of 40
     in each case, and the report says what it decoded; an honest workspace stays "not found"."""
-    from a2rl.summary.leak_audit import audit_leaks, hidden_texts
+    from a2rl_bench.summary.leak_audit import audit_leaks, hidden_texts
 
     items, cases = _encoded_leaks()
     texts = hidden_texts(items)
@@ -1093,7 +1093,7 @@ def test_encoded_normalised_or_split_hidden_items_are_found_and_answers_are_audi
 
 def _found_items(ws: Path, texts: list[str]) -> set[int]:
     """Every item the audit found in `ws` (the report lists at most 20 examples)."""
-    from a2rl.summary import leak_audit
+    from a2rl_bench.summary import leak_audit
 
     old, leak_audit.MAX_EXAMPLES = leak_audit.MAX_EXAMPLES, 10_000
     try:
@@ -1117,9 +1117,9 @@ def test_a_forged_run_from_another_host_is_refused_and_never_replaces_a_verified
     trust-host`); `--unverified` takes the rest marked and never over a verified run."""
     import duckdb
 
-    from a2rl.grading.ledger import TRUSTED_KEYS_DIR, trust_host_key
-    from a2rl.store.merge import merge_stores
-    from a2rl.store.results import ResultsStore
+    from a2rl_bench.grading.ledger import TRUSTED_KEYS_DIR, trust_host_key
+    from a2rl_bench.store.merge import merge_stores
+    from a2rl_bench.store.results import ResultsStore
     from tests.run_dirs import write_run
     from tests.test_store_merge import rewrite_final_score
 
@@ -1171,7 +1171,7 @@ def test_a_forged_run_from_another_host_is_refused_and_never_replaces_a_verified
     assert store.get_run(run_id)["variant_label"].endswith("[UNVERIFIED]")  # the figures' panel titles
     assert store.query("SELECT text FROM metrics WHERE run_id = ? AND name = 'ledger_verification'",
                        [run_id])["text"].tolist() == ["unverified"]  # fmt: skip
-    from a2rl.flows.analysis_flow import run_analysis
+    from a2rl_bench.flows.analysis_flow import run_analysis
 
     run_analysis(other, tmp_path / "analysis")
     shown = [p for p in (tmp_path / "analysis").rglob("*") if p.suffix in (".csv", ".html", ".md")
@@ -1250,11 +1250,11 @@ def test_edited_per_item_results_are_not_counted_and_the_paired_interval_does_no
     [-49, +49] p = 1 to [-10.2, +85.0] p = 0.5, merged as verified. Now each file's sha256 is in its ledger line:
     ingest and merge refuse a run whose items do not match (verified or --unverified), and the report's interval
     never reads an edited file."""
-    from a2rl.grading.ledger import LedgerCorrupted, read_ledger, trust_host_key
-    from a2rl.store.ingest import ingest_run_dir
-    from a2rl.store.merge import merge_stores
-    from a2rl.store.results import ResultsStore
-    from a2rl.summary.process_facts import item_level_intervals
+    from a2rl_bench.grading.ledger import LedgerCorrupted, read_ledger, trust_host_key
+    from a2rl_bench.store.ingest import ingest_run_dir
+    from a2rl_bench.store.merge import merge_stores
+    from a2rl_bench.store.results import ResultsStore
+    from a2rl_bench.summary.process_facts import item_level_intervals
     from tests.run_dirs import write_run
 
     monkeypatch.setenv("A2RL_HOME", str(tmp_path / "host-home"))
@@ -1316,7 +1316,7 @@ def _inert(text: str, where: str, one_line: bool = False) -> None:
 def test_agent_text_is_escaped_by_one_rule_at_every_sink(tmp_path, monkeypatch, capsys):
     """Agent text escaped everywhere? The Prefect table artifact `run-<id>-submissions` carried the raw checkpoint
     path (U+202E, an OSC 8 `javascript:` link, a newline with a forged row, 3,771 characters), and U+061C passed the
-    sanitiser at every sink. Now one rule (`a2rl.safetext`: every Cc/Cf/Zl/Zp character, escapes, one line,
+    sanitiser at every sink. Now one rule (`a2rl_bench.safetext`: every Cc/Cf/Zl/Zp character, escapes, one line,
     bounded) at each place a run writes agent text: report.md, report.json's rendering, run.log, the live display
     (live and plain), `a2rl status`'s tables, the Prefect table and markdown artifacts, the analysis report.html
     and CSVs."""
@@ -1324,9 +1324,9 @@ def test_agent_text_is_escaped_by_one_rule_at_every_sink(tmp_path, monkeypatch, 
     import logging
 
     import flows.benchmark_run as benchmark_run
-    from a2rl.cli import _print_table
-    from a2rl.cli.display import RunDisplay
-    from a2rl.ops.progress import PROGRESS_FILE, RunProgress, read_snapshot
+    from a2rl_bench.cli import _print_table
+    from a2rl_bench.cli.display import RunDisplay
+    from a2rl_bench.ops.progress import PROGRESS_FILE, RunProgress, read_snapshot
     from flows.analysis_flow import run_analysis
     from tasks.run_steps import book_of
     from tasks.session_steps import SessionRecorder
@@ -1406,8 +1406,8 @@ def test_what_one_line_of_python_encodes_the_leak_audit_decodes_in_files_and_out
     set), and an honest workspace stays "not found"."""
     import random
 
-    from a2rl.summary import leak_audit
-    from a2rl.summary.leak_audit import audit_leaks, hidden_texts
+    from a2rl_bench.summary import leak_audit
+    from a2rl_bench.summary.leak_audit import audit_leaks, hidden_texts
     from tests.leak_cases import file_cases, output_cases
 
     task = get_task("gsm8k")

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.agents.base import Agent, AgentEnv, run_agent
-from a2rl.grading import BudgetClock
-from a2rl.isolation import freezer, procs
-from a2rl.isolation.sandbox import Limits, SandboxPolicy, sandbox_mode
-from a2rl.workspace import RunPaths
+from a2rl_bench.agents.base import Agent, AgentEnv, run_agent
+from a2rl_bench.grading import BudgetClock
+from a2rl_bench.isolation import freezer, procs
+from a2rl_bench.isolation.sandbox import Limits, SandboxPolicy, sandbox_mode
+from a2rl_bench.workspace import RunPaths
 from tests.sandbox_support import gone, needs_bwrap
 
 FREEZE_AGENT = Path(__file__).with_name("freeze_agent.py")
@@ -124,8 +124,8 @@ def test_a_pid_hopping_agent_with_vfork_parents_gets_no_work_done_while_frozen(t
     assert gone(str(paths.workspace)), "a process of the agent outlived its session"
     from types import SimpleNamespace
 
-    from a2rl.records import RunConfig
-    from a2rl.summary.report import run_notes
+    from a2rl_bench.records import RunConfig
+    from a2rl_bench.summary.report import run_notes
 
     notes = run_notes(SimpleNamespace(config=RunConfig(), variant_label="offline", paths=paths), outcome.model_dump())
     assert any(freezer.MECHANISMS[mechanism] in n for n in notes), notes  # the report names how it was stopped
@@ -208,8 +208,8 @@ def test_an_installed_plugin_tasks_hidden_split_is_unreadable_in_the_sandbox(tmp
     plug-in task's package, bound in with the interpreter's site-packages, showed the agent all its entries.
     A throwaway plug-in (its own site folder, registered through the `a2rl.tasks` entry points, bound into the
     sandbox as site-packages would be) ships a hidden split; inside the real sandbox it cannot be listed or read."""
-    from a2rl.benchmarks import TASKS
-    from a2rl.isolation.sandbox import TASK_ENTRY_POINTS, plugin_task_paths, wrap
+    from a2rl_bench.benchmarks import TASKS
+    from a2rl_bench.isolation.sandbox import TASK_ENTRY_POINTS, plugin_task_paths, wrap
 
     assert TASK_ENTRY_POINTS == TASKS.group  # the group the registry reads is the one the sandbox masks
     site = tmp_path / "site"
@@ -245,15 +245,15 @@ MiB = 1 << 20
 
 
 def _constant(model_dir, weights_hash, spec, device=None):
-    from a2rl.records import EvalResult
+    from a2rl_bench.records import EvalResult
 
     return EvalResult(task=spec.task, split=spec.split, score=50.0, n=4, n_correct=2, evaluator_id="constant",
                       weights_hash=weights_hash)  # fmt: skip
 
 
 def _grader(tmp_path: Path, **ctx):
-    from a2rl.grading import GradingContext, GradingService
-    from a2rl.records import RunConfig
+    from a2rl_bench.grading import GradingContext, GradingService
+    from a2rl_bench.records import RunConfig
 
     paths = RunPaths.for_run(tmp_path / "runs", "snapshot-run")
     paths.create()
@@ -277,7 +277,7 @@ def test_a_sparse_checkpoint_stays_sparse_in_the_snapshots(tmp_path):
     `harness/snapshots` per submission. Now only the data is copied; the hole stays a hole."""
     import httpx
 
-    from a2rl.grading import GradingServer
+    from a2rl_bench.grading import GradingServer
 
     paths, service = _grader(tmp_path)
     ckpt = paths.workspace / "output" / "sparse"
@@ -303,8 +303,8 @@ def test_snapshots_count_against_a_harness_side_quota_with_a_clear_refusal(tmp_p
     refusal is on the ledger; what fits still goes through."""
     import httpx
 
-    from a2rl.grading import GradingServer
-    from a2rl.grading.ledger import Ledger
+    from a2rl_bench.grading import GradingServer
+    from a2rl_bench.grading.ledger import Ledger
 
     paths, service = _grader(tmp_path, snapshot_quota_bytes=int(2.5 * MiB))
     for name, size in (("a", MiB), ("b", MiB), ("c", MiB), ("small", MiB // 4)):

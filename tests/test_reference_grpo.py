@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
-from a2rl.records import EvalResult, RunConfig
-from a2rl.workspace import RunPaths, build_workspace
-from a2rl.agents import AgentEnv, get_agent, run_agent
-from a2rl.agents.reference_grpo import agent as grpo_agent
-from a2rl.agents.reference_grpo import train_grpo
-from a2rl.agents.reference_sft import agent as sft_agent
-from a2rl.benchmarks.gsm8k.answers import extract_answer as grader_extract_answer
+from a2rl_bench.grading import BudgetClock, GradingContext, GradingServer, GradingService
+from a2rl_bench.records import EvalResult, RunConfig
+from a2rl_bench.workspace import RunPaths, build_workspace
+from a2rl_bench.agents import AgentEnv, get_agent, run_agent
+from a2rl_bench.agents.reference_grpo import agent as grpo_agent
+from a2rl_bench.agents.reference_grpo import train_grpo
+from a2rl_bench.agents.reference_sft import agent as sft_agent
+from a2rl_bench.benchmarks.gsm8k.answers import extract_answer as grader_extract_answer
 
 TRAIN_GRPO = Path(train_grpo.__file__)
 
@@ -206,13 +206,13 @@ def test_reference_sft_grpo_session_warms_up_with_sft_then_runs_grpo_from_it(
 
 
 # -- online rollouts in an interactive task's environment (train_grpo_env.py) ------------------------------
-from a2rl.agents.reference_grpo import train_grpo_env  # noqa: E402
+from a2rl_bench.agents.reference_grpo import train_grpo_env  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def searchqa_data(tmp_path_factory) -> Path:
     """The deepsearchqa workspace data (train goals, corpus, envlib.zip), first 8 training goals only."""
-    from a2rl.benchmarks import get_task
+    from a2rl_bench.benchmarks import get_task
 
     public = get_task("deepsearchqa").prepare("offline").public_dir
     data = tmp_path_factory.mktemp("searchqa-data")

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.grading import BudgetClock, GradingContext, GradingServer, GradingService
-from a2rl.records import EvalResult, RunConfig
-from a2rl.grading.route_audit import route_label
-from a2rl.workspace import RunPaths, build_workspace
-from a2rl.agents import AgentEnv, get_agent, run_agent
-from a2rl.agents.reference_sft_grpo import grpo_env_torch, sft_torch
-from a2rl.agents.reference_sft_grpo import sft_grpo_session
-from a2rl.agents.reference_sft_grpo.sft_grpo_session import Knobs, read_mode, sft_finished
+from a2rl_bench.grading import BudgetClock, GradingContext, GradingServer, GradingService
+from a2rl_bench.records import EvalResult, RunConfig
+from a2rl_bench.grading.route_audit import route_label
+from a2rl_bench.workspace import RunPaths, build_workspace
+from a2rl_bench.agents import AgentEnv, get_agent, run_agent
+from a2rl_bench.agents.reference_sft_grpo import grpo_env_torch, sft_torch
+from a2rl_bench.agents.reference_sft_grpo import sft_grpo_session
+from a2rl_bench.agents.reference_sft_grpo.sft_grpo_session import Knobs, read_mode, sft_finished
 
 
 # -- the stop rule and the rewards ----------------------------------------------------------------------------
@@ -126,7 +126,7 @@ def test_knobs_default_to_the_gpu_recipe():
 @pytest.fixture(scope="module")
 def alfworld_data(tmp_path_factory) -> Path:
     """The alfworld workspace data: 8 training games, 40 worked examples, the environments."""
-    from a2rl.benchmarks import get_task
+    from a2rl_bench.benchmarks import get_task
 
     public = get_task("alfworld").prepare("offline").public_dir
     data = tmp_path_factory.mktemp("alfworld-data")
@@ -340,7 +340,7 @@ def test_returns_are_wins_and_shaping_is_never_the_whole_signal_of_a_group():
 
 
 def test_household_state_key_tells_states_apart():
-    from a2rl.benchmarks import get_task
+    from a2rl_bench.benchmarks import get_task
 
     task = get_task("alfworld")
     goal = task.load("offline").train[0]
@@ -518,7 +518,7 @@ def test_the_alfworld_table_sql_gives_newcombes_interval_and_the_gpu(tmp_path):
     """bench/alfworld_table.sql on a store with one run (0/134 -> 30/134), and BENCHMARKS.md quotes it whole."""
     import duckdb
 
-    from a2rl.store.results import ResultsStore, add_interval_functions
+    from a2rl_bench.store.results import ResultsStore, add_interval_functions
 
     repo = Path(__file__).resolve().parents[1]
     sql = (repo / "bench" / "alfworld_table.sql").read_text()
@@ -565,7 +565,7 @@ def test_searching_demonstrations_look_in_the_learned_order_until_found_and_win(
     type held the object's type in the training games), opens closed ones, takes the first object of the wanted
     type it sees; every kept demonstration wins when replayed in the task's environment, and some searched (the
     worked examples never do: their first `go to` holds the object)."""
-    from a2rl.agents.reference_sft_grpo import search_demos
+    from a2rl_bench.agents.reference_sft_grpo import search_demos
 
     envlib = grpo_env_torch.import_envlib(alfworld_data)
     goals = {g["id"]: g for g in envlib.load_goals(alfworld_data)}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.agents.reference_sft import agent, train_sft
+from a2rl_bench.agents.reference_sft import agent, train_sft
 
 TRAIN_SFT = Path(train_sft.__file__)
 
@@ -225,7 +225,7 @@ def test_submission_paths_are_relative_to_the_workspace(tmp_path):
 
 def test_training_precision_is_bf16_on_a_gpu_and_fp32_on_cpu(tiny_model_dir):
     """The reference scripts' dtype rule (agents/reference_sft/train_precision.py, copied beside them)."""
-    from a2rl.agents.reference_sft.train_precision import choose_precision, count_parameters, load_for_training
+    from a2rl_bench.agents.reference_sft.train_precision import choose_precision, count_parameters, load_for_training
 
     cpu = choose_precision(7_000_000_000, lora=True, cuda=False, bf16_supported=False)
     assert (cpu.load_dtype, cpu.bf16, cpu.gradient_checkpointing) == ("float32", False, False)

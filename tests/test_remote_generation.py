@@ -1,5 +1,5 @@
 """Generation handed to another interpreter: the JSON-lines worker protocol and the OpenAI-compatible endpoint
-client, against a loopback worker (`a2rl/inference/generation_worker.py` run by a second python process with the
+client, against a loopback worker (`a2rl_bench/inference/generation_worker.py` run by a second python process with the
 `transformers` backend: a real second engine) on the tiny model."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.inference.generation import generate, load_model
-from a2rl.inference.remote_generation import WORKER_SCRIPT, EndpointClient, RemoteGenerationError, RemoteRequest, RemoteSettings, WorkerClient, generate_remote, remote_request
+from a2rl_bench.inference.generation import generate, load_model
+from a2rl_bench.inference.remote_generation import WORKER_SCRIPT, EndpointClient, RemoteGenerationError, RemoteRequest, RemoteSettings, WorkerClient, generate_remote, remote_request
 from tests.tiny_model import tiny_questions
 
 LOOPBACK = RemoteSettings(python=sys.executable, backend="transformers")
@@ -67,8 +67,8 @@ def test_a_worker_that_cannot_start_is_one_clear_error(tiny_model_dir: Path) -> 
 
 
 def test_evaluator_vllm_backend_uses_the_configured_worker(tiny_model_dir: Path, monkeypatch) -> None:
-    from a2rl.inference.evaluation import EvalSpec, evaluate
-    from a2rl.benchmarks import get_task
+    from a2rl_bench.inference.evaluation import EvalSpec, evaluate
+    from a2rl_bench.benchmarks import get_task
 
     spec = EvalSpec.of(get_task("gsm8k"), "offline", "validation", limit=4)
     local = evaluate(tiny_model_dir, spec)

@@ -7,15 +7,15 @@ import time
 
 import pytest
 
-from a2rl.grading.ledger import Ledger, read_ledger
-from a2rl.records import RunConfig
+from a2rl_bench.grading.ledger import Ledger, read_ledger
+from a2rl_bench.records import RunConfig
 
 
 @pytest.fixture
 def crashed_run(prefect_harness, tiny_model_dir, tmp_path, monkeypatch):
     """A run whose agent session started, spent 25 of its 30 s, and then the harness died."""
-    from a2rl.flows.benchmark_run import provision_workspace
-    from a2rl.tasks.run_steps import open_run
+    from a2rl_bench.flows.benchmark_run import provision_workspace
+    from a2rl_bench.tasks.run_steps import open_run
 
     monkeypatch.setenv("A2RL_SFT_MAX_STEPS", "2")
     monkeypatch.setenv("A2RL_SFT_MAX_LENGTH", "512")
@@ -31,7 +31,7 @@ def crashed_run(prefect_harness, tiny_model_dir, tmp_path, monkeypatch):
 
 
 def test_interrupted_session_continues_with_the_remaining_budget(crashed_run):
-    from a2rl.flows.benchmark_run import agent_session
+    from a2rl_bench.flows.benchmark_run import agent_session
 
     ctx, base_model_dir = crashed_run
     t = time.monotonic()
@@ -51,7 +51,7 @@ def test_interrupted_session_continues_with_the_remaining_budget(crashed_run):
 
 
 def test_interrupted_session_can_be_recorded_as_interrupted(crashed_run):
-    from a2rl.flows.benchmark_run import agent_session
+    from a2rl_bench.flows.benchmark_run import agent_session
 
     ctx, base_model_dir = crashed_run
     outcome = agent_session(ctx, {}, base_model_dir, on_resume="interrupted")

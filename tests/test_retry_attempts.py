@@ -20,17 +20,17 @@ from pathlib import Path
 import psutil
 import pytest
 
-from a2rl.isolation import procs
-from a2rl.grading.ledger import read_ledger
-from a2rl.records import RunConfig
+from a2rl_bench.isolation import procs
+from a2rl_bench.grading.ledger import read_ledger
+from a2rl_bench.records import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
 FIRST_ATTEMPT = """
 import sys
 from pathlib import Path
-from a2rl.run import RunContext
-from a2rl.flows.benchmark_run import agent_session
+from a2rl_bench.run import RunContext
+from a2rl_bench.flows.benchmark_run import agent_session
 
 ctx = RunContext.model_validate_json(Path(sys.argv[1]).read_text())
 agent_session(ctx, {}, Path(sys.argv[2]), grace_s=3)
@@ -70,8 +70,8 @@ def test_a_retry_after_the_harness_died_mid_training_runs_one_agent_and_complete
 ):
     from prefect.settings import PREFECT_API_URL
 
-    from a2rl.flows.benchmark_run import agent_session, final_grading, provision_workspace
-    from a2rl.tasks.run_steps import open_run
+    from a2rl_bench.flows.benchmark_run import agent_session, final_grading, provision_workspace
+    from a2rl_bench.tasks.run_steps import open_run
 
     config = RunConfig(base_model=str(tiny_model_dir), budget_s=60, val_limit=2, test_limit=2, max_submissions=1,
                        sandbox="auto")  # fmt: skip

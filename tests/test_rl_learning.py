@@ -50,7 +50,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from a2rl.agents.reference_sft_grpo import grpo_env_torch
+from a2rl_bench.agents.reference_sft_grpo import grpo_env_torch
 
 OBJECTS = ("apple", "book", "card", "egg")
 WORDS = ("open", "box", "see", "Nothing", "happens.", "won", "system", "user", "assistant", ".")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.grading.route_audit import (analyze_python, analyze_routes, check_mode, check_snapshot, combine_methods,
+from a2rl_bench.grading.route_audit import (analyze_python, analyze_routes, check_mode, check_snapshot, combine_methods,
                                       route_label)
-from a2rl.agents import get_agent
+from a2rl_bench.agents import get_agent
 
 # -- real training scripts, as an agent would write them (they read MODEL_PATH, DATA_PATH, OUTPUT_DIR) ------
 SFT_TRL = '''\
@@ -305,7 +305,7 @@ def test_generation_and_gradient_clipping_are_not_a_ppo_ratio():
 def test_a_bounded_scan_stops_says_so_and_the_next_one_goes_on_without_rereading(tmp_path, monkeypatch):
     """Route scans in the grader (issue 24): bounded per scan (names, bytes, seconds), and incremental: a script
     analysed once is not read again while it is unchanged; a scan cut short says `complete=False`."""
-    from a2rl.grading import route_audit as routes
+    from a2rl_bench.grading import route_audit as routes
 
     code = tmp_path / "code"
     code.mkdir()

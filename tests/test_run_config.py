@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from a2rl.cli import build_parser
-from a2rl.records import RunConfig
-from a2rl.run_options import (
+from a2rl_bench.cli import build_parser
+from a2rl_bench.records import RunConfig
+from a2rl_bench.run_options import (
     DEFAULT_RESULTS,
     MATRIX_FIELDS,
     config_from_args,
@@ -27,8 +27,8 @@ from a2rl.run_options import (
     resolve_results,
     run_parameters,
 )
-from a2rl.flows.benchmark_run import benchmark_run
-from a2rl.flows.sweep import SweepConfig, sweep
+from a2rl_bench.flows.benchmark_run import benchmark_run
+from a2rl_bench.flows.sweep import SweepConfig, sweep
 
 PREFECT_YAML = Path(__file__).resolve().parent.parent / "prefect.yaml"
 FIELDS = list(RunConfig.model_fields)
@@ -146,7 +146,7 @@ def test_every_field_is_settable_from_a2rl_run():
 
 
 def test_every_field_is_settable_from_a2rl_sweep():
-    from a2rl.run_options import common_from_args
+    from a2rl_bench.run_options import common_from_args
 
     parser = build_parser(["sweep"])
     args = parser.parse_args(["sweep"])
@@ -178,7 +178,7 @@ def test_a_deployments_relative_results_is_taken_from_the_repository_root(tmp_pa
 
 @pytest.mark.parametrize("shape", ["nested", "flat"])
 def test_a2rl_status_finds_a_runs_harness_from_its_flow_runs_parameters_of_either_shape(tmp_path, shape):
-    from a2rl.ops.status import FlowRunRow, harness_dir_of
+    from a2rl_bench.ops.status import FlowRunRow, harness_dir_of
 
     flow_run_id = "0b1c2d3e-0000-4000-8000-000000000000"
     harness = tmp_path / "runs" / "gsm8k-reference-sft-abc123-0b1c2d3e" / "harness"
@@ -232,7 +232,7 @@ def test_the_run_form_shows_the_limits():
 
 def test_the_cli_names_its_own_flag_for_a_refused_sweep_value(tmp_path, capsys):
     """`a2rl sweep --budget -5` is refused naming --budget (the flag typed), not the field's name."""
-    from a2rl.cli import main
+    from a2rl_bench.cli import main
 
     assert main(["sweep", "--budget", "-5", "--dry-run", "--results", str(tmp_path / "r.duckdb")]) == 2
     line = capsys.readouterr().err.strip()

@@ -36,8 +36,8 @@ def _act(how: str) -> None:
 def stop_at(monkeypatch, phase: str, how: str) -> None:
     """Fail or signal the run on entering `phase` ("done": its last step, once the row is final and the flow
     run only has to end)."""
-    from a2rl.ops.progress import ProgressWriter
-    from a2rl.tasks.phases import RunPhases
+    from a2rl_bench.ops.progress import ProgressWriter
+    from a2rl_bench.tasks.phases import RunPhases
 
     if phase == "done":
         update = ProgressWriter.update
@@ -71,7 +71,7 @@ def test_the_row_the_line_and_prefects_state_agree_however_the_run_ends(
 ):
     from prefect.client.orchestration import get_client
 
-    from a2rl.cli import main
+    from a2rl_bench.cli import main
 
     monkeypatch.setenv("A2RL_SFT_TRAIN_S", "3")
     monkeypatch.setenv("A2RL_SFT_MAX_STEPS", "2")
@@ -108,8 +108,8 @@ FULL_AS_IT_OPENS = """
 import errno, json, sys
 from pathlib import Path
 import duckdb
-from a2rl.cli import main
-from a2rl.tasks import run_steps
+from a2rl_bench.cli import main
+from a2rl_bench.tasks import run_steps
 
 small, model = Path(sys.argv[1]), sys.argv[2]
 manifest = run_steps.write_manifest
@@ -169,9 +169,9 @@ def test_retry_of_a_run_started_by_a2rl_run_says_what_to_do_instead(prefect_harn
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL
 
-    from a2rl.cli import main
-    from a2rl.records import RunConfig
-    from a2rl.run_options import run_parameters
+    from a2rl_bench.cli import main
+    from a2rl_bench.records import RunConfig
+    from a2rl_bench.run_options import run_parameters
 
     @flow(name="benchmark-run")
     def local_run(config: dict, options: dict) -> None:
@@ -191,10 +191,10 @@ def test_retry_of_a_run_started_by_a2rl_run_says_what_to_do_instead(prefect_harn
 
 def test_the_report_says_its_wall_time_is_not_the_prefect_uis_duration(tmp_path):
     """The run page's duration counts only Running time (9m 39s for a 24-minute run); the report says so."""
-    from a2rl.records import RunConfig
-    from a2rl.run import RunContext
-    from a2rl.summary.report import run_notes
-    from a2rl.workspace import RunPaths
+    from a2rl_bench.records import RunConfig
+    from a2rl_bench.run import RunContext
+    from a2rl_bench.summary.report import run_notes
+    from a2rl_bench.workspace import RunPaths
 
     ctx = RunContext(run_id="r", config=RunConfig(), paths=RunPaths.for_run(tmp_path, "r"), results_path=tmp_path)
     note = next(n for n in run_notes(ctx, {}) if n.startswith("Wall time"))

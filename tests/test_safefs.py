@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.isolation import safefs
-from a2rl.capture.snapshots import CodeSnapshots
-from a2rl.isolation.sandbox import _give_workspace, workspace_bytes
+from a2rl_bench.isolation import safefs
+from a2rl_bench.capture.snapshots import CodeSnapshots
+from a2rl_bench.isolation.sandbox import _give_workspace, workspace_bytes
 
 AGENT_UID = 1_000_123_457
 HOST_SECRET = b"host secret, not the agent's\n"
@@ -165,7 +165,7 @@ def test_walk_lists_links_as_links_and_never_enters_them(tmp_path: Path, host: P
 
 
 def test_a_retried_install_replaces_links_the_agent_left_instead_of_writing_through_them(tmp_path: Path, host: Path):
-    from a2rl.agents.reference_sft.adapter import ReferenceSFT
+    from a2rl_bench.agents.reference_sft.adapter import ReferenceSFT
 
     ws = tmp_path / "ws"
     (ws / "code").mkdir(parents=True)

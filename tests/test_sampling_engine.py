@@ -10,8 +10,8 @@ from collections import Counter
 
 import pytest
 
-from a2rl.inference.decode_engine import Decoder, Sampling, StopTokens, gumbel_noise, row_seeds
-from a2rl.inference.generation import LoadedModel, _generate_batch, generate
+from a2rl_bench.inference.decode_engine import Decoder, Sampling, StopTokens, gumbel_noise, row_seeds
+from a2rl_bench.inference.generation import LoadedModel, _generate_batch, generate
 from tests.tiny_model import tiny_questions
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -244,7 +244,7 @@ def test_noise_is_a_function_of_seed_index_and_vocabulary() -> None:
     import torch
 
     keys = torch.arange(1000, dtype=torch.long)
-    from a2rl.inference.decode_engine import _mix32
+    from a2rl_bench.inference.decode_engine import _mix32
 
     vocab_keys = _mix32(keys)
     seeds = torch.tensor([1, 2, 1], dtype=torch.long)
@@ -267,7 +267,7 @@ def test_a_short_request_reuses_the_state_of_its_rounded_length(tiny: LoadedMode
     """Cache lengths are rounded up (to 256 with graphs); a request needing under half of that must reuse the
     kept state, not make a new one (with graphs: capture a new graph) at every call. On CUDA this was the
     `graphs_captured` 2 != 1 of the graph test below: its prompts need ~60-100 slots, far below 256 / 2."""
-    import a2rl.inference.decode_engine as engine
+    import a2rl_bench.inference.decode_engine as engine
 
     monkeypatch.setattr(engine, "SLOT_ALIGN", engine.GRAPH_SLOT_ALIGN)  # the graph path's rounding, on the CPU
     tok = tiny.tokenizer
@@ -288,7 +288,7 @@ def test_a_short_request_reuses_the_state_of_its_rounded_length(tiny: LoadedMode
 def test_graph_sampling_equals_eager_sampling_on_cuda(tiny_model_dir) -> None:
     """With a CUDA graph the same seeds give the same samples as without one (fp32: no near-tie noise), rows end
     on the device, and a second batch of another size replays graphs without capturing each step again."""
-    from a2rl.inference.generation import load_model
+    from a2rl_bench.inference.generation import load_model
 
     cuda = load_model(tiny_model_dir, "cuda")
     cuda.model.float()

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from sandbox_support import needs_bwrap
 
-from a2rl.summary.leak_audit import audit_leaks, hidden_texts
-from a2rl.paths import a2rl_home
-from a2rl.isolation.sandbox import FORWARDER, Limits, SandboxPolicy, SandboxUnavailable, data_package_paths, sandbox_label, sandbox_mode, workspace_bytes, workspace_over_quota, wrap
+from a2rl_bench.summary.leak_audit import audit_leaks, hidden_texts
+from a2rl_bench.paths import a2rl_home
+from a2rl_bench.isolation.sandbox import FORWARDER, Limits, SandboxPolicy, SandboxUnavailable, data_package_paths, sandbox_label, sandbox_mode, workspace_bytes, workspace_over_quota, wrap
 
 REPO = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
@@ -39,7 +39,7 @@ def workspace(tmp_path) -> Path:
 
 def _child(argv: list[str]) -> list[str]:
     """The command line the shim starts (bubblewrap's, or the launcher's in the fallback)."""
-    assert argv[3].endswith("a2rl/isolation/sandbox.py") and argv[4] == "--shim"
+    assert argv[3].endswith("a2rl_bench/isolation/sandbox.py") and argv[4] == "--shim"
     return json.loads(argv[5])["child"]
 
 
@@ -95,7 +95,7 @@ def test_wrap_refuses_a_read_only_input_swapped_for_a_link(workspace):
 
 
 def test_every_task_data_wheel_is_masked():
-    from a2rl.isolation.sandbox import DATA_DISTRIBUTIONS, data_distributions
+    from a2rl_bench.isolation.sandbox import DATA_DISTRIBUTIONS, data_distributions
 
     reqs = (REPO / "requirements-data.txt").read_text().splitlines()
     names = {line.split("#")[0].split("==")[0].strip() for line in reqs} - {""}
@@ -215,7 +215,7 @@ def _run_as_nobody(tmp_path: Path) -> None:
     # A copy of the package where the other user can read it: a checkout under a private directory (a fresh
     # clone in a 0700 temporary folder) is not, and its import error is not what this test is about.
     src = tmp_path / "src"
-    shutil.copytree(REPO / "a2rl", src / "a2rl", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "a2rl_bench", src / "a2rl_bench", ignore=shutil.ignore_patterns("__pycache__"))
     for folder in [src, *(p for p in src.rglob("*") if p.is_dir())]:
         folder.chmod(0o755)
     for file in (p for p in src.rglob("*") if p.is_file()):
@@ -224,7 +224,7 @@ def _run_as_nobody(tmp_path: Path) -> None:
 import subprocess, sys
 from pathlib import Path
 sys.path.insert(0, {str(src)!r})
-from a2rl.isolation.sandbox import Limits, SandboxPolicy, sandbox_mode, wrap
+from a2rl_bench.isolation.sandbox import Limits, SandboxPolicy, sandbox_mode, wrap
 ws = Path({str(tmp_path)!r}) / "ws"
 (ws / "data").mkdir(parents=True)
 policy = SandboxPolicy(ws, limits=Limits(nproc=32))
@@ -354,7 +354,7 @@ def test_leak_audit_is_bounded_on_large_workspaces_and_then_says_incomplete(work
 
 
 def test_policy_round_trips_through_json_for_harness_side_runners(workspace):
-    from a2rl.isolation.sandbox import describe, policy_from_dict
+    from a2rl_bench.isolation.sandbox import describe, policy_from_dict
 
     policy = SandboxPolicy(workspace, forward_ports=(8123, 9000), gpus=("0", "1"), limits=Limits(nproc=64),
                            extra_ro=(Path("/opt/tools"),), env_keep=("ANTHROPIC_API_KEY",),
@@ -363,7 +363,7 @@ def test_policy_round_trips_through_json_for_harness_side_runners(workspace):
 
 
 def test_leak_audit_skips_what_the_harness_provided(tmp_path):
-    from a2rl.summary.leak_audit import audit_leaks
+    from a2rl_bench.summary.leak_audit import audit_leaks
 
     hidden = "A farmer has seventeen sheep and all but nine run away; how many sheep does the farmer have left now"
     (tmp_path / "data").mkdir()

@@ -18,7 +18,7 @@ from live_server import free_port
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.7"])
 def test_a_bind_beyond_loopback_warns_that_the_server_is_unauthenticated(host):
-    from a2rl.ops import prefect_local
+    from a2rl_bench.ops import prefect_local
 
     warning = prefect_local.exposure_warning(host, 4300)
     assert warning is not None and "no authentication" in warning and "4300" in warning and "127.0.0.1" in warning
@@ -29,7 +29,7 @@ def test_a_bind_beyond_loopback_warns_that_the_server_is_unauthenticated(host):
 
 def test_a_wildcard_servers_ui_is_given_an_address_not_the_host_name():
     """The UI of `--host 0.0.0.0` called the machine's host name, which the browser's machine may not resolve."""
-    from a2rl.ops import prefect_local
+    from a2rl_bench.ops import prefect_local
 
     ui = urlsplit(prefect_local.ui_env("0.0.0.0", 4300)["PREFECT_UI_API_URL"])
     ipaddress.ip_address(ui.hostname)  # an address, not socket.gethostname()
@@ -42,8 +42,8 @@ def test_stop_and_status_with_a_port_mean_the_server_on_that_port(prefect_harnes
     PREFECT_HOME, `status` said "not running" while the named port answered (here: the test server's)."""
     from prefect.settings import PREFECT_API_URL
 
-    from a2rl.cli import main
-    from a2rl.ops import prefect_local
+    from a2rl_bench.cli import main
+    from a2rl_bench.ops import prefect_local
 
     answering = prefect_local.url_port(PREFECT_API_URL.value())
     home = tmp_path / "home"
@@ -80,7 +80,7 @@ def test_stop_and_status_with_a_port_mean_the_server_on_that_port(prefect_harnes
 def test_server_start_names_the_processes_that_hold_its_database(tmp_path):
     """`a2rl server start` beside a running `a2rl run` sharing one prefect.db gave six "database is locked"
     tracebacks; the processes holding the database are named before the server starts."""
-    from a2rl.ops import prefect_local
+    from a2rl_bench.ops import prefect_local
 
     db = tmp_path / "prefect.db"
     holder = subprocess.Popen([sys.executable, "-c", f"import sqlite3, time; c = sqlite3.connect({str(db)!r}); "
@@ -101,7 +101,7 @@ def test_a_plain_run_holds_no_gpu_slot_and_prefect_does_not_warn_of_a_missing_li
     import logging
     import uuid
 
-    from a2rl.ops import gpu_slots
+    from a2rl_bench.ops import gpu_slots
 
     said: list[str] = []
     with caplog.at_level(logging.WARNING):
@@ -114,8 +114,8 @@ def test_a_plain_run_holds_no_gpu_slot_and_prefect_does_not_warn_of_a_missing_li
 def test_server_start_beside_a_process_on_its_database_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
     """It was only a warning, and the server then started on the shared prefect.db: refused now, nothing started,
     one line that says how to start one anyway."""
-    import a2rl.cli
-    from a2rl.ops import prefect_local
+    import a2rl_bench.cli
+    from a2rl_bench.ops import prefect_local
 
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
     monkeypatch.delenv(prefect_local.DATABASE_ENV, raising=False)
@@ -125,7 +125,7 @@ def test_server_start_beside_a_process_on_its_database_is_refused_in_one_line(tm
                                "time.sleep(600)"], stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == "open"
-        assert a2rl.cli.main(["server", "start", "--no-worker", "--port", str(port)]) == 1
+        assert a2rl_bench.cli.main(["server", "start", "--no-worker", "--port", str(port)]) == 1
     finally:
         holder.kill()
     holder.wait()

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.inference.evaluation import EvalSpec
-from a2rl.grading import BudgetClock, GradingContext, GradingService, Ledger
-from a2rl.grading.checkpoint import SubmissionRejected
-from a2rl.base_models.hashing import weights_hash
-from a2rl.records import EvalResult, LedgerEntry, RunConfig
+from a2rl_bench.inference.evaluation import EvalSpec
+from a2rl_bench.grading import BudgetClock, GradingContext, GradingService, Ledger
+from a2rl_bench.grading.checkpoint import SubmissionRejected
+from a2rl_bench.base_models.hashing import weights_hash
+from a2rl_bench.records import EvalResult, LedgerEntry, RunConfig
 
 WAIT_S = 30  # an upper bound for a step that should take milliseconds; reaching it fails the test
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.records import EvalResult, LedgerEntry, RunConfig, RunSummary
-from a2rl.store.schema import MIGRATIONS, SCHEMA_VERSION, VIEWS
-from a2rl.store.results import ResultsStore, StoreError, StoreLockTimeout
+from a2rl_bench.records import EvalResult, LedgerEntry, RunConfig, RunSummary
+from a2rl_bench.store.schema import MIGRATIONS, SCHEMA_VERSION, VIEWS
+from a2rl_bench.store.results import ResultsStore, StoreError, StoreLockTimeout
 
 
 def _config(**kw) -> RunConfig:
@@ -138,7 +138,7 @@ def test_leaderboard_means_over_completed_runs(store: ResultsStore):
 
 def test_a_setting_is_everything_but_the_seed(store: ResultsStore):
     """A 120 s / 32-item run and two 3600 s / 300-item runs are two settings (n = 1 and n = 2), not n = 3."""
-    from a2rl.setting import SETTING_KEY, item_selection, setting_id
+    from a2rl_bench.setting import SETTING_KEY, item_selection, setting_id
 
     short = _config(seed=0, budget_s=120.0, test_limit=32)
     longer = [_config(seed=s, budget_s=3600.0, test_limit=300) for s in (1, 2)]
@@ -155,7 +155,7 @@ def test_a_setting_is_everything_but_the_seed(store: ResultsStore):
 
 
 def test_item_results_are_written_with_their_evaluation_and_rewritten_idempotently(store: ResultsStore):
-    from a2rl.records import ItemResult
+    from a2rl_bench.records import ItemResult
 
     items = [ItemResult(item_id=f"q{i}", completion="", prediction=None, target="1", correct=i % 2 == 0,
                         detail={"generated_tokens": 7}) for i in range(4)]
@@ -181,7 +181,7 @@ def test_the_leak_audit_metric_survives_the_process_metrics(store: ResultsStore)
 def test_the_stores_noise_is_pythons_binomial_se_and_its_sql_has_no_interval_macros(store: ResultsStore, tmp_path):
     """One home for the interval maths: the stored noise is `binomial_se`'s (the macros `t975` and `binomial_se`
     that computed it in SQL are gone)."""
-    from a2rl.summary.intervals import binomial_se
+    from a2rl_bench.summary.intervals import binomial_se
 
     store.start_run("r1", _config(seed=3), tmp_path / "runs" / "r1", "offline")
     store.record_evaluation("r1", "baseline-test", "baseline", _eval("test", 0.0).model_copy(update={"n": 32}))
@@ -248,7 +248,7 @@ def test_each_view_is_defined_once_in_the_schema():
     """Its SQL lives in VIEWS alone: no migration creates or replaces a view, no view is created twice."""
     import re
 
-    source = (Path(__file__).parents[1] / "a2rl" / "store" / "schema.py").read_text()
+    source = (Path(__file__).parents[1] / "a2rl_bench" / "store" / "schema.py").read_text()
     created = re.findall(r"CREATE\s+(?:OR\s+REPLACE\s+)?VIEW\s+(\w+)", source)
     assert sorted(created) == sorted(VIEWS) and len(created) == len(set(created))
     assert all(re.match(rf"(?s)(\s*--[^\n]*\n)*\s*CREATE VIEW {name} AS", sql) for name, sql in VIEWS.items())
@@ -327,7 +327,7 @@ def test_a_new_store_has_small_blocks_and_an_old_one_keeps_its_own(tmp_path: Pat
     """Every write rewrites a few blocks per table it touches: 16 KB blocks write ~15x fewer bytes than 256 KB."""
     import duckdb
 
-    from a2rl.store.results import STORE_BLOCK_SIZE
+    from a2rl_bench.store.results import STORE_BLOCK_SIZE
 
     new = ResultsStore(tmp_path / "new.duckdb")
     assert new.query("SELECT block_size FROM pragma_database_size()")["block_size"][0] == STORE_BLOCK_SIZE

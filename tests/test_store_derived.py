@@ -1,4 +1,4 @@
-"""The protocol's derived numbers are computed once in Python and stored (`a2rl.store.derived`, migration 11), and
+"""The protocol's derived numbers are computed once in Python and stored (`a2rl_bench.store.derived`, migration 11), and
 the views that recomputed them in SQL now join them: every view gives the same rows as the SQL of schema version
 10 did, on stores written through the library and on older stores migrated forward (their rows backfilled)."""
 
@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from a2rl.store.results import ResultsStore
-from a2rl.analysis.synthetic import SyntheticSpec, stage_study_frames, synthetic_frames
+from a2rl_bench.store.results import ResultsStore
+from a2rl_bench.analysis.synthetic import SyntheticSpec, stage_study_frames, synthetic_frames
 from tests.analysis_stores import random_specs, twin_specs, write_store, zero_submission_specs
 
 ORACLE_VERSION = 10  # the last schema whose views computed the derived numbers in SQL
@@ -30,7 +30,7 @@ def _oracle_views() -> dict[str, str]:
 
 
 # Issue 47: the seeds × items interval's seed part has the small-sample factor (1 + 2/k) on its t quantile
-# (`a2rl.summary.intervals.seed_quantile`); version 10's SQL gets it too, so that everything else is still compared.
+# (`a2rl_bench.summary.intervals.seed_quantile`); version 10's SQL gets it too, so that everything else is still compared.
 SEED_QUANTILE = ("COALESCE((t975((k - 1)) ^ 2), 0) * var_seeds",
                  "COALESCE(((t975((k - 1)) * (1 + 2.0 / k)) ^ 2), 0) * var_seeds")
 

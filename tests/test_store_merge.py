@@ -14,11 +14,11 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from a2rl.grading.ledger import Ledger, read_ledger
-from a2rl.records import RunConfig
-from a2rl.run import make_run_id
-from a2rl.store.merge import expand_sources, merge_stores
-from a2rl.store.results import ResultsStore
+from a2rl_bench.grading.ledger import Ledger, read_ledger
+from a2rl_bench.records import RunConfig
+from a2rl_bench.run import make_run_id
+from a2rl_bench.store.merge import expand_sources, merge_stores
+from a2rl_bench.store.results import ResultsStore
 from tests.run_dirs import dump_store, write_run
 
 CONFIGS = {seed: RunConfig(seed=seed, budget_s=60) for seed in range(4)}
@@ -81,7 +81,7 @@ def test_every_hosts_runs_merge_into_one_completed_row_per_configuration_and_mer
     assert {o.status for o in again.outcomes if o.status != "unfinished" and o.status != "superseded"} == {"unchanged"}
     assert again.count("unchanged") == 4
 
-    from a2rl.flows.sweep import completed_hashes
+    from a2rl_bench.flows.sweep import completed_hashes
 
     assert completed_hashes(central) == {c.config_hash() for c in CONFIGS.values()}  # a sweep skips them all
 
@@ -136,8 +136,8 @@ def test_a_run_record_of_the_unversioned_format_merges_to_the_same_rows_as_the_c
     """report.json as every run before issue 38 wrote it (no format version, no provenance) is migrated as it is read:
     its run merges to the very rows of the record the summary step writes now, which carries the manifest's
     provenance."""
-    from a2rl.run import Provenance
-    from a2rl.summary.record import RUN_RECORD_VERSION, read_run_record
+    from a2rl_bench.run import Provenance
+    from a2rl_bench.summary.record import RUN_RECORD_VERSION, read_run_record
 
     reports = sorted((hosts / "b" / "runs").glob("*/harness/report.json"))
     current = read_run_record(reports[0])
@@ -158,8 +158,8 @@ def test_a_run_record_of_the_unversioned_format_merges_to_the_same_rows_as_the_c
 
 
 def test_a_run_record_of_a_newer_format_or_unreadable_is_refused_in_one_line_and_nothing_is_written(hosts):
-    from a2rl.store.ingest import ingest_run_dir
-    from a2rl.summary.record import RUN_RECORD_VERSION, RecordTooNew
+    from a2rl_bench.store.ingest import ingest_run_dir
+    from a2rl_bench.summary.record import RUN_RECORD_VERSION, RecordTooNew
 
     newer, torn = (hosts / "b" / "runs" / RUN_IDS[s] / "harness" / "report.json" for s in (1, 2))
     newer.write_text(json.dumps(json.loads(newer.read_text()) | {"format_version": RUN_RECORD_VERSION + 1}))
@@ -176,7 +176,7 @@ def test_a_run_record_of_a_newer_format_or_unreadable_is_refused_in_one_line_and
 
 
 def test_the_command_line_merges_says_what_it_refused_and_exits_by_it(hosts, capsys):
-    from a2rl.cli import main
+    from a2rl_bench.cli import main
 
     central = hosts.parent / "central.duckdb"
     pattern = str(hosts / "*" / "a2rl.duckdb")
@@ -220,7 +220,7 @@ def test_a_host_store_is_read_without_being_written(hosts):
 
 
 def test_a_worker_with_a_host_store_keeps_its_deployment_runs_there_whatever_store_they_name(monkeypatch, tmp_path):
-    from a2rl.run_options import HOST_RESULTS_ENV, run_results
+    from a2rl_bench.run_options import HOST_RESULTS_ENV, run_results
 
     monkeypatch.delenv(HOST_RESULTS_ENV, raising=False)
     assert run_results(tmp_path / "central.duckdb", deployed=True) == (tmp_path / "central.duckdb", None)
@@ -251,7 +251,7 @@ def rewrite_final_score(harness: Path, score: float) -> None:
 def test_the_merge_deployment_names_its_flows_parameters_runs_beside_the_sweeps_and_is_off_until_resumed():
     import inspect
 
-    from a2rl.flows.merge_flow import merge_stores_flow
+    from a2rl_bench.flows.merge_flow import merge_stores_flow
     from tests.test_run_config import deployments
 
     merge_dep, nightly = deployments()["merge-stores"], deployments()["nightly-sweep"]
@@ -275,7 +275,7 @@ def test_a_run_that_crashed_on_its_host_comes_in_as_crashed_never_as_a_result_an
     a completed attempt from another host later takes its place."""
     import re
 
-    from a2rl.store.merge import FlowRunState
+    from a2rl_bench.store.merge import FlowRunState
 
     _ran_on(hosts / "a" / "a2rl.duckdb", RUN_IDS[1], FLOW_RUNS[1], 1)
     still_running = {FLOW_RUNS[1]: FlowRunState("RUNNING", "Running", 1)}

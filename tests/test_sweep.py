@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from a2rl.records import RunConfig, RunSummary
-from a2rl.run_options import RunOptions, config_from_parameters, run_parameters
-from a2rl.store.results import ResultsStore
-from a2rl.flows.sweep import check_parameters, completed_hashes, expand_matrix, plan_sweep
+from a2rl_bench.records import RunConfig, RunSummary
+from a2rl_bench.run_options import RunOptions, config_from_parameters, run_parameters
+from a2rl_bench.store.results import ResultsStore
+from a2rl_bench.flows.sweep import check_parameters, completed_hashes, expand_matrix, plan_sweep
 
 R = RunOptions(results=Path("r.duckdb"))
 
@@ -35,8 +35,8 @@ def test_the_matrix_has_every_combination_once_in_order():
 
 
 def test_run_parameters_give_the_benchmark_run_the_same_config_hash():
-    from a2rl.flows.benchmark_run import benchmark_run
-    from a2rl.flows.sweep import benchmark_run_parameters
+    from a2rl_bench.flows.benchmark_run import benchmark_run
+    from a2rl_bench.flows.sweep import benchmark_run_parameters
 
     config = RunConfig(task="gsm8k", agent="reference-grpo", mode="rl-only", seed=3, budget_s=90, val_limit=None)
     params = run_parameters(config, RunOptions(results=Path("results/a2rl.duckdb"), grace_s=10))
@@ -50,7 +50,7 @@ def test_run_parameters_give_the_benchmark_run_the_same_config_hash():
 
 
 def _item(config: RunConfig, params: dict):
-    from a2rl.flows.sweep import SweepItem
+    from a2rl_bench.flows.sweep import SweepItem
 
     return SweepItem(config=config, parameters=params)
 
@@ -73,8 +73,8 @@ def test_a_local_sweep_runs_the_rest_one_after_another_and_reports_failures(
 ):
     from prefect import flow
 
-    import a2rl.flows.benchmark_run
-    from a2rl.flows.sweep import SweepConfig, SweepMatrix, sweep
+    import a2rl_bench.flows.benchmark_run
+    from a2rl_bench.flows.sweep import SweepConfig, SweepMatrix, sweep
 
     calls: list[int] = []
     d = RunConfig()
@@ -86,7 +86,7 @@ def test_a_local_sweep_runs_the_rest_one_after_another_and_reports_failures(
             raise RuntimeError("the agent broke")
         _complete(options.results, config, f"run-{config.seed}")
 
-    monkeypatch.setattr(a2rl.flows.benchmark_run, "benchmark_run", stand_in)
+    monkeypatch.setattr(a2rl_bench.flows.benchmark_run, "benchmark_run", stand_in)
     results = tmp_path / "results.duckdb"
     config = SweepConfig(run=RunConfig(budget_s=30), matrix=SweepMatrix(seeds=[0, 1, 2]),
                          options=RunOptions(results=results), local=True)  # fmt: skip
@@ -104,7 +104,7 @@ def test_a_local_sweep_runs_the_rest_one_after_another_and_reports_failures(
 
 
 def test_a_parameter_the_flow_does_not_take_fails_before_anything_runs():
-    from a2rl.flows.sweep import benchmark_run_parameters
+    from a2rl_bench.flows.sweep import benchmark_run_parameters
 
     items = plan_sweep(expand_matrix(["gsm8k"], ["claude-tools"], ["claude-x"], ["free"], [0]), set(), False, R)
     accepted = benchmark_run_parameters(True, "")
@@ -121,8 +121,8 @@ def test_a2rl_sweep_hands_each_run_its_config_and_options(prefect_harness, tmp_p
     options set and the axes varied, and an absolute results path."""
     from prefect import flow
 
-    import a2rl.flows.benchmark_run
-    from a2rl.cli import main
+    import a2rl_bench.flows.benchmark_run
+    from a2rl_bench.cli import main
 
     got: list[tuple[RunConfig, RunOptions]] = []
 
@@ -131,7 +131,7 @@ def test_a2rl_sweep_hands_each_run_its_config_and_options(prefect_harness, tmp_p
         got.append((config, options))
         _complete(options.results, config, f"run-{config.mode}-{config.seed}")
 
-    monkeypatch.setattr(a2rl.flows.benchmark_run, "benchmark_run", stand_in)
+    monkeypatch.setattr(a2rl_bench.flows.benchmark_run, "benchmark_run", stand_in)
     monkeypatch.chdir(tmp_path)
     assert main(["sweep", "--seeds", "0", "1", "--modes", "free", "sft-only", "--budget", "30", "--val-limit", "0",
                  "--results", "r.duckdb"]) == 0  # fmt: skip
@@ -142,7 +142,7 @@ def test_a2rl_sweep_hands_each_run_its_config_and_options(prefect_harness, tmp_p
 
 
 def test_a2rl_sweep_dry_run_shows_what_would_run(tmp_path, monkeypatch, capsys):
-    from a2rl.cli import main
+    from a2rl_bench.cli import main
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))

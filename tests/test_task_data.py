@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import a2rl.benchmarks
-from a2rl.benchmarks.base import TASK_FILE, TaskFileError
+import a2rl_bench.benchmarks
+from a2rl_bench.benchmarks.base import TASK_FILE, TaskFileError
 
 REPO = Path(__file__).resolve().parents[1]
 SNAPSHOT = Path(__file__).parent / "data" / "task_fields.json"
@@ -30,7 +30,7 @@ def _plain(value):
 
 
 def _fields(task_id: str) -> dict:
-    cls = a2rl.benchmarks.TASKS.load(task_id)
+    cls = a2rl_bench.benchmarks.TASKS.load(task_id)
     task = cls()
     every = dataclasses.fields(task)
     fields = {f.name: _plain(getattr(task, f.name)) for f in every if f.name != "_judge_lock"}  # a lock: no value
@@ -45,11 +45,11 @@ def _fields(task_id: str) -> dict:
 @pytest.mark.parametrize("task_id", sorted(json.loads(SNAPSHOT.read_text())))
 def test_every_task_is_built_as_it_was_before_its_fields_moved_to_data(task_id):
     assert _fields(task_id) == json.loads(SNAPSHOT.read_text())[task_id]
-    assert (a2rl.benchmarks.TASKS.load(task_id)().package_dir / TASK_FILE).is_file()
+    assert (a2rl_bench.benchmarks.TASKS.load(task_id)().package_dir / TASK_FILE).is_file()
 
 
 def test_each_task_object_gets_its_own_copy_of_mutable_fields():
-    a, b = a2rl.benchmarks.get_task("gsm8k"), a2rl.benchmarks.get_task("gsm8k")
+    a, b = a2rl_bench.benchmarks.get_task("gsm8k"), a2rl_bench.benchmarks.get_task("gsm8k")
     a.variant_labels["offline"] = "changed"
     assert b.variant_labels["offline"] != "changed"
 
@@ -77,7 +77,7 @@ offline = "made up"
 
 TASK_PY = """\
 from dataclasses import dataclass
-from a2rl.benchmarks.base import BenchmarkTask
+from a2rl_bench.benchmarks.base import BenchmarkTask
 
 
 @dataclass
@@ -133,7 +133,7 @@ def test_a_bad_task_toml_is_one_clear_error(tmp_path, monkeypatch, toml, body, m
 def test_a_variant_labelled_in_task_toml_without_a_loader_is_named_as_not_the_tasks(tmp_path, monkeypatch):
     """Issue #45: a plug-in's task.toml copied from gsm8k's listed a `full` variant the task does not have, and
     `a2rl tasks show` offered it ("not prepared on this machine (needs internet ...)")."""
-    from a2rl.benchmarks.describe import describe_variant
+    from a2rl_bench.benchmarks.describe import describe_variant
 
     body = "    def loaders(self):\n        return {'offline': lambda: None}\n"
     toy = _define(tmp_path, monkeypatch, GOOD.replace('offline = "made up"', 'offline = "made up"\nfull = "GSM8K"'),

@@ -40,7 +40,7 @@ def test_the_cache_survives_a_fresh_home_and_can_be_pointed_elsewhere(tmp_path):
     if os.access("/var/cache", os.W_OK):  # a system cache dir: every HOME (CI's too) finds the same installs
         assert where == "/var/cache/a2rl/tools"
     else:
-        assert where == str(tmp_path / "home" / ".cache" / "a2rl" / "tools")
+        assert where == str(tmp_path / "home" / ".cache" / "a2rl_bench" / "tools")
 
 
 def test_uv_is_installed_once_per_version_even_by_clones_at_the_same_time(tmp_path):
@@ -60,7 +60,7 @@ def test_uv_is_installed_once_per_version_even_by_clones_at_the_same_time(tmp_pa
 
 
 def test_a_checkout_links_the_shared_install_and_the_sandbox_binds_its_real_paths():
-    from a2rl.agents.cli_agents import install
+    from a2rl_bench.agents.cli_agents import install
 
     link = install.TOOLS_DIR / "npm"
     if not link.is_symlink():
@@ -173,7 +173,7 @@ def test_a_wait_for_another_install_and_a_quiet_install_say_what_they_wait_on_an
 def test_make_tools_and_the_runs_preflight_hold_the_agent_clis_to_one_node_floor():
     """`make tools` refused Node 18 by name while a run's preflight, reading codex's `engines` (>=16), blamed the
     install: one floor, the same number in both."""
-    from a2rl.agents.cli_agents.install import NODE_MAJOR_LEAST
+    from a2rl_bench.agents.cli_agents.install import NODE_MAJOR_LEAST
 
     script = (REPO / "scripts" / "tools.sh").read_text()
     assert f'if [ "$node_major" -lt {NODE_MAJOR_LEAST} ]' in script

@@ -6,8 +6,8 @@ import importlib.util
 
 import pytest
 
-from a2rl.inference.evaluation import EvalSpec, evaluate
-from a2rl.benchmarks import get_task
+from a2rl_bench.inference.evaluation import EvalSpec, evaluate
+from a2rl_bench.benchmarks import get_task
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -25,7 +25,7 @@ def test_vllm_and_transformers_backends_agree(tiny_model_dir):
 
 @pytest.mark.skipif(HAS_VLLM, reason="vllm is installed: the clear-error path is not reachable")
 def test_vllm_backend_without_vllm_fails_clearly(tiny_model_dir):
-    from a2rl.inference.vllm_backend import VLLMUnavailable
+    from a2rl_bench.inference.vllm_backend import VLLMUnavailable
 
     with pytest.raises(VLLMUnavailable, match=r"a2rl\[vllm\]"):
         evaluate(tiny_model_dir, EvalSpec.of(get_task("gsm8k"), "offline", "validation", limit=2, backend="vllm"))

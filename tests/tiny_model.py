@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from a2rl.base_models.build import MARKER, ModelProvenance, build_once, model_provenance
+from a2rl_bench.base_models.build import MARKER, ModelProvenance, build_once, model_provenance
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast

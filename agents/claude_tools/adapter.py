@@ -1,4 +1,4 @@
-"""`claude-tools`: the harness starts `python -m a2rl.agents.claude_tools.runner`; the runner holds the driver's
+"""`claude-tools`: the harness starts `python -m a2rl_bench.agents.claude_tools.runner`; the runner holds the driver's
 key and runs the model's tool calls inside the workspace."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from a2rl.agents.base import HARNESS_ENV_PREFIX, Agent, AgentEnv, AgentLaunchError, AgentOptions, LLMDriver
+from a2rl_bench.agents.base import HARNESS_ENV_PREFIX, Agent, AgentEnv, AgentLaunchError, AgentOptions, LLMDriver
 
 
 class LLMAgent(Agent):
@@ -30,7 +30,7 @@ class LLMAgent(Agent):
         if self.driver is None:
             raise AgentLaunchError(
                 f"agent {self.id} needs a driver LLM: set the run's `driver` to the name of a DriverConfig block "
-                "(a2rl.blocks.DriverConfig(model=..., api_key=...).save(name))"
+                "(a2rl_bench.blocks.DriverConfig(model=..., api_key=...).save(name))"
             )
         env.harness_path.mkdir(parents=True, exist_ok=True)
         config = {"driver": self.driver.public(), "options": self.options.model_dump(mode="json"),
@@ -43,4 +43,4 @@ class ClaudeTools(LLMAgent):
     """A tool-using agent on the anthropic SDK: the model loop runs harness-side, its tools in the sandbox."""
 
     id = "claude-tools"
-    runner_module = "a2rl.agents.claude_tools.runner"
+    runner_module = "a2rl_bench.agents.claude_tools.runner"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from a2rl.isolation import safefs
+from a2rl_bench.isolation import safefs
 
 SYSTEM_PROMPT = """\
 You are an autonomous machine-learning engineer. You are given a base language model, a task and a time \

@@ -1,4 +1,4 @@
-"""The harness-side loop of `claude-tools`: `python -m a2rl.agents.claude_tools.runner`, started by `run_agent`.
+"""The harness-side loop of `claude-tools`: `python -m a2rl_bench.agents.claude_tools.runner`, started by `run_agent`.
 
 It holds the driver's API key (from `A2RL_HARNESS_API_KEY`, removed from its environment before any tool
 runs) and talks to the LLM from the host; tools run in the workspace with the agent's scrubbed environment,
@@ -23,9 +23,9 @@ from typing import Any
 
 import anthropic
 
-from a2rl.jsonl import append_jsonl
-from a2rl.isolation.sandbox import SandboxPolicy, policy_from_dict, sandbox_label
-from a2rl.agents.base import (
+from a2rl_bench.jsonl import append_jsonl
+from a2rl_bench.isolation.sandbox import SandboxPolicy, policy_from_dict, sandbox_label
+from a2rl_bench.agents.base import (
     HARNESS_ENV_PREFIX,
     LLM_CALLS_FILE,
     TOOL_CALLS_FILE,
@@ -36,9 +36,9 @@ from a2rl.agents.base import (
     ToolCallEvent,
     shorten,
 )
-from a2rl.agents.claude_tools import context
-from a2rl.agents.claude_tools.prompts import NUDGE, SYSTEM_PROMPT, task_prompt
-from a2rl.agents.claude_tools.tools import TOOL_SPECS, Toolbox
+from a2rl_bench.agents.claude_tools import context
+from a2rl_bench.agents.claude_tools.prompts import NUDGE, SYSTEM_PROMPT, task_prompt
+from a2rl_bench.agents.claude_tools.tools import TOOL_SPECS, Toolbox
 
 TRANSIENT_STATUS = {408, 409, 429, 500, 502, 503, 504, 529}
 MAX_BACKOFF_S = 60.0

@@ -2,7 +2,7 @@
 
 Commands run with the workspace as working directory and the agent's scrubbed environment (the runner's
 environment after it removed its own harness-side variables). With the run's sandbox policy, each command runs
-in a fresh sandbox (a2rl.isolation.sandbox: bubblewrap, loopback + grader only, no harness files), which lives on while
+in a fresh sandbox (a2rl_bench.isolation.sandbox: bubblewrap, loopback + grader only, no harness files), which lives on while
 jobs it left in the background run; without one, on the host. Either way each command has its own process
 group inside the agent's session, so a timeout kills the command with everything it started and the harness's
 budget stop reaches every one of them. File tools run in the runner itself and are confined to the workspace:
@@ -25,8 +25,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from a2rl.isolation import procs
-from a2rl.isolation.sandbox import SandboxPolicy, SandboxUnavailable, agent_uid, sandbox_mode, wrap
+from a2rl_bench.isolation import procs
+from a2rl_bench.isolation.sandbox import SandboxPolicy, SandboxUnavailable, agent_uid, sandbox_mode, wrap
 
 UNSANDBOXED_NOTE = "[note: no sandbox policy: commands run on the host with the harness's rights]"
 

@@ -1,4 +1,4 @@
-"""The agent class of every CLI agent: the harness starts `python -m a2rl.agents.cli_agents.runner`, which runs the
+"""The agent class of every CLI agent: the harness starts `python -m a2rl_bench.agents.cli_agents.runner`, which runs the
 CLI in the workspace behind a key-holding, call-recording LLM proxy and parses the CLI's event stream. Each CLI
 agent is a subclass in its own module that sets `spec` (a `CliAgentSpec`: `claude_code.py`, `codex.py`, ...)."""
 
@@ -12,15 +12,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
 
-from a2rl.isolation.sandbox import SandboxPolicy
-from a2rl.agents.base import HARNESS_ENV_PREFIX, AgentEnv, AgentLaunchError, agent_environment
-from a2rl.agents.claude_tools.adapter import LLMAgent
-from a2rl.agents.cli_agents.install import PROJECT_ROOT, TOO_BUSY, check_starts, find_cli, node_mismatch
-from a2rl.agents.cli_agents.spec import CliAgentSpec
+from a2rl_bench.isolation.sandbox import SandboxPolicy
+from a2rl_bench.agents.base import HARNESS_ENV_PREFIX, AgentEnv, AgentLaunchError, agent_environment
+from a2rl_bench.agents.claude_tools.adapter import LLMAgent
+from a2rl_bench.agents.cli_agents.install import PROJECT_ROOT, TOO_BUSY, check_starts, find_cli, node_mismatch
+from a2rl_bench.agents.cli_agents.spec import CliAgentSpec
 
 
 class CLIAgent(LLMAgent):
-    runner_module = "a2rl.agents.cli_agents.runner"
+    runner_module = "a2rl_bench.agents.cli_agents.runner"
     spec: ClassVar[CliAgentSpec]
     """Set by each CLI agent's class; the attributes below are copied from it, as `a2rl agents` reads them."""
     executable: str

@@ -7,13 +7,13 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from a2rl.agents.base import AgentOptions, LLMDriver, ToolCallEvent, shorten
-from a2rl.agents.cli_agents.adapter import CLIAgent
-from a2rl.agents.cli_agents.spec import CliAgentSpec, CliInstall, cli_home
-from a2rl.agents.cli_agents.streams import PairingParser, content_text
+from a2rl_bench.agents.base import AgentOptions, LLMDriver, ToolCallEvent, shorten
+from a2rl_bench.agents.cli_agents.adapter import CLIAgent
+from a2rl_bench.agents.cli_agents.spec import CliAgentSpec, CliInstall, cli_home
+from a2rl_bench.agents.cli_agents.streams import PairingParser, content_text
 
 if TYPE_CHECKING:
-    from a2rl.agents.cli_agents.proxy import LLMProxy
+    from a2rl_bench.agents.cli_agents.proxy import LLMProxy
 
 
 class GeminiStreamParser(PairingParser):

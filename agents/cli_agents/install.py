@@ -18,10 +18,10 @@ import subprocess
 from dataclasses import replace
 from pathlib import Path
 
-from a2rl import paths
+from a2rl_bench import paths
 
 PROJECT_ROOT = paths.import_root()
-"""Where `import a2rl` finds this harness: a checkout's root, or the site-packages of an installed wheel."""
+"""Where `import a2rl_bench` finds this harness: a checkout's root, or the site-packages of an installed wheel."""
 TOOLS_DIR = Path(os.environ.get("A2RL_TOOLS_DIR") or (paths.checkout_root() or paths.a2rl_home_path()) / ".tools")
 """Where `make tools` links the pinned CLIs (a checkout's git-ignored `.tools`; an installed wheel's under the cache
 root); A2RL_TOOLS_DIR points elsewhere (a shared install)."""
@@ -186,8 +186,8 @@ def check_starts(argv: list[str], env: dict[str, str], sandbox=None, timeout_s: 
     `SandboxPolicy`, with the CLI's install directories bound) or on the host; None if it exits 0, else one
     line saying why it cannot start. `timeout_s` is for an idle machine: it grows with the load, and a
     program that runs out of time gets a second, longer try before the answer says the machine is busy."""
-    from a2rl.isolation.sandbox import wrap
-    from a2rl.ops.load import describe_load, scaled_timeout
+    from a2rl_bench.isolation.sandbox import wrap
+    from a2rl_bench.ops.load import describe_load, scaled_timeout
 
     if sandbox is not None:
         sandbox = replace(sandbox, extra_ro=(*sandbox.extra_ro, *install_dirs(argv[0], env.get("PATH"))))

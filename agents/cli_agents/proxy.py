@@ -22,8 +22,8 @@ from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit
 
 import httpx
 
-from a2rl.jsonl import append_jsonl
-from a2rl.agents.base import LLMCallEvent, LLMDriver
+from a2rl_bench.jsonl import append_jsonl
+from a2rl_bench.agents.base import LLMCallEvent, LLMDriver
 
 DEFAULT_UPSTREAM = {"anthropic": "https://api.anthropic.com", "openai": "https://api.openai.com/v1",
                     "gemini": "https://generativelanguage.googleapis.com"}  # fmt: skip

@@ -1,4 +1,4 @@
-"""The harness-side runner of a CLI agent: `python -m a2rl.agents.cli_agents.runner`, started by `run_agent`.
+"""The harness-side runner of a CLI agent: `python -m a2rl_bench.agents.cli_agents.runner`, started by `run_agent`.
 
 It starts an `LLMProxy` holding the driver's key, then the CLI in the workspace (same process group as the
 runner, so the harness's budget stop reaches it) with the proxy's URL and a per-session token instead of the
@@ -23,16 +23,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlparse
 
-from a2rl.isolation import procs
-from a2rl.isolation.sandbox import SandboxPolicy, wrap
-from a2rl.jsonl import append_jsonl
-from a2rl.agents import agent_class
-from a2rl.agents.base import LLM_CALLS_FILE, TOOL_CALLS_FILE, TRANSCRIPT_FILE, AgentOptions, LLMDriver
-from a2rl.agents.claude_tools.prompts import task_prompt
-from a2rl.agents.claude_tools.runner import make_undumpable, sandbox_policy, take_harness_env
-from a2rl.agents.cli_agents.install import install_dirs
-from a2rl.agents.cli_agents.proxy import LLMProxy
-from a2rl.agents.cli_agents.streams import StreamParser
+from a2rl_bench.isolation import procs
+from a2rl_bench.isolation.sandbox import SandboxPolicy, wrap
+from a2rl_bench.jsonl import append_jsonl
+from a2rl_bench.agents import agent_class
+from a2rl_bench.agents.base import LLM_CALLS_FILE, TOOL_CALLS_FILE, TRANSCRIPT_FILE, AgentOptions, LLMDriver
+from a2rl_bench.agents.claude_tools.prompts import task_prompt
+from a2rl_bench.agents.claude_tools.runner import make_undumpable, sandbox_policy, take_harness_env
+from a2rl_bench.agents.cli_agents.install import install_dirs
+from a2rl_bench.agents.cli_agents.proxy import LLMProxy
+from a2rl_bench.agents.cli_agents.streams import StreamParser
 
 SUMMARY_FILE = "cli_summary.json"
 GRACE_S = 10.0

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from a2rl.agents.base import AgentOptions, LLMDriver
-    from a2rl.agents.cli_agents.proxy import LLMProxy
-    from a2rl.agents.cli_agents.streams import StreamParser
+    from a2rl_bench.agents.base import AgentOptions, LLMDriver
+    from a2rl_bench.agents.cli_agents.proxy import LLMProxy
+    from a2rl_bench.agents.cli_agents.streams import StreamParser
 
 CommandBuilder = Callable[[str, "LLMDriver", "AgentOptions", "LLMProxy"], tuple[list[str], dict[str, str]]]
 """(prompt, driver, options, proxy) -> the CLI's argv and the environment it adds. It points the CLI at

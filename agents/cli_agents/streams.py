@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from a2rl.agents.base import ToolCallEvent, shorten
+from a2rl_bench.agents.base import ToolCallEvent, shorten
 
 
 class StreamParser:

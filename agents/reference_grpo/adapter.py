@@ -6,13 +6,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from a2rl.isolation import safefs
-from a2rl.agents.base import Agent
-from a2rl.paths import package_file
+from a2rl_bench.isolation import safefs
+from a2rl_bench.agents.base import Agent
+from a2rl_bench.paths import package_file
 
 HERE = Path(__file__).parent
 REFERENCE_SFT = HERE.parent / "reference_sft"
-DECODE_ENGINE = package_file("a2rl.inference", "decode_engine.py")
+DECODE_ENGINE = package_file("a2rl_bench.inference", "decode_engine.py")
 """Stand-alone (torch and transformers only): on CUDA the GRPO trainers sample through a copy of it in `code/`."""
 
 

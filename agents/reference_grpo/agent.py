@@ -27,7 +27,7 @@ from pathlib import Path
 try:  # in a workspace: the copy beside this file
     import round_loop as loop
 except ImportError:  # in the harness's source tree
-    from a2rl.agents.reference_sft import agent as loop
+    from a2rl_bench.agents.reference_sft import agent as loop
 
 
 class Stopped(Exception):
@@ -210,7 +210,7 @@ def interactive_session():
         import sft_grpo_session
     except ImportError:
         try:  # in the harness's source tree
-            from a2rl.agents.reference_sft_grpo import sft_grpo_session
+            from a2rl_bench.agents.reference_sft_grpo import sft_grpo_session
         except ImportError:
             return None
     return sft_grpo_session

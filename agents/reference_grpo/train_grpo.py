@@ -191,7 +191,7 @@ def import_decode_engine():
     try:
         import decode_engine
     except ImportError:
-        from a2rl.inference import decode_engine
+        from a2rl_bench.inference import decode_engine
     return decode_engine
 
 

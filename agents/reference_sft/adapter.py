@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from a2rl.isolation import safefs
-from a2rl.agents.base import Agent
+from a2rl_bench.isolation import safefs
+from a2rl_bench.agents.base import Agent
 
 SCRIPTS = ("agent.py", "train_sft.py", "train_common.py", "train_precision.py")
 

@@ -19,8 +19,8 @@ from pathlib import Path
 try:  # run as a script, in a workspace's code/ or here: the sibling module
     from train_common import (LORA_AUTO_MIN_PARAMS, PROMPT_TEMPLATE, SUMMARY_PREFIX, fix_tokenizer_config,  # noqa: F401
                               lora_config, save_checkpoint)
-except ImportError:  # imported as a2rl.agents.reference_sft.train_sft (tests, the SFT+GRPO session)
-    from a2rl.agents.reference_sft.train_common import (LORA_AUTO_MIN_PARAMS, PROMPT_TEMPLATE, SUMMARY_PREFIX,
+except ImportError:  # imported as a2rl_bench.agents.reference_sft.train_sft (tests, the SFT+GRPO session)
+    from a2rl_bench.agents.reference_sft.train_common import (LORA_AUTO_MIN_PARAMS, PROMPT_TEMPLATE, SUMMARY_PREFIX,
                                                    fix_tokenizer_config, lora_config, save_checkpoint)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from a2rl.agents.reference_grpo.adapter import ReferenceGRPO
+from a2rl_bench.agents.reference_grpo.adapter import ReferenceGRPO
 
 HERE = Path(__file__).parent
 SESSION_FILES = ("sft_grpo_session.py", "sft_torch.py", "grpo_env_torch.py", "search_demos.py")

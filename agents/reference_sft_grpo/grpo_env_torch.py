@@ -50,10 +50,10 @@ try:  # in a workspace: the copies beside this file
     from sft_torch import autocast, shared_prefix_length, target_log_probs
     from train_grpo import import_decode_engine
 except ImportError:  # in the harness's source tree
-    from a2rl.agents.reference_grpo.train_grpo import import_decode_engine
-    from a2rl.agents.reference_sft_grpo.search_demos import import_envlib  # noqa: F401
-    from a2rl.agents.reference_sft_grpo.sft_torch import MIN_SHARED_PREFIX as MIN_TRAIN_PREFIX
-    from a2rl.agents.reference_sft_grpo.sft_torch import autocast, shared_prefix_length, target_log_probs
+    from a2rl_bench.agents.reference_grpo.train_grpo import import_decode_engine
+    from a2rl_bench.agents.reference_sft_grpo.search_demos import import_envlib  # noqa: F401
+    from a2rl_bench.agents.reference_sft_grpo.sft_torch import MIN_SHARED_PREFIX as MIN_TRAIN_PREFIX
+    from a2rl_bench.agents.reference_sft_grpo.sft_torch import autocast, shared_prefix_length, target_log_probs
 
 ALGORITHMS = ("grpo", "gigpo")
 INVALID_OBSERVATION = "Nothing happens"

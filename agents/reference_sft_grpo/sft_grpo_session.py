@@ -30,8 +30,8 @@ try:  # in a workspace: the copies beside this file
     import search_demos
     import sft_torch
 except ImportError:  # in the harness's source tree
-    from a2rl.agents.reference_sft import agent as loop
-    from a2rl.agents.reference_sft_grpo import search_demos, sft_torch
+    from a2rl_bench.agents.reference_sft import agent as loop
+    from a2rl_bench.agents.reference_sft_grpo import search_demos, sft_torch
 
 MAX_ENTROPY_ROLLBACKS = 3
 """RL stops after this many rollbacks for a rising entropy (the policy keeps drifting away at any rate)."""
@@ -291,7 +291,7 @@ class InteractiveSession:
         try:
             import grpo_env_torch
         except ImportError:
-            from a2rl.agents.reference_sft_grpo import grpo_env_torch
+            from a2rl_bench.agents.reference_sft_grpo import grpo_env_torch
         k = self.k
         envlib = grpo_env_torch.import_envlib(self.s.data_path)
         return grpo_env_torch.GRPOEnv(
@@ -356,7 +356,7 @@ class InteractiveSession:
         try:
             from train_sft import save_checkpoint
         except ImportError:
-            from a2rl.agents.reference_sft.train_sft import save_checkpoint
+            from a2rl_bench.agents.reference_sft.train_sft import save_checkpoint
         out = self.s.output_dir / f"v{loop.next_version(self.s.output_dir)}"
         self.s.output_dir.mkdir(parents=True, exist_ok=True)
         save_checkpoint(self.model, self.tokenizer, out)

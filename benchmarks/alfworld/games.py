@@ -22,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from a2rl.benchmarks.envs.household import APPLIANCE, STATE_WORD
+from a2rl_bench.benchmarks.envs.household import APPLIANCE, STATE_WORD
 
 PACKAGE, VERSION = "alfworld", "0.4.2"
 TASK_TYPES = (

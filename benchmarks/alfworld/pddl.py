@@ -48,7 +48,7 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
-from a2rl.benchmarks.alfworld.games import constants, wheel_dir
+from a2rl_bench.benchmarks.alfworld.games import constants, wheel_dir
 
 SExpr = str | list["SExpr"]
 Atom = tuple[str, ...]

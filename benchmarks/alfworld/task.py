@@ -1,6 +1,6 @@
 """ALFWorld (L3): offline, ALFWorld-style games generated from the alfworld wheel (our own simulation of
 its domain); `full`, the real ALFWorld TextWorld games when downloaded. Regenerate the committed manifest with
-`python -c "from a2rl.benchmarks.alfworld.task import write_offline_manifest; write_offline_manifest()"`.
+`python -c "from a2rl_bench.benchmarks.alfworld.task import write_offline_manifest; write_offline_manifest()"`.
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from a2rl.benchmarks.alfworld.games import PACKAGE, VERSION, ALFWorldDataError, game_hash, generate_game, layout_names
-from a2rl.benchmarks.base import Item, Messages, TaskData
-from a2rl.benchmarks.envs.base import StepResult, TextEnv
-from a2rl.benchmarks.envs.household import SIMULATION_VERSION, HouseholdEnv, household_prompt
-from a2rl.benchmarks.envs.splits import read_manifest, write_manifest
-from a2rl.benchmarks.envs.task import AgentEnvironment, InteractiveTask
-from a2rl.paths import data_file
+from a2rl_bench.benchmarks.alfworld.games import PACKAGE, VERSION, ALFWorldDataError, game_hash, generate_game, layout_names
+from a2rl_bench.benchmarks.base import Item, Messages, TaskData
+from a2rl_bench.benchmarks.envs.base import StepResult, TextEnv
+from a2rl_bench.benchmarks.envs.household import SIMULATION_VERSION, HouseholdEnv, household_prompt
+from a2rl_bench.benchmarks.envs.splits import read_manifest, write_manifest
+from a2rl_bench.benchmarks.envs.task import AgentEnvironment, InteractiveTask
+from a2rl_bench.paths import data_file
 
 MANIFEST = data_file("alfworld", "split-offline.json")
-REGENERATE = "a2rl.benchmarks.alfworld.task.write_offline_manifest()"
+REGENERATE = "a2rl_bench.benchmarks.alfworld.task.write_offline_manifest()"
 SEEDS = {"train": (0, 600), "validation": (100_000, 60), "test": (200_000, 134)}
 """(first seed, number of games) per split; test has as many games as ALFWorld's valid_unseen."""
 
@@ -86,7 +86,7 @@ def load_offline(path: Path = MANIFEST) -> TaskData:
 class ALFWorld(InteractiveTask):
     """Declarative fields (id, title, decoding, variant labels, ...): task.toml beside this file."""
     agent_environment = AgentEnvironment(
-        ("a2rl.benchmarks.envs.household",), "household:make_env", "household:household_prompt"
+        ("a2rl_bench.benchmarks.envs.household",), "household:make_env", "household:household_prompt"
     )
 
     def loaders(self) -> dict[str, Callable[[], TaskData]]:

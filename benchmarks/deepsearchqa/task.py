@@ -1,6 +1,6 @@
 """DeepSearchQA (L3): offline, TriviaQA over offline Wikipedia summaries with BM25; `full`, google/deepsearchqa
 with a web search backend. Regenerate the committed offline split (about a minute: one BM25 query per question)
-with `python -c "from a2rl.benchmarks.deepsearchqa.task import write_offline_manifest; write_offline_manifest()"`.
+with `python -c "from a2rl_bench.benchmarks.deepsearchqa.task import write_offline_manifest; write_offline_manifest()"`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from a2rl.benchmarks.base import Item, Messages, TaskData
-from a2rl.benchmarks.deepsearchqa.corpus import (
+from a2rl_bench.benchmarks.base import Item, Messages, TaskData
+from a2rl_bench.benchmarks.deepsearchqa.corpus import (
     TRIVIAQA,
     WIKI,
     DeepSearchQADataError,
@@ -22,7 +22,7 @@ from a2rl.benchmarks.deepsearchqa.corpus import (
     read_triviaqa,
     sha256_of,
 )
-from a2rl.benchmarks.deepsearchqa.web import (
+from a2rl_bench.benchmarks.deepsearchqa.web import (
     FULL_SEED,
     FULL_SIZES,
     HF_DATASET,
@@ -30,19 +30,19 @@ from a2rl.benchmarks.deepsearchqa.web import (
     WebSearchQAEnv,
     items_from_rows,
 )
-from a2rl.benchmarks.envs.base import TextEnv
-from a2rl.benchmarks.envs.bm25 import BM25
-from a2rl.benchmarks.envs import searchqa
-from a2rl.benchmarks.envs.searchqa import Judge, SearchQAEnv, contains_alias, searchqa_prompt
-from a2rl.benchmarks.envs.splits import read_manifest, split_ids, write_manifest
-from a2rl.benchmarks.envs.task import AgentEnvironment, InteractiveTask
-from a2rl.paths import data_file
+from a2rl_bench.benchmarks.envs.base import TextEnv
+from a2rl_bench.benchmarks.envs.bm25 import BM25
+from a2rl_bench.benchmarks.envs import searchqa
+from a2rl_bench.benchmarks.envs.searchqa import Judge, SearchQAEnv, contains_alias, searchqa_prompt
+from a2rl_bench.benchmarks.envs.splits import read_manifest, split_ids, write_manifest
+from a2rl_bench.benchmarks.envs.task import AgentEnvironment, InteractiveTask
+from a2rl_bench.paths import data_file
 
 SPLIT_SEED = 20262
 SIZES = {"validation": 200, "test": 400, "train": -1}
 RETRIEVAL_K = 5
 MANIFEST = data_file("deepsearchqa", "split-offline.json")
-REGENERATE = "a2rl.benchmarks.deepsearchqa.task.write_offline_manifest()"
+REGENERATE = "a2rl_bench.benchmarks.deepsearchqa.task.write_offline_manifest()"
 
 
 @functools.lru_cache(maxsize=1)
@@ -138,7 +138,7 @@ def full_task_data(rows: list[dict[str, Any]]) -> TaskData:
 class DeepSearchQA(InteractiveTask):
     """Declarative fields (id, title, decoding, variant labels, ...): task.toml beside this file."""
     agent_environment = AgentEnvironment(
-        ("a2rl.benchmarks.envs.searchqa",), "searchqa:make_env", "searchqa:searchqa_prompt"
+        ("a2rl_bench.benchmarks.envs.searchqa",), "searchqa:make_env", "searchqa:searchqa_prompt"
     )
 
     judge: Judge | None = None

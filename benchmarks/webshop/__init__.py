@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from a2rl.benchmarks.webshop.catalog import WebShopDataError
-from a2rl.benchmarks.webshop.task import WebShop, write_offline_manifest
+from a2rl_bench.benchmarks.webshop.catalog import WebShopDataError
+from a2rl_bench.benchmarks.webshop.task import WebShop, write_offline_manifest
 
 __all__ = ["WebShop", "WebShopDataError", "write_offline_manifest"]

@@ -18,7 +18,7 @@ import math
 import random
 from pathlib import Path
 from typing import Any
-from a2rl.benchmarks.base import wheel_data_file
+from a2rl_bench.benchmarks.base import wheel_data_file
 
 PACKAGE, VERSION = "inspect-evals", "0.28.0"
 DB_FILE = "inspect_evals/tau2/data/domains/retail/db.json.gz"

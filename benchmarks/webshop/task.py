@@ -1,7 +1,7 @@
 """WebShop (L3): the offline WebShop-style shop on the tau2 retail catalog, and the real WebShop if installed.
 
 Regenerate the committed offline split with
-`python -c "from a2rl.benchmarks.webshop.task import write_offline_manifest; write_offline_manifest()"`.
+`python -c "from a2rl_bench.benchmarks.webshop.task import write_offline_manifest; write_offline_manifest()"`.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from a2rl.benchmarks.base import Item, Messages, TaskData
-from a2rl.benchmarks.envs.base import TextEnv
-from a2rl.benchmarks.envs.bm25 import BM25
-from a2rl.benchmarks.envs import shop
-from a2rl.benchmarks.envs.shop import ShopEnv, listing_text, shop_prompt
-from a2rl.benchmarks.envs.splits import read_manifest, split_ids, write_manifest
-from a2rl.benchmarks.envs.task import AgentEnvironment, InteractiveTask
-from a2rl.benchmarks.webshop.catalog import (
+from a2rl_bench.benchmarks.base import Item, Messages, TaskData
+from a2rl_bench.benchmarks.envs.base import TextEnv
+from a2rl_bench.benchmarks.envs.bm25 import BM25
+from a2rl_bench.benchmarks.envs import shop
+from a2rl_bench.benchmarks.envs.shop import ShopEnv, listing_text, shop_prompt
+from a2rl_bench.benchmarks.envs.splits import read_manifest, split_ids, write_manifest
+from a2rl_bench.benchmarks.envs.task import AgentEnvironment, InteractiveTask
+from a2rl_bench.benchmarks.webshop.catalog import (
     CATALOG_SEED,
     DB_FILE,
     PACKAGE,
@@ -30,12 +30,12 @@ from a2rl.benchmarks.webshop.catalog import (
     catalog_hash,
     read_products,
 )
-from a2rl.paths import data_file
+from a2rl_bench.paths import data_file
 
 SPLIT_SEED = 20261
 SIZES = {"validation": 100, "test": 100, "train": -1}
 MANIFEST = data_file("webshop", "split-offline.json")
-REGENERATE = "a2rl.benchmarks.webshop.task.write_offline_manifest()"
+REGENERATE = "a2rl_bench.benchmarks.webshop.task.write_offline_manifest()"
 
 
 @functools.lru_cache(maxsize=1)
@@ -103,7 +103,7 @@ def real_webshop_available() -> bool:
 class WebShop(InteractiveTask):
     """Declarative fields (id, title, decoding, variant labels, ...): task.toml beside this file."""
     agent_environment = AgentEnvironment(
-        ("a2rl.benchmarks.envs.shop",), "shop:make_env", "shop:shop_prompt"
+        ("a2rl_bench.benchmarks.envs.shop",), "shop:make_env", "shop:shop_prompt"
     )
 
     def loaders(self) -> dict[str, Callable[[], TaskData]]:
@@ -164,7 +164,7 @@ class RealWebShopEnv(TextEnv):
         return observation, {}
 
     def step(self, action: str) -> Any:
-        from a2rl.benchmarks.envs.base import StepResult
+        from a2rl_bench.benchmarks.envs.base import StepResult
 
         action = action.replace("choose[", "click[")
         observation, reward, done, info = self.env.step(action)
