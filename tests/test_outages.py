@@ -145,7 +145,8 @@ def _each_ended_once(cluster: Cluster, ids: list[str]) -> None:
         states = sorted(prefect_http.get(f"{cluster.url}/flow_run_states/", params={"flow_run_id": i}).json(),
                         key=lambda s: s["timestamp"])  # fmt: skip
         endings = [s["type"] for s in states if s["type"] in ("CRASHED", "COMPLETED", "FAILED", "CANCELLED")]
-        assert final["state_type"] == "COMPLETED" and endings == ["COMPLETED"], (i, [s["name"] for s in states])
+        history = [(s["name"], s["message"]) for s in states]
+        assert final["state_type"] == "COMPLETED" and endings == ["COMPLETED"], (i, history)
         assert final["run_count"] == 1, (i, final["run_count"])
         (harness,) = cluster.harness_dirs(i)  # one host ran it
         assert len(read_attempts(harness).attempts) == 1
