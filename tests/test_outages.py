@@ -140,8 +140,11 @@ def _runs_in_flight(cluster: Cluster, tiny_model_dir: Path, tag: str) -> list[st
 def _each_ended_once(cluster: Cluster, ids: list[str]) -> None:
     """Every run: Completed at its first attempt with no Crashed (or second ending) in its history, one completed
     row in the stores of all hosts, one attempt in its directory, and no process of it left."""
-    for i in ids:
-        final = wait_for(lambda: final_run(cluster.url, i), timeout_s=900, what=f"run {i} to end")
+    finals = {i: wait_for(lambda: final_run(cluster.url, i), timeout_s=900, what=f"run {i} to end") for i in ids}
+    # No attempt alive: the workers' flow-run processes (and their agents) are all gone; the stores are free.
+    wait_for(lambda: all(len(family(w)) == 1 for w in cluster.workers), timeout_s=120,
+             what="the flow-run processes to exit")  # fmt: skip
+    for i, final in finals.items():
         states = sorted(prefect_http.get(f"{cluster.url}/flow_run_states/", params={"flow_run_id": i}).json(),
                         key=lambda s: s["timestamp"])  # fmt: skip
         endings = [s["type"] for s in states if s["type"] in ("CRASHED", "COMPLETED", "FAILED", "CANCELLED")]
@@ -152,9 +155,6 @@ def _each_ended_once(cluster: Cluster, ids: list[str]) -> None:
         assert len(read_attempts(harness).attempts) == 1
         assert [_status(store, harness.parent.name) for store in cluster.root.glob("hosts/*/results/a2rl.duckdb")
                 ].count("completed") == 1  # fmt: skip
-    # No attempt alive: the workers' flow-run processes (and their agents) are all gone.
-    wait_for(lambda: all(len(family(w)) == 1 for w in cluster.workers), timeout_s=120,
-             what="the flow-run processes to exit")  # fmt: skip
 
 
 def _status(store: Path, run_id: str) -> str | None:
