@@ -8,6 +8,8 @@ lines and non-object rows are skipped, a missing file reads as empty.
 from __future__ import annotations
 
 import json
+import os
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -34,9 +36,11 @@ def read_jsonl(path: Path | str, *, tolerant: bool = False) -> list[Any]:
 
 
 def write_jsonl(path: Path | str, rows: Iterable[Any]) -> None:
-    """Write all rows at once: to a temporary file beside `path`, then renamed, so readers never see half."""
+    """Write all rows at once: to a temporary file beside `path`, then renamed, so readers never see half. The
+    temporary is the writer's own: two runs on one host filling the shared task-data cache at once each rename
+    theirs (a shared name made the second rename fail, FileNotFoundError, and could mix both writes)."""
     path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     with tmp.open("w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")

@@ -157,8 +157,12 @@ def agent_session(
                                 sandbox=policy, log_matcher=output_matcher(ctx))
             service.close()
     outcome.agent_seconds, outcome.grace_seconds = round(clock.agent_seconds(), 3), round(clock.grace_seconds(), 3)
-    service.record_event("session-end", **outcome.model_dump(), grading_seconds=round(service.grading_seconds, 3))
+    service.record_event("session-end", **outcome.model_dump(), grading_seconds=round(service.grading_seconds, 3),
+                         host_frozen_s=round(clock.frozen_seconds(), 1))
     logger.info("agent %s after %.0f s (exit code %s)", outcome.ended_by, outcome.agent_seconds, outcome.exit_code)
+    if clock.frozen_seconds():
+        logger.warning("the host stood still (stopped or frozen) for %.0f s of the session: not charged to the agent",
+                       clock.frozen_seconds())
     return outcome
 
 

@@ -58,6 +58,11 @@ class LocalPostgres:
         """initdb (fsync off: a throwaway cluster) and start; returns once it accepts connections."""
         self._run("initdb", "-D", str(self.data), "-U", self.USER, "--auth=trust", "-E", "UTF8", "--no-sync",
                   timeout_s=timeout_s)  # fmt: skip
+        return self.resume(timeout_s)
+
+    def resume(self, timeout_s: float = 120) -> LocalPostgres:
+        """Start the server on its files and port (after `halt()`: the database comes back); returns once it accepts
+        connections."""
         options = (f"-c listen_addresses=127.0.0.1 -p {self.port} -c unix_socket_directories='{self.root}' "
                    "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200")  # fmt: skip
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-o", options, "-w",

@@ -190,3 +190,66 @@ def test_a_retry_goes_on_only_from_the_directory_of_the_attempt_just_before_it(t
     kept = runs / f"{first.run_id}.attempt-1-set-aside"
     assert (kept / "harness" / "ledger.jsonl").read_text() == "attempt 1's ledger\n"  # nothing is lost
     assert ResultsStore(results).ledger_head(first.run_id) is None  # the new ledger is not checked against it
+
+
+# A host's harness: its agent's clock and recorder, and an agent process in its process group; it prints when its
+# clock started, runs until a line on stdin, then prints when it stopped and what its clock counted.
+FROZEN_HOST = """
+import json, subprocess, sys, time
+from pathlib import Path
+from a2rl.grading.clock import BudgetClock, ClockRecorder
+
+h = Path(sys.argv[1])
+agent = subprocess.Popen(["sleep", "600"])
+clock = BudgetClock(600)
+with ClockRecorder(clock, h / "clock.json"):
+    clock.start()
+    print(time.time(), flush=True)
+    sys.stdin.readline()
+    clock.stop()
+    print(json.dumps({"at": time.time(), "elapsed": clock.elapsed(), "frozen": clock.frozen_seconds()}), flush=True)
+agent.kill()
+"""
+
+
+def _host_session(tmp_path: Path, freeze_s: float) -> tuple[float, dict, float]:
+    """Run the host's session ~2 s, freeze its whole process group `freeze_s` (0: none), run it ~2 s more and stop
+    it; (the agent's wall time as seen from outside less the frozen stretch, the harness's record, frozen wall)."""
+    script = tmp_path / "host.py"
+    script.write_text(FROZEN_HOST)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        started = float(proc.stdout.readline())
+        time.sleep(2.0)
+        frozen = 0.0
+        if freeze_s:
+            stopped = time.time()
+            os.killpg(proc.pid, signal.SIGSTOP)  # harness, its threads and its agent: the whole host stands still
+            time.sleep(freeze_s)
+            os.killpg(proc.pid, signal.SIGCONT)
+            frozen = time.time() - stopped
+        time.sleep(2.0)
+        proc.stdin.write("stop\n")
+        proc.stdin.flush()
+        record = json.loads(proc.stdout.readline())
+        proc.wait(timeout=60)  # its recorder's last save is made as it leaves
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return record["at"] - started - frozen, record, frozen
+
+
+def test_frozen_host_time_is_not_charged_to_the_agent_and_an_unfrozen_run_is_charged_in_full(tmp_path):
+    """The harness's process group, its agent with it, SIGSTOPped 7 s mid-session and woken: the agent's clock and
+    its saved record leave the frozen stretch out (within a second); a run never frozen is charged its wall time."""
+    truth, record, frozen = _host_session(tmp_path, freeze_s=7.0)
+    assert frozen >= 7.0
+    assert abs(record["elapsed"] - truth) <= 1.0, (record, truth, frozen)
+    assert abs(record["frozen"] - frozen) <= 1.0, (record, frozen)
+    assert abs(ClockRecorder.used_seconds(tmp_path / CLOCK_FILE) - record["elapsed"]) < 0.01
+
+    truth, record, _ = _host_session(tmp_path, freeze_s=0.0)
+    assert record["frozen"] == 0.0
+    assert abs(record["elapsed"] - truth) <= 1.0, (record, truth)

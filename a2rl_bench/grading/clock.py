@@ -5,6 +5,10 @@ of the agent's budget was already spent, within a quarter of a second; an earlie
 running after its harness stopped recording (a frozen harness) is charged up to the moment the retry ended it
 (`charge_until`); one that stops itself because a later attempt took over saves its clock as it ends its agent
 (`stop_all_now`). Time past the budget (the grace the agent gets to wrap up) is counted apart from it.
+
+Frozen host time is not agent time: `FreezeWatch` ticks beside the clock and takes off the agent's time any stretch
+in which the harness itself could not run (its host or process group stopped, SIGSTOP or a cgroup freeze): its
+ticker's gap of at least `FROZEN_GAP_S` spent neither running nor waiting for a CPU (the kernel's schedstat).
 """
 
 from __future__ import annotations
@@ -19,6 +23,75 @@ CLOCK_FILE = "clock.json"
 """In the run's harness directory: the agent's clock as `ClockRecorder` last saved it."""
 _RECORDING: set[ClockRecorder] = set()
 """The recorders of this process's running sessions (`ClockRecorder.stop_all_now`)."""
+FROZEN_GAP_S = 5.0
+"""A gap of the clock's ticker at least this long that its thread spent neither on a CPU nor waiting for one is time
+the harness could not run: not charged to the agent. A loaded machine makes the ticker wait for a CPU, which the
+kernel counts (run delay), so load alone never reaches it; 5 s is 20 ticks, far above a GIL hand-over (5 ms)."""
+TICK_S = 0.25
+"""The ticker's period."""
+
+
+class FreezeWatch:
+    """Tells `on_frozen(start, end)` (monotonic seconds) of each stretch in which this process could not run.
+
+    A thread sleeps `TICK_S` at a time; on waking it reads its own CPU time and run delay (the time it was runnable
+    but waited for a CPU) from /proc/thread-self/schedstat. Of the wall time since its last tick, what is neither
+    its sleep, nor CPU, nor run delay, is time the thread was stopped (SIGSTOP, a frozen cgroup) or blocked in the
+    kernel; a stretch of at least `threshold_s` is reported. The agent cannot fake one: its processes run under
+    their own user in the sandbox and cannot stop, freeze or trace the harness's, and loading every CPU shows up as
+    run delay, not as a gap. Without schedstat (not Linux) nothing is reported and all time is charged.
+    """
+
+    def __init__(self, on_frozen, threshold_s: float = FROZEN_GAP_S, period_s: float = TICK_S):
+        self.on_frozen, self.threshold_s, self.period_s = on_frozen, threshold_s, period_s
+        self._stop = threading.Event()
+        self._ticked = threading.Condition()
+        self._last_tick = time.monotonic()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="freeze-watch")
+
+    def start(self) -> None:
+        if Path("/proc/thread-self/schedstat").exists():
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def settle(self) -> None:
+        """Called before the clock is read: when the ticker has not ticked for `threshold_s` (this process just
+        woke from a freeze, or is starved), wait up to a few ticks for it, so that a frozen stretch is taken off
+        before anyone reads the clock, whose reading must never go down."""
+        if not self._thread.is_alive() or threading.current_thread() is self._thread:
+            return
+        with self._ticked:
+            if time.monotonic() - self._last_tick >= self.threshold_s:
+                self._ticked.wait(timeout=4 * self.period_s)
+
+    def _loop(self) -> None:
+        last = _thread_times()
+        if last is None:
+            return
+        last_at = time.monotonic()
+        while not self._stop.wait(self.period_s):
+            now, times = time.monotonic(), _thread_times()
+            if times is None:
+                return
+            lost = (now - last_at) - self.period_s - (times[0] - last[0]) - (times[1] - last[1])
+            if lost >= self.threshold_s:  # it ended when the thread became runnable again
+                woke = now - (times[0] - last[0]) - (times[1] - last[1])
+                self.on_frozen(woke - lost, woke)
+            last, last_at = times, now
+            with self._ticked:
+                self._last_tick = now
+                self._ticked.notify_all()
+
+
+def _thread_times() -> tuple[float, float] | None:
+    """This thread's (CPU seconds, seconds waited for a CPU) from the kernel; None where it does not say."""
+    try:
+        fields = Path("/proc/thread-self/schedstat").read_text().split()
+        return int(fields[0]) / 1e9, int(fields[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class BudgetClock:
@@ -41,6 +114,9 @@ class BudgetClock:
         self._listeners: list = []  # told when pauses begin and end (`a2rl_bench.isolation.freezer.AgentFreezer`)
         self._transition = threading.Lock()  # orders the listeners' calls; never taken by readers of the clock
         self._charged_pause = False  # this pause's freeze was not confirmed: the agent's time runs through it
+        self._frozen_s = 0.0  # host time taken off the agent's (`FreezeWatch`)
+        self._shown = 0.0  # the last reading of `elapsed()`, which never goes down
+        self._watch = FreezeWatch(self._exclude)
 
     def listen(self, listener) -> None:
         """`listener.on_pause()` when the clock stops for grading, `on_resume()` when it may run again; called in
@@ -67,13 +143,17 @@ class BudgetClock:
             if not self._started:
                 self._started = True
                 self._run_if_free(time.monotonic())
+                self._watch.start()
 
     def stop(self) -> None:
+        self._watch.settle()
         with self._lock:
             self._close_stretch(time.monotonic())
             self._stopped = True
+        self._watch.stop()
 
     def pause(self) -> None:
+        self._watch.settle()  # a frozen stretch is taken off before the running one closes
         with self._transition:
             with self._lock:
                 self._pauses += 1
@@ -109,10 +189,17 @@ class BudgetClock:
                 self._run_if_free(time.monotonic())
 
     def elapsed(self) -> float:
-        """Agent seconds used so far (grading pauses excluded); never decreases."""
+        """Agent seconds used so far (grading pauses and frozen host time excluded); never decreases."""
+        self._watch.settle()
         with self._lock:
             running = time.monotonic() - self._running_since if self._running_since is not None else 0.0
-            return self._used + running
+            self._shown = max(self._shown, self._used + running)
+            return self._shown
+
+    def frozen_seconds(self) -> float:
+        """Host time in which the harness could not run, taken off the agent's time."""
+        with self._lock:
+            return self._frozen_s
 
     def paused_seconds(self) -> float:
         with self._lock:
@@ -147,6 +234,15 @@ class BudgetClock:
         free = self._pauses == 0 or self._charged_pause
         if self._started and not self._stopped and free and self._running_since is None:
             self._running_since = now
+
+    def _exclude(self, start: float, end: float) -> None:
+        """The harness could not run from `start` to `end`: the part of it in the running stretch is not the
+        agent's (its processes stood still with the host's; a grading pause is not charged anyway)."""
+        with self._lock:
+            if self._running_since is not None:
+                overlap = max(0.0, end - max(start, self._running_since))
+                self._running_since += overlap
+                self._frozen_s += overlap
 
     def _close_stretch(self, now: float) -> None:
         if self._running_since is not None:

@@ -17,6 +17,11 @@ installed through Prefect's injection point for flow policies (`prefect.server.o
   pressed meanwhile (the UI's, on a run that reads Running) is applied: the new attempt takes the lease, and the
   old one, should it still live, stops itself.
 
+A request that failed because the server's database could not be reached (PostgreSQL down or restarting) is
+answered as Prefect's clients understand a database outage: 503 with `Prefect-Maintenance: true` and a
+`Retry-After`, which they wait out however long it lasts (plain Prefect answers 500, and a flow run's engine dies
+on it: a healthy run ends Crashed). a2rl's own reads (`a2rl.ops.prefect_api`) still fail at once.
+
 Forced state changes (the UI's "Mark as crashed", `a2rl retry`, the lease sweep, automations) pass the rule.
 `python -m a2rl_bench.ops.crash_reports worker start ...` (what `a2rl server start`'s own worker runs) also drops, on
 the worker's side, a report about an attempt a Retry has superseded; hosts need only `prefect worker start`.
@@ -140,6 +145,48 @@ def install_server_rule() -> None:
 
     ORCHESTRATION_DEPENDENCIES["flow_policy_provider"] = provide
     logging.getLogger("a2rl").warning("%s: crash reports of attempts that are over are not applied", GUARDED)
+
+
+OUTAGE_RETRY_AFTER_S = 5
+"""A client told the database is unreachable asks again after this long (and goes on asking)."""
+
+
+def database_unreachable(exc: BaseException) -> bool:
+    """The request failed because the server could not reach its database (refused, reset, shut down, restarting),
+    not because of the request: asking again once the database is back succeeds."""
+    import socket
+
+    import asyncpg.exceptions as pg
+
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (ConnectionError, socket.gaierror, pg.PostgresConnectionError, pg.OperatorInterventionError)):
+            return True
+        if getattr(e, "connection_invalidated", False):  # SQLAlchemy: the connection was lost under the query
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def install_database_outage_answer() -> None:
+    """This process's Prefect server answers a request its database outage failed with 503, `Prefect-Maintenance:
+    true` and `Retry-After`: Prefect's clients (workers, flow-run engines) wait the outage out instead of failing.
+    Installed before the server's app is made (its exception handler is read then)."""
+    from prefect.server.api import server
+    from starlette.responses import JSONResponse
+
+    original = server.custom_internal_exception_handler
+
+    async def handler(request: Any, exc: Exception) -> Any:
+        if database_unreachable(exc):
+            return JSONResponse({"exception_message": "Service Unavailable: the database is not answering"},
+                                status_code=503, headers={"Prefect-Maintenance": "true",
+                                                          "Retry-After": str(OUTAGE_RETRY_AFTER_S)})  # fmt: skip
+        return await original(request, exc)
+
+    server.custom_internal_exception_handler = handler
 
 
 def sweep_expired_leases(api_url: str, watch: Any = None) -> list[str]:
@@ -294,6 +341,7 @@ def main(argv: list[str]) -> None:
         if "--workers" in argv:  # uvicorn's worker processes would not have the rule
             raise SystemExit("a2rl: the crash-report rule needs a single server process (no --workers)")
         install_server_rule()
+        install_database_outage_answer()
         start_lease_sweep(argv)
     elif argv[:1] == ["worker"]:
         install_worker_guard()

@@ -61,7 +61,11 @@ class BusyRetries(httpx.HTTPTransport):
             response.read()
             response.close()
             time.sleep(wait_s)
-        return super().handle_request(request)
+        response = super().handle_request(request)
+        # A database outage (a2rl.ops.crash_reports) tells Prefect's client to ask again until it ends; an ops read
+        # (a2rl status, a lease renewal) reports it instead.
+        response.headers.pop("Prefect-Maintenance", None)
+        return response
 
 
 _OPEN: ContextVar[dict[tuple[str, float], SyncPrefectClient]] = ContextVar("a2rl_prefect_clients", default={})
