@@ -197,7 +197,7 @@ def test_a_retry_goes_on_only_from_the_directory_of_the_attempt_just_before_it(t
 FROZEN_HOST = """
 import json, subprocess, sys, time
 from pathlib import Path
-from a2rl.grading.clock import BudgetClock, ClockRecorder
+from a2rl_bench.grading.clock import BudgetClock, ClockRecorder
 
 h = Path(sys.argv[1])
 agent = subprocess.Popen(["sleep", "600"])

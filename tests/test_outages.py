@@ -22,9 +22,9 @@ import duckdb
 import psutil
 import pytest
 
-from a2rl.capture.attempts import read_attempts
-from a2rl.ops import prefect_local, run_lease
-from a2rl.run_options import nest_parameters
+from a2rl_bench.capture.attempts import read_attempts
+from a2rl_bench.ops import prefect_local, run_lease
+from a2rl_bench.run_options import nest_parameters
 from tests.live_server import FAST_POLLING, SERVER_ENV, SMALL_AGENT, family, final_run, flow_run, wait_for
 from tests.postgres_support import LocalPostgres, PostgresUnavailable, free_port
 import prefect_http

@@ -20,7 +20,7 @@ installed through Prefect's injection point for flow policies (`prefect.server.o
 A request that failed because the server's database could not be reached (PostgreSQL down or restarting) is
 answered as Prefect's clients understand a database outage: 503 with `Prefect-Maintenance: true` and a
 `Retry-After`, which they wait out however long it lasts (plain Prefect answers 500, and a flow run's engine dies
-on it: a healthy run ends Crashed). a2rl's own reads (`a2rl.ops.prefect_api`) still fail at once.
+on it: a healthy run ends Crashed). a2rl's own reads (`a2rl_bench.ops.prefect_api`) still fail at once.
 
 Forced state changes (the UI's "Mark as crashed", `a2rl retry`, the lease sweep, automations) pass the rule.
 `python -m a2rl_bench.ops.crash_reports worker start ...` (what `a2rl server start`'s own worker runs) also drops, on
