@@ -1,6 +1,6 @@
 """Word tokens and n-grams: the one text matching that the contamination guard (`a2rl_bench.benchmarks.contamination`,
-held-out items in a task's visible data) and the post-run leak audit (`a2rl_bench.summary.leak_audit`, hidden items in what
-the agent wrote) share. Tokens are lower-cased `\\w+` runs, so whitespace, punctuation and case do not matter.
+held-out items in a task's visible data) and the post-run leak audit (`a2rl_bench.summary.leak_audit`, hidden items in
+what the agent wrote) share. Tokens are lower-cased `\\w+` runs, so whitespace, punctuation and case do not matter.
 """
 
 from __future__ import annotations

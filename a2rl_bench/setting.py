@@ -4,8 +4,8 @@ Runs that share a setting differ only in their seed, which sets data order and s
 a setting's n is its number of seeds and its interval is over them. Runs that differ in anything else (item
 selection, budget, evaluator or decoding, protocol, ...) are different settings and are never pooled.
 
-The store's `run_settings` view computes the same columns in SQL (`a2rl_bench.store.results`, migration 4); a test checks
-that `item_selection` and `setting_id` agree between the two.
+The store's `run_settings` view computes the same columns in SQL (`a2rl_bench.store.results`, migration 4); a test
+checks that `item_selection` and `setting_id` agree between the two.
 """
 
 from __future__ import annotations

@@ -246,8 +246,8 @@ def run_agent(
 
     The budget is checked against the pausable clock, so time spent grading extends the wall-clock
     deadline. After the budget, the group gets SIGTERM and `grace_s` to make a last submission, then SIGKILL.
-    With a `sandbox` policy, a scripted agent runs inside bubblewrap (a2rl_bench.isolation.sandbox); an LLM agent's runner
-    holds its key and network access and gets the policy to apply to what it starts.
+    With a `sandbox` policy, a scripted agent runs inside bubblewrap (a2rl_bench.isolation.sandbox); an LLM agent's
+    runner holds its key and network access and gets the policy to apply to what it starts.
     The agent's output goes to `log_path`, capped (head and tail kept, the rest counted); every byte of it is first
     searched with `log_matcher` (the run's hidden items), whose findings `harness/agent-log.json` records.
     """
@@ -339,6 +339,7 @@ def run_agent(
 
 
 def _record_session(env: AgentEnv, proc: subprocess.Popen, uid: int | None) -> None:
-    """The session's processes, for a retry of this run to end them should this harness die (a2rl_bench.isolation.procs)."""
+    """The session's processes, for a retry of this run to end them should this harness die
+    (a2rl_bench.isolation.procs)."""
     if env.harness_path.is_dir():
         procs.record_session(env.harness_path, procs.SessionRecord.of(proc.pid, agent_uid=uid))

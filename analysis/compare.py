@@ -5,9 +5,9 @@ Model. A and B are two sets of runs that differ in one thing. Their runs are **p
 seed pair, by **hidden-test item**: the value of an item is B's Δ on it minus A's Δ on it (Δ = final − base model, so
 with one base model the base cancels and it is B's answer minus A's). The k seed pairs × n shared items table of
 these differences is a crossed design, and its mean gets the seeds × items interval of
-`a2rl_bench.summary.intervals.seeds_items_interval` (the same one as a setting's Δ): an item part and a seed part, each with
-its own t quantile, two pseudo-items (±1) per seed pair so that tied seeds never give zero width. The p-value is the
-test that same interval inverts (its t statistic referred to the t distribution whose 97.5% point the interval
+`a2rl_bench.summary.intervals.seeds_items_interval` (the same one as a setting's Δ): an item part and a seed part, each
+with its own t quantile, two pseudo-items (±1) per seed pair so that tied seeds never give zero width. The p-value is
+the test that same interval inverts (its t statistic referred to the t distribution whose 97.5% point the interval
 used), so **the interval leaves 0 out exactly when p < 0.05**, on every table.
 
 What is left out, and said:

@@ -1,8 +1,8 @@
 """Statistics over runs: pass@k and the selection gap.
 
 Pure functions on numbers and DataFrames; no store, no Prefect. The intervals of Δ (one run over items, a
-setting over seeds) and the noise floor are in `a2rl_bench.summary.intervals`, where the run verdicts use them too; every
-comparison of two settings is `a2rl_bench.analysis.compare`.
+setting over seeds) and the noise floor are in `a2rl_bench.summary.intervals`, where the run verdicts use them too;
+every comparison of two settings is `a2rl_bench.analysis.compare`.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ from a2rl_bench.analysis.compare import compare_field, item_values, marks, rl_he
 from a2rl_bench.analysis.stats import pass_at_k, selection_gap_summary
 
 SETTING = ["setting_id", *SETTING_KEY, "variant_label"]
-"""What defines one leaderboard row (`a2rl_bench.setting.SETTING_KEY`): runs that differ only in seed are repeats of it."""
+"""What defines one leaderboard row (`a2rl_bench.setting.SETTING_KEY`): runs that differ only in seed are repeats of
+it."""
 PANEL_KEY = ["task", "variant"]
 """One panel of a figure: a task and its data variant; the settings inside it are its series."""
 SERIES_FIELDS = [c for c in SETTING_KEY if c not in PANEL_KEY]
@@ -66,7 +67,8 @@ class AnalysisTables:
     submissions: pd.DataFrame = field(default_factory=pd.DataFrame)
     """Submissions of the analysed runs, for the per-run drill-down."""
     rl_modes: pd.DataFrame = field(default_factory=pd.DataFrame)
-    """Did the RL stage help: every mode against `sft-only`, per task and agent setting (`a2rl_bench.analysis.compare`)."""
+    """Did the RL stage help: every mode against `sft-only`, per task and agent setting
+    (`a2rl_bench.analysis.compare`)."""
     rl_shares: pd.DataFrame = field(default_factory=pd.DataFrame)
     """RL's share per setting over seeds and shared items (the stage shares combined like Δ)."""
     notes: list[str] = field(default_factory=list)
@@ -141,8 +143,8 @@ def load_tables(store: Any, compare: Sequence[str] | None = None, scaling_points
 
     Args:
         store: an `a2rl_bench.store.results.ResultsStore`.
-        compare: what the comparison table compares (`a2rl_bench.analysis.compare`): (FIELD,) every pair of values of one
-            setting field; (FIELD, A, B) only those two; (AGENT_A, AGENT_B) two agents. Default: every setting field
+        compare: what the comparison table compares (`a2rl_bench.analysis.compare`): (FIELD,) every pair of values of
+            one setting field; (FIELD, A, B) only those two; (AGENT_A, AGENT_B) two agents. Default: every setting field
             with two or more values.
         scaling_points: grid points per scaling curve.
     """
@@ -240,8 +242,8 @@ def _within_noise(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def with_intervals(board: pd.DataFrame, runs: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
-    """Each setting's one interval, p-value and verdict (`a2rl_bench.summary.intervals`): over its seeds and the hidden-test
-    items they share (a seeds × items table); one seed: that run's exact paired interval; no shared per-item
+    """Each setting's one interval, p-value and verdict (`a2rl_bench.summary.intervals`): over its seeds and the
+    hidden-test items they share (a seeds × items table); one seed: that run's exact paired interval; no shared per-item
     results: the t-interval over seeds plus a binomial bound for the items."""
     by_setting = dict(tuple(pairs.groupby("setting_id", sort=False))) if len(pairs) else {}
     deltas = runs.groupby("setting_id")["delta_test"].apply(list).to_dict() if len(runs) else {}

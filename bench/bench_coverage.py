@@ -2,8 +2,8 @@
 
 Usage (from the repository root):  python bench/bench_coverage.py --reps 4000
 For k = 1 (one run's item-level interval), 2, 3 and 5 seeds, n = 16, 32 and 134 items, over the scenario grid of
-`a2rl_bench.analysis.coverage.scenarios` (base rate 2/30/60/95%, true Δ 0 or +3/+10/-10 points, item correlation 0.5/0.9,
-seed spread τ 0/0.15/0.3), and a stress grid with τ = 0.6: the smallest and the mean coverage over scenarios,
+`a2rl_bench.analysis.coverage.scenarios` (base rate 2/30/60/95%, true Δ 0 or +3/+10/-10 points, item correlation
+0.5/0.9, seed spread τ 0/0.15/0.3), and a stress grid with τ = 0.6: the smallest and the mean coverage over scenarios,
 the share of Δ = 0 settings that got a verdict (improved or worse), and the median interval width. Beside a2rl's
 intervals, the two the leaderboard used at 2d3f374 (t over seeds; item bootstrap pooled over seeds).
 Writes `<out>/bench_coverage.json` and prints a markdown table.

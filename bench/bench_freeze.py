@@ -107,7 +107,8 @@ def one_round(mechanism: str, args: argparse.Namespace, root: Path, index: int) 
         "cgroup": lambda pid, cgroup, uid: freezer.AgentFreezer(pid, cgroup, uid),
         "uid": lambda pid, cgroup, uid: freezer.AgentFreezer(pid, None, uid),
         "tree": lambda pid, cgroup, uid: freezer.AgentFreezer(pid),
-        "before": lambda pid, cgroup, uid: _old_module("old_freezer", "a2rl_bench/isolation/freezer.py").AgentFreezer(pid),
+        "before": lambda pid, cgroup, uid: _old_module("old_freezer",
+                                                       "a2rl_bench/isolation/freezer.py").AgentFreezer(pid),
     }[mechanism]
     agent_base.AgentFreezer = made
     clock = _clock(before=mechanism == "before")

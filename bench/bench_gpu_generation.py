@@ -6,8 +6,8 @@ No weights are downloaded: Llama-architecture models of the 135M / 0.5B / 7B sha
 with random bf16 weights directly on the GPU; the tokenizer is the locally trained tiny BPE padded with extra
 tokens to the model's vocabulary. Prompts are ~--prompt-tokens tokens of different lengths (left padding).
 
-ms/step is a decode step of the real evaluator path (`a2rl_bench.inference.generation.generate` with engine=`generate` or
-`graph`): (time for N new tokens - time for 1 new token) / (N - 1), so prefill is excluded. The memory floor
+ms/step is a decode step of the real evaluator path (`a2rl_bench.inference.generation.generate` with engine=`generate`
+or `graph`): (time for N new tokens - time for 1 new token) / (N - 1), so prefill is excluded. The memory floor
 of a step is (weight bytes + KV bytes of the real context) / (copy bandwidth measured here, read + write).
 Identity: the 135M shape in fp32, 16 prompts of different lengths, the engine's tokens vs `generate`'s up to
 each row's EOS (every row must agree). A whole run is bounded by --budget-s: configurations left when it is

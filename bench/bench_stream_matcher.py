@@ -1,5 +1,5 @@
-"""Throughput of the streaming hidden-item search (`a2rl_bench.ngrams.StreamMatcher`): how fast the agent's output can be
-searched while it is written (a faster writer is slowed by the pipe to this), and how fast the leak audit reads.
+"""Throughput of the streaming hidden-item search (`a2rl_bench.ngrams.StreamMatcher`): how fast the agent's output can
+be searched while it is written (a faster writer is slowed by the pipe to this), and how fast the leak audit reads.
 
     PYTHONPATH=. .venv/bin/python bench/bench_stream_matcher.py [--mb 64]
 

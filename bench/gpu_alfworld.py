@@ -182,7 +182,8 @@ def start_run(args: argparse.Namespace, agent_mode: str, seed: int, base: Path, 
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     env.pop("PREFECT_API_URL", None)
-    cmd = [args.python, "-c", "import sys; from a2rl_bench.cli import main; sys.exit(main())", "run", "--task", "alfworld",
+    cmd = [args.python, "-c", "import sys; from a2rl_bench.cli import main; sys.exit(main())",
+           "run", "--task", "alfworld",
            "--agent", agent, "--base-model", str(base), "--budget", str(args.budget), "--seed", str(seed),
            "--mode", mode, "--val-limit", str(args.val_limit), "--test-limit", str(args.test_limit),
            "--eval-batch-size", str(args.eval_batch_size), "--max-submissions", str(args.max_submissions),
@@ -269,8 +270,9 @@ def print_table(store: Path, out: Path | None = None) -> str:
 
 
 def rl_shares(store: Path) -> dict[str, tuple[object, dict[str, float]]]:
-    """RL's share of every run (a2rl_bench.summary.stages: last RL checkpoint against the SFT checkpoint it started from,
-    on the hidden test, paired over items) from the store's post-hoc evaluations, with its per-item differences."""
+    """RL's share of every run (a2rl_bench.summary.stages: last RL checkpoint against the SFT checkpoint it started
+    from, on the hidden test, paired over items) from the store's post-hoc evaluations, with its per-item
+    differences."""
     import duckdb
 
     from a2rl_bench.summary.stages import SubmissionTest, stage_share

@@ -40,7 +40,8 @@ def derive(code: Path, host_store: Path, out: Path, synthetic: int) -> None:
              ["analyze", "--synthetic", str(synthetic), "--results", str(out / "syn.duckdb"), "--out",
               str(out / "syn-analysis")]]  # fmt: skip
     for argv in steps:
-        done = subprocess.run([sys.executable, "-m", "a2rl_bench", *argv], cwd=code, env=env, capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-m", "a2rl_bench", *argv], cwd=code, env=env, capture_output=True,
+                              text=True)
         (out / f"{argv[0]}-{argv[1]}.log").write_text(done.stdout + done.stderr)
         if done.returncode:
             raise SystemExit(f"{code}: a2rl {' '.join(argv[:2])} failed (exit {done.returncode}): see {out}")

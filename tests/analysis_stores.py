@@ -2,8 +2,8 @@
 
 Each store is written through `ResultsStore.bulk_write` with the rows a real run leaves (runs, baseline and final
 evaluations with their per-item results, submissions, LLM calls), so every view sees what it would see after
-`a2rl run`. Unlike `a2rl_bench.analysis.synthetic` (a big grid with known answers), these are built run by run, so a test can
-say exactly which fields two settings share.
+`a2rl run`. Unlike `a2rl_bench.analysis.synthetic` (a big grid with known answers), these are built run by run, so a
+test can say exactly which fields two settings share.
 """
 
 from __future__ import annotations

@@ -124,8 +124,8 @@ COVERAGE_REPS = 2000
 
 @pytest.mark.parametrize("n_seeds", [2, 3, 5])
 def test_seeds_items_interval_covers_with_a_shared_test_set(n_seeds):
-    """Every seed scored on the same hidden items (`a2rl_bench.analysis.coverage`: items drawn from a population, the base
-    model greedy, seeds spread by τ): the setting's interval covers the true Δ in >= 93% of replications, in
+    """Every seed scored on the same hidden items (`a2rl_bench.analysis.coverage`: items drawn from a population, the
+    base model greedy, seeds spread by τ): the setting's interval covers the true Δ in >= 93% of replications, in
     every scenario of a grid spanning the floor (2%), the middle and the ceiling (95%), Δ = 0 and Δ ≠ 0, at 16, 32
     and 134 items, seed spreads τ = 0 and 0.3. Fixed RNG; 2,000 replications a scenario (MC SE 0.5 points)."""
     from a2rl_bench.analysis.coverage import covers, scenarios, seeds_items_bounds, simulate

@@ -1,5 +1,5 @@
-"""The one comparison model (`a2rl_bench.analysis.compare`): its coverage and false verdicts by simulation with a shared test
-set, interval and p agreeing on every table, and the eight-run "did RL help?" store of issue 34."""
+"""The one comparison model (`a2rl_bench.analysis.compare`): its coverage and false verdicts by simulation with a shared
+test set, interval and p agreeing on every table, and the eight-run "did RL help?" store of issue 34."""
 
 from __future__ import annotations
 

@@ -189,7 +189,8 @@ def toy_cli_package(tmp_path, monkeypatch):
 def test_a_cli_agent_from_an_outside_package_runs_through_the_real_runner(tmp_path, toy_cli_package):
     from cli_loopback import ScriptedLLM
 
-    assert a2rl_bench.agents.AGENTS.ref("toy-cli").source == "a2rl-toy-cli" and "toy-cli" in a2rl_bench.agents.list_agents()
+    assert (a2rl_bench.agents.AGENTS.ref("toy-cli").source == "a2rl-toy-cli"
+            and "toy-cli" in a2rl_bench.agents.list_agents())
     ws = tmp_path / "run" / "workspace"
     for sub in ("code", "output", "data"):
         (ws / sub).mkdir(parents=True)

@@ -80,7 +80,8 @@ def test_an_existing_store_passes_the_check(tmp_path):
 
 def test_a_driver_whose_endpoint_is_down_is_refused_before_the_run(tmp_path):
     env = cli_env(tmp_path, ANTHROPIC_API_KEY="k", ANTHROPIC_BASE_URL="http://127.0.0.1:9")  # a closed port
-    proc = a2rl_bench(["run", "--agent", "claude-tools", "--driver", "m", "--results", str(tmp_path / "o" / "a.duckdb")], env)
+    proc = a2rl_bench(["run", "--agent", "claude-tools", "--driver", "m", "--results",
+                       str(tmp_path / "o" / "a.duckdb")], env)
     assert_one_line(proc, 2, "--driver m", "127.0.0.1:9", "does not answer")
     assert not (tmp_path / "o").exists() and not (tmp_path / "prefect" / "prefect.db").exists()
 

@@ -36,8 +36,8 @@ def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def a2rl_bench(args: list[str], env: dict[str, str], timeout: float = 120, prefix: list[str] | None = None):
-    return subprocess.run([*(prefix or []), sys.executable, "-m", "a2rl_bench.cli", *args], env=env, capture_output=True,
-                          text=True, timeout=timeout, cwd=env.get("A2RL_TEST_CWD"))  # fmt: skip
+    return subprocess.run([*(prefix or []), sys.executable, "-m", "a2rl_bench.cli", *args], env=env,
+                          capture_output=True, text=True, timeout=timeout, cwd=env.get("A2RL_TEST_CWD"))  # fmt: skip
 
 
 def assert_one_line(proc, rc: int, *needles: str) -> str:
@@ -201,8 +201,9 @@ def test_a_failure_inside_the_run_gives_one_line_and_a_failed_row(prefect_harnes
         if f.is_file():
             (broken / f.name).write_bytes(f.read_bytes() if f.suffix != ".safetensors" else b"not a tensor file")
     results = tmp_path / "a.duckdb"
-    proc = a2rl_bench(["run", "--base-model", str(broken), "--results", str(results), "--val-limit", "1", "--test-limit",
-                 "1", "--sandbox", "off"], cli_env(tmp_path, **harness_api_url()), timeout=300)  # fmt: skip
+    proc = a2rl_bench(["run", "--base-model", str(broken), "--results", str(results), "--val-limit", "1",
+                 "--test-limit", "1", "--sandbox", "off"], cli_env(tmp_path, **harness_api_url()),
+                 timeout=300)  # fmt: skip
     line = assert_one_line(proc, 1, "failed", "report", "log")
     with duckdb.connect(str(results), read_only=True) as db:
         status, error, failure_class, harness = db.execute(
@@ -616,7 +617,9 @@ def test_counters_never_go_backwards_and_a_phases_next_evaluation_continues_the_
 
 def test_a_submissions_grading_shows_its_items_as_they_finish(tmp_path):
     """Grading a submission showed "1 queued, 0 graded" for 373 s; now its items count like the baseline's."""
-    from a2rl_bench.ops.progress import GRADING_PROGRESS_FILE, ItemProgressWriter, ProgressWriter, read_snapshot, status_line
+    from a2rl_bench.ops.progress import (
+        GRADING_PROGRESS_FILE, ItemProgressWriter, ProgressWriter, read_snapshot, status_line,
+    )
 
     harness = tmp_path / "harness"
     harness.mkdir()

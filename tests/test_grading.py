@@ -233,9 +233,9 @@ def test_mode_is_checked_on_the_agents_code_at_every_submission(tmp_path, tiny_m
 
 
 def test_the_grader_records_each_line_and_evaluation_in_the_results_store_as_the_run_steps_do(tmp_path, tiny_model_dir):
-    """Evaluate, append to the ledger, record in the store: one call (`a2rl_bench.grading.record.RunBook`) for the grader
-    and the run's steps. A graded submission's rows (the submission, the events, the evaluation) and its evaluation
-    file are written by the grader itself, keyed as ingest keys them, its ledger's every head anchored."""
+    """Evaluate, append to the ledger, record in the store: one call (`a2rl_bench.grading.record.RunBook`) for the
+    grader and the run's steps. A graded submission's rows (the submission, the events, the evaluation) and its
+    evaluation file are written by the grader itself, keyed as ingest keys them, its ledger's every head anchored."""
     from a2rl_bench.store.results import ResultsStore
 
     store = ResultsStore(tmp_path / "results.duckdb")

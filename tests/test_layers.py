@@ -2,7 +2,8 @@
 a module or inside a function, so a loop hidden behind a lazy import fails like any other):
 
     a2rl_bench.cli, a2rl_bench/__main__.py     the command line: the top layer, may import everything below
-    a2rl_bench.flows, a2rl_bench.tasks         orchestration: put the library and the plug-ins together (tasks below flows)
+    a2rl_bench.flows, a2rl_bench.tasks         orchestration: put the library and the plug-ins together (tasks
+                                               below flows)
     a2rl_bench.benchmarks, a2rl_bench.agents,  plug-ins: tasks, agents, driver LLMs, analysis; they import the library
     a2rl_bench.blocks, a2rl_bench.analysis
     a2rl (the rest)                the library: imports none of the packages above; inside it, its packages are
@@ -105,8 +106,9 @@ def test_every_package_is_checked_for_import_cycles_among_its_modules():
 
 
 def test_the_checkout_links_each_plugged_folder_into_the_package():
-    """`a2rl_bench/flows` -> `../flows`, ...: one relative link per entry of pyproject's package-dir mapping, so Python and
-    import-linter find `a2rl_bench.flows` in the checkout where the wheel installs it (and a new mapping needs its link)."""
+    """`a2rl_bench/flows` -> `../flows`, ...: one relative link per entry of pyproject's package-dir mapping, so Python
+    and import-linter find `a2rl_bench.flows` in the checkout where the wheel installs it (and a new mapping needs its
+    link)."""
     links = {p.name: os.readlink(p) for p in (ROOT / "a2rl_bench").iterdir() if p.is_symlink()}
     assert links == {name: f"../{folder}" for name, folder in plugged_folders().items()}
 
@@ -158,7 +160,9 @@ def test_the_library_top_level_is_its_concept_packages_and_a_few_shared_modules(
     for package in LIBRARY_PACKAGES - {"templates", "cli"}:
         for module in (top / package).glob("*.py"):
             if module.name != "__init__.py":
-                assert f"{package}/{module.name}" in documented, f"a2rl_bench/{package}/{module.name} is not in the table"
+                assert f"{package}/{module.name}" in documented, (
+                    f"a2rl_bench/{package}/{module.name} is not in the table"
+                )
 
 
 def test_each_library_package_sits_in_one_band_of_the_layers():

@@ -235,7 +235,8 @@ def test_an_installed_wheel_runs_a_benchmark_run_outside_the_checkout(wheel, pre
             "A2RL_SFT_MAX_STEPS": "4", "A2RL_SFT_BATCH_SIZE": "4", "A2RL_SFT_MAX_LENGTH": "512",
             "A2RL_SFT_TRAIN_S": "5", "A2RL_SFT_LR": "5e-3"}  # fmt: skip
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import a2rl_bench, a2rl_bench.paths as p; "
-                            "print(a2rl_bench.__file__, p.checkout_root(), p.data_file('gsm8k', 'split-offline.json'))"],
+                            "print(a2rl_bench.__file__, p.checkout_root(), "
+                            "p.data_file('gsm8k', 'split-offline.json'))"],
                            cwd=work, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert where.returncode == 0, where.stderr[-2000:]
     assert where.stdout.split() == [str(site / "a2rl_bench" / "__init__.py"), "None",

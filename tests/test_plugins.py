@@ -239,7 +239,8 @@ def test_an_unknown_or_broken_plugin_is_one_clear_error(tmp_path, monkeypatch):
         with pytest.raises(PluginError, match=r"agent 'broken' \(a2rl_toy_plugin.missing:Nothing, from a2rl-toy-plugin\) "
                                               r"does not load"):
             a2rl_bench.agents.agent_class("broken")
-        assert a2rl_bench.agents.agent_class("reference-sft").id == "reference-sft"  # a broken plug-in breaks only itself
+        # a broken plug-in breaks only itself
+        assert a2rl_bench.agents.agent_class("reference-sft").id == "reference-sft"
     finally:
         monkeypatch.undo()
         a2rl_bench.agents.AGENTS.refresh()
@@ -408,7 +409,8 @@ def test_an_interactive_plugin_task_gives_agents_its_environment(tmp_path, monke
 def test_an_environment_module_that_would_replace_a_shared_one_is_refused():
     from a2rl_bench.benchmarks.envs.export import AgentEnvironment
 
-    with pytest.raises(ValueError, match=r"module 'a2rl_bench.benchmarks.envs.base' would replace envlib/base.py; rename"):
+    with pytest.raises(ValueError,
+                       match=r"module 'a2rl_bench.benchmarks.envs.base' would replace envlib/base.py; rename"):
         AgentEnvironment(("a2rl_bench.benchmarks.envs.base",), "base:make_env", "base:prompt").shipped_files()
     with pytest.raises(ValueError, match=r"'shop' is not 'module:function' with module one of \['shop.py'\]"):
         AgentEnvironment(("a2rl_bench.benchmarks.envs.shop",), "shop:make_env", "shop").shipped_files()

@@ -144,16 +144,18 @@ def test_the_final_picks_test_items_come_from_its_final_evaluation_or_under_pape
 # ---- every caller uses the rules, and no copy is left ------------------------------------------------------
 
 CALLERS = {
-    "a2rl_bench.protocol.feedback": {"feedback_split": ["a2rl_bench/summary/headline.py", "a2rl_bench/summary/process_facts.py",
+    "a2rl_bench.protocol.feedback": {"feedback_split": ["a2rl_bench/summary/headline.py",
+                                                  "a2rl_bench/summary/process_facts.py",
                                                   "a2rl_bench/grading/service.py", "a2rl_bench/store/derived.py",
                                                   "analysis/tables.py"],
                                "scored_on_test_in_session": ["tasks/run_steps.py"],
                                "split_baseline": ["a2rl_bench/store/derived.py"]},
     "a2rl_bench.protocol.picking": {
-        "latest_submissions": ["a2rl_bench/summary/headline.py", "a2rl_bench/summary/process_facts.py", "a2rl_bench/grading/service.py",
-                               "a2rl_bench/summary/record.py", "a2rl_bench/summary/stages.py", "a2rl_bench/store/ingest.py",
-                               "tasks/run_steps.py"],
-        "best_submission": ["a2rl_bench/summary/headline.py", "a2rl_bench/summary/process_facts.py", "a2rl_bench/grading/service.py"],
+        "latest_submissions": ["a2rl_bench/summary/headline.py", "a2rl_bench/summary/process_facts.py",
+                               "a2rl_bench/grading/service.py", "a2rl_bench/summary/record.py",
+                               "a2rl_bench/summary/stages.py", "a2rl_bench/store/ingest.py", "tasks/run_steps.py"],
+        "best_submission": ["a2rl_bench/summary/headline.py", "a2rl_bench/summary/process_facts.py",
+                            "a2rl_bench/grading/service.py"],
         "final_pick": ["tasks/run_steps.py"],
         "best_so_far": ["a2rl_bench/summary/process_facts.py", "a2rl_bench/store/derived.py"],
         "gain_over_base": ["a2rl_bench/store/derived.py"],
@@ -162,7 +164,8 @@ CALLERS = {
         "final_entry": ["a2rl_bench/summary/headline.py", "a2rl_bench/summary/process_facts.py"],
         "pick_best": ["a2rl_bench/summary/stages.py"],
     },
-    "a2rl_bench.protocol.breaches": {"mode_breaches": ["a2rl_bench/summary/headline.py"], "breaks_mode": ["a2rl_bench/ops/progress.py"]},
+    "a2rl_bench.protocol.breaches": {"mode_breaches": ["a2rl_bench/summary/headline.py"],
+                                     "breaks_mode": ["a2rl_bench/ops/progress.py"]},
 }
 
 
@@ -242,8 +245,8 @@ def test_no_copy_of_a_rule_in_the_stores_sql(tmp_path):
     assert [rule for rule in SQL_COPIES if rule not in found] == []
 
 
-# The interval maths written again in Python (a z, a t quantile, a standard error): `a2rl_bench.summary.intervals` is its
-# one home; the places that compute numbers a user reads must call it. The store's SQL is scanned above.
+# The interval maths written again in Python (a z, a t quantile, a standard error): `a2rl_bench.summary.intervals` is
+# its one home; the places that compute numbers a user reads must call it. The store's SQL is scanned above.
 PY_INTERVAL_COPIES = {
     "the normal z of a 95% interval": re.compile(r"\b1\.96\b"),
     "the t quantile": re.compile(r"12\.706|\.ppf\(|\bt\.interval\("),
@@ -253,7 +256,8 @@ PY_INTERVAL_COPIES = {
         r"|sqrt\([^()]*(?:\([^()]*\)[^()]*)*/\s*\w+\)"),  # sqrt(var / n)
     "the binomial standard error": re.compile(r"\*\s*\(\s*1(?:\.0)?\s*-\s*\w+\s*\)\s*/"),
 }
-NUMBER_PACKAGES = ("a2rl_bench/summary", "a2rl_bench/store", "a2rl_bench/grading", "a2rl_bench/cli", "a2rl_bench/ops", "analysis", "tasks", "flows")
+NUMBER_PACKAGES = ("a2rl_bench/summary", "a2rl_bench/store", "a2rl_bench/grading", "a2rl_bench/cli", "a2rl_bench/ops",
+                   "analysis", "tasks", "flows")
 INTERVAL_HOME = "a2rl_bench/summary/intervals.py"
 HISTORY = {"a2rl_bench/store/schema.py": "the store's migrations, SQL kept as it ran (the catalog is scanned instead)"}
 COMPARISON_ONLY = {("analysis/coverage.py", "t_over_seeds_bounds"): "the old leaderboard's t-interval, for comparison"}

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from a2rl_bench.benchmarks.alpacaeval.judge import JUDGE_SYSTEM, JudgeCache, JudgeConfig, JudgeNotConfigured, PairwiseJudge
+from a2rl_bench.benchmarks.alpacaeval.judge import (
+    JUDGE_SYSTEM, JudgeCache, JudgeConfig, JudgeNotConfigured, PairwiseJudge,
+)
 
 
 class ChatServer:

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from a2rl_bench.capture.snapshots import CodeSnapshots
-from a2rl_bench.capture.resources import ResourceSampler, read_resources, resource_rows, summarize_resources, workspace_pids
+from a2rl_bench.capture.resources import (
+    ResourceSampler, read_resources, resource_rows, summarize_resources, workspace_pids,
+)
 from a2rl_bench.capture.calls import read_llm_calls, read_tool_calls, summarize_llm_calls
 
 

@@ -834,7 +834,8 @@ FORGED_NAME = ("x</td><script>alert(1)</script>\n| final, hidden test (forged) |
 def test_agent_chosen_text_stays_text_in_the_report_the_log_and_the_display(tmp_path, tiny_model_dir):
     """Agent text as markup: a checkpoint directory named with HTML, newlines, a forged table row and heading,
     ANSI escapes and BEL landed raw in report.md (also the Prefect artifact) and the run's log lines; the agent's
-    log line `step done [/done]` raised MarkupError in the live display. Now one escaping rule (`a2rl_bench.safetext`)."""
+    log line `step done [/done]` raised MarkupError in the live display. Now one escaping rule
+    (`a2rl_bench.safetext`)."""
     import io
     import logging
 

@@ -30,7 +30,8 @@ def _oracle_views() -> dict[str, str]:
 
 
 # Issue 47: the seeds × items interval's seed part has the small-sample factor (1 + 2/k) on its t quantile
-# (`a2rl_bench.summary.intervals.seed_quantile`); version 10's SQL gets it too, so that everything else is still compared.
+# (`a2rl_bench.summary.intervals.seed_quantile`); version 10's SQL gets it too, so that everything else is still
+# compared.
 SEED_QUANTILE = ("COALESCE((t975((k - 1)) ^ 2), 0) * var_seeds",
                  "COALESCE(((t975((k - 1)) * (1 + 2.0 / k)) ^ 2), 0) * var_seeds")
 

@@ -9,7 +9,9 @@ import pytest
 from a2rl_bench.benchmarks.base import TaskData
 from a2rl_bench.benchmarks.envs.shop import ShopEnv, oracle_actions, shop_reward
 from a2rl_bench.benchmarks.webshop import WebShop, WebShopDataError
-from a2rl_bench.benchmarks.webshop.task import MANIFEST, build_offline_manifest, load_full, load_offline, offline_catalog
+from a2rl_bench.benchmarks.webshop.task import (
+    MANIFEST, build_offline_manifest, load_full, load_offline, offline_catalog,
+)
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@
 memory limit, so that a crash or an out-of-memory kill costs that evaluation only (its stderr goes to the harness log, never to the agent);
 results are cached by content hash of the weights, the evaluator id and the split selection.
 
-The task is an object the caller resolves (`a2rl_bench.benchmarks.get_task(config.task)` in the flow's steps): the library
-never looks a task up by id. The evaluation process rebuilds it from its class (`task_class_ref`), which is why
+The task is an object the caller resolves (`a2rl_bench.benchmarks.get_task(config.task)` in the flow's steps): the
+library never looks a task up by id. The evaluation process rebuilds it from its class (`task_class_ref`), which is why
 a task class must be constructible without arguments, as every class in `benchmarks` is.
 """
 
@@ -48,8 +48,8 @@ class EvalSpec:
     batch_size: int = 16
     backend: str = "transformers"
     evaluator: BenchmarkTask | None = field(default=None, compare=False, repr=False)
-    """The task object named by `task` (an `a2rl_bench.contracts.BenchmarkTask`), resolved by the caller; None: a spec that
-    only names the evaluation (a test's own evaluator), which `evaluate` and the cache refuse or miss."""
+    """The task object named by `task` (an `a2rl_bench.contracts.BenchmarkTask`), resolved by the caller; None: a spec
+    that only names the evaluation (a test's own evaluator), which `evaluate` and the cache refuse or miss."""
 
     @classmethod
     def for_run(cls, config: RunConfig, split: Split, task: BenchmarkTask | None = None) -> EvalSpec:

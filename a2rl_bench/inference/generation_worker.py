@@ -1,9 +1,9 @@
 """A generation worker for another Python environment (e.g. one with vLLM): JSON lines on stdin/stdout.
 
-Run by `a2rl_bench.inference.remote_generation` as `<python> generation_worker.py --backend vllm|transformers --model DIR`.
-It imports only the standard library at start (the vLLM environment need not have a2rl's dependencies);
-the `transformers` backend imports `a2rl_bench.inference.generation` (a second engine for the loopback test and for users
-without vLLM), the `vllm` backend imports vllm.
+Run by `a2rl_bench.inference.remote_generation` as `<python> generation_worker.py --backend vllm|transformers --model
+DIR`. It imports only the standard library at start (the vLLM environment need not have a2rl's dependencies);
+the `transformers` backend imports `a2rl_bench.inference.generation` (a second engine for the loopback test and for
+users without vLLM), the `vllm` backend imports vllm.
 
 Protocol (one JSON object per line; the worker's stdout carries nothing else: library output goes to stderr):
   worker → {"ready": true, "backend": "vllm", "engine": "vllm 0.32.0", "model": DIR}

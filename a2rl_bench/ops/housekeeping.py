@@ -45,7 +45,8 @@ def _stale_builds(root: Path) -> list[Path]:
 
 
 def _lock_free(lock: Path) -> bool:
-    """Whether no process holds the build lock (`a2rl_bench.base_models.build.build_once`); a build in progress holds it."""
+    """Whether no process holds the build lock (`a2rl_bench.base_models.build.build_once`); a build in progress holds
+    it."""
     try:
         with exclusive_lock(lock, deadline=time.monotonic()):  # one try, no wait
             return True

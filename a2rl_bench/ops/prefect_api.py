@@ -62,8 +62,8 @@ class BusyRetries(httpx.HTTPTransport):
             response.close()
             time.sleep(wait_s)
         response = super().handle_request(request)
-        # A database outage (a2rl_bench.ops.crash_reports) tells Prefect's client to ask again until it ends; an ops read
-        # (a2rl status, a lease renewal) reports it instead.
+        # A database outage (a2rl_bench.ops.crash_reports) tells Prefect's client to ask again until it ends; an ops
+        # read (a2rl status, a lease renewal) reports it instead.
         response.headers.pop("Prefect-Maintenance", None)
         return response
 

@@ -233,7 +233,8 @@ def start_server(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, home: Path 
         raise OpsError(f"a Prefect server started with `prefect server start --background` (pid {other}) uses "
                        f"PREFECT_HOME={home}; stop it (`prefect server stop`) or set another PREFECT_HOME")
     log = home / "a2rl-server.log"
-    # Prefect's server with a2rl's crash-report rule (a late Crashed never undoes a Retry): a2rl_bench.ops.crash_reports.
+    # Prefect's server with a2rl's crash-report rule (a late Crashed never undoes a Retry):
+    # a2rl_bench.ops.crash_reports.
     cmd = [sys.executable, "-m", "a2rl_bench.ops.crash_reports", "server", "start", "--host", host, "--port", str(port),
            "--analytics-off"]  # fmt: skip
     # Leases of the GPU slots on disk, so a restarted server still knows (and can expire) them.

@@ -1,6 +1,6 @@
-"""The protocol's derived numbers of each run, computed once in Python by `a2rl_bench.protocol` and stored for the views to
-join: the split whose scores gave feedback, the evaluations that pair the final pick's hidden-test items with the base
-model's, each submission's best-so-far and its gain on the base model, and the best gain within each share of the
+"""The protocol's derived numbers of each run, computed once in Python by `a2rl_bench.protocol` and stored for the views
+to join: the split whose scores gave feedback, the evaluations that pair the final pick's hidden-test items with the
+base model's, each submission's best-so-far and its gain on the base model, and the best gain within each share of the
 budget.
 
 Every library write of a run's rows (`ResultsStore`: record, finish, bulk write, replace) refreshes that run's

@@ -1,5 +1,5 @@
-"""The intervals across the runs of a setting, computed once in Python by `a2rl_bench.summary.intervals` and stored for the
-views to select: a setting's Δ and hidden-test score over its seeds (and the items they share), the best gain within
+"""The intervals across the runs of a setting, computed once in Python by `a2rl_bench.summary.intervals` and stored for
+the views to select: a setting's Δ and hidden-test score over its seeds (and the items they share), the best gain within
 each share of the budget, the base model's noise (its item-level standard error) and the Baseline row of the paper's
 System × task table.
 

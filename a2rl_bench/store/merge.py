@@ -131,8 +131,8 @@ def merge_stores(into: Path | str, sources: list[Path], unverified: bool = False
     A run is merged when its report's ledger head carries a MAC under a key this machine trusts (its own, or a
     host's registered with `a2rl store trust-host`); one that cannot be told is refused unless `unverified`,
     which takes it marked (`ingest.unverified_variant`, metric `ledger_verification`) and never in place of a
-    verified run. `flow_runs` says which `running` attempts are over (`a2rl_bench.ops.status.server_flow_run_lookup` asks the
-    Prefect server; None: nobody to ask, so they stay unfinished)."""
+    verified run. `flow_runs` says which `running` attempts are over (`a2rl_bench.ops.status.server_flow_run_lookup`
+    asks the Prefect server; None: nobody to ask, so they stay unfinished)."""
     report = MergeReport(Path(into).expanduser().resolve(), list(sources))
     attempts: list[Attempt] = []
     for source in sources:

@@ -39,7 +39,8 @@ STORE_BLOCK_SIZE = 16 * 1024
 # Metrics written by a step of their own (the leak audit), which a later `record_metrics` must not delete.
 KEPT_METRICS = ("leaked_items", "leak_verdict")
 
-# The tables a run's derived numbers and its group's intervals (`a2rl_bench.store.derived`, `derived_intervals`) come from.
+# The tables a run's derived numbers and its group's intervals (`a2rl_bench.store.derived`, `derived_intervals`) come
+# from.
 DERIVED_FROM = {"runs", "submissions", "evaluations", "item_results"}
 
 # Primary keys of the tables `bulk_write` may write.
@@ -357,7 +358,8 @@ class ResultsStore:
                 self._refresh(con, [run_id])
 
     def refresh_derived(self) -> None:
-        """Recompute every run's derived numbers (`a2rl_bench.store.derived`): after editing stored rows by hand in SQL."""
+        """Recompute every run's derived numbers (`a2rl_bench.store.derived`): after editing stored rows by hand in
+        SQL."""
         with self._transaction() as con:
             self._refresh(con, None)
 

@@ -146,8 +146,8 @@ MIGRATIONS: list[str | Step] = [
         PRIMARY KEY (run_id, seq)
     );
     """,
-    # 3: mode violations follow `a2rl_bench.grading.route_audit.check_mode` (its label set: RLOO and RL count as RL; DPO is
-    # neither SFT nor RL; under rl-only, no training method at all is a violation too).
+    # 3: mode violations follow `a2rl_bench.grading.route_audit.check_mode` (its label set: RLOO and RL count as RL; DPO
+    # is neither SFT nor RL; under rl-only, no training method at all is a violation too).
     """
     -- The agents' LLM-call records (agents/base.py LLMCallEvent) carry these too; tool calls get a table.
     ALTER TABLE llm_calls ADD COLUMN call BIGINT;
@@ -236,10 +236,10 @@ MIGRATIONS: list[str | Step] = [
     # small the difference; they are named for what they are. Best and worst are marked only where the paired
     # comparison with the runner-up leaves 0 out, in Python (`a2rl_bench.analysis.compare.marks`), not in SQL.
     "",
-    # 11 (issue 38): the protocol's derived numbers are computed once, in Python (`a2rl_bench.store.derived`, by the rules
-    # of `a2rl_bench.protocol`), stored beside the rows they come from, and joined by the views instead of recomputed in
-    # SQL: the feedback split, the final pick's test evaluation, best-so-far and the gains on the base model.
-    # Rows already stored are backfilled.
+    # 11 (issue 38): the protocol's derived numbers are computed once, in Python (`a2rl_bench.store.derived`, by the
+    # rules of `a2rl_bench.protocol`), stored beside the rows they come from, and joined by the views instead of
+    # recomputed in SQL: the feedback split, the final pick's test evaluation, best-so-far and the gains on the base
+    # model. Rows already stored are backfilled.
     Step("""
     CREATE TABLE run_derived (
         run_id VARCHAR PRIMARY KEY,
@@ -263,10 +263,10 @@ MIGRATIONS: list[str | Step] = [
     );
     """, derived.refresh),
     # 12 (issue 38): the intervals across the runs of a setting are computed once, in Python
-    # (`a2rl_bench.store.derived_intervals`, by `a2rl_bench.summary.intervals`), stored per group of runs (task, variant, item
-    # selection, base model) and selected by the views: a setting's Δ and score, their standard error, the budget
-    # gains' intervals, the base model's noise and the Baseline row. The views hold no t quantile, z or standard error
-    # any more, and the macros `t975` and `binomial_se` go. Rows already stored are backfilled.
+    # (`a2rl_bench.store.derived_intervals`, by `a2rl_bench.summary.intervals`), stored per group of runs (task,
+    # variant, item selection, base model) and selected by the views: a setting's Δ and score, their standard error, the
+    # budget gains' intervals, the base model's noise and the Baseline row. The views hold no t quantile, z or standard
+    # error any more, and the macros `t975` and `binomial_se` go. Rows already stored are backfilled.
     Step("""
     CREATE TABLE interval_runs (        -- each run's group, as its intervals were last computed
         run_id VARCHAR PRIMARY KEY, task VARCHAR, variant VARCHAR, item_selection VARCHAR, base_model VARCHAR

@@ -21,7 +21,7 @@ class RunMetrics(Sparse):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    # ---- from the ledger (`a2rl_bench.summary.process_facts.process_metrics`) -------------------------------------------
+    # ---- from the ledger (`a2rl_bench.summary.process_facts.process_metrics`) -------------------------------------
     feedback_split: Split | None = None
     """The split whose scores the agent saw (`a2rl_bench.protocol.feedback`)."""
     n_submissions: int | None = None
@@ -85,7 +85,7 @@ class RunMetrics(Sparse):
     llm_cost_usd: float | None = None
     llm_latency_s_mean: float | None = None
 
-    # ---- item-level intervals (`a2rl_bench.summary.process_facts.item_level_intervals`) --------------------------------
+    # ---- item-level intervals (`a2rl_bench.summary.process_facts.item_level_intervals`) --------------------------
     delta_test_ci_low: float | None = None
     delta_test_ci_high: float | None = None
     delta_test_p_value: float | None = None

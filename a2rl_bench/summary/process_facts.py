@@ -6,7 +6,8 @@ gathers them (`summarize_process`). "Process" is the agent's way of working, not
 Everything except the narrative is computed deterministically from the ledger, the code snapshots and the
 resource samples, so a re-run of the summary gives the same facts. Times are on the agent's budget clock
 (`agent_elapsed_s`: grading pauses it), not wall-clock seconds as in the original. The other parts live in
-their own modules: route labels (`a2rl_bench.summary.route_labels`), failure classes (`a2rl_bench.summary.verdicts`), the narrative
+their own modules: route labels (`a2rl_bench.summary.route_labels`), failure classes (`a2rl_bench.summary.verdicts`),
+the narrative
 (`a2rl_bench.summary.narrative`) and store ingestion (`a2rl_bench.store.ingest`); the per-run figure (`a2rl_bench.analysis.run_figure`) is drawn by
 the flow's summary step, since the library does not import `analysis`.
 """

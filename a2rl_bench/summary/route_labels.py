@@ -17,7 +17,8 @@ class RouteLabels(NamedTuple):
 
 
 def label_routes(entries: list[LedgerEntry], snapshots: Any) -> RouteLabels:
-    """Route label per submission from its code snapshot (`a2rl_bench.grading.route_audit.route_label`, imported lazily).
+    """Route label per submission from its code snapshot (`a2rl_bench.grading.route_audit.route_label`, imported
+    lazily).
 
     The snapshot of submission N is found by the ledger's `code-snapshot` event or the label `submission-N`
     in the snapshot log; a submission whose weights equal the base model's is labelled `copy` whatever its code.

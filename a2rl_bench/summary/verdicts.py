@@ -17,7 +17,8 @@ Failure class (first rule that matches wins; operational, not semantic, like the
 
 Every reason names the numbers it rests on (scores, intervals and their item counts, submission counts).
 "Significantly": the 95% interval from the paired per-item comparison with the base model on the same items
-(`a2rl_bench.summary.intervals.paired_item_interval`) excludes 0. Runs without per-item results fall back to the sign, and the
+(`a2rl_bench.summary.intervals.paired_item_interval`) excludes 0. Runs without per-item results fall back to the sign,
+and the
 reason says the change was not tested. Infrastructure failure is kept apart from the agent's failures: it says the harness, not the agent, failed.
 `environment` likewise says the machine failed the agent (a starved machine): both are left out of every aggregate
 and a sweep runs their configuration again.

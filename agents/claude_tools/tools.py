@@ -2,8 +2,8 @@
 
 Commands run with the workspace as working directory and the agent's scrubbed environment (the runner's
 environment after it removed its own harness-side variables). With the run's sandbox policy, each command runs
-in a fresh sandbox (a2rl_bench.isolation.sandbox: bubblewrap, loopback + grader only, no harness files), which lives on while
-jobs it left in the background run; without one, on the host. Either way each command has its own process
+in a fresh sandbox (a2rl_bench.isolation.sandbox: bubblewrap, loopback + grader only, no harness files), which lives on
+while jobs it left in the background run; without one, on the host. Either way each command has its own process
 group inside the agent's session, so a timeout kills the command with everything it started and the harness's
 budget stop reaches every one of them. File tools run in the runner itself and are confined to the workspace:
 a path is checked after resolving its links, and opened without following a link swapped in since.

@@ -1,5 +1,5 @@
-"""The agent class of every CLI agent: the harness starts `python -m a2rl_bench.agents.cli_agents.runner`, which runs the
-CLI in the workspace behind a key-holding, call-recording LLM proxy and parses the CLI's event stream. Each CLI
+"""The agent class of every CLI agent: the harness starts `python -m a2rl_bench.agents.cli_agents.runner`, which runs
+the CLI in the workspace behind a key-holding, call-recording LLM proxy and parses the CLI's event stream. Each CLI
 agent is a subclass in its own module that sets `spec` (a `CliAgentSpec`: `claude_code.py`, `codex.py`, ...)."""
 
 from __future__ import annotations

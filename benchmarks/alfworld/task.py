@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from a2rl_bench.benchmarks.alfworld.games import PACKAGE, VERSION, ALFWorldDataError, game_hash, generate_game, layout_names
+from a2rl_bench.benchmarks.alfworld.games import (
+    PACKAGE, VERSION, ALFWorldDataError, game_hash, generate_game, layout_names,
+)
 from a2rl_bench.benchmarks.base import Item, Messages, TaskData
 from a2rl_bench.benchmarks.envs.base import StepResult, TextEnv
 from a2rl_bench.benchmarks.envs.household import SIMULATION_VERSION, HouseholdEnv, household_prompt

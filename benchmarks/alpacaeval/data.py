@@ -200,7 +200,8 @@ def load_offline(manifest_path: Path = OFFLINE_MANIFEST) -> TaskData:
     """The offline split, checked against the committed manifest so that it can never drift silently."""
     if not manifest_path.is_file():
         raise AlpacaEvalDataError(
-            f"missing {manifest_path}; regenerate it with a2rl_bench.benchmarks.alpacaeval.data.write_offline_manifest()"
+            f"missing {manifest_path}; regenerate it with "
+            "a2rl_bench.benchmarks.alpacaeval.data.write_offline_manifest()"
         )
     committed = json.loads(manifest_path.read_text())
     for source in committed["sources"].values():  # cheap, and the likelier cause: check it first

@@ -45,6 +45,7 @@ class TextEnv(abc.ABC):
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Rows of a workspace file (not `a2rl_bench.jsonl`: this module ships to agents and must run without the harness)."""
+    """Rows of a workspace file (not `a2rl_bench.jsonl`: this module ships to agents and must run without the
+    harness)."""
     with path.open() as f:
         return [json.loads(line) for line in f if line.strip()]

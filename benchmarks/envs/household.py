@@ -1,7 +1,7 @@
 """An ALFWorld-style household text game: our own simulation of the ALFWorld (TextWorld side) domain.
 
-A game (see `a2rl_bench.benchmarks.alfworld.games`) is a room: receptacles (some openable), objects on or in them, lamps,
-and a goal of one of ALFWorld's six task types. Commands follow ALFWorld's grammar: `go to {recep}`,
+A game (see `a2rl_bench.benchmarks.alfworld.games`) is a room: receptacles (some openable), objects on or in them,
+lamps, and a goal of one of ALFWorld's six task types. Commands follow ALFWorld's grammar: `go to {recep}`,
 `open/close {recep}`, `take {obj} from {recep}`, `move {obj} to {recep}` (not `put`), `heat {obj} with
 {microwave}`, `cool {obj} with {fridge}`, `clean {obj} with {sinkbasin}`, `use {lamp}`, `examine {x}`,
 `look`, `inventory`, `think: ...`. The agent holds one object at a time. Reward 1 and done when the goal

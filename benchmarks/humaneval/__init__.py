@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from a2rl_bench.benchmarks.humaneval.execution import ExecutionResult, SandboxBroken, SandboxLimits, isolation, run_program
+from a2rl_bench.benchmarks.humaneval.execution import (
+    ExecutionResult, SandboxBroken, SandboxLimits, isolation, run_program,
+)
 from a2rl_bench.benchmarks.humaneval.programs import build_program, extract_code
 from a2rl_bench.benchmarks.humaneval.task import HumanEval, HumanEvalDataError, write_split_manifest
 

@@ -175,7 +175,8 @@ def write_split_manifest(path: Path = SPLIT_MANIFEST) -> dict[str, Any]:
 
 def read_split_manifest(path: Path = SPLIT_MANIFEST) -> dict[str, Any]:
     if not path.is_file():
-        raise HumanEvalDataError(f"missing {path}; regenerate it with a2rl_bench.benchmarks.humaneval.write_split_manifest()")
+        raise HumanEvalDataError(f"missing {path}; regenerate it with "
+                                 "a2rl_bench.benchmarks.humaneval.write_split_manifest()")
     return json.loads(path.read_text())
 
 
