@@ -85,7 +85,7 @@ def old_views():
     import importlib.util
     import subprocess
 
-    old_src = subprocess.run(["git", "show", "77516f7:a2rl_bench/isolation/leak_decode.py"], capture_output=True,
+    old_src = subprocess.run(["git", "show", "77516f7:a2rl/isolation/leak_decode.py"], capture_output=True,
                              text=True, check=True, cwd=Path(__file__).resolve().parents[1]).stdout  # fmt: skip
     path = Path(tempfile.mkdtemp()) / "old_leak_decode.py"
     path.write_text(old_src)

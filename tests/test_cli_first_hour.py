@@ -17,7 +17,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from test_cli_newcomer import a2rl_bench, assert_one_line, cli_env, harness_api_url
+from test_cli_newcomer import a2rl_cli, assert_one_line, cli_env, harness_api_url
 
 # ---- mistakes on the command line: one line, exit 2, nothing started ------------------------------------------
 
@@ -32,15 +32,15 @@ ARGPARSE_ROWS = {
 @pytest.mark.parametrize("row", list(ARGPARSE_ROWS))
 def test_a_wrong_type_is_one_line_not_a_usage_block(row, tmp_path):
     args, needles = ARGPARSE_ROWS[row]
-    proc = a2rl_bench(["run", *args, "--results", str(tmp_path / "out" / "a.duckdb")], cli_env(tmp_path))
+    proc = a2rl_cli(["run", *args, "--results", str(tmp_path / "out" / "a.duckdb")], cli_env(tmp_path))
     line = assert_one_line(proc, 2, *needles)
     assert "usage:" not in proc.stdout + proc.stderr and "pydantic" not in line and "[type=" not in line
     assert not (tmp_path / "out").exists() and not (tmp_path / "prefect" / "prefect.db").exists()
 
 
 def test_an_unknown_command_is_one_line(tmp_path):
-    assert_one_line(a2rl_bench(["runn"], cli_env(tmp_path)), 2, "unknown command 'runn'", "a2rl --help")
-    assert_one_line(a2rl_bench(["drivers", "ad"], cli_env(tmp_path)), 2, "unknown action 'ad'")
+    assert_one_line(a2rl_cli(["runn"], cli_env(tmp_path)), 2, "unknown command 'runn'", "a2rl --help")
+    assert_one_line(a2rl_cli(["drivers", "ad"], cli_env(tmp_path)), 2, "unknown action 'ad'")
 
 
 def _torn_store(path: Path) -> Path:
@@ -62,7 +62,7 @@ def test_a_results_path_that_is_no_store_is_refused_before_prefect_starts(kind, 
         _torn_store(results)
     before = results.read_bytes()
     started = time.monotonic()
-    proc = a2rl_bench(["run", "--results", str(results)], cli_env(tmp_path))
+    proc = a2rl_cli(["run", "--results", str(results)], cli_env(tmp_path))
     assert_one_line(proc, 2, f"--results {results}", "not a DuckDB results file", "name a new file")
     assert time.monotonic() - started < 60  # the issue saw 110-185 s and exit 1; no model, no baseline now
     assert results.read_bytes() == before and not (tmp_path / "prefect" / "prefect.db").exists()
@@ -80,19 +80,19 @@ def test_an_existing_store_passes_the_check(tmp_path):
 
 def test_a_driver_whose_endpoint_is_down_is_refused_before_the_run(tmp_path):
     env = cli_env(tmp_path, ANTHROPIC_API_KEY="k", ANTHROPIC_BASE_URL="http://127.0.0.1:9")  # a closed port
-    proc = a2rl_bench(["run", "--agent", "claude-tools", "--driver", "m", "--results",
+    proc = a2rl_cli(["run", "--agent", "claude-tools", "--driver", "m", "--results",
                        str(tmp_path / "o" / "a.duckdb")], env)
     assert_one_line(proc, 2, "--driver m", "127.0.0.1:9", "does not answer")
     assert not (tmp_path / "o").exists() and not (tmp_path / "prefect" / "prefect.db").exists()
 
 
 def test_an_agent_and_a_driver_of_another_api_name_the_driver(tmp_path):
-    proc = a2rl_bench(["run", "--agent", "codex", "--driver", "mydriver"], cli_env(tmp_path, ANTHROPIC_API_KEY="k"))
+    proc = a2rl_cli(["run", "--agent", "codex", "--driver", "mydriver"], cli_env(tmp_path, ANTHROPIC_API_KEY="k"))
     assert_one_line(proc, 2, "--driver mydriver", "speaks the openai API", "speaks anthropic", "a2rl agents")
 
 
 def test_a_judged_task_without_a_judge_names_the_openai_route(tmp_path):
-    proc = a2rl_bench(["run", "--task", "alpacaeval"], cli_env(tmp_path))
+    proc = a2rl_cli(["run", "--task", "alpacaeval"], cli_env(tmp_path))
     assert_one_line(proc, 2, "ANTHROPIC_API_KEY", "A2RL_JUDGE_API=openai", "A2RL_JUDGE_BASE_URL")
 
 
@@ -179,7 +179,7 @@ def test_prefects_draining_notice_is_not_a_line_before_the_error(monkeypatch, re
 def test_no_command_and_drivers_without_an_action_print_the_help(tmp_path):
     env = cli_env(tmp_path)
     for args, words in (([], "run one benchmark run"), (["drivers"], "add,list,rm")):
-        proc = a2rl_bench(args, env)
+        proc = a2rl_cli(args, env)
         assert proc.returncode == 0 and words in proc.stdout and not proc.stderr.strip(), proc.stderr
 
 
@@ -187,7 +187,7 @@ def test_results_and_status_without_a_store_are_not_errors(tmp_path):
     env = cli_env(tmp_path)
     missing = tmp_path / "results" / "a2rl.duckdb"
     for command in ("results", "status"):
-        proc = a2rl_bench([command, "--results", str(missing)], env)
+        proc = a2rl_cli([command, "--results", str(missing)], env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "no results yet" in proc.stdout and "make run" in proc.stdout and "Traceback" not in proc.stderr
 
@@ -200,7 +200,7 @@ def test_agents_says_which_clis_are_installed(tmp_path):
     fake.chmod(0o755)
     env = cli_env(tmp_path, A2RL_TOOLS_DIR=str(tmp_path / "no-tools"))
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
-    out = a2rl_bench(["agents"], env).stdout
+    out = a2rl_cli(["agents"], env).stdout
     assert f"`claude`: installed at {fake}" in out
     assert "`codex`: NOT installed (make tools)" in out and "`openhands`: NOT installed" in out
     reference = out.split("reference-sft", 1)[1].split("\n", 2)[:2]
@@ -208,7 +208,7 @@ def test_agents_says_which_clis_are_installed(tmp_path):
 
 
 def test_run_help_shows_each_default_once(tmp_path):
-    text = a2rl_bench(["run", "--help"], cli_env(tmp_path)).stdout
+    text = a2rl_cli(["run", "--help"], cli_env(tmp_path)).stdout
     assert "(default: None)" not in text and "(default: False)" not in text
     assert "<results dir>/runs" in " ".join(text.split()) and "(default: 120.0)" in text
 
@@ -220,7 +220,7 @@ def test_drivers_add_has_one_key_option_and_a_plain_saved_line(prefect_harness, 
     from test_cli_newcomer import _restore_console_levels_after
 
     _restore_console_levels_after(request)
-    help_text = a2rl_bench(["drivers", "add", "--help"], cli_env(tmp_path)).stdout
+    help_text = a2rl_cli(["drivers", "add", "--help"], cli_env(tmp_path)).stdout
     assert "--key-env" in help_text and "--api-key-env" not in help_text and "(default: None)" not in help_text
     monkeypatch.setenv("FIRST_HOUR_KEY", "sk-first-hour-SECRET")
     assert main(["drivers", "add", "first-hour", "--model", "m1", "--api", "openai", "--base-url",

@@ -35,7 +35,7 @@ def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env | extra
 
 
-def a2rl_bench(args: list[str], env: dict[str, str], timeout: float = 120, prefix: list[str] | None = None):
+def a2rl_cli(args: list[str], env: dict[str, str], timeout: float = 120, prefix: list[str] | None = None):
     return subprocess.run([*(prefix or []), sys.executable, "-m", "a2rl_bench.cli", *args], env=env,
                           capture_output=True, text=True, timeout=timeout, cwd=env.get("A2RL_TEST_CWD"))  # fmt: skip
 
@@ -95,7 +95,7 @@ def test_each_mistake_gives_one_line_exit_2_and_spends_nothing(row, tmp_path):
         (tmp_path / "config.json").write_text(config)
     env = cli_env(tmp_path, A2RL_TEST_CWD=str(tmp_path), **extra)
     results = tmp_path / "out" / "a.duckdb"
-    proc = a2rl_bench(["run", *args, "--results", str(results)], env)
+    proc = a2rl_cli(["run", *args, "--results", str(results)], env)
     assert_one_line(proc, 2, *needles)
     assert not results.exists() and not (tmp_path / "out").exists()  # no row, no run directory, nothing made
     assert not (tmp_path / "prefect" / "prefect.db").exists()  # and no Prefect server was started
@@ -117,7 +117,7 @@ def test_an_unwritable_results_location_gives_one_line(where, tmp_path):
         results = tmp_path / "ro" / "a.duckdb"
         prefix = ["bwrap", "--bind", "/", "/", "--ro-bind", str(tmp_path / "ro"), str(tmp_path / "ro"),
                   "--dev", "/dev", "--proc", "/proc", "--"]  # fmt: skip
-    line = assert_one_line(a2rl_bench(["run", "--results", str(results)], env, prefix=prefix), 2, "--results")
+    line = assert_one_line(a2rl_cli(["run", "--results", str(results)], env, prefix=prefix), 2, "--results")
     assert "writ" in line or "is a file" in line
 
 
@@ -128,19 +128,19 @@ def _bwrap_problem() -> str | None:
 
 
 def test_debug_shows_the_traceback(tmp_path):
-    proc = a2rl_bench(["run", "--budget", "-5", "--debug"], cli_env(tmp_path))
+    proc = a2rl_cli(["run", "--budget", "-5", "--debug"], cli_env(tmp_path))
     assert proc.returncode == 2 and "Traceback" in proc.stderr and "PreflightError" in proc.stderr
-    proc = a2rl_bench(["run", "--budget", "-5"], cli_env(tmp_path, A2RL_DEBUG="1"))
+    proc = a2rl_cli(["run", "--budget", "-5"], cli_env(tmp_path, A2RL_DEBUG="1"))
     assert proc.returncode == 2 and "Traceback" in proc.stderr
 
 
 def test_agents_and_help_say_what_each_agent_needs(tmp_path):
     env = cli_env(tmp_path)
-    out = a2rl_bench(["agents"], env).stdout
+    out = a2rl_cli(["agents"], env).stdout
     for agent_id in ("reference-sft", "claude-tools", "claude-code", "codex"):
         assert agent_id in out
     assert "`claude` on PATH" in out and "openai API (a saved driver: a2rl drivers add" in out and "scripted" in out
-    help_text = " ".join(a2rl_bench(["run", "--help"], env).stdout.split())
+    help_text = " ".join(a2rl_cli(["run", "--help"], env).stdout.split())
     assert "need --driver: claude-code, claude-tools, codex" in help_text and "--strict-mode" in help_text
 
 
@@ -201,7 +201,7 @@ def test_a_failure_inside_the_run_gives_one_line_and_a_failed_row(prefect_harnes
         if f.is_file():
             (broken / f.name).write_bytes(f.read_bytes() if f.suffix != ".safetensors" else b"not a tensor file")
     results = tmp_path / "a.duckdb"
-    proc = a2rl_bench(["run", "--base-model", str(broken), "--results", str(results), "--val-limit", "1",
+    proc = a2rl_cli(["run", "--base-model", str(broken), "--results", str(results), "--val-limit", "1",
                  "--test-limit", "1", "--sandbox", "off"], cli_env(tmp_path, **harness_api_url()),
                  timeout=300)  # fmt: skip
     line = assert_one_line(proc, 1, "failed", "report", "log")
@@ -313,7 +313,7 @@ def test_progress_display_and_mode_breaches_on_a_terminal(prefect_harness, tiny_
                   "1 submission(s) broke the mode", f"mode rl-only: {n} of {n} submissions BROKE THE MODE"):
         assert shown in screen, shown
     assert f"| mode breaches (mode rl-only) | **{n}** of {n} submissions |" in (Path(harness) / "report.md").read_text()
-    table = a2rl_bench(["status", "--results", str(results)], env).stdout
+    table = a2rl_cli(["status", "--results", str(results)], env).stdout
     assert "mode_breaches" in table and f"│ rl-only │ {n} " in table
 
 
@@ -334,7 +334,7 @@ def test_status_tells_a_live_running_row_from_one_whose_process_died(tmp_path):
         (harness / "progress.json").write_text(RunProgress(run_id=name, harness_dir=harness, phase="agent_session",
                                                            pid=pid, host=socket.gethostname()).model_dump_json())
         store.start_run(name, RunConfig(seed=pid), str(harness), "label")
-    table = a2rl_bench(["status", "--results", str(tmp_path / "a.duckdb")], cli_env(tmp_path)).stdout
+    table = a2rl_cli(["status", "--results", str(tmp_path / "a.duckdb")], cli_env(tmp_path)).stdout
     assert f"running (pid {os.getpid()}, agent_session)" in table and f"process {gone.pid} is gone" in table
 
 
@@ -383,13 +383,13 @@ def test_server_start_on_another_port_serves_a_ui_that_talks_to_its_own_api(tmp_
     port = free_port()
     env = cli_env(tmp_path)
     try:
-        proc = a2rl_bench(["server", "start", "--port", str(port), "--no-worker"], env, timeout=300)
+        proc = a2rl_cli(["server", "start", "--port", str(port), "--no-worker"], env, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         settings = httpx.get(f"http://127.0.0.1:{port}/ui-settings", timeout=10).json()
         assert settings["api_url"] == f"http://127.0.0.1:{port}/api"
         assert httpx.get(f"{settings['api_url']}/health", timeout=10).status_code == 200
     finally:
-        a2rl_bench(["server", "stop"], env, timeout=120)
+        a2rl_cli(["server", "stop"], env, timeout=120)
 
 
 def _linked_cli(tmp_path: Path, body: str, name: str = "opencode") -> tuple[Path, Path]:
@@ -437,7 +437,7 @@ def test_a_cli_that_starts_on_the_host_but_not_in_the_sandbox_is_refused_before_
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
     assert subprocess.run([str(bin_dir / "opencode"), "--version"], capture_output=True).returncode == 0  # on the host
     results = tmp_path / "out" / "a.duckdb"
-    proc = a2rl_bench(["run", "--agent", "opencode", "--driver", "m", "--sandbox", "required", "--results", str(results)], env)
+    proc = a2rl_cli(["run", "--agent", "opencode", "--driver", "m", "--sandbox", "required", "--results", str(results)], env)
     assert_one_line(proc, 2, "opencode", "does not start in the sandbox")
     assert not results.exists() and not (tmp_path / "out").exists()
 
@@ -504,7 +504,7 @@ def test_a_read_only_home_is_named_before_prefect_starts(tmp_path):
         env.pop(name, None)
     results = tmp_path / "out" / "a.duckdb"
     start = time.monotonic()
-    proc = a2rl_bench(["run", "--results", str(results)], env, prefix=_in_bwrap("--ro-bind", str(home), str(home)))
+    proc = a2rl_cli(["run", "--results", str(results)], env, prefix=_in_bwrap("--ro-bind", str(home), str(home)))
     line = assert_one_line(proc, 2, f"HOME {home}", "not writable", "PREFECT_HOME", "A2RL_HOME")
     assert "quieter" not in line and time.monotonic() - start < 60
     assert not (tmp_path / "out").exists()
@@ -515,7 +515,7 @@ def test_each_unwritable_home_is_one_line_naming_it(tmp_path, which):
     ro = tmp_path / "ro"
     ro.mkdir()
     env = cli_env(tmp_path, **{which: str(ro / "sub")})
-    proc = a2rl_bench(["run", "--results", str(tmp_path / "out" / "a.duckdb")], env, prefix=_in_bwrap("--ro-bind", str(ro), str(ro)))
+    proc = a2rl_cli(["run", "--results", str(tmp_path / "out" / "a.duckdb")], env, prefix=_in_bwrap("--ro-bind", str(ro), str(ro)))
     assert_one_line(proc, 2, f"{which} {ro}", "not writable", f"export {which}=")
 
 
@@ -523,7 +523,7 @@ def test_a_results_folder_without_room_for_the_run_is_one_line(tmp_path):
     small = tmp_path / "small"
     small.mkdir()
     env = cli_env(tmp_path, A2RL_HOME=str(tmp_path / "a2rl-home"))
-    proc = a2rl_bench(["run", "--results", str(small / "a.duckdb")], env, prefix=_in_bwrap("--size", str(8 * 1024**2), "--tmpfs", str(small)))
+    proc = a2rl_cli(["run", "--results", str(small / "a.duckdb")], env, prefix=_in_bwrap("--size", str(8 * 1024**2), "--tmpfs", str(small)))
     assert_one_line(proc, 2, "not enough free space", f"--runs-dir {small / 'runs'}", "needed")
 
 
