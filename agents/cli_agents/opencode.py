@@ -60,10 +60,10 @@ def opencode_command(prompt: str, driver: LLMDriver, options: AgentOptions, prox
         provider = {"npm": "@ai-sdk/openai-compatible", "options": {"baseURL": proxy.url, "apiKey": proxy.token}}
     provider |= {"name": "a2rl proxy", "models": {driver.model: {"name": driver.model}}}
     config = {"$schema": "https://opencode.ai/config.json", "autoupdate": False, "share": "disabled",
-              "model": f"a2rl_bench/{driver.model}", "small_model": f"a2rl_bench/{driver.model}",
+              "model": f"a2rl/{driver.model}", "small_model": f"a2rl/{driver.model}",
               "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny", "external_directory": "deny"},
               "provider": {"a2rl": provider}}  # fmt: skip
-    argv = ["opencode", "run", "--format", "json", "-m", f"a2rl_bench/{driver.model}", *options.extra_args, prompt]
+    argv = ["opencode", "run", "--format", "json", "-m", f"a2rl/{driver.model}", *options.extra_args, prompt]
     xdg = {f"XDG_{k}_HOME": str(home / k.lower()) for k in ("CONFIG", "DATA", "CACHE", "STATE")}
     return argv, {"OPENCODE_CONFIG_CONTENT": json.dumps(config), "OPENCODE_DISABLE_AUTOUPDATE": "1",
                   "OPENCODE_DISABLE_LSP_DOWNLOAD": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1", **xdg}  # fmt: skip
