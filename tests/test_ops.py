@@ -274,3 +274,20 @@ def test_a2rl_status_asks_a_server_that_answered_too_late_again_and_a_gone_one_n
     finally:
         release.set()
         server.server_close()
+
+
+def test_a_database_outage_is_told_apart_from_a_bad_request_by_the_errors_cause():
+    """The server's 503 'wait it out' answer (a2rl_bench.ops.crash_reports) is for a database that cannot be reached,
+    however deep in the cause chain asyncpg's error sits; any other error keeps Prefect's own answer."""
+    import asyncpg.exceptions as pg
+
+    from a2rl_bench.ops.crash_reports import database_unreachable
+
+    wrapped = RuntimeError("while creating a task run")
+    wrapped.__cause__ = pg.CannotConnectNowError("the database system is starting up")
+    assert database_unreachable(pg.ConnectionDoesNotExistError("connection was closed in the middle of operation"))
+    assert database_unreachable(pg.AdminShutdownError("terminating connection due to administrator command"))
+    assert database_unreachable(wrapped)
+    assert database_unreachable(ConnectionRefusedError(111, "Connect call failed"))
+    assert not database_unreachable(ValueError("bad parameter"))
+    assert not database_unreachable(pg.UniqueViolationError("duplicate key"))

@@ -156,13 +156,11 @@ def database_unreachable(exc: BaseException) -> bool:
     not because of the request: asking again once the database is back succeeds."""
     import socket
 
-    import asyncpg.exceptions as pg
-
     seen: set[int] = set()
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, (ConnectionError, socket.gaierror, pg.PostgresConnectionError, pg.OperatorInterventionError)):
+        if isinstance(e, (ConnectionError, socket.gaierror)) or _postgres_gone(e):
             return True
         if getattr(e, "connection_invalidated", False):  # SQLAlchemy: the connection was lost under the query
             return True
@@ -170,12 +168,22 @@ def database_unreachable(exc: BaseException) -> bool:
     return False
 
 
+POSTGRES_GONE = frozenset({("asyncpg.exceptions", "PostgresConnectionError"),
+                           ("asyncpg.exceptions", "OperatorInterventionError")})
+"""asyncpg's errors for a lost or refused connection and an administrator's shutdown or restart, by class (asyncpg
+is Prefect's PostgreSQL driver, not one of a2rl's dependencies: matched by name, not imported)."""
+
+
+def _postgres_gone(e: BaseException) -> bool:
+    return any((c.__module__, c.__name__) in POSTGRES_GONE for c in type(e).__mro__)
+
+
 def install_database_outage_answer() -> None:
     """This process's Prefect server answers a request its database outage failed with 503, `Prefect-Maintenance:
     true` and `Retry-After`: Prefect's clients (workers, flow-run engines) wait the outage out instead of failing.
     Installed before the server's app is made (its exception handler is read then)."""
     from prefect.server.api import server
-    from starlette.responses import JSONResponse
+    from fastapi.responses import JSONResponse
 
     original = server.custom_internal_exception_handler
 
