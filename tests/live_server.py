@@ -6,6 +6,7 @@ does. Nothing here is a stand-in: server and worker are a2rl's (Prefect's, with 
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ import pytest
 
 from a2rl_bench.ops import prefect_local
 import prefect_http
+from tests.postgres_support import LocalPostgres, PostgresUnavailable
 
 # Runs start within a second or two of being scheduled (defaults: 10 s each).
 FAST_POLLING = {"PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
@@ -131,3 +133,22 @@ def kill_worker_host(home: Path) -> list[int]:
     psutil.wait_procs(procs, timeout=10)
     (home / prefect_local.WORKER_STATE).unlink()
     return [p.pid for p in procs]
+
+
+def postgres_or_skip() -> LocalPostgres:
+    """A started throwaway PostgreSQL; without one the test skips, but not under CI (`make test` installs it: a CI
+    without it is broken, not a reason to skip)."""
+    try:
+        return LocalPostgres().start()
+    except PostgresUnavailable as e:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(e))
+
+
+def plain_host(d: Path, host: str, results: Path) -> dict[str, str]:
+    """Make a host's folders under d; the environment its plain `prefect worker start` runs with."""
+    for sub in ("work", "cache", "tmp", "prefect"):
+        (d / sub).mkdir(parents=True)
+    return {**FAST_POLLING, "A2RL_HOST": host, "A2RL_HOME": str(d / "cache"), "TMPDIR": str(d / "tmp"),
+            "A2RL_HOST_RESULTS": str(results)}  # fmt: skip

@@ -28,8 +28,8 @@ import duckdb
 import pytest
 
 from a2rl_bench.ops import auto_retry, prefect_local, run_lease
-from tests.postgres_support import LocalPostgres, PostgresUnavailable, free_port
-from tests.live_server import FAST_POLLING, SERVER_ENV, SMALL_AGENT
+from tests.postgres_support import LocalPostgres, free_port
+from tests.live_server import FAST_POLLING, SERVER_ENV, SMALL_AGENT, plain_host, postgres_or_skip
 from tests.live_server import family as _family
 from tests.live_server import final_run as _final_run
 from tests.live_server import flow_run as _flow_run
@@ -74,12 +74,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     root = tmp_path_factory.mktemp("multihost")
-    try:
-        pg = LocalPostgres().start()
-    except PostgresUnavailable as e:
-        if os.environ.get("CI"):  # `make test` installs it: a CI without it is broken, not a reason to skip
-            raise
-        pytest.skip(str(e))
+    pg = postgres_or_skip()
     homes: list[Path] = []
     pids: list[int] = []
     server_home = root / "server-host" / "prefect"
@@ -98,10 +93,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
         cluster = Cluster(server.url, root, server_home, pg)
         for host in HOSTS:
             d = cluster.host_dir(host)
-            for sub in ("work", "cache", "tmp", "prefect"):
-                (d / sub).mkdir(parents=True)
-            env = {**FAST_POLLING, "A2RL_HOST": host, "A2RL_HOME": str(d / "cache"), "TMPDIR": str(d / "tmp"),
-                   "A2RL_HOST_RESULTS": str(cluster.host_store(host))}  # fmt: skip
+            env = plain_host(d, host, cluster.host_store(host))
             _join(host, env)
             homes.append(d / "prefect")
             pids.append(prefect_local.start_worker(server.url, home=d / "prefect", queues=("default",), limit=1,

@@ -11,7 +11,6 @@ a few minutes on busy cores). Deselect with `-m "not prefect_server"`.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,8 +24,9 @@ import pytest
 from a2rl_bench.capture.attempts import read_attempts
 from a2rl_bench.ops import prefect_local, run_lease
 from a2rl_bench.run_options import nest_parameters
-from tests.live_server import FAST_POLLING, SERVER_ENV, SMALL_AGENT, family, final_run, flow_run, wait_for
-from tests.postgres_support import LocalPostgres, PostgresUnavailable, free_port
+from tests.live_server import SERVER_ENV, SMALL_AGENT, family, final_run, flow_run, wait_for
+from tests.live_server import plain_host, postgres_or_skip
+from tests.postgres_support import LocalPostgres, free_port
 import prefect_http
 
 pytestmark = pytest.mark.prefect_server
@@ -54,12 +54,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     root = tmp_path_factory.mktemp("outages")
-    try:
-        pg = LocalPostgres().start()
-    except PostgresUnavailable as e:
-        if os.environ.get("CI"):  # `make test` installs it: a CI without it is broken, not a reason to skip
-            raise
-        pytest.skip(str(e))
+    pg = postgres_or_skip()
     server_home = root / "server" / "prefect"
     server_home.mkdir(parents=True)
     homes: list[Path] = []
@@ -71,10 +66,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
         prefect_local.deploy(server.url)
         for host in HOSTS:
             d = root / "hosts" / host
-            for sub in ("work", "cache", "tmp", "prefect"):
-                (d / sub).mkdir(parents=True)
-            env = {**FAST_POLLING, "A2RL_HOST": host, "A2RL_HOME": str(d / "cache"), "TMPDIR": str(d / "tmp"),
-                   "A2RL_HOST_RESULTS": str(d / "results" / "a2rl.duckdb")}  # fmt: skip
+            env = plain_host(d, host, d / "results" / "a2rl.duckdb")
             homes.append(d / "prefect")
             pids.append(prefect_local.start_worker(server.url, home=d / "prefect", queues=("default",), limit=2,
                                                    env=env, cwd=d / "work", plain=True).pid)  # fmt: skip
