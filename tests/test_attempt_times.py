@@ -253,3 +253,26 @@ def test_frozen_host_time_is_not_charged_to_the_agent_and_an_unfrozen_run_is_cha
     truth, record, _ = _host_session(tmp_path, freeze_s=0.0)
     assert record["frozen"] == 0.0
     assert abs(record["elapsed"] - truth) <= 1.0, (record, truth)
+
+
+def test_a_harness_thread_holding_the_gil_is_not_taken_for_a_frozen_host():
+    """A long C call in another harness thread (a huge regex or JSON an agent's input might cause) keeps the
+    clock's ticker asleep, waiting for the GIL, as long as a SIGSTOP would; but it wakes every 5 ms to ask for
+    it, so the stretch is charged to the agent, not taken off (with any number of wake-ups allowed, one is)."""
+    from a2rl_bench.grading.clock import FreezeWatch
+
+    n = 10**7
+    started = time.monotonic()
+    sum(range(n))
+    n = int(n * 3.0 / max(time.monotonic() - started, 1e-3))  # a call holding the GIL ~3 s at this load
+    gaps: list[tuple[float, float]] = []
+    watch = FreezeWatch(lambda start, end: gaps.append((start, end)), threshold_s=1.0)
+    watch.start()
+    time.sleep(0.6)
+    held = time.monotonic()
+    sum(range(n))
+    held = time.monotonic() - held
+    time.sleep(0.6)
+    watch.stop()
+    assert held >= 1.5, held  # long enough that time alone would call it frozen
+    assert gaps == [], (gaps, held)

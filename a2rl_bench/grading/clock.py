@@ -8,7 +8,8 @@ running after its harness stopped recording (a frozen harness) is charged up to 
 
 Frozen host time is not agent time: `FreezeWatch` ticks beside the clock and takes off the agent's time any stretch
 in which the harness itself could not run (its host or process group stopped, SIGSTOP or a cgroup freeze): its
-ticker's gap of at least `FROZEN_GAP_S` spent neither running nor waiting for a CPU (the kernel's schedstat).
+ticker's gap of at least `FROZEN_GAP_S` spent neither running nor waiting for a CPU (the kernel's schedstat), in
+which the ticker was scheduled at most `MAX_RUNS_WHILE_FROZEN` times.
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ FROZEN_GAP_S = 5.0
 """A gap of the clock's ticker at least this long that its thread spent neither on a CPU nor waiting for one is time
 the harness could not run: not charged to the agent. A loaded machine makes the ticker wait for a CPU, which the
 kernel counts (run delay), so load alone never reaches it; 5 s is 20 ticks, far above a GIL hand-over (5 ms)."""
+MAX_RUNS_WHILE_FROZEN = 4
+"""A gap counts as frozen only if the ticker's thread was put on a CPU at most this often within it (schedstat's
+third field). A stopped process is not scheduled at all (measured: 2 in a 3 s SIGSTOP, its wake-up and resume).
+A thread that waits for the GIL held by a long C call (a huge regex or `sum(range(...))` in another harness thread)
+is asleep, not runnable, so its gap looks the same by time alone; but it wakes every switch interval (5 ms) to ask
+for the GIL (measured: 726 runs in a 3.7 s gap), so it is charged, and no input the agent controls can turn a slow
+harness into free agent time. Time blocked in I/O (page faults under memory pressure) is charged the same way,
+unless it is one long wait."""
 TICK_S = 0.25
 """The ticker's period."""
 
@@ -34,12 +43,14 @@ TICK_S = 0.25
 class FreezeWatch:
     """Tells `on_frozen(start, end)` (monotonic seconds) of each stretch in which this process could not run.
 
-    A thread sleeps `TICK_S` at a time; on waking it reads its own CPU time and run delay (the time it was runnable
-    but waited for a CPU) from /proc/thread-self/schedstat. Of the wall time since its last tick, what is neither
-    its sleep, nor CPU, nor run delay, is time the thread was stopped (SIGSTOP, a frozen cgroup) or blocked in the
-    kernel; a stretch of at least `threshold_s` is reported. The agent cannot fake one: its processes run under
-    their own user in the sandbox and cannot stop, freeze or trace the harness's, and loading every CPU shows up as
-    run delay, not as a gap. Without schedstat (not Linux) nothing is reported and all time is charged.
+    A thread sleeps `TICK_S` at a time; on waking it reads its own CPU time, run delay (the time it was runnable
+    but waited for a CPU) and number of runs from /proc/thread-self/schedstat. Of the wall time since its last
+    tick, what is neither its sleep, nor CPU, nor run delay, is time the thread was stopped (SIGSTOP, a frozen
+    cgroup) or asleep in the kernel; a stretch of at least `threshold_s` in which the thread ran at most
+    `MAX_RUNS_WHILE_FROZEN` times is reported (one that kept waking up, e.g. for the GIL, was not frozen). The
+    agent cannot fake one: its processes run under their own user in the sandbox and cannot stop, freeze or trace
+    the harness's, and loading every CPU shows up as run delay, not as a gap. Without schedstat (not Linux) nothing
+    is reported and all time is charged.
     """
 
     def __init__(self, on_frozen, threshold_s: float = FROZEN_GAP_S, period_s: float = TICK_S):
@@ -76,7 +87,8 @@ class FreezeWatch:
             if times is None:
                 return
             lost = (now - last_at) - self.period_s - (times[0] - last[0]) - (times[1] - last[1])
-            if lost >= self.threshold_s:  # it ended when the thread became runnable again
+            runs = times[2] - last[2]
+            if lost >= self.threshold_s and runs <= MAX_RUNS_WHILE_FROZEN:  # it ended when the thread became runnable
                 woke = now - (times[0] - last[0]) - (times[1] - last[1])
                 self.on_frozen(woke - lost, woke)
             last, last_at = times, now
@@ -85,11 +97,12 @@ class FreezeWatch:
                 self._ticked.notify_all()
 
 
-def _thread_times() -> tuple[float, float] | None:
-    """This thread's (CPU seconds, seconds waited for a CPU) from the kernel; None where it does not say."""
+def _thread_times() -> tuple[float, float, int] | None:
+    """This thread's (CPU seconds, seconds waited for a CPU, times put on a CPU) from the kernel; None where it
+    does not say."""
     try:
         fields = Path("/proc/thread-self/schedstat").read_text().split()
-        return int(fields[0]) / 1e9, int(fields[1]) / 1e9
+        return int(fields[0]) / 1e9, int(fields[1]) / 1e9, int(fields[2])
     except (OSError, ValueError, IndexError):
         return None
 
