@@ -387,3 +387,49 @@ def test_three_rises_of_the_entropy_in_a_row_raise_the_alarm(tmp_path):
     grpo.rolled_back("test")
     assert grpo.lr_scale == 0.5 and grpo.entropies == [] and not grpo.entropy_alarm()
     assert json.loads(curve.read_text().splitlines()[-1])["rolled_back"] == "test"
+
+
+# -- the update's memory -----------------------------------------------------------------------------------------
+def test_the_update_scores_the_action_tokens_alone_in_chunks_that_bound_the_logits(one_torch_thread):
+    """Memory of an update (issue 42): the output layer runs on the action tokens alone, at most `chunk_rows` of
+    them per call, in the sampling policy's pass, the update's forward pass and its recomputation in the backward
+    pass; so no (batch, length, vocabulary) logits and no fp32 copy of more than a chunk's exist. The chunked
+    log-probs at the sampling temperature equal those of the model's full logits."""
+    import torch
+
+    envlib = game_envlib(True)
+    model, tokenizer = word_model()
+    grpo = grpo_env_torch.GRPOEnv(model, tokenizer, envlib, "game", None, lr=1e-3, goals_per_step=8, group_size=4,
+                                  max_episode_steps=2, temperature=0.7, loop_penalty=0.5, seed=0, max_new_tokens=2,
+                                  engine="engine", chunk_rows=3)  # fmt: skip
+    calls: dict[str, list[tuple]] = {"policy": [], "sampler": []}
+    seen = {}
+    update = grpo.update
+
+    def watched(samples):
+        seen["samples"] = samples
+        hooks = [head.register_forward_hook(lambda m, args, out, name=name: calls[name].append(tuple(args[0].shape)))
+                 for name, head in (("policy", model.get_output_embeddings()),
+                                    ("sampler", grpo.sample.copy.get_output_embeddings()))]  # fmt: skip
+        try:
+            return update(samples)
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+    grpo.update = watched
+    stats = grpo.grpo_step()
+    assert stats.update.optimizer_steps == 1
+    tokens = sum(len(a) for _, a, *_ in seen["samples"])
+    assert tokens > 3 * 4  # enough action tokens for several chunks
+    for name in calls:
+        assert calls[name] and all(len(shape) == 2 and shape[0] <= 3 for shape in calls[name]), (name, calls[name])
+    assert sum(shape[0] for shape in calls["sampler"]) == tokens  # each action token once, nothing else
+    assert sum(shape[0] for shape in calls["policy"]) == 2 * tokens  # forward, then recomputed in the backward
+    with torch.no_grad():
+        batch = seen["samples"][:6]
+        ids, mask, targets, _ = grpo._batch(batch)
+        full = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float() / 0.7, dim=-1)
+        want = full[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)[targets[:, 1:]]
+        ours = grpo._log_probs(model, batch)
+    assert ours.shape == want.shape and torch.allclose(ours, want, atol=1e-5)
