@@ -48,16 +48,55 @@ def test_a_rise_within_the_scores_noise_is_no_rise():
     assert not sft_finished([2.0, 6.0], 0.0, max_rounds=6, items=60)  # 6 vs 2: beyond 2's noise (1.8)
 
 
-def test_sft_keeps_to_a_third_of_the_budget_by_default():
-    assert Knobs.from_env({}).sft_max_share == pytest.approx(1 / 3)
+GAME = 100 / 60
+"""One validation game of alfworld's 60, in points (the split's default margin is one and a half)."""
+
+
+@pytest.mark.parametrize(
+    ("scores", "allowance_s", "stop", "why"),
+    [
+        ([60.0], 200.0, False, "rises"),  # one round: nothing to compare with
+        ([60.0, 63.3], 200.0, False, "rises"),  # two games more: a rise (6.3 points of noise stopped it before)
+        ([60.0, 63.3, 80.0, 85.0], 200.0, False, "rises"),
+        ([60.0, 61.7], 200.0, True, "no longer rises: 61.7 after a best of 60.0"),  # one game (rounded): noise
+        ([60.0, 80.0, 70.0], 200.0, True, "no longer rises: 70.0 after a best of 80.0"),
+        ([60.0, None], 200.0, True, "no longer rises"),
+        ([0.0, 0.0], 200.0, False, "rises"),  # not above the baseline yet: keep going
+        ([60.0, 63.3], 9.0, True, "SFT's time is used (9s left"),  # rising, but its cap / RL's floor is reached
+        ([1.0, 4.0, 7.0, 10.0, 13.0, 16.0], 200.0, True, "6 SFT rounds, the most allowed"),
+    ],
+)
+def test_sft_goes_on_while_its_last_round_rose_by_more_than_a_game(scores, allowance_s, stop, why):
+    split = sft_grpo_session.sft_split(scores, 0.0, allowance_s=allowance_s, min_round_s=10.0, max_rounds=6,
+                                       margin=1.5 * GAME)  # fmt: skip
+    assert split.stop is stop and why in split.reason, split
+
+
+def test_sft_has_a_cap_rl_a_floor_and_an_explicit_share_overrides_both():
+    allowance = sft_grpo_session.sft_allowance_s
+    # The floor: with 300 of 420 s left, RL keeps 30% (126 s) after the end margin (15 s) and a save (5 s).
+    assert allowance(420, 300, max_share=0.7, rl_min_share=0.3, save_s=5, end_margin_s=15) == pytest.approx(154)
+    # The cap: SFT stops at 70% of the budget used, whatever RL's floor.
+    assert allowance(420, 150, max_share=0.7, rl_min_share=0.0, save_s=5) == pytest.approx(294 - 270 - 5)
+    k = Knobs.from_env({})
+    assert (k.sft_max_share, k.rl_min_share, k.sft_rise_margin) == (pytest.approx(0.7), pytest.approx(0.3), None)
     session = sft_grpo_session.InteractiveSession.__new__(sft_grpo_session.InteractiveSession)  # no grader needed
-    session.__dict__.update(k=Knobs.from_env({}), save_s=5.0, phase="SFT", mode="free", margin_s=13.4,
+    session.__dict__.update(k=k, save_s=5.0, phase="SFT", mode="free", margin_s=13.4,
                             budget={"budget_s": 420.0, "remaining_s": 300.0, "elapsed_s": 120.0})  # fmt: skip
-    # 140 s is SFT's third of 420 s; 120 s are used and a save takes 5 s: 15 s of SFT training are left.
-    assert session.sft_allowance_s() == pytest.approx(15.0)
-    assert session.round_seconds() == pytest.approx(15.0)
-    session.phase = "GRPO"  # RL rounds are not capped by SFT's share
+    # 120 s used: a third of the budget no longer ends SFT (it left 15 s); RL's floor leaves 155.6 s.
+    assert session.sft_allowance_s() == pytest.approx(300 - 13.4 - 126 - 5)
     assert session.round_seconds() == pytest.approx(70.0)  # a sixth of the budget
+    assert session.rise_margin() == pytest.approx(1.5 * GAME)
+    session.budget = {"budget_s": 420.0, "remaining_s": 150.0, "elapsed_s": 270.0}
+    assert session.sft_allowance_s() < 10 and session.round_seconds() < 10  # the floor is reached
+    session.phase = "GRPO"  # RL rounds are not capped by SFT's share
+    assert session.round_seconds() == pytest.approx(70.0)
+    # A2RL_SFT_MAX_SHARE alone is the whole split, as before the rule: a third of the budget, no floor.
+    session.k, session.phase = Knobs.from_env({"A2RL_SFT_MAX_SHARE": str(1 / 3)}), "SFT"
+    session.budget = {"budget_s": 420.0, "remaining_s": 300.0, "elapsed_s": 120.0}
+    assert session.k.rl_min_share == 0.0 and session.sft_allowance_s() == pytest.approx(15.0)
+    session.k = Knobs.from_env({"A2RL_SFT_MAX_SHARE": "0.9", "A2RL_RL_MIN_SHARE": "0.5"})
+    assert session.sft_allowance_s() == pytest.approx(300 - 13.4 - 210 - 5)
 
 
 def test_an_entropy_alarm_rolls_back_to_the_best_checkpoint_and_stops_rl_after_three():
@@ -482,6 +521,12 @@ def test_session_runs_sft_until_validation_stops_rising_then_grpo(tiny_model_dir
     assert "stopping: submission cap reached" in log, log[-3000:]
     assert methods == ["SFT", "SFT", "SFT", "GRPO"]
     assert "restored the best checkpoint output/v2" in log  # the tie at round 3 is rolled back before GRPO
+    # Why SFT stopped and where RL starts from: in the log and as the first row of the RL curve.
+    assert "SFT stops after 3 rounds" in log and "GRPO starts from output/v2 (validation 20.0)" in log
+    curve = [json.loads(line) for line in (paths.workspace / "code" / "rl_curve.jsonl").read_text().splitlines()]
+    assert curve[0]["starts_from"] == "output/v2" and curve[0]["sft_scores"] == [10.0, 20.0, 20.0]
+    assert curve[0]["sft_stopped"].startswith("validation no longer rises: 20.0 after a best of 20.0")
+    assert len(curve) > 1 and all("wins" in row for row in curve[1:])  # the updates follow it
     scored = [(e.model_path, e.score) for e in service.submissions() if e.status == "scored"]
     assert scored == [("output/v1", 10.0), ("output/v2", 20.0), ("output/v3", 20.0), ("output/v4", 30.0)]
     assert route_label(paths.workspace / "code") == "SFT+RL"
@@ -494,8 +539,11 @@ def test_sft_gives_way_to_rl_once_its_share_of_the_budget_is_used(tiny_model_dir
     paths, service, log, methods = _session(tmp_path, tiny_model_dir, alfworld_data, monkeypatch, "free",
                                             [10.0, 20.0, 30.0], cap=2)  # fmt: skip
     assert methods == ["SFT", "GRPO"]
-    assert "of the budget used by SFT (its share: 0%): next GRPO" in (paths.workspace / "code" / "NOTES.md").read_text()
+    notes = (paths.workspace / "code" / "NOTES.md").read_text()
+    assert "SFT stops (validation still rises, but SFT's time is used" in notes and "next GRPO" in notes
     assert [e.detail.get("stage") for e in service.submissions()] == ["SFT", "GRPO"]
+    split = json.loads((paths.workspace / "code" / "rl_curve.jsonl").read_text().splitlines()[0])
+    assert split["starts_from"] == "output/v1" and split["sft_scores"] == [10.0]
 
 
 def test_session_in_mode_sft_only_keeps_to_sft(tiny_model_dir, alfworld_data, tmp_path, monkeypatch):

@@ -485,7 +485,8 @@ class GRPOEnv:
                  seed: int, invalid_penalty: float = 0.0, algorithm: str = "grpo", gamma: float = 0.95,
                  step_weight: float = 1.0, micro_batch: int | None = None, micro_tokens: int | None = None,
                  max_new_tokens: int = 32, max_grad_norm: float = 1.0, engine: str = "auto",
-                 curve: Path | None = None, max_samples: int = 1024, schedule: Schedule = Schedule()):  # fmt: skip
+                 curve: Path | None = None, max_samples: int = 1024, schedule: Schedule = Schedule(),
+                 chunk_rows: int = 512):  # fmt: skip
         import torch
 
         if algorithm not in ALGORITHMS:
@@ -502,6 +503,9 @@ class GRPOEnv:
         # bounded by rows and by padded tokens: activations grow with tokens (16k tokens of a 135M model: ~8 GB).
         self.micro_batch = micro_batch or (64 if self.device.type == "cuda" else 16)
         self.micro_tokens = micro_tokens or (16_384 if self.device.type == "cuda" else 4096)
+        self.chunk_rows = chunk_rows
+        """Action tokens per output-layer call: bounds the (rows, vocabulary) fp32 logits held at once (512 rows of
+        a 49k vocabulary: 100 MB), never the whole batch's."""
         self.temperature = temperature
         self.lr_scale = 1.0
         """The trust region's adaptation of the peak rate (1: as given)."""
@@ -600,7 +604,8 @@ class GRPOEnv:
 
     def _log_probs(self, model, chunk):
         ids, mask, targets, prefix = self._batch(chunk)
-        return target_log_probs(model, ids, mask, targets, self.device, temperature=self.temperature,
+        return target_log_probs(model, ids, mask, targets, self.device, chunk_rows=self.chunk_rows,
+                                temperature=self.temperature,
                                 prefix=prefix if prefix >= MIN_TRAIN_PREFIX else 0)  # fmt: skip
 
     def micro_batches(self, indices: list[int], samples: list[tuple]) -> list[list[int]]:

@@ -3,17 +3,20 @@
 
 1. SFT rounds: full fine-tuning on the worked examples (``sft_torch.py``) and on searching demonstrations the
    agent builds from the public training games (``search_demos.py``: the worked examples are oracle walkthroughs
-   that never search), each round submitted, until the validation score stops rising (``sft_finished``).
-2. RL rounds from the best checkpoint so far: GRPO (or GiGPO with ``A2RL_GRPO_ALGORITHM=gigpo``) with online
-   rollouts on training goals, win-only returns, a KL target per update (``grpo_env_torch.py``; on CUDA the
-   rollouts run on the decode engine), each round submitted; a round whose validation score falls more than
+   that never search), each round submitted, while the last round's validation score rose by more than a
+   game and a half, within a cap on SFT's share of the budget and a floor left for RL (``sft_split``).
+2. RL rounds from the best SFT checkpoint (why SFT stopped and that checkpoint are logged and are the first row
+   of ``rl_curve.jsonl``): GRPO (or GiGPO with ``A2RL_GRPO_ALGORITHM=gigpo``) with online rollouts on training
+   goals, win-only returns, a KL target per update (``grpo_env_torch.py``; on CUDA the rollouts run on the
+   decode engine), each round submitted; a round whose validation score falls more than
    ``A2RL_GRPO_ROLLBACK_MARGIN`` points below the best is rolled back, otherwise RL goes on from it. When the
    sampling entropy rose three updates running the round ends, the best checkpoint is restored and RL goes on
    at half the rate; after ``MAX_ENTROPY_ROLLBACKS`` such rollbacks RL stops.
 In mode ``sft-only`` (read from ``instructions.md``) the RL code is removed from ``code/`` first and the SFT
 rounds go on from the best checkpoint at half the learning rate instead of GRPO.
 
-Only training goals and the grader's validation feedback are used. Knobs: ``A2RL_SFT_*`` / ``A2RL_GRPO_*``.
+Only training goals and the grader's validation feedback are used. Knobs: ``A2RL_SFT_*`` / ``A2RL_RL_MIN_SHARE`` /
+``A2RL_GRPO_*``.
 """
 
 from __future__ import annotations
@@ -62,13 +65,13 @@ def score_noise(score: float, items: int) -> float:
 
 
 def sft_finished(scores: list[float | None], baseline: float | None, max_rounds: int, patience: int = 1,
-                 items: int | None = None) -> bool:  # fmt: skip
+                 items: int | None = None, margin: float | None = None) -> bool:  # fmt: skip
     """Whether to stop SFT after these validation scores (one per SFT round, None when not scored).
 
-    SFT stops when the last `patience` rounds did not beat the best score before them, once that best is above
-    the baseline (until SFT has lifted the model at all, more SFT is the better bet), or after `max_rounds`.
-    With `items` (the validation split's size), beating it means by more than the best score's own noise
-    (`score_noise`): a rise within one standard error is not worth more SFT time, RL gets it instead.
+    SFT stops when the last `patience` rounds did not beat the best score before them by more than `margin`
+    points, once that best is above the baseline (until SFT has lifted the model at all, more SFT is the better
+    bet), or after `max_rounds`. Without `margin` but with `items` (the validation split's size) the margin is
+    the best score's own noise (`score_noise`); with neither, any rise counts.
     """
     if len(scores) >= max_rounds:
         return True
@@ -80,8 +83,55 @@ def sft_finished(scores: list[float | None], baseline: float | None, max_rounds:
     best_before = max(known)
     if baseline is not None and best_before <= baseline:
         return False
-    bar = best_before + (score_noise(best_before, items) if items else 0.0)
-    return all(s is None or s <= bar for s in scores[-patience:])
+    if margin is None:
+        margin = score_noise(best_before, items) if items else 0.0
+    return all(s is None or s <= best_before + margin for s in scores[-patience:])
+
+
+def sft_allowance_s(budget_s: float, remaining_s: float, *, max_share: float, rl_min_share: float, save_s: float,
+                    end_margin_s: float = 0.0) -> float:  # fmt: skip
+    """Training seconds SFT may still take, less a save: within its cap (`max_share` of the budget, counting what
+    is used) and leaving RL its floor (`rl_min_share` of the budget, counting what remains before the run's end
+    margin `end_margin_s`).
+
+    >>> sft_allowance_s(420, 300, max_share=0.7, rl_min_share=0.3, save_s=5, end_margin_s=15)  # the floor
+    154.0
+    >>> sft_allowance_s(420, 390, max_share=0.1, rl_min_share=0.0, save_s=5)  # the cap: 42 - 30 - 5
+    7.0
+    """
+    used_s = budget_s - remaining_s
+    return min(max_share * budget_s - used_s, remaining_s - end_margin_s - rl_min_share * budget_s) - save_s
+
+
+@dataclass(frozen=True)
+class Split:
+    """The decision after an SFT round: go on with SFT, or stop it (and why)."""
+
+    stop: bool
+    reason: str
+
+
+def sft_split(scores: list[float | None], baseline: float | None, *, allowance_s: float, min_round_s: float,
+              max_rounds: int, margin: float) -> Split:  # fmt: skip
+    """SFT goes on while the last SFT round's validation score rose by more than `margin` points over the best
+    before it (`sft_finished`) and another round of at least `min_round_s` fits the time SFT may still take
+    (`allowance_s`: its cap and RL's floor); RL then starts from the best SFT checkpoint.
+
+    >>> sft_split([60.0, 63.3], 0.0, allowance_s=100, min_round_s=10, max_rounds=6, margin=2.5).stop
+    False
+    >>> sft_split([60.0, 63.3, 65.0], 0.0, allowance_s=100, min_round_s=10, max_rounds=6, margin=2.5).reason
+    'validation no longer rises: 65.0 after a best of 63.3 before it (margin 2.5 points)'
+    """
+    if sft_finished(scores, baseline, max_rounds, margin=margin):
+        if len(scores) >= max_rounds:
+            return Split(True, f"{len(scores)} SFT rounds, the most allowed")
+        known = [s for s in scores[:-1] if s is not None]
+        return Split(True, f"validation no longer rises: {scores[-1]} after a best of {max(known)} before it "
+                           f"(margin {margin:.1f} points)")  # fmt: skip
+    if allowance_s < min_round_s:
+        return Split(True, f"validation still rises, but SFT's time is used ({max(0.0, allowance_s):.0f}s left "
+                           "within its cap and RL's floor)")  # fmt: skip
+    return Split(False, "validation still rises")
 
 
 @dataclass(frozen=True)
@@ -99,8 +149,14 @@ class Knobs:
     sft_search_demos: bool
     """Mix the agent's own searching demonstrations (``search_demos.py``) into the worked examples."""
     sft_max_share: float
-    """SFT never uses more than this share of the budget (its rounds are cut to fit; the RL phase needs time to
-    take many updates; in mode sft-only the annealed SFT rounds that follow are SFT too)."""
+    """The cap: SFT never uses more than this share of the budget (its last round is cut to fit), however long
+    validation rises. ``A2RL_SFT_MAX_SHARE`` given alone is the whole split (RL's floor is then 0)."""
+    rl_min_share: float
+    """The floor: SFT stops while this share of the budget is still left for what follows it (RL, or the
+    annealed SFT rounds of mode sft-only), so that RL always takes some updates."""
+    sft_rise_margin: float | None
+    """Points the last SFT round must beat the best before it by for SFT to go on (default: one and a half
+    validation items: a rise of one game, rounded up or not, is noise; two games are a rise)."""
     validation_items: int
     """Items of the validation split (alfworld: 60 games): a rise of SFT's score within its noise is no rise."""
     grpo_lr: float
@@ -154,7 +210,9 @@ class Knobs:
             sft_max_steps=opt("A2RL_SFT_MAX_STEPS", int),
             sft_max_rounds=int(env.get("A2RL_SFT_MAX_ROUNDS") or 6),
             sft_search_demos=(env.get("A2RL_SFT_SEARCH_DEMOS") or "1") != "0",
-            sft_max_share=float(env.get("A2RL_SFT_MAX_SHARE") or 1 / 3),
+            sft_max_share=float(env.get("A2RL_SFT_MAX_SHARE") or 0.7),
+            rl_min_share=float(env.get("A2RL_RL_MIN_SHARE") or (0.0 if env.get("A2RL_SFT_MAX_SHARE") else 0.3)),
+            sft_rise_margin=opt("A2RL_SFT_RISE_MARGIN", float),
             validation_items=int(env.get("A2RL_VALIDATION_ITEMS") or 60),
             grpo_lr=float(env.get("A2RL_GRPO_LR") or 3e-5),
             grpo_round_s=opt("A2RL_GRPO_ROUND_S", float),
@@ -313,10 +371,13 @@ class InteractiveSession:
         return min(wanted, usable)
 
     def sft_allowance_s(self) -> float:
-        """Training seconds SFT may still take: its share of the budget less what is used, less a save."""
-        budget_s = float(self.budget["budget_s"])
-        used_s = budget_s - float(self.budget["remaining_s"])
-        return self.k.sft_max_share * budget_s - used_s - self.save_s
+        """Training seconds SFT may still take: within its cap, leaving RL its floor, less a save."""
+        return sft_allowance_s(float(self.budget["budget_s"]), float(self.budget["remaining_s"]),
+                               max_share=self.k.sft_max_share, rl_min_share=self.k.rl_min_share,
+                               save_s=self.save_s, end_margin_s=self.margin_s)  # fmt: skip
+
+    def rise_margin(self) -> float:
+        return self.k.sft_rise_margin if self.k.sft_rise_margin is not None else 150 / self.k.validation_items
 
     def can_start(self) -> tuple[bool, float, str]:
         cap = self.budget.get("max_submissions")
@@ -411,16 +472,19 @@ class InteractiveSession:
         if r.method == "SFT":
             self.sft_scores.append(r.score)
             self.budget = self.client.budget()
-            used = float(self.budget["elapsed_s"]) / float(self.budget["budget_s"])
-            rising_stopped = sft_finished(self.sft_scores, self.baseline, self.k.sft_max_rounds,
-                                          items=self.k.validation_items)  # fmt: skip
-            if rising_stopped or used >= self.k.sft_max_share or self.sft_allowance_s() < loop.MIN_TRAIN_S:
+            split = sft_split(self.sft_scores, self.baseline, allowance_s=self.sft_allowance_s(),
+                              min_round_s=loop.MIN_TRAIN_S, max_rounds=self.k.sft_max_rounds,
+                              margin=self.rise_margin())  # fmt: skip
+            if split.stop:
                 self.phase = "SFT-anneal" if self.mode == "sft-only" else "GRPO"
-                why = ("validation no longer rises beyond its noise" if rising_stopped else
-                       f"{used:.0%} of the budget used by SFT (its share: {self.k.sft_max_share:.0%})")
-                r.note = (r.note + "; " if r.note else "") + f"{why}: next {self.phase}"
+                used = float(self.budget["elapsed_s"]) / float(self.budget["budget_s"])
+                r.note = (r.note + "; " if r.note else "") + f"SFT stops ({split.reason}): next {self.phase}"
                 if self.phase == "SFT-anneal":
                     self.sft.set_lr(self.k.sft_lr / 2)
+                if not r.note.startswith("new best"):  # what follows starts from the best SFT checkpoint
+                    self.restore_best()
+                self.record_split(split, used)
+                return
         elif r.method == "SFT-anneal" and r.note != "new best":
             self.sft.set_lr(self.sft.lr / 2)
         if r.method == "GRPO" and r.entropy_alarm:  # the policy drifts: back to the best, at half the rate
@@ -439,6 +503,19 @@ class InteractiveSession:
             r.note = (r.note + "; " if r.note else "") + "RL goes on from here"
             return
         self.restore_best()
+
+    def record_split(self, split: Split, used: float) -> None:
+        """Why SFT stopped and the checkpoint what follows starts from: in the log and (RL) in rl_curve.jsonl."""
+        start = loop.relative_to_workspace(self.best_path or self.current_path or self.s.model_path,
+                                           self.s.workspace)  # fmt: skip
+        row = {"update": 0, "sft_stopped": split.reason, "sft_rounds": len(self.sft_scores),
+               "sft_scores": self.sft_scores, "sft_budget_share": round(used, 3), "starts_from": start,
+               "starts_from_score": self.best_score, "next": self.phase}  # fmt: skip
+        loop.log(f"SFT stops after {len(self.sft_scores)} rounds and {used:.0%} of the budget: {split.reason}; "
+                 f"{self.phase} starts from {start} (validation {self.best_score})")  # fmt: skip
+        if self.phase == "GRPO":
+            with (self.s.workspace / "code" / "rl_curve.jsonl").open("a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
 
     # -- notes ---------------------------------------------------------------------------------------------
     def note(self, r: Round) -> None:
