@@ -109,6 +109,7 @@ def _changed_copy(tiny_model_dir: Path, tmp_path: Path, **changes) -> Path:
     [
         ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}, "RoPE type 'linear'"),
         ({"attention_bias": True}, "biases in attention or MLP"),
+        ({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}, "model type 'qwen2' is not 'llama'"),
     ],
 )
 def test_a_config_the_own_forward_does_not_cover_loads_with_transformers(tiny_model_dir, tmp_path, caplog, changes,

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+TOKENIZER_CLASSES = (None, "TokenizersBackend", "PreTrainedTokenizerFast")
+"""Tokenizer classes that take tokenizer.json as it is (model-specific classes may rebuild parts of it)."""
+
 SUPPORTED_ROPE = ("default",)
 """RoPE types reproduced here (others, such as llama3's or yarn's scaling, go to transformers)."""
 
@@ -64,9 +67,12 @@ def unsupported_reason(model_dir: Path) -> str | None:
         if not ok:
             return reason
     try:
-        _chat_template(model_dir, json.loads((model_dir / "tokenizer_config.json").read_text()))
+        tokenizer_config = json.loads((model_dir / "tokenizer_config.json").read_text())
+        _chat_template(model_dir, tokenizer_config)
     except (OSError, ValueError, TypeError) as e:
         return f"tokenizer_config.json or chat template not usable here ({type(e).__name__}: {e})"
+    if tokenizer_config.get("tokenizer_class") not in TOKENIZER_CLASSES:
+        return f"tokenizer class {tokenizer_config.get('tokenizer_class')!r} is not one of {TOKENIZER_CLASSES[1:]}"
     return None
 
 
@@ -320,6 +326,8 @@ class ChatTokenizer:
         from tokenizers import Tokenizer
 
         self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self._tokenizer.no_padding()  # as transformers' tokenizer called without padding or truncation
+        self._tokenizer.no_truncation()
         config = json.loads((model_dir / "tokenizer_config.json").read_text())
         self.special_tokens = {name: token for name in ("bos_token", "eos_token", "unk_token", "pad_token")
                                if (token := _token(config.get(name))) is not None}  # fmt: skip
