@@ -167,3 +167,20 @@ def test_the_default_base_model_gives_transformers_logits_and_completions(one_to
         kwargs = dict(max_new_tokens=8, stop=["\n\n"], batch_size=batch_size)
         mine, expected = generate(own, conversations, **kwargs), generate(theirs, conversations, **kwargs)
         assert mine.completions == expected.completions
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"hidden_size": "64"}, "hidden_size is not a positive integer"),
+        ({"num_key_value_heads": 3}, "not a multiple of num_key_value_heads"),
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": None}}, "not a positive number"),
+        ({"tie_word_embeddings": "yes"}, "tie_word_embeddings is not a boolean"),
+    ],
+)
+def test_an_agents_malformed_config_is_refused_with_its_reason(tiny_model_dir, tmp_path, changes, reason):
+    """config.json of a submission is the agent's: a number the forward cannot use is named, never a crash."""
+    from a2rl_bench.inference.llama_forward import unsupported_reason
+
+    assert unsupported_reason(tiny_model_dir) is None
+    assert reason in (unsupported_reason(_changed_copy(tiny_model_dir, tmp_path, **changes)) or "")

@@ -41,6 +41,8 @@ def _rope(config: dict) -> tuple[str, float | None]:
     if isinstance(params, dict):
         return str(params.get("rope_type", params.get("type", "default"))), params.get("rope_theta")
     scaling = config.get("rope_scaling")
+    if scaling is not None and not isinstance(scaling, dict):
+        return "?", None
     kind = "default" if scaling is None else str(scaling.get("rope_type", scaling.get("type", "?")))
     return kind, config.get("rope_theta", 10000.0)
 
@@ -51,6 +53,10 @@ def unsupported_reason(model_dir: Path) -> str | None:
         config = json.loads((model_dir / "config.json").read_text())
     except (OSError, ValueError) as e:
         return f"config.json unreadable ({type(e).__name__})"
+    if not isinstance(config, dict):
+        return "config.json is not an object"
+    if (reason := _numbers_reason(config)) is not None:
+        return reason
     checks = [
         (config.get("model_type") == "llama", f"model type {config.get('model_type')!r} is not 'llama'"),
         (config.get("architectures") in (None, ["LlamaForCausalLM"]),
@@ -88,6 +94,26 @@ def parameter_count(config: dict) -> tuple[int, int]:
     head = vocab * h
     tied = bool(config.get("tie_word_embeddings", False))
     return vocab * h + layers * layer + h + (0 if tied else head), head if tied else 0
+
+
+SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+
+
+def _numbers_reason(config: dict) -> str | None:
+    """Why the config's numbers cannot build this forward (an agent writes config.json), or None."""
+    sizes = {name: config.get(name) for name in SIZES}
+    sizes.update({name: config[name] for name in ("num_key_value_heads", "head_dim") if config.get(name) is not None})
+    for name, value in sizes.items():
+        if type(value) is not int or value <= 0:
+            return f"{name} is not a positive integer"
+    if sizes["num_attention_heads"] % sizes.get("num_key_value_heads", sizes["num_attention_heads"]):
+        return "num_attention_heads is not a multiple of num_key_value_heads"
+    theta, eps = _rope(config)[1], config.get("rms_norm_eps", 1e-6)
+    if type(theta) not in (int, float) or theta <= 0 or type(eps) not in (int, float) or eps < 0:
+        return "rope_theta or rms_norm_eps is not a positive number"
+    if type(config.get("tie_word_embeddings", False)) is not bool:
+        return "tie_word_embeddings is not a boolean"
+    return None
 
 
 @dataclass
