@@ -184,3 +184,18 @@ def test_an_agents_malformed_config_is_refused_with_its_reason(tiny_model_dir, t
 
     assert unsupported_reason(tiny_model_dir) is None
     assert reason in (unsupported_reason(_changed_copy(tiny_model_dir, tmp_path, **changes)) or "")
+
+
+def test_a_tied_checkpoint_with_another_saved_head_is_left_to_transformers(tiny_model_dir, tmp_path, caplog):
+    """An agent may save an `lm_head.weight` that differs from the embeddings it says are tied."""
+    from safetensors.torch import load_file, save_file
+    from transformers import PreTrainedModel
+
+    checkpoint = _changed_copy(tiny_model_dir, tmp_path)
+    tensors = load_file(checkpoint / "model.safetensors")
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"] * 2
+    save_file(tensors, checkpoint / "model.safetensors", metadata={"format": "pt"})
+    with caplog.at_level(logging.INFO, logger="a2rl_bench.inference.llama_forward"):
+        loaded = load_model(checkpoint, "cpu", own_forward=True)
+    assert isinstance(loaded.model, PreTrainedModel)
+    assert any("different lm_head.weight" in r.getMessage() for r in caplog.records)

@@ -221,6 +221,8 @@ class LlamaForward:
         # LlamaConfig's default is untied; a missing lm_head then raises KeyError (transformers would init it)
         tied = config.get("tie_word_embeddings", False)
         self.lm_head = self.embed if tied else weight("lm_head.weight", vocab, h)
+        if tied and "lm_head.weight" in tensors and not torch.equal(weight("lm_head.weight", vocab, h), self.embed):
+            raise ValueError("tied embeddings but a different lm_head.weight saved (which one wins is transformers')")
         self.norm = _Norm(weight("model.norm.weight", h), eps)
         self.layers = []
         for i in range(config["num_hidden_layers"]):
