@@ -199,3 +199,29 @@ def test_a_tied_checkpoint_with_another_saved_head_is_left_to_transformers(tiny_
         loaded = load_model(checkpoint, "cpu", own_forward=True)
     assert isinstance(loaded.model, PreTrainedModel)
     assert any("different lm_head.weight" in r.getMessage() for r in caplog.records)
+
+
+def test_the_batchers_forward_is_bit_for_bit_transformers(own, tiny, one_torch_thread):
+    """Through the shared-prefix batcher's attention (the grader's CPU path) the hidden states are the same bits:
+    every other operation is transformers' own, in its order, so greedy tokens cannot drift at near-ties."""
+    import torch
+
+    from a2rl_bench.inference import prefix_batching
+    from a2rl_bench.inference.prefix_batching import PrefixBatcher, _Forward
+
+    ids = torch.randint(5, len(tiny.tokenizer), (2, 30), generator=torch.Generator().manual_seed(0))
+    hidden = []
+    for model in (own.model, tiny.model):
+        batcher = PrefixBatcher(model)
+        keys = [torch.zeros((2, batcher.kv_heads, 32, batcher.head_dim)) for _ in range(batcher.layers)]
+        f = _Forward([], [], keys, [torch.zeros_like(k) for k in keys], torch.arange(2), torch.zeros(2).long(), False)
+        before, model.config._attn_implementation = model.config._attn_implementation, prefix_batching.ATTENTION
+        prefix_batching._CURRENT.append(f)
+        try:
+            with torch.inference_mode():
+                hidden.append(model.model(input_ids=ids, attention_mask=torch.ones((2, 1, 1, 1), dtype=torch.bool),
+                                          position_ids=torch.arange(30)[None].expand(2, -1)).last_hidden_state)
+        finally:
+            prefix_batching._CURRENT.pop()
+            model.config._attn_implementation = before
+    assert torch.equal(hidden[0], hidden[1])

@@ -3,8 +3,8 @@ the checkpoint's `tokenizer.json` through the `tokenizers` library with its chat
 
 Why: importing transformers 5 costs an evaluation process ~5 CPU s (its model loading imports
 `torch.distributed.tensor`, its masks `torch._dynamo`), ten times reading the weights. Every operation below is
-the one transformers' `modeling_llama` runs, in the same order and dtype, so the logits are the same bits and the
-shared-prefix batcher (`a2rl_bench.inference.prefix_batching`) decodes the same tokens through either model.
+the one transformers' `modeling_llama` runs, in the same order and dtype, and the attention is the shared-prefix
+batcher's own for either model (`a2rl_bench.inference.prefix_batching`), so the batcher decodes the same tokens.
 
 What it covers is checked from `config.json` (`unsupported_reason`): a plain `LlamaForCausalLM`, SiLU MLP, default
 RoPE, no biases. Anything else, and any path but the CPU greedy batcher, uses transformers
@@ -75,7 +75,7 @@ def unsupported_reason(model_dir: Path) -> str | None:
     try:
         tokenizer_config = json.loads((model_dir / "tokenizer_config.json").read_text())
         _chat_template(model_dir, tokenizer_config)
-    except (OSError, ValueError, TypeError) as e:
+    except (OSError, ValueError, TypeError, AttributeError) as e:
         return f"tokenizer_config.json or chat template not usable here ({type(e).__name__}: {e})"
     if tokenizer_config.get("tokenizer_class") not in TOKENIZER_CLASSES:
         return f"tokenizer class {tokenizer_config.get('tokenizer_class')!r} is not one of {TOKENIZER_CLASSES[1:]}"
