@@ -23,21 +23,20 @@ class ConfigMismatch(ValueError):
 def check_config_matches_weights(model_dir: Path) -> int | None:
     """Raise ConfigMismatch unless the safetensors in `model_dir` hold exactly the parameters its config implies;
     returns that count (None where there are no safetensors: `.bin` weights are bounded by the memory limit)."""
-    import torch
     from safetensors import safe_open
-    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from a2rl_bench.inference import llama_forward
 
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
         return None
-    config = AutoConfig.from_pretrained(model_dir)
-    if getattr(config, "quantization_config", None):
-        return None  # packed low-bit tensors do not count parameters
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    expected = sum(p.numel() for p in model.parameters())  # a tied parameter is yielded once
-    # The state dict names a tied parameter under each of its names, and holds the persistent buffers.
-    slack = sum(v.numel() for v in model.state_dict().values()) - expected
+    if llama_forward.unsupported_reason(Path(model_dir)) is None:  # counted without importing transformers
+        expected, slack = llama_forward.parameter_count(json.loads((Path(model_dir) / "config.json").read_text()))
+    else:
+        counted = _transformers_parameter_count(model_dir)
+        if counted is None:
+            return None
+        expected, slack = counted
     held = 0
     for f in files:
         with safe_open(f, "pt") as st:  # the header only
@@ -51,6 +50,22 @@ def check_config_matches_weights(model_dir: Path) -> int | None:
         raise ConfigMismatch(f"size mismatch: config.json implies {expected} parameters but the safetensors "
                              f"files hold {held}")  # fmt: skip
     return expected
+
+
+def _transformers_parameter_count(model_dir: Path) -> tuple[int, int] | None:
+    """The parameters of the model transformers builds from the config (on the meta device), and the slack the
+    files may hold beyond them; None for a quantized checkpoint."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    if getattr(config, "quantization_config", None):
+        return None  # packed low-bit tensors do not count parameters
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    expected = sum(p.numel() for p in model.parameters())  # a tied parameter is yielded once
+    # The state dict names a tied parameter under each of its names, and holds the persistent buffers.
+    return expected, sum(v.numel() for v in model.state_dict().values()) - expected
 
 
 # -- the model's size from its config (the grader's checks and the evaluation's memory cap) ----------------------

@@ -68,10 +68,32 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
 
 
 def load_model(
-    model_dir: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None
+    model_dir: str | Path,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    own_forward: bool = False,
 ) -> LoadedModel:
     """Load a checkpoint for inference: bf16 on CUDA; on CPU `dtype`, default fp32 (the same answers at any batch;
-    evaluation asks for bf16 only where A2RL_CPU_EVAL_DTYPE opts in, `a2rl_bench.inference.numerics`)."""
+    evaluation asks for bf16 only where A2RL_CPU_EVAL_DTYPE opts in, `a2rl_bench.inference.numerics`).
+
+    `own_forward`: on the CPU in fp32, a Llama checkpoint is loaded without importing transformers
+    (`a2rl_bench.inference.llama_forward`: same logits, seconds less per process); other checkpoints, and the
+    paths the own forward does not run, get transformers' model."""
+    import torch
+
+    target = pick_device(device)
+    if own_forward and target.type == "cpu" and dtype in (None, torch.float32):
+        from a2rl_bench.inference import llama_forward
+
+        if (own := llama_forward.load(model_dir)) is not None:
+            return LoadedModel(*own)
+    return load_transformers(model_dir, target, dtype)
+
+
+def load_transformers(
+    model_dir: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None
+) -> LoadedModel:
+    """`load_model` through transformers' Auto classes."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -194,6 +216,12 @@ def _generate_all(
             texts, counts = _finish_rows(new_tokens, tokenizer, stop, eos_ids)
             return GenerationOutput(completions=texts, completion_tokens=counts, generated_tokens=sum(counts),
                                     seconds=time.perf_counter() - started)  # fmt: skip
+    if getattr(model, "own_forward", False):  # the rest is transformers' (same tokenizer files, same template)
+        if model.fallback is None:  # loaded once per model
+            model.fallback = load_transformers(model.model_dir, "cpu")
+        model, tokenizer = model.fallback
+        tokenizer = _prepare_tokenizer(tokenizer)
+        options = _decoding_options(tokenizer, max_new_tokens, temperature, top_p, stop)
     fast = _EngineRun.plan(model, engine, temperature, top_p, token_ids)
     seeds = row_seeds(seed if seed is not None else int.from_bytes(os.urandom(4), "little"), len(prompts))
     for start in range(0, len(order), batch_size):

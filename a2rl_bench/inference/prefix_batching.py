@@ -145,7 +145,8 @@ class PrefixBatcher:
         self.layers = cfg.num_hidden_layers
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        _register()
+        if not getattr(model, "own_forward", False):  # `llama_forward` calls the attention itself
+            _register()
 
     def _run(self, f: _Forward, input_ids, positions, last: torch.Tensor) -> torch.Tensor:
         """Greedy next token of each row from the hidden state at index `last` of its tokens."""
