@@ -28,8 +28,15 @@ SUMMARY_PREFIX = "TRAIN_SUMMARY "
 
 
 def import_envlib(data_dir: Path):
-    """The task's environments, as shipped in the workspace (`data/envlib.zip`)."""
-    sys.path.insert(0, str(data_dir / "envlib.zip"))
+    """The task's environments, as shipped in the workspace (`data/envlib.zip`). Each zip holds its own task's
+    only, so an `envlib` already imported from another workspace (several tasks in one process) is dropped."""
+    zip_path = str(Path(data_dir) / "envlib.zip")
+    if not getattr(sys.modules.get("envlib"), "__file__", zip_path + "/").startswith(zip_path + "/"):
+        for name in [n for n in sys.modules if n.split(".")[0] == "envlib"]:
+            del sys.modules[name]
+    while zip_path in sys.path:
+        sys.path.remove(zip_path)
+    sys.path.insert(0, zip_path)
     import envlib
 
     return envlib
