@@ -246,40 +246,22 @@ class Run:
         return sorted(found - {pid})
 
     def reached(self, kill: str, started: float, pid: int) -> bool:
-        """Whether the current attempt (started at `started`, harness `pid`) is where `kill` strikes. Only `kill`'s
-        own look is taken: polled every 50 ms on three runs, every process scan and ledger read costs the runs
-        under test their cores."""
+        """Whether the current attempt (started at `started`, harness `pid`) is where `kill` strikes."""
         phase = self.phase()
-
-        def in_session() -> bool:
-            return phase == "agent_session" and any(
-                e.kind == "event" and e.detail.get("event") in ("session-start", "session-resumed")
-                and e.at.timestamp() >= started for e in self.ledger()
-            )  # fmt: skip
-
-        looks: dict[str, Callable[[], bool]] = {
-            "provision": lambda: phase == "provision",
-            "baseline": lambda: phase == "baseline" and self.evaluating(pid),
+        in_session = phase == "agent_session" and any(
+            e.kind == "event" and e.detail.get("event") in ("session-start", "session-resumed")
+            and e.at.timestamp() >= started for e in self.ledger()
+        )  # fmt: skip
+        return {
+            "provision": phase == "provision",
+            "baseline": phase == "baseline" and self.evaluating(pid),
             "session": in_session,
-            "mid_training": lambda: in_session() and self.training(),
-            "frozen_harness": lambda: in_session() and self.training(),
-            "grading_call": lambda: in_session() and self.evaluating(pid),
-            "final_evaluation": lambda: phase == "final_grading" and self.evaluating(pid),
-            "summary": lambda: phase == "summary",
-        }
-        return looks[kill]()
-
-    def completed(self, every_s: float = 1.0) -> Callable[[], bool]:
-        """Whether the flow run reads Completed, asked of the server at most every `every_s`: the escape of a wait
-        polled at a kill point's pace, which would otherwise put the Prefect server on the runs' cores."""
-        asked = {"at": -every_s, "done": False}
-
-        def done() -> bool:
-            if time.monotonic() - asked["at"] >= every_s:
-                asked["at"], asked["done"] = time.monotonic(), self.state()["state_type"] == "COMPLETED"
-            return asked["done"]
-
-        return done
+            "mid_training": in_session and self.training(),
+            "frozen_harness": in_session and self.training(),
+            "grading_call": in_session and self.evaluating(pid),
+            "final_evaluation": phase == "final_grading" and self.evaluating(pid),
+            "summary": phase == "summary",
+        }[kill]
 
 
 def cmdline(pid: int) -> list[str]:
@@ -348,8 +330,7 @@ def arm(run: Run, kill: str) -> Armed:
     number, pid = until(run.attempt, 300, f"{run.name}: an attempt")
     started = started_at(pid) or time.time()
     check_resumed_clock(run)
-    completed = run.completed()
-    until(lambda: run.reached(kill, started, pid) or completed(), 600,
+    until(lambda: run.reached(kill, started, pid) or run.state()["state_type"] == "COMPLETED", 600,
           f"{run.name}: kill point {kill} in attempt {number}")
     assert run.state()["state_type"] != "COMPLETED", f"{run.name} completed before kill point {kill}"
     check_resumed_clock(run)
@@ -397,9 +378,8 @@ def follow(run: Run, cell: Cell, armed: Armed) -> None:
     nxt = until(lambda: (a := run.attempt()) and a[1] != armed.pid and a, 420,
                 f"{run.name}: the attempt after {armed.number}")  # fmt: skip
     cell.took_after_s = time.time() - cell.killed_at
-    completed = run.completed()
-    until(lambda: (run.phase() not in (None, "open", "preflight") and run.attempt()[1] == nxt[1]) or completed(), 300,
-          f"{run.name}: attempt {nxt[0]} past preflight")
+    until(lambda: (run.phase() not in (None, "open", "preflight") and run.attempt()[1] == nxt[1])
+          or run.state()["state_type"] == "COMPLETED", 300, f"{run.name}: attempt {nxt[0]} past preflight")
     if cell.kill not in ("frozen_harness", "server_kill") and (late := children_end() - cell.killed_at) > DIES_WITH_S:
         cell.problems.append(f"its agent or evaluations outlived the killed harness by {late:.0f} s")
     earlier = [armed.pid, *armed.agents, *armed.evaluations, *tagged(run.run_id, nxt[1])]
