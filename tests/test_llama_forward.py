@@ -225,3 +225,27 @@ def test_the_batchers_forward_is_bit_for_bit_transformers(own, tiny, one_torch_t
             prefix_batching._CURRENT.pop()
             model.config._attn_implementation = before
     assert torch.equal(hidden[0], hidden[1])
+
+
+def test_the_own_forward_reads_the_weight_files_transformers_reads(tiny_model_dir, tmp_path, one_torch_thread):
+    """An agent may leave other `*.safetensors` beside `model.safetensors` (transformers ignores them): the own
+    forward must grade the weights transformers loads, never a stray file's copy of a tensor; a shard index that
+    saves one tensor twice is left to transformers."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from a2rl_bench.inference.llama_forward import load
+
+    checkpoint = _changed_copy(tiny_model_dir, tmp_path)
+    tensors = load_file(checkpoint / "model.safetensors")
+    save_file({"model.embed_tokens.weight": tensors["model.embed_tokens.weight"] * 2}, checkpoint / "zz.safetensors",
+              metadata={"format": "pt"})  # fmt: skip
+    model, _ = load(checkpoint)
+    assert torch.equal(model.embed, tensors["model.embed_tokens.weight"])
+
+    (checkpoint / "model.safetensors").rename(checkpoint / "a.safetensors")
+    weight_map = {name: "a.safetensors" for name in tensors} | {"model.embed_tokens.weight": "zz.safetensors"}
+    (checkpoint / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    assert load(checkpoint) is None  # the embeddings are in both shards
+    (checkpoint / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "../a.safetensors"}}))
+    assert load(checkpoint) is None

@@ -47,6 +47,22 @@ def _rope(config: dict) -> tuple[str, float | None]:
     return kind, config.get("rope_theta", 10000.0)
 
 
+def weight_files(model_dir: Path) -> list[Path]:
+    """The safetensors files transformers would read: the shards its index names, else `model.safetensors`
+    (never any other `*.safetensors` beside them, which transformers ignores); [] when there are none."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError("model.safetensors.index.json has no weight_map")
+        names = sorted({str(v) for v in weight_map.values()})
+        if any(Path(n).name != n for n in names):
+            raise ValueError("the index names a shard outside the checkpoint")
+        return [model_dir / n for n in names]
+    single = model_dir / "model.safetensors"
+    return [single] if single.is_file() else []
+
+
 def unsupported_reason(model_dir: Path) -> str | None:
     """Why this checkpoint needs transformers' model and tokenizer, or None when the own forward covers it."""
     try:
@@ -57,6 +73,10 @@ def unsupported_reason(model_dir: Path) -> str | None:
         return "config.json is not an object"
     if (reason := _numbers_reason(config)) is not None:
         return reason
+    try:
+        weights = weight_files(model_dir)
+    except (OSError, ValueError, AttributeError) as e:
+        return f"safetensors index not usable here ({type(e).__name__}: {e})"
     checks = [
         (config.get("model_type") == "llama", f"model type {config.get('model_type')!r} is not 'llama'"),
         (config.get("architectures") in (None, ["LlamaForCausalLM"]),
@@ -66,7 +86,7 @@ def unsupported_reason(model_dir: Path) -> str | None:
         (config.get("pretraining_tp", 1) == 1, "pretraining_tp != 1"),
         (_rope(config)[0] in SUPPORTED_ROPE, f"RoPE type {_rope(config)[0]!r} is not one of {SUPPORTED_ROPE}"),
         (config.get("quantization_config") is None, "a quantized checkpoint"),
-        (any(model_dir.glob("*.safetensors")), "no safetensors weights"),
+        (bool(weights) and all(f.is_file() for f in weights), "no model.safetensors (or indexed shards)"),
         ((model_dir / "tokenizer.json").is_file(), "no tokenizer.json"),
     ]  # fmt: skip
     for ok, reason in checks:
@@ -417,8 +437,11 @@ def load(model_dir: str | Path) -> tuple[LlamaForward, ChatTokenizer] | None:
         return None
     config = json.loads((model_dir / "config.json").read_text())
     tensors: dict[str, torch.Tensor] = {}
-    for path in sorted(model_dir.glob("*.safetensors")):
+    for path in weight_files(model_dir):
         with safe_open(str(path), framework="pt") as f:
+            if twice := sorted(set(f.keys()) & set(tensors)):  # which copy wins would be a loader's accident
+                log.info("own Llama forward not used for %s: %s saved twice", model_dir.name, twice[0])
+                return None
             tensors.update((name, f.get_tensor(name)) for name in f.keys())
     try:
         model = LlamaForward(model_dir, config, tensors)
