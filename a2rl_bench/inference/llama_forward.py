@@ -322,7 +322,10 @@ def _generation_config(model_dir: Path, config: dict) -> dict[str, Any]:
     """generation_config.json as transformers reads it (when absent: the token ids of config.json)."""
     path = model_dir / "generation_config.json"
     if path.is_file():
-        return json.loads(path.read_text())
+        read = json.loads(path.read_text())
+        if not isinstance(read, dict):
+            raise TypeError("generation_config.json is not an object")
+        return read
     return {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config}
 
 
@@ -446,7 +449,7 @@ def load(model_dir: str | Path) -> tuple[LlamaForward, ChatTokenizer] | None:
     try:
         model = LlamaForward(model_dir, config, tensors)
         tokenizer = ChatTokenizer(model_dir)
-    except (KeyError, ValueError) as e:  # a tensor missing or a tokenizer setting not reproduced
+    except (KeyError, ValueError, TypeError) as e:  # a tensor missing, a setting not reproduced, a file's odd shape
         log.info("own Llama forward not used for %s: %s: %s", model_dir.name, type(e).__name__, e)
         return None
     return model, tokenizer
