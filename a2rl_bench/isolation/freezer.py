@@ -61,6 +61,12 @@ PARENTS_FIRST_S = 0.2
 """Listings per "tree" freeze: a stopped process cannot fork, so each pass can only find children forked meanwhile."""
 CONFIRM_S = 1.0
 """The longest a freeze waits to see the agent stopped; past it the pause is charged to the agent."""
+RESEND_S = 0.1
+"""A uid freeze sends `kill(-1, SIGSTOP)` again after this long while a process of the agent still runs. Two
+`kill(-1)` calls walk the process list at once: an agent process inside its own `kill(-1, SIGCONT)` at that moment
+(a pid hopper sends one each generation) takes back the stop of processes the harness's walk had already reached.
+The sender itself stops as it leaves that call, so the next walk finds no one to undo it (seen once in a full
+suite: the hopper's worker counted through a whole freeze)."""
 _KILL_ALL = "import os, sys\ntry:\n    os.kill(-1, int(sys.argv[1]))\nexcept OSError:\n    pass"
 """The helper's program where there is no kill(1)."""
 STOPPED_STATES = frozenset("TtZXD")
@@ -103,7 +109,7 @@ class AgentFreezer:
                 self._stop_parents_first(began + PARENTS_FIRST_S)
                 self._as_agent(signal.SIGSTOP)
                 self._stop_others()
-                self._confirmed = _until(deadline, lambda: all(s in STOPPED_STATES for s in self._uid_states()))
+                self._confirmed = self._uid_stopped(deadline)
             else:
                 self._stop_tree(deadline)
                 self._confirmed = _until(deadline, lambda: self._all_stopped(list(self._stopped)))
@@ -156,6 +162,20 @@ class AgentFreezer:
                            stderr=subprocess.DEVNULL, timeout=10, check=False)  # fmt: skip
         except (OSError, subprocess.SubprocessError):
             pass  # not root (no uid of its own to become): the confirmation then fails and the agent is charged
+
+    def _uid_stopped(self, deadline: float) -> bool:
+        """Whether every process of the agent's uid is seen stopped by `deadline`, the stop sent again every
+        `RESEND_S` until then (a concurrent `kill(-1, SIGCONT)` of the agent's may have taken the first one back)."""
+
+        def stopped() -> bool:
+            return all(s in STOPPED_STATES for s in self._uid_states())
+
+        while True:
+            if _until(min(deadline, time.monotonic() + RESEND_S), stopped):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            self._as_agent(signal.SIGSTOP)
 
     def _uid_pids(self) -> list[int]:
         return [p.pid for p in procs.all_procs(with_uid=True) if p.uid == self.uid]
