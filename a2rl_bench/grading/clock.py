@@ -9,7 +9,7 @@ running after its harness stopped recording (a frozen harness) is charged up to 
 Frozen host time is not agent time: `FreezeWatch` ticks beside the clock and takes off the agent's time any stretch
 in which the harness itself could not run (its host or process group stopped, SIGSTOP or a cgroup freeze): its
 ticker's gap of at least `FROZEN_GAP_S` spent neither running nor waiting for a CPU (the kernel's schedstat), in
-which the ticker was scheduled at most `MAX_RUNS_WHILE_FROZEN` times.
+which the ticker was put on a CPU at most `MAX_RUNS_PER_FROZEN_S` times a second.
 """
 
 from __future__ import annotations
@@ -28,14 +28,15 @@ FROZEN_GAP_S = 5.0
 """A gap of the clock's ticker at least this long that its thread spent neither on a CPU nor waiting for one is time
 the harness could not run: not charged to the agent. A loaded machine makes the ticker wait for a CPU, which the
 kernel counts (run delay), so load alone never reaches it; 5 s is 20 ticks, far above a GIL hand-over (5 ms)."""
-MAX_RUNS_WHILE_FROZEN = 4
-"""A gap counts as frozen only if the ticker's thread was put on a CPU at most this often within it (schedstat's
-third field). A stopped process is not scheduled at all (measured: 2 in a 3 s SIGSTOP, its wake-up and resume).
-A thread that waits for the GIL held by a long C call (a huge regex or `sum(range(...))` in another harness thread)
-is asleep, not runnable, so its gap looks the same by time alone; but it wakes every switch interval (5 ms) to ask
-for the GIL (measured: 726 runs in a 3.7 s gap), so it is charged, and no input the agent controls can turn a slow
-harness into free agent time. Time blocked in I/O (page faults under memory pressure) is charged the same way,
-unless it is one long wait."""
+MAX_RUNS_PER_FROZEN_S = 20.0
+"""A gap counts as frozen only if the ticker's thread was put on a CPU at most this often per second of it
+(schedstat's third field). A stopped process is hardly scheduled: entering and leaving the stop (measured: 2 runs
+in a 3 s SIGSTOP, 12 in a 7 s one with every core busy). A thread that waits for the GIL held by a long C call (a
+huge regex or `sum(range(...))` in another harness thread) is asleep, not runnable, so its gap looks the same by
+time alone; but it wakes every switch interval (5 ms) to ask for the GIL (measured: ~200 runs a second of gap,
+701 in 3.5 s, loaded or not), so it is charged, and no input the agent controls can turn a slow harness into
+free agent time. Time blocked in I/O (page faults under memory pressure) is charged the same way, unless it is
+few long waits."""
 TICK_S = 0.25
 """The ticker's period."""
 
@@ -47,7 +48,7 @@ class FreezeWatch:
     but waited for a CPU) and number of runs from /proc/thread-self/schedstat. Of the wall time since its last
     tick, what is neither its sleep, nor CPU, nor run delay, is time the thread was stopped (SIGSTOP, a frozen
     cgroup) or asleep in the kernel; a stretch of at least `threshold_s` in which the thread ran at most
-    `MAX_RUNS_WHILE_FROZEN` times is reported (one that kept waking up, e.g. for the GIL, was not frozen). The
+    `MAX_RUNS_PER_FROZEN_S` times a second is reported (one that kept waking up, e.g. for the GIL, was not). The
     agent cannot fake one: its processes run under their own user in the sandbox and cannot stop, freeze or trace
     the harness's, and loading every CPU shows up as run delay, not as a gap. Without schedstat (not Linux) nothing
     is reported and all time is charged.
@@ -88,8 +89,8 @@ class FreezeWatch:
                 return
             lost = (now - last_at) - self.period_s - (times[0] - last[0]) - (times[1] - last[1])
             runs = times[2] - last[2]
-            if lost >= self.threshold_s and runs <= MAX_RUNS_WHILE_FROZEN:  # it ended when the thread became runnable
-                woke = now - (times[0] - last[0]) - (times[1] - last[1])
+            if lost >= self.threshold_s and runs <= MAX_RUNS_PER_FROZEN_S * lost:
+                woke = now - (times[0] - last[0]) - (times[1] - last[1])  # it ended as the thread became runnable
                 self.on_frozen(woke - lost, woke)
             last, last_at = times, now
             with self._ticked:
