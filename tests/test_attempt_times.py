@@ -100,7 +100,9 @@ def test_wall_time_and_phases_are_summed_over_the_attempts_and_each_is_listed(tm
     assert killed - 1.0 - 0.6 <= first.end <= killed + 0.01
     phases = attempts.phase_seconds()
     assert set(phases) == {"provision", "agent_session", "summary"}
-    assert phases["provision"] >= 0.5 and phases["agent_session"] >= (killed - started) - 1.0 + 0.3
+    # Its session counts up to the last heartbeat before the kill: a second at most, plus that beat's lateness in
+    # waking on a loaded machine (CI: 0.4 ms past a bound without slack).
+    assert phases["provision"] >= 0.5 and phases["agent_session"] >= (killed - started) - 1.0 - 0.2 + 0.3
     assert abs(attempts.wall_s - (first.wall_s + second.wall_s)) < 1e-9
     assert attempts.wall_s <= attempts.span_s  # the time between the attempts is not the run's work
     table = attempts.markdown()

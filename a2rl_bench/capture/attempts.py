@@ -159,7 +159,13 @@ class AttemptLog:
         c.phase = c.phase_started_at = None
 
     def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
+        # On a fixed grid, not a second after the last write: late wake-ups on a loaded machine do not add up, so
+        # the last heartbeat before a SIGKILL is within a second of it (plus one wake-up's lateness).
+        next_at = time.monotonic()
+        while True:
+            next_at = max(next_at + HEARTBEAT_S, time.monotonic())  # after a stall: one beat now, not a burst
+            if self._stop.wait(max(0.0, next_at - time.monotonic())):
+                return
             with self._lock:
                 if self._stop.is_set():
                     return
