@@ -457,6 +457,16 @@ def busy_cores(per_core: int):
             proc.wait()
 
 
+def io_stall_s() -> tuple[float, float]:
+    """Seconds since boot that some / all tasks waited on the disk (PSI), (0, 0) where the kernel has no PSI."""
+    try:
+        lines = Path("/proc/pressure/io").read_text().splitlines()
+    except OSError:
+        return 0.0, 0.0
+    total = {ln.split()[0]: float(ln.rsplit("total=", 1)[1]) / 1e6 for ln in lines}
+    return total.get("some", 0.0), total.get("full", 0.0)
+
+
 def scored_50(model_dir: Path, weights_hash: str, spec, device=None):
     """A stand-in evaluator (the grader's clock is paused while it runs, so its speed is not under test)."""
     from a2rl_bench.records import EvalResult
@@ -468,8 +478,9 @@ def scored_50(model_dir: Path, weights_hash: str, spec, device=None):
 def test_the_default_agent_submits_well_inside_its_budget_on_a_loaded_machine(tmp_path, monkeypatch):
     """The default run's agent (reference-sft on SmolLM2-135M, 120 s) with every core busy several times over:
     its first round is due by two fifths of the budget left and takes one-example steps stopped at the measured
-    step time, so it asks to submit by half the budget (on 2d3f374 its first round trained for up to 61 s of 4-example
-    steps after loading: it asked at 69-80 s here, and under the issue's load never inside the budget)."""
+    step time, so it asks to submit by half the budget, or after its first step where the machine is slower still
+    (on 2d3f374 its first round trained for up to 61 s of 4-example steps after loading: it asked at 69-80 s here,
+    and under the issue's load never inside the budget)."""
     from a2rl_bench.base_models.registry import resolve_base_model
     from a2rl_bench.grading import BudgetClock, GradingContext, GradingServer, GradingService
     from a2rl_bench.records import RunConfig
@@ -501,17 +512,27 @@ def test_the_default_agent_submits_well_inside_its_budget_on_a_loaded_machine(tm
     service = Service(ctx, clock, evaluate=scored_50)
     agent = get_agent(config.agent)
     agent.install(paths.workspace)
+    io_before, load_before = io_stall_s(), os.getloadavg()[0]
     with busy_cores(LOAD_PER_CORE), GradingServer(service) as server:
         env = AgentEnv("gsm8k", config.base_model, paths.workspace, server.url, server.token, 0,
                        harness_dir=paths.harness_dir)  # fmt: skip
         run_agent(agent, env, clock, paths.harness_dir / "agent.log", grace_s=5)
         service.close(drain_timeout_s=60)
+    io_after = io_stall_s()
     log = (paths.harness_dir / "agent.log").read_text(errors="replace")
     print(log)  # whole, in pytest's captured output: the assertion's message is cut
+    print(f"load before the run {load_before:.1f}; disk waits during it: some {io_after[0] - io_before[0]:.1f}s, "
+          f"full {io_after[1] - io_before[1]:.1f}s")
     submissions = service.submissions()
     assert submissions and submissions[0].status == "scored", log[-3000:]
     assert submissions[0].agent_elapsed_s < config.budget_s  # queued inside the budget
-    assert service.asked_at[0] <= 0.5 * config.budget_s, (service.asked_at, log[-3000:])
+    first = json.loads(next(ln for ln in log.splitlines() if "TRAIN_SUMMARY " in ln).split("TRAIN_SUMMARY ", 1)[1])
+    trained_in = float(log.split("round 1: trained in ", 1)[1].split("s,", 1)[0])
+    assert service.asked_at[0] <= trained_in + 10.0, (service.asked_at, log[-3000:])  # asked once it had one
+    # By half the budget; or, on a machine so slow that starting, loading, one step and the save overran the
+    # first round's due time (CI, cause not known: a 35 s load, an 18 s step and a 12 s save, against 4, 2
+    # and 1 s under this test's own load), after the one step a trainer always takes: it cannot stop sooner.
+    assert service.asked_at[0] <= 0.5 * config.budget_s or first["steps"] == 1, (service.asked_at, log[-3000:])
 
 
 def test_the_default_agent_lands_a_graded_submission_with_every_core_busy(prefect_harness, tiny_model_dir, tmp_path):
