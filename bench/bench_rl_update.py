@@ -2,6 +2,8 @@
 batches of the real shape, for several settings of the update side by side in one process.
 
     python bench/bench_rl_update.py MODEL_DIR [--random-init] [--updates 3] [--settings default micro_tokens=4096]
+        [--baseline OLD/grpo_env_torch.py --settings baseline:default default] [--data PUBLIC] [--deadline-s S]
+    python bench/bench_rl_update.py MODEL_DIR --random-init --plan-only   # the batch and micro-batches, no update
     python bench/bench_rl_update.py TINY_MODEL_DIR --smoke          # CPU check with the tests' tiny model
 
 The batch: `--goals` training games x `--group` episodes of the REAL offline alfworld environment, played by the
@@ -22,7 +24,8 @@ cache is held as in a real run). Each setting starts from the same weights, a fr
 minibatch order; per update: seconds (CUDA synchronised), `torch.cuda.max_memory_allocated` (reset by the
 update itself; on CPU the process's peak RSS, which never falls), memory held before it, padded tokens run
 through the model per update. Output: one JSON line per update (`--out`), then a table with each setting's
-ratios to the first one.
+ratios to the first one. `--baseline FILE` with settings named `baseline:...`: another version of the agent's
+`grpo_env_torch.py` (e.g. main's, from `git show`) runs its own update on the same instance, batch and sampler.
 
 Imports neither prefect, duckdb nor pydantic (runs on a bare torch + transformers image): the task data come from
 `--data` (the offline alfworld public folder: `envlib.zip`, `train.jsonl`) or, when not given, from the harness.
@@ -196,6 +199,14 @@ def padded_tokens(grpo, samples: list[tuple], minibatches: int) -> int:
     return cost(everything) + sum(cost(sorted(p)) for p in parts if p)
 
 
+def micro_batch_counts(grpo, samples: list[tuple], minibatches: int) -> dict[str, int]:
+    """Micro-batches of one update: the sampling copy's pass (the whole batch) and the policy's (per minibatch)."""
+    everything = list(range(len(samples)))
+    parts = [sorted(everything[k::minibatches]) for k in range(minibatches)]
+    return {"copy_pass": len(grpo.micro_batches(everything, samples)),
+            "policy_pass": sum(len(grpo.micro_batches(p, samples)) for p in parts if p)}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", type=Path, help="a Hugging Face checkpoint directory (config and tokenizer at least)")
@@ -205,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group", type=int, default=8, help="episodes per game (the agent's default: 8)")
     p.add_argument("--max-steps", type=int, default=30, help="steps per episode (the fourth pass: 15-38 mean)")
     p.add_argument("--updates", type=int, default=3, help="updates per setting, on the same batch")
-    p.add_argument("--settings", nargs="+", default=["default", "micro_tokens=16384", "micro_tokens=8192",
-                                                     "micro_tokens=2048"], help="the first is the ratios' base")
+    p.add_argument("--settings", nargs="+", default=["default", "micro_tokens=4096", "micro_tokens=8192",
+                                                     "micro_tokens=12288"], help="the first is the ratios' base")
     p.add_argument("--baseline", type=Path, help="another version of grpo_env_torch.py (e.g. main's) whose update "
                    "the settings named baseline:... run, on the same batch, model and sampler")
     p.add_argument("--smoke", action="store_true", help="tiny sizes: a CPU check of the whole path")
@@ -219,8 +230,6 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("a baseline:... setting needs --baseline FILE")
     if args.smoke:
         args.goals, args.group, args.max_steps, args.updates = 2, 2, 3, 1
-
-    import torch
 
     with workspace_modules() as (grpo_env_torch, sft_grpo_session):
         return run(args, settings, grpo_env_torch, sft_grpo_session.Knobs)
@@ -290,8 +299,8 @@ def run(args, settings, grpo_env_torch, Knobs) -> int:  # noqa: N803 - the class
         grpo.weights_changed()
         tokens = padded_tokens(grpo, samples, schedule.minibatches)
         if args.plan_only:
-            micro = len(grpo.micro_batches(list(range(len(samples))), samples))
-            print(json.dumps({"setting": text, "tokens": tokens, "micro_batches_of_the_copy_pass": micro}), flush=True)
+            print(json.dumps({"setting": text, "tokens": tokens,
+                              "micro_batches": micro_batch_counts(grpo, samples, schedule.minibatches)}), flush=True)
         for update in range(1, 0 if args.plan_only else args.updates + 1):
             held = torch.cuda.memory_allocated() / 2**30 if device == "cuda" else None
             if device == "cuda":
@@ -304,6 +313,7 @@ def run(args, settings, grpo_env_torch, Knobs) -> int:  # noqa: N803 - the class
                    "seconds": round(time.perf_counter() - t0, 3), "tokens": tokens,
                    "peak_gib": stats.peak_gib if device == "cuda" else None,
                    "held_before_gib": None if held is None else round(held, 2),
+                   "micro_batches": micro_batch_counts(grpo, samples, schedule.minibatches),
                    "copy_pass_s": round(timer.seconds, 3), "peak_rss_gib": peak_rss_gib(), "loss": stats.loss,
                    "optimizer_steps": stats.optimizer_steps}  # fmt: skip
             grpo.weights_changed()  # the copy follows, as after a real update

@@ -473,10 +473,11 @@ def test_the_update_scores_the_action_tokens_alone_in_chunks_that_bound_the_logi
 def test_the_updates_numbers_do_not_depend_on_how_it_is_cut_into_micro_batches(one_torch_thread):
     """The update's micro-batches (`micro_tokens`, `micro_batch`: what bounds its memory) change nothing it
     computes: each optimizer step's gradient, the loss, approximate KL, clip fraction and first-minibatch ratio
-    are the same whether a minibatch runs as one micro-batch or one sample at a time (the statistics summed on
-    the device until the minibatch ends). The second minibatch follows a step at a high rate: its ratios are far
-    from 1 and tokens are clipped. (The rollout copy is fp32 here: a bf16 copy's log-probs themselves shift
-    with the batch they run in, by bf16 rounding, which is no property of the update.)"""
+    are the same whether a minibatch runs as one micro-batch or one sample at a time, so the micro-batch size is
+    a memory / speed setting only (bench/bench_rl_update.py). The second minibatch follows a step at a high
+    rate: its ratios are far from 1 and tokens are clipped. (The rollout copy is fp32 here: a bf16 copy's
+    log-probs themselves shift with the batch they run in, by bf16 rounding, which is no property of the
+    update.)"""
     import copy
     import random
 

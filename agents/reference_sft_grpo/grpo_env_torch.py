@@ -500,11 +500,12 @@ class GRPOEnv:
         self.max_episode_steps = min(x for x in (max_episode_steps, limit) if x is not None)
         self.device = next(model.parameters()).device
         # With the shared system prompt run once per micro-batch, rows cost their suffix only. A micro-batch is
-        # bounded by rows and by padded tokens: activations grow with tokens, ~0.85 MiB a token at 135M under bf16
-        # autocast (the fp32 residual stream and norms, the MLP's 1536-wide bf16 tensors; bench/bench_rl_update.py),
-        # so 16k tokens held ~14 GiB and an update peaked at 17-20 GiB; 4k tokens hold ~3.5 GiB.
+        # bounded by rows and by padded tokens: activations grow with tokens, ~0.7 MiB a token at 135M under bf16
+        # autocast (the fp32 residual stream and norms, the MLP's 1536-wide bf16 tensors). Measured on an H200
+        # (bench/bench_rl_update.py, BENCHMARKS.md): 16k tokens peak at 15 GiB, 4k at 6.8 GiB but 3.2x slower: a
+        # micro-batch's forward and backward cost ~0.19 s plus ~6 ms per 1k tokens (per-call overhead dominates).
         self.micro_batch = micro_batch or (64 if self.device.type == "cuda" else 16)
-        self.micro_tokens = micro_tokens or 4096
+        self.micro_tokens = micro_tokens or (16_384 if self.device.type == "cuda" else 4096)
         self.chunk_rows = chunk_rows
         """Action tokens per output-layer call: bounds the (rows, vocabulary) fp32 logits held at once (512 rows of
         a 49k vocabulary: 100 MB), never the whole batch's."""
@@ -595,15 +596,6 @@ class GRPOEnv:
             samples = self.rng.sample(samples, self.max_samples)
         return samples
 
-    def _to_device(self, values, dtype):
-        """A host list or tensor on the device, copied without waiting for the card (pinned memory on CUDA)."""
-        import torch
-
-        tensor = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
-        if self.device.type != "cuda":
-            return tensor
-        return tensor.pin_memory().to(self.device, non_blocking=True)
-
     def _batch(self, chunk: list[tuple]):
         """Right-padded ids, attention mask and action-token mask of a micro-batch, on the device."""
         import torch
@@ -617,7 +609,7 @@ class GRPOEnv:
             mask[row, : len(p) + len(a)] = 1
             targets[row, len(p) : len(p) + len(a)] = True
         prefix = shared_prefix_length([x[0] for x in chunk], [len(x[0]) for x in chunk])
-        return (self._to_device(ids, None), self._to_device(mask, None), self._to_device(targets, None), prefix)
+        return ids.to(self.device), mask.to(self.device), targets.to(self.device), prefix
 
     def _log_probs(self, model, chunk):
         ids, mask, targets, prefix = self._batch(chunk)
@@ -703,17 +695,14 @@ class GRPOEnv:
                 lr = self.peak_lr * self.lr_scale * k.lr_factor(self.optimizer_steps)
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
-                # The minibatch's statistics stay on the device until its end: one host sync per minibatch, not
-                # several per micro-batch (each stalls the card while the next micro-batch is launched).
-                totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # clipped tokens, KL sum, loss
-                first_dev = torch.zeros((), device=self.device)
-                mb_tokens = 0
+                mb_kl = mb_tokens = 0
+                mb_clipped, mb_loss = 0, 0.0
                 for idx in self.micro_batches(chosen, samples):
                     chunk = [samples[i] for i in idx]
                     new = self._log_probs(self.model, chunk).float()
                     before = torch.cat([old[i] for i in idx]).to(new.device)
-                    adv = self._to_device([x[2] for x in chunk for _ in x[1]], torch.float32)
-                    w = self._to_device([weights[i] for i in idx for _ in samples[i][1]], torch.float32)
+                    adv = torch.tensor([x[2] for x in chunk for _ in x[1]], device=new.device)
+                    w = torch.tensor([weights[i] for i in idx for _ in samples[i][1]], device=new.device)
                     ratio = torch.exp(new - before)
                     bounded = torch.clamp(ratio, 1 - k.clip_low, 1 + k.clip_high)
                     loss = -(torch.minimum(ratio * adv, bounded * adv) * w).sum() / mb_weight
@@ -721,15 +710,12 @@ class GRPOEnv:
                     with torch.no_grad():
                         r = ratio.detach()
                         outside = (r > 1 + k.clip_high) & (adv > 0) | (r < 1 - k.clip_low) & (adv < 0)
-                        kl = ((r - 1) - torch.log(r)).sum()
-                        totals += torch.stack([outside.sum().double(), kl.double(), loss.detach().double()])
+                        mb_clipped += int(outside.sum())
+                        mb_kl += float(((r - 1) - torch.log(r)).sum())
                         mb_tokens += len(r)
+                        mb_loss += float(loss.detach())
                         if first:
-                            first_dev = torch.maximum(first_dev, (r - 1).abs().max())
-                clipped_f, mb_kl, mb_loss = totals.tolist()
-                mb_clipped = round(clipped_f)
-                if first:
-                    stats.first_ratio_max_dev = max(stats.first_ratio_max_dev, float(first_dev))
+                            stats.first_ratio_max_dev = max(stats.first_ratio_max_dev, float((r - 1).abs().max()))
                 first = False
                 if k.kl_target and stats.optimizer_steps and mb_kl / max(1, mb_tokens) > 1.5 * k.kl_target:
                     self.optimizer.zero_grad(set_to_none=True)  # past the trust region: this step is not taken
