@@ -46,7 +46,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-SETTINGS = ("micro_tokens", "micro_batch", "chunk_rows")
+SETTINGS = ("micro_tokens", "micro_batch", "chunk_rows", "checkpoint_layers")
 """The update's memory settings a `--settings` entry may give (`GRPOEnv` attributes)."""
 
 
@@ -62,8 +62,9 @@ def parse_setting(text: str) -> dict[str, int]:
     out = {}
     for part in text.split(","):
         name, sep, value = part.partition("=")
-        if not sep or name not in SETTINGS or not value.isdigit() or int(value) < 1:
-            raise SystemExit(f"bad setting {part!r}: give default or NAME=N with NAME one of {SETTINGS}, N >= 1")
+        if not sep or name not in SETTINGS or not value.isdigit() or int(value) < (name == "checkpoint_layers"):
+            raise SystemExit(f"bad setting {part!r}: give default or NAME=N with NAME one of {SETTINGS}, N >= 1 "
+                             "(checkpoint_layers: 0 or 1)")
         out[name] = int(value)
     return out
 

@@ -486,7 +486,7 @@ class GRPOEnv:
                  step_weight: float = 1.0, micro_batch: int | None = None, micro_tokens: int | None = None,
                  max_new_tokens: int = 32, max_grad_norm: float = 1.0, engine: str = "auto",
                  curve: Path | None = None, max_samples: int = 1024, schedule: Schedule = Schedule(),
-                 chunk_rows: int = 512):  # fmt: skip
+                 chunk_rows: int = 512, checkpoint_layers: bool = False):  # fmt: skip
         import torch
 
         if algorithm not in ALGORITHMS:
@@ -509,6 +509,9 @@ class GRPOEnv:
         self.chunk_rows = chunk_rows
         """Action tokens per output-layer call: bounds the (rows, vocabulary) fp32 logits held at once (512 rows of
         a 49k vocabulary: 100 MB), never the whole batch's."""
+        self.checkpoint_layers = checkpoint_layers
+        """Activation checkpointing per decoder layer in the policy's pass (off: not yet measured on a GPU; what
+        would let larger, fewer micro-batches fit, see `micro_tokens` above)."""
         self.temperature = temperature
         self.lr_scale = 1.0
         """The trust region's adaptation of the peak rate (1: as given)."""
@@ -612,10 +615,12 @@ class GRPOEnv:
         return ids.to(self.device), mask.to(self.device), targets.to(self.device), prefix
 
     def _log_probs(self, model, chunk):
+        import torch
+
         ids, mask, targets, prefix = self._batch(chunk)
         return target_log_probs(model, ids, mask, targets, self.device, chunk_rows=self.chunk_rows,
-                                temperature=self.temperature,
-                                prefix=prefix if prefix >= MIN_TRAIN_PREFIX else 0)  # fmt: skip
+                                temperature=self.temperature, prefix=prefix if prefix >= MIN_TRAIN_PREFIX else 0,
+                                checkpoint_layers=bool(self.checkpoint_layers) and torch.is_grad_enabled())  # fmt: skip
 
     def micro_batches(self, indices: list[int], samples: list[tuple]) -> list[list[int]]:
         """Consecutive runs of `indices` (sorted by length) of at most `micro_batch` rows and `micro_tokens`
