@@ -467,3 +467,136 @@ def test_the_update_scores_the_action_tokens_alone_in_chunks_that_bound_the_logi
         want = full[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)[targets[:, 1:]]
         ours = grpo._log_probs(model, batch)
     assert ours.shape == want.shape and torch.allclose(ours, want, atol=1e-5)
+
+
+# -- the update's memory and speed (issue 42, sixth pass) ------------------------------------------------------
+class SameBatch:
+    """One rollout batch of the boxed game and a `GRPOEnv` whose update can run on it again and again from the same
+    weights, optimizer state and minibatch order, each run with other settings of the update."""
+
+    def __init__(self):
+        import copy
+
+        self.envlib = game_envlib(True)
+        self.model, tokenizer = word_model()
+        self.grpo = grpo_env_torch.GRPOEnv(self.model, tokenizer, self.envlib, "game", None, lr=3e-2, goals_per_step=8,
+                                           group_size=4, max_episode_steps=2, temperature=0.7, loop_penalty=0.5,
+                                           seed=0, max_new_tokens=2, engine="engine", max_grad_norm=1e9,
+                                           schedule=grpo_env_torch.Schedule(minibatches=2))  # fmt: skip
+        for _ in range(6):  # until some group won and lost alike (a signal)
+            self.samples = self.grpo.update_samples(self.grpo.rollouts())
+            if len(self.samples) >= 8:
+                break
+        assert len(self.samples) >= 8
+        self.grpo.sample.copy.float()
+        self.start = copy.deepcopy(self.model.state_dict())
+
+    def run(self, **settings):
+        """(the update's stats, each optimizer step's gradients) with `settings` as `GRPOEnv` attributes."""
+        import random
+
+        import torch
+
+        grpo, model = self.grpo, self.model
+        model.load_state_dict(self.start)
+        grpo.weights_changed()  # the rollout copy back to the same weights
+        for name, value in settings.items():
+            setattr(grpo, name, value)
+        grpo.optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=0.0)
+        grpo.optimizer_steps, grpo.lr_scale, grpo.rng = 0, 1.0, random.Random(0)
+        grads, step = [], grpo.optimizer.step
+
+        def recorded(*args, **kwargs):
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+            return step(*args, **kwargs)
+
+        grpo.optimizer.step = recorded
+        return grpo.update(self.samples), grads
+
+
+def assert_same_update(a, b) -> None:
+    (one, one_grads), (other, other_grads) = a, b
+    assert one.optimizer_steps == other.optimizer_steps == 2
+    assert one.clip_fraction > 0 and one.approx_kl > 1e-4  # the statistics have something to sum
+    for field in ("loss", "approx_kl", "clip_fraction", "first_ratio_max_dev", "entropy"):
+        assert getattr(other, field) == pytest.approx(getattr(one, field), rel=1e-4, abs=1e-6), field
+    for x, y in zip(one_grads, other_grads, strict=True):
+        norm = float(sum((x[n] ** 2).sum() for n in x) ** 0.5)
+        assert float(sum(((x[n] - y[n]) ** 2).sum() for n in x) ** 0.5) < 1e-5 * norm
+
+
+def test_the_updates_numbers_do_not_depend_on_how_it_is_cut_into_micro_batches(one_torch_thread):
+    """The update's micro-batches (`micro_tokens`, `micro_batch`: what bounds its memory) change nothing it
+    computes: each optimizer step's gradient, the loss, approximate KL, clip fraction and first-minibatch ratio
+    are the same whether a minibatch runs as one micro-batch or one sample at a time, so the micro-batch size is
+    a memory / speed setting only (bench/bench_rl_update.py). The second minibatch follows a step at a high
+    rate: its ratios are far from 1 and tokens are clipped. (The rollout copy is fp32 here: a bf16 copy's
+    log-probs themselves shift with the batch they run in, by bf16 rounding, which is no property of the
+    update.)"""
+    same = SameBatch()
+    everything = list(range(len(same.samples)))
+    one = same.run(micro_tokens=10**6, micro_batch=10**6)
+    assert len(same.grpo.micro_batches(everything, same.samples)) == 1
+    each = same.run(micro_tokens=1, micro_batch=1)
+    assert len(same.grpo.micro_batches(everything, same.samples)) == len(same.samples)  # each sample alone
+    assert_same_update(one, each)
+
+
+def test_layer_checkpointing_keeps_the_updates_numbers_and_only_the_layers_inputs(one_torch_thread):
+    """`checkpoint_layers` (what would let larger micro-batches fit): the same gradients and statistics as
+    without it, through the shared-prompt path (its prefix cache read, never grown, by layers that run twice),
+    and the policy's forward pass keeps far fewer bytes for the backward pass."""
+    import torch
+
+    same = SameBatch()
+    chunk = same.samples[:6]
+    assert same.grpo._batch(chunk)[3] >= grpo_env_torch.MIN_TRAIN_PREFIX  # the shared-prompt path is the one run
+    plain = same.run(micro_tokens=10**6, micro_batch=10**6, checkpoint_layers=False)
+    checkpointed = same.run(micro_tokens=10**6, micro_batch=10**6, checkpoint_layers=True)
+    assert_same_update(plain, checkpointed)
+
+    def saved_bytes() -> int:
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            same.grpo._log_probs(same.model, chunk).sum().backward()
+        return sum(seen.values())
+
+    same.grpo.checkpoint_layers = False
+    full = saved_bytes()
+    same.grpo.checkpoint_layers = True
+    assert saved_bytes() < full / 2
+
+
+def test_the_update_bench_runs_on_the_cpu(tiny_model_dir, tmp_path, capsys, one_torch_thread):
+    """`bench/bench_rl_update.py --smoke`: an update batch from the real offline alfworld games through the
+    agent's own episode code (the evaluator's prompts), the agent's modules imported as its workspace imports
+    them (no harness package: the device image has no pydantic), and a baseline version of the update run on
+    the same instance; one row per setting and update, the same loss whatever the setting, a table of ratios."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import bench_rl_update
+
+    with bench_rl_update.workspace_modules() as (module, session):
+        assert module.shared_prefix_length.__module__ == "sft_torch"  # the workspace's copies, not the harness's
+        assert module.import_decode_engine.__module__ == "train_grpo" and session.Knobs.__module__ == "sft_grpo_session"
+    assert "grpo_env_torch" not in sys.modules  # undone: the test process keeps its own modules
+    out = tmp_path / "update.jsonl"
+    baseline = Path(grpo_env_torch.__file__)
+    assert bench_rl_update.main([str(tiny_model_dir), "--smoke", "--baseline", str(baseline), "--out", str(out),
+                                 "--settings", "baseline:default", "default", "micro_tokens=64",
+                                 "checkpoint_layers=1"]) == 0  # fmt: skip
+    facts, *rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert facts["episodes"] == 4 and facts["samples"] == 12 and facts["prompt_tokens_mean"] > 100
+    assert [r["setting"] for r in rows] == ["baseline:default", "default", "micro_tokens=64", "checkpoint_layers=1"]
+    assert all(r["update"] == 1 for r in rows)
+    assert len({r["loss"] for r in rows}) == 1 and all(r["optimizer_steps"] == facts["minibatches"] for r in rows)
+    assert rows[2]["micro_tokens"] == 64 and rows[2]["tokens"] > rows[1]["tokens"]  # rows alone: no shared prefix
+    assert rows[3]["checkpoint_layers"] == 1 and not rows[1]["checkpoint_layers"]
+    printed = capsys.readouterr().out
+    assert "| baseline:default | " in printed and "| micro_tokens=64 | 64 | " in printed

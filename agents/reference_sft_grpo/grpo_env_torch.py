@@ -486,7 +486,7 @@ class GRPOEnv:
                  step_weight: float = 1.0, micro_batch: int | None = None, micro_tokens: int | None = None,
                  max_new_tokens: int = 32, max_grad_norm: float = 1.0, engine: str = "auto",
                  curve: Path | None = None, max_samples: int = 1024, schedule: Schedule = Schedule(),
-                 chunk_rows: int = 512):  # fmt: skip
+                 chunk_rows: int = 512, checkpoint_layers: bool = False):  # fmt: skip
         import torch
 
         if algorithm not in ALGORITHMS:
@@ -500,12 +500,18 @@ class GRPOEnv:
         self.max_episode_steps = min(x for x in (max_episode_steps, limit) if x is not None)
         self.device = next(model.parameters()).device
         # With the shared system prompt run once per micro-batch, rows cost their suffix only. A micro-batch is
-        # bounded by rows and by padded tokens: activations grow with tokens (16k tokens of a 135M model: ~8 GB).
+        # bounded by rows and by padded tokens: activations grow with tokens, ~0.7 MiB a token at 135M under bf16
+        # autocast (the fp32 residual stream and norms, the MLP's 1536-wide bf16 tensors). Measured on an H200
+        # (bench/bench_rl_update.py, BENCHMARKS.md): 16k tokens peak at 15 GiB, 4k at 6.8 GiB but 3.2x slower: a
+        # micro-batch's forward and backward cost ~0.19 s plus ~6 ms per 1k tokens (per-call overhead dominates).
         self.micro_batch = micro_batch or (64 if self.device.type == "cuda" else 16)
         self.micro_tokens = micro_tokens or (16_384 if self.device.type == "cuda" else 4096)
         self.chunk_rows = chunk_rows
         """Action tokens per output-layer call: bounds the (rows, vocabulary) fp32 logits held at once (512 rows of
         a 49k vocabulary: 100 MB), never the whole batch's."""
+        self.checkpoint_layers = checkpoint_layers
+        """Activation checkpointing per decoder layer in the policy's pass (off: not yet measured on a GPU; what
+        would let larger, fewer micro-batches fit, see `micro_tokens` above)."""
         self.temperature = temperature
         self.lr_scale = 1.0
         """The trust region's adaptation of the peak rate (1: as given)."""
@@ -555,13 +561,7 @@ class GRPOEnv:
         tokens_before = getattr(self.sample, "tokens", 0)
         rollouts = self.rollouts(deadline)
         rollout_s = time.monotonic() - t_rollout
-        advantages = step_advantages(rollouts, self.group_size, algorithm=self.algorithm,
-                                     loop_penalty=self.loop_penalty, invalid_penalty=self.invalid_penalty,
-                                     gamma=self.gamma, step_weight=self.step_weight)  # fmt: skip
-        samples = [(p, a, adv, e) for e, (r, advs) in enumerate(zip(rollouts, advantages))
-                   for (p, a), adv in zip(r.steps, advs) if adv != 0.0 and a]  # fmt: skip
-        if len(samples) > self.max_samples:  # a uniform subset: the same expected loss, a bounded update time
-            samples = self.rng.sample(samples, self.max_samples)
+        samples = self.update_samples(rollouts)
         t_update = time.monotonic()
         update = self.update(samples)
         if hasattr(self.sample, "sync"):  # after the last optimizer step: the next rollouts use these weights
@@ -587,6 +587,18 @@ class GRPOEnv:
                 f.write(json.dumps({"update": self.steps_done, "algorithm": self.algorithm, **row}) + "\n")
         return stats
 
+    def update_samples(self, rollouts: list[Rollout]) -> list[tuple[list[int], list[int], float, int]]:
+        """The update's samples of a rollout batch: (prompt ids, action ids, advantage, episode) of every step with
+        a non-zero advantage, at most `max_samples` of them."""
+        advantages = step_advantages(rollouts, self.group_size, algorithm=self.algorithm,
+                                     loop_penalty=self.loop_penalty, invalid_penalty=self.invalid_penalty,
+                                     gamma=self.gamma, step_weight=self.step_weight)  # fmt: skip
+        samples = [(p, a, adv, e) for e, (r, advs) in enumerate(zip(rollouts, advantages))
+                   for (p, a), adv in zip(r.steps, advs) if adv != 0.0 and a]  # fmt: skip
+        if len(samples) > self.max_samples:  # a uniform subset: the same expected loss, a bounded update time
+            samples = self.rng.sample(samples, self.max_samples)
+        return samples
+
     def _batch(self, chunk: list[tuple]):
         """Right-padded ids, attention mask and action-token mask of a micro-batch, on the device."""
         import torch
@@ -603,10 +615,12 @@ class GRPOEnv:
         return ids.to(self.device), mask.to(self.device), targets.to(self.device), prefix
 
     def _log_probs(self, model, chunk):
+        import torch
+
         ids, mask, targets, prefix = self._batch(chunk)
         return target_log_probs(model, ids, mask, targets, self.device, chunk_rows=self.chunk_rows,
-                                temperature=self.temperature,
-                                prefix=prefix if prefix >= MIN_TRAIN_PREFIX else 0)  # fmt: skip
+                                temperature=self.temperature, prefix=prefix if prefix >= MIN_TRAIN_PREFIX else 0,
+                                checkpoint_layers=bool(self.checkpoint_layers) and torch.is_grad_enabled())  # fmt: skip
 
     def micro_batches(self, indices: list[int], samples: list[tuple]) -> list[list[int]]:
         """Consecutive runs of `indices` (sorted by length) of at most `micro_batch` rows and `micro_tokens`

@@ -112,7 +112,7 @@ def collate(examples: list[Example], pad_id: int, device):
 
 
 def target_log_probs(model, ids, mask, targets, device, chunk_rows: int = 512, prefix: int = 0,
-                     temperature: float = 1.0):
+                     temperature: float = 1.0, checkpoint_layers: bool = False):
     """Log-probabilities of the target tokens only: `targets` is a bool (B, L) tensor marking the tokens to
     score (each predicted from the position before it). Returns a flat tensor in row-major order.
 
@@ -124,7 +124,11 @@ def target_log_probs(model, ids, mask, targets, device, chunk_rows: int = 512, p
 
     `prefix`: the first `prefix` tokens are the same real tokens in every row (a shared system prompt) and
     hold no target: they run through the model once, at batch 1, and every row attends to their keys and
-    values (gradients flow back through them), so the batch costs its suffixes only."""
+    values (gradients flow back through them), so the batch costs its suffixes only.
+
+    `checkpoint_layers`: each decoder layer keeps only its input for the backward pass and runs again there (one
+    more forward pass), so activations shrink from ~0.7 MiB a token (135M, bf16 autocast) to the layers' inputs;
+    the shared prefix's own forward (batch 1) is not checkpointed."""
     import torch
     from torch.utils.checkpoint import checkpoint
 
@@ -133,10 +137,11 @@ def target_log_probs(model, ids, mask, targets, device, chunk_rows: int = 512, p
     decoder, head = model.get_decoder(), model.get_output_embeddings()
     with autocast(device):
         if prefix > 0:
-            hidden = _suffix_hidden(decoder, ids, mask, prefix)
+            hidden = _suffix_hidden(decoder, ids, mask, prefix, checkpoint_layers)
             ids, targets = ids[:, prefix - 1 :], targets[:, prefix - 1 :]  # hidden covers positions prefix-1 ..
         else:
-            hidden = decoder(input_ids=ids, attention_mask=mask).last_hidden_state
+            with _checkpointed(decoder, checkpoint_layers):
+                hidden = decoder(input_ids=ids, attention_mask=mask).last_hidden_state
     picked = hidden[:, :-1][targets[:, 1:]]  # the position before each target predicts it
     wanted = ids[:, 1:][targets[:, 1:]]
 
@@ -151,7 +156,7 @@ def target_log_probs(model, ids, mask, targets, device, chunk_rows: int = 512, p
     return torch.cat(parts) if parts else picked.new_zeros(0, dtype=torch.float32)
 
 
-def _suffix_hidden(decoder, ids, mask, prefix: int):
+def _suffix_hidden(decoder, ids, mask, prefix: int, checkpoint_layers: bool = False):
     """Hidden states of positions prefix-1 .. L-1 of every row, the shared prefix computed once."""
     import inspect
 
@@ -163,14 +168,56 @@ def _suffix_hidden(decoder, ids, mask, prefix: int):
     head = decoder(input_ids=ids[:1, :prefix], use_cache=True)
     shared = getattr(head, cache_arg, None) or head.past_key_values
     batch = ids.shape[0]
-    cache = DynamicCache()
+    cache = _read_only_cache() if checkpoint_layers else DynamicCache()
     for i, layer in enumerate(shared.layers):
-        cache.update(layer.keys.expand(batch, -1, -1, -1), layer.values.expand(batch, -1, -1, -1), i)
+        DynamicCache.update(cache, layer.keys.expand(batch, -1, -1, -1), layer.values.expand(batch, -1, -1, -1), i)
     positions = torch.arange(prefix, ids.shape[1], device=ids.device)[None].expand(batch, -1)
-    rest = decoder(input_ids=ids[:, prefix:], attention_mask=mask, position_ids=positions, use_cache=True,
-                   **{cache_arg: cache}).last_hidden_state
+    with _checkpointed(decoder, checkpoint_layers):
+        rest = decoder(input_ids=ids[:, prefix:], attention_mask=mask, position_ids=positions, use_cache=True,
+                       **{cache_arg: cache}).last_hidden_state
     last = head.last_hidden_state[:, -1:].expand(batch, -1, -1)  # the prefix's last position predicts token `prefix`
     return torch.cat([last, rest], dim=1)
+
+
+def _read_only_cache():
+    """A prefix cache whose `update` returns the prefix's keys and values followed by the new ones without storing
+    them: a checkpointed layer runs twice (forward, then again in the backward pass), and a cache that grew on
+    the first run would hand the second a longer sequence."""
+    import torch
+    from transformers import DynamicCache
+
+    class ReadOnlyPrefixCache(DynamicCache):
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            layer = self.layers[layer_idx]
+            return torch.cat([layer.keys, key_states], dim=-2), torch.cat([layer.values, value_states], dim=-2)
+
+    return ReadOnlyPrefixCache()
+
+
+def _checkpointed(decoder, on: bool):
+    """Each decoder layer under activation checkpointing for the duration (its forward wrapped per instance)."""
+    import contextlib
+    import functools
+
+    if not on:
+        return contextlib.nullcontext()
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(decoder).__name__} has no `layers` to checkpoint")
+
+    @contextlib.contextmanager
+    def wrapped():
+        from torch.utils.checkpoint import checkpoint
+
+        for layer in layers:
+            layer.forward = functools.partial(checkpoint, type(layer).forward.__get__(layer), use_reentrant=False)
+        try:
+            yield
+        finally:
+            for layer in layers:
+                del layer.forward
+
+    return wrapped()
 
 
 def shared_prefix_length(rows: list[list[int]], targets_from: list[int]) -> int:
