@@ -137,7 +137,7 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
     import tempfile
 
     from a2rl_bench.cli.display import RunDisplay, set_prefect_console_level
-    from a2rl_bench.cli.errors import interrupted_how
+    from a2rl_bench.cli.errors import interrupted_how, stops_deferred
     from a2rl_bench.cli.starting import start_failure, start_prefect
     from a2rl_bench.ops.progress import ANNOUNCE_ENV, read_announced
 
@@ -147,8 +147,9 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
     try:
         with RunDisplay(announce) as display:  # from the start: every wait has its word
             display.waiting("loading Prefect and the pipeline")
-            set_prefect_console_level(args.log_level)
-            from a2rl_bench.flows.benchmark_run import benchmark_run
+            with stops_deferred():  # a stop here is raised after the imports, never lost inside one
+                set_prefect_console_level(args.log_level)
+                from a2rl_bench.flows.benchmark_run import benchmark_run
 
             set_prefect_console_level(args.log_level)
             logging.captureWarnings(True)  # library warnings go to the run's log, not between the display's lines

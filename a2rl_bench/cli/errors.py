@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NoReturn
 
 USAGE_ERROR = 2
@@ -57,6 +59,14 @@ class Terminated(KeyboardInterrupt):
     signal_name = "SIGTERM"
 
 
+_deferred: dict[str, int | bool | None] = {"on": False, "signum": None}
+"""Inside `stops_deferred`: whether a stop is deferred, and the signal of one that came meanwhile."""
+
+
+def _stop_error(signum: int) -> KeyboardInterrupt:
+    return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
 def _on_stop(signum, frame) -> None:
     """SIGTERM (and Ctrl-C) in the main thread: stop, unless the run is already recorded completed and only waits
     for Prefect to record its end; that stop is held, said, and a second one does not wait (a2rl_bench.ops.stopping)."""
@@ -64,12 +74,32 @@ def _on_stop(signum, frame) -> None:
 
     if stopping.hold(signum):
         return
-    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+    if _deferred["on"]:
+        _deferred["signum"] = signum  # raised where the deferring block ends
+        return
+    raise _stop_error(signum)
+
+
+@contextmanager
+def stops_deferred() -> Iterator[None]:
+    """A stop (SIGTERM, Ctrl-C) that comes inside the block is raised when it ends, not inside it. For imports:
+    library code that runs while a module is imported catches what a signal raises in it and goes on (Prefect's
+    plug-in start-up catches pydantic's SchemaError, which wraps the `Terminated` raised inside its schema
+    building): the stop was lost and a whole run went on, with a paragraph on stderr."""
+    _deferred["on"], _deferred["signum"] = True, None
+    try:
+        yield
+    finally:
+        _deferred["on"] = False
+    signum, _deferred["signum"] = _deferred["signum"], None
+    if signum is not None:
+        raise _stop_error(signum)
 
 
 def terminate_like_ctrl_c() -> None:
     """From now on, SIGTERM in this (main) thread raises `Terminated`, and Ctrl-C (where it raises at all) goes
     through the same handler."""
+    _deferred["on"], _deferred["signum"] = False, None
     signal.signal(signal.SIGTERM, _on_stop)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_stop)
