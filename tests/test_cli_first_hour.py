@@ -273,6 +273,12 @@ def test_a_sigterm_during_the_imports_is_not_lost_in_library_code():
                 assert library_code(), "the stop was raised inside the deferring block"
         with stops_deferred():  # nothing came: nothing is raised
             time.sleep(0.01)
+        with pytest.raises(Terminated):  # a second stop does not wait for the block's end
+            with stops_deferred():
+                assert library_code()
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.2)
+                pytest.fail("the second stop waited")
         assert not library_code()  # outside the block a stop is raised at once, as before
     finally:
         signal.signal(signal.SIGTERM, before[0])

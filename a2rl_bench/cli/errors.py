@@ -74,7 +74,7 @@ def _on_stop(signum, frame) -> None:
 
     if stopping.hold(signum):
         return
-    if _deferred["on"]:
+    if _deferred["on"] and _deferred["signum"] is None:  # a second stop does not wait
         _deferred["signum"] = signum  # raised where the deferring block ends
         return
     raise _stop_error(signum)
@@ -85,7 +85,8 @@ def stops_deferred() -> Iterator[None]:
     """A stop (SIGTERM, Ctrl-C) that comes inside the block is raised when it ends, not inside it. For imports:
     library code that runs while a module is imported catches what a signal raises in it and goes on (Prefect's
     plug-in start-up catches pydantic's SchemaError, which wraps the `Terminated` raised inside its schema
-    building): the stop was lost and a whole run went on, with a paragraph on stderr."""
+    building): the stop was lost and a whole run went on, with a paragraph on stderr. A second stop inside the
+    block is raised at once (the imports can take a minute on a loaded machine)."""
     _deferred["on"], _deferred["signum"] = True, None
     try:
         yield
