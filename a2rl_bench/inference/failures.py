@@ -31,7 +31,11 @@ PUBLIC_REASONS = {
     FailureKind.INTERRUPTED: "evaluation was interrupted by a grader restart and could not be resumed",
 }
 
-_OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "MemoryError", "Cannot allocate memory")
+# "CUDA error: out of memory" is torch's AcceleratorError (a raw cudaErrorMemoryAllocation, e.g. while the weights are
+# moved to a card other runs have filled): its traceback also names from_pretrained, so it must win over a LOAD
+# marker, or a full card reads as the agent's broken checkpoint (H200, 4 runs a card, 2026-11-29).
+_OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "CUDA error: out of memory", "cudaErrorMemoryAllocation",
+                "MemoryError", "Cannot allocate memory")
 _LOAD_MARKERS = ("from_pretrained", "load_state_dict", "safetensors", "size mismatch", "SafetensorError")
 
 
