@@ -62,7 +62,8 @@ def parse_setting(text: str) -> dict[str, int]:
     out = {}
     for part in text.split(","):
         name, sep, value = part.partition("=")
-        if not sep or name not in SETTINGS or not value.isdigit() or int(value) < (name == "checkpoint_layers"):
+        low, high = (0, 1) if name == "checkpoint_layers" else (1, 1 << 30)
+        if not sep or name not in SETTINGS or not value.isdigit() or not low <= int(value) <= high:
             raise SystemExit(f"bad setting {part!r}: give default or NAME=N with NAME one of {SETTINGS}, N >= 1 "
                              "(checkpoint_layers: 0 or 1)")
         out[name] = int(value)
