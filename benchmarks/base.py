@@ -173,9 +173,6 @@ class BenchmarkTask(abc.ABC):
 
     benchmark_name: ClassVar[str] = ""
     """How messages name the benchmark (e.g. 'GSM8K'); its `id` where empty."""
-    items_independent: ClassVar[bool] = True
-    """Each item is one generation from its own prompt, scored on its own: an evaluation may split the items over
-    processes (`a2rl_bench.inference.evaluation.eval_processes`)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -22,8 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 from a2rl_bench.contracts import BenchmarkTask
 from a2rl_bench.inference.config_check import architecture_parameters
 from a2rl_bench.inference.failures import FailureKind, classify_failure
-from a2rl_bench.inference.numerics import CPU_PATHS, numeric_path
+from a2rl_bench.inference.numerics import numeric_path
 from a2rl_bench.paths import eval_cache_dir
 from a2rl_bench.records import EvalResult, RunConfig, Split
 
@@ -109,13 +108,11 @@ def evaluator_id(spec: EvalSpec, numerics: str) -> str:
     return f"{spec.task_object().evaluator_id()}@{numerics}"
 
 
-def evaluate(model_dir: Path, spec: EvalSpec, numerics: str | None = None,
-             shard: tuple[int, int] = (0, 1)) -> EvalResult:  # fmt: skip
+def evaluate(model_dir: Path, spec: EvalSpec, numerics: str | None = None) -> EvalResult:
     """Run the evaluation of `spec.evaluator` (the task object) in this process. Prompts are rendered with the
     tokenizer and chat template in `model_dir`: for a submission that is the grader's snapshot, whose tokenizer
     files are the base model's (a2rl_bench.grading.checkpoint.write_snapshot), never the agent's. `numerics`: the
-    numeric path (`a2rl_bench.inference.numerics`); None picks this process's. `shard` (i, n): only the i-th of n
-    contiguous slices of the split's items (`shard_bounds`), for an evaluation split over processes."""
+    numeric path (`a2rl_bench.inference.numerics`); None picks this process's."""
     import torch
 
     from a2rl_bench.inference.generation import generate, load_model
@@ -127,7 +124,6 @@ def evaluate(model_dir: Path, spec: EvalSpec, numerics: str | None = None,
     task = spec.task_object()
     task.preflight()  # what the task needs besides the model (a judge): checked before the model is loaded
     items = task.load_split(spec.variant, spec.split, spec.limit)
-    items = items[slice(*shard_bounds(len(items), *shard))]
     progress = ItemProgressWriter.from_env(len(items), spec.split)  # items counted as each one finishes
     d = task.decoding
     start = time.perf_counter()
@@ -255,131 +251,18 @@ def _uses_gpu(device: str | None) -> bool:
     return Path("/dev/nvidiactl").exists() and (visible is None or visible.strip() not in ("", "-1"))
 
 
-EVAL_PROCESSES_ENV = "A2RL_EVAL_PROCESSES"
-"""How many processes one CPU evaluation may split its items over (default: the CPUs this process may use)."""
-MIN_ITEMS_PER_PROCESS = 8
-"""A process costs its imports and model load (~2 CPU s): fewer items than this per process do not pay for it."""
-
-
-def shard_bounds(n_items: int, index: int, count: int) -> tuple[int, int]:
-    """The items [start, stop) of slice `index` of `count` contiguous slices of `n_items` (sizes differ by <= 1)."""
-    return n_items * index // count, n_items * (index + 1) // count
-
-
-def eval_processes(spec: EvalSpec, device: str | None, n_items: int) -> int:
-    """How many processes evaluate `spec`: one per CPU this process may use (`A2RL_EVAL_PROCESSES` overrides),
-    at most one per `MIN_ITEMS_PER_PROCESS` items; one on a GPU, with vLLM, or for a task whose items are not
-    evaluated each on its own (`items_independent`: an interactive task's episodes), and on any numeric path but
-    `cpu-fp32` (bf16's answers depend on the batch). Each process then runs one torch thread: fp32 answers do not
-    depend on the batch or the company a row keeps, so the split gives the answers one process gives
-    (tests/test_evaluation_shards.py)."""
-    independent = getattr(spec.task_object(), "items_independent", False)
-    if (spec.backend != "transformers" or _uses_gpu(device) or not independent
-            or numeric_path(spec.backend, False, spec.batch_size) != CPU_PATHS["fp32"]):  # fmt: skip
-        return 1
-    given = os.environ.get(EVAL_PROCESSES_ENV, "").strip()
-    if given and not given.isdigit():
-        raise ValueError(f"{EVAL_PROCESSES_ENV} must be a whole number of processes (got {given!r})")
-    cpus = int(given) if given else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(cpus or 1, n_items // MIN_ITEMS_PER_PROCESS))
-
-
 def evaluate_in_subprocess(
     model_dir: Path, spec: EvalSpec, timeout_s: float = 3600, device: str | None = None,
     progress_file: Path | None = None,
     on_start: Callable[[Any], None] | None = None,
 ) -> EvalResult:
-    """One evaluation in its own process, or split over several (`eval_processes`): a crash, a hang or an OOM kill
-    costs this evaluation only.
+    """One evaluation in its own process: a crash, a hang or an OOM kill costs this evaluation only.
 
-    Each process runs under the harness's process supervisor (`a2rl_bench.isolation.procs`): it, and whatever it
-    starts (vLLM's engine processes), dies with the harness and with a timeout; and under a memory limit
-    (`eval_memory_bytes`, a cgroup or RLIMIT_AS: `procs.memory_limit_for`), so weights with an inflated config cannot
-    take the host's memory. `device` ("0", "1", ...) pins the process to one GPU through CUDA_VISIBLE_DEVICES.
-    `on_start` is told each supervisor's `procs.Started` (pid and start time), e.g. for a run's record of its
-    processes. Split over processes, the slices' items are put back in the split's order and scored as a whole."""
-    task = spec.task_object()
-    count = eval_processes(spec, device, len(task.load_split(spec.variant, spec.split, spec.limit)))
-    if count == 1:
-        return _evaluate_process(model_dir, spec, timeout_s, device, progress_file, on_start)
-    files = [None if progress_file is None else Path(progress_file).with_name(f".{Path(progress_file).name}.{i}")
-             for i in range(count)]  # fmt: skip
-    results: list[EvalResult | None] = [None] * count
-    errors: list[BaseException] = []
-
-    def one(i: int) -> None:
-        try:
-            results[i] = _evaluate_process(model_dir, spec, timeout_s, device, files[i], on_start, (i, count))
-        except BaseException as e:  # noqa: BLE001 - raised below, in the caller's thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(count)]
-    for t in threads:
-        t.start()
-    with _merged_progress(files, progress_file):
-        for t in threads:
-            t.join()
-    if errors:
-        raise errors[0]
-    parts = [r for r in results if r is not None]
-    items = [item for r in parts for item in r.items]
-    if len({r.evaluator_id for r in parts}) != 1:
-        raise EvaluationFailed(f"the evaluation's processes disagree on its evaluator id: "
-                               f"{sorted({r.evaluator_id for r in parts})}")
-    return EvalResult(
-        task=spec.task, split=spec.split, score=task.aggregate(items), detail=task.summarize(items), n=len(items),
-        n_correct=sum(i.correct for i in items), evaluator_id=parts[0].evaluator_id,
-        generated_tokens=sum(r.generated_tokens for r in parts), duration_s=max(r.duration_s for r in parts),
-        items=items,
-    )  # fmt: skip
-
-
-@contextmanager
-def _merged_progress(files: list[Path | None], out: Path | None) -> Iterator[None]:
-    """While the processes of a split evaluation run: their item counts summed into `out`, the one file the
-    display reads (`a2rl_bench.ops.progress.ItemProgress`)."""
-    if out is None:
-        yield
-        return
-    from a2rl_bench.ops.progress import ItemProgress, write_item_progress
-
-    Path(out).unlink(missing_ok=True)  # the last evaluation's count is not this one's
-    stop = threading.Event()
-
-    def merge() -> None:
-        mark = f"{os.getpid()}-{time.time_ns()}"
-        while True:
-            parts = []
-            for f in files:
-                try:
-                    parts.append(ItemProgress.model_validate_json(Path(f).read_text()))
-                except (OSError, ValueError):
-                    continue
-            if parts:
-                write_item_progress(out, ItemProgress(
-                    what=parts[0].what, id=mark, done=sum(p.done for p in parts), total=sum(p.total for p in parts),
-                    started_at=max(p.started_at for p in parts), loaded=all(p.loaded for p in parts),
-                    at=max(p.at for p in parts)))  # fmt: skip
-            if stop.wait(0.5):
-                break
-
-    watcher = threading.Thread(target=merge, daemon=True)
-    watcher.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        watcher.join()
-        for f in files:
-            Path(f).unlink(missing_ok=True)
-
-
-def _evaluate_process(
-    model_dir: Path, spec: EvalSpec, timeout_s: float, device: str | None, progress_file: Path | None,
-    on_start: Callable[[Any], None] | None, shard: tuple[int, int] = (0, 1),
-) -> EvalResult:
-    """`evaluate` in one supervised process; `shard` (i, n) with n > 1: its slice of the items, on one torch thread
-    (the processes share the cores)."""
+    It runs under the harness's process supervisor (`a2rl_bench.isolation.procs`): it, and whatever it starts (vLLM's
+    engine processes), dies with the harness and with a timeout; and under a memory limit (`eval_memory_bytes`,
+    a cgroup or RLIMIT_AS: `procs.memory_limit_for`), so weights with an inflated config cannot take the host's
+    memory. `device` ("0", "1", ...) pins the process to one GPU through CUDA_VISIBLE_DEVICES. `on_start` is told
+    the supervisor's `procs.Started` (pid and start time), e.g. for a run's record of its processes."""
     from a2rl_bench.isolation import procs
 
     task_ref = task_class_ref(spec.task_object())
@@ -392,12 +275,8 @@ def _evaluate_process(
     ]  # fmt: skip
     if spec.limit:
         cmd += ["--limit", str(spec.limit)]
-    if shard[1] > 1:
-        cmd += ["--shard", f"{shard[0]}/{shard[1]}"]
     env = dict(os.environ)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # it shares the CPU with the agent's training
-    if shard[1] > 1:
-        env["OMP_NUM_THREADS"] = "1"  # one thread per process: the evaluation's processes share the cores
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
     if progress_file is not None:
@@ -451,15 +330,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", default="transformers", choices=["transformers", "vllm"])
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--numerics", default=None, help="numeric path (a2rl_bench.inference.numerics); default: probe")
-    parser.add_argument("--shard", default="0/1", help="i/n: evaluate the i-th of n contiguous slices of the items")
     args = parser.parse_args(argv)
-    index, _, count = args.shard.partition("/")
     from a2rl_bench.inference.config_check import check_config_matches_weights
 
     check_config_matches_weights(args.model)  # before any weight is loaded: a config that builds more is refused
     task = task_from_ref(args.task_class, args.task)
     spec = EvalSpec(args.task, args.variant, args.split, args.limit, args.batch_size, args.backend, task)
-    result = evaluate(args.model, spec, args.numerics, (int(index), int(count)))
+    result = evaluate(args.model, spec, args.numerics)
     args.out.write_text(result.model_dump_json())
     print(json.dumps({"score": result.score, "n": result.n, "seconds": round(result.duration_s, 1)}))
 

@@ -207,14 +207,6 @@ class ItemProgressWriter:
             self.path = None
 
 
-def write_item_progress(path: Path | str, progress: ItemProgress) -> None:
-    """`progress` into `path` at once (an evaluation split over processes writes their summed counts so)."""
-    try:
-        _write_atomic(Path(path), progress.model_dump_json())
-    except OSError:  # progress is a convenience: never the reason an evaluation fails
-        pass
-
-
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)

@@ -51,7 +51,6 @@ class InteractiveTask(BenchmarkTask):
     """A task whose items are goals of a `TextEnv`; evaluation runs episodes instead of one generation."""
 
     max_steps: int = 15
-    items_independent: ClassVar[bool] = False  # episodes run in lockstep: evaluated in one process
     agent_environment: ClassVar[AgentEnvironment]
     """The modules and functions of the task's environment that agents get in `data/envlib.zip` (export.py)."""
 
