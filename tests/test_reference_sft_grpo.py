@@ -649,3 +649,31 @@ def test_searching_demonstrations_look_in_the_learned_order_until_found_and_win(
     off, _ = sft_grpo_session.sft_examples(alfworld_data, alfworld_data / "sft.jsonl", "alfworld", tokenizer,
                                            100_000, search=False)  # fmt: skip
     assert len(off) == len(alone)
+
+
+def test_a_round_gives_the_cached_gpu_memory_back_before_it_submits(monkeypatch, tmp_path):
+    """The grader evaluates a submission on the card the agent trains on: after SFT an agent held 33 GiB of
+    cached blocks there and three of 27 gradings of four runs a card ran out of memory (H200, 2026-11-29)."""
+    import torch
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+
+    class Client:
+        def budget(self):
+            return {"elapsed_s": 10.0}
+
+        def submit(self, path, stage):
+            calls.append(f"submit {path}")
+            return 503, {"detail": "closed"}
+
+    session = object.__new__(sft_grpo_session.InteractiveSession)
+    session.client, session.rounds, session.failures_in_a_row = Client(), [], 0
+    session.s = type("S", (), {"workspace": tmp_path})()
+    session.k = Knobs.from_env({})
+    session.train_round = lambda seconds: sft_grpo_session.Round(1, "SFT", "base", 1, 0.5, 1.0)
+    session.save = lambda: tmp_path / "output" / "v1"
+    session.note = lambda r: None
+    session.play_round(30.0)
+    assert calls == ["empty_cache", "submit output/v1"]

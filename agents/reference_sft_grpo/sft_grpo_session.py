@@ -103,6 +103,16 @@ def sft_allowance_s(budget_s: float, remaining_s: float, *, max_share: float, rl
     return min(max_share * budget_s - used_s, remaining_s - end_margin_s - rl_min_share * budget_s) - save_s
 
 
+def release_cached_gpu_memory() -> None:
+    """Give the allocator's cached, unused blocks back to the card. After an SFT step an agent holds 33 GiB this way
+    (batch 32, one H200, 2026-11-29), and the grader's evaluation of its submission, on the same card, needs a few:
+    three of 27 gradings of four runs a card ran out of memory. The next step allocates again (milliseconds)."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 @dataclass(frozen=True)
 class Split:
     """The decision after an SFT round: go on with SFT, or stop it (and why)."""
@@ -348,10 +358,7 @@ class InteractiveSession:
                  f"mode {self.mode}, {time.monotonic() - t0:.1f}s")  # fmt: skip
 
     def make_grpo(self):
-        import torch
-
-        if torch.cuda.is_available():  # SFT's cached activation blocks go back before the rollout copy is made
-            torch.cuda.empty_cache()
+        release_cached_gpu_memory()  # SFT's cached activation blocks go back before the rollout copy is made
         try:
             import grpo_env_torch
         except ImportError:
@@ -453,6 +460,7 @@ class InteractiveSession:
         self.current_path = out
         r.submission = loop.relative_to_workspace(out, self.s.workspace)
         stage = "GiGPO" if r.method == "GRPO" and self.k.algorithm == "gigpo" else r.method
+        release_cached_gpu_memory()  # the grader evaluates it on this card while this process waits
         status, reply = self.client.submit(r.submission, stage=stage)
         # What saving and submitting cost on the agent's clock (grading itself is not charged).
         self.save_s = max(self.SAVE_S, float(self.client.budget()["elapsed_s"]) - charged_before)
