@@ -209,6 +209,32 @@ def test_epoch_batches_cover_every_example_once():
     assert sorted(i for b in batches for i in b) == list(range(70))
 
 
+def test_checkpointed_sft_steps_run_each_layer_twice_and_train_the_same_weights(tiny_model_dir, alfworld_data):
+    """`A2RL_SFT_CHECKPOINT_LAYERS`: memory for time, not another update. Two steps from the same start give the
+    same weights (relative to their norm), with each layer's attention run once more per step (the recomputation;
+    the shared prefix runs once either way)."""
+    import torch
+
+    def two_steps(checkpoint_layers: bool):
+        model, tokenizer = _tiny(tiny_model_dir)
+        runs = []
+        model.model.layers[0].self_attn.register_forward_hook(lambda *_: runs.append(1))
+        examples, _ = sft_torch.load_examples(alfworld_data / "sft.jsonl", tokenizer, max_length=100_000)
+        sft = sft_torch.SFTRounds(model, tokenizer, examples, lr=1e-2, batch_size=4, seed=0,
+                                  checkpoint_layers=checkpoint_layers)  # fmt: skip
+        stats = sft.train(seconds=60, max_steps=2)
+        return model.state_dict(), len(runs), stats.loss
+
+    plain, plain_runs, plain_loss = two_steps(False)
+    checkpointed, checkpointed_runs, checkpointed_loss = two_steps(True)
+    assert (plain_runs, checkpointed_runs) == (4, 6)  # per step: prefix + suffix, then the suffix again
+    assert abs(plain_loss - checkpointed_loss) <= 1e-5 * abs(plain_loss)
+    for name, value in plain.items():
+        assert (checkpointed[name] - value).norm() <= 1e-5 * value.norm() + 1e-7, name
+    assert Knobs.from_env({}).sft_checkpoint_layers is False
+    assert Knobs.from_env({"A2RL_SFT_CHECKPOINT_LAYERS": "1"}).sft_checkpoint_layers is True
+
+
 def test_sft_rounds_and_grpo_iterations_change_the_weights(tiny_model_dir, alfworld_data):
     import torch
 

@@ -189,6 +189,9 @@ class Knobs:
     checkpoint_layers: bool | None
     """Activation checkpointing of the update's decoder layers (`A2RL_GRPO_CHECKPOINT_LAYERS` 1/0; default: on
     a GPU, off on the CPU)."""
+    sft_checkpoint_layers: bool
+    """Activation checkpointing of SFT's decoder layers (`A2RL_SFT_CHECKPOINT_LAYERS=1`; off by default: memory for
+    time, see `sft_torch.SFTRounds`)."""
     algorithm: str
     """`grpo` (episode-level advantages) or `gigpo` (plus step-level advantages over anchor states)."""
     gamma: float
@@ -241,6 +244,7 @@ class Knobs:
             micro_tokens=opt("A2RL_GRPO_MICRO_TOKENS", int),
             checkpoint_layers=None if not env.get("A2RL_GRPO_CHECKPOINT_LAYERS")
             else env["A2RL_GRPO_CHECKPOINT_LAYERS"] != "0",
+            sft_checkpoint_layers=(env.get("A2RL_SFT_CHECKPOINT_LAYERS") or "0") != "0",
             algorithm=env.get("A2RL_GRPO_ALGORITHM") or "grpo",
             gamma=float(env.get("A2RL_GRPO_GAMMA") or 0.95),
             rollback_margin=float(env.get("A2RL_GRPO_ROLLBACK_MARGIN") or 10.0),
@@ -352,7 +356,8 @@ class InteractiveSession:
         examples, rows = sft_examples(self.s.data_path, self.s.train_file, self.task, self.tokenizer,
                                       self.k.sft_max_length, self.k.sft_search_demos)  # fmt: skip
         self.sft = sft_torch.SFTRounds(self.model, self.tokenizer, examples, lr=self.k.sft_lr,
-                                       batch_size=self.k.sft_batch_size, seed=self.s.seed)  # fmt: skip
+                                       batch_size=self.k.sft_batch_size, seed=self.s.seed,
+                                       checkpoint_layers=self.k.sft_checkpoint_layers)  # fmt: skip
         loop.log(f"loaded {self.s.model_path} on {device} ({sum(p.numel() for p in self.model.parameters()):,} "
                  f"params), {len(examples)}/{rows} worked examples fit {self.k.sft_max_length} tokens, "
                  f"mode {self.mode}, {time.monotonic() - t0:.1f}s")  # fmt: skip
