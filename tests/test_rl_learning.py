@@ -600,3 +600,23 @@ def test_the_update_bench_runs_on_the_cpu(tiny_model_dir, tmp_path, capsys, one_
     assert rows[3]["checkpoint_layers"] == 1 and not rows[1]["checkpoint_layers"]
     printed = capsys.readouterr().out
     assert "| baseline:default | " in printed and "| micro_tokens=64 | 64 | " in printed
+
+
+def test_the_sft_step_bench_runs_on_the_cpu(tiny_model_dir, capsys, one_torch_thread):
+    """`bench/bench_sft_step.py --smoke`: the agent's SFT step on its own examples, plain and with checkpointed
+    layers, the same batches from the same weights (the same losses), one row per step and a table."""
+    import sys
+
+    from a2rl_bench.benchmarks import get_task
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import bench_sft_step
+
+    public = get_task("alfworld").prepare("offline").public_dir
+    assert bench_sft_step.main([str(tiny_model_dir), "--data", str(public), "--smoke"]) == 0
+    printed = capsys.readouterr().out
+    rows = [json.loads(line) for line in printed.splitlines() if line.startswith("{")]
+    assert [(r["setting"], r["step"]) for r in rows] == [("plain", 0), ("plain", 1), ("checkpointed", 0),
+                                                         ("checkpointed", 1)]  # fmt: skip
+    assert rows[1]["loss"] == pytest.approx(rows[3]["loss"], rel=1e-5) and rows[1]["tokens"] == rows[3]["tokens"] > 0
+    assert "| plain | 1 | " in printed and "| checkpointed | 1 | " in printed
