@@ -11,8 +11,9 @@
   `bench/llama_cpp_grading.py` says how. `--llama-cpp DIR`: the prebuilt llama-cpp-cffi 0.4.42 wheel (AVX2 only)
   in a `pip install --no-deps --target DIR` folder with a one-symbol libstdc++ shim; `--llama-cpp-native DIR`:
   llama.cpp built for this CPU by `bench/build_llama_cpp_native.sh DIR` (AVX-512 and AMX where the CPU has
-  them). Its answers come from the Q4_1 weights with 8-bit activations, not the fp32 dequantized ones, so
-  agreement with fp32 is a measure, not expected to be total.
+  them; `--native-amx on|off|both`: with the library's AMX weight repacking, without it, or both, as
+  `llama.cpp native` and `llama.cpp native-noamx`). Its answers come from the Q4_1 weights with 8-bit
+  activations, not the fp32 dequantized ones, so agreement with fp32 is a measure, not expected to be total.
 
 All on one thread. Runs alternate so machine load hits every engine alike; CPU seconds are the measure (wall is
 printed too). The floor: the fp32 matrix products the grading needs at least (2 x the weight matrices'
@@ -55,13 +56,18 @@ def main() -> None:
                         help="a --target folder holding llama-cpp-cffi 0.4.42 (adds the wheel's llama.cpp engines)")
     parser.add_argument("--llama-cpp-native", type=Path, default=None,
                         help="a folder made by bench/build_llama_cpp_native.sh (adds the native llama.cpp engines)")
+    parser.add_argument("--native-amx", choices=("on", "off", "both"), default="both",
+                        help="the native build with its AMX weight repacking (library default), without, or both")
     parser.add_argument("--engines", default=",".join(ENGINES),
                         help=f"comma-separated subset of {','.join(ENGINES)} (llama-* run for each build given)")
     args = parser.parse_args()
     engines = set(args.engines.split(","))
     if engines - set(ENGINES) or "fp32" not in engines:
         parser.error(f"--engines: a subset of {','.join(ENGINES)} holding fp32, not {args.engines!r}")
-    builds = {b: d for b, d in (("wheel", args.llama_cpp), ("native", args.llama_cpp_native)) if d is not None}
+    builds = {b: d for b, d in (("wheel", args.llama_cpp), ("native", args.llama_cpp_native),
+                                ("native-noamx", args.llama_cpp_native)) if d is not None}  # fmt: skip
+    builds = {b: d for b, d in builds.items() if args.native_amx in ("both", {"native": "on"}.get(b, "off"))
+              or b == "wheel"}  # fmt: skip
 
     import torch
 

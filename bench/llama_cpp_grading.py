@@ -11,6 +11,9 @@ Two builds of llama.cpp, named by the request's `build`:
 * `native`: llama.cpp built on this machine (`-march=native`) from the llama-cpp-python sdist's vendored sources
   by `bench/build_llama_cpp_native.sh DIR`, driven through that sdist's low-level ctypes module (`llama_cpp.llama_cpp`,
   copied into DIR without the package's high-level wrapper).
+* `native-noamx`: the same library with the model's "extra buffer types" off (`use_extra_bufts = false`), so the
+  Q4_1 weights are not repacked for AMX and its AVX-512 kernels run: on the reference machine (2026-11-29) the AMX
+  path ended every row after a few tokens (0 of 16 completions as the other builds', 397 tokens against ~1,300).
 
 `_Api` holds the few calls whose Python spelling differs between the two (buffers, the KV cache's sequence calls);
 the decoding itself is one function. The shared prefix is decoded once into sequence 0 and copied (in the KV cache)
@@ -61,7 +64,7 @@ class _Api:
 
             self.seq_rm = lambda ctx, s: lib.llama_kv_self_seq_rm(ctx, s, -1, -1)
             self.seq_cp = lambda ctx, src, dst: lib.llama_kv_self_seq_cp(ctx, src, dst, -1, -1)
-        elif build == "native":
+        elif build in ("native", "native-noamx"):
             import ctypes
 
             from llama_cpp import llama_cpp as lib
@@ -78,7 +81,7 @@ class _Api:
             self.seq_rm = lambda ctx, s: lib.llama_memory_seq_rm(lib.llama_get_memory(ctx), s, -1, -1)
             self.seq_cp = lambda ctx, src, dst: lib.llama_memory_seq_cp(lib.llama_get_memory(ctx), src, dst, -1, -1)
         else:
-            raise ValueError(f"unknown llama.cpp build {build!r} (wheel or native)")
+            raise ValueError(f"unknown llama.cpp build {build!r} (wheel, native or native-noamx)")
         self.piece = piece
 
 
@@ -92,6 +95,8 @@ def decode(request: dict) -> dict:
     lib.llama_backend_init()
     mparams = lib.llama_model_default_params()
     mparams.n_gpu_layers = 0
+    if api.build == "native-noamx":  # no AMX repacking of the weights: AVX-512 (VNNI) kernels
+        mparams.use_extra_bufts = False
     model = lib.llama_model_load_from_file(request["gguf"].encode(), mparams)
     vocab = lib.llama_model_get_vocab(model)
     n_vocab = lib.llama_vocab_n_tokens(vocab)
