@@ -5,19 +5,25 @@
 * `fp32 batcher`: `a2rl_bench.inference.prefix_batching` (the exemplars' KV once for all rows, continuous batching,
   prompts prefilled in groups of similar length): the default greedy CPU path, same numeric path;
 * `bf16 batcher`: the same with bf16 weights (the opt-in `A2RL_CPU_EVAL_DTYPE=bf16`);
-* with `--llama-cpp DIR`: llama.cpp on the same GGUF file (the registry model's Q4_1 file the checkpoint was
-  converted from) and the same token ids, greedy, the prefix decoded once and shared in its KV cache, rows
-  decoded together (`llama.cpp batch`) and one at a time (`llama.cpp sequential`); `bench/llama_cpp_grading.py`
-  says how (the llama-cpp-cffi 0.4.42 wheel in a `pip install --no-deps --target DIR` folder and a one-symbol
-  libstdc++ shim). Its answers come from the Q4_1 weights with 8-bit activations, not the fp32 dequantized ones,
-  so agreement with fp32 is a measure, not expected to be total.
+* with `--llama-cpp DIR` and/or `--llama-cpp-native DIR`: llama.cpp on the same GGUF file (the registry model's
+  Q4_1 file the checkpoint was converted from) and the same token ids, greedy, the prefix decoded once and shared
+  in its KV cache, rows decoded together (`llama.cpp ... batch`) and one at a time (`llama.cpp ... sequential`);
+  `bench/llama_cpp_grading.py` says how. `--llama-cpp DIR`: the prebuilt llama-cpp-cffi 0.4.42 wheel (AVX2 only)
+  in a `pip install --no-deps --target DIR` folder with a one-symbol libstdc++ shim; `--llama-cpp-native DIR`:
+  llama.cpp built for this CPU by `bench/build_llama_cpp_native.sh DIR` (AVX-512 and AMX where the CPU has
+  them; `--native-amx on|off|both`: with the library's AMX weight repacking, without it, or both, as
+  `llama.cpp native` and `llama.cpp native-noamx`). Its answers come from the Q4_1 weights with 8-bit
+  activations, not the fp32 dequantized ones, so agreement with fp32 is a measure, not expected to be total.
 
 All on one thread. Runs alternate so machine load hits every engine alike; CPU seconds are the measure (wall is
 printed too). The floor: the fp32 matrix products the grading needs at least (2 x the weight matrices'
 parameters x the tokens fed, prefix once + suffixes + generated tokens; attention left out), at this CPU's
-measured fp32 GEMM rate per CPU second. Completions are compared with the fp32 static path's.
+measured fp32 GEMM rate per CPU second. Completions are compared with a2rl fp32's (the first fp32 engine run).
+`--engines` picks a subset (the fp32 batcher always runs: the floor counts its tokens).
 
     python bench/bench_cpu_grading.py --model smollm2-135m-instruct --limit 16 --repeats 2 --llama-cpp DIR
+    python bench/bench_cpu_grading.py --limit 16 --repeats 3 --engines fp32,llama-batch --llama-cpp DIR \
+        --llama-cpp-native DIR2
 
 With `--phases`: where the default path's (fp32 batcher) time goes instead, per forward of the batcher grouped by
 phase (the shared prefix's prefill, the prompts' own prefill, decode steps by how many rows they carry), in CPU
@@ -36,6 +42,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the evaluation process runs
+ENGINES = ("fp32-static", "fp32", "bf16", "llama-batch", "llama-sequential")
 
 
 def main() -> None:
@@ -46,8 +53,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--phases", action="store_true", help="time the fp32 batcher's phases, nothing else")
     parser.add_argument("--llama-cpp", type=Path, default=None,
-                        help="a --target folder holding llama-cpp-cffi 0.4.42 (adds the llama.cpp engines)")
+                        help="a --target folder holding llama-cpp-cffi 0.4.42 (adds the wheel's llama.cpp engines)")
+    parser.add_argument("--llama-cpp-native", type=Path, default=None,
+                        help="a folder made by bench/build_llama_cpp_native.sh (adds the native llama.cpp engines)")
+    parser.add_argument("--native-amx", choices=("on", "off", "both"), default="both",
+                        help="the native build with its AMX weight repacking (library default), without, or both")
+    parser.add_argument("--engines", default=",".join(ENGINES),
+                        help=f"comma-separated subset of {','.join(ENGINES)} (llama-* run for each build given)")
     args = parser.parse_args()
+    engines = set(args.engines.split(","))
+    if engines - set(ENGINES) or "fp32" not in engines:
+        parser.error(f"--engines: a subset of {','.join(ENGINES)} holding fp32, not {args.engines!r}")
+    builds = {b: d for b, d in (("wheel", args.llama_cpp), ("native", args.llama_cpp_native),
+                                ("native-noamx", args.llama_cpp_native)) if d is not None}  # fmt: skip
+    builds = {b: d for b, d in builds.items() if args.native_amx in ("both", {"native": "on"}.get(b, "off"))
+              or b == "wheel"}  # fmt: skip
 
     import torch
 
@@ -73,9 +93,12 @@ def main() -> None:
     prefix = shared_prefix(ids)
     prefix = prefix if len(prefix) >= MIN_SHARED_PREFIX else []
     eos = _eos_ids(models["fp32"].model, tokenizer)
-    paths = [("fp32", "static"), ("fp32", "auto"), ("bf16", "auto")]
-    if args.llama_cpp is not None:
-        paths += [("q4_1", f"llama.cpp batch {args.batch_size}"), ("q4_1", "llama.cpp sequential")]
+    paths = [p for e, p in (("fp32-static", ("fp32", "static")), ("fp32", ("fp32", "auto")),
+                            ("bf16", ("bf16", "auto"))) if e in engines]  # fmt: skip
+    for build in builds:
+        paths += [("q4_1", f"llama.cpp {build} {m}") for e, m in (("llama-batch", f"batch {args.batch_size}"),
+                  ("llama-sequential", "sequential")) if e in engines]  # fmt: skip
+    if builds:
         request = {"gguf": str(gguf_path(REGISTRY[args.model if args.model in REGISTRY else DEFAULT_BASE_MODEL])),
                    "prefix": prefix, "rows": [r[len(prefix):] for r in ids], "max_new_tokens": d.max_new_tokens,
                    "eos": sorted(eos), "stop": list(d.stop), "threads": 1}  # fmt: skip
@@ -89,11 +112,13 @@ def main() -> None:
             w, c = time.perf_counter(), time.process_time()
             if engine.startswith("llama.cpp"):
                 slots = 1 if engine.endswith("sequential") else args.batch_size
-                got = _llama_cpp(args.llama_cpp, {**request, "batch": slots})
+                build = engine.split()[1]
+                got = _llama_cpp(build, builds[build], {**request, "batch": slots, "build": build})
                 texts, counts = _finish_rows(got["new_tokens"], tokenizer, tuple(d.stop), eos)
                 outs[(dtype, engine)] = (texts, sum(counts))
                 cpu_s = got["cpu_s"]  # the child's decoding alone (its model load is reported apart)
-                print(json.dumps({"llama_cpp_load_cpu_s": round(got["load_cpu_s"], 2)}), flush=True)
+                print(json.dumps({"llama_cpp": build, "load_cpu_s": round(got["load_cpu_s"], 2),
+                                  "system_info": got["system_info"]}), flush=True)  # fmt: skip
             else:
                 out = generate(models[dtype], conversations, max_new_tokens=d.max_new_tokens, temperature=0.0,
                                stop=d.stop, batch_size=args.batch_size, engine=engine)  # fmt: skip
@@ -110,19 +135,25 @@ def main() -> None:
     base_cpu = statistics.median(cpu[paths[0]])
     print(f"\nfloor: {floor['cpu_s']:.1f} CPU s ({floor['gflop']:.0f} GFLOP of fp32 matrix products at "
           f"{floor['gflops']:.1f} GFLOP per CPU s, n = {len(items)} items)\n")
-    print("| engine | CPU s (each run) | x fp32 static (CPU, medians) | x floor | tokens | tokens / CPU s "
-          "| same completions as fp32 static | correct |")  # fmt: skip
+    base = _name(paths[0])
+    print(f"| engine | CPU s (each run) | x {base} (CPU, medians) | x floor | tokens | tokens / CPU s "
+          f"| same completions as {base} | correct |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     for path in paths:
         texts, tokens = outs[path]
         same = sum(a == b for a, b in zip(reference, texts))
         correct = sum(r.correct for r in task.score_items(items, texts))
         mc = statistics.median(cpu[path])
-        name = path[1] if path[1].startswith("llama.cpp") else f"a2rl {path[0]} " + (
-            "static engine" if path[1] == "static" else "batcher")
-        print(f"| {name} | {', '.join(f'{s:.1f}' for s in cpu[path])} | {base_cpu / mc:.2f}x | "
+        print(f"| {_name(path)} | {', '.join(f'{s:.1f}' for s in cpu[path])} | {base_cpu / mc:.2f}x | "
               f"{mc / floor['cpu_s']:.1f}x | {tokens} | {tokens / mc:.1f} | {same}/{len(items)} "
               f"| {correct}/{len(items)} |")  # fmt: skip
+
+
+def _name(path: tuple[str, str]) -> str:
+    dtype, engine = path
+    if engine.startswith("llama.cpp"):
+        return engine
+    return f"a2rl {dtype} " + ("static engine" if engine == "static" else "batcher")
 
 
 def _phases(loaded, conversations, d, batch_size: int) -> None:
@@ -171,12 +202,15 @@ def _phases(loaded, conversations, d, batch_size: int) -> None:
               f"{p['forwards'] * weight_bytes / 1e9 / p['cpu_s']:.1f} |")  # fmt: skip
 
 
-def _llama_cpp(site: Path, request: dict) -> dict:
-    """`bench/llama_cpp_grading.py` in its own process: the wheel's folder on its path, the shim preloaded."""
+def _llama_cpp(build: str, site: Path, request: dict) -> dict:
+    """`bench/llama_cpp_grading.py` in its own process, the build's folder on its path (the wheel's with the shim
+    preloaded)."""
     here = Path(__file__).resolve().parent
     from llama_cpp_grading import shim_library  # noqa: PLC0415 - bench/ is this script's folder
 
-    env = {**os.environ, "PYTHONPATH": str(site), "LD_PRELOAD": str(shim_library(site))}
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    if build == "wheel":
+        env["LD_PRELOAD"] = str(shim_library(site))
     out = subprocess.run([sys.executable, str(here / "llama_cpp_grading.py")], input=json.dumps(request), env=env,
                          capture_output=True, text=True, check=True)  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])

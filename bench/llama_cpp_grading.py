@@ -1,15 +1,25 @@
 """Greedy decoding of given token ids with llama.cpp, for `bench/bench_cpu_grading.py` (bench only: never
 imported by a2rl).
 
-It drives llama.cpp's C API through the `_llama_cpp_cpu` cffi module of the llama-cpp-cffi 0.4.42 wheel,
-installed outside the venv (`pip install --no-deps --target DIR llama-cpp-cffi==0.4.42`; its Python wrapper
-needs transformers < 5, the raw module nothing). The wheel was linked against GCC 14's libstdc++: on an older
-one (Debian 12) it loads with a one-symbol shim, `__cxa_call_terminate`, preloaded (`shim_library` builds it).
-The prebuilt library uses AVX2 (no AVX-512, no AMX).
+Two builds of llama.cpp, named by the request's `build`:
 
-The shared prefix is decoded once into sequence 0 and copied (in the KV cache) to each row's sequence; rows are
-decoded one token per step all together in one batch (`--batch` rows at a time), or one row at a time
-(`--batch 1`). Reads a JSON request on stdin, writes the new token ids per row and the CPU seconds.
+* `wheel`: the `_llama_cpp_cpu` cffi module of the prebuilt llama-cpp-cffi 0.4.42 wheel, installed outside the venv
+  (`pip install --no-deps --target DIR llama-cpp-cffi==0.4.42`; its Python wrapper needs transformers < 5, the raw
+  module nothing). The wheel was linked against GCC 14's libstdc++: on an older one (Debian 12) it loads with a
+  one-symbol shim, `__cxa_call_terminate`, preloaded (`shim_library` builds it). Its library uses AVX2 (no AVX-512,
+  no AMX).
+* `native`: llama.cpp built on this machine (`-march=native`) from the llama-cpp-python sdist's vendored sources
+  by `bench/build_llama_cpp_native.sh DIR`, driven through that sdist's low-level ctypes module (`llama_cpp.llama_cpp`,
+  copied into DIR without the package's high-level wrapper).
+* `native-noamx`: the same library with the model's "extra buffer types" off (`use_extra_bufts = false`), so the
+  Q4_1 weights are not repacked for AMX and its AVX-512 kernels run: on the reference machine (2026-11-29) the AMX
+  path ended every row after a few tokens (0 of 16 completions as the other builds', 397 tokens against ~1,300).
+
+`_Api` holds the few calls whose Python spelling differs between the two (buffers, the KV cache's sequence calls);
+the decoding itself is one function. The shared prefix is decoded once into sequence 0 and copied (in the KV cache)
+to each row's sequence; rows are decoded one token per step all together in one batch (`--batch` rows at a time),
+or one row at a time (`--batch 1`). Reads a JSON request on stdin, writes the new token ids per row and the CPU
+seconds.
 """
 
 from __future__ import annotations
@@ -33,14 +43,60 @@ def shim_library(folder: Path) -> Path:
     return lib
 
 
+class _Api:
+    """The llama.cpp calls whose Python spelling differs between the wheel's cffi module and the native ctypes one."""
+
+    def __init__(self, build: str) -> None:
+        import numpy as np
+
+        self.build = build
+        if build == "wheel":
+            from llama._llama_cpp_cpu import ffi, lib
+
+            self.lib = lib
+            self.logits = lambda ptr, n: np.frombuffer(ffi.buffer(ptr, 4 * n), np.float32)
+            self.system_info = lambda: ffi.string(lib.llama_print_system_info()).decode()
+
+            def piece(vocab, token: int) -> bytes:
+                buf = ffi.new("char[256]")
+                n = lib.llama_token_to_piece(vocab, token, buf, 256, 0, False)
+                return ffi.unpack(buf, max(n, 0))
+
+            self.seq_rm = lambda ctx, s: lib.llama_kv_self_seq_rm(ctx, s, -1, -1)
+            self.seq_cp = lambda ctx, src, dst: lib.llama_kv_self_seq_cp(ctx, src, dst, -1, -1)
+        elif build in ("native", "native-noamx"):
+            import ctypes
+
+            from llama_cpp import llama_cpp as lib
+
+            self.lib = lib
+            self.logits = lambda ptr, n: np.ctypeslib.as_array(ptr, shape=(n,))
+            self.system_info = lambda: lib.llama_print_system_info().decode()
+
+            def piece(vocab, token: int) -> bytes:
+                buf = ctypes.create_string_buffer(256)
+                n = lib.llama_token_to_piece(vocab, token, buf, 256, 0, False)
+                return buf.raw[: max(n, 0)]
+
+            self.seq_rm = lambda ctx, s: lib.llama_memory_seq_rm(lib.llama_get_memory(ctx), s, -1, -1)
+            self.seq_cp = lambda ctx, src, dst: lib.llama_memory_seq_cp(lib.llama_get_memory(ctx), src, dst, -1, -1)
+        else:
+            raise ValueError(f"unknown llama.cpp build {build!r} (wheel, native or native-noamx)")
+        self.piece = piece
+
+
 def decode(request: dict) -> dict:
     import numpy as np
-    from llama._llama_cpp_cpu import ffi, lib
+
+    api = _Api(request.get("build", "wheel"))
+    lib = api.lib
 
     started = time.process_time()
     lib.llama_backend_init()
     mparams = lib.llama_model_default_params()
     mparams.n_gpu_layers = 0
+    if api.build == "native-noamx":  # no AMX repacking of the weights: AVX-512 (VNNI) kernels
+        mparams.use_extra_bufts = False
     model = lib.llama_model_load_from_file(request["gguf"].encode(), mparams)
     vocab = lib.llama_model_get_vocab(model)
     n_vocab = lib.llama_vocab_n_tokens(vocab)
@@ -68,16 +124,14 @@ def decode(request: dict) -> dict:
                 raise RuntimeError("llama_decode failed")
 
     def argmax(i: int) -> int:
-        return int(np.frombuffer(ffi.buffer(lib.llama_get_logits_ith(ctx, i), 4 * n_vocab), np.float32).argmax())
+        return int(api.logits(lib.llama_get_logits_ith(ctx, i), n_vocab).argmax())
 
     eos, stop = set(request["eos"]), request["stop"]
     pieces: dict[int, str] = {}
 
     def piece(token: int) -> str:
         if token not in pieces:
-            buf = ffi.new("char[256]")
-            n = lib.llama_token_to_piece(vocab, token, buf, 256, 0, False)
-            pieces[token] = ffi.unpack(buf, max(n, 0)).decode("utf-8", errors="replace")
+            pieces[token] = api.piece(vocab, token).decode("utf-8", errors="replace")
         return pieces[token]
 
     p = len(prefix)
@@ -87,8 +141,8 @@ def decode(request: dict) -> dict:
         group = list(range(start, min(start + slots, len(rows))))
         texts = {r: "" for r in group}
         for s, r in enumerate(group, 1):
-            lib.llama_kv_self_seq_rm(ctx, s, -1, -1)
-            lib.llama_kv_self_seq_cp(ctx, 0, s, -1, -1)
+            api.seq_rm(ctx, s)
+            api.seq_cp(ctx, 0, s)
         tokens = [(t, p + i, s, i == len(rows[r]) - 1) for s, r in enumerate(group, 1) for i, t in enumerate(rows[r])]
         run(tokens)
         ends = list(np.cumsum([len(rows[r]) for r in group]) - 1)
@@ -110,7 +164,8 @@ def decode(request: dict) -> dict:
     lib.llama_batch_free(batch)
     lib.llama_free(ctx)
     lib.llama_model_free(model)
-    return {"new_tokens": out, "load_cpu_s": loaded - started, "cpu_s": time.process_time() - loaded}
+    cpu_s = time.process_time() - loaded
+    return {"new_tokens": out, "load_cpu_s": loaded - started, "cpu_s": cpu_s, "system_info": api.system_info()}
 
 
 if __name__ == "__main__":
