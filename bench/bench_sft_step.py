@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def table(rows: list[dict]) -> str:
     """Per setting: mean s / step over the timed steps, the largest peak and reserved memory, ratios to the first."""
-    out = ["| setting | timed steps | tokens / step (mean) | s / step (mean) | x speed | peak GiB (max) | reserved GiB |",
-           "|---|---|---|---|---|---|---|"]  # fmt: skip
+    out = ["| setting | timed steps | tokens / step (mean) | s / step (mean) | x speed | peak GiB (max) "
+           "| reserved GiB |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     base = None
     for name in dict.fromkeys(r["setting"] for r in rows):
         timed = [r for r in rows if r["setting"] == name and r["timed"]]
