@@ -32,47 +32,45 @@ def test_unknown_errors_get_the_generic_reason():
     assert public_failure(EvaluationFailed(HIDDEN, "timeout")) == "evaluation timed out"
 
 
-def _served_with(tmp_path, tiny_model_dir, evaluate, device):
-    import shutil
-
-    from a2rl_bench.grading import BudgetClock, GradingContext, GradingServer, GradingService
-    from a2rl_bench.records import RunConfig
-
-    ws = tmp_path / "ws"
-    shutil.copytree(tiny_model_dir, ws / "models" / "base")
-    shutil.copytree(tiny_model_dir, ws / "output" / "v1")
-    ctx = GradingContext("oom", RunConfig(max_submissions=3), ws, tmp_path / "harness", {"validation": 10.0},
-                         base_model_dir=tiny_model_dir, devices=[device])  # fmt: skip
-    return GradingService(ctx, BudgetClock(600), evaluate=evaluate), GradingServer
-
 
 @pytest.mark.parametrize("device, fails, status, calls", [
     ("cuda:0", 2, "scored", 3),  # a card other runs filled: graded once they free it
     ("cuda:0", 3, "error", 3),  # too big for the card: the error after the last try
-    (None, 1, "error", 1),  # the CPU's memory limit is the checkpoint's own: no second try
+    (None, 1, "error", 1),  # no GPU here: the CPU's memory limit is the checkpoint's own, no second try
 ])  # fmt: skip
 def test_a_gpu_evaluation_out_of_memory_is_graded_again_before_it_counts_as_an_error(
     tmp_path, tiny_model_dir, monkeypatch, device, fails, status, calls
 ):
     """Several runs share a card: one run's grading can find it full (three of 27 on an H200 with four runs). The
-    submission is evaluated again after a wait; only a failure on every try reaches the agent, as the OOM reason."""
+    evaluation (`evaluate_cached`, which submissions, baselines and final tests all go through) runs again after a
+    wait; only a failure on every try reaches the agent, as the fixed out-of-memory reason, through the server."""
+    import shutil
+
     import httpx
 
-    from a2rl_bench.grading import service as service_module
-    from a2rl_bench.records import EvalResult
+    from a2rl_bench.benchmarks import get_task
+    from a2rl_bench.grading import BudgetClock, GradingContext, GradingServer, GradingService
+    from a2rl_bench.inference import evaluation
+    from a2rl_bench.records import EvalResult, RunConfig
 
-    monkeypatch.setattr(service_module, "GPU_OOM_WAITS_S", (0.1, 0.2))
+    monkeypatch.setattr(evaluation, "GPU_OOM_WAITS_S", (0.1, 0.2))
+    monkeypatch.setenv("A2RL_HOME", str(tmp_path / "home"))  # an evaluation cache of its own: no earlier case's hit
     seen = []
 
-    def evaluate(model_dir, weights_hash, spec, device=None, **_):
+    def evaluate_in_subprocess(model_dir, spec, timeout_s, device=None, *_, **__):
         seen.append(device)
         if len(seen) <= fails:
             raise EvaluationFailed(f"torch.AcceleratorError: CUDA error: out of memory {HIDDEN}", FailureKind.OOM)
-        return EvalResult(task=spec.task, split=spec.split, score=50.0, n=4, n_correct=2, evaluator_id="constant",
-                          weights_hash=weights_hash)  # fmt: skip
+        return EvalResult(task=spec.task, split=spec.split, score=50.0, n=4, n_correct=2, evaluator_id="constant")
 
-    service, server_class = _served_with(tmp_path, tiny_model_dir, evaluate, device)
-    with server_class(service) as server:
+    monkeypatch.setattr(evaluation, "evaluate_in_subprocess", evaluate_in_subprocess)
+    ws = tmp_path / "ws"
+    shutil.copytree(tiny_model_dir, ws / "models" / "base")
+    shutil.copytree(tiny_model_dir, ws / "output" / "v1")
+    ctx = GradingContext("oom", RunConfig(max_submissions=3), ws, tmp_path / "harness", {"validation": 10.0},
+                         base_model_dir=tiny_model_dir, devices=[device], task=get_task("gsm8k"))  # fmt: skip
+    service = GradingService(ctx, BudgetClock(600), evaluate=lambda *a, **k: evaluation.evaluate_cached(*a, **k))
+    with GradingServer(service) as server:
         r = httpx.post(f"{server.url}/submit", json={"model_path": "output/v1", "wait": True}, timeout=120,
                        headers={"Authorization": f"Bearer {server.token}"})  # fmt: skip
     service.close(10)

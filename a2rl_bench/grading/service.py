@@ -54,10 +54,6 @@ cannot grow the ledger and its anchors without bound."""
 
 Evaluate = Callable[..., EvalResult]
 """(checkpoint dir, weights hash, spec, device=...) -> result; raises EvaluationFailed."""
-GPU_OOM_WAITS_S = (10.0, 30.0)
-"""Waits before grading a submission again after its GPU evaluation ran out of memory. Runs that share a card
-free it as their trainers and evaluations end (one H200, four runs: 3 of 27 gradings lost to a full card,
-2026-11-29); the agent's clock stays paused meanwhile. A checkpoint too big for the card fails every try."""
 
 
 @dataclass
@@ -436,7 +432,8 @@ class GradingService:
                 extra = {"on_start": self.ctx.on_process} if self.ctx.on_process else {}
                 if self._evaluate is evaluate_cached:  # items counted as they finish, where the display reads them
                     extra["progress_file"] = self.ctx.harness_dir / GRADING_PROGRESS_FILE
-                result = self._evaluate_retrying_gpu_oom(queued, device, extra)
+                result = self._evaluate(Path(queued.resolved_path), queued.weights_hash, self._spec(queued.split),
+                                        device=device, **extra)
             except (EvaluationFailed, OSError, ValueError, MemoryError) as e:
                 # A failed evaluation is recorded as an error and never counted as a score. Its text ran over
                 # hidden items: the agent gets a fixed category, the full text goes to the harness log only.
@@ -448,21 +445,6 @@ class GradingService:
             self._finish(queued, result, release)
         finally:
             release()  # where recording the outcome failed: the clock runs again all the same
-
-    def _evaluate_retrying_gpu_oom(self, queued: LedgerEntry, device: str | None, extra: dict) -> EvalResult:
-        """One submission's evaluation; where a GPU ran out of memory, again after each of `GPU_OOM_WAITS_S`:
-        a card the harness shares between runs is the harness's failure, not the submission's."""
-        for wait_s in (*GPU_OOM_WAITS_S, None):
-            try:
-                return self._evaluate(Path(queued.resolved_path), queued.weights_hash, self._spec(queued.split),
-                                      device=device, **extra)  # fmt: skip
-            except EvaluationFailed as e:
-                if wait_s is None or e.kind != FailureKind.OOM.value or not str(device or "").startswith("cuda"):
-                    raise
-                log.warning("submission %s: the evaluation ran out of GPU memory on %s; grading it again in %.0f s",
-                            queued.submission_id, device, wait_s)  # fmt: skip
-                time.sleep(wait_s)
-        raise AssertionError("unreachable")
 
     def _release_once(self) -> Callable[..., None]:
         """The resume of one submission's pause, whoever calls it first (the outcome's line once it is durable,

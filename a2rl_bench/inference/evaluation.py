@@ -201,17 +201,34 @@ class EvalCache:
         tmp.replace(path)
 
 
+GPU_OOM_WAITS_S = (10.0, 30.0)
+"""Waits before evaluating again after a GPU evaluation ran out of memory. Runs that share a card free it as their
+trainers and evaluations end (one H200, four runs: 3 of 27 gradings lost to a full card, 2026-11-29); a grading's
+agent clock stays paused meanwhile. A checkpoint too big for the card fails every try."""
+
+
 def evaluate_cached(
     model_dir: Path, weights_hash: str, spec: EvalSpec, timeout_s: float = 3600, device: str | None = None,
     progress_file: Path | None = None,
     on_start: Callable[[Any], None] | None = None,
 ) -> EvalResult:
     """Evaluate in a subprocess unless an identical evaluation is cached (`progress_file`: where it counts its
-    finished items, an `a2rl_bench.ops.progress.ItemProgress`)."""
+    finished items, an `a2rl_bench.ops.progress.ItemProgress`); on a GPU, again after an out-of-memory failure
+    (`GPU_OOM_WAITS_S`): a card the harness shares between runs is the harness's failure, not the checkpoint's."""
     cache = EvalCache()
     if (hit := cache.lookup(weights_hash, spec, device)) is not None:
         return hit
-    result = evaluate_in_subprocess(model_dir, spec, timeout_s, device, progress_file, on_start=on_start)
+    for wait_s in GPU_OOM_WAITS_S if _uses_gpu(device) else ():
+        try:
+            result = evaluate_in_subprocess(model_dir, spec, timeout_s, device, progress_file, on_start=on_start)
+            break
+        except EvaluationFailed as e:
+            if e.kind != FailureKind.OOM:
+                raise
+            log.warning("%s evaluation of %s ran out of GPU memory; again in %.0f s", spec.split, model_dir, wait_s)
+            time.sleep(wait_s)
+    else:
+        result = evaluate_in_subprocess(model_dir, spec, timeout_s, device, progress_file, on_start=on_start)
     result = result.model_copy(update={"weights_hash": weights_hash})
     cache.store(weights_hash, spec, result, device)
     return result
