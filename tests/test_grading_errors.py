@@ -34,8 +34,8 @@ def test_unknown_errors_get_the_generic_reason():
 
 
 @pytest.mark.parametrize("device, fails, status, calls", [
-    ("cuda:0", 2, "scored", 3),  # a card other runs filled: graded once they free it
-    ("cuda:0", 3, "error", 3),  # too big for the card: the error after the last try
+    ("0", 2, "scored", 3),  # GPU 0 (as `grading_devices` names it), filled by other runs: graded once they free it
+    ("0", 3, "error", 3),  # too big for the card: the error after the last try
     (None, 1, "error", 1),  # no GPU here: the CPU's memory limit is the checkpoint's own, no second try
 ])  # fmt: skip
 def test_a_gpu_evaluation_out_of_memory_is_graded_again_before_it_counts_as_an_error(
