@@ -3,8 +3,8 @@
 Runs `a2rl run --task alfworld` for every (agent:mode, seed) asked for — by default reference-sft-grpo in
 `--mode sft-only` and `--mode free` (SFT then GRPO) and reference-sft-gigpo in `--mode free` (SFT then
 GiGPO) — each with an ephemeral Prefect server and its own DuckDB file, the full hidden test set (134 games),
-the validation set, and `--test-every-submission` (every submission also on the hidden test, analysis only:
-what GRPO added over its own SFT checkpoint). Runs are spread round-robin over the visible GPUs and started
+the validation set, and, for runs with RL, `--test-every-submission` (every submission also on the hidden test,
+analysis only: what GRPO added over its own SFT checkpoint; a mode sft-only run has no RL share to measure). Runs are spread round-robin over the visible GPUs and started
 together; several share a card. Then it merges the stores into `$OUT/a2rl.duckdb`, copies each run's
 report.md, run.log, agent.log, NOTES.md and rl_curve.jsonl to `$OUT`, and prints the table of
 `bench/alfworld_table.sql` and the interval over seeds per setting.
@@ -86,7 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--launch-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--per-gpu", type=int, default=2, help="runs at a time on one GPU (the rest wait for a place)")
     p.add_argument("--no-test-every-submission", dest="test_every_submission", action="store_false",
-                   help="skip the post-hoc hidden-test evaluation of every submission")
+                   help="skip the post-hoc hidden-test evaluation of every submission (done for runs with RL only: "
+                        "it is what measures RL's share; an SFT-only run's final test is its result)")
     p.add_argument("--bench-rollouts", action="store_true",
                    help="before the runs: bench/bench_rollouts.py on the base model ($OUT/rollouts.json)")
     p.add_argument("--gpu-tests", action="store_true",
@@ -188,7 +189,7 @@ def start_run(args: argparse.Namespace, agent_mode: str, seed: int, base: Path, 
            "--mode", mode, "--val-limit", str(args.val_limit), "--test-limit", str(args.test_limit),
            "--eval-batch-size", str(args.eval_batch_size), "--max-submissions", str(args.max_submissions),
            "--sandbox", args.sandbox, "--results", str(results),
-           *(["--test-every-submission"] if args.test_every_submission else [])]  # fmt: skip
+           *(["--test-every-submission"] if args.test_every_submission and mode != "sft-only" else [])]  # fmt: skip
     logs = args.work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     logfile = (logs / f"run-{name}.log").open("w")

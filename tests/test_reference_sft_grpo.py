@@ -235,6 +235,37 @@ def test_checkpointed_sft_steps_run_each_layer_twice_and_train_the_same_weights(
     assert Knobs.from_env({"A2RL_SFT_CHECKPOINT_LAYERS": "1"}).sft_checkpoint_layers is True
 
 
+def test_sft_micro_batches_bound_each_call_and_train_the_same_weights(tiny_model_dir, alfworld_data):
+    """`A2RL_SFT_MICRO_TOKENS`: a step's rows split into calls of at most that many padded tokens, whose gradients
+    add up to the whole batch's mean loss: the same loss and weights after two steps (relative to their norm),
+    every call within the bound, more calls than without it."""
+    def two_steps(micro_tokens):
+        model, tokenizer = _tiny(tiny_model_dir)
+        calls = []
+        model.model.register_forward_pre_hook(
+            lambda _, args, kwargs: calls.append(kwargs["input_ids"].numel()), with_kwargs=True)
+        examples, _ = sft_torch.load_examples(alfworld_data / "sft.jsonl", tokenizer, max_length=100_000)
+        sft = sft_torch.SFTRounds(model, tokenizer, examples, lr=1e-2, batch_size=8, seed=0, micro_tokens=micro_tokens)
+        stats = sft.train(seconds=60, max_steps=2)
+        return model.state_dict(), calls, stats
+
+    whole, whole_calls, whole_stats = two_steps(None)
+    longest = max(whole_calls)  # a step's padded suffix tokens in one call
+    bound = longest // 3
+    parts, part_calls, part_stats = two_steps(bound)
+    assert len(part_calls) >= 3 * len(whole_calls) // 2  # the calls of the prefixes count too
+    assert max(part_calls) <= bound
+    assert (part_stats.steps, part_stats.examples, part_stats.tokens) == (2, 16, whole_stats.tokens)
+    assert abs(part_stats.loss - whole_stats.loss) <= 1e-5 * abs(whole_stats.loss)
+    for name, value in whole.items():
+        assert (parts[name] - value).norm() <= 1e-5 * value.norm() + 1e-7, name
+    assert Knobs.from_env({}).sft_micro_tokens is None
+    assert Knobs.from_env({"A2RL_SFT_MICRO_TOKENS": "12288"}).sft_micro_tokens == 12288
+    with pytest.raises(ValueError, match="micro_tokens"):
+        sft_torch.SFTRounds(*_tiny(tiny_model_dir), [sft_torch.Example([1, 2], [-100, 2])], lr=1e-2, batch_size=1,
+                            seed=0, micro_tokens=0)  # fmt: skip
+
+
 def test_sft_rounds_and_grpo_iterations_change_the_weights(tiny_model_dir, alfworld_data):
     import torch
 

@@ -613,10 +613,15 @@ def test_the_sft_step_bench_runs_on_the_cpu(tiny_model_dir, capsys, one_torch_th
     import bench_sft_step
 
     public = get_task("alfworld").prepare("offline").public_dir
-    assert bench_sft_step.main([str(tiny_model_dir), "--data", str(public), "--smoke"]) == 0
+    assert bench_sft_step.main([str(tiny_model_dir), "--data", str(public), "--smoke", "--settings", "plain",
+                                "checkpointed", "micro_tokens=300"]) == 0  # fmt: skip
     printed = capsys.readouterr().out
     rows = [json.loads(line) for line in printed.splitlines() if line.startswith("{")]
     assert [(r["setting"], r["step"]) for r in rows] == [("plain", 0), ("plain", 1), ("checkpointed", 0),
-                                                         ("checkpointed", 1)]  # fmt: skip
-    assert rows[1]["loss"] == pytest.approx(rows[3]["loss"], rel=1e-5) and rows[1]["tokens"] == rows[3]["tokens"] > 0
-    assert "| plain | 1 | " in printed and "| checkpointed | 1 | " in printed
+                                                         ("checkpointed", 1), ("micro_tokens=300", 0),
+                                                         ("micro_tokens=300", 1)]  # fmt: skip
+    for other in (rows[3], rows[5]):
+        assert rows[1]["loss"] == pytest.approx(other["loss"], rel=1e-5) and rows[1]["tokens"] == other["tokens"] > 0
+    assert "| plain | 1 | " in printed and "| checkpointed | 1 | " in printed and "| micro_tokens=300 | 1 | " in printed
+    with pytest.raises(SystemExit):
+        bench_sft_step.main([str(tiny_model_dir), "--data", str(public), "--smoke", "--settings", "micro_tokens=0"])

@@ -231,6 +231,25 @@ def shared_prefix_length(rows: list[list[int]], targets_from: list[int]) -> int:
     return n
 
 
+def micro_batches(batch: list[Example], micro_tokens: int | None) -> list[list[Example]]:
+    """The batch's rows in runs of similar length whose padded size (rows x the longest) stays within
+    `micro_tokens`; a row longer than that alone. None: the whole batch at once.
+
+    >>> ex = lambda n: Example([0] * n, [0] * n)
+    >>> [[len(e.input_ids) for e in part] for part in micro_batches([ex(5), ex(2), ex(4), ex(3)], 8)]
+    [[2, 3], [4], [5]]
+    """
+    if micro_tokens is None:
+        return [batch]
+    parts: list[list[Example]] = []
+    for example in sorted(batch, key=lambda e: len(e.input_ids)):  # the longest last: each part pads to its own
+        if parts and (len(parts[-1]) + 1) * len(example.input_ids) <= micro_tokens:
+            parts[-1].append(example)
+        else:
+            parts.append([example])
+    return parts
+
+
 def autocast(device):
     """bf16 autocast on CUDA (fp32 master weights), nothing on CPU."""
     import contextlib
@@ -246,7 +265,8 @@ class SFTRounds:
     """One optimizer over the whole session: each `train` call continues where the last one stopped."""
 
     def __init__(self, model, tokenizer, examples: list[Example], *, lr: float, batch_size: int, seed: int,
-                 warmup_steps: int = 10, max_grad_norm: float = 1.0, checkpoint_layers: bool = False):  # fmt: skip
+                 warmup_steps: int = 10, max_grad_norm: float = 1.0, checkpoint_layers: bool = False,
+                 micro_tokens: int | None = None):  # fmt: skip
         import torch
 
         if not examples:
@@ -262,9 +282,16 @@ class SFTRounds:
         self.steps = 0
         self.checkpoint_layers = checkpoint_layers
         """Each decoder layer keeps only its input and runs again in the backward pass (as the RL update does on
-        CUDA). Off by default: an SFT step at batch 32 is one call, so unlike the update's micro-batches it only
-        gets slower. On an H200 (bench/bench_sft_step.py, 30 steps of the agent's batches): peak 4.3 GiB against
-        20.1, 2.07x the time a step."""
+        CUDA). Off by default: it only gets slower, where the update's checkpointed layers let 4x larger
+        micro-batches run in fewer calls. On an H200 (bench/bench_sft_step.py, 30 steps of the agent's batches):
+        peak 4.3 GiB against 20.1, 2.07x the time a step."""
+        if micro_tokens is not None and micro_tokens < 1:
+            raise ValueError(f"micro_tokens must be >= 1 (got {micro_tokens})")
+        self.micro_tokens = micro_tokens
+        """Padded tokens per forward and backward call at most (rows of a batch split into micro-batches whose
+        gradients add up to the batch's: the loss is the mean over the whole batch's targets either way). None:
+        one call per batch. Bounds a step's activations (~0.7 MiB a token at 135M under bf16 autocast): a batch
+        of 32 rows of up to 1,024 tokens otherwise peaks at ~20 GiB, which keeps four runs, not eight, on a card."""
 
     def set_lr(self, lr: float) -> None:
         self.lr = lr
@@ -284,23 +311,25 @@ class SFTRounds:
         loss_sum = 0.0
         while max_steps is None or steps < max_steps:
             batch = self.next_batch()
-            ids, mask, labels = collate(batch, self.pad_id, self.device)
             scale = min(1.0, (self.steps + 1) / max(1, self.warmup_steps))
             for group in self.optimizer.param_groups:
                 group["lr"] = self.lr * scale
-            prefix = shared_prefix_length([e.input_ids for e in batch], [first_target(e) for e in batch])
-            prefix = prefix if prefix >= MIN_SHARED_PREFIX else 0
-            loss = -target_log_probs(self.model, ids, mask, labels != IGNORE, self.device, prefix=prefix,
-                                     checkpoint_layers=self.checkpoint_layers).mean()  # fmt: skip
-            loss.backward()
+            targets = sum(label != IGNORE for e in batch for label in e.labels[1:])  # what .mean() divided by
+            for part in micro_batches(batch, self.micro_tokens):
+                ids, mask, labels = collate(part, self.pad_id, self.device)
+                prefix = shared_prefix_length([e.input_ids for e in part], [first_target(e) for e in part])
+                prefix = prefix if prefix >= MIN_SHARED_PREFIX else 0
+                loss = -target_log_probs(self.model, ids, mask, labels != IGNORE, self.device, prefix=prefix,
+                                         checkpoint_layers=self.checkpoint_layers).sum() / targets  # fmt: skip
+                loss.backward()  # gradients accumulate over the parts: the batch's mean loss
+                tokens += int(mask.sum())
+                loss_sum += float(loss.detach())
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.steps += 1
             steps += 1
             examples += len(batch)
-            tokens += int(mask.sum())
-            loss_sum += float(loss.detach())
             now = time.monotonic()
             if now - t0 + (now - last) > seconds:
                 break
