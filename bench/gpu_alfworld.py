@@ -20,12 +20,14 @@ merges and prints (with `--wait-only S` it waits at most S seconds and leaves un
 call). A detached run outlives the call only when it runs from a copy outside the tool's checkout (the next call
 replaces the checkout): copy the tree to `$STASH/repo` and start it there. With several modes the collect also runs
 `a2rl analyze --compare mode` on the merged store. The SFT-only against SFT + RL table (issue 42, BENCHMARKS.md
-"RL, fourth pass"), 4 seeds x 2 modes, 8 runs on one machine of 2 GPUs:
+"RL, eighth pass"), 4 seeds x 2 modes, 8 runs on one H200 (more than four a card: SFT in bounded micro-batches,
+`run_env`); about 1,150 s from the detach to the last run's end:
 
     bash bench/gpu_alfworld.sh PARTS --runs reference-sft-grpo:sft-only reference-sft-grpo:free \
-        --seeds 0 1 2 3 --per-gpu 4 --budget 420 --work $STASH/work --detach
-    python3 bench/gpu_alfworld.py --runs ... --seeds 0 1 2 3 --work $STASH/work --collect --wait-only 520
-    python3 bench/gpu_alfworld.py --runs ... --seeds 0 1 2 3 --work $STASH/work --collect --deadline-s 560
+        --seeds 0 1 2 3 --per-gpu 8 --budget 420 --work $STASH/work --detach
+    python3 bench/gpu_alfworld.py --runs ... --seeds 0 1 2 3 --work $STASH/work --collect --wait-only 545
+    python3 bench/gpu_alfworld.py --runs ... --seeds 0 1 2 3 --work $STASH/work --collect --wait-only 545
+    python3 bench/gpu_alfworld.py --runs ... --seeds 0 1 2 3 --work $STASH/work --collect --deadline-s 60
 
 `--table STORE` only prints the table of an existing store (CPU check of the SQL).
 """
@@ -166,11 +168,15 @@ def run_name(agent_mode: str, seed: int) -> str:
     return f"{agent_mode.replace(':', '-')}-s{seed}"
 
 
-def start_run(args: argparse.Namespace, agent_mode: str, seed: int, base: Path, gpu: int | None) -> dict:
-    agent, mode = agent_mode.split(":")
-    name = run_name(agent_mode, seed)
-    results = args.work / f"results-{name}" / "a2rl.duckdb"
-    results.parent.mkdir(parents=True, exist_ok=True)
+SFT_MICRO_TOKENS_SHARED = 12_288
+"""`A2RL_SFT_MICRO_TOKENS` when more than four runs share a card: SFT's step peaks at 10.5 GiB instead of 16.8-20.1
+(bench/bench_sft_step.py, one H200, BENCHMARKS.md "RL, eighth pass"), so eight runs and their graders fit one card."""
+
+
+def run_env(args: argparse.Namespace, name: str, gpu: int | None) -> dict[str, str]:
+    """The environment of one run: its own Prefect home, its card, and (more than four runs a card) SFT's steps in
+    bounded micro-batches unless the caller set `A2RL_SFT_MICRO_TOKENS` (the harness hands `A2RL_SFT_*` to the
+    agent)."""
     env = {
         **os.environ,
         "PREFECT_HOME": str(args.work / f"prefect-{name}"),  # one ephemeral server (and SQLite) per run
@@ -180,16 +186,32 @@ def start_run(args: argparse.Namespace, agent_mode: str, seed: int, base: Path, 
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",  # runs share a card: less fragmentation
         "OMP_NUM_THREADS": "4",  # many runs share the host's cores
     }
+    if args.per_gpu > 4:
+        env.setdefault("A2RL_SFT_MICRO_TOKENS", str(SFT_MICRO_TOKENS_SHARED))
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     env.pop("PREFECT_API_URL", None)
-    cmd = [args.python, "-c", "import sys; from a2rl_bench.cli import main; sys.exit(main())",
-           "run", "--task", "alfworld",
-           "--agent", agent, "--base-model", str(base), "--budget", str(args.budget), "--seed", str(seed),
-           "--mode", mode, "--val-limit", str(args.val_limit), "--test-limit", str(args.test_limit),
-           "--eval-batch-size", str(args.eval_batch_size), "--max-submissions", str(args.max_submissions),
-           "--sandbox", args.sandbox, "--results", str(results),
-           *(["--test-every-submission"] if args.test_every_submission and mode != "sft-only" else [])]  # fmt: skip
+    return env
+
+
+def run_command(args: argparse.Namespace, agent_mode: str, seed: int, base: Path, results: Path) -> list[str]:
+    """`a2rl run` for one (agent:mode, seed); every submission tested post hoc only where RL has a share to show."""
+    agent, mode = agent_mode.split(":")
+    return [args.python, "-c", "import sys; from a2rl_bench.cli import main; sys.exit(main())",
+            "run", "--task", "alfworld",
+            "--agent", agent, "--base-model", str(base), "--budget", str(args.budget), "--seed", str(seed),
+            "--mode", mode, "--val-limit", str(args.val_limit), "--test-limit", str(args.test_limit),
+            "--eval-batch-size", str(args.eval_batch_size), "--max-submissions", str(args.max_submissions),
+            "--sandbox", args.sandbox, "--results", str(results),
+            *(["--test-every-submission"] if args.test_every_submission and mode != "sft-only" else [])]  # fmt: skip
+
+
+def start_run(args: argparse.Namespace, agent_mode: str, seed: int, base: Path, gpu: int | None) -> dict:
+    name = run_name(agent_mode, seed)
+    results = args.work / f"results-{name}" / "a2rl.duckdb"
+    results.parent.mkdir(parents=True, exist_ok=True)
+    env = run_env(args, name, gpu)
+    cmd = run_command(args, agent_mode, seed, base, results)
     logs = args.work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     logfile = (logs / f"run-{name}.log").open("w")

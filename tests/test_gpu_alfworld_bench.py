@@ -38,3 +38,22 @@ def test_a_collect_with_wait_only_leaves_the_runs_running(tmp_path):
     finally:
         run.kill()
         run.wait()
+
+
+def test_eight_runs_a_card_bound_sfts_memory_and_only_rl_runs_are_tested_post_hoc(tmp_path, monkeypatch):
+    """More than four runs a card: SFT's steps in bounded micro-batches (what lets eight fit), unless the caller
+    chose; every submission on the hidden test only in runs whose RL share it measures."""
+    monkeypatch.delenv("A2RL_SFT_MICRO_TOKENS", raising=False)
+    args = gpu_alfworld.parse_args(["--work", str(tmp_path), "--per-gpu", "8"])
+    env = gpu_alfworld.run_env(args, "r", 0)
+    assert env["A2RL_SFT_MICRO_TOKENS"] == str(gpu_alfworld.SFT_MICRO_TOKENS_SHARED)
+    assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["PREFECT_HOME"].startswith(str(tmp_path))
+    monkeypatch.setenv("A2RL_SFT_MICRO_TOKENS", "4096")
+    assert gpu_alfworld.run_env(args, "r", 0)["A2RL_SFT_MICRO_TOKENS"] == "4096"
+    monkeypatch.delenv("A2RL_SFT_MICRO_TOKENS")
+    four = gpu_alfworld.parse_args(["--work", str(tmp_path), "--per-gpu", "4"])
+    assert "A2RL_SFT_MICRO_TOKENS" not in gpu_alfworld.run_env(four, "r", 0)
+    free = gpu_alfworld.run_command(args, "reference-sft-grpo:free", 0, tmp_path, tmp_path / "r.duckdb")
+    sft_only = gpu_alfworld.run_command(args, "reference-sft-grpo:sft-only", 0, tmp_path, tmp_path / "r.duckdb")
+    assert "--test-every-submission" in free and "--test-every-submission" not in sft_only
+    assert free[free.index("--mode") + 1] == "free" and sft_only[sft_only.index("--seed") + 1] == "0"
