@@ -120,6 +120,42 @@ def test_an_entropy_alarm_rolls_back_to_the_best_checkpoint_and_stops_rl_after_t
     assert len(restored) == 3 and "RL goes on from here" in calm.note
 
 
+def test_no_rl_round_starts_that_would_only_cut_its_rollouts():
+    """An RL round shorter than the last whole step (rollouts plus update) would cut its rollouts at the deadline
+    and drop them (eight runs a card: two such rounds of 34 and 28 s after steps of 75 s, 2026-11-29): the session
+    stops instead; the next round's rollouts leave room for the update as last measured, not a guess."""
+    import time as clock
+
+    env = grpo_env_torch.GRPOEnv.__new__(grpo_env_torch.GRPOEnv)
+    env.last_step_s = env.last_update_s = None
+    deadlines, cuts = [], iter([0, 0, 7])
+
+    def step(deadline=None):
+        deadlines.append(deadline - clock.monotonic())
+        return grpo_env_torch.StepStats(episodes=64, wins=40, mean_reward=0.6, mean_repeat=0.0, samples=100,
+                                        loss=0.0, update_s=20.0, rollout_s=55.0, cut=next(cuts))  # fmt: skip
+
+    env.grpo_step = step
+    env.train(100.0, max_steps=1)
+    assert deadlines[-1] == pytest.approx(80.0, abs=1.0)  # 0.2 x 100 s guessed for the update
+    assert (env.last_step_s, env.last_update_s) == (75.0, 20.0)
+    env.train(30.0, max_steps=1)
+    assert deadlines[-1] == pytest.approx(10.0, abs=1.0)  # the update as measured: 20 s
+    env.train(300.0, max_steps=1)  # a cut step says nothing about a whole one
+    assert env.last_step_s == 75.0
+
+    session = sft_grpo_session.InteractiveSession.__new__(sft_grpo_session.InteractiveSession)
+    session.__dict__.update(k=Knobs.from_env({}), save_s=5.0, phase="GRPO", mode="free", margin_s=13.4,
+                            budget={"budget_s": 420.0, "remaining_s": 52.4, "elapsed_s": 367.6},
+                            entropy_rollbacks=0, failures_in_a_row=0, rounds=[object()], grpo=env)  # fmt: skip
+    start, _, why = session.can_start()  # 34 s of round left, a step takes 75 s
+    assert not start and "too little for another RL update (the last took 75s)" in why
+    env.last_step_s = 30.0
+    assert session.can_start()[:2] == (True, pytest.approx(34.0))
+    session.grpo = None  # no step timed yet: the round starts
+    assert session.can_start()[0]
+
+
 def test_sft_stop_rule_with_patience_two():
     assert not sft_finished([10.0, 20.0, 15.0], 0.0, max_rounds=9, patience=2)
     assert sft_finished([10.0, 20.0, 15.0, 20.0], 0.0, max_rounds=9, patience=2)

@@ -530,6 +530,10 @@ class GRPOEnv:
         self.sample = make_sampler(model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
                                    stop=envlib.STOP, seed=seed, engine=engine)  # fmt: skip
         self.steps_done = 0
+        self.last_step_s: float | None = None
+        """Seconds the last whole step took (rollouts plus update; None before one was timed): a round shorter
+        than this would only cut its rollouts at the deadline and drop them."""
+        self.last_update_s: float | None = None
         self.curve = curve
 
     def weights_changed(self) -> None:
@@ -760,12 +764,14 @@ class GRPOEnv:
         `seconds`."""
         t0 = last = time.monotonic()
         stats: list[StepStats] = []
-        update_s = 0.2 * seconds  # a guess until an update has been timed
+        update_s = self.last_update_s or 0.2 * seconds  # a guess until an update has been timed
         while max_steps is None or len(stats) < max_steps:
             stats.append(self.grpo_step(deadline=t0 + seconds - update_s))
             if stats[-1].entropy_alarm:
                 break
             update_s = max(stats[-1].update_s, 0.5)
+            if not stats[-1].cut:  # a whole step: what the next round needs to fit one
+                self.last_step_s, self.last_update_s = stats[-1].rollout_s + stats[-1].update_s, update_s
             now = time.monotonic()
             if now - t0 + (now - last) > seconds:
                 break

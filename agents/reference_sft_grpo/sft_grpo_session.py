@@ -431,6 +431,10 @@ class InteractiveSession:
         seconds = self.round_seconds()
         if seconds < loop.MIN_TRAIN_S and self.rounds:
             return False, 0.0, f"{self.budget['remaining_s']:.0f}s left, too little for another round"
+        step_s = getattr(self.grpo, "last_step_s", None) if self.phase == "GRPO" else None
+        if step_s and seconds < step_s:  # its rollouts would be cut at the deadline and dropped: no update
+            return False, 0.0, (f"{self.budget['remaining_s']:.0f}s left, too little for another RL update (the last "
+                                f"took {step_s:.0f}s)")  # fmt: skip
         return True, max(1.0, seconds), "round"
 
     def train_round(self, seconds: float) -> Round:
