@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                        "tokens": stats.tokens, "examples": len(examples), "loss": round(stats.loss, 5),
                        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == "cuda" else None,
                        "reserved_gib": round(torch.cuda.memory_reserved() / 2**30, 2) if device == "cuda" else None,
-                       "weights": "random init" if args.random_init else "loaded", "allocator": args.allocator}  # fmt: skip
+                       "weights": "random init" if args.random_init else "loaded",
+                       "allocator": args.allocator}  # fmt: skip
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             del model, sft

@@ -4,8 +4,8 @@ Runs `a2rl run --task alfworld` for every (agent:mode, seed) asked for — by de
 `--mode sft-only` and `--mode free` (SFT then GRPO) and reference-sft-gigpo in `--mode free` (SFT then
 GiGPO) — each with an ephemeral Prefect server and its own DuckDB file, the full hidden test set (134 games),
 the validation set, and, for runs with RL, `--test-every-submission` (every submission also on the hidden test,
-analysis only: what GRPO added over its own SFT checkpoint; a mode sft-only run has no RL share to measure). Runs are spread round-robin over the visible GPUs and started
-together; several share a card. Then it merges the stores into `$OUT/a2rl.duckdb`, copies each run's
+analysis only: what GRPO added over its own SFT checkpoint; a mode sft-only run has no RL share to measure). Runs
+are spread round-robin over the visible GPUs and started together; several share a card. Then it merges the stores into `$OUT/a2rl.duckdb`, copies each run's
 report.md, run.log, agent.log, NOTES.md and rl_curve.jsonl to `$OUT`, and prints the table of
 `bench/alfworld_table.sql` and the interval over seeds per setting.
 

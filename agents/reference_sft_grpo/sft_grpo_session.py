@@ -116,8 +116,8 @@ def release_cached_gpu_memory() -> None:
 def grow_gpu_memory_in_place() -> None:
     """The allocator's expandable segments, unless PYTORCH_CUDA_ALLOC_CONF says otherwise: SFT's batches change
     shape every step, and with fixed-size segments the blocks they leave cached grew to 28.8 GiB reserved for a
-    20.1 GiB peak (bench/bench_sft_step.py, one H200). Set before the first allocation; the harness's graders
-    already run so, CUDA graphs included."""
+    20.1 GiB peak (bench/bench_sft_step.py, one H200). Set before the first allocation; the GPU table's graders
+    (bench/gpu_alfworld.py) run so too, the decode engine's CUDA graphs included."""
     import torch
 
     if os.environ.get("PYTORCH_CUDA_ALLOC_CONF"):
