@@ -66,14 +66,6 @@ def tiny(tiny_model_dir: Path):
     return load_model(tiny_model_dir, "cpu")
 
 
-def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (`-n N --dist loadfile`) the modules that start real Prefect servers go first: each
-    takes minutes on one worker, and left in file order the last of them ran alone at the end while the other
-    workers sat idle. A stable sort, so each module's tests keep their order; a serial run is left as it is."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: item.get_closest_marker("prefect_server") is None)
-
-
 # The test process ends without Python's finalization. Daemon threads of the harness outlive the tests that
 # started them (a run's lease renewer whose test server is gone, grader workers, DuckDB's scan threads over a
 # registered frame), and a thread that wakes in C++ code while the interpreter finalizes is unwound by force:
