@@ -72,6 +72,37 @@ def tiny(tiny_model_dir: Path):
 # a fresh checkout's `make test` aborted that way ("FATAL: exception not rethrown") after 1,009 tests passed.
 # Every result is reported by then; the exit status stays pytest's.
 _exit_status: int | None = None
+# The terminal's own stderr, kept before any test runs: where pytest's own failure is told in full, whatever became
+# of sys.stderr (CI once ended on an INTERNALERROR whose traceback was cut at the exception, sys.stderr a closed file,
+# with no word of the test it happened in).
+_real_stderr: int | None = None
+
+
+def _tell(text: str) -> None:
+    if _real_stderr is not None:
+        try:
+            os.write(_real_stderr, text.encode("utf-8", "replace"))
+        except OSError:
+            pass
+
+
+def pytest_configure(config):
+    global _real_stderr
+    _real_stderr = os.dup(2)  # global capture is suspended between the conftests' loading and the first test
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Outside every other hook of a test: an error of pytest's own there (not the test's, which pytest reports)
+    ends the session as INTERNALERROR; this names the test it happened in, with the whole traceback."""
+    import traceback
+
+    try:
+        return (yield)
+    except BaseException as e:
+        if not isinstance(e, (KeyboardInterrupt, pytest.exit.Exception)):  # a stop asked for, not a fault
+            _tell(f"\nINTERNALERROR in or after {item.nodeid}:\n{''.join(traceback.format_exception(e))}\n")
+        raise
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -84,6 +115,9 @@ def pytest_unconfigure(config):
     if _exit_status is not None:
         import sys
 
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            try:  # a stream a test closed must not cost the others their last lines, nor the exit status
+                stream.flush()
+            except (ValueError, OSError, AttributeError):
+                pass
         os._exit(_exit_status)
