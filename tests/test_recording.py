@@ -173,3 +173,62 @@ def test_jsonl_lines_split_on_newlines_only(tmp_path):
         f.write('{"torn": ')  # a crashed writer's last line
     assert read_jsonl(tmp_path / "b.jsonl", tolerant=True) == rows[:1]
     assert read_jsonl(tmp_path / "missing.jsonl", tolerant=True) == []
+
+
+def test_a_gpu_shared_with_other_runs_is_recorded_reported_and_stored(tmp_path: Path):
+    """Eight runs on one card (the GPU table's way): each sample counts the compute processes outside the agent's
+    tree on the GPUs it uses, gradings left out (they are the run's own); median and peak reach the run's
+    metrics, its report and the store, so a reader can tell a budget on a shared card from one on its own."""
+    from types import SimpleNamespace
+
+    from a2rl_bench.capture.resources import ResourceSample, _gpu_sample
+    from a2rl_bench.records import RunConfig
+    from a2rl_bench.store.ingest import store_process_report
+    from a2rl_bench.store.results import ResultsStore
+    from a2rl_bench.summary.process_facts import render_process_markdown, summarize_process
+
+    class Card:  # the NVML calls the sampler makes, answered as a driver does for two cards
+        def __init__(self, pids):
+            self.pids = pids
+
+        def nvmlDeviceGetCount(self):  # noqa: N802 - NVML's names
+            return len(self.pids)
+
+        def nvmlDeviceGetHandleByIndex(self, i):  # noqa: N802
+            return i
+
+        def nvmlDeviceGetUtilizationRates(self, i):  # noqa: N802
+            return SimpleNamespace(gpu=90)
+
+        def nvmlDeviceGetMemoryInfo(self, i):  # noqa: N802
+            return SimpleNamespace(used=2**30, total=2**37)
+
+        def nvmlDeviceGetComputeRunningProcesses(self, i):  # noqa: N802
+            return [SimpleNamespace(pid=p, usedGpuMemory=2**30) for p in self.pids[i]]
+
+    agent = {100, 101}  # the agent's trainer and its rollout worker, both on card 0; card 1 is another job's
+    alone, _ = _gpu_sample(Card([[100, 101], [900]]), agent)
+    shared, tree_mem = _gpu_sample(Card([[100, 101, *range(200, 207)], [900]]), agent)
+    assert [(g.procs, g.agent_procs) for g in shared] == [(9, 2), (1, 0)] and tree_mem == 2 * 2**30
+    harness = tmp_path / "harness"
+    harness.mkdir()
+    def sample(seq: int, gpus, grading: bool = False) -> ResourceSample:
+        return ResourceSample(seq=seq, elapsed_s=5 * seq, n_procs=2, cpu_percent=100, rss_bytes=1, gpus=gpus,
+                              extra={"grading": grading})  # fmt: skip
+
+    samples = [sample(0, alone), sample(1, shared), sample(2, shared),
+               # While the run's own submission is graded its grader shares the card: not counted.
+               sample(3, _gpu_sample(Card([[100, 101, *range(200, 215)], [900]]), agent)[0], grading=True),
+               # The agent holds no GPU (it is saving): that sample says nothing of sharing.
+               sample(4, _gpu_sample(Card([[], [900]]), agent)[0])]  # fmt: skip
+    (harness / "resources.jsonl").write_text("".join(s.model_dump_json() + "\n" for s in samples))
+    facts = summarize_process("r1", harness, [], RunConfig(), {}, narrative=False)
+    assert (facts.metrics.gpu_shared_procs_median, facts.metrics.gpu_shared_procs_peak) == (7, 7)
+    assert "| other processes on the agent's GPUs outside gradings (median / peak) | 7 / 7 |" in \
+        render_process_markdown(facts)
+    store = ResultsStore(tmp_path / "results.duckdb")
+    store_process_report(store, facts, harness)
+    got = dict(store.query("SELECT name, value FROM metrics WHERE name LIKE 'gpu_shared%'").values.tolist())
+    assert got == {"gpu_shared_procs_median": 7, "gpu_shared_procs_peak": 7}
+    (harness / "resources.jsonl").write_text(samples[0].model_dump_json() + "\n")
+    assert summarize_process("r3", harness, [], RunConfig(), {}, narrative=False).metrics.gpu_shared_procs_peak == 0

@@ -27,6 +27,10 @@ class GpuSample(BaseModel):
     util_percent: float | None
     mem_used_bytes: int | None
     mem_total_bytes: int | None
+    procs: int | None = None
+    """Compute processes on this GPU, whoever started them (None: the driver did not list them)."""
+    agent_procs: int | None = None
+    """Of them, processes of the agent's tree."""
 
 
 class ResourceSample(BaseModel):
@@ -201,12 +205,14 @@ def _gpu_sample(nvml: Any, pids: set[int]) -> tuple[list[GpuSample], int | None]
             handle = nvml.nvmlDeviceGetHandleByIndex(i)
             util = nvml.nvmlDeviceGetUtilizationRates(handle)
             mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+            procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
             gpus.append(
                 GpuSample(
-                    index=i, util_percent=float(util.gpu), mem_used_bytes=int(mem.used), mem_total_bytes=int(mem.total)
+                    index=i, util_percent=float(util.gpu), mem_used_bytes=int(mem.used), mem_total_bytes=int(mem.total),
+                    procs=len(procs), agent_procs=sum(p.pid in pids for p in procs),
                 )
-            )
-            for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            )  # fmt: skip
+            for proc in procs:
                 if proc.pid in pids and proc.usedGpuMemory:
                     tree_mem += int(proc.usedGpuMemory)
     except Exception as e:  # a driver hiccup loses this sample's GPU fields, not the sample
@@ -228,6 +234,7 @@ def summarize_resources(samples: list[ResourceSample]) -> dict[str, float | None
     disk = [s.workspace_bytes for s in samples if s.workspace_bytes is not None]
     gpu_util = [g.util_percent for s in samples for g in s.gpus if g.util_percent is not None]
     gpu_mem = [sum(g.mem_used_bytes or 0 for g in s.gpus) for s in samples if s.gpus]
+    shared = sorted(n for n in map(gpu_shared_procs, samples) if n is not None)
     return {
         "resource_samples": len(samples),
         "cpu_percent_mean": round(sum(s.cpu_percent for s in samples) / len(samples), 1),
@@ -237,7 +244,21 @@ def summarize_resources(samples: list[ResourceSample]) -> dict[str, float | None
         "workspace_peak_bytes": max(disk) if disk else None,
         "gpu_util_percent_mean": round(sum(gpu_util) / len(gpu_util), 1) if gpu_util else None,
         "gpu_mem_peak_bytes": max(gpu_mem) if gpu_mem else None,
+        "gpu_shared_procs_median": shared[len(shared) // 2] if shared else None,
+        "gpu_shared_procs_peak": shared[-1] if shared else None,
     }
+
+
+def gpu_shared_procs(sample: ResourceSample) -> int | None:
+    """Compute processes outside the agent's tree on the GPUs the agent was using at this sample, while no grading
+    of the run ran (its evaluations are the run's own): other runs, or anyone else, on the same card. None where the
+    agent held no GPU or the driver did not list processes. A wall-clock budget on a card shared with seven other
+    runs is not the budget of a card of its own (an RL update took 30-47 s against 8 s alone; BENCHMARKS.md "RL,
+    eighth pass"): this is how a reader tells them apart."""
+    if sample.extra.get("grading") is True:
+        return None
+    used = [g for g in sample.gpus if g.procs is not None and g.agent_procs]
+    return sum(g.procs - g.agent_procs for g in used) if used else None
 
 
 def resource_rows(samples: list[ResourceSample]) -> list[dict[str, Any]]:

@@ -74,6 +74,10 @@ class RunMetrics(Sparse):
     workspace_peak_bytes: int | None = None
     gpu_util_percent_mean: float | None = None
     gpu_mem_peak_bytes: int | None = None
+    gpu_shared_procs_median: int | None = None
+    """Other compute processes on the GPUs the agent used, outside gradings (median over the samples;
+    `a2rl_bench.capture.resources.gpu_shared_procs`): 0 on a card of its own, 7 with seven other runs on it."""
+    gpu_shared_procs_peak: int | None = None
 
     # ---- the agents' LLM calls (`a2rl_bench.capture.calls.summarize_llm_calls`) --------------------------------
     llm_requests: int | None = None

@@ -256,6 +256,9 @@ def render_process_markdown(report: ProcessFacts) -> str:
         ("peak RSS of the agent (GB)",
          "n/a" if m.rss_peak_bytes is None else f"{m.rss_peak_bytes / 1e9:.2f}"),
     ]
+    if m.gpu_shared_procs_peak is not None:  # a budget on a shared card is not the budget of a card of its own
+        rows.append(("other processes on the agent's GPUs outside gradings (median / peak)",
+                     f"{m.gpu_shared_procs_median} / {m.gpu_shared_procs_peak}"))
     lines = ["## Process", "", "| metric | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
     if report.routes:
         lines += ["", "Routes per submission (static analysis of the code snapshot): "
