@@ -199,7 +199,7 @@ def test_knobs_default_to_the_gpu_recipe():
     assert (schedule.epochs, schedule.minibatches, schedule.clip_low, schedule.clip_high) == (1, 4, 0.2, 0.28)
     assert schedule.kl_target == 0.02
     assert Knobs.from_env({"A2RL_GRPO_EPOCHS": "2"}).schedule(grpo_env_torch).epochs == 2
-    # The update's memory: the GPU default (checkpointed layers, 64k-token micro-batches) unless set.
+    # The update's memory: the GPU default (checkpointed layers, 80k-token micro-batches) unless set.
     assert (k.micro_tokens, k.checkpoint_layers) == (None, None)
     assert Knobs.from_env({"A2RL_GRPO_CHECKPOINT_LAYERS": "0"}).checkpoint_layers is False
     assert Knobs.from_env({"A2RL_GRPO_CHECKPOINT_LAYERS": "1"}).checkpoint_layers is True

@@ -503,16 +503,17 @@ class GRPOEnv:
         # bounded by rows and by padded tokens: activations grow with tokens, ~0.7 MiB a token at 135M under bf16
         # autocast (the fp32 residual stream and norms, the MLP's 1536-wide bf16 tensors), ~0.1 MiB with each
         # layer checkpointed. A micro-batch's forward and backward cost ~0.19 s plus ~6 ms per 1k tokens: per-call
-        # overhead dominates, so fewer, larger micro-batches are faster. Measured on an H200 (bench/bench_rl_update.py,
-        # BENCHMARKS.md "RL, seventh pass"), one update of 1,024 samples: 16k tokens unchecked 11.4 s at 15.0 GiB;
-        # checkpointed, 64k tokens 7.8-8.8 s at 9.9 GiB (the default on CUDA), 98k 6.4 s at 12.1 GiB.
+        # overhead dominates, so fewer, larger micro-batches are faster. Measured on an H200 in one call
+        # (bench/bench_rl_update.py, BENCHMARKS.md "RL, ninth pass"), one update of 1,024 samples: 16k tokens
+        # unchecked 14.6 s at 15.0 GiB; checkpointed, 64k tokens 8.5 s at 9.9 GiB, 80k 6.5 s at 10.7 GiB (2.27x
+        # the unchecked speed: the default on CUDA), 96k 6.4 s at 12.1 GiB (over the 12 GiB a run may hold).
         cuda = self.device.type == "cuda"
         self.checkpoint_layers = cuda if checkpoint_layers is None else checkpoint_layers
         """Activation checkpointing per decoder layer in the policy's pass (each layer runs again in the backward
         pass): by default on CUDA, where it lets 4x larger micro-batches fit in less memory, faster."""
         big = cuda and self.checkpoint_layers
-        self.micro_batch = micro_batch or (256 if big else 64 if cuda else 16)
-        self.micro_tokens = micro_tokens or (65_536 if big else 16_384 if cuda else 4096)
+        self.micro_batch = micro_batch or (320 if big else 64 if cuda else 16)
+        self.micro_tokens = micro_tokens or (81_920 if big else 16_384 if cuda else 4096)
         self.chunk_rows = chunk_rows
         """Action tokens per output-layer call: bounds the (rows, vocabulary) fp32 logits held at once (512 rows of
         a 49k vocabulary: 100 MB), never the whole batch's."""
