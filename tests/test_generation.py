@@ -275,6 +275,15 @@ def test_results_and_the_report_warn_when_numeric_paths_are_mixed(tmp_path, caps
     store.record_evaluation("r3", "baseline-test", "baseline", result.model_copy(update={"evaluator_id": "x@cpu-fp32"}))
     assert cmd_results(argparse.Namespace(results=str(path), limit=10)) == 0
     assert "numeric paths" not in capsys.readouterr().out
+    # Runs that shared their GPU with different numbers of other processes: said too, until they shared alike.
+    for run_id, others in (("r1", 0), ("r2", 7), ("r3", None)):
+        store.record_metrics(run_id, {"gpu_shared_procs_median": others})
+    assert cmd_results(argparse.Namespace(results=str(path), limit=10)) == 0
+    assert "shared their GPUs differently (other processes on the card, median per run: 0 to 7)" in \
+        capsys.readouterr().out
+    store.record_metrics("r2", {"gpu_shared_procs_median": 0})
+    assert cmd_results(argparse.Namespace(results=str(path), limit=10)) == 0
+    assert "shared their GPUs" not in capsys.readouterr().out
     paths = SimpleNamespace(harness_dir=tmp_path)
     evaluations = tmp_path / "evaluations"
     evaluations.mkdir()

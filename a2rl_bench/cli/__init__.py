@@ -314,8 +314,10 @@ def cmd_results(args: argparse.Namespace) -> int:
         "started_at FROM runs ORDER BY started_at DESC LIMIT ?", [args.limit]
     )
     print(df.to_string(index=False))
-    if warning := _mixed_numerics_warning(store, list(df["run_id"])):
-        print(warning)
+    shown = list(df["run_id"])
+    for warning in (_mixed_numerics_warning(store, shown), _gpu_sharing_warning(store, shown)):
+        if warning:
+            print(warning)
     return 0
 
 
@@ -331,6 +333,23 @@ def _mixed_numerics_warning(store, run_ids: list[str]) -> str | None:
         return None
     return (f"warning: these runs were graded on different numeric paths ({', '.join(paths)}): their scores are "
             "not comparable (another path gives other answers); A2RL_CPU_EVAL_DTYPE picks the CPU path")
+
+
+def _gpu_sharing_warning(store, run_ids: list[str]) -> str | None:
+    """A line when these runs shared their GPUs with different numbers of other processes (the run metric
+    `gpu_shared_procs_median`): on a card shared with seven other runs an RL update took 4-6x as long, so the same
+    wall-clock budget bought less."""
+    if not run_ids:
+        return None
+    marks = ", ".join("?" * len(run_ids))
+    shares = store.query(f"SELECT run_id, value FROM metrics WHERE name = 'gpu_shared_procs_median' "
+                         f"AND value IS NOT NULL AND run_id IN ({marks})", run_ids)  # fmt: skip
+    values = sorted({int(v) for v in shares["value"]})
+    if len(values) < 2:
+        return None
+    return (f"warning: these runs shared their GPUs differently (other processes on the card, median per run: "
+            f"{values[0]} to {values[-1]}): a wall-clock budget on a shared card buys less; compare runs that "
+            "shared alike (metric gpu_shared_procs_median)")
 
 
 def _check_store(results: Path) -> None:
