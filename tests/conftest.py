@@ -115,9 +115,27 @@ def pytest_unconfigure(config):
     if _exit_status is not None:
         import sys
 
+        _leave_no_temporaries(config)
         for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
             try:  # a stream a test closed must not cost the others their last lines, nor the exit status
                 stream.flush()
             except (ValueError, OSError, AttributeError):
                 pass
         os._exit(_exit_status)
+
+
+def _leave_no_temporaries(config) -> None:
+    """What the exit skips, done first: this session's folder (A2RL_HOME with its converted models and evaluation
+    cache, PREFECT_HOME: ~550 MB after a whole suite) and pytest's own clean-up of its numbered temporary folders
+    (it unlocks this session's and prunes the older ones). Without it every run left both behind: 36 session
+    folders and their pytest folders, with the checkouts beside them, filled this machine's disk, and a suite
+    then failed for want of space."""
+    import shutil
+
+    shutil.rmtree(_SESSION_TMP, ignore_errors=True)
+    stack = getattr(getattr(config, "_tmp_path_factory", None), "_exit_stack", None)
+    try:
+        if stack is not None:
+            stack.close()
+    except Exception as e:  # noqa: BLE001 - a clean-up that fails must not change the exit status
+        _tell(f"pytest's temporary folders were not cleaned up: {type(e).__name__}: {e}\n")
