@@ -91,6 +91,22 @@ def pytest_configure(config):
     _real_stderr = os.dup(2)  # global capture is suspended between the conftests' loading and the first test
 
 
+SUITE_NEEDS_BYTES = 3 * 2**30
+"""Free space the suite wants in the temporary folder: its session folder (~550 MB of converted models and caches),
+pytest's folders (the tiny model, every test's runs) and the runs' own checks of free space."""
+
+
+def pytest_sessionstart(session):
+    """Said first (on the terminal's stderr: `make test` runs quiet, without pytest's header), where a full disk would
+    otherwise show up as many unrelated failures (a fresh checkout's run failed tests from 20% on, 407 MiB free)."""
+    import shutil
+
+    free = shutil.disk_usage(_SESSION_TMP).free
+    if free < SUITE_NEEDS_BYTES:
+        _tell(f"warning: {free / 2**30:.1f} GiB free in {_SESSION_TMP.parent}; the suite needs about "
+              f"{SUITE_NEEDS_BYTES / 2**30:.0f} GiB there, and tests will fail for want of space\n")
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
     """Outside every other hook of a test: an error of pytest's own there (not the test's, which pytest reports)
