@@ -334,6 +334,25 @@ def test_analyze_a_store_without_a_submission(tmp_path):
     assert board["mean_delta"].tolist() == [0.0] and board["ci_low"][0] < 0 < board["ci_high"][0]
 
 
+def test_analyze_says_when_the_analysed_runs_shared_their_gpus_differently(tmp_path, capsys):
+    """Runs that shared their card with different numbers of other processes ran on different budgets in effect:
+    `a2rl analyze` says so under its output (the run metric `gpu_shared_procs_median`)."""
+    from a2rl_bench.cli import main
+
+    specs = [RunSpec(f"g{s}", BASE_SETTING, s, [0.0] * 32, [1.0] * 16 + [0.0] * 16) for s in range(2)]
+    path = write_store(tmp_path / "results.duckdb", specs)
+    store = ResultsStore(path)
+    first, second = store.query("SELECT run_id FROM analysed_runs ORDER BY run_id")["run_id"]
+    store.record_metrics(first, {"gpu_shared_procs_median": 0})
+    store.record_metrics(second, {"gpu_shared_procs_median": 7})
+    assert main(["analyze", "--results", str(path), "--out", str(tmp_path / "out")]) == 0
+    assert "shared their GPUs differently (other processes on the card, median per run: 0 to 7)" in \
+        capsys.readouterr().out
+    store.record_metrics(second, {"gpu_shared_procs_median": 0})
+    assert main(["analyze", "--results", str(path), "--out", str(tmp_path / "again")]) == 0
+    assert "shared their GPUs" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_analyze_never_crashes_on_a_valid_store(seed, tmp_path):
     """Random valid stores (any mix of statuses, graded items, no submissions, no LLM calls, variants, protocols,

@@ -392,6 +392,11 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         paths = run_analysis(Path(args.results), Path(args.out), compare=compare)
     report = next(p for p in paths if p.name == "report.html")
     print(f"{len(paths)} files under {args.out}; open {report}")
+    from a2rl_bench.store.results import ResultsStore
+
+    store = ResultsStore(Path(args.results))
+    if warning := _gpu_sharing_warning(store, list(store.query("SELECT run_id FROM analysed_runs")["run_id"])):
+        print(warning)
     return 0
 
 
