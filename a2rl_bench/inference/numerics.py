@@ -35,9 +35,10 @@ is several times slower, one with native bf16 about 2-3x faster; between, fp32's
 CPU_FP32_MAX_BATCH = 48
 """Most prompts the default CPU fp32 grading decodes together. Decoding reads every weight at every step whatever
 the number of rows, so more rows per step cost fewer CPU seconds per item: the default grading's 32 hidden-test
-items as one batch took 0.79x the CPU seconds of two of 16, with identical completions (BENCHMARKS.md, "The
-default run", fourth and fifth passes). 48 holds the default run's largest split (32) and the KV cache of a small
-model's rows well inside an evaluation's memory headroom."""
+items as one batch took 0.79x the CPU seconds of two of 16 to decode, 0.87x as a whole evaluation, with identical
+completions, and the baseline's 48 prompts decoded as one batch gave identical completions too (BENCHMARKS.md, "The
+default run", fourth and fifth passes). 48 keeps the KV cache of a small model's rows well inside an evaluation's
+memory headroom."""
 
 
 def numeric_path(backend: str, on_gpu: bool, batch_size: int | None = None, engine: str | None = None) -> str:
