@@ -55,6 +55,9 @@ class DriverFields(BaseModel):
 
 MAX_BUDGET_S = 7 * 24 * 3600.0
 """The longest agent budget a run takes: a week; more is a typo (milliseconds for seconds), not a plan."""
+EVAL_BATCH_DEFAULT = 16
+"""Prompts decoded together by default where answers may depend on the batch (GPU, CPU bf16): what every grading
+used before the CPU fp32 default grew (`a2rl_bench.inference.numerics.eval_batch`)."""
 ANALYSIS_ONLY = frozenset({"test_every_submission"})
 """RunConfig fields that add analysis-only evaluations and change nothing the run measures: not in its hash, so
 turning one on names the same run (and a retry with it on resumes the run)."""
@@ -98,9 +101,11 @@ class RunConfig(BaseModel):
     """evaluate the first N validation items (0 or None = all); the report says so"""
     test_limit: int | None = Field(default=32, ge=0)
     """evaluate the first N hidden-test items (0 or None = all); the report says so"""
-    eval_batch_size: int = Field(default=16, ge=1)
-    """prompts per generate call in the grader (interactive tasks: episodes stepped together); on a GPU raise it,
-    e.g. 160 for alfworld's 134 test games"""
+    eval_batch_size: int | None = Field(default=None, ge=1)
+    """prompts decoded together by the grader (interactive tasks: episodes stepped together); default: on the CPU
+    (fp32, whose answers do not depend on the batch) a split's prompts up to 48 at once, else 16 (GPU and CPU bf16
+    answers may depend on it); an evaluation records the batch it used. On a GPU raise it, e.g. 160 for alfworld's
+    134 test games. The run's hash counts the default as 16, the batch whose answers it gives on every path"""
     eval_backend: Literal["transformers", "vllm"] = "transformers"
     """inference backend of the grader (vllm: optional GPU extra)"""
     sandbox: Literal["auto", "required", "off"] = "auto"
@@ -123,7 +128,12 @@ class RunConfig(BaseModel):
         return v or None
 
     def config_hash(self) -> str:
-        blob = json.dumps(self.model_dump(mode="json", exclude=ANALYSIS_ONLY), sort_keys=True)
+        fields = self.model_dump(mode="json", exclude=ANALYSIS_ONLY)
+        # The default batch (None: by numeric path) hashes as the 16 it was before: it gives 16's answers on every
+        # path (16 itself where answers depend on the batch, a larger one only in fp32 on the CPU, where they do
+        # not), so stored runs and a sweep's completed settings keep their meaning.
+        fields["eval_batch_size"] = self.eval_batch_size or EVAL_BATCH_DEFAULT
+        blob = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -156,6 +166,9 @@ class EvalResult(BaseModel):
     """Identifies evaluator version + config; part of the evaluation cache key."""
     weights_hash: str = ""
     generated_tokens: int = 0
+    batch_size: int | None = None
+    """Prompts decoded together (interactive tasks: episodes stepped together) by the evaluation that made this
+    result; None where the backend batches by itself (vLLM) or the result was made before it was recorded."""
     duration_s: float = 0.0
     cached: bool = False
     detail: dict = Field(default_factory=dict)

@@ -197,8 +197,9 @@ def evaluate_baseline(
         run_logger().info("base model: evaluating %s (%s items)...", split, spec.limit or "all")
         _, result = evaluate_and_record(book, base_model_dir, base_hash, spec, "baseline",
                                         progress_file=eval_progress_file(ctx), on_start=procs.record_started)
-        run_logger().info("base model: %s score %.2f (%s)", split, result.score,
-                          "cached" if result.cached else f"{result.duration_s:.0f} s")  # fmt: skip
+        run_logger().info("base model: %s score %.2f (%s%s)", split, result.score,
+                          "cached" if result.cached else f"{result.duration_s:.0f} s",
+                          f", {result.batch_size} prompts a batch" if result.batch_size else "")  # fmt: skip
         done[split] = result.score
         if not result.cached and result.n:
             report(baseline_item_s=result.duration_s / result.n)  # the next split's ETA until it measures its own

@@ -207,6 +207,51 @@ def test_the_cache_keeps_bf16_results_of_another_batch_size_apart(tmp_path, monk
     assert cache._file("h", by_batch[4]) != cache._file("h", by_batch[16])
 
 
+def test_the_default_batch_is_larger_only_where_answers_do_not_depend_on_it(monkeypatch) -> None:
+    """By default (None) the CPU fp32 path decodes a single-turn split together, up to CPU_FP32_MAX_BATCH; the GPU
+    paths, CPU bf16 and interactive episodes keep 16, and an explicit batch means itself on every path."""
+    from a2rl_bench.inference import numerics
+    from a2rl_bench.inference.numerics import CPU_FP32_MAX_BATCH, eval_batch
+
+    assert (eval_batch(None, "cpu-fp32", 32), eval_batch(None, "cpu-fp32", 7)) == (32, 7)
+    assert eval_batch(None, "cpu-fp32", 1319) == CPU_FP32_MAX_BATCH < 1319
+    assert eval_batch(None, "cpu-fp32", 134, interactive=True) == 16
+    for path in ("cuda-bf16", "vllm", "cpu-bf16-b16-auto"):
+        assert eval_batch(None, path, 32) == eval_batch(None, path, 134, interactive=True) == 16, path
+    for path in ("cpu-fp32", "cuda-bf16", "vllm", "cpu-bf16-b16-auto"):
+        assert eval_batch(4, path, 32) == 4 and eval_batch(160, path, 32, interactive=True) == 160, path
+    assert numerics.numeric_path("transformers", on_gpu=True) == "cuda-bf16"
+    monkeypatch.setenv(numerics.CPU_DTYPE_ENV, "bf16")  # bf16 names the batch: the default's is 16's name
+    assert numerics.numeric_path("transformers", on_gpu=False) == numerics.cpu_path(16) == "cpu-bf16-b16-auto"
+
+
+def test_the_default_cpu_grading_decodes_a_split_past_16_at_once_with_batch_16s_answers(tiny_model_dir, tmp_path,
+                                                                                       monkeypatch) -> None:
+    """The default grading (no batch given: the evaluation process's command line) of 20 hidden-test items
+    decodes them in one batch of 20 and records it; an explicit 16 runs as 16; the completions are the same."""
+    from a2rl_bench.benchmarks import get_task
+    from a2rl_bench.inference import evaluation, prefix_batching
+    from a2rl_bench.records import EvalResult
+
+    slots: list[int] = []
+    decode = prefix_batching.PrefixBatcher.decode
+
+    def counted(self, prefix, rows, max_new_tokens, n_slots, *args, **kwargs):
+        slots.append(n_slots)
+        return decode(self, prefix, rows, max_new_tokens, n_slots, *args, **kwargs)
+
+    monkeypatch.setattr(prefix_batching.PrefixBatcher, "decode", counted)
+    task = get_task("gsm8k")
+    out = tmp_path / "default.json"
+    evaluation.main(["--model", str(tiny_model_dir), "--task", "gsm8k", "--task-class", evaluation.task_class_ref(task),
+                     "--split", "test", "--limit", "20", "--numerics", "cpu-fp32", "--out", str(out)])  # fmt: skip
+    default = EvalResult.model_validate_json(out.read_text())
+    explicit = evaluation.evaluate(tiny_model_dir, evaluation.EvalSpec.of(task, "offline", "test", 20, batch_size=16))
+    assert slots == [20, 16] and (default.batch_size, explicit.batch_size) == (20, 16)
+    assert [i.completion for i in default.items] == [i.completion for i in explicit.items]
+    assert len({i.completion for i in default.items}) > 1 and default.evaluator_id == explicit.evaluator_id
+
+
 def test_fp32_answers_do_not_depend_on_the_batch_or_its_company(tiny: LoadedModel, with_prefix) -> None:
     """The default (fp32, shared-prefix batcher) path gives the same items the same completions at batch 1, 4
     and 16, alone or among other prompts (in another order, behind another shared prefix or none)."""

@@ -170,6 +170,20 @@ def test_one_run_has_one_config_hash_from_the_cli_a_deployment_and_a_sweep(chang
         assert from_cli.val_limit is None and from_deployment.test_limit is None
 
 
+def test_the_default_eval_batch_keeps_the_hash_of_16_and_the_help_says_what_it_does(capsys):
+    """The default batch (None: by numeric path) gives batch 16's answers on every path, so a run's hash counts it
+    as 16: stored runs and a sweep's completed settings keep their meaning; another batch is another setting."""
+    assert RunConfig().eval_batch_size is None
+    assert RunConfig().config_hash() == RunConfig(eval_batch_size=16).config_hash()
+    assert RunConfig().config_hash() != RunConfig(eval_batch_size=32).config_hash()
+    assert RunConfig(eval_batch_size=None, seed=1).config_hash() == RunConfig(eval_batch_size=16, seed=1).config_hash()
+    with pytest.raises(SystemExit):
+        build_parser(["run"]).parse_args(["run", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "on the CPU (fp32, whose answers do not depend on the batch) a split's prompts up to 48 at once" in help_text
+    assert "else 16 (GPU and CPU bf16 answers may depend on it)" in help_text
+
+
 def test_a_deployments_relative_results_is_taken_from_the_repository_root(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a process worker runs flows in a temporary directory
     assert resolve_results("results/a2rl.duckdb") == PREFECT_YAML.parent / "results" / "a2rl.duckdb"

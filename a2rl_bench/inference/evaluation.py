@@ -30,7 +30,7 @@ from typing import Any
 from a2rl_bench.contracts import BenchmarkTask
 from a2rl_bench.inference.config_check import architecture_parameters
 from a2rl_bench.inference.failures import FailureKind, classify_failure
-from a2rl_bench.inference.numerics import numeric_path
+from a2rl_bench.inference.numerics import eval_batch, numeric_path
 from a2rl_bench.paths import eval_cache_dir
 from a2rl_bench.records import EvalResult, RunConfig, Split
 
@@ -45,7 +45,8 @@ class EvalSpec:
     variant: str
     split: Split
     limit: int | None
-    batch_size: int = 16
+    batch_size: int | None = None
+    """Prompts decoded together; None: by numeric path (`a2rl_bench.inference.numerics.eval_batch`)."""
     backend: str = "transformers"
     evaluator: BenchmarkTask | None = field(default=None, compare=False, repr=False)
     """The task object named by `task` (an `a2rl_bench.contracts.BenchmarkTask`), resolved by the caller; None: a spec
@@ -131,7 +132,8 @@ def evaluate(model_dir: Path, spec: EvalSpec, numerics: str | None = None) -> Ev
     # Loaded first: the ETA counts items. On the CPU in fp32 a Llama loads without transformers (seconds less).
     model = model_dir if spec.backend == "vllm" else load_model(model_dir, dtype=dtype, own_forward=True)
     progress.begin()
-    results = task.run_episodes(model, items, spec.batch_size, on_done=progress.add)
+    batch: int | None = eval_batch(spec.batch_size, numerics, len(items), interactive=True)
+    results = task.run_episodes(model, items, batch, on_done=progress.add)
     if results is not None:  # an interactive task: its episodes carry their own token counts
         generated_tokens = sum(r.detail.get("generated_tokens", 0) for r in results)
     else:
@@ -139,16 +141,18 @@ def evaluate(model_dir: Path, spec: EvalSpec, numerics: str | None = None) -> Ev
         if spec.backend == "vllm":
             from a2rl_bench.inference.vllm_backend import generate_vllm
 
+            batch = None  # vLLM schedules its own batches
             out = generate_vllm(model_dir, conversations, max_new_tokens=d.max_new_tokens,
                                 temperature=d.temperature, stop=d.stop)
         else:
+            batch = eval_batch(spec.batch_size, numerics, len(conversations))
             out = generate(
                 model,
                 conversations,
                 max_new_tokens=d.max_new_tokens,
                 temperature=d.temperature,
                 stop=d.stop,
-                batch_size=spec.batch_size,
+                batch_size=batch,
                 on_done=progress.add,
             )
         results = task.score_items(items, out.completions)
@@ -165,6 +169,7 @@ def evaluate(model_dir: Path, spec: EvalSpec, numerics: str | None = None) -> Ev
         n_correct=n_correct,
         evaluator_id=evaluator_id(spec, numerics),
         generated_tokens=generated_tokens,
+        batch_size=batch,
         duration_s=time.perf_counter() - start,
         items=results,
     )
@@ -287,11 +292,13 @@ def evaluate_in_subprocess(
     cmd = [
         sys.executable, "-m", "a2rl_bench.inference.evaluation",
         "--model", str(model_dir), "--task", spec.task, "--task-class", task_ref, "--variant", spec.variant,
-        "--split", spec.split, "--batch-size", str(spec.batch_size), "--backend", spec.backend,
+        "--split", spec.split, "--backend", spec.backend,
         "--out", str(out_file), "--numerics", numeric_path(spec.backend, _uses_gpu(device), spec.batch_size),
     ]  # fmt: skip
     if spec.limit:
         cmd += ["--limit", str(spec.limit)]
+    if spec.batch_size is not None:  # else the evaluation picks it by its numeric path
+        cmd += ["--batch-size", str(spec.batch_size)]
     env = dict(os.environ)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # it shares the CPU with the agent's training
     if device is not None:
@@ -343,7 +350,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variant", default="offline")
     parser.add_argument("--split", required=True, choices=["validation", "test"])
     parser.add_argument("--limit", type=int, default=None)
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=None, help="default: by numeric path (numerics.eval_batch)")
     parser.add_argument("--backend", default="transformers", choices=["transformers", "vllm"])
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--numerics", default=None, help="numeric path (a2rl_bench.inference.numerics); default: probe")

@@ -8,8 +8,10 @@ this CPU, e.g. AVX-512 bf16 or AMX). bf16 answers differ from fp32's (about half
 depend on the batch (batch 4 against 16 agreed on 6 of 16 completions), so its path names the batch size and
 the decoding engine: `cpu-bf16-b16-auto`. The path is part of the evaluator id (`<task evaluator id>@<path>`) and
 so of the evaluation cache key and of a setting; the report and `a2rl results` warn when runs of different
-paths are shown together. The probe's verdict is kept per machine (CPU model, torch version) beside the
-evaluation cache, so a grader and its evaluation process agree on it.
+paths are shown together. Because fp32 answers do not depend on the batch, the default CPU fp32 grading decodes a
+split's prompts together, up to `CPU_FP32_MAX_BATCH` at once (`eval_batch`); the other paths keep 16. The probe's
+verdict is kept per machine (CPU model, torch version) beside the evaluation cache, so a grader and its evaluation
+process agree on it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import platform
 import time
 from pathlib import Path
 
+from a2rl_bench.records import EVAL_BATCH_DEFAULT
+
 CPU_DTYPE_ENV = "A2RL_CPU_EVAL_DTYPE"
 CPU_PATHS = {"fp32": "cpu-fp32", "bf16": "cpu-bf16"}
 
@@ -28,9 +32,19 @@ MIN_BF16_SPEEDUP = 1.4
 is several times slower, one with native bf16 about 2-3x faster; between, fp32's exactness wins)."""
 
 
-def numeric_path(backend: str, on_gpu: bool, batch_size: int = 16, engine: str | None = None) -> str:
-    """The numeric path of an evaluation with this backend, on a GPU or not; `batch_size` and `engine` (default:
-    A2RL_DECODE_ENGINE, else `auto`) are named by a path whose answers depend on them (CPU bf16)."""
+CPU_FP32_MAX_BATCH = 48
+"""Most prompts the default CPU fp32 grading decodes together. Decoding reads every weight at every step whatever
+the number of rows, so more rows per step cost fewer CPU seconds per item: the default grading's 32 hidden-test
+items as one batch took 0.79x the CPU seconds of two of 16 to decode, 0.87x as a whole evaluation, with identical
+completions, and the baseline's 48 prompts decoded as one batch gave identical completions too (BENCHMARKS.md, "The
+default run", fourth and fifth passes). 48 keeps the KV cache of a small model's rows well inside an evaluation's
+memory headroom."""
+
+
+def numeric_path(backend: str, on_gpu: bool, batch_size: int | None = None, engine: str | None = None) -> str:
+    """The numeric path of an evaluation with this backend, on a GPU or not; `batch_size` (None: the default,
+    `EVAL_BATCH_DEFAULT` on such a path) and `engine` (default: A2RL_DECODE_ENGINE, else `auto`) are named by a path
+    whose answers depend on them (CPU bf16)."""
     if backend == "vllm":
         return "vllm"
     if on_gpu:
@@ -38,8 +52,23 @@ def numeric_path(backend: str, on_gpu: bool, batch_size: int = 16, engine: str |
     return cpu_path(batch_size, engine)
 
 
-def cpu_path(batch_size: int = 16, engine: str | None = None) -> str:
+def eval_batch(requested: int | None, path: str, n_prompts: int, interactive: bool = False) -> int:
+    """Prompts an evaluation on numeric path `path` decodes together (interactive: episodes stepped together).
+
+    An explicit `requested` batch is kept on every path. The default (None) is `EVAL_BATCH_DEFAULT` wherever answers
+    may depend on the batch (`cuda-bf16`, `vllm`, CPU bf16): what ran there before. On `cpu-fp32`, whose answers do
+    not, a single-turn split is decoded in as few batches as pay, all of it up to `CPU_FP32_MAX_BATCH`.
+    Interactive episodes keep the default: their contexts grow every step, and their memory with the batch."""
+    if requested is not None:
+        return requested
+    if path == CPU_PATHS["fp32"] and not interactive:
+        return max(1, min(n_prompts, CPU_FP32_MAX_BATCH))
+    return EVAL_BATCH_DEFAULT
+
+
+def cpu_path(batch_size: int | None = None, engine: str | None = None) -> str:
     """`cpu-fp32` unless A2RL_CPU_EVAL_DTYPE opts into bf16 (`bf16`, or `auto` where the probe says bf16 pays)."""
+    batch_size = batch_size or EVAL_BATCH_DEFAULT  # bf16 keeps the default batch (`eval_batch`)
     forced = os.environ.get(CPU_DTYPE_ENV, "").strip().lower()
     if forced not in ("", "fp32", "bf16", "auto"):
         raise ValueError(f"{CPU_DTYPE_ENV} must be fp32, bf16 or auto (got {forced!r})")

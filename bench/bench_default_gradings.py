@@ -1,0 +1,146 @@
+"""The default run's hidden-test grading at batch 16 (before issue 48's fifth pass) against the default batch (by
+numeric path: the whole 32-item split at once in CPU fp32), in CPU seconds.
+
+Each grading is a whole evaluation as a run makes it (`evaluate_in_subprocess`: a fresh process, its imports, the
+model load, the items), of the default base model (converted into the A2RL_HOME cache by `a2rl run`, or here) on
+the gsm8k offline split the default run grades. The settings alternate; CPU s is the evaluation processes' user +
+sys time (`getrusage(RUSAGE_CHILDREN)` around the call), which load on the cores stretches less than wall time; the
+1-minute load average at each start is printed beside it. The completions of every run are compared with the first
+batch-16 run's.
+
+    python bench/bench_default_gradings.py --repeats 2               # test split, 32 items, 16 then default, x2
+    python bench/bench_default_gradings.py --split validation --limit 16 --repeats 1
+    python bench/bench_default_gradings.py --together --repeats 2  # the baseline's two splits: 2 processes or 1
+
+`--together` asks whether the baseline's two splits (16 validation + 32 hidden-test items) would pay as ONE
+evaluation process (one import, one model load, one prefill of the shared 4-shot prefix, one batch of 48): the two
+default evaluations as a run makes them, alternating with one fresh process that does what the evaluation process
+does (config check, fp32 load without transformers, generation with the task's decoding) for the 48 prompts at
+once; completions compared item by item.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import time
+
+SETTINGS = {"batch 16": 16, "default": None}
+
+TOGETHER = r"""
+import json, sys, torch
+from pathlib import Path
+from a2rl_bench.benchmarks import get_task
+from a2rl_bench.inference.config_check import check_config_matches_weights
+from a2rl_bench.inference.generation import generate, load_model
+
+model_dir, splits = Path(sys.argv[1]), json.loads(sys.argv[2])
+check_config_matches_weights(model_dir)
+task = get_task("gsm8k")
+items = [i for split, limit in splits for i in task.load_split("offline", split, limit)]
+model = load_model(model_dir, dtype=torch.float32, own_forward=True)
+d = task.decoding
+out = generate(model, [task.build_prompt(i) for i in items], max_new_tokens=d.max_new_tokens,
+               temperature=d.temperature, stop=d.stop, batch_size=len(items))
+print(json.dumps({"completions": out.completions, "tokens": out.generated_tokens}))
+"""
+
+
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="base-model key or checkpoint dir")
+    parser.add_argument("--split", default="test", choices=["validation", "test"])
+    parser.add_argument("--limit", type=int, default=32, help="items (the default run: 16 validation, 32 test)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each setting, alternating")
+    parser.add_argument("--together", action="store_true", help="the baseline's two splits: two processes or one")
+    args = parser.parse_args()
+    if args.together:
+        return together(args.model, args.repeats)
+
+    from a2rl_bench.base_models.registry import resolve_base_model
+    from a2rl_bench.benchmarks import get_task
+    from a2rl_bench.inference.evaluation import EvalSpec, evaluate_in_subprocess
+
+    model_dir = resolve_base_model(args.model)
+    task = get_task("gsm8k")
+    runs: list[dict] = []
+    for repeat in range(args.repeats):
+        for name, batch in SETTINGS.items():
+            spec = EvalSpec.of(task, "offline", args.split, args.limit, batch_size=batch)
+            load = os.getloadavg()[0]
+            cpu, wall = children_cpu_s(), time.perf_counter()
+            result = evaluate_in_subprocess(model_dir, spec)
+            run = {"setting": name, "repeat": repeat + 1, "cpu_s": children_cpu_s() - cpu,
+                   "wall_s": time.perf_counter() - wall, "load": load, "batch": result.batch_size,
+                   "score": result.score, "n": result.n, "tokens": result.generated_tokens,
+                   "completions": [i.completion for i in result.items]}  # fmt: skip
+            runs.append(run)
+            print(json.dumps({k: v for k, v in run.items() if k != "completions"}), flush=True)
+    table(runs)
+
+
+def together(model: str, repeats: int) -> None:
+    import subprocess
+    import sys
+
+    from a2rl_bench.base_models.registry import resolve_base_model
+    from a2rl_bench.benchmarks import get_task
+    from a2rl_bench.inference.evaluation import EvalSpec, evaluate_in_subprocess
+
+    model_dir, task = resolve_base_model(model), get_task("gsm8k")
+    splits = [("validation", 16), ("test", 32)]
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}  # as evaluate_in_subprocess sets it
+    rows = []
+    for repeat in range(repeats):
+        for mode in ("two processes", "one process"):
+            load, cpu, wall = os.getloadavg()[0], children_cpu_s(), time.perf_counter()
+            if mode == "two processes":
+                results = [evaluate_in_subprocess(model_dir, EvalSpec.of(task, "offline", s, n)) for s, n in splits]
+                completions = [i.completion for r in results for i in r.items]
+                tokens = sum(r.generated_tokens for r in results)
+            else:
+                out = subprocess.run([sys.executable, "-c", TOGETHER, str(model_dir), json.dumps(splits)], env=env,
+                                     capture_output=True, text=True, check=True)  # fmt: skip
+                got = json.loads(out.stdout.strip().splitlines()[-1])
+                completions, tokens = got["completions"], got["tokens"]
+            rows.append({"mode": mode, "repeat": repeat + 1, "cpu_s": children_cpu_s() - cpu, "load": load,
+                         "wall_s": time.perf_counter() - wall, "tokens": tokens, "completions": completions})
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "completions"}), flush=True)
+    reference = rows[0]["completions"]
+    print("\n| mode | run | CPU s | wall s | 1-min load at its start | tokens | completions as the first run's |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        same = sum(a == b for a, b in zip(r["completions"], reference))
+        print(f"| {r['mode']} | {r['repeat']} | {r['cpu_s']:.1f} | {r['wall_s']:.1f} | {r['load']:.1f} | {r['tokens']} "
+              f"| {same}/{len(reference)} |")
+    modes = ("two processes", "one process")
+    medians = {m: statistics.median(r["cpu_s"] for r in rows if r["mode"] == m) for m in modes}
+    print(f"\nmedian CPU s: two processes {medians['two processes']:.1f}, one process {medians['one process']:.1f} "
+          f"(n = {repeats} each): {medians['one process'] / medians['two processes']:.2f}x")
+
+
+def table(runs: list[dict]) -> None:
+    reference = next(r["completions"] for r in runs if r["setting"] == "batch 16")
+    print("\n| setting | run | batch recorded | CPU s | wall s | 1-min load at its start | score (n) | tokens "
+          "| completions as the first batch-16 run |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in runs:
+        same = sum(a == b for a, b in zip(r["completions"], reference))
+        print(f"| {r['setting']} | {r['repeat']} | {r['batch']} | {r['cpu_s']:.1f} | {r['wall_s']:.1f} "
+              f"| {r['load']:.1f} | {r['score']:.2f} ({r['n']}) | {r['tokens']} | {same}/{len(reference)} |")
+    medians = {s: statistics.median(r["cpu_s"] for r in runs if r["setting"] == s) for s in SETTINGS}
+    n = {s: sum(r["setting"] == s for r in runs) for s in SETTINGS}
+    print(f"\nmedian CPU s: batch 16 {medians['batch 16']:.1f} (n = {n['batch 16']}), default "
+          f"{medians['default']:.1f} (n = {n['default']}): {medians['default'] / medians['batch 16']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
