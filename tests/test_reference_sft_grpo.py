@@ -105,7 +105,8 @@ def test_an_entropy_alarm_rolls_back_to_the_best_checkpoint_and_stops_rl_after_t
     session.__dict__.update(k=Knobs.from_env({}), save_s=5.0, phase="GRPO", mode="free", margin_s=13.4,
                             budget={"budget_s": 420.0, "remaining_s": 300.0, "elapsed_s": 120.0},
                             entropy_rollbacks=0, failures_in_a_row=0, rounds=[], best_score=30.0,
-                            grpo=type("G", (), {"rolled_back": lambda self, note: rolled.append(note)})())  # fmt: skip
+                            grpo=type("G", (), {"rolled_back": lambda self, note: rolled.append(note),
+                                                      "step_estimate_s": lambda self: None})())  # fmt: skip
     session.restore_best = lambda: restored.append(True)
     for n in range(1, 4):
         r = sft_grpo_session.Round(n, "GRPO", "output/v1", 3, 0.1, 10.0, score=35.0, note="new best",
@@ -128,6 +129,7 @@ def test_no_rl_round_starts_that_would_only_cut_its_rollouts():
 
     env = grpo_env_torch.GRPOEnv.__new__(grpo_env_torch.GRPOEnv)
     env.last_step_s = env.last_update_s = None
+    env.recent_step_s = []
     deadlines, cuts = [], iter([0, 0, 7])
 
     def step(deadline=None):
@@ -153,11 +155,38 @@ def test_no_rl_round_starts_that_would_only_cut_its_rollouts():
                             budget={"budget_s": 420.0, "remaining_s": 52.4, "elapsed_s": 367.6},
                             entropy_rollbacks=0, failures_in_a_row=0, rounds=[object()], grpo=env)  # fmt: skip
     start, _, why = session.can_start()  # 34 s of round left, a step takes 75 s
-    assert not start and "too little for another RL update (the last took 75s)" in why
-    env.last_step_s = 30.0
+    assert not start and "too little for another RL update (one took up to 75s of late)" in why
+    env.recent_step_s = [75.0, 30.0, 30.0, 30.0]  # the slowest of the last three whole steps counts
     assert session.can_start()[:2] == (True, pytest.approx(34.0))
+    env.recent_step_s = [30.0, 36.0, 30.0]
+    assert not session.can_start()[0]
     session.grpo = None  # no step timed yet: the round starts
     assert session.can_start()[0]
+
+
+def test_a_round_takes_no_step_after_one_its_deadline_cut(monkeypatch):
+    """Four runs a card, 2026-11-29: a 59 s RL round took a whole step (27.6 s), then two whose rollouts the
+    deadline cut (11 and 29 of 64 episodes) and whose updates were therefore empty, ~30 s for nothing. A cut step
+    ends the round, and a short one does not make the next step look as if it fitted."""
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(grpo_env_torch.time, "monotonic", lambda: clock["now"])
+    env = grpo_env_torch.GRPOEnv.__new__(grpo_env_torch.GRPOEnv)
+    env.last_step_s, env.last_update_s, env.recent_step_s = 27.6, 16.4, [27.6]
+    taken, rollout_s = [], iter([11.0, 15.5, 16.1])  # as measured: rollouts vary from step to step
+
+    def step(deadline=None):  # rollouts (cut at the deadline), then an update of 16.4 s
+        start, wanted = clock["now"], next(rollout_s)
+        cut = start + wanted > deadline
+        clock["now"] = min(start + wanted, deadline) + (0.01 if cut else 16.4)
+        taken.append(cut)
+        return grpo_env_torch.StepStats(episodes=64, wins=50, mean_reward=0.8, mean_repeat=0.0,
+                                        samples=0 if cut else 900, loss=0.0, update_s=0.01 if cut else 16.4,
+                                        rollout_s=min(wanted, deadline - start), cut=11 if cut else 0)  # fmt: skip
+
+    env.grpo_step = step
+    steps, stats, _ = env.train(59.0)
+    assert taken == [False, True] and steps == 2  # before: a third step, cut as well
+    assert env.last_step_s == pytest.approx(27.4) and env.step_estimate_s() == pytest.approx(27.6)
 
 
 def test_sft_stop_rule_with_patience_two():
@@ -618,18 +647,21 @@ def _session(tmp_path, tiny_model_dir, alfworld_data, monkeypatch, mode: str, sc
 def test_session_runs_sft_until_validation_stops_rising_then_grpo(tiny_model_dir, alfworld_data, tmp_path,
                                                                   monkeypatch):  # fmt: skip
     paths, service, log, methods = _session(tmp_path, tiny_model_dir, alfworld_data, monkeypatch, "free",
-                                            [10.0, 20.0, 20.0, 30.0], cap=4)  # fmt: skip
+                                            [10.0, 20.0, 20.0, 20.0, 30.0], cap=5)  # fmt: skip
     assert "stopping: submission cap reached" in log, log[-3000:]
-    assert methods == ["SFT", "SFT", "SFT", "GRPO"]
-    assert "restored the best checkpoint output/v2" in log  # the tie at round 3 is rolled back before GRPO
+    assert methods == ["SFT", "SFT", "SFT", "SFT", "GRPO"]  # two rounds without a rise end SFT, not one
+    notes = (paths.workspace / "code" / "NOTES.md").read_text()
+    assert notes.count("no rise: SFT goes on at half the rate (0.0005)") == 1
+    assert "restored the best checkpoint output/v2" in log  # the ties at rounds 3 and 4 are rolled back
     # Why SFT stopped and where RL starts from: in the log and as the first row of the RL curve.
-    assert "SFT stops after 3 rounds" in log and "GRPO starts from output/v2 (validation 20.0)" in log
+    assert "SFT stops after 4 rounds" in log and "GRPO starts from output/v2 (validation 20.0)" in log
     curve = [json.loads(line) for line in (paths.workspace / "code" / "rl_curve.jsonl").read_text().splitlines()]
-    assert curve[0]["starts_from"] == "output/v2" and curve[0]["sft_scores"] == [10.0, 20.0, 20.0]
-    assert curve[0]["sft_stopped"].startswith("validation no longer rises: 20.0 after a best of 20.0")
+    assert curve[0]["starts_from"] == "output/v2" and curve[0]["sft_scores"] == [10.0, 20.0, 20.0, 20.0]
+    assert curve[0]["sft_stopped"].startswith("validation no longer rises: 20.0, 20.0 after a best of 20.0")
     assert len(curve) > 1 and all("wins" in row for row in curve[1:])  # the updates follow it
     scored = [(e.model_path, e.score) for e in service.submissions() if e.status == "scored"]
-    assert scored == [("output/v1", 10.0), ("output/v2", 20.0), ("output/v3", 20.0), ("output/v4", 30.0)]
+    assert scored == [("output/v1", 10.0), ("output/v2", 20.0), ("output/v3", 20.0), ("output/v4", 20.0),
+                      ("output/v5", 30.0)]  # fmt: skip
     assert route_label(paths.workspace / "code") == "SFT+RL"
 
 
@@ -649,11 +681,11 @@ def test_sft_gives_way_to_rl_once_its_share_of_the_budget_is_used(tiny_model_dir
 
 def test_session_in_mode_sft_only_keeps_to_sft(tiny_model_dir, alfworld_data, tmp_path, monkeypatch):
     paths, service, log, methods = _session(tmp_path, tiny_model_dir, alfworld_data, monkeypatch, "sft-only",
-                                            [10.0, 10.0, 15.0], cap=3)  # fmt: skip
-    assert methods == ["SFT", "SFT", "SFT-anneal"]
+                                            [10.0, 10.0, 10.0, 15.0], cap=4)  # fmt: skip
+    assert methods == ["SFT", "SFT", "SFT", "SFT-anneal"]
     assert not (paths.workspace / "code" / "grpo_env_torch.py").exists()
     assert route_label(paths.workspace / "code") == "SFT"
-    assert [e.detail.get("mode_ok") for e in service.submissions()] == [True, True, True]
+    assert [e.detail.get("mode_ok") for e in service.submissions()] == [True, True, True, True]
 
 
 # -- the GPU table's SQL ----------------------------------------------------------------------------------------

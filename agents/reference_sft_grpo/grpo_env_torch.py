@@ -535,6 +535,8 @@ class GRPOEnv:
         """Seconds the last whole step took (rollouts plus update; None before one was timed): a round shorter
         than this would only cut its rollouts at the deadline and drop them."""
         self.last_update_s: float | None = None
+        self.recent_step_s: list[float] = []
+        """Seconds of each whole step so far (`step_estimate_s`)."""
         self.curve = curve
 
     def weights_changed(self) -> None:
@@ -770,11 +772,21 @@ class GRPOEnv:
             stats.append(self.grpo_step(deadline=t0 + seconds - update_s))
             if stats[-1].entropy_alarm:
                 break
+            if stats[-1].cut:  # the round's time ran out in its rollouts: a next step's would only be cut too
+                break
             update_s = max(stats[-1].update_s, 0.5)
-            if not stats[-1].cut:  # a whole step: what the next round needs to fit one
-                self.last_step_s, self.last_update_s = stats[-1].rollout_s + stats[-1].update_s, update_s
+            self.last_step_s, self.last_update_s = stats[-1].rollout_s + stats[-1].update_s, update_s
+            self.recent_step_s.append(self.last_step_s)
             now = time.monotonic()
-            if now - t0 + (now - last) > seconds:
+            if now - t0 + max(now - last, self.step_estimate_s() or 0.0) > seconds:
                 break
             last = now
         return len(stats), stats, round(time.monotonic() - t0, 1)
+
+    def step_estimate_s(self) -> float | None:
+        """What a next whole step may take: the slowest of the last three whole steps (None before one). On a
+        card shared with other runs a step's time varies by a third from one to the next (rollouts 11-28 s,
+        updates 10-23 s at four runs a card, BENCHMARKS.md "RL, tenth pass"): sized to the last step alone, every
+        other round cut its rollouts at the deadline and dropped them."""
+        recent = self.recent_step_s[-3:]
+        return max(recent) if recent else self.last_step_s

@@ -137,22 +137,23 @@ class Split:
 
 
 def sft_split(scores: list[float | None], baseline: float | None, *, allowance_s: float, min_round_s: float,
-              max_rounds: int, margin: float) -> Split:  # fmt: skip
-    """SFT goes on while the last SFT round's validation score rose by more than `margin` points over the best
-    before it (`sft_finished`) and another round of at least `min_round_s` fits the time SFT may still take
-    (`allowance_s`: its cap and RL's floor); RL then starts from the best SFT checkpoint.
+              max_rounds: int, margin: float, patience: int = 1) -> Split:  # fmt: skip
+    """SFT goes on until its last `patience` rounds' validation scores did not rise by more than `margin` points
+    over the best before them (`sft_finished`), and while another round of at least `min_round_s` fits the time
+    SFT may still take (`allowance_s`: its cap and RL's floor); RL then starts from the best SFT checkpoint.
 
     >>> sft_split([60.0, 63.3], 0.0, allowance_s=100, min_round_s=10, max_rounds=6, margin=2.5).stop
     False
     >>> sft_split([60.0, 63.3, 65.0], 0.0, allowance_s=100, min_round_s=10, max_rounds=6, margin=2.5).reason
     'validation no longer rises: 65.0 after a best of 63.3 before it (margin 2.5 points)'
     """
-    if sft_finished(scores, baseline, max_rounds, margin=margin):
+    if sft_finished(scores, baseline, max_rounds, patience=patience, margin=margin):
         if len(scores) >= max_rounds:
             return Split(True, f"{len(scores)} SFT rounds, the most allowed")
-        known = [s for s in scores[:-1] if s is not None]
-        return Split(True, f"validation no longer rises: {scores[-1]} after a best of {max(known)} before it "
-                           f"(margin {margin:.1f} points)")  # fmt: skip
+        known = [s for s in scores[:-patience] if s is not None]
+        last = ", ".join(str(s) for s in scores[-patience:])
+        return Split(True, f"validation no longer rises: {last} after a best of {max(known)} before "
+                           f"{'it' if patience == 1 else 'them'} (margin {margin:.1f} points)")  # fmt: skip
     if allowance_s < min_round_s:
         return Split(True, f"validation still rises, but SFT's time is used ({max(0.0, allowance_s):.0f}s left "
                            "within its cap and RL's floor)")  # fmt: skip
@@ -182,6 +183,11 @@ class Knobs:
     sft_rise_margin: float | None
     """Points the last SFT round must beat the best before it by for SFT to go on (default: one and a half
     validation items: a rise of one game, rounded up or not, is noise; two games are a rise)."""
+    sft_patience: int
+    """SFT stops after this many rounds in a row without a rise (`A2RL_SFT_PATIENCE`, default 2; a round without
+    one halves SFT's rate). One is too few: at 60 games a score moves by its noise (~6 points at 75%) from round to
+    round; in 14 SFT-only runs on H200s (BENCHMARKS.md, RL fourth, seventh, eighth and tenth passes) the round right
+    after the first one without a rise, at half the rate, rose again in 7."""
     validation_items: int
     """Items of the validation split (alfworld: 60 games): a rise of SFT's score within its noise is no rise."""
     grpo_lr: float
@@ -248,6 +254,7 @@ class Knobs:
             sft_max_share=float(env.get("A2RL_SFT_MAX_SHARE") or 0.7),
             rl_min_share=float(env.get("A2RL_RL_MIN_SHARE") or (0.0 if env.get("A2RL_SFT_MAX_SHARE") else 0.3)),
             sft_rise_margin=opt("A2RL_SFT_RISE_MARGIN", float),
+            sft_patience=int(env.get("A2RL_SFT_PATIENCE") or 2),
             validation_items=int(env.get("A2RL_VALIDATION_ITEMS") or 60),
             grpo_lr=float(env.get("A2RL_GRPO_LR") or 3e-5),
             grpo_round_s=opt("A2RL_GRPO_ROUND_S", float),
@@ -431,10 +438,10 @@ class InteractiveSession:
         seconds = self.round_seconds()
         if seconds < loop.MIN_TRAIN_S and self.rounds:
             return False, 0.0, f"{self.budget['remaining_s']:.0f}s left, too little for another round"
-        step_s = getattr(self.grpo, "last_step_s", None) if self.phase == "GRPO" else None
+        step_s = self.grpo.step_estimate_s() if self.phase == "GRPO" and self.grpo is not None else None
         if step_s and seconds < step_s:  # its rollouts would be cut at the deadline and dropped: no update
-            return False, 0.0, (f"{self.budget['remaining_s']:.0f}s left, too little for another RL update (the last "
-                                f"took {step_s:.0f}s)")  # fmt: skip
+            return False, 0.0, (f"{self.budget['remaining_s']:.0f}s left, too little for another RL update (one "
+                                f"took up to {step_s:.0f}s of late)")  # fmt: skip
         return True, max(1.0, seconds), "round"
 
     def train_round(self, seconds: float) -> Round:
@@ -520,17 +527,23 @@ class InteractiveSession:
             self.budget = self.client.budget()
             split = sft_split(self.sft_scores, self.baseline, allowance_s=self.sft_allowance_s(),
                               min_round_s=loop.MIN_TRAIN_S, max_rounds=self.k.sft_max_rounds,
-                              margin=self.rise_margin())  # fmt: skip
+                              margin=self.rise_margin(), patience=self.k.sft_patience)  # fmt: skip
             if split.stop:
                 self.phase = "SFT-anneal" if self.mode == "sft-only" else "GRPO"
                 used = float(self.budget["elapsed_s"]) / float(self.budget["budget_s"])
                 r.note = (r.note + "; " if r.note else "") + f"SFT stops ({split.reason}): next {self.phase}"
                 if self.phase == "SFT-anneal":
-                    self.sft.set_lr(self.k.sft_lr / 2)
+                    self.sft.set_lr(min(self.sft.lr, self.k.sft_lr / 2))
                 if not r.note.startswith("new best"):  # what follows starts from the best SFT checkpoint
                     self.restore_best()
                 self.record_split(split, used)
                 return
+            if sft_finished(self.sft_scores, self.baseline, len(self.sft_scores) + 1, margin=self.rise_margin()):
+                # No rise, but not yet a plateau (`sft_patience`): one more SFT round, at half the rate (the
+                # annealed rounds of mode sft-only rose again after such a round in 7 of 14 runs on an H200)
+                self.sft.set_lr(self.sft.lr / 2)
+                note = f"no rise: SFT goes on at half the rate ({self.sft.lr:g})"
+                r.note = (r.note + "; " if r.note else "") + note
         elif r.method == "SFT-anneal" and r.note != "new best":
             self.sft.set_lr(self.sft.lr / 2)
         if r.method == "GRPO" and r.entropy_alarm:  # the policy drifts: back to the best, at half the rate
