@@ -15,9 +15,9 @@ episodes won (of goals x group), the update's clip fraction, approximate KL, ent
 and the process's peak GPU memory (`torch.cuda.max_memory_allocated`), every `--val-every` updates the policy's
 greedy win rate on the validation games, and after the last update the last checkpoint's greedy win rate on the
 hidden test games (both through the evaluator's environment, prompts and step limit, played by
-`grpo_env_torch.play`: not the grader's own evaluation, the same games). Every (arm, seed) is its own process
-on the one card (`--sequential` for one after another in this process). Output: one JSON line per update per
-arm and seed (`--out`), then a table.
+`grpo_env_torch.play`: not the grader's own evaluation, the same games). Every (arm, seed) is its own process,
+round-robin over the visible cards (`--sequential` for one after another in this process). Output: one JSON
+line per update per arm and seed (`--out`), then a table.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -223,9 +224,12 @@ def main(argv: list[str] | None = None) -> int:
         parts = {run: args.out.with_suffix(f".{run[0]}-{run[1]}.jsonl") for run in runs}
         for part in parts.values():
             part.unlink(missing_ok=True)
+        cards = cards_for(len(runs))
         children = [subprocess.Popen([sys.executable, __file__, *passed, "--sft", str(sft), "--arm", arm,
-                                      "--arm-seed", str(seed), "--out", str(parts[arm, seed])])
-                    for arm, seed in runs]  # fmt: skip
+                                      "--arm-seed", str(seed), "--out", str(parts[arm, seed])],
+                                     env=dict(os.environ, CUDA_VISIBLE_DEVICES=card) if card else None)
+                    for (arm, seed), card in zip(runs, cards)]  # fmt: skip
+        print(f"{len(runs)} runs on cards {cards}", flush=True)
         codes = [c.wait() for c in children]
         with args.out.open("a", encoding="utf-8") as f:
             for part in parts.values():
@@ -237,6 +241,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nRL only from {sft}, {args.updates} updates, seeds {args.seeds}, {time.monotonic() - t0:.0f} s\n\n"
           f"{table(rows)}", flush=True)  # fmt: skip
     return 0
+
+
+def cards_for(n: int, visible: str | None = None, count: int | None = None) -> list[str | None]:
+    """The card each of `n` child runs uses: round-robin over the visible ones, so one bench spreads its arms
+    over a machine's cards (None: the child inherits the parent's single card, or the CPU).
+
+    >>> cards_for(4, "2,3", 2), cards_for(3, None, 2), cards_for(2, None, 1)
+    (['2', '3', '2', '3'], ['0', '1', '0'], [None, None])
+    """
+    if count is None:
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    ids = [c.strip() for c in visible.split(",") if c.strip()] if visible else [str(i) for i in range(count)]
+    if count < 2 or len(ids) < 2:
+        return [None] * n
+    return [ids[i % len(ids)] for i in range(n)]
 
 
 if __name__ == "__main__":

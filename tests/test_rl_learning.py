@@ -267,6 +267,19 @@ def test_the_learning_rate_warms_up_then_decays():
         grpo_env_torch.Schedule(minibatches=0)
 
 
+def test_the_rl_only_bench_spreads_its_runs_over_the_visible_cards():
+    """Two H200s, 2026-11-29: the bench's four processes all ran on card 0 while card 1 idled (unless started
+    twice by hand). Each child now gets a card of its own in turn; one card or none changes nothing."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import bench_rl_only
+
+    assert bench_rl_only.cards_for(4, "", 2) == ["0", "1", "0", "1"]
+    assert bench_rl_only.cards_for(3, "5,7", 2) == ["5", "7", "5"]  # the ids the parent was given, not 0 and 1
+    assert bench_rl_only.cards_for(2, "", 1) == [None, None] and bench_rl_only.cards_for(2, "3", 1) == [None, None]
+
+
 def test_the_rl_only_bench_runs_on_the_cpu(tiny_model_dir, tmp_path, capsys):
     """`bench/bench_rl_only.py --smoke`: SFT checkpoint made, each arm's updates and validations recorded, the
     table printed (the path the GPU bench takes, at toy sizes)."""
