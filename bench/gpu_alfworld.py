@@ -21,7 +21,8 @@ call). A detached run outlives the call only when it runs from a copy outside th
 replaces the checkout): copy the tree to `$STASH/repo` and start it there. With several modes the collect also runs
 `a2rl analyze --compare mode` on the merged store. The SFT-only against SFT + RL table (issue 42, BENCHMARKS.md
 "RL, eighth pass"), 4 seeds x 2 modes, 8 runs on one H200 (more than four a card: SFT in bounded micro-batches,
-`run_env`); about 1,150 s from the detach to the last run's end:
+`run_env`); about 1,150 s from the detach to the last run's end (on two cards `--per-gpu 4`: ~900 s, "RL, tenth
+pass"; a run records how many other processes shared its card, `gpu_shared_procs_median`):
 
     bash bench/gpu_alfworld.sh PARTS --runs reference-sft-grpo:sft-only reference-sft-grpo:free \
         --seeds 0 1 2 3 --per-gpu 8 --budget 420 --work $STASH/work --detach
