@@ -170,6 +170,11 @@ class EvalResult(BaseModel):
     """Prompts decoded together (interactive tasks: episodes stepped together) by the evaluation that made this
     result; None where the backend batches by itself (vLLM) or the result was made before it was recorded."""
     duration_s: float = 0.0
+    """Seconds of the evaluation from its model load; where `shared_with` names other splits, this split's share
+    of the one process's time, by items."""
+    shared_with: list[Split] = Field(default_factory=list)
+    """Other splits of the same checkpoint decoded in the same evaluation process, in its batches (the baseline's
+    two splits on `cpu-fp32`: `a2rl_bench.inference.evaluation.evaluate_cached_splits`); [] for one alone."""
     cached: bool = False
     detail: dict = Field(default_factory=dict)
     """Task-specific split-level figures (e.g. raw and length-controlled win rates)."""

@@ -12,11 +12,10 @@ batch-16 run's.
     python bench/bench_default_gradings.py --split validation --limit 16 --repeats 1
     python bench/bench_default_gradings.py --together --repeats 2  # the baseline's two splits: 2 processes or 1
 
-`--together` asks whether the baseline's two splits (16 validation + 32 hidden-test items) would pay as ONE
-evaluation process (one import, one model load, one prefill of the shared 4-shot prefix, one batch of 48): the two
-default evaluations as a run makes them, alternating with one fresh process that does what the evaluation process
-does (config check, fp32 load without transformers, generation with the task's decoding) for the 48 prompts at
-once; completions compared item by item.
+`--together` compares the baseline's two splits (16 validation + 32 hidden-test items) as two default evaluations
+(a run's baseline before issue 48's sixth pass, and still wherever answers depend on the batch) against ONE
+evaluation process (`evaluate_splits_in_subprocess`, what a run's baseline does now on cpu-fp32: one import, one
+model load, one prefill of the shared 4-shot prefix, one batch of 48); completions compared item by item.
 """
 
 from __future__ import annotations
@@ -29,25 +28,6 @@ import statistics
 import time
 
 SETTINGS = {"batch 16": 16, "default": None}
-
-TOGETHER = r"""
-import json, sys, torch
-from pathlib import Path
-from a2rl_bench.benchmarks import get_task
-from a2rl_bench.inference.config_check import check_config_matches_weights
-from a2rl_bench.inference.generation import generate, load_model
-
-model_dir, splits = Path(sys.argv[1]), json.loads(sys.argv[2])
-check_config_matches_weights(model_dir)
-task = get_task("gsm8k")
-items = [i for split, limit in splits for i in task.load_split("offline", split, limit)]
-model = load_model(model_dir, dtype=torch.float32, own_forward=True)
-d = task.decoding
-out = generate(model, [task.build_prompt(i) for i in items], max_new_tokens=d.max_new_tokens,
-               temperature=d.temperature, stop=d.stop, batch_size=len(items))
-print(json.dumps({"completions": out.completions, "tokens": out.generated_tokens}))
-"""
-
 
 def children_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -88,29 +68,22 @@ def main() -> None:
 
 
 def together(model: str, repeats: int) -> None:
-    import subprocess
-    import sys
-
     from a2rl_bench.base_models.registry import resolve_base_model
     from a2rl_bench.benchmarks import get_task
-    from a2rl_bench.inference.evaluation import EvalSpec, evaluate_in_subprocess
+    from a2rl_bench.inference.evaluation import EvalSpec, evaluate_in_subprocess, evaluate_splits_in_subprocess
 
     model_dir, task = resolve_base_model(model), get_task("gsm8k")
-    splits = [("validation", 16), ("test", 32)]
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}  # as evaluate_in_subprocess sets it
+    specs = [EvalSpec.of(task, "offline", s, n) for s, n in (("validation", 16), ("test", 32))]
     rows = []
     for repeat in range(repeats):
         for mode in ("two processes", "one process"):
             load, cpu, wall = os.getloadavg()[0], children_cpu_s(), time.perf_counter()
             if mode == "two processes":
-                results = [evaluate_in_subprocess(model_dir, EvalSpec.of(task, "offline", s, n)) for s, n in splits]
-                completions = [i.completion for r in results for i in r.items]
-                tokens = sum(r.generated_tokens for r in results)
+                results = [evaluate_in_subprocess(model_dir, spec) for spec in specs]
             else:
-                out = subprocess.run([sys.executable, "-c", TOGETHER, str(model_dir), json.dumps(splits)], env=env,
-                                     capture_output=True, text=True, check=True)  # fmt: skip
-                got = json.loads(out.stdout.strip().splitlines()[-1])
-                completions, tokens = got["completions"], got["tokens"]
+                results = evaluate_splits_in_subprocess(model_dir, specs)
+            completions = [i.completion for r in results for i in r.items]
+            tokens = sum(r.generated_tokens for r in results)
             rows.append({"mode": mode, "repeat": repeat + 1, "cpu_s": children_cpu_s() - cpu, "load": load,
                          "wall_s": time.perf_counter() - wall, "tokens": tokens, "completions": completions})
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "completions"}), flush=True)

@@ -235,6 +235,11 @@ class BenchmarkTask(abc.ABC):
         return Path(inspect.getfile(type(self))).parent
 
     @property
+    def plays_episodes(self) -> bool:
+        """Whether the task overrides `run_episodes` (an interactive task; the default generates per item)."""
+        return type(self).run_episodes is not BenchmarkTask.run_episodes
+
+    @property
     def ships_demonstrations(self) -> bool:
         """Whether the task overrides `demonstrations` (the default makes none)."""
         return type(self).demonstrations is not BenchmarkTask.demonstrations

@@ -12,10 +12,10 @@ from prefect.exceptions import MissingContextError
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from a2rl_bench.inference.evaluation import EvalSpec
+from a2rl_bench.inference.evaluation import EvalSpec, shares_one_process, splits_label
 from a2rl_bench.isolation import procs
 from a2rl_bench.grading.ledger import Ledger
-from a2rl_bench.grading.record import RunBook, evaluate_and_record
+from a2rl_bench.grading.record import RunBook, evaluate_and_record, evaluate_and_record_splits
 from a2rl_bench.base_models.build import MARKER
 from a2rl_bench.base_models.registry import REGISTRY, resolve_base_model
 from a2rl_bench.ops.progress import EVAL_PROGRESS_FILE
@@ -188,12 +188,25 @@ def evaluate_baseline(
     sizes = {split: len(bench.load_split(ctx.config.variant, split, EvalSpec.for_run(ctx.config, split).limit))
              for split in ("validation", "test")}  # fmt: skip
     report = progress or (lambda **_: None)
-    for split in ("validation", "test"):
+    # a resumed run keeps the baseline it already recorded
+    todo = [EvalSpec.for_run(ctx.config, split, bench) for split in ("validation", "test") if split not in done]
+    # Both splits to do on a path whose answers ignore their company: one process, one model load, one batch.
+    if shares_one_process(base_hash, todo, interactive=getattr(bench, "plays_episodes", True)):
+        label = splits_label(todo)
+        report(baseline_done=0, baseline_total=sum(sizes.values()), baseline_split=label)
+        run_logger().info("base model: evaluating %s together (%s items)...", label,
+                          " + ".join(str(s.limit or "all") for s in todo))  # fmt: skip
+        for _, result in evaluate_and_record_splits(book, base_model_dir, base_hash, todo, "baseline",
+                                                    progress_file=eval_progress_file(ctx),
+                                                    on_start=procs.record_started):  # fmt: skip
+            run_logger().info("base model: %s score %.2f (%.0f s of one process shared by items, %s prompts a batch)",
+                              result.split, result.score, result.duration_s, result.batch_size)  # fmt: skip
+            done[result.split] = result.score
+        todo = []
+    for spec in todo:
+        split = spec.split
         finished = sum(n for s, n in sizes.items() if s in done)
         report(baseline_done=finished, baseline_total=sum(sizes.values()), baseline_split=split)
-        if split in done:  # a resumed run keeps the baseline it already recorded
-            continue
-        spec = EvalSpec.for_run(ctx.config, split, bench)
         run_logger().info("base model: evaluating %s (%s items)...", split, spec.limit or "all")
         _, result = evaluate_and_record(book, base_model_dir, base_hash, spec, "baseline",
                                         progress_file=eval_progress_file(ctx), on_start=procs.record_started)

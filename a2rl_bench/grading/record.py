@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from a2rl_bench.grading.ledger import Anchor, Ledger, LedgerCorrupted
-from a2rl_bench.inference.evaluation import EvalSpec, evaluate_cached
+from a2rl_bench.inference.evaluation import EvalSpec, evaluate_cached, evaluate_cached_splits
 from a2rl_bench.records import EvalResult, LedgerEntry
 
 log = logging.getLogger(__name__)
@@ -178,3 +178,15 @@ def evaluate_and_record(book: RunBook, checkpoint: Path, weights_hash: str, spec
     entry = book.record_scored(result, kind=kind, split=spec.split, resolved_path=str(checkpoint),
                                weights_hash=weights_hash, **fields)  # fmt: skip
     return entry, result
+
+
+def evaluate_and_record_splits(book: RunBook, checkpoint: Path, weights_hash: str, specs: list[EvalSpec], kind: str,
+                               progress_file: Path | None = None, on_start: Callable[[Any], None] | None = None,
+                               **fields: Any) -> list[tuple[LedgerEntry, EvalResult]]:  # fmt: skip
+    """`evaluate_and_record` of several splits in one evaluation process (`evaluate_cached_splits`; the caller
+    checked `shares_one_process`): each split's own cache entry, scored line, rows and file, in the specs' order,
+    as one call per split writes them."""
+    results = evaluate_cached_splits(checkpoint, weights_hash, specs, progress_file=progress_file, on_start=on_start)
+    return [(book.record_scored(result, kind=kind, split=spec.split, resolved_path=str(checkpoint),
+                                weights_hash=weights_hash, **fields), result)
+            for spec, result in zip(specs, results)]  # fmt: skip

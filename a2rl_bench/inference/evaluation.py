@@ -2,7 +2,9 @@
 
 `evaluate_in_subprocess` runs the evaluation in its own process, under the harness's process supervisor and a
 memory limit, so that a crash or an out-of-memory kill costs that evaluation only (its stderr goes to the harness log, never to the agent);
-results are cached by content hash of the weights, the evaluator id and the split selection.
+results are cached by content hash of the weights, the evaluator id and the split selection. Where a prompt's answer
+does not depend on its company (`shares_one_process`), several splits of one checkpoint share one process and its
+batches (`evaluate_cached_splits`), each result still cached under its own split's key.
 
 The task is an object the caller resolves (`a2rl_bench.benchmarks.get_task(config.task)` in the flow's steps): the
 library never looks a task up by id. The evaluation process rebuilds it from its class (`task_class_ref`), which is why
@@ -27,10 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from a2rl_bench.contracts import BenchmarkTask
 from a2rl_bench.inference.config_check import architecture_parameters
 from a2rl_bench.inference.failures import FailureKind, classify_failure
-from a2rl_bench.inference.numerics import eval_batch, numeric_path
+from a2rl_bench.inference.numerics import decodes_in_any_company, eval_batch, numeric_path
 from a2rl_bench.paths import eval_cache_dir
 from a2rl_bench.records import EvalResult, RunConfig, Split
 
@@ -114,18 +118,31 @@ def evaluate(model_dir: Path, spec: EvalSpec, numerics: str | None = None) -> Ev
     tokenizer and chat template in `model_dir`: for a submission that is the grader's snapshot, whose tokenizer
     files are the base model's (a2rl_bench.grading.checkpoint.write_snapshot), never the agent's. `numerics`: the
     numeric path (`a2rl_bench.inference.numerics`); None picks this process's."""
+    return evaluate_splits(model_dir, [spec], numerics)[0]
+
+
+def evaluate_splits(model_dir: Path, specs: list[EvalSpec], numerics: str | None = None) -> list[EvalResult]:
+    """`evaluate` of one or more splits of one task and options in this process: one model load, every split's
+    items decoded together (in `eval_batch`'s batches of all of them). Only where answers do not depend on a
+    prompt's company (`numerics.decodes_in_any_company`) does each split get what `evaluate` alone gives it;
+    the caller checks that (`evaluate_cached_splits`). With several splits each result names the others
+    (`shared_with`), its `batch_size` is the shared batch and its `duration_s` its share of the time by items."""
     import torch
 
     from a2rl_bench.inference.generation import generate, load_model
     from a2rl_bench.inference.numerics import torch_dtype
     from a2rl_bench.ops.progress import ItemProgressWriter
 
+    spec = specs[0]
+    if not _one_evaluation(specs):
+        raise ValueError("splits evaluated together must be distinct splits of one task with the same options")
     numerics = numerics or numeric_path(spec.backend, torch.cuda.is_available(), spec.batch_size)
 
     task = spec.task_object()
     task.preflight()  # what the task needs besides the model (a judge): checked before the model is loaded
-    items = task.load_split(spec.variant, spec.split, spec.limit)
-    progress = ItemProgressWriter.from_env(len(items), spec.split)  # items counted as each one finishes
+    parts = [task.load_split(s.variant, s.split, s.limit) for s in specs]
+    items = [item for part in parts for item in part]
+    progress = ItemProgressWriter.from_env(len(items), splits_label(specs))  # items counted as each one finishes
     d = task.decoding
     start = time.perf_counter()
     dtype = torch_dtype(numerics) if numerics.startswith("cpu-") else None
@@ -155,24 +172,52 @@ def evaluate(model_dir: Path, spec: EvalSpec, numerics: str | None = None) -> Ev
                 batch_size=batch,
                 on_done=progress.add,
             )
-        results = task.score_items(items, out.completions)
+        results = []
+        for part, at in zip(parts, _offsets(parts)):  # scored per split, as each split alone would be
+            results += task.score_items(part, out.completions[at : at + len(part)])
         for result, tokens in zip(results, out.completion_tokens):  # per item, for the store's item_results
             result.detail.setdefault("generated_tokens", tokens)
         generated_tokens = out.generated_tokens
-    n_correct = sum(r.correct for r in results)
-    return EvalResult(
-        task=spec.task,
-        split=spec.split,
-        score=task.aggregate(results),
-        detail=task.summarize(results),
-        n=len(results),
-        n_correct=n_correct,
-        evaluator_id=evaluator_id(spec, numerics),
-        generated_tokens=generated_tokens,
-        batch_size=batch,
-        duration_s=time.perf_counter() - start,
-        items=results,
-    )
+    duration = time.perf_counter() - start
+    made = []
+    for s, part, at in zip(specs, parts, _offsets(parts)):
+        mine = results[at : at + len(part)]
+        alone = len(specs) == 1
+        made.append(EvalResult(
+            task=s.task,
+            split=s.split,
+            score=task.aggregate(mine),
+            detail=task.summarize(mine),
+            n=len(mine),
+            n_correct=sum(r.correct for r in mine),
+            evaluator_id=evaluator_id(s, numerics),
+            generated_tokens=generated_tokens if alone else sum(r.detail.get("generated_tokens", 0) for r in mine),
+            batch_size=batch,
+            duration_s=duration if alone else duration * len(part) / max(1, len(items)),
+            shared_with=[o.split for o in specs if o is not s],
+            items=mine,
+        ))  # fmt: skip
+    return made
+
+
+def _one_evaluation(specs: list[EvalSpec]) -> bool:
+    """Distinct splits of one task with the same options: what one evaluation process can do together."""
+    return len({s.split for s in specs}) == len(specs) and len({(s.task, s.variant, s.batch_size, s.backend)
+                                                                 for s in specs}) == 1  # fmt: skip
+
+
+def splits_label(specs: list[EvalSpec]) -> str:
+    """What an evaluation of these splits counts its items as (`ItemProgress.what`): `test`, `validation+test`."""
+    return "+".join(s.split for s in specs)
+
+
+def _offsets(parts: list[list[Any]]) -> list[int]:
+    """Where each part starts in the parts laid end to end."""
+    starts, at = [], 0
+    for part in parts:
+        starts.append(at)
+        at += len(part)
+    return starts
 
 
 class EvalCache:
@@ -204,6 +249,37 @@ class EvalCache:
         tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(result.model_dump_json())
         tmp.replace(path)
+
+
+def shares_one_process(weights_hash: str, specs: list[EvalSpec], interactive: bool, device: str | None = None) -> bool:
+    """Whether these splits of one checkpoint are evaluated in one process, their prompts decoded together
+    (`evaluate_cached_splits`): more than one split of one task with the same options, none of them cached, on a
+    path whose answers do not depend on a prompt's company (`numerics.decodes_in_any_company`: the default batch
+    on `cpu-fp32`, a single-turn task). Otherwise each split is evaluated alone (`evaluate_cached`)."""
+    spec = specs[0] if specs else None
+    return (
+        spec is not None and len(specs) > 1 and _one_evaluation(specs)
+        and decodes_in_any_company(spec.batch_size, numeric_path(spec.backend, _uses_gpu(device), spec.batch_size),
+                                   interactive)
+        and all(EvalCache().lookup(weights_hash, s, device) is None for s in specs)
+    )  # fmt: skip
+
+
+def evaluate_cached_splits(
+    model_dir: Path, weights_hash: str, specs: list[EvalSpec], timeout_s: float = 3600, device: str | None = None,
+    progress_file: Path | None = None,
+    on_start: Callable[[Any], None] | None = None,
+) -> list[EvalResult]:
+    """Splits that `shares_one_process` allows, evaluated in one subprocess, each result cached under its own key
+    as `evaluate_cached` caches it (a later evaluation of one split hits it)."""
+    results = evaluate_splits_in_subprocess(model_dir, specs, timeout_s, device, progress_file, on_start=on_start)
+    cache = EvalCache()
+    out = []
+    for spec, result in zip(specs, results):
+        result = result.model_copy(update={"weights_hash": weights_hash})
+        cache.store(weights_hash, spec, result, device)
+        out.append(result)
+    return out
 
 
 GPU_OOM_WAITS_S = (10.0, 30.0)
@@ -278,7 +354,17 @@ def evaluate_in_subprocess(
     progress_file: Path | None = None,
     on_start: Callable[[Any], None] | None = None,
 ) -> EvalResult:
-    """One evaluation in its own process: a crash, a hang or an OOM kill costs this evaluation only.
+    """One evaluation in its own process: `evaluate_splits_in_subprocess` of one split."""
+    return evaluate_splits_in_subprocess(model_dir, [spec], timeout_s, device, progress_file, on_start)[0]
+
+
+def evaluate_splits_in_subprocess(
+    model_dir: Path, specs: list[EvalSpec], timeout_s: float = 3600, device: str | None = None,
+    progress_file: Path | None = None,
+    on_start: Callable[[Any], None] | None = None,
+) -> list[EvalResult]:
+    """One evaluation of one or more splits (`evaluate_splits`) in its own process: a crash, a hang or an OOM kill
+    costs this evaluation only.
 
     It runs under the harness's process supervisor (`a2rl_bench.isolation.procs`): it, and whatever it starts (vLLM's
     engine processes), dies with the harness and with a timeout; and under a memory limit (`eval_memory_bytes`,
@@ -287,16 +373,17 @@ def evaluate_in_subprocess(
     the supervisor's `procs.Started` (pid and start time), e.g. for a run's record of its processes."""
     from a2rl_bench.isolation import procs
 
+    spec = specs[0]
     task_ref = task_class_ref(spec.task_object())
     out_file = eval_cache_dir() / f"run-{os.getpid()}-{time.time_ns()}.json"
     cmd = [
         sys.executable, "-m", "a2rl_bench.inference.evaluation",
         "--model", str(model_dir), "--task", spec.task, "--task-class", task_ref, "--variant", spec.variant,
-        "--split", spec.split, "--backend", spec.backend,
+        "--backend", spec.backend,
         "--out", str(out_file), "--numerics", numeric_path(spec.backend, _uses_gpu(device), spec.batch_size),
     ]  # fmt: skip
-    if spec.limit:
-        cmd += ["--limit", str(spec.limit)]
+    for s in specs:  # each split with its limit (0: all of it)
+        cmd += ["--split", s.split] + (["--limit", str(s.limit or 0)] if len(specs) > 1 or s.limit else [])
     if spec.batch_size is not None:  # else the evaluation picks it by its numeric path
         cmd += ["--batch-size", str(spec.batch_size)]
     env = dict(os.environ)
@@ -337,7 +424,14 @@ def evaluate_in_subprocess(
                                    f"{' (memory limit ' + memory.describe() + ')' if oom else ''}: " + "\n".join(tail),
                                    kind)  # fmt: skip
     try:
-        return EvalResult.model_validate_json(out_file.read_text())
+        text = out_file.read_text()
+        if len(specs) == 1:
+            return [EvalResult.model_validate_json(text)]
+        results = TypeAdapter(list[EvalResult]).validate_json(text)
+        if [r.split for r in results] != [s.split for s in specs]:
+            raise EvaluationFailed(f"the evaluation process returned splits {[r.split for r in results]}, "
+                                   f"not {[s.split for s in specs]}")  # fmt: skip
+        return results
     finally:
         out_file.unlink(missing_ok=True)
 
@@ -348,8 +442,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--task", required=True)
     parser.add_argument("--task-class", required=True, help="module:Class of the task, built without arguments")
     parser.add_argument("--variant", default="offline")
-    parser.add_argument("--split", required=True, choices=["validation", "test"])
-    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--split", required=True, choices=["validation", "test"], action="append",
+                        help="repeated: the splits evaluated together, their items decoded in shared batches")
+    parser.add_argument("--limit", type=int, action="append", help="per --split, in order (0: all); optional for one")
     parser.add_argument("--batch-size", type=int, default=None, help="default: by numeric path (numerics.eval_batch)")
     parser.add_argument("--backend", default="transformers", choices=["transformers", "vllm"])
     parser.add_argument("--out", required=True, type=Path)
@@ -358,11 +453,20 @@ def main(argv: list[str] | None = None) -> None:
     from a2rl_bench.inference.config_check import check_config_matches_weights
 
     check_config_matches_weights(args.model)  # before any weight is loaded: a config that builds more is refused
+    limits = args.limit or [None] * len(args.split)
+    if len(limits) != len(args.split):
+        parser.error(f"{len(args.split)} --split but {len(limits)} --limit: give one --limit per --split")
     task = task_from_ref(args.task_class, args.task)
-    spec = EvalSpec(args.task, args.variant, args.split, args.limit, args.batch_size, args.backend, task)
-    result = evaluate(args.model, spec, args.numerics)
-    args.out.write_text(result.model_dump_json())
-    print(json.dumps({"score": result.score, "n": result.n, "seconds": round(result.duration_s, 1)}))
+    specs = [EvalSpec(args.task, args.variant, split, limit or None, args.batch_size, args.backend, task)
+             for split, limit in zip(args.split, limits)]  # fmt: skip
+    results = evaluate_splits(args.model, specs, args.numerics)
+    if len(results) == 1:  # one split: the result itself, as callers of one evaluation read it
+        args.out.write_text(results[0].model_dump_json())
+    else:
+        args.out.write_bytes(TypeAdapter(list[EvalResult]).dump_json(results))
+    for result in results:
+        print(json.dumps({"split": result.split, "score": result.score, "n": result.n,
+                          "seconds": round(result.duration_s, 1)}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -61,9 +61,18 @@ def eval_batch(requested: int | None, path: str, n_prompts: int, interactive: bo
     Interactive episodes keep the default: their contexts grow every step, and their memory with the batch."""
     if requested is not None:
         return requested
-    if path == CPU_PATHS["fp32"] and not interactive:
+    if decodes_in_any_company(requested, path, interactive):
         return max(1, min(n_prompts, CPU_FP32_MAX_BATCH))
     return EVAL_BATCH_DEFAULT
+
+
+def decodes_in_any_company(requested: int | None, path: str, interactive: bool = False) -> bool:
+    """Whether an evaluation's answers stay the same whatever prompts it decodes beside them: only the default
+    batch (`requested` None) on `cpu-fp32`, single-turn. There a split is decoded in as few batches as pay
+    (`eval_batch`), and several splits of one checkpoint may share one evaluation process and its batches (the
+    baseline's validation and test: `a2rl_bench.inference.evaluation.evaluate_cached_splits`); on every other
+    path the company of a prompt may change its answer under the same cache key."""
+    return requested is None and path == CPU_PATHS["fp32"] and not interactive
 
 
 def cpu_path(batch_size: int | None = None, engine: str | None = None) -> str:
