@@ -107,3 +107,23 @@ def test_codex_records_the_command_the_sessions_end_cut_off():
     calls = p.finish()
     assert [(c.tool, c.ok, c.input["command"]) for c in calls] == [("command_execution", False, submit)]
     assert p.tool_calls == 2 and p.finish() == []
+
+
+def test_the_final_phase_does_not_count_the_baselines_items_as_its_own(tmp_path):
+    """A fresh checkout's `make run`, 2026-11-29: the final phase showed "final test items 48/48" (the baseline's
+    file, still there), then "78/80" for a final test of 32 items. An evaluation that started before the phase
+    did is not the phase's: nothing is counted until the final evaluation writes its own."""
+    from a2rl_bench.ops.progress import EVAL_PROGRESS_FILE, CountView, ItemProgress, RunProgress, read_snapshot
+
+    run = RunProgress(run_id="r", harness_dir=tmp_path, phase="final_grading", phase_started_at=5000.0)
+    (tmp_path / "progress.json").write_text(run.model_dump_json())
+    baseline = ItemProgress(what="validation+test", id="b", done=48, total=48, started_at=4900.0, at=4950.0,
+                            loaded=True)  # fmt: skip
+    (tmp_path / EVAL_PROGRESS_FILE).write_text(baseline.model_dump_json())
+    view = CountView()
+    assert read_snapshot(tmp_path / "progress.json").items is None
+    final = ItemProgress(what="test", id="f", done=30, total=32, started_at=5010.0, at=5040.0, loaded=True)
+    (tmp_path / EVAL_PROGRESS_FILE).write_text(final.model_dump_json())
+    snap = read_snapshot(tmp_path / "progress.json")
+    (count,) = view.counts(snap, now=5041.0)
+    assert (count.label, count.done, count.total) == ("final test", 30, 32)

@@ -309,6 +309,10 @@ def read_snapshot(progress_path: Path) -> Snapshot | None:
             snap.items = ItemProgress.model_validate_json((h / name).read_text())
         except (OSError, ValueError):
             snap.items = None
+        if snap.items is not None and name == EVAL_PROGRESS_FILE and snap.items.started_at < progress.phase_started_at:
+            # An earlier phase's evaluation (the baseline's, until the final one replaces its file): the final phase
+            # counted its items as its own ("final test items 78/80" for 32 items, 2026-11-29).
+            snap.items = None
     if (h / "llm_calls.jsonl").exists():
         snap.llm = _LLM_TALLIES.setdefault(h / "llm_calls.jsonl", LLMTally()).read(h / "llm_calls.jsonl")
     return snap
