@@ -155,7 +155,7 @@ def test_no_rl_round_starts_that_would_only_cut_its_rollouts():
                             budget={"budget_s": 420.0, "remaining_s": 52.4, "elapsed_s": 367.6},
                             entropy_rollbacks=0, failures_in_a_row=0, rounds=[object()], grpo=env)  # fmt: skip
     start, _, why = session.can_start()  # 34 s of round left, a step takes 75 s
-    assert not start and "too little for another RL update (one took up to 75s of late)" in why
+    assert not start and "too little for another RL update (recent ones took up to 75s)" in why
     env.recent_step_s = [75.0, 30.0, 30.0, 30.0]  # the slowest of the last three whole steps counts
     assert session.can_start()[:2] == (True, pytest.approx(34.0))
     env.recent_step_s = [30.0, 36.0, 30.0]

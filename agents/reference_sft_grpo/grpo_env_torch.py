@@ -786,7 +786,7 @@ class GRPOEnv:
     def step_estimate_s(self) -> float | None:
         """What a next whole step may take: the slowest of the last three whole steps (None before one). On a
         card shared with other runs a step's time varies by a third from one to the next (rollouts 11-28 s,
-        updates 10-23 s at four runs a card, BENCHMARKS.md "RL, tenth pass"): sized to the last step alone, every
-        other round cut its rollouts at the deadline and dropped them."""
+        updates 10-23 s at four runs a card, BENCHMARKS.md "RL, tenth pass"): a round sized to the last step alone
+        can start a step whose rollouts the deadline cuts, and drops them."""
         recent = self.recent_step_s[-3:]
         return max(recent) if recent else self.last_step_s

@@ -440,8 +440,8 @@ class InteractiveSession:
             return False, 0.0, f"{self.budget['remaining_s']:.0f}s left, too little for another round"
         step_s = self.grpo.step_estimate_s() if self.phase == "GRPO" and self.grpo is not None else None
         if step_s and seconds < step_s:  # its rollouts would be cut at the deadline and dropped: no update
-            return False, 0.0, (f"{self.budget['remaining_s']:.0f}s left, too little for another RL update (one "
-                                f"took up to {step_s:.0f}s of late)")  # fmt: skip
+            return False, 0.0, (f"{self.budget['remaining_s']:.0f}s left, too little for another RL update (recent "
+                                f"ones took up to {step_s:.0f}s)")  # fmt: skip
         return True, max(1.0, seconds), "round"
 
     def train_round(self, seconds: float) -> Round:
