@@ -128,7 +128,7 @@ def test_no_rl_round_starts_that_would_only_cut_its_rollouts():
     import time as clock
 
     env = grpo_env_torch.GRPOEnv.__new__(grpo_env_torch.GRPOEnv)
-    env.last_step_s = env.last_update_s = None
+    env.last_update_s = None
     env.recent_step_s = []
     deadlines, cuts = [], iter([0, 0, 7])
 
@@ -171,7 +171,7 @@ def test_a_round_takes_no_step_after_one_its_deadline_cut(monkeypatch):
     clock = {"now": 1000.0}
     monkeypatch.setattr(grpo_env_torch.time, "monotonic", lambda: clock["now"])
     env = grpo_env_torch.GRPOEnv.__new__(grpo_env_torch.GRPOEnv)
-    env.last_step_s, env.last_update_s, env.recent_step_s = 27.6, 16.4, [27.6]
+    env.last_update_s, env.recent_step_s = 16.4, [27.6]
     taken, rollout_s = [], iter([11.0, 15.5, 16.1])  # as measured: rollouts vary from step to step
 
     def step(deadline=None):  # rollouts (cut at the deadline), then an update of 16.4 s

@@ -531,12 +531,10 @@ class GRPOEnv:
         self.sample = make_sampler(model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
                                    stop=envlib.STOP, seed=seed, engine=engine)  # fmt: skip
         self.steps_done = 0
-        self.last_step_s: float | None = None
-        """Seconds the last whole step took (rollouts plus update; None before one was timed): a round shorter
-        than this would only cut its rollouts at the deadline and drop them."""
         self.last_update_s: float | None = None
         self.recent_step_s: list[float] = []
-        """Seconds of each whole step so far (`step_estimate_s`)."""
+        """Seconds of each whole step so far, rollouts plus update (`step_estimate_s`): a round shorter than a step
+        would only cut its rollouts at the deadline and drop them."""
         self.curve = curve
 
     def weights_changed(self) -> None:
@@ -775,8 +773,8 @@ class GRPOEnv:
             if stats[-1].cut:  # the round's time ran out in its rollouts: a next step's would only be cut too
                 break
             update_s = max(stats[-1].update_s, 0.5)
-            self.last_step_s, self.last_update_s = stats[-1].rollout_s + stats[-1].update_s, update_s
-            self.recent_step_s.append(self.last_step_s)
+            self.last_update_s = update_s
+            self.recent_step_s.append(stats[-1].rollout_s + stats[-1].update_s)
             now = time.monotonic()
             if now - t0 + max(now - last, self.step_estimate_s() or 0.0) > seconds:
                 break
@@ -789,4 +787,9 @@ class GRPOEnv:
         updates 10-23 s at four runs a card, BENCHMARKS.md "RL, tenth pass"): a round sized to the last step alone
         can start a step whose rollouts the deadline cuts, and drops them."""
         recent = self.recent_step_s[-3:]
-        return max(recent) if recent else self.last_step_s
+        return max(recent) if recent else None
+
+    @property
+    def last_step_s(self) -> float | None:
+        """Seconds the last whole step took (None before one was timed)."""
+        return self.recent_step_s[-1] if self.recent_step_s else None
