@@ -173,8 +173,10 @@ def arm(algorithm: str, envlib, curve: Path | None, *, lr: float, temperature: f
 
 
 def learn(algorithm: str, boxed: bool, tmp_path, *, max_updates: int, lr: float = 3e-3, temperature: float = 1.0,
-          group_size: int = 16, seed: int = 0, look: bool = False, schedule: grpo_env_torch.Schedule | None = None):
-    """Updates until the greedy win rate (checked every 5) reaches 90%; the curve and the rates seen."""
+          group_size: int = 16, seed: int = 0, look: bool = False, schedule: grpo_env_torch.Schedule | None = None,
+          stop_at_greedy: bool = True):
+    """Updates until the greedy win rate (checked every 5) reaches 90% (or all `max_updates` of them, without
+    `stop_at_greedy`); the curve and the rates seen."""
     envlib = game_envlib(boxed, look)
     curve = tmp_path / f"{algorithm}-{boxed}.jsonl"
     grpo = arm(algorithm, envlib, curve, lr=lr, temperature=temperature, group_size=group_size, seed=seed,
@@ -184,7 +186,7 @@ def learn(algorithm: str, boxed: bool, tmp_path, *, max_updates: int, lr: float 
         grpo.grpo_step()
         if update % 5 == 0:
             rates.append(greedy_win_rate(grpo, envlib))
-            if rates[-1] >= 0.9:
+            if rates[-1] >= 0.9 and stop_at_greedy:
                 break
     rows = [json.loads(line) for line in curve.read_text().splitlines()]
     return rates, rows
@@ -206,13 +208,15 @@ def test_rl_raises_the_greedy_win_rate_from_chance(algorithm, tmp_path, one_torc
 def test_rl_learns_two_actions_in_a_row_that_a_frozen_arm_does_not(tmp_path, one_torch_thread):
     """``open-see``: the box must be opened, then looked into, and only that wins (win-only: nothing for an
     opened box). The untrained policy wins 0-2% of its sampled episodes. GRPO as the agent runs it (win-only
-    returns, the KL target 0.02 adapting the rate; 8 games x 8 episodes an update, lr 5e-3) wins nearly all
-    within 30 updates, greedy too, where the frozen arm (the same model, rollouts and seeds at lr 0) stays at
-    chance. Seed 0 here; seeds 1 and 2 (not asserted): seed 2 64/64 by update 25, seed 1 learned to 43/64 by
-    update 28, then fell and rose twice (1 to 48) within 40 updates."""
+    returns, the KL target 0.02 adapting the rate, never past its peak; 8 games x 8 episodes an update, lr 5e-3)
+    wins nearly all within 40 updates, greedy too, where the frozen arm (the same model, rollouts and seeds at
+    lr 0) stays at chance. Seed 0 here; seeds 1 and 2 (not asserted): the last three updates won 145 and 189 of
+    192 episodes (seed 0: 190), greedy 100% for all three. Greedy reaches 90% first (updates 15-30), the sampled
+    episodes later: all 40 updates run."""
     envlib = game_envlib(True, look=True)
     schedule = grpo_env_torch.Schedule(kl_target=0.02)
-    rates, rows = learn("grpo", True, tmp_path, max_updates=40, lr=5e-3, group_size=8, look=True, schedule=schedule)
+    rates, rows = learn("grpo", True, tmp_path, max_updates=40, lr=5e-3, group_size=8, look=True, schedule=schedule,
+                        stop_at_greedy=False)  # fmt: skip
     frozen = arm("grpo", envlib, None, lr=0.0, group_size=8, schedule=schedule)
     frozen_wins = [sum(r.won for r in frozen.rollouts()) for _ in range(3)]
     print(f"greedy win rate every 5 updates {rates}; sampled wins per update {[r['wins'] for r in rows]} of "
@@ -410,11 +414,16 @@ def test_the_kl_target_adapts_the_learning_rate(tmp_path, one_torch_thread):
     assert fast.max_episode_steps == 1  # the game's own step limit (its envlib.MAX_STEPS)
     fast.grpo_step()
     assert fast.lr_scale == 0.5
+    fast.schedule = grpo_env_torch.Schedule(minibatches=4, kl_target=10.0)  # now timid: back up to the peak
+    fast.grpo_step()
+    assert fast.lr_scale == 0.75
+    back = fast.grpo_step()
+    assert back.update.lr == pytest.approx(3e-2 * 0.75, rel=1e-6) and fast.lr_scale == 1.0
     slow = grpo_at(1e-6, 10.0)
     slow.grpo_step()
-    assert slow.lr_scale == 1.5
+    assert slow.lr_scale == 1.0  # a timid update never raises the rate past its peak
     second = slow.grpo_step()
-    assert second.update.lr == pytest.approx(1e-6 * 1.5, rel=1e-6)
+    assert second.update.lr == pytest.approx(1e-6, rel=1e-6)
 
 
 def test_three_rises_of_the_entropy_in_a_row_raise_the_alarm(tmp_path):
@@ -531,8 +540,12 @@ def assert_same_update(a, b) -> None:
     (one, one_grads), (other, other_grads) = a, b
     assert one.optimizer_steps == other.optimizer_steps == 2
     assert one.clip_fraction > 0 and one.approx_kl > 1e-4  # the statistics have something to sum
-    for field in ("loss", "approx_kl", "clip_fraction", "first_ratio_max_dev", "entropy"):
+    for field in ("loss", "approx_kl", "clip_fraction", "entropy"):
         assert getattr(other, field) == pytest.approx(getattr(one, field), rel=1e-4, abs=1e-6), field
+    # The first minibatch's ratios are 1 up to float32 rounding either way (the sampler is the policy): that
+    # rounding's size depends on the summation order, so both are bounded, not compared (8e-6 against 9e-6 on one
+    # CPU, equal on another).
+    assert one.first_ratio_max_dev < 1e-4 and other.first_ratio_max_dev < 1e-4
     for x, y in zip(one_grads, other_grads, strict=True):
         norm = float(sum((x[n] ** 2).sum() for n in x) ** 0.5)
         assert float(sum(((x[n] - y[n]) ** 2).sum() for n in x) ** 0.5) < 1e-5 * norm
