@@ -213,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.unlink(missing_ok=True)
     sft = args.sft or make_sft(args, public, Knobs.from_env({}))
+    release_cached_gpu_memory()
     t0 = time.monotonic()
     runs = [(arm, seed) for arm in args.arms for seed in args.seeds]
     if args.sequential:
@@ -241,6 +242,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nRL only from {sft}, {args.updates} updates, seeds {args.seeds}, {time.monotonic() - t0:.0f} s\n\n"
           f"{table(rows)}", flush=True)  # fmt: skip
     return 0
+
+
+def release_cached_gpu_memory() -> None:
+    """Give the SFT's cached GPU blocks back before the arms start: this process only waits for its children, and
+    it held 32.6 GiB of a card idle for the whole bench (BENCHMARKS.md "RL, eleventh pass"), enough to run runs
+    beside it out of memory."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def cards_for(n: int, visible: str | None = None, count: int | None = None) -> list[str | None]:
