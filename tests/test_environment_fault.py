@@ -65,3 +65,80 @@ def test_an_environment_run_is_left_out_of_the_aggregates_and_run_again_by_a_swe
     assert analysed == {"fine"}
     assert list(excluded["reason"]) == ["environment (the machine starved the run)"] and list(excluded["n_runs"]) == [1]
     assert completed_hashes(tmp_path / "a.duckdb") == {fine_config.config_hash()}
+
+
+# -- a card other processes filled (issue 42, eleventh RL pass) -------------------------------------------------------
+GIB = 2**30
+IMPROVED = dict(n_submissions=2, n_scored=2, baseline_feedback=0.0, submission_ids=[1, 2], scored_submission_ids=[1, 2],
+                feedback_split="validation", delta_test=70.1, delta_test_ci_low=62.3, delta_test_ci_high=78.0,
+                delta_test_n_items=134)  # fmt: skip
+
+
+def _gpu_samples(n: int = 40, *, others_gib: float, mine_gib: float | None = 16.5, procs: int = 7,
+                 crowded_from: int = 0) -> list[ResourceSample]:  # fmt: skip
+    """Samples every 5 s of an agent on GPU 0 of 140 GiB; from sample `crowded_from` on, other processes hold
+    `others_gib` (before it, 60 GiB)."""
+    from a2rl_bench.capture.resources import GpuSample
+
+    out = []
+    for i in range(n):
+        others = others_gib if i >= crowded_from else 60.0
+        used = (others + (mine_gib or 16.5)) * GIB
+        gpu = GpuSample(index=0, util_percent=90.0, mem_used_bytes=int(min(used, 140 * GIB)),
+                        mem_total_bytes=140 * GIB, procs=procs, agent_procs=1)  # fmt: skip
+        out.append(ResourceSample(seq=i, elapsed_s=5.0 * i, n_procs=3, cpu_percent=100.0, rss_bytes=1, gpus=[gpu],
+                                  gpu_mem_tree_bytes=None if mine_gib is None else int(mine_gib * GIB)))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize(("samples", "used", "expected"), [
+    # the eleventh pass's runs: 123 GiB of others on a 140 GiB card at the end, the agent dead at 41% of its budget
+    (_gpu_samples(others_gib=123.0, crowded_from=35), 0.41, "environment"),
+    # the same card, but the session used its budget: whatever the card was, the run is the agent's
+    (_gpu_samples(others_gib=123.0, crowded_from=35), 0.97, "none"),
+    # full long before an early end (60 s earlier, then room again): the end is not the card's doing
+    (_gpu_samples(others_gib=123.0, crowded_from=20)[:26] + _gpu_samples(others_gib=60.0)[26:], 0.41, "none"),
+    # full, but by the agent itself (others 30 GiB, the agent 110): its own out-of-memory error is its failure
+    (_gpu_samples(others_gib=30.0, mine_gib=110.0, crowded_from=35), 0.41, "none"),
+    # the driver did not say what the agent's tree held: nothing is concluded
+    (_gpu_samples(others_gib=123.0, mine_gib=None, crowded_from=35), 0.41, "none"),
+    # a card of its own (no other process): never crowded by others
+    (_gpu_samples(others_gib=123.0, procs=1, crowded_from=35), 0.41, "none"),
+])  # fmt: skip
+def test_a_session_a_full_card_cut_short_is_the_machines_not_the_agents(samples, used, expected):
+    from a2rl_bench.summary.process_facts import crowded_early_end
+    from a2rl_bench.summary.verdicts import explain_failure
+
+    metrics = RunMetrics(**IMPROVED, time_used_ratio=used)
+    why = crowded_early_end(metrics, samples)
+    verdict = explain_failure(metrics, {1: "SFT", 2: "SFT"}, {"ended_by": "agent-exit", "gpu_crowded": why})
+    assert verdict.label == expected, verdict.reason
+    if expected == "environment":  # the reason names what the harness measured
+        assert "41% of its budget" in verdict.reason and "123.0 of GPU 0's 140.0 GiB" in verdict.reason
+        assert "the agent 16.5 GiB" in verdict.reason
+
+
+def test_the_summary_step_reads_the_crowded_card_from_the_runs_resource_samples(tmp_path: Path):
+    """Through `summarize_process`: the run's `resources.jsonl` as the sampler writes it, a session that ended at 41%
+    of its budget, and a run that improved on its baseline: class `environment`, and the analysis leaves it out."""
+    from a2rl_bench.summary.process_facts import summarize_process
+
+    harness = tmp_path / "harness"
+    harness.mkdir()
+    with (harness / "resources.jsonl").open("w") as f:
+        for s in _gpu_samples(others_gib=123.0, crowded_from=35):
+            f.write(s.model_dump_json() + "\n")
+    config = RunConfig(budget_s=420.0)
+    entries = [_session_start(1.0)]
+    report = summarize_process("r", harness, entries, config, {"agent_seconds": 172.0, "ended_by": "agent-exit"},
+                               narrative=False)  # fmt: skip
+    assert report.failure_class == "environment", report.failure_reason
+    assert "the machine cut the run short" in report.failure_reason
+    calm = tmp_path / "calm"
+    calm.mkdir()
+    with (calm / "resources.jsonl").open("w") as f:
+        for s in _gpu_samples(others_gib=60.0):
+            f.write(s.model_dump_json() + "\n")
+    other = summarize_process("r", calm, entries, config, {"agent_seconds": 172.0, "ended_by": "agent-exit"},
+                              narrative=False)  # fmt: skip
+    assert other.failure_class != "environment", other.failure_reason

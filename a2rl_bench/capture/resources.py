@@ -261,6 +261,49 @@ def gpu_shared_procs(sample: ResourceSample) -> int | None:
     return sum(g.procs - g.agent_procs for g in used) if used else None
 
 
+CROWDED_FULL = 0.95
+"""A card at least this full (memory used / total) has no room left for an allocation of any size."""
+CROWDED_BY_OTHERS = 0.5
+"""...and processes outside the agent's tree held at least this share of it: they, not the agent, filled it."""
+CROWDED_WINDOW_S = 30.0
+"""Seconds before the session's end in which such a sample counts: an out-of-memory error ends a process at once."""
+
+
+def gpu_crowded_at_end(samples: list[ResourceSample]) -> str | None:
+    """Whether other processes had filled the agent's GPU just before its session ended (the clause of a reason), or
+    None: a sample in the session's last `CROWDED_WINDOW_S` seconds where a card the agent was using was at least
+    `CROWDED_FULL` full and processes outside its tree (other runs on a shared card, anyone) held at least
+    `CROWDED_BY_OTHERS` of it. In the eleventh RL pass (BENCHMARKS.md) two agents died of CUDA out of memory this
+    way, on a card at 99.5%, and their runs were counted as the agent's results.
+
+    Only from what the harness measured (NVML), never from the agent's output, which would let an agent have its own
+    run set aside. Needs the driver's per-process memory of the agent's tree (`gpu_mem_tree_bytes`): without it the
+    agent's own share is unknown and nothing is concluded. The tree's memory is summed over its cards, so on several
+    cards the others' share is underestimated (the rule errs towards the agent's own failure)."""
+    if not samples:
+        return None
+    end = samples[-1].elapsed_s
+    worst: tuple[float, GpuSample, int, float] | None = None
+    for s in samples:
+        if end - s.elapsed_s > CROWDED_WINDOW_S or not s.gpu_mem_tree_bytes:
+            continue
+        for g in s.gpus:
+            used, total = g.mem_used_bytes, g.mem_total_bytes
+            if not (g.agent_procs and g.procs and g.procs > g.agent_procs and used and total):
+                continue
+            others = used - s.gpu_mem_tree_bytes
+            if used >= CROWDED_FULL * total and others >= CROWDED_BY_OTHERS * total:
+                if worst is None or others > worst[0]:
+                    worst = (others, g, s.gpu_mem_tree_bytes, end - s.elapsed_s)
+    if worst is None:
+        return None
+    others, g, mine, before = worst
+    gib = 2**30
+    return (f"{before:.0f} s before it ended, other processes ({g.procs - g.agent_procs}) held {others / gib:.1f} of "
+            f"GPU {g.index}'s {g.mem_total_bytes / gib:.1f} GiB ({g.mem_used_bytes / g.mem_total_bytes:.0%} full) and "
+            f"the agent {mine / gib:.1f} GiB: the card was full of other processes' memory")
+
+
 def resource_rows(samples: list[ResourceSample]) -> list[dict[str, Any]]:
     """Rows for the `resources` table of the results store."""
     return [

@@ -32,7 +32,7 @@ from a2rl_bench.protocol.picking import (best_so_far, best_submission, final_ent
                                    latest_submissions, scored_submissions)
 from a2rl_bench.records import LedgerEntry, RunConfig, RunSummary
 from a2rl_bench.capture.calls import read_llm_calls, summarize_llm_calls
-from a2rl_bench.capture.resources import ResourceSample, read_resources, summarize_resources
+from a2rl_bench.capture.resources import ResourceSample, gpu_crowded_at_end, read_resources, summarize_resources
 from a2rl_bench.summary.route_labels import label_routes
 from a2rl_bench.summary.stages import stage_metrics
 from a2rl_bench.summary.report import last_event
@@ -186,8 +186,10 @@ def summarize_process(
     metrics.add(stage_metrics(entries, harness_dir))
     labels = label_routes(entries, snapshots)
     metrics.route_counts = {r: list(labels.routes.values()).count(r) for r in sorted(set(labels.routes.values()))}
+    samples = read_resources(harness_dir / "resources.jsonl")
     context = dict(session_detail) | {
-        "environment_fault": starved(entries, read_resources(harness_dir / "resources.jsonl"), session_detail),
+        "environment_fault": starved(entries, samples, session_detail),
+        "gpu_crowded": crowded_early_end(metrics, samples),
         "run_status": run_status,
         "run_error": run_error,
         "submission_errors": [e.error for e in latest_submissions(entries) if e.status == "error" and e.error],
@@ -214,6 +216,11 @@ def summarize_process(
     return report
 
 
+EARLY_END_SHARE = 0.9
+"""A session that used less of its budget than this ended early (the reference agent in mode free stops at ~82%
+when no RL update fits: that alone is no fault, a full card just before the end is)."""
+
+
 def starved(entries: list[LedgerEntry], samples: list[ResourceSample], session_detail: Mapping[str, Any]) -> str | None:
     """Whether the machine starved the run, from what the harness recorded: the session's start delay (its
     `session-start` event), the load per core and the agent's CPU in the resource samples taken while it ran."""
@@ -222,6 +229,17 @@ def starved(entries: list[LedgerEntry], samples: list[ResourceSample], session_d
     loads = [float(s.extra["load_per_core"]) for s in samples if isinstance(s.extra.get("load_per_core"), (int, float))]
     cpu_s = sum(s.cpu_percent / 100 * (b.elapsed_s - s.elapsed_s) for s, b in zip(samples, samples[1:])) or None
     return environment_fault(delay, loads, cpu_s, _num(session_detail.get("agent_seconds")))
+
+
+def crowded_early_end(metrics: RunMetrics, samples: list[ResourceSample]) -> str | None:
+    """Why the machine, not the agent, ended the session early (the reason), or None: the agent used less than
+    `EARLY_END_SHARE` of its budget and its GPU was full of other processes' memory just before the end
+    (`gpu_crowded_at_end`)."""
+    used = metrics.time_used_ratio
+    if used is None or used >= EARLY_END_SHARE:
+        return None
+    crowded = gpu_crowded_at_end(samples)
+    return f"the session ended at {used:.0%} of its budget; {crowded}" if crowded else None
 
 
 def _narrative_md(report: ProcessFacts) -> str:

@@ -6,7 +6,7 @@ Failure class (first rule that matches wins; operational, not semantic, like the
 |---|---|---|
 | 1 | `none` | the run improved: the 95% item-level interval of Δ test is above 0 (or, with no final test score, the best feedback score's) |
 | 2 | `infrastructure failure` | the agent could not be launched; or no baseline was recorded; or the session was interrupted by a harness crash; or the run failed (a harness error), or was interrupted before the agent session ended; or every submission failed with a grader-side error (`INFRA_ERROR_MARKERS`) |
-| 3 | `environment` | no submission was scored and the machine starved the run: the session took `STARVED_START_S` or more to start the agent, or the load per core while the agent ran averaged `STARVED_LOAD` or more (`environment_fault`) |
+| 3 | `environment` | no submission was scored and the machine starved the run: the session took `STARVED_START_S` or more to start the agent, or the load per core while the agent ran averaged `STARVED_LOAD` or more (`environment_fault`); or, whatever was scored (checked before rule 1), the session ended before 90% of its budget just after other processes had filled the agent's GPU (`gpu_crowded`, from the harness's NVML samples: an out-of-memory death the machine caused) |
 | 4 | `static shortcut` | every scored submission has the base model's weights (route `copy`) |
 | 5 | `early coding failure` | no submission was scored: the agent never closed one train → submit → score cycle |
 | 6 | `static shortcut` | heldout: the validation score improved significantly but the hidden test score did not (no transfer) |
@@ -74,6 +74,8 @@ def explain_failure(
     base = m.baseline_feedback
     if session_detail.get("run_status") == "failed":  # a harness error is never the agent's result
         return FailureVerdict("infrastructure failure", f"the run failed: {session_detail.get('run_error')}")
+    if why := session_detail.get("gpu_crowded"):  # cut short by a full card: its scores are not what it would get
+        return FailureVerdict("environment", f"the machine cut the run short: {why}")
     if _significant(m, "delta_test", above=True):
         what = f"Δ test = {m.delta_test:+.2f}" if m.delta_test is not None else (
             f"best {m.feedback_split} score {m.best_feedback} > baseline {base}")
