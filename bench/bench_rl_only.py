@@ -15,7 +15,8 @@ episodes won (of goals x group), the update's clip fraction, approximate KL, ent
 and the process's peak GPU memory (`torch.cuda.max_memory_allocated`), every `--val-every` updates the policy's
 greedy win rate on the validation games, and after the last update the last checkpoint's greedy win rate on the
 hidden test games (both through the evaluator's environment, prompts and step limit, played by
-`grpo_env_torch.play`: not the grader's own evaluation, the same games). Every (arm, seed) is its own process,
+`grpo_env_torch.play`: not the grader's own evaluation, the same games), each game won or not (so that the
+table pairs each arm with the frozen one on the same games: exact McNemar). Every (arm, seed) is its own process,
 round-robin over the visible cards (`--sequential` for one after another in this process). Output: one JSON
 line per update per arm and seed (`--out`), then a table.
 """
@@ -95,10 +96,17 @@ def make_sft(args, public: Path, knobs) -> Path:
     return out
 
 
-def validation(grpo_env_torch, envlib, public: Path, goals: list[dict], model, tokenizer, max_steps: int) -> int:
+def validation(grpo_env_torch, envlib, public: Path, goals: list[dict], model, tokenizer, max_steps: int) -> str:
+    """Each game won (1) or not (0), in the games' order: per game, so that arms pair on the same games."""
     sample = grpo_env_torch.greedy_sampler(model, tokenizer, max_new_tokens=32, stop=envlib.STOP)
     steps = max_steps or envlib.MAX_STEPS["alfworld"]
-    return sum(r.won for r in grpo_env_torch.play(envlib, "alfworld", public, goals, sample, steps, seed=0))
+    return "".join("1" if r.won else "0" for r in grpo_env_torch.play(envlib, "alfworld", public, goals, sample, steps,
+                                                                        seed=0))  # fmt: skip
+
+
+def scored(split: str, games: str) -> dict:
+    """A row's fields for one greedy evaluation: games won, games played, and which (a string of 0/1)."""
+    return {f"{split}_won": games.count("1"), f"{split}_n": len(games), f"{split}_games": games}
 
 
 def _games(public: Path, split: str, limit: int) -> list[dict]:
@@ -139,8 +147,11 @@ def run_arm(args, arm: str, seed: int, sft: Path, public: Path) -> None:
             f.flush()
             print(json.dumps(row), flush=True)
 
-        emit({"update": 0, "val_won": validation(grpo_env_torch, envlib, public, val_goals, model, tokenizer, args.val_max_steps),
-              "val_n": len(val_goals)})  # fmt: skip
+        def val() -> dict:
+            return scored("val", validation(grpo_env_torch, envlib, public, val_goals, model, tokenizer,
+                                            args.val_max_steps))  # fmt: skip
+
+        emit({"update": 0, **val()})
         for update in range(1, args.updates + 1):
             if arm == "none":  # the frozen policy: rollouts only
                 started = time.monotonic()
@@ -157,20 +168,36 @@ def run_arm(args, arm: str, seed: int, sft: Path, public: Path) -> None:
                        "entropy_alarm": stats.entropy_alarm, "cut": stats.cut}  # fmt: skip
             row["max_memory_gib"] = peak_gib()
             if update % args.val_every == 0 or update == args.updates:
-                row |= {"val_won": validation(grpo_env_torch, envlib, public, val_goals, model, tokenizer, args.val_max_steps),
-                        "val_n": len(val_goals)}  # fmt: skip
+                row |= val()
             emit({"update": update, **row})
         test_goals = _games(public, "test", args.test_limit)
-        emit({"update": args.updates, "final": True, "max_memory_gib": peak_gib(), "test_n": len(test_goals),
-              "test_won": validation(grpo_env_torch, envlib, public, test_goals, model, tokenizer, args.val_max_steps)})
+        emit({"update": args.updates, "final": True, "max_memory_gib": peak_gib(),
+              **scored("test", validation(grpo_env_torch, envlib, public, test_goals, model, tokenizer,
+                                          args.val_max_steps))})  # fmt: skip
+
+
+def against_frozen(rows: list[dict], mine: dict, split: str) -> str:
+    """The last evaluation of `split` in `mine` (a final row for test, else the last validation) against the frozen
+    arm's on the same games: the difference in points with its paired 95% interval (exact McNemar), or "-"."""
+    from a2rl_bench.summary.intervals import paired_item_interval
+
+    key = f"{split}_games"
+    frozen = next((r for r in rows if r["arm"] == "none" and r.get(key) and r["update"] == mine["update"]
+                   and bool(r.get("final")) == bool(mine.get("final"))), None)  # fmt: skip
+    if frozen is None or not mine.get(key) or len(frozen[key]) != len(mine[key]):
+        return "-"
+    i = paired_item_interval([int(c) for c in frozen[key]], [int(c) for c in mine[key]])
+    return f"{i.estimate:+.1f} [{i.low:+.1f}, {i.high:+.1f}] p={i.p_value:.2g} (n={i.n})"
 
 
 def table(rows: list[dict]) -> str:
     """Per arm and seed: training wins per update (first three against last three), seconds per update, peak
-    memory, the validation scores, the last checkpoint's hidden-test score."""
+    memory, the validation scores, the last checkpoint's hidden-test score, and the last validation and test
+    against the frozen arm's on the same games (paired)."""
     lines = ["| arm | seed | wins per update | first 3 -> last 3 updates (Δ ± 95% CI, n episodes) | s / update | "
-             "peak GiB | validation (won/n @ update) | test (last) |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "peak GiB | validation (won/n @ update) | test (last) | last validation - frozen (points, paired) | "
+             "test - frozen (points, paired) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for arm in ARMS:
         for seed in sorted({r.get("seed", 0) for r in rows if r["arm"] == arm}):
             mine = sorted((r for r in rows if r["arm"] == arm and r.get("seed", 0) == seed and not r.get("final")),
@@ -192,8 +219,13 @@ def table(rows: list[dict]) -> str:
                        default=None)  # fmt: skip
             val = ", ".join(f"{r['val_won']}/{r['val_n']}@{r['update']}" for r in mine if "val_won" in r)
             test = f"{final['test_won']}/{final['test_n']}" if "test_won" in final else "-"
+            last_val = next((r for r in reversed(mine) if "val_won" in r), None)
+            paired = ["-", "-"] if arm == "none" else [
+                against_frozen(rows, last_val, "val") if last_val else "-",
+                against_frozen(rows, final, "test") if final else "-"]  # fmt: skip
             lines.append(f"| {arm} | {seed} | {wins} (of {trained[0]['episodes'] if trained else '-'}) | {delta} | "
-                         f"{per_update} | {'-' if peak is None else peak} | {val} | {test} |")  # fmt: skip
+                         f"{per_update} | {'-' if peak is None else peak} | {val} | {test} | {paired[0]} | "
+                         f"{paired[1]} |")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -302,8 +302,13 @@ def test_the_rl_only_bench_runs_on_the_cpu(tiny_model_dir, tmp_path, capsys):
     assert "clip_fraction" in rows[1] and "minibatches_used" in rows[1] and "max_memory_gib" in rows[1]
     finals = [r for r in rows if r.get("final")]
     assert len(finals) == 2 and all(r["test_n"] == 2 and 0 <= r["test_won"] <= 2 for r in finals)  # the last checkpoint
+    # per game, in the games' order, so that an arm pairs with the frozen one on the same games
+    assert all(len(r["test_games"]) == 2 and r["test_games"].count("1") == r["test_won"] for r in finals)
+    assert all(len(r["val_games"]) == 2 for r in rows if "val_won" in r)
     printed = capsys.readouterr().out
     assert "| gigpo | 1 | " in printed and "| none | 1 | " in printed and "0/2 @ 0" not in printed  # the table
+    gigpo_row = next(line for line in printed.splitlines() if line.startswith("| gigpo | 1 | "))
+    assert gigpo_row.count("p=") == 2 and "(n=2)" in gigpo_row  # last validation and test against the frozen arm
     assert "searching demonstration steps" in printed  # the SFT checkpoint saw the agent's own search data
 
 
