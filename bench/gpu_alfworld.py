@@ -22,7 +22,9 @@ replaces the checkout): copy the tree to `$STASH/repo` and start it there. With 
 `a2rl analyze --compare mode` on the merged store. The SFT-only against SFT + RL table (issue 42, BENCHMARKS.md
 "RL, eighth pass"), 4 seeds x 2 modes, 8 runs on one H200 (more than four a card: SFT in bounded micro-batches,
 `run_env`); about 1,150 s from the detach to the last run's end (on two cards `--per-gpu 4`: ~900 s, "RL, tenth
-pass"; a run records how many other processes shared its card, `gpu_shared_procs_median`):
+pass"; a run records how many other processes shared its card, `gpu_shared_procs_median`). Run nothing else on
+its cards: beside the RL-only bench, a card filled up and two runs' agents died of CUDA out of memory ("RL, eleventh
+pass"; such a run is now class `environment`, not a result):
 
     bash bench/gpu_alfworld.sh PARTS --runs reference-sft-grpo:sft-only reference-sft-grpo:free \
         --seeds 0 1 2 3 --per-gpu 8 --budget 420 --work $STASH/work --detach
