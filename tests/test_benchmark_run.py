@@ -162,8 +162,11 @@ def test_alpacaeval_run_end_to_end_with_a_judge_endpoint(prefect_harness, tiny_m
         monkeypatch.setenv("A2RL_JUDGE_BASE_URL", judge.base_url)
         monkeypatch.setenv("A2RL_HOME", str(tmp_path / "home"))  # empty judge and evaluation caches
         results = tmp_path / "results.duckdb"
+        # One submission is judged as the baseline and the final pick are; the session's further rounds would only
+        # add judged evaluations that nothing here counts.
         summary = benchmark_run(RunConfig(task="alpacaeval", base_model=str(tiny_model_dir), budget_s=45,
-                                          val_limit=2, test_limit=3), RunOptions(results=results, grace_s=5))
+                                          val_limit=2, test_limit=3, max_submissions=1),
+                                RunOptions(results=results, grace_s=5))  # fmt: skip
         judged = [r for r in judge.requests if "<response_A>" in r.prompt]
 
     assert summary.status == "completed", summary.error

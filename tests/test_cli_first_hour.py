@@ -538,7 +538,10 @@ def test_the_default_agent_submits_well_inside_its_budget_on_a_loaded_machine(tm
     for name in [k for k in os.environ if k.startswith("A2RL_SFT_")]:
         monkeypatch.delenv(name)  # the agent's own defaults, as `make run` has them
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # as `a2rl run` sets it
-    config = RunConfig()
+    # The default run but for its cap of one submission: what is asserted is the first round, which the agent plans
+    # from the budget alone (the cap stops it only after that round's submission), and the cap ends the session
+    # there instead of after more rounds that nothing here looks at (the whole budget: ~55 s of the test's ~115).
+    config = RunConfig(max_submissions=1)
     base = resolve_base_model(config.base_model)  # converted once per machine
     paths = RunPaths.for_run(tmp_path / "runs", "loaded")
     build_workspace(paths, get_task("gsm8k").prepare("offline").public_dir, base, "# GSM8K\n", "# Submit output/vN\n")

@@ -220,8 +220,11 @@ def test_a2rl_deploy_auto_retry_retries_a_crashed_run_up_to_its_limit_and_is_off
     try:
         assert main(["deploy", "--name", "benchmark-run", "--auto-retry", "1"]) == 0
         assert "automatic retry of crashed runs: on, up to 1 per run" in capsys.readouterr().out
+        # A cap of one submission ends the session of the attempt that completes: its retries, not its rounds, are
+        # under test (the cap is a run parameter; the crashed attempts never reach their session).
         params = dict(base_model=str(tiny_model_dir), budget_s=30, results=str(tmp_path / "results.duckdb"),
-                      runs_dir=str(tmp_path / "runs"), val_limit=2, test_limit=2, grace_s=5)  # fmt: skip
+                      runs_dir=str(tmp_path / "runs"), val_limit=2, test_limit=2, grace_s=5,
+                      max_submissions=1)  # fmt: skip
         fr = run_deployment("benchmark-run/benchmark-run", parameters=nest_parameters(params),
                             job_variables={"env": SMALL_AGENT}, timeout=0)  # fmt: skip
         killed: list[int] = []
