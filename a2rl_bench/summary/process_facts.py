@@ -180,13 +180,13 @@ def summarize_process(
     """
     harness_dir = Path(harness_dir)
     metrics = process_metrics(entries, config, session_detail)
-    metrics.add(summarize_resources(read_resources(harness_dir / "resources.jsonl")))
+    samples = read_resources(harness_dir / "resources.jsonl")
+    metrics.add(summarize_resources(samples))
     metrics.add(summarize_llm_calls(read_llm_calls(harness_dir / "llm_calls.jsonl")))
     metrics.add(item_level_intervals(harness_dir, entries, config))
     metrics.add(stage_metrics(entries, harness_dir))
     labels = label_routes(entries, snapshots)
     metrics.route_counts = {r: list(labels.routes.values()).count(r) for r in sorted(set(labels.routes.values()))}
-    samples = read_resources(harness_dir / "resources.jsonl")
     context = dict(session_detail) | {
         "environment_fault": starved(entries, samples, session_detail),
         "gpu_crowded": crowded_early_end(metrics, samples),
