@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -77,6 +78,9 @@ def test_the_row_the_line_and_prefects_state_agree_however_the_run_ends(
     monkeypatch.setenv("A2RL_SFT_MAX_STEPS", "2")
     monkeypatch.setenv("A2RL_SFT_MAX_LENGTH", "256")
     stop_at(monkeypatch, phase, how)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where the CLI keeps its run's announcement
     results = tmp_path / "a.duckdb"
     previous = signal.getsignal(signal.SIGINT)
     # Ctrl-C as in a fresh process: Python's default handler (an earlier in-process test may have left one that
@@ -98,6 +102,7 @@ def test_the_row_the_line_and_prefects_state_agree_however_the_run_ends(
     assert (row_status, prefect_state, row_state) == (status, state, state), err[-3000:]
     assert rc == code and lines and words in lines[-1], (rc, err[-3000:])
     assert "Traceback" not in out + err
+    assert not list(temp.glob("a2rl-run-*"))  # however the run ended, the CLI's own temporary folder is gone
     if status == "completed":
         assert "completed" in out and "stopped by" not in err, out[-2000:]
     else:

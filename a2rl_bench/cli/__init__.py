@@ -134,6 +134,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | None) -> int:
     import logging
+    import shutil
     import tempfile
 
     from a2rl_bench.cli.display import RunDisplay, set_prefect_console_level
@@ -187,6 +188,7 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
         return 1
     finally:
         os.environ.pop(ANNOUNCE_ENV, None)
+        shutil.rmtree(announce.parent, ignore_errors=True)  # every `a2rl run` left its folder in /tmp
     print(render_summary(summary, args.results, time.perf_counter() - start))
     if summary.status != "completed":
         print(f"a2rl: run {summary.run_id} {summary.status}: {summary.error}", file=sys.stderr)
