@@ -51,19 +51,27 @@ def test_an_environment_run_is_left_out_of_the_aggregates_and_run_again_by_a_swe
     from a2rl_bench.store.results import ResultsStore
 
     store = ResultsStore(tmp_path / "a.duckdb")
-    starved_config, fine_config = RunConfig(seed=0), RunConfig(seed=1)
-    for run_id, config, failure in (("starved", starved_config, "environment"), ("fine", fine_config, "none")):
+    starved_config, fine_config, crowded_config = RunConfig(seed=0), RunConfig(seed=1), RunConfig(seed=2)
+    for run_id, config, failure, reason in (
+        ("starved", starved_config, "environment", "the machine starved the run: 197 s to start"),
+        ("fine", fine_config, "none", "improved: Δ test = +10.00"),
+        ("crowded", crowded_config, "environment", "the machine cut the run short: the session ended at 41% of its "
+                                                   "budget, 8 s after other processes held 123.0 of GPU 0's 140.0 GiB"),
+    ):  # fmt: skip
         store.start_run(run_id, config, None, "offline")
         store.finish_run(RunSummary(run_id=run_id, config=config, status="completed", protocol=config.protocol,
                                     variant_label="offline", baseline_val=0.0, baseline_test=10.0, best_val=None,
                                     best_submission_id=None, final_submission_id=None, final_test=10.0,
                                     delta_test=0.0, n_submissions=0, n_scored=0, agent_seconds=120.0,
                                     grading_seconds=0.0, wall_seconds=300.0))
-        store.record_metrics(run_id, {"failure_class": failure})
+        store.record_metrics(run_id, {"failure_class": failure, "failure_reason": reason})
     analysed = set(store.query("SELECT run_id FROM analysed_runs")["run_id"])
-    excluded = store.query("SELECT reason, n_runs FROM excluded_runs")
+    excluded = store.query("SELECT reason, n_runs FROM excluded_runs ORDER BY reason")
     assert analysed == {"fine"}
-    assert list(excluded["reason"]) == ["environment (the machine starved the run)"] and list(excluded["n_runs"]) == [1]
+    # each says which way the machine failed the run (the eleventh RL pass's full card is not "starved")
+    assert list(excluded["reason"]) == ["environment (the machine cut the run short)",
+                                        "environment (the machine starved the run)"]  # fmt: skip
+    assert list(excluded["n_runs"]) == [1, 1]
     assert completed_hashes(tmp_path / "a.duckdb") == {fine_config.config_hash()}
 
 

@@ -297,6 +297,10 @@ MIGRATIONS: list[str | Step] = [
     # 14 (issue 46): the views are defined once (VIEWS) and replaced whenever a store is migrated; a store of version
     # 13 gets them in that form too.
     "",
+
+    # 15 (issue 42): `excluded_runs` says which way the machine failed an `environment` run (it starved it, or cut it
+    # short on a GPU others filled) from the run's stored failure reason; the views are replaced with it.
+    "",
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -346,6 +350,8 @@ VIEWS: dict[str, str] = {
                sum(coalesce(input_tokens, 0) + coalesce(output_tokens, 0) + coalesce(cache_read_tokens, 0)
                    + coalesce(cache_write_tokens, 0))::BIGINT AS llm_tokens
         FROM llm_calls GROUP BY run_id
+    ), reasons AS (
+        SELECT run_id, text AS failure_reason FROM metrics WHERE name = 'failure_reason'
     ), keyed AS (
         SELECT r.*,
                CASE WHEN r.config_json IS NULL THEN 'unknown'
@@ -358,9 +364,14 @@ VIEWS: dict[str, str] = {
                CASE WHEN r.status IS DISTINCT FROM 'completed' THEN 'run ' || coalesce(r.status, 'without a status')
                     WHEN r.failure_class = 'infrastructure failure' THEN 'infrastructure failure'
                     WHEN r.delta_test IS NULL THEN 'no final test score'
+                    -- one of the harness's own clauses (summary/verdicts.py), never the reason's free text
+                    WHEN r.failure_class = 'environment'
+                         AND starts_with(fr.failure_reason, 'the machine cut the run short')
+                        THEN 'environment (the machine cut the run short)'
                     WHEN r.failure_class = 'environment' THEN 'environment (the machine starved the run)'
                END AS excluded_because
         FROM runs r LEFT JOIN ev USING (run_id) LEFT JOIN breaches b USING (run_id) LEFT JOIN usage u USING (run_id)
+             LEFT JOIN reasons fr USING (run_id)
     )
     SELECT *, substr(md5(concat_ws('|', coalesce(task, 'unknown'), coalesce(variant, 'unknown'), item_selection,
                   coalesce(base_model, 'unknown'), coalesce(agent, 'unknown'), coalesce(driver, 'unknown'),
