@@ -195,6 +195,30 @@ def test_api_submit_scores_and_records_in_the_ledger(service, tmp_path):
     assert routes.count("/submit") == 3
 
 
+def test_a_submission_names_the_earlier_one_its_training_started_from(service, tmp_path):
+    """`parent` (RL's share needs where RL started): an earlier submission's id is recorded as the agent said it;
+    any other id, a string or a boolean is refused with a reason, and nothing is queued or charged for it."""
+    with GradingServer(service) as server:
+        auth = {"Authorization": f"Bearer {server.token}"}
+
+        def submit(**extra):
+            return httpx.post(f"{server.url}/submit", json={"model_path": "output/v1", "wait": True, **extra},
+                              headers=auth, timeout=30)  # fmt: skip
+
+        for parent in (1, 5):  # no submission yet: no id is an earlier one
+            refused = submit(parent=parent)
+            assert refused.status_code == 400 and "no earlier submission of this run (it has 0)" in refused.text
+        assert submit().status_code == 200
+        for bad in (0, -1, "1", True, 1.0):
+            assert submit(parent=bad).status_code == 422, bad
+        assert submit(parent=2).status_code == 400  # itself: the next id is 2
+        assert submit(stage="GRPO", parent=1).status_code == 200
+    entries = Ledger(tmp_path / "harness" / "ledger.jsonl").entries()
+    scored = [e.detail for e in entries if e.status == "scored"]
+    assert [d.get("parent") for d in scored] == [None, 1] and scored[1]["stage"] == "GRPO"
+    assert len(service.submissions()) == 2
+
+
 def test_submission_cap_gives_429(service):
     service.submit("output/v1", wait=True)
     service.submit("output/v1", wait=True)

@@ -93,6 +93,12 @@ class SubmitRequest(BaseModel):
         description="Optional label of the training stage that made this checkpoint (e.g. SFT, GRPO): recorded "
                     "as the agent's own word, used only to group submissions in the analysis.",
     )  # fmt: skip
+    parent: int | None = Field(
+        default=None, ge=1, examples=[2],
+        description="Optional id of this run's earlier submission whose checkpoint this one's training started "
+                    "from: recorded as the agent's own word, used only to tell the analysis where a stage started "
+                    "(RL's share).",
+    )  # fmt: skip
 
 
 class RequestGuard:
@@ -225,7 +231,7 @@ def create_app(service: GradingService, token: str, request_log: Path | None = N
     # Sync endpoints run in FastAPI's thread pool, so a waiting /submit does not block others.
     @app.post("/submit", dependencies=[Depends(authorized)], responses=SUBMISSION_RESPONSES)
     def submit(body: SubmitRequest) -> dict:
-        return service.submit(body.model_path, wait=body.wait, stage=body.stage)
+        return service.submit(body.model_path, wait=body.wait, stage=body.stage, parent=body.parent)
 
     @app.post("/validate", dependencies=[Depends(authorized)], responses=SUBMISSION_RESPONSES)
     def validate(body: PathRequest) -> dict:

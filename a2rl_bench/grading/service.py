@@ -251,7 +251,8 @@ class GradingService:
             shutil.rmtree(pending, ignore_errors=True)
             self._refund_snapshot(charged)
 
-    def submit(self, model_path: str, wait: bool = False, timeout_s: float = 6 * 3600, stage: str | None = None) -> dict:
+    def submit(self, model_path: str, wait: bool = False, timeout_s: float = 6 * 3600, stage: str | None = None,
+               parent: int | None = None) -> dict:  # fmt: skip
         if self.closed:  # fail fast; the authoritative check is under the lock below
             raise SubmissionRejected("the session is over: no more submissions are accepted", 403)
         if len(self.submissions()) >= self.ctx.config.max_submissions:
@@ -269,6 +270,10 @@ class GradingService:
                 if used >= self.ctx.config.max_submissions:
                     raise SubmissionRejected(f"submission cap reached ({self.ctx.config.max_submissions} per run)", 429)
                 submission_id = used + 1
+                if parent is not None and not 1 <= parent < submission_id:
+                    raise SubmissionRejected(f"parent {parent} is no earlier submission of this run (it has {used}): "
+                                             "name the submission whose checkpoint this one's training started from",
+                                             400)  # fmt: skip
                 snapshot = self._snapshot(pending, submission_id)
                 # From its arrival until its grade is recorded the clock is paused (one pause per submission,
                 # released by whoever records its outcome): what the harness does for it meanwhile (its code
@@ -282,7 +287,8 @@ class GradingService:
                         resolved_path=str(snapshot), weights_hash=whash, size_bytes=facts["size_bytes"],
                         split=self.feedback_split, status="queued", agent_elapsed_s=round(self.clock.elapsed(), 3),
                         detail={"workspace_path": str(self.ctx.workspace / model_path), **route,
-                                **({"stage": stage} if stage else {})},
+                                **({"stage": stage} if stage else {}),
+                                **({"parent": parent} if parent is not None else {})},
                     )  # fmt: skip
                     self._done[submission_id] = threading.Event()
                     hit = self._cache.lookup(whash, self._spec(entry.split))

@@ -299,7 +299,8 @@ MIGRATIONS: list[str | Step] = [
     "",
 
     # 15 (issue 42): `excluded_runs` says which way the machine failed an `environment` run (it starved it, or cut it
-    # short on a GPU others filled) from the run's stored failure reason; the views are replaced with it.
+    # short on a GPU others filled) from the run's stored failure reason, and `stage_shares` how RL's SFT start was
+    # found (`sft_start`: declared by the agent's `parent`, or inferred); the views are replaced with them.
     "",
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -451,7 +452,10 @@ VIEWS: dict[str, str] = {
            max(m.value) FILTER (WHERE m.name = 'rl_share_ci_high') AS ci_high,
            max(m.value) FILTER (WHERE m.name = 'rl_share_p_value') AS p_value,
            max(m.value) FILTER (WHERE m.name = 'rl_share_n_items')::BIGINT AS n_items,
-           max(m.text) FILTER (WHERE m.name = 'rl_share_submissions') AS submissions
+           max(m.text) FILTER (WHERE m.name = 'rl_share_submissions') AS submissions,
+           -- 'declared': the SFT checkpoint the first RL submission named as its parent; 'inferred': the best SFT
+           -- submission on validation before RL (no parent named, or none that is an earlier SFT submission)
+           coalesce(max(m.text) FILTER (WHERE m.name = 'rl_share_start'), 'inferred') AS sft_start
     FROM analysed_runs r JOIN metrics m USING (run_id)
     WHERE m.name LIKE 'rl_share%'
     GROUP BY ALL

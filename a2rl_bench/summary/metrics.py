@@ -9,7 +9,7 @@ metric is an error, not a silent new key.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ConfigDict
 
@@ -112,6 +112,8 @@ class RunMetrics(Sparse):
     rl_share_sft_test: float | None = None
     rl_share_rl_test: float | None = None
     rl_share_submissions: list[int] | None = None
+    rl_share_start: Literal["declared", "inferred"] | None = None
+    """How the SFT start was found: the first RL submission's `parent`, or the best SFT submission on validation."""
 
     # ---- routes and the failure class --------------------------------------------------------------------
     route_counts: dict[str, int] | None = None

@@ -2,9 +2,10 @@
 (`test_every_submission`) grouped by the stage the agent named when it submitted (`stage`, e.g. SFT, GRPO).
 
 The stage label is the agent's own word: it only groups submissions, it never changes a score. RL's share of a
-run compares its last RL checkpoint with the SFT checkpoint RL most likely started from: the best SFT
-submission on validation (what the agent itself could see) made before its first RL submission. Both are
-evaluated on the same hidden items, so the difference gets a paired item-level interval.
+run compares its last RL checkpoint with the SFT checkpoint RL started from: the one the first RL submission names
+as its `parent` (the agent's word too, used only where it names an earlier SFT submission), else the one RL most
+likely started from, the best SFT submission on validation (what the agent itself could see) made before its first
+RL submission. Both are evaluated on the same hidden items, so the difference gets a paired item-level interval.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ class SubmissionTest(BaseModel):
     stage: str | None
     validation: float | None
     test: float | None
+    parent: int | None = None
+    """The earlier submission the agent said this checkpoint's training started from (None: not said)."""
+
+
+START_DECLARED = "the SFT submission the first RL one names as its parent"
+START_INFERRED = "the best SFT submission on validation before RL"
 
 
 class StageShare(BaseModel):
@@ -55,27 +62,36 @@ class StageShare(BaseModel):
     p_value: float | None
     n_items: int | None
     method: str
+    start: str = START_INFERRED
+    """How the SFT checkpoint was found: `START_DECLARED` or `START_INFERRED`."""
 
 
 def submission_tests(entries: list[LedgerEntry]) -> list[SubmissionTest]:
     """Every scored submission with its post-hoc hidden-test score (None where it was not evaluated)."""
     posthoc = {e.submission_id: e.score for e in entries if e.kind == "posthoc"}
     return [SubmissionTest(submission_id=e.submission_id, stage=e.detail.get("stage"), validation=e.score,
-                           test=posthoc.get(e.submission_id))
+                           test=posthoc.get(e.submission_id), parent=_parent(e.detail.get("parent")))
             for e in latest_submissions(entries) if e.status == "scored"]  # fmt: skip
+
+
+def _parent(value) -> int | None:
+    """A recorded parent id (the grader accepted only an earlier submission's id), or None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def stage_share(tests: list[SubmissionTest], items: Callable[[int], dict[str, float] | None]) -> StageShare | None:
     """RL's share of a run from its submissions' post-hoc tests; `items(submission_id)` gives that submission's
     hidden-test score per item (None when unknown). None where the run has no SFT-then-RL pair."""
     tested = [t for t in tests if t.test is not None and t.validation is not None]
-    first_rl = next((t.submission_id for t in tested if stage_kind(t.stage) == "RL"), None)
+    first_rl = next((t for t in tested if stage_kind(t.stage) == "RL"), None)
     if first_rl is None:
         return None
-    sft = [t for t in tested if stage_kind(t.stage) == "SFT" and t.submission_id < first_rl]
+    sft = [t for t in tested if stage_kind(t.stage) == "SFT" and t.submission_id < first_rl.submission_id]
     if not sft:
         return None
-    start = pick_best(sft, lambda t: t.validation, lambda t: t.submission_id)  # the earlier one on a tie
+    declared = next((t for t in sft if t.submission_id == first_rl.parent), None)
+    # Without a parent (or one that is no earlier SFT submission): the earlier one on a tie
+    start = declared or pick_best(sft, lambda t: t.validation, lambda t: t.submission_id)
     last = [t for t in tested if stage_kind(t.stage) == "RL"][-1]
     before, after = items(start.submission_id), items(last.submission_id)
     paired = [(before[i], after[i]) for i in sorted(before) if i in after] if before and after else []
@@ -85,6 +101,7 @@ def stage_share(tests: list[SubmissionTest], items: Callable[[int], dict[str, fl
         delta=round(last.test - start.test, 6), ci_low=interval and interval.low, ci_high=interval and interval.high,
         p_value=interval and interval.p_value, n_items=interval and interval.n,
         method=interval.method if interval else "no item-level results",
+        start=START_DECLARED if declared else START_INFERRED,
     )  # fmt: skip
 
 
@@ -116,7 +133,8 @@ def stage_metrics(entries: list[LedgerEntry], harness_dir: Path | str) -> dict[s
     return {"rl_share": share.delta, "rl_share_ci_low": share.ci_low, "rl_share_ci_high": share.ci_high,
             "rl_share_p_value": share.p_value, "rl_share_n_items": share.n_items,
             "rl_share_sft_test": share.sft_test, "rl_share_rl_test": share.rl_test,
-            "rl_share_submissions": [share.sft_submission, share.rl_submission]}  # fmt: skip
+            "rl_share_submissions": [share.sft_submission, share.rl_submission],
+            "rl_share_start": "declared" if share.start == START_DECLARED else "inferred"}  # fmt: skip
 
 
 def render_markdown(entries: list[LedgerEntry], harness_dir: Path | str) -> list[str]:
@@ -137,6 +155,6 @@ def render_markdown(entries: list[LedgerEntry], harness_dir: Path | str) -> list
         ci = (f"95% [{share.ci_low:+.2f}, {share.ci_high:+.2f}], p={share.p_value:.3g}, paired over {share.n_items} items"
               if share.ci_low is not None else share.method)  # fmt: skip
         lines += ["", f"RL's share: last RL checkpoint (submission {share.rl_submission}, {share.rl_test:.2f}) − the SFT "
-                      f"checkpoint it started from (submission {share.sft_submission}, {share.sft_test:.2f}: the best SFT "
-                      f"submission on validation before RL) = **{share.delta:+.2f}** ({ci})."]  # fmt: skip
+                      f"checkpoint it started from (submission {share.sft_submission}, {share.sft_test:.2f}: "
+                      f"{share.start}) = **{share.delta:+.2f}** ({ci})."]  # fmt: skip
     return lines + [""]
