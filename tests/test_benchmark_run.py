@@ -222,13 +222,16 @@ def test_every_submission_on_the_hidden_test_after_the_session(prefect_harness, 
     assert share is not None and share[0] == pytest.approx(rows[1][2] - rows[0][2])
     report = (harness / "report.md").read_text()
     assert "Every submission on the hidden test (analysis only)" in report and "RL's share" in report
-    assert json.loads((harness / "report.json").read_text())["stage_share"]["rl_submission"] == 2
+    stage_share = json.loads((harness / "report.json").read_text())["stage_share"]
+    # the GRPO submission named SFT's as its parent: RL's share is taken from there, and says so
+    assert stage_share["rl_submission"] == 2 and stage_share["sft_submission"] == 1 and subs[2].detail["parent"] == 1
+    assert "the SFT submission the first RL one names as its parent" in report
     # The analysis: the paper tables' RL section and the drill-down's post-hoc scores.
     from a2rl_bench.flows.analysis_flow import run_analysis
 
     with duckdb.connect(str(results), read_only=True) as con:
-        shares = con.execute("SELECT run_id, rl_share, n_items FROM stage_shares").fetchall()
-    assert shares == [(summary.run_id, pytest.approx(share[0]), 3)]
+        shares = con.execute("SELECT run_id, rl_share, n_items, sft_start FROM stage_shares").fetchall()
+    assert shares == [(summary.run_id, pytest.approx(share[0]), 3, "declared")]
     run_analysis(results, tmp_path / "analysis")
     html = (tmp_path / "analysis" / "report.html").read_text()
     assert "What RL added (hidden test, post hoc)" in html and "hidden_test_posthoc" in html

@@ -652,17 +652,32 @@ def test_session_runs_sft_until_validation_stops_rising_then_grpo(tiny_model_dir
     assert methods == ["SFT", "SFT", "SFT", "SFT", "GRPO"]  # two rounds without a rise end SFT, not one
     notes = (paths.workspace / "code" / "NOTES.md").read_text()
     assert notes.count("no rise: SFT goes on at half the rate (0.0005)") == 1
-    assert "restored the best checkpoint output/v2" in log  # the ties at rounds 3 and 4 are rolled back
+    # the ties at rounds 3 and 4 are within the noise of the best: SFT goes on from them, and RL from round 4
+    assert "restored the best checkpoint" not in log and notes.count("SFT goes on from here") == 2
     # Why SFT stopped and where RL starts from: in the log and as the first row of the RL curve.
-    assert "SFT stops after 4 rounds" in log and "GRPO starts from output/v2 (validation 20.0)" in log
+    assert "SFT stops after 4 rounds" in log and "GRPO starts from output/v4 (validation 20.0)" in log
     curve = [json.loads(line) for line in (paths.workspace / "code" / "rl_curve.jsonl").read_text().splitlines()]
-    assert curve[0]["starts_from"] == "output/v2" and curve[0]["sft_scores"] == [10.0, 20.0, 20.0, 20.0]
+    assert curve[0]["starts_from"] == "output/v4" and curve[0]["sft_scores"] == [10.0, 20.0, 20.0, 20.0]
     assert curve[0]["sft_stopped"].startswith("validation no longer rises: 20.0, 20.0 after a best of 20.0")
     assert len(curve) > 1 and all("wins" in row for row in curve[1:])  # the updates follow it
     scored = [(e.model_path, e.score) for e in service.submissions() if e.status == "scored"]
     assert scored == [("output/v1", 10.0), ("output/v2", 20.0), ("output/v3", 20.0), ("output/v4", 20.0),
                       ("output/v5", 30.0)]  # fmt: skip
+    # each submission names the one its training started from, so RL's share is taken from where RL started
+    assert [e.detail.get("parent") for e in service.submissions()] == [None, 1, 2, 3, 4]
     assert route_label(paths.workspace / "code") == "SFT+RL"
+
+
+def test_a_round_that_fell_beyond_the_noise_is_rolled_back_and_rl_starts_from_the_best(
+        tiny_model_dir, alfworld_data, tmp_path, monkeypatch):  # fmt: skip
+    """Round 3 fell 15 points below the best (the margin is 10): SFT goes on from round 2's checkpoint, and so
+    does RL after round 4 fell too."""
+    paths, service, log, methods = _session(tmp_path, tiny_model_dir, alfworld_data, monkeypatch, "free",
+                                            [10.0, 30.0, 15.0, 15.0, 40.0], cap=5)  # fmt: skip
+    assert methods == ["SFT", "SFT", "SFT", "SFT", "GRPO"]
+    assert log.count("restored the best checkpoint output/v2") == 2 and "SFT goes on from here" not in log
+    assert "GRPO starts from output/v2 (validation 30.0)" in log
+    assert [e.detail.get("parent") for e in service.submissions()] == [None, 1, 2, 2, 2]
 
 
 def test_sft_gives_way_to_rl_once_its_share_of_the_budget_is_used(tiny_model_dir, alfworld_data, tmp_path,
@@ -793,12 +808,13 @@ def test_a_round_gives_the_cached_gpu_memory_back_before_it_submits(monkeypatch,
         def budget(self):
             return {"elapsed_s": 10.0}
 
-        def submit(self, path, stage):
+        def submit(self, path, stage, parent=None):
             calls.append(f"submit {path}")
             return 503, {"detail": "closed"}
 
     session = object.__new__(sft_grpo_session.InteractiveSession)
     session.client, session.rounds, session.failures_in_a_row = Client(), [], 0
+    session.current_path, session.submission_ids = None, {}
     session.s = type("S", (), {"workspace": tmp_path})()
     session.k = Knobs.from_env({})
     session.train_round = lambda seconds: sft_grpo_session.Round(1, "SFT", "base", 1, 0.5, 1.0)

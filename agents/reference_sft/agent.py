@@ -214,12 +214,14 @@ class GradingClient:
             raise RuntimeError(f"/budget answered {status}: {body}")
         return body
 
-    def submit(self, model_path: str, stage: str | None = None) -> tuple[int, dict]:
+    def submit(self, model_path: str, stage: str | None = None, parent: int | None = None) -> tuple[int, dict]:
         """``POST /submit`` and wait for the score (grading can take minutes); `stage` names the training stage
-        that made the checkpoint (SFT, GRPO, ...), for the harness's analysis of what each stage added. A stop asked for
-        meanwhile (the budget ended while the grader copied the checkpoint) is honoured once the submission is in."""
+        that made the checkpoint (SFT, GRPO, ...) and `parent` the earlier submission whose checkpoint its training
+        started from, for the harness's analysis of what each stage added. A stop asked for meanwhile (the budget
+        ended while the grader copied the checkpoint) is honoured once the submission is in."""
         _submitting.set()
-        body = {"model_path": model_path, "wait": True, **({"stage": stage} if stage else {})}
+        body = {"model_path": model_path, "wait": True, **({"stage": stage} if stage else {}),
+                **({"parent": parent} if parent is not None else {})}  # fmt: skip
         try:
             return self.request("POST", "/submit", body, timeout=6 * 3600)
         finally:
