@@ -10,9 +10,9 @@
 2. RL rounds from where SFT ended (why SFT stopped and that checkpoint are logged and are the first row of
    ``rl_curve.jsonl``; each submission names the one its training started from, ``parent``): GRPO (or GiGPO
    with ``A2RL_GRPO_ALGORITHM=gigpo``) with online rollouts on training goals, win-only returns, a KL target per
-   update (``grpo_env_torch.py``; on CUDA the rollouts run on the decode engine), each round submitted; a round whose validation score falls more than
-   ``A2RL_GRPO_ROLLBACK_MARGIN`` points below the best is rolled back, otherwise RL goes on from it. When the
-   sampling entropy rose three updates running the round ends, the best checkpoint is restored and RL goes on
+   update (``grpo_env_torch.py``; on CUDA the rollouts run on the decode engine), each round submitted; a round
+   whose validation score falls more than ``A2RL_GRPO_ROLLBACK_MARGIN`` points below the best is rolled back,
+   otherwise RL goes on from it. When the sampling entropy rose three updates running the round ends, the best checkpoint is restored and RL goes on
    at half the rate; after ``MAX_ENTROPY_ROLLBACKS`` such rollbacks RL stops.
 In mode ``sft-only`` (read from ``instructions.md``) the RL code is removed from ``code/`` first and the SFT
 rounds go on from the best checkpoint at half the learning rate instead of GRPO.
