@@ -12,10 +12,11 @@
    with ``A2RL_GRPO_ALGORITHM=gigpo``) with online rollouts on training goals, win-only returns, a KL target per
    update (``grpo_env_torch.py``; on CUDA the rollouts run on the decode engine), each round submitted; a round
    whose validation score falls more than ``A2RL_GRPO_ROLLBACK_MARGIN`` points below the best is rolled back,
-   otherwise RL goes on from it. When the sampling entropy rose three updates running the round ends, the best checkpoint is restored and RL goes on
-   at half the rate; after ``MAX_ENTROPY_ROLLBACKS`` such rollbacks RL stops.
+   otherwise RL goes on from it. When the sampling entropy rose three updates running the round ends, the best
+   checkpoint is restored and RL goes on at half the rate; after ``MAX_ENTROPY_ROLLBACKS`` such rollbacks RL
+   stops.
 In mode ``sft-only`` (read from ``instructions.md``) the RL code is removed from ``code/`` first and the SFT
-rounds go on from the best checkpoint at half the learning rate instead of GRPO.
+rounds go on from where SFT ended (on the same rule) at half the learning rate instead of GRPO.
 
 Only training goals and the grader's validation feedback are used. Knobs: ``A2RL_SFT_*`` / ``A2RL_RL_MIN_SHARE`` /
 ``A2RL_GRPO_*``.
