@@ -83,7 +83,8 @@ def _compare_with_oracle(path: Path) -> None:
     copy = path.with_name("oracle-" + path.name)
     copy.write_bytes(path.read_bytes())
     with duckdb.connect(str(path), read_only=True) as con:
-        got = {v: _without_reason(f) for v, f in _rows(con, sorted(oracle)).items()}
+        got = {v: _without_reason(f).drop(columns=ADDED_SINCE_10.get(v, []))
+               for v, f in _rows(con, sorted(oracle)).items()}  # fmt: skip
     with duckdb.connect(str(copy)) as con:
         for sql in [*_oracle_macros(), *oracle.values()]:
             con.execute(sql)
@@ -92,6 +93,10 @@ def _compare_with_oracle(path: Path) -> None:
     assert problems == []
     assert sum(len(f) for f in got.values()) > 0 or len(got["latest_runs"]) == 0
 
+
+# Columns a view gained after version 10 (left out of the comparison; every other column is compared). Issue 42:
+# how RL's SFT start was found (declared by the agent's `parent`, or inferred).
+ADDED_SINCE_10 = {"stage_shares": ["sft_start"]}
 
 # Issue 47: a setting that falls back to the design over seeds says why where version 10 did not (its numbers stay).
 FALLBACK_REASON = r"; \d+ of \d+ runs without item rows$"
