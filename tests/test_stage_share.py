@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from a2rl_bench.summary.stages import START_DECLARED, START_INFERRED, SubmissionTest, stage_share
+from a2rl_bench.summary.stages import SubmissionTest, stage_share
 
 ITEMS = 10
 
@@ -25,10 +25,10 @@ def _run(parent_of_first_rl: int | None) -> list[SubmissionTest]:
 
 
 @pytest.mark.parametrize(("parent", "start", "rule"), [
-    (3, 3, START_DECLARED),  # the agent's word, an earlier SFT submission: taken
-    (None, 1, START_INFERRED),  # nothing said: the best SFT on validation, the earlier on a tie
-    (4, 1, START_INFERRED),  # itself, no SFT submission: inferred
-    (2, 2, START_DECLARED),  # any earlier SFT submission the agent names, the worse one too (its word, labelled)
+    (3, 3, "declared"),  # the agent's word, an earlier SFT submission: taken
+    (None, 1, "inferred"),  # nothing said: the best SFT on validation, the earlier on a tie
+    (4, 1, "inferred"),  # itself, no SFT submission: inferred
+    (2, 2, "declared"),  # any earlier SFT submission the agent names, the worse one too (its word, labelled)
 ])  # fmt: skip
 def test_rls_share_starts_where_the_first_rl_submission_says_it_started(parent, start, rule):
     tests = _run(parent)
@@ -40,4 +40,4 @@ def test_rls_share_starts_where_the_first_rl_submission_says_it_started(parent, 
 
 def test_a_parent_after_the_first_rl_submission_or_an_rl_one_is_not_taken():
     tests = _run(7)  # names no submission of the run
-    assert stage_share(tests, _items({t.submission_id: t.test for t in tests})).start == START_INFERRED
+    assert stage_share(tests, _items({t.submission_id: t.test for t in tests})).start == "inferred"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -45,8 +45,9 @@ class SubmissionTest(BaseModel):
     """The earlier submission the agent said this checkpoint's training started from (None: not said)."""
 
 
-START_DECLARED = "the SFT submission the first RL one names as its parent"
-START_INFERRED = "the best SFT submission on validation before RL"
+START_WORDS = {"declared": "the SFT submission the first RL one names as its parent",
+               "inferred": "the best SFT submission on validation before RL"}
+"""How RL's SFT start was found (`StageShare.start`, the metric `rl_share_start`), as the report says it."""
 
 
 class StageShare(BaseModel):
@@ -62,8 +63,8 @@ class StageShare(BaseModel):
     p_value: float | None
     n_items: int | None
     method: str
-    start: str = START_INFERRED
-    """How the SFT checkpoint was found: `START_DECLARED` or `START_INFERRED`."""
+    start: Literal["declared", "inferred"] = "inferred"
+    """How the SFT checkpoint was found (`START_WORDS`)."""
 
 
 def submission_tests(entries: list[LedgerEntry]) -> list[SubmissionTest]:
@@ -101,7 +102,7 @@ def stage_share(tests: list[SubmissionTest], items: Callable[[int], dict[str, fl
         delta=round(last.test - start.test, 6), ci_low=interval and interval.low, ci_high=interval and interval.high,
         p_value=interval and interval.p_value, n_items=interval and interval.n,
         method=interval.method if interval else "no item-level results",
-        start=START_DECLARED if declared else START_INFERRED,
+        start="declared" if declared else "inferred",
     )  # fmt: skip
 
 
@@ -134,7 +135,7 @@ def stage_metrics(entries: list[LedgerEntry], harness_dir: Path | str) -> dict[s
             "rl_share_p_value": share.p_value, "rl_share_n_items": share.n_items,
             "rl_share_sft_test": share.sft_test, "rl_share_rl_test": share.rl_test,
             "rl_share_submissions": [share.sft_submission, share.rl_submission],
-            "rl_share_start": "declared" if share.start == START_DECLARED else "inferred"}  # fmt: skip
+            "rl_share_start": share.start}  # fmt: skip
 
 
 def render_markdown(entries: list[LedgerEntry], harness_dir: Path | str) -> list[str]:
@@ -156,5 +157,5 @@ def render_markdown(entries: list[LedgerEntry], harness_dir: Path | str) -> list
               if share.ci_low is not None else share.method)  # fmt: skip
         lines += ["", f"RL's share: last RL checkpoint (submission {share.rl_submission}, {share.rl_test:.2f}) − the SFT "
                       f"checkpoint it started from (submission {share.sft_submission}, {share.sft_test:.2f}: "
-                      f"{share.start}) = **{share.delta:+.2f}** ({ci})."]  # fmt: skip
+                      f"{START_WORDS[share.start]}) = **{share.delta:+.2f}** ({ci})."]  # fmt: skip
     return lines + [""]
