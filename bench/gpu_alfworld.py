@@ -296,30 +296,32 @@ def print_table(store: Path, out: Path | None = None) -> str:
 
 
 def rl_shares(store: Path) -> dict[str, tuple[object, dict[str, float]]]:
-    """RL's share of every run (a2rl_bench.summary.stages: last RL checkpoint against the SFT checkpoint it started
-    from, on the hidden test, paired over items) from the store's post-hoc evaluations, with its per-item
-    differences."""
+    """RL's share of every run as the store computed it (the `stage_shares` view: last RL checkpoint against the SFT
+    checkpoint RL started from, the one its first RL submission names as parent where it does), with the per-item
+    hidden-test differences of that pair for the interval over seeds."""
+    import json
+
     import duckdb
 
-    from a2rl_bench.summary.stages import SubmissionTest, stage_share
+    from a2rl_bench.summary.stages import StageShare
 
     con = duckdb.connect(str(store), read_only=True)
     try:
         out = {}
-        for (run_id,) in con.execute("SELECT run_id FROM runs WHERE task = 'alfworld'").fetchall():
-            tests = [SubmissionTest(submission_id=s, stage=st, validation=v, test=t) for s, st, v, t in con.execute(
-                "SELECT submission_id, stage, validation_score, test_score FROM submission_tests WHERE run_id = ? "
-                "ORDER BY submission_id", [run_id]).fetchall()]  # fmt: skip
+        for run_id, sft_test, rl_test, share, low, high, p, n, pair, start in con.execute(
+                "SELECT run_id, sft_start_test, last_rl_test, rl_share, ci_low, ci_high, p_value, n_items, submissions, "
+                "sft_start FROM stage_shares WHERE task = 'alfworld'").fetchall():  # fmt: skip
+            sft_id, rl_id = json.loads(pair)
 
-            def items(sid: int, run_id: str = run_id) -> dict[str, float] | None:
-                rows = con.execute("SELECT item_id, score FROM item_results WHERE run_id = ? AND eval_key = ?",
-                                   [run_id, f"posthoc-{sid}-test"]).fetchall()  # fmt: skip
-                return dict(rows) or None
+            def items(sid: int, run_id: str = run_id) -> dict[str, float]:
+                return dict(con.execute("SELECT item_id, score FROM item_results WHERE run_id = ? AND eval_key = ?",
+                                        [run_id, f"posthoc-{sid}-test"]).fetchall())  # fmt: skip
 
-            share = stage_share(tests, items)
-            if share is not None:
-                before, after = items(share.sft_submission) or {}, items(share.rl_submission) or {}
-                out[run_id] = (share, {i: after[i] - before[i] for i in before if i in after})
+            before, after = items(sft_id), items(rl_id)
+            out[run_id] = (StageShare(sft_submission=sft_id, rl_submission=rl_id, sft_test=sft_test, rl_test=rl_test,
+                                      delta=share, ci_low=low, ci_high=high, p_value=p, n_items=n, start=start,
+                                      method="paired items" if low is not None else "no item-level results"),
+                           {i: after[i] - before[i] for i in before if i in after})  # fmt: skip
         return out
     finally:
         con.close()
@@ -356,7 +358,8 @@ def seeds_table(store: Path, exclude: set[str] = frozenset()) -> str:
         if share is not None:
             ci = f"[{share.ci_low:+.1f}, {share.ci_high:+.1f}] p={share.p_value:.3g}" if share.ci_low is not None else share.method
             per_run.append(f"{run_id} | {agent} | {mode} | {seed} | #{share.sft_submission} {share.sft_test:.1f} -> "
-                           f"#{share.rl_submission} {share.rl_test:.1f}: {share.delta:+.1f} {ci} (n={share.n_items})")
+                           f"#{share.rl_submission} {share.rl_test:.1f}: {share.delta:+.1f} {ci} (n={share.n_items}; start "
+                           f"{share.start})")
 
     def over_seeds(per_seed: list[dict[str, float]]) -> str:
         per_seed = [d for d in per_seed if d]

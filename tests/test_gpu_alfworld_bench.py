@@ -57,3 +57,25 @@ def test_eight_runs_a_card_bound_sfts_memory_and_only_rl_runs_are_tested_post_ho
     sft_only = gpu_alfworld.run_command(args, "reference-sft-grpo:sft-only", 0, tmp_path, tmp_path / "r.duckdb")
     assert "--test-every-submission" in free and "--test-every-submission" not in sft_only
     assert free[free.index("--mode") + 1] == "free" and sft_only[sft_only.index("--seed") + 1] == "0"
+
+
+def test_the_tables_rl_share_is_the_stores_own(tmp_path):
+    """The table reads RL's share from the store's `stage_shares` (the start the agent declared, where it did), so
+    the figure printed on the GPU machine and `a2rl analyze` on the merged store cannot disagree."""
+    import duckdb
+
+    from a2rl_bench.analysis.synthetic import write_stage_study
+
+    store = tmp_path / "results.duckdb"
+    write_stage_study(store)
+    shares = gpu_alfworld.rl_shares(store)
+    con = duckdb.connect(str(store), read_only=True)
+    rows = con.execute("SELECT run_id, rl_share, ci_low, p_value, sft_start FROM stage_shares").fetchall()
+    con.close()
+    assert len(rows) == 4 and set(shares) == {r[0] for r in rows}
+    for run_id, share, low, p, start in rows:
+        printed, diffs = shares[run_id]
+        assert (printed.delta, printed.ci_low, printed.p_value, printed.start) == (share, low, p, start)
+        assert round(100 * sum(diffs.values()) / len(diffs), 6) == round(share, 6)
+    table = gpu_alfworld.seeds_table(store)
+    assert table.count("start inferred") == 4
