@@ -60,14 +60,18 @@ def test_eight_runs_a_card_bound_sfts_memory_and_only_rl_runs_are_tested_post_ho
 
 
 def test_the_tables_rl_share_is_the_stores_own(tmp_path):
-    """The table reads RL's share from the store's `stage_shares` (the start the agent declared, where it did), so
-    the figure printed on the GPU machine and `a2rl analyze` on the merged store cannot disagree."""
+    """The table prints RL's share as the store's `stage_shares` has it (the start the agent declared, where it
+    did), never a share it recomputes by another rule: the figure printed on the GPU machine and `a2rl analyze` on
+    the merged store cannot disagree."""
     import duckdb
 
     from a2rl_bench.analysis.synthetic import write_stage_study
 
     store = tmp_path / "results.duckdb"
     write_stage_study(store)
+    with duckdb.connect(str(store)) as con:  # run-1's share as the store would hold it from a declared start
+        con.execute("UPDATE metrics SET value = 0.5 WHERE run_id = 'run-1' AND name = 'rl_share_p_value'")
+        con.execute("INSERT INTO metrics VALUES ('run-1', 'rl_share_start', NULL, 'declared')")
     shares = gpu_alfworld.rl_shares(store)
     con = duckdb.connect(str(store), read_only=True)
     rows = con.execute("SELECT run_id, rl_share, ci_low, p_value, sft_start FROM stage_shares").fetchall()
@@ -77,5 +81,6 @@ def test_the_tables_rl_share_is_the_stores_own(tmp_path):
         printed, diffs = shares[run_id]
         assert (printed.delta, printed.ci_low, printed.p_value, printed.start) == (share, low, p, start)
         assert round(100 * sum(diffs.values()) / len(diffs), 6) == round(share, 6)
+    assert (shares["run-1"][0].p_value, shares["run-1"][0].start) == (0.5, "declared")
     table = gpu_alfworld.seeds_table(store)
-    assert table.count("start inferred") == 4
+    assert table.count("start inferred") == 3 and "p=0.5 (n=134; start declared)" in table
