@@ -306,18 +306,18 @@ def rl_shares(store: Path) -> dict[str, tuple[object, dict[str, float]]]:
     from a2rl_bench.summary.stages import StageShare
 
     con = duckdb.connect(str(store), read_only=True)
+
+    def items(run_id: str, submission_id: int) -> dict[str, float]:  # a submission's post-hoc hidden-test items
+        return dict(con.execute("SELECT item_id, score FROM item_results WHERE run_id = ? AND eval_key = ?",
+                                [run_id, f"posthoc-{submission_id}-test"]).fetchall())  # fmt: skip
+
     try:
         out = {}
         for run_id, sft_test, rl_test, share, low, high, p, n, pair, start in con.execute(
                 "SELECT run_id, sft_start_test, last_rl_test, rl_share, ci_low, ci_high, p_value, n_items, submissions, "
                 "sft_start FROM stage_shares WHERE task = 'alfworld'").fetchall():  # fmt: skip
             sft_id, rl_id = json.loads(pair)
-
-            def items(sid: int, run_id: str = run_id) -> dict[str, float]:
-                return dict(con.execute("SELECT item_id, score FROM item_results WHERE run_id = ? AND eval_key = ?",
-                                        [run_id, f"posthoc-{sid}-test"]).fetchall())  # fmt: skip
-
-            before, after = items(sft_id), items(rl_id)
+            before, after = items(run_id, sft_id), items(run_id, rl_id)
             out[run_id] = (StageShare(sft_submission=sft_id, rl_submission=rl_id, sft_test=sft_test, rl_test=rl_test,
                                       delta=share, ci_low=low, ci_high=high, p_value=p, n_items=n, start=start,
                                       method="paired items" if low is not None else "no item-level results"),
