@@ -32,6 +32,9 @@ pass"; such a run is now class `environment`, not a result):
     python3 bench/gpu_alfworld.py --runs ... --seeds 0 1 2 3 --work $STASH/work --collect --wait-only 545
     python3 bench/gpu_alfworld.py --runs ... --seeds 0 1 2 3 --work $STASH/work --collect --deadline-s 60
 
+`--mps` runs the table under one CUDA MPS control daemon (`start_mps`): the runs sharing a card run their kernels
+side by side instead of taking turns ("RL, fourteenth pass").
+
 `--table STORE` only prints the table of an existing store (CPU check of the SQL).
 """
 
@@ -98,8 +101,63 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu-tests", action="store_true",
                    help="before the runs: the CUDA-only tests of the decode engine ($OUT/gpu-tests.log)")
     p.add_argument("--sandbox", default="off", choices=["auto", "required", "off"])
+    p.add_argument("--mps", action="store_true",
+                   help="run every CUDA process of the table under one CUDA MPS control daemon (started before the "
+                        "baseline, stopped by the collect that ends the table): the runs sharing a card then run "
+                        "their kernels side by side instead of taking turns")  # fmt: skip
     p.add_argument("--python", default=sys.executable)
     return p.parse_args(argv)
+
+
+MPS_CONTROL = "nvidia-cuda-mps-control"
+
+
+def mps_command(command: str, env: dict[str, str] | None = None) -> str:
+    """One command to the running MPS control daemon (e.g. `get_server_list`); its answer."""
+    done = subprocess.run([MPS_CONTROL], input=command + "\n", capture_output=True, text=True, timeout=30, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"{MPS_CONTROL} '{command}': rc {done.returncode}: {(done.stderr or done.stdout).strip()}")
+    return done.stdout.strip()
+
+
+def start_mps(work: Path, t0: float) -> dict:
+    """Start (or find) the CUDA MPS control daemon every process of the table connects to.
+
+    Without MPS the runs sharing a card take turns on it (time slices); a 135M model's kernels fill a fraction of
+    an H200, so four runs a card made each RL step 2-4x slower than alone ("RL, thirteenth pass"). The daemon keeps
+    CUDA's default pipe directory: an agent's environment holds no CUDA_MPS_* variable (the harness passes few to
+    it), and every client finds the daemon there. Only its log goes elsewhere (/var/log may not be writable)."""
+    if shutil.which(MPS_CONTROL) is None:
+        raise SystemExit(f"--mps: {MPS_CONTROL} is not on PATH here; run without --mps")
+    os.environ.pop("CUDA_MPS_PIPE_DIRECTORY", None)  # the runs inherit this environment: the default, as agents
+    env = dict(os.environ)
+    try:
+        servers = mps_command("get_server_list", env)
+        log(f"MPS: a control daemon already answers (servers: {servers or 'none yet'})", t0)
+    except (RuntimeError, subprocess.TimeoutExpired):
+        logs = work / "mps-log"
+        logs.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run([MPS_CONTROL, "-d"], env={**env, "CUDA_MPS_LOG_DIRECTORY": str(logs)},
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+        if done.returncode != 0:
+            raise SystemExit(f"--mps: {MPS_CONTROL} -d failed (rc {done.returncode}): {done.stderr.strip()}")
+        time.sleep(1)
+        mps_command("get_server_list", env)  # it answers: the daemon is up
+        log(f"MPS: control daemon started (log {logs})", t0)
+    return {"mps": True, "mps_default_active_thread_percentage": mps_command("get_default_active_thread_percentage",
+                                                                             env)}  # fmt: skip
+
+
+def stop_mps(t0: float) -> str:
+    """Ask the daemon to quit once the table's runs are over; what it said (or why it could not)."""
+    try:
+        servers = mps_command("get_server_list")
+        mps_command("quit")
+        log(f"MPS: daemon stopped (servers it ran: {servers or 'none'})", t0)
+        return servers
+    except (RuntimeError, subprocess.TimeoutExpired, FileNotFoundError) as error:
+        log(f"MPS: could not stop the daemon: {error}", t0)
+        return f"not stopped: {error}"
 
 
 def machine_facts() -> dict:
@@ -467,6 +525,8 @@ def collect(args: argparse.Namespace, started: list[dict], facts: dict, t0: floa
             log(f"still running after {args.wait_only:.0f} s, left running: {' '.join(going)}", t0)
             return 5
     wait_all({r["name"]: r["pid"] for r in started}, t0 + args.deadline_s, t0)
+    if facts.get("mps"):
+        facts = facts | {"mps_servers": stop_mps(t0)}
     stores = [Path(r["results"]) for r in started]
     merge_stores(stores, args.out / "a2rl.duckdb")
     (args.out / "a2rl.duckdb.lock").unlink(missing_ok=True)  # $OUT brings back 8 files at most
@@ -517,11 +577,12 @@ def main(argv: list[str] | None = None) -> int:
         saved = json.loads(state.read_text())
         log(f"collecting {len(saved['runs'])} runs started {time.time() - saved['started_at']:.0f} s ago", t0)
         return collect(args, saved["runs"], saved["facts"], t0)
-    facts = machine_facts()
-    log(f"machine: {json.dumps(facts)}", t0)
     if not args.model:
         print("error: give the model (HF dir, .gguf, or its parts)", file=sys.stderr)
         return 2
+    mps = start_mps(args.work, t0) if args.mps and not args.launch_only else {}  # before any CUDA context
+    facts = machine_facts() | mps
+    log(f"machine: {json.dumps(facts)}", t0)
     if args.launch_only:  # started by --detach after the preparation: the model is converted, the baseline cached
         base = model_dir([Path(m) for m in args.model], args.work, t0)
         start_all(args, base, t0)

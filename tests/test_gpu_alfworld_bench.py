@@ -84,3 +84,48 @@ def test_the_tables_rl_share_is_the_stores_own(tmp_path):
     assert (shares["run-1"][0].p_value, shares["run-1"][0].start) == (0.5, "declared")
     table = gpu_alfworld.seeds_table(store)
     assert table.count("start inferred") == 3 and "p=0.5 (n=134; start declared)" in table
+
+
+FAKE_MPS_CONTROL = """#!/bin/sh
+# A stand-in for nvidia-cuda-mps-control (no GPU here): -d starts "the daemon" (a file), commands on stdin are
+# answered while it runs, quit ends it. Every call is appended to calls.log.
+state="$(dirname "$0")/daemon"
+echo "$* ${CUDA_MPS_LOG_DIRECTORY:-}" >> "$(dirname "$0")/calls.log"
+if [ "$1" = "-d" ]; then touch "$state"; exit 0; fi
+[ -e "$state" ] || { echo "Cannot find MPS control daemon process" >&2; exit 1; }
+read -r cmd; echo "$cmd" >> "$(dirname "$0")/calls.log"
+case "$cmd" in
+  get_server_list) echo 4242 ;;
+  get_default_active_thread_percentage) echo 100.0 ;;
+  quit) rm -f "$state" ;;
+esac
+"""
+
+
+def test_mps_starts_one_daemon_before_the_runs_finds_a_running_one_and_stops_it(tmp_path, monkeypatch):
+    """--mps: the daemon is started with its log under --work and CUDA's default pipe directory (agents get no
+    CUDA_MPS_* variable from the harness), a running one is reused, and the collect's stop quits it. Without the
+    control program the bench says so before it starts anything."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    try:
+        gpu_alfworld.start_mps(tmp_path / "work", time.monotonic())
+        raise AssertionError("started without nvidia-cuda-mps-control")
+    except SystemExit as stop:
+        assert "nvidia-cuda-mps-control is not on PATH" in str(stop)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / gpu_alfworld.MPS_CONTROL
+    fake.write_text(FAKE_MPS_CONTROL)
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "elsewhere"))  # not handed on: agents would miss it
+    facts = gpu_alfworld.start_mps(tmp_path / "work", time.monotonic())
+    assert facts == {"mps": True, "mps_default_active_thread_percentage": "100.0"}
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in gpu_alfworld.run_env(gpu_alfworld.parse_args([]), "r", 0)  # as agents
+    calls = (bin_dir / "calls.log").read_text().splitlines()
+    assert f"-d {tmp_path / 'work' / 'mps-log'}" in calls and (tmp_path / "work" / "mps-log").is_dir()
+    assert gpu_alfworld.start_mps(tmp_path / "work", time.monotonic())["mps"]  # already up: not started twice
+    assert sum(c.startswith("-d") for c in (bin_dir / "calls.log").read_text().splitlines()) == 1
+    assert gpu_alfworld.stop_mps(time.monotonic()) == "4242"
+    assert not (bin_dir / "daemon").exists()
+    assert gpu_alfworld.stop_mps(time.monotonic()).startswith("not stopped")  # nothing to stop: said, not raised
