@@ -27,7 +27,7 @@ its cards: beside the RL-only bench, a card filled up and two runs' agents died 
 pass"; such a run is now class `environment`, not a result):
 
     bash bench/gpu_alfworld.sh PARTS --runs reference-sft-grpo:sft-only reference-sft-grpo:free \
-        --seeds 0 1 2 3 --per-gpu 8 --budget 420 --work $STASH/work --detach
+        --seeds 0 1 2 3 --per-gpu 8 --budget 420 --work $STASH/work --mps --detach
     python3 bench/gpu_alfworld.py --runs ... --seeds 0 1 2 3 --work $STASH/work --collect --wait-only 545
     python3 bench/gpu_alfworld.py --runs ... --seeds 0 1 2 3 --work $STASH/work --collect --wait-only 545
     python3 bench/gpu_alfworld.py --runs ... --seeds 0 1 2 3 --work $STASH/work --collect --deadline-s 60
