@@ -107,18 +107,61 @@ def pytest_sessionstart(session):
               f"{SUITE_NEEDS_BYTES / 2**30:.0f} GiB there, and tests will fail for want of space\n")
 
 
+def _machine_cpu_s() -> float | None:
+    """CPU seconds the whole machine has spent (user, nice, system, irq, softirq, steal), from /proc/stat: what a
+    test costs with the servers and daemons it starts, which its own process's clock does not see."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+_cpu_by_test: dict[str, float] = {}
+"""Machine CPU seconds per test (setup, call and teardown): `make test` prints the largest at its end, since the
+suite's time on a 2-core machine is bounded by its CPU seconds whatever runs in parallel (BENCHMARKS.md, suite
+passes)."""
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
     """Outside every other hook of a test: an error of pytest's own there (not the test's, which pytest reports)
-    ends the session as INTERNALERROR; this names the test it happened in, with the whole traceback."""
+    ends the session as INTERNALERROR; this names the test it happened in, with the whole traceback. It also
+    takes the machine's CPU seconds over the test (`_cpu_by_test`)."""
     import traceback
 
+    before = _machine_cpu_s()
     try:
         return (yield)
     except BaseException as e:
         if not isinstance(e, (KeyboardInterrupt, pytest.exit.Exception)):  # a stop asked for, not a fault
             _tell(f"\nINTERNALERROR in or after {item.nodeid}:\n{''.join(traceback.format_exception(e))}\n")
         raise
+    finally:
+        after = _machine_cpu_s()
+        if before is not None and after is not None:
+            _cpu_by_test[item.nodeid] = after - before
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The tests and files that cost the machine the most CPU seconds (anything else running on it counts too: the
+    figures are for a quiet machine's `make test`)."""
+    if not _cpu_by_test:
+        return
+    by_file: dict[str, float] = {}
+    for nodeid, seconds in _cpu_by_test.items():
+        by_file[nodeid.split("::")[0]] = by_file.get(nodeid.split("::")[0], 0.0) + seconds
+    total = sum(_cpu_by_test.values())
+    write = terminalreporter.write_line
+    write(f"machine CPU seconds over the tests: {total:.0f} in {len(_cpu_by_test)} tests (/proc/stat, whole machine)")
+    write("largest files:")
+    for name, seconds in sorted(by_file.items(), key=lambda kv: -kv[1])[:15]:
+        write(f"{seconds:9.1f}s cpu  {100 * seconds / total:4.1f}%  {name}")
+    write("largest tests:")
+    for nodeid, seconds in sorted(_cpu_by_test.items(), key=lambda kv: -kv[1])[:25]:
+        write(f"{seconds:9.1f}s cpu  {nodeid}")
 
 
 def pytest_sessionfinish(session, exitstatus):
