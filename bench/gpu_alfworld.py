@@ -126,7 +126,11 @@ def start_mps(work: Path, t0: float) -> dict:
     Without MPS the runs sharing a card take turns on it (time slices); a 135M model's kernels fill a fraction of
     an H200, so four runs a card made each RL step 2-4x slower than alone ("RL, thirteenth pass"). The daemon keeps
     CUDA's default pipe directory: an agent's environment holds no CUDA_MPS_* variable (the harness passes few to
-    it), and every client finds the daemon there. Only its log goes elsewhere (/var/log may not be writable)."""
+    it), and every client finds the daemon there. Only its log goes elsewhere (/var/log may not be writable).
+
+    For the reference agents only: under MPS a fatal GPU fault in one client ends every client of that card's
+    server, the grader's evaluations included, so an agent under test could end the grading of the runs beside it.
+    The harness itself never starts MPS."""
     if shutil.which(MPS_CONTROL) is None:
         raise SystemExit(f"--mps: {MPS_CONTROL} is not on PATH here; run without --mps")
     os.environ.pop("CUDA_MPS_PIPE_DIRECTORY", None)  # the runs inherit this environment: the default, as agents
