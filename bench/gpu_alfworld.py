@@ -157,9 +157,10 @@ def start_mps(work: Path, t0: float) -> dict:
 
 def stop_mps(t0: float) -> str:
     """Ask the daemon to quit once the table's runs are over; what it said (or why it could not)."""
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_MPS_PIPE_DIRECTORY"}  # where start_mps left it
     try:
-        servers = mps_command("get_server_list")
-        mps_command("quit")
+        servers = mps_command("get_server_list", env)
+        mps_command("quit", env)
         log(f"MPS: daemon stopped (servers it ran: {servers or 'none'})", t0)
         return servers
     except (RuntimeError, subprocess.TimeoutExpired, FileNotFoundError) as error:

@@ -91,6 +91,7 @@ FAKE_MPS_CONTROL = """#!/bin/sh
 # answered while it runs, quit ends it. Every call is appended to calls.log.
 state="$(dirname "$0")/daemon"
 echo "$* ${CUDA_MPS_LOG_DIRECTORY:-}" >> "$(dirname "$0")/calls.log"
+[ -z "${CUDA_MPS_PIPE_DIRECTORY:-}" ] || echo "pipe $CUDA_MPS_PIPE_DIRECTORY" >> "$(dirname "$0")/calls.log"
 if [ "$1" = "-d" ]; then touch "$state"; exit 0; fi
 [ -e "$state" ] || { echo "Cannot find MPS control daemon process" >&2; exit 1; }
 read -r cmd; echo "$cmd" >> "$(dirname "$0")/calls.log"
@@ -126,6 +127,8 @@ def test_mps_starts_one_daemon_before_the_runs_finds_a_running_one_and_stops_it(
     assert f"-d {tmp_path / 'work' / 'mps-log'}" in calls and (tmp_path / "work" / "mps-log").is_dir()
     assert gpu_alfworld.start_mps(tmp_path / "work", time.monotonic())["mps"]  # already up: not started twice
     assert sum(c.startswith("-d") for c in (bin_dir / "calls.log").read_text().splitlines()) == 1
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "elsewhere"))  # a collect in another shell
     assert gpu_alfworld.stop_mps(time.monotonic()) == "4242"
+    assert not [c for c in (bin_dir / "calls.log").read_text().splitlines() if c.startswith("pipe")]  # the default
     assert not (bin_dir / "daemon").exists()
     assert gpu_alfworld.stop_mps(time.monotonic()).startswith("not stopped")  # nothing to stop: said, not raised
