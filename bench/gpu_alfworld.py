@@ -112,9 +112,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 MPS_CONTROL = "nvidia-cuda-mps-control"
 
 
-def mps_command(command: str, env: dict[str, str] | None = None) -> str:
+def mps_env() -> dict[str, str]:
+    """This environment with CUDA's default MPS pipe directory, the one agents use (they get no CUDA_MPS_*)."""
+    return {k: v for k, v in os.environ.items() if k != "CUDA_MPS_PIPE_DIRECTORY"}
+
+
+def mps_command(command: str) -> str:
     """One command to the running MPS control daemon (e.g. `get_server_list`); its answer."""
-    done = subprocess.run([MPS_CONTROL], input=command + "\n", capture_output=True, text=True, timeout=30, env=env)
+    done = subprocess.run([MPS_CONTROL], input=command + "\n", capture_output=True, text=True, timeout=30,
+                          env=mps_env())  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"{MPS_CONTROL} '{command}': rc {done.returncode}: {(done.stderr or done.stdout).strip()}")
     return done.stdout.strip()
@@ -134,22 +140,21 @@ def start_mps(work: Path, t0: float) -> dict:
     if shutil.which(MPS_CONTROL) is None:
         raise SystemExit(f"--mps: {MPS_CONTROL} is not on PATH here; run without --mps")
     os.environ.pop("CUDA_MPS_PIPE_DIRECTORY", None)  # the runs inherit this environment: the default, as agents
-    env = dict(os.environ)
     try:
-        servers = mps_command("get_server_list", env)
+        servers = mps_command("get_server_list")
         log(f"MPS: a control daemon already answers (servers: {servers or 'none yet'})", t0)
     except (RuntimeError, subprocess.TimeoutExpired):
         logs = work / "mps-log"
         logs.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([MPS_CONTROL, "-d"], env={**env, "CUDA_MPS_LOG_DIRECTORY": str(logs)},
+        done = subprocess.run([MPS_CONTROL, "-d"], env={**mps_env(), "CUDA_MPS_LOG_DIRECTORY": str(logs)},
                               capture_output=True, text=True, timeout=30)  # fmt: skip
         if done.returncode != 0:
             raise SystemExit(f"--mps: {MPS_CONTROL} -d failed (rc {done.returncode}): {done.stderr.strip()}")
         time.sleep(1)
-        mps_command("get_server_list", env)  # it answers: the daemon is up
+        mps_command("get_server_list")  # it answers: the daemon is up
         log(f"MPS: control daemon started (log {logs})", t0)
     try:  # a fact for the record only
-        share = mps_command("get_default_active_thread_percentage", env)
+        share = mps_command("get_default_active_thread_percentage")
     except (RuntimeError, subprocess.TimeoutExpired) as error:
         share = f"unknown: {error}"
     return {"mps": True, "mps_default_active_thread_percentage": share}
@@ -157,10 +162,9 @@ def start_mps(work: Path, t0: float) -> dict:
 
 def stop_mps(t0: float) -> str:
     """Ask the daemon to quit once the table's runs are over; what it said (or why it could not)."""
-    env = {k: v for k, v in os.environ.items() if k != "CUDA_MPS_PIPE_DIRECTORY"}  # where start_mps left it
     try:
-        servers = mps_command("get_server_list", env)
-        mps_command("quit", env)
+        servers = mps_command("get_server_list")
+        mps_command("quit")
         log(f"MPS: daemon stopped (servers it ran: {servers or 'none'})", t0)
         return servers
     except (RuntimeError, subprocess.TimeoutExpired, FileNotFoundError) as error:

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import gpu_alfworld  # noqa: E402
 
@@ -108,11 +110,8 @@ def test_mps_starts_one_daemon_before_the_runs_finds_a_running_one_and_stops_it(
     CUDA_MPS_* variable from the harness), a running one is reused, and the collect's stop quits it. Without the
     control program the bench says so before it starts anything."""
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    try:
+    with pytest.raises(SystemExit, match="nvidia-cuda-mps-control is not on PATH"):
         gpu_alfworld.start_mps(tmp_path / "work", time.monotonic())
-        raise AssertionError("started without nvidia-cuda-mps-control")
-    except SystemExit as stop:
-        assert "nvidia-cuda-mps-control is not on PATH" in str(stop)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / gpu_alfworld.MPS_CONTROL
