@@ -137,6 +137,7 @@ def run_arm(args, arm: str, seed: int, sft: Path, public: Path) -> None:
         loop_penalty=knobs.loop_penalty, invalid_penalty=knobs.invalid_penalty,
         algorithm=arm if arm != "none" else "grpo", gamma=knobs.gamma, seed=seed, engine=knobs.rollout_engine,
         max_samples=knobs.max_samples, micro_tokens=knobs.micro_tokens, schedule=knobs.schedule(grpo_env_torch),
+        goal_draw=knobs.goal_draw,
     )  # fmt: skip
     t0 = time.monotonic()
     with args.out.open("a", encoding="utf-8") as f:

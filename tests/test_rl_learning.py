@@ -450,6 +450,52 @@ def test_three_rises_of_the_entropy_in_a_row_raise_the_alarm(tmp_path):
     assert json.loads(curve.read_text().splitlines()[-1])["rolled_back"] == "test"
 
 
+
+def test_the_losses_goal_draw_sends_groups_to_the_goals_the_policy_still_loses():
+    """`A2RL_GRPO_GOAL_DRAW=losses` (issue 42, fifteenth pass): a goal lost half the time is drawn far more often than
+    goals always won, unplayed goals stay in the draw, episodes cut by the deadline say nothing; the default stays
+    the uniform draw it was (the same goals from the same seed)."""
+    import random
+
+    from a2rl_bench.agents.reference_sft_grpo.sft_grpo_session import Knobs
+
+    goals = [{"id": f"g{i}"} for i in range(10)]
+    draw = grpo_env_torch.GoalDraw(goals, "losses", random.Random(0))
+    played = [g for g in goals[:9] for _ in range(8)] + [goals[9]] * 8
+    rollouts = [grpo_env_torch.Rollout(g["id"], won=True) for g in played[:72]]
+    rollouts += [grpo_env_torch.Rollout("g9", won=j % 2 == 0) for j in range(8)]
+    draw.record(played, rollouts)
+    draw.record([goals[0]] * 4, [grpo_env_torch.Rollout("g0", cut=True) for _ in range(4)])  # cut: not counted
+    assert draw.episodes[0] == 8 and draw.losses[9] == 4 and draw.weight(9) == pytest.approx(0.5)
+    picks = [g["id"] for _ in range(2000) for g in draw.draw(2)]
+    assert picks.count("g9") / 2000 > 0.45  # uniform: 0.2; weights 0.5 against 9 x 0.1: ~0.6
+    assert all(picks.count(f"g{i}") > 0 for i in range(9))  # a goal always won is still drawn now and then
+    fresh = grpo_env_torch.GoalDraw(goals + [{"id": "new"}], "losses", random.Random(1))
+    fresh.record(played, rollouts)
+    assert [g["id"] for _ in range(2000) for g in fresh.draw(2)].count("new") / 2000 > 0.45  # unplayed weighs 1/2
+
+    uniform = grpo_env_torch.GoalDraw(goals, "uniform", random.Random(7))
+    uniform.record(played, rollouts)
+    assert uniform.draw(3) == random.Random(7).sample(goals, 3)
+    with pytest.raises(ValueError, match="goal draw"):
+        grpo_env_torch.GoalDraw(goals, "hardest", random.Random(0))
+    assert Knobs.from_env({}).goal_draw == "uniform"
+    assert Knobs.from_env({"A2RL_GRPO_GOAL_DRAW": "losses"}).goal_draw == "losses"
+
+
+def test_a_step_records_each_episode_against_the_goal_it_played(tmp_path, one_torch_thread):
+    envlib = game_envlib(False)
+    model, tokenizer = word_model()
+    curve = tmp_path / "curve.jsonl"
+    grpo = grpo_env_torch.GRPOEnv(model, tokenizer, envlib, "game", None, lr=1e-3, goals_per_step=2, group_size=4,
+                                  max_episode_steps=None, temperature=1.0, loop_penalty=0.0, seed=0,
+                                  max_new_tokens=2, engine="engine", curve=curve, goal_draw="losses")  # fmt: skip
+    stats = grpo.grpo_step()
+    draw = grpo.goal_draw
+    assert sum(draw.episodes) == 8 and sorted(e for e in draw.episodes if e) == [4, 4]
+    assert sum(draw.episodes) - sum(draw.losses) == stats.wins
+    assert json.loads(curve.read_text().splitlines()[-1])["goal_draw"] == "losses"
+
 # -- the update's memory -----------------------------------------------------------------------------------------
 def test_the_update_scores_the_action_tokens_alone_in_chunks_that_bound_the_logits(one_torch_thread):
     """Memory of an update (issue 42): the output layer runs on the action tokens alone, at most `chunk_rows` of

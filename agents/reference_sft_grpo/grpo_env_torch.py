@@ -480,6 +480,47 @@ class StepStats:
     update: UpdateStats = field(default_factory=UpdateStats)
 
 
+GOAL_DRAWS = ("uniform", "losses")
+
+
+class GoalDraw:
+    """Which training goals a step's groups play.
+
+    `uniform` (the default): every goal alike. `losses`: goals weighted by the posterior mean of losing them over
+    the session's rollouts so far, (losses + 1) / (episodes + 2), so an unplayed goal weighs 1/2 and a goal won in
+    all of its n episodes 1 / (n + 2). Why: with win-only returns a group of one goal's episodes gives a gradient
+    only when its episodes differ, and a policy that already wins ~91% of its training episodes leaves about half
+    of uniformly drawn groups all won (0.91^8; BENCHMARKS.md "RL, fifteenth pass")."""
+
+    def __init__(self, goals: list[dict], how: str, rng: random.Random):
+        if how not in GOAL_DRAWS:
+            raise ValueError(f"goal draw must be one of {GOAL_DRAWS} (got {how!r})")
+        self.goals, self.how, self.rng = goals, how, rng
+        self.episodes = [0] * len(goals)
+        self.losses = [0] * len(goals)
+        self._index = {id(g): i for i, g in enumerate(goals)}
+
+    def weight(self, i: int) -> float:
+        return (self.losses[i] + 1) / (self.episodes[i] + 2)
+
+    def draw(self, k: int) -> list[dict]:
+        k = min(k, len(self.goals))
+        if self.how == "uniform":
+            return self.rng.sample(self.goals, k)
+        # Weighted sampling without replacement (Efraimidis and Spirakis): the k largest u ** (1 / weight).
+        keys = sorted(((self.rng.random() ** (1 / self.weight(i)), i) for i in range(len(self.goals))), reverse=True)
+        return [self.goals[i] for _, i in keys[:k]]
+
+    def record(self, played: list[dict], rollouts: list[Rollout]) -> None:
+        """Each episode's outcome against the goal it played (`played[j]` for `rollouts[j]`); cut ones say nothing."""
+        for goal, r in zip(played, rollouts):
+            if r.cut:
+                continue
+            i = self._index[id(goal)]
+            self.episodes[i] += 1
+            self.losses[i] += not r.won
+
+
 class GRPOEnv:
     """GRPO / GiGPO steps on one loaded model; its own optimizer across the session's RL rounds."""
 
@@ -489,7 +530,7 @@ class GRPOEnv:
                  step_weight: float = 1.0, micro_batch: int | None = None, micro_tokens: int | None = None,
                  max_new_tokens: int = 32, max_grad_norm: float = 1.0, engine: str = "auto",
                  curve: Path | None = None, max_samples: int = 1024, schedule: Schedule = Schedule(),
-                 chunk_rows: int = 512, checkpoint_layers: bool | None = None):  # fmt: skip
+                 chunk_rows: int = 512, checkpoint_layers: bool | None = None, goal_draw: str = "uniform"):  # fmt: skip
         import torch
 
         if algorithm not in ALGORITHMS:
@@ -530,6 +571,7 @@ class GRPOEnv:
         self.peak_lr, self.schedule, self.optimizer_steps = lr, schedule, 0
         self.goals = envlib.load_goals(data_dir)
         self.rng = random.Random(seed)
+        self.goal_draw = GoalDraw(self.goals, goal_draw, self.rng)
         self.seed = seed * 100_003
         self.sample = make_sampler(model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
                                    stop=envlib.STOP, seed=seed, engine=engine)  # fmt: skip
@@ -560,12 +602,14 @@ class GRPOEnv:
                 f.write(json.dumps({"update": self.steps_done, "rolled_back": note, "lr_scale": self.lr_scale}) + "\n")
 
     def rollouts(self, deadline: float | None = None) -> list[Rollout]:
-        goals = self.rng.sample(self.goals, min(self.goals_per_step, len(self.goals)))
+        goals = self.goal_draw.draw(self.goals_per_step)
         grouped = [g for g in goals for _ in range(self.group_size)]
         self.seed += len(grouped)
         self.model.eval()
-        return play(self.envlib, self.task, self.data_dir, grouped, self.sample, self.max_episode_steps, self.seed,
-                    deadline)  # fmt: skip
+        rollouts = play(self.envlib, self.task, self.data_dir, grouped, self.sample, self.max_episode_steps,
+                        self.seed, deadline)  # fmt: skip
+        self.goal_draw.record(grouped, rollouts)
+        return rollouts
 
     def grpo_step(self, deadline: float | None = None) -> StepStats:
         """Rollouts (cut at `deadline`), then one update."""
@@ -596,7 +640,8 @@ class GRPOEnv:
             with self.curve.open("a", encoding="utf-8") as f:
                 row = asdict(stats)
                 row.update(row.pop("update"))  # one flat row per update
-                f.write(json.dumps({"update": self.steps_done, "algorithm": self.algorithm, **row}) + "\n")
+                f.write(json.dumps({"update": self.steps_done, "algorithm": self.algorithm,
+                                    "goal_draw": self.goal_draw.how, **row}) + "\n")
         return stats
 
     def update_samples(self, rollouts: list[Rollout]) -> list[tuple[list[int], list[int], float, int]]:

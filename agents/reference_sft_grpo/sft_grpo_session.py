@@ -239,6 +239,9 @@ class Knobs:
     warmup_steps: int
     decay_steps: int
     """Learning rate: linear warm-up over this many optimizer steps, then cosine decay to a tenth over these."""
+    goal_draw: str
+    """`uniform` (default) or `losses` (`A2RL_GRPO_GOAL_DRAW`): how a step picks its training goals, see
+    `grpo_env_torch.GoalDraw`. `losses` is not yet measured on a GPU, so it is not the default."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Knobs:
@@ -286,6 +289,7 @@ class Knobs:
             clip_high=float(env.get("A2RL_GRPO_CLIP_HIGH") or 0.28),
             warmup_steps=int(env.get("A2RL_GRPO_WARMUP_STEPS") or 4),
             decay_steps=int(env.get("A2RL_GRPO_DECAY_STEPS") or 200),
+            goal_draw=env.get("A2RL_GRPO_GOAL_DRAW") or "uniform",
         )
 
     def schedule(self, grpo_env_torch):
@@ -411,7 +415,7 @@ class InteractiveSession:
             goals_per_step=k.goals_per_step, group_size=k.group_size, max_episode_steps=k.max_episode_steps,
             temperature=k.temperature, loop_penalty=k.loop_penalty, invalid_penalty=k.invalid_penalty,
             algorithm=k.algorithm, gamma=k.gamma, seed=self.s.seed, engine=k.rollout_engine, max_samples=k.max_samples,
-            micro_tokens=k.micro_tokens, checkpoint_layers=k.checkpoint_layers,
+            micro_tokens=k.micro_tokens, checkpoint_layers=k.checkpoint_layers, goal_draw=k.goal_draw,
             curve=self.s.workspace / "code" / "rl_curve.jsonl",
             schedule=k.schedule(grpo_env_torch),
         )  # fmt: skip
