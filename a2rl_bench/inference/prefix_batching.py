@@ -111,9 +111,15 @@ class _Lookup:
             tokens.append(token)
 
     def draft(self, most: int) -> list[int]:
-        """Up to `most` tokens that followed the latest earlier occurrence of the row's last n-gram."""
+        """Up to `most` tokens that followed the latest earlier occurrence of the row's last n-gram; past the
+        row's end they follow on from the drafts themselves (a loop shorter than the drafts repeats)."""
         at = self.ends.get(tuple(self.tokens[-DRAFT_NGRAM:])) if most > 0 else None
-        return [] if at is None else self.tokens[at : at + min(most, DRAFT_TOKENS)]
+        if at is None:
+            return []
+        tokens, drafts = self.tokens, []
+        for i in range(at, at + min(most, DRAFT_TOKENS)):
+            drafts.append(tokens[i] if i < len(tokens) else drafts[i - len(tokens)])
+        return drafts
 
 
 def accepted(drafts: Sequence[int], greedy: Sequence[int]) -> list[int]:
