@@ -29,11 +29,16 @@ def rows(tiny: LoadedModel) -> tuple[list[int], list[list[int]]]:
 
 
 class Spy:
-    """What the drafted steps did: tokens each verified forward fed, and each row's appended runs of tokens."""
+    """What the drafted steps did: drafts fed, the tokens each verified row kept, and the runs of tokens each row's
+    drafts were extended by (the first: its prompt and first token)."""
 
     def __init__(self, monkeypatch):
-        self.fed, self.kept = 0, []
-        verify, accept = PrefixBatcher._verify, prefix_batching.accepted
+        self.fed, self.kept, self.runs = 0, [], []
+        verify, accept, extend = PrefixBatcher._verify, prefix_batching.accepted, _Lookup.extend
+
+        def extended(lookup, new):
+            self.runs.append(list(new))
+            return extend(lookup, new)
 
         def counted_verify(batcher, f, fed, *args):
             self.fed += sum(len(x) - 1 for x in fed)
@@ -45,6 +50,7 @@ class Spy:
 
         monkeypatch.setattr(PrefixBatcher, "_verify", counted_verify)
         monkeypatch.setattr(prefix_batching, "accepted", kept)
+        monkeypatch.setattr(_Lookup, "extend", extended)
 
     @property
     def drafts_kept(self) -> int:
@@ -58,13 +64,19 @@ def _decode(model, rows, draft: bool, slots: int = 4, max_new: int = MAX_NEW, fi
     return PrefixBatcher(model).decode(prefix, suffixes, max_new, slots, finished, draft=draft)
 
 
-def test_a_row_drafts_what_followed_its_last_ngram_latest_in_its_own_tokens() -> None:
-    lookup = _Lookup([7, 1, 2, 3, 4, 5, 1, 2, 3, 8, 9, 1, 2])
-    assert lookup.draft(10) == []  # (1, 2) is no 3-gram of the row yet
-    lookup.extend([3])
-    assert lookup.draft(5) == [8, 9, 1, 2, 3]  # the latest (1, 2, 3) is followed by 8, not by the earlier 4
-    assert lookup.draft(2) == [8, 9] and lookup.draft(0) == []
-    assert lookup.draft(100) == [8, 9, 1, 2, 3, 8][: prefix_batching.DRAFT_TOKENS]  # past the end: the loop again
+def test_a_row_drafts_what_followed_its_last_ngram_latest_in_its_own_tokens(monkeypatch) -> None:
+    monkeypatch.setattr(prefix_batching, "DRAFT_NGRAM", 2)
+    monkeypatch.setattr(prefix_batching, "DRAFT_TOKENS", 8)
+    assert _Lookup([7, 1, 2, 3, 4]).draft(8) == []  # (3, 4) was not seen before
+    chance = _Lookup([7, 1, 2, 4, 5, 1, 2, 3, 8, 9, 1, 2])
+    assert chance.draft(8) == [3]  # the latest (1, 2) is followed by 3 (not the first one's 4); nothing agrees before
+    loop = _Lookup([5, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2])
+    assert loop.draft(8) == [3, 4, 1, 2, 3]  # 4 tokens agree before the 2-gram: 5 drafts, the loop past the end
+    assert loop.draft(2) == [3, 4] and loop.draft(0) == []
+    loop.extend([3])
+    assert loop.draft(8) == [4, 1, 2, 3, 4, 1]
+    monkeypatch.setattr(prefix_batching, "DRAFT_TOKENS", 3)
+    assert loop.draft(8) == [4, 1, 2]
 
 
 def test_the_greedy_chain_keeps_the_drafts_it_confirms_then_its_own_next_token() -> None:
@@ -96,7 +108,7 @@ def _ended_inside_a_kept_draft(tiny, rows, monkeypatch) -> tuple[list[int], list
         spy = Spy(monkeypatch)
         tokens = _decode(tiny.model, (rows[0], [suffix]), draft=True, slots=1)[0]
         at = 1  # the first token comes from the prompt's prefill, the rest in runs of the decode steps
-        for run in spy.kept:
+        for run in spy.runs[1:]:
             if len(run) >= 2:  # run[0] is a kept draft, run[1:] came in the same forward
                 return suffix, tokens[: at + 1]
             at += len(run)
@@ -158,6 +170,7 @@ def test_drafting_gives_the_default_base_models_gsm8k_items_the_same_completions
         monkeypatch.setenv(prefix_batching.DRAFT_ENV, mode)
         spy = Spy(monkeypatch)
         out[mode] = generate(loaded, conversations, max_new_tokens=48, temperature=0.0, stop=d.stop, batch_size=2)
+    assert not loaded.model.__dict__.get("_a2rl_batcher_failed")  # a failed batcher would hand over to `generate`
     assert out["1"].completions == out["0"].completions
     assert out["1"].completion_tokens == out["0"].completion_tokens
     assert spy.drafts_kept > 10

@@ -42,10 +42,14 @@ SIMILAR = 0.8
 gsm8k's 16 default items pad 9% instead of 44% in one batch)."""
 
 
-DRAFT_TOKENS = 6
-"""Most tokens a row drafts per step (a loop's continuation; rejected ones cost only their own rows' compute)."""
+DRAFT_TOKENS = 8
+"""Most tokens a row drafts per step. A row drafts one token more than its match runs on before the n-gram: a
+chance match of a few tokens drafts one, a loop's long match up to this many. Every drafted token costs its row's
+compute whether kept or not, which at 48 rows outweighs a weight stream saved (drafting whatever matched, 6
+tokens after 3: 1.3x the CPU seconds of the default baseline's decode; this rule: 0.9x, simulated on its greedy
+tokens, BENCHMARKS.md)."""
 
-DRAFT_NGRAM = 3
+DRAFT_NGRAM = 2
 """Tokens a row's end must match, earlier in its own tokens, to draft what followed there."""
 
 DRAFT_ENV = "A2RL_CPU_DRAFT"
@@ -111,13 +115,18 @@ class _Lookup:
             tokens.append(token)
 
     def draft(self, most: int) -> list[int]:
-        """Up to `most` tokens that followed the latest earlier occurrence of the row's last n-gram; past the
-        row's end they follow on from the drafts themselves (a loop shorter than the drafts repeats)."""
-        at = self.ends.get(tuple(self.tokens[-DRAFT_NGRAM:])) if most > 0 else None
+        """Up to `most` tokens that followed the latest earlier occurrence of the row's last n-gram, one more than
+        the two occurrences agree on before it; past the row's end they follow on from the drafts themselves (a
+        loop shorter than the drafts repeats)."""
+        tokens = self.tokens
+        at = self.ends.get(tuple(tokens[-DRAFT_NGRAM:])) if most > 0 else None
         if at is None:
             return []
-        tokens, drafts = self.tokens, []
-        for i in range(at, at + min(most, DRAFT_TOKENS)):
+        agree, before, end = 0, at - DRAFT_NGRAM - 1, len(tokens) - DRAFT_NGRAM - 1
+        while agree < DRAFT_TOKENS - 1 and before - agree >= 0 and tokens[before - agree] == tokens[end - agree]:
+            agree += 1
+        drafts: list[int] = []
+        for i in range(at, at + min(most, agree + 1)):
             drafts.append(tokens[i] if i < len(tokens) else drafts[i - len(tokens)])
         return drafts
 
