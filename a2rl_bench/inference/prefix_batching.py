@@ -14,7 +14,11 @@ greedy chain confirms are kept with the chain's next token. The long completions
 forward that streams all the weights for one or two rows yields several tokens each (`A2RL_CPU_DRAFT=0`: off).
 
 The attention is computed exactly (two-part softmax over prefix and own keys, fp32 accumulation); only the
-summation order differs from SDPA over a copied prefix, so greedy tokens agree except at float near-ties.
+summation order differs from SDPA over a copied prefix, so greedy tokens agree except at float near-ties. The same
+holds for drafting: a drafted step's matrix products have more rows than a one-token step's, and MKL gives a row
+other bits at 1-3 rows than at 4 or more (as main's own steps of few rows do), so its logits differ in the last
+bits (up to ~7e-5); the greedy tokens were the same on all 400 gsm8k items and at batches 1-48 (BENCHMARKS.md,
+"CPU grading, fifth pass").
 Supported: decoder-only models whose causal-LM head is a plain `lm_head` over the last hidden state and whose
 attention is full (Llama, Qwen2/3, Mistral without a sliding window); anything else raises `Unsupported`.
 """
@@ -46,8 +50,8 @@ DRAFT_TOKENS = 8
 """Most tokens a row drafts per step. A row drafts one token more than its match runs on before the n-gram: a
 chance match of a few tokens drafts one, a loop's long match up to this many. Every drafted token costs its row's
 compute whether kept or not, which at 48 rows outweighs a weight stream saved (drafting whatever matched, 6
-tokens after 3: 1.3x the CPU seconds of the default baseline's decode; this rule: 0.9x, simulated on its greedy
-tokens, BENCHMARKS.md)."""
+tokens after 3: 1.3x the CPU seconds of the default baseline's decode, measured; this rule: 1.0x replayed on its
+greedy tokens, 1.16x measured in the evaluation process, 0.9x on a grading's 16 items: BENCHMARKS.md)."""
 
 DRAFT_NGRAM = 2
 """Tokens a row's end must match, earlier in its own tokens, to draft what followed there."""
