@@ -4,6 +4,9 @@
   batches (the CPU path before issue #37);
 * `fp32 batcher`: `a2rl_bench.inference.prefix_batching` (the exemplars' KV once for all rows, continuous batching,
   prompts prefilled in groups of similar length): the default greedy CPU path, same numeric path;
+* `fp32 batcher, drafting off` (`fp32-nodraft`): the same with `A2RL_CPU_DRAFT=0`, one token per row and forward
+  (the batcher before issue 48's drafted tokens); listed first, it is the reference the others' completions are
+  compared with;
 * `bf16 batcher`: the same with bf16 weights (the opt-in `A2RL_CPU_EVAL_DTYPE=bf16`);
 * with `--llama-cpp DIR` and/or `--llama-cpp-native DIR`: llama.cpp on the same GGUF file (the registry model's
   Q4_1 file the checkpoint was converted from) and the same token ids, greedy, the prefix decoded once and shared
@@ -26,8 +29,9 @@ measured fp32 GEMM rate per CPU second. Completions are compared with a2rl fp32'
         --llama-cpp-native DIR2
 
 With `--phases`: where the default path's (fp32 batcher) time goes instead, per forward of the batcher grouped by
-phase (the shared prefix's prefill, the prompts' own prefill, decode steps by how many rows they carry), in CPU
-seconds, with each phase's matrix-product GFLOP and the weight bytes its forwards stream.
+phase (the shared prefix's prefill, the prompts' own prefill, decode steps by how many rows they carry, drafted
+or not), in CPU seconds, with each phase's matrix-product GFLOP and the weight bytes its forwards stream;
+`A2RL_CPU_DRAFT=0` in the environment gives the same without drafting.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the evaluation process runs
-ENGINES = ("fp32-static", "fp32", "bf16", "llama-batch", "llama-sequential")
+ENGINES = ("fp32-static", "fp32-nodraft", "fp32", "bf16", "llama-batch", "llama-sequential")
 
 
 def main() -> None:
@@ -76,6 +80,7 @@ def main() -> None:
     from a2rl_bench.inference.decode_engine import shared_prefix
     from a2rl_bench.inference.generation import (MIN_SHARED_PREFIX, _eos_ids, _finish_rows, generate, load_model,
                                            render_prompt)  # fmt: skip
+    from a2rl_bench.inference.prefix_batching import DRAFT_ENV
 
     torch.set_num_threads(1)
     task = get_task("gsm8k")
@@ -93,8 +98,8 @@ def main() -> None:
     prefix = shared_prefix(ids)
     prefix = prefix if len(prefix) >= MIN_SHARED_PREFIX else []
     eos = _eos_ids(models["fp32"].model, tokenizer)
-    paths = [p for e, p in (("fp32-static", ("fp32", "static")), ("fp32", ("fp32", "auto")),
-                            ("bf16", ("bf16", "auto"))) if e in engines]  # fmt: skip
+    paths = [p for e, p in (("fp32-nodraft", ("fp32", "nodraft")), ("fp32-static", ("fp32", "static")),
+                            ("fp32", ("fp32", "auto")), ("bf16", ("bf16", "auto"))) if e in engines]  # fmt: skip
     for build in builds:
         paths += [("q4_1", f"llama.cpp {build} {m}") for e, m in (("llama-batch", f"batch {args.batch_size}"),
                   ("llama-sequential", "sequential")) if e in engines]  # fmt: skip
@@ -120,8 +125,10 @@ def main() -> None:
                 print(json.dumps({"llama_cpp": build, "load_cpu_s": round(got["load_cpu_s"], 2),
                                   "system_info": got["system_info"]}), flush=True)  # fmt: skip
             else:
+                os.environ[DRAFT_ENV] = "0" if engine == "nodraft" else "1"
                 out = generate(models[dtype], conversations, max_new_tokens=d.max_new_tokens, temperature=0.0,
-                               stop=d.stop, batch_size=args.batch_size, engine=engine)  # fmt: skip
+                               stop=d.stop, batch_size=args.batch_size,
+                               engine="auto" if engine == "nodraft" else engine)  # fmt: skip
                 outs[(dtype, engine)] = (out.completions, out.generated_tokens)
                 cpu_s = time.process_time() - c
             wall[(dtype, engine)].append(time.perf_counter() - w)
@@ -153,7 +160,7 @@ def _name(path: tuple[str, str]) -> str:
     dtype, engine = path
     if engine.startswith("llama.cpp"):
         return engine
-    return f"a2rl {dtype} " + ("static engine" if engine == "static" else "batcher")
+    return f"a2rl {dtype} " + {"static": "static engine", "nodraft": "batcher, drafting off"}.get(engine, "batcher")
 
 
 def _phases(loaded, conversations, d, batch_size: int) -> None:
@@ -186,16 +193,37 @@ def _phases(loaded, conversations, d, batch_size: int) -> None:
         p["gflop"] += 2 * (body * b * q + head_params * b) / 1e9
         return out
 
+    verify = prefix_batching.PrefixBatcher._verify
+
+    def timed_verify(self, f, fed, p, lengths):
+        b, tokens = len(fed), sum(map(len, fed))
+        c = time.process_time()
+        out = verify(self, f, fed, p, lengths)
+        phase = phases[f"drafted decode, {(b - 1) // 4 * 4 + 1}-{(b - 1) // 4 * 4 + 4} rows"]
+        phase["cpu_s"] += time.process_time() - c
+        phase["forwards"] += 1
+        phase["tokens"] += tokens
+        phase["gflop"] += 2 * (body + head_params) * tokens / 1e9
+        return out
+
     prefix_batching.PrefixBatcher._run = timed
+    prefix_batching.PrefixBatcher._verify = timed_verify
     c = time.process_time()
     out = generate(loaded, conversations, max_new_tokens=d.max_new_tokens, temperature=0.0, stop=d.stop,
                    batch_size=batch_size)  # fmt: skip
     total = time.process_time() - c
-    print(f"{len(conversations)} items, {out.generated_tokens} generated tokens, {total:.1f} CPU s in all; "
+    drafting = "on" if prefix_batching.drafting_enabled() else f"off ({prefix_batching.DRAFT_ENV}=0)"
+    print(f"{len(conversations)} items, {out.generated_tokens} generated tokens, {total:.1f} CPU s in all, "
+          f"drafting {drafting}; "
           f"weights {weight_bytes / 2**20:.0f} MiB streamed once per forward\n")
     print("| phase | forwards | tokens | CPU s | share | GFLOP | GFLOP per CPU s | weight GB per CPU s |")
     print("|---|---|---|---|---|---|---|---|")
-    for name in sorted(phases, key=lambda n: (not n.startswith("prefix"), not n.startswith("prompt"), n)):
+
+    def order(name: str) -> tuple:  # prefills, then decode steps by rows, plain before drafted
+        rows = int(name.split(", ")[1].split("-")[0]) if name.endswith("rows") else 0
+        return not name.startswith("prefix"), not name.startswith("prompt"), rows, name
+
+    for name in sorted(phases, key=order):
         p = phases[name]
         print(f"| {name} | {p['forwards']} | {p['tokens']} | {p['cpu_s']:.1f} | {p['cpu_s'] / total:.0%} | "
               f"{p['gflop']:.0f} | {p['gflop'] / p['cpu_s']:.1f} | "

@@ -12,6 +12,13 @@ batch-16 run's.
     python bench/bench_default_gradings.py --split validation --limit 16 --repeats 1
     python bench/bench_default_gradings.py --together --repeats 2  # the baseline's two splits: 2 processes or 1
 
+`--drafting` runs the default run's three evaluations as a run makes them -- the baseline (16 validation + 32
+hidden-test items in one process), a grading (16 validation items), the final evaluation (32 hidden-test items) --
+with drafted tokens off (`A2RL_CPU_DRAFT=0`) and on, alternating; completions compared item by item with the
+first drafting-off run's.
+
+    python bench/bench_default_gradings.py --drafting --repeats 2
+
 `--together` compares the baseline's two splits (16 validation + 32 hidden-test items) as two default evaluations
 (a run's baseline before issue 48's sixth pass, and still wherever answers depend on the batch) against ONE
 evaluation process (`evaluate_splits_in_subprocess`, what a run's baseline does now on cpu-fp32: one import, one
@@ -41,9 +48,12 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=32, help="items (the default run: 16 validation, 32 test)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each setting, alternating")
     parser.add_argument("--together", action="store_true", help="the baseline's two splits: two processes or one")
+    parser.add_argument("--drafting", action="store_true", help="a run's three evaluations, drafting off and on")
     args = parser.parse_args()
     if args.together:
         return together(args.model, args.repeats)
+    if args.drafting:
+        return drafting(args.model, args.repeats)
 
     from a2rl_bench.base_models.registry import resolve_base_model
     from a2rl_bench.benchmarks import get_task
@@ -98,6 +108,45 @@ def together(model: str, repeats: int) -> None:
     medians = {m: statistics.median(r["cpu_s"] for r in rows if r["mode"] == m) for m in modes}
     print(f"\nmedian CPU s: two processes {medians['two processes']:.1f}, one process {medians['one process']:.1f} "
           f"(n = {repeats} each): {medians['one process'] / medians['two processes']:.2f}x")
+
+
+def drafting(model: str, repeats: int) -> None:
+    from a2rl_bench.base_models.registry import resolve_base_model
+    from a2rl_bench.benchmarks import get_task
+    from a2rl_bench.inference.evaluation import EvalSpec, evaluate_in_subprocess, evaluate_splits_in_subprocess
+    from a2rl_bench.inference.prefix_batching import DRAFT_ENV
+
+    model_dir, task = resolve_base_model(model), get_task("gsm8k")
+    validation, test = (EvalSpec.of(task, "offline", s, n) for s, n in (("validation", 16), ("test", 32)))
+    evaluations = {"baseline 48": lambda: evaluate_splits_in_subprocess(model_dir, [validation, test]),
+                   "grading 16": lambda: [evaluate_in_subprocess(model_dir, validation)],
+                   "final 32": lambda: [evaluate_in_subprocess(model_dir, test)]}  # fmt: skip
+    rows, reference = [], {}
+    for repeat in range(repeats):
+        for mode in ("off", "on"):
+            os.environ[DRAFT_ENV] = "0" if mode == "off" else "1"
+            for name, evaluate in evaluations.items():
+                load, cpu, wall = os.getloadavg()[0], children_cpu_s(), time.perf_counter()
+                results = evaluate()
+                completions = [i.completion for r in results for i in r.items]
+                reference.setdefault(name, completions)
+                rows.append({"evaluation": name, "drafting": mode, "repeat": repeat + 1, "load": load,
+                             "cpu_s": children_cpu_s() - cpu, "wall_s": time.perf_counter() - wall,
+                             "tokens": sum(r.generated_tokens for r in results),
+                             "same": sum(a == b for a, b in zip(completions, reference[name])), "n": len(completions)})
+                print(json.dumps(rows[-1]), flush=True)
+    print("\n| evaluation | drafting | run | CPU s | wall s | 1-min load at its start | tokens "
+          "| completions as the first drafting-off run's |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['evaluation']} | {r['drafting']} | {r['repeat']} | {r['cpu_s']:.1f} | {r['wall_s']:.1f} "
+              f"| {r['load']:.1f} | {r['tokens']} | {r['same']}/{r['n']} |")
+    for measure in ("cpu_s", "wall_s"):
+        medians = {(e, m): statistics.median(r[measure] for r in rows if (r["evaluation"], r["drafting"]) == (e, m))
+                   for e in evaluations for m in ("off", "on")}  # fmt: skip
+        print(f"\nmedian {measure} (n = {repeats} each): " + "; ".join(
+            f"{e} off {medians[(e, 'off')]:.1f}, on {medians[(e, 'on')]:.1f} "
+            f"({medians[(e, 'on')] / medians[(e, 'off')]:.2f}x)" for e in evaluations))  # fmt: skip
 
 
 def table(runs: list[dict]) -> None:
