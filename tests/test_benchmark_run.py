@@ -235,3 +235,25 @@ def test_every_submission_on_the_hidden_test_after_the_session(prefect_harness, 
     run_analysis(results, tmp_path / "analysis")
     html = (tmp_path / "analysis" / "report.html").read_text()
     assert "What RL added (hidden test, post hoc)" in html and "hidden_test_posthoc" in html
+
+
+def test_a_run_reads_whether_it_is_a_deployments_from_its_flow_run(prefect_harness, monkeypatch):
+    """`deployed_run` answers from the flow run the engine holds, as Prefect's `deployment.get_id()` answers with an
+    API call."""
+    from types import SimpleNamespace
+    from uuid import uuid4
+
+    from prefect import flow
+    from prefect.runtime import deployment
+
+    from a2rl_bench.flows import benchmark_run as module
+
+    @flow
+    def probe() -> tuple[bool, str | None]:
+        return module.deployed_run(), deployment.get_id()
+
+    assert probe() == (False, None)
+    assert module.deployed_run() is False  # outside a flow run
+    fake = SimpleNamespace(flow_run=SimpleNamespace(deployment_id=uuid4()))
+    monkeypatch.setattr(module.FlowRunContext, "get", lambda: fake)
+    assert module.deployed_run() is True
