@@ -29,8 +29,10 @@ from a2rl_bench.isolation.sandbox import wrap as wrap_in_sandbox
 PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
                    "HF_DATASETS_OFFLINE", "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "OMP_WAIT_POLICY",
                    "CUDA_VISIBLE_DEVICES")
-# Knobs the reference agents read (tests shrink them for tiny models).
-PASSTHROUGH_PREFIXES = ("A2RL_AGENT_", "A2RL_SFT_", "A2RL_GRPO_")
+# Knobs the reference agents read (tests shrink them for tiny models). `A2RL_RL_MIN_SHARE` and
+# `A2RL_VALIDATION_ITEMS` were documented knobs that never reached the agent before `A2RL_RL_` and
+# `A2RL_VALIDATION_` were listed.
+PASSTHROUGH_PREFIXES = ("A2RL_AGENT_", "A2RL_SFT_", "A2RL_GRPO_", "A2RL_RL_", "A2RL_VALIDATION_")
 # Variables a harness-side runner gets on top of the agent's environment (`Agent.launch_env`). The runner
 # removes them from its environment before it starts anything in the workspace.
 HARNESS_ENV_PREFIX = "A2RL_HARNESS_"

@@ -5,6 +5,8 @@ on one card.
     python bench/bench_rl_only.py MODEL [--sft CKPT] [--updates 12] [--val-every 4] [--seeds 0 1 2] [--out F]
     BENCH_SCRIPT=bench/bench_rl_only.py bash bench/gpu_alfworld.sh MODEL_PARTS... [OPTIONS]   # on the GPU
     python bench/bench_rl_only.py TINY_MODEL_DIR --smoke          # CPU check with the tests' tiny model
+    python bench/bench_rl_only.py MODEL --holdout 0.2 --arms none grpo grpo@seen \
+        grpo:A2RL_GRPO_GOAL_DRAW=learnability                     # RL on games SFT never saw, against seen ones
 
 MODEL is a Hugging Face checkpoint directory (on the GPU: the converted SmolLM2-135M). Without `--sft`, the
 agent's own SFT data (the offline alfworld worked examples plus its searching demonstrations built from the
@@ -19,6 +21,11 @@ hidden test games (both through the evaluator's environment, prompts and step li
 table pairs each arm with the frozen one on the same games: exact McNemar). Every (arm, seed) is its own process,
 round-robin over the visible cards (`--sequential` for one after another in this process). Output: one JSON
 line per update per arm and seed (`--out`), then a table.
+
+An arm is `ALGORITHM[@GOALS][:A2RL_X=V,...]`: `none`, `grpo` or `gigpo`; the training games it plays, `held` (the
+games `--holdout` kept out of SFT, as the agent does with `A2RL_GRPO_HOLDOUT`; the default when `--holdout` is
+given), `seen` (the games SFT trained on) or `all` (the default without `--holdout`); and knob overrides for this
+arm alone, after `--env`'s.
 """
 
 from __future__ import annotations
@@ -43,13 +50,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "file or its parts in order (converted once, as bench/gpu_alfworld.py does)")
     p.add_argument("--sft", type=Path, help="the SFT checkpoint to start from (default: made here)")
     p.add_argument("--sft-steps", type=int, default=300, help="SFT optimizer steps when no --sft is given")
+    p.add_argument("--sft-s", type=float, default=3600, help="SFT seconds at most when no --sft is given")
     p.add_argument("--no-search-demos", action="store_true", help="SFT on the worked examples alone")
     p.add_argument("--updates", type=int, default=12)
     p.add_argument("--val-every", type=int, default=4, help="validation every this many updates (and at 0)")
     p.add_argument("--val-limit", type=int, default=0, help="validation games (0: all 60)")
     p.add_argument("--val-max-steps", type=int, default=0, help="validation step limit (0: the evaluator's, 50)")
     p.add_argument("--test-limit", type=int, default=0, help="hidden test games for the last checkpoint (0: all)")
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    p.add_argument("--arms", nargs="+", default=list(ARMS), type=arm_spec,
+                   help="ALGORITHM[@held|@seen|@all][:A2RL_X=V,...] (see above)")
+    p.add_argument("--holdout", type=float, default=0.0, help="share of the training games kept out of SFT for RL "
+                   "(the agent's A2RL_GRPO_HOLDOUT, drawn with --seed)")
     p.add_argument("--env", nargs="*", default=[], metavar="A2RL_GRPO_X=V", help="knob overrides for the RL arms")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="rollout seeds (one run each)")
     p.add_argument("--seed", type=int, default=0, help="the SFT checkpoint's seed")
@@ -57,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="tiny sizes: a CPU check of the whole path")
     p.add_argument("--out", type=Path, default=Path("rl_only.jsonl"))
     p.add_argument("--work", type=Path, default=Path("/tmp/a2rl-rl-only"), help="the SFT checkpoint, the model")
-    p.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)  # one arm, in a child process
+    p.add_argument("--arm", type=arm_spec, help=argparse.SUPPRESS)  # one arm, in a child process
     p.add_argument("--arm-seed", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.smoke:
@@ -66,6 +77,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.env = ["A2RL_GRPO_GOALS_PER_STEP=2", "A2RL_GRPO_NUM_GENERATIONS=2", "A2RL_GRPO_MAX_EPISODE_STEPS=2",
                     "A2RL_GRPO_MAX_SAMPLES=16", *args.env]  # fmt: skip
     return args
+
+
+GOAL_SETS = ("held", "seen", "all")
+
+
+def arm_spec(text: str) -> str:
+    """An arm as given (`ALGORITHM[@GOALS][:A2RL_X=V,...]`), checked: argparse's type for `--arms`."""
+    base, _, knobs = text.partition(":")
+    algorithm, _, goals = base.partition("@")
+    if algorithm not in ARMS or (goals and goals not in GOAL_SETS):
+        raise argparse.ArgumentTypeError(f"{text!r}: want one of {ARMS}, then @{'/@'.join(GOAL_SETS)} or nothing")
+    if knobs and not all(kv.startswith("A2RL_") and "=" in kv for kv in knobs.split(",")):
+        raise argparse.ArgumentTypeError(f"{text!r}: knob overrides are A2RL_X=V, comma-separated")
+    return text
+
+
+def parse_arm(text: str) -> tuple[str, str, dict[str, str]]:
+    """(algorithm, goal set or "", knob overrides) of an arm spec."""
+    base, _, knobs = text.partition(":")
+    algorithm, _, goals = base.partition("@")
+    return algorithm, goals, dict(kv.split("=", 1) for kv in knobs.split(",") if kv)
+
+
+def held_out(public: Path, args) -> frozenset[str]:
+    """The training games `--holdout` keeps out of SFT, drawn as the agent draws them (`A2RL_GRPO_HOLDOUT`)."""
+    from a2rl_bench.agents.reference_sft_grpo import grpo_env_torch
+    from a2rl_bench.agents.reference_sft_grpo.sft_grpo_session import held_out_games
+
+    ids = [str(g.get("id")) for g in grpo_env_torch.import_envlib(public).load_goals(public)]
+    return held_out_games(ids, args.holdout, args.seed)
+
+
+def arm_goals(goals: str, held: frozenset[str], every: list[str]) -> frozenset[str] | None:
+    """The training-goal ids an arm plays (None: all of them)."""
+    goals = goals or ("held" if held else "all")
+    if goals == "all":
+        return None
+    if not held:
+        raise SystemExit(f"an arm @{goals} needs --holdout")
+    return held if goals == "held" else frozenset(every) - held
 
 
 def load(path: Path):
@@ -82,17 +133,21 @@ def make_sft(args, public: Path, knobs) -> Path:
     from a2rl_bench.agents.reference_sft_grpo.sft_grpo_session import sft_examples
 
     search = not args.no_search_demos
-    out = args.work / f"sft-{args.sft_steps}-steps-seed-{args.seed}{'-search' if search else ''}"
+    held = held_out(public, args)
+    out = args.work / (f"sft-{args.sft_steps}-steps-seed-{args.seed}{'-search' if search else ''}"
+                       + (f"-holdout-{args.holdout:g}" if held else ""))  # fmt: skip
     if (out / "model.safetensors").is_file():
         return out
     model, tokenizer = load(args.model)
-    examples, rows = sft_examples(public, public / "sft.jsonl", "alfworld", tokenizer, knobs.sft_max_length, search)
+    examples, rows = sft_examples(public, public / "sft.jsonl", "alfworld", tokenizer, knobs.sft_max_length, search,
+                                  exclude=held)  # fmt: skip
     sft = sft_torch.SFTRounds(model, tokenizer, examples, lr=knobs.sft_lr, batch_size=knobs.sft_batch_size,
                               seed=args.seed)  # fmt: skip
-    stats = sft.train(seconds=3600, max_steps=args.sft_steps)
+    stats = sft.train(seconds=args.sft_s, max_steps=args.sft_steps)
     save_checkpoint(model, tokenizer, out)
     print(json.dumps({"sft": str(out), "steps": stats.steps, "examples": len(examples), "of": rows,
-                      "loss": round(stats.loss, 4), "train_s": round(stats.train_s, 1)}), flush=True)  # fmt: skip
+                      "loss": round(stats.loss, 4), "train_s": round(stats.train_s, 1), "held_out": len(held)}),
+          flush=True)  # fmt: skip
     return out
 
 
@@ -127,23 +182,27 @@ def run_arm(args, arm: str, seed: int, sft: Path, public: Path) -> None:
     from a2rl_bench.agents.reference_sft_grpo import grpo_env_torch
     from a2rl_bench.agents.reference_sft_grpo.sft_grpo_session import Knobs
 
-    knobs = Knobs.from_env({**os.environ, **dict(kv.split("=", 1) for kv in args.env)})
+    algorithm, goals, overrides = parse_arm(arm)
+    knobs = Knobs.from_env({**os.environ, **dict(kv.split("=", 1) for kv in args.env), **overrides})
     envlib = grpo_env_torch.import_envlib(public)
+    every = [str(g.get("id")) for g in envlib.load_goals(public)]
+    goal_ids = arm_goals(goals, held_out(public, args), every)
     val_goals = _games(public, "validation", args.val_limit)
     model, tokenizer = load(sft)
     grpo = grpo_env_torch.GRPOEnv(
         model, tokenizer, envlib, "alfworld", public, lr=knobs.grpo_lr, goals_per_step=knobs.goals_per_step,
         group_size=knobs.group_size, max_episode_steps=knobs.max_episode_steps, temperature=knobs.temperature,
         loop_penalty=knobs.loop_penalty, invalid_penalty=knobs.invalid_penalty,
-        algorithm=arm if arm != "none" else "grpo", gamma=knobs.gamma, seed=seed, engine=knobs.rollout_engine,
-        max_samples=knobs.max_samples, micro_tokens=knobs.micro_tokens, schedule=knobs.schedule(grpo_env_torch),
-        goal_draw=knobs.goal_draw,
+        algorithm=algorithm if algorithm != "none" else "grpo", gamma=knobs.gamma, seed=seed,
+        engine=knobs.rollout_engine, max_samples=knobs.max_samples, micro_tokens=knobs.micro_tokens,
+        schedule=knobs.schedule(grpo_env_torch), goal_draw=knobs.goal_draw, goal_ids=goal_ids,
     )  # fmt: skip
     t0 = time.monotonic()
     with args.out.open("a", encoding="utf-8") as f:
 
         def emit(row: dict) -> None:
-            row = {"arm": arm, "seed": seed, "t_s": round(time.monotonic() - t0, 1), **row}
+            row = {"arm": arm, "seed": seed, "goals": len(grpo.goals), "goal_draw": knobs.goal_draw,
+                   "t_s": round(time.monotonic() - t0, 1), **row}  # fmt: skip
             f.write(json.dumps(row) + "\n")
             f.flush()
             print(json.dumps(row), flush=True)
@@ -154,7 +213,7 @@ def run_arm(args, arm: str, seed: int, sft: Path, public: Path) -> None:
 
         emit({"update": 0, **val()})
         for update in range(1, args.updates + 1):
-            if arm == "none":  # the frozen policy: rollouts only
+            if algorithm == "none":  # the frozen policy: rollouts only
                 started = time.monotonic()
                 rollouts = grpo.rollouts()
                 row = {"episodes": len(rollouts), "wins": sum(r.won for r in rollouts),
@@ -183,8 +242,9 @@ def against_frozen(rows: list[dict], mine: dict, split: str) -> str:
     from a2rl_bench.summary.intervals import paired_item_interval
 
     key = f"{split}_games"
-    frozen = next((r for r in rows if r["arm"] == "none" and r.get(key) and r["update"] == mine["update"]
-                   and bool(r.get("final")) == bool(mine.get("final"))), None)  # fmt: skip
+    frozen = next((r for r in rows if parse_arm(r["arm"])[0] == "none" and r.get(key)
+                   and r["update"] == mine["update"] and bool(r.get("final")) == bool(mine.get("final"))),
+                  None)  # fmt: skip
     if frozen is None or not mine.get(key) or len(frozen[key]) != len(mine[key]):
         return "-"
     i = paired_item_interval([int(c) for c in frozen[key]], [int(c) for c in mine[key]])
@@ -199,7 +259,7 @@ def table(rows: list[dict]) -> str:
              "peak GiB | validation (won/n @ update) | test (last) | last validation - frozen (points, paired) | "
              "test - frozen (points, paired) |",
              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for arm in ARMS:
+    for arm in dict.fromkeys(r["arm"] for r in rows):  # in the order they ran
         for seed in sorted({r.get("seed", 0) for r in rows if r["arm"] == arm}):
             mine = sorted((r for r in rows if r["arm"] == arm and r.get("seed", 0) == seed and not r.get("final")),
                           key=lambda r: r["update"])  # fmt: skip
@@ -221,7 +281,7 @@ def table(rows: list[dict]) -> str:
             val = ", ".join(f"{r['val_won']}/{r['val_n']}@{r['update']}" for r in mine if "val_won" in r)
             test = f"{final['test_won']}/{final['test_n']}" if "test_won" in final else "-"
             last_val = next((r for r in reversed(mine) if "val_won" in r), None)
-            paired = ["-", "-"] if arm == "none" else [
+            paired = ["-", "-"] if parse_arm(arm)[0] == "none" else [
                 against_frozen(rows, last_val, "val") if last_val else "-",
                 against_frozen(rows, final, "test") if final else "-"]  # fmt: skip
             lines.append(f"| {arm} | {seed} | {wins} (of {trained[0]['episodes'] if trained else '-'}) | {delta} | "
@@ -255,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         options = (argv if argv is not None else sys.argv[1:])[given:]  # the model parts first, as parsed
         passed = [str(args.model), *(a for a in options if a != "--sequential")]
-        parts = {run: args.out.with_suffix(f".{run[0]}-{run[1]}.jsonl") for run in runs}
+        parts = {run: args.out.with_suffix(f".arm{i}-seed{run[1]}.jsonl") for i, run in enumerate(runs)}
         for part in parts.values():
             part.unlink(missing_ok=True)
         cards = cards_for(len(runs))

@@ -682,22 +682,32 @@ def test_a_round_that_fell_beyond_the_noise_is_rolled_back_and_rl_starts_from_th
 
 def test_sft_gives_way_to_rl_once_its_share_of_the_budget_is_used(tiny_model_dir, alfworld_data, tmp_path,
                                                                    monkeypatch):  # fmt: skip
-    """Validation still rising, but SFT has had its share of the budget: the next round is RL."""
+    """Validation still rising, but SFT has had its share of the budget: the next round is RL. With
+    `A2RL_GRPO_HOLDOUT`, RL plays only the training games SFT never saw."""
     monkeypatch.setenv("A2RL_SFT_MAX_SHARE", "0.0001")
+    monkeypatch.setenv("A2RL_GRPO_HOLDOUT", "0.25")
+    monkeypatch.setenv("A2RL_RL_MIN_SHARE", "0.2")  # a documented knob: it reaches the agent
     paths, service, log, methods = _session(tmp_path, tiny_model_dir, alfworld_data, monkeypatch, "free",
                                             [10.0, 20.0, 30.0], cap=2)  # fmt: skip
     assert methods == ["SFT", "GRPO"]
     notes = (paths.workspace / "code" / "NOTES.md").read_text()
+    assert '"rl_min_share": 0.2' in notes and '"rl_holdout": 0.25' in notes
     assert "SFT stops (validation still rises, but SFT's time is used" in notes and "next GRPO" in notes
     assert [e.detail.get("stage") for e in service.submissions()] == ["SFT", "GRPO"]
-    split = json.loads((paths.workspace / "code" / "rl_curve.jsonl").read_text().splitlines()[0])
-    assert split["starts_from"] == "output/v1" and split["sft_scores"] == [10.0]
+    curve = [json.loads(line) for line in (paths.workspace / "code" / "rl_curve.jsonl").read_text().splitlines()]
+    assert curve[0]["starts_from"] == "output/v1" and curve[0]["sft_scores"] == [10.0]
+    games = len(grpo_env_torch.import_envlib(alfworld_data).load_goals(alfworld_data))
+    held = round(0.25 * games)
+    assert f"{held} of {games} training games held out of SFT for RL" in log
+    assert len(curve) > 1 and all(row["goals"] == held for row in curve[1:])
 
 
 def test_session_in_mode_sft_only_keeps_to_sft(tiny_model_dir, alfworld_data, tmp_path, monkeypatch):
+    monkeypatch.setenv("A2RL_GRPO_HOLDOUT", "0.25")  # no RL: SFT keeps every game
     paths, service, log, methods = _session(tmp_path, tiny_model_dir, alfworld_data, monkeypatch, "sft-only",
                                             [10.0, 10.0, 10.0, 15.0], cap=4)  # fmt: skip
     assert methods == ["SFT", "SFT", "SFT", "SFT-anneal"]
+    assert "A2RL_GRPO_HOLDOUT=0.25 ignored in mode sft-only" in log and "held out of SFT" not in log
     assert not (paths.workspace / "code" / "grpo_env_torch.py").exists()
     assert route_label(paths.workspace / "code") == "SFT"
     assert [e.detail.get("mode_ok") for e in service.submissions()] == [True, True, True, True]
@@ -793,6 +803,16 @@ def test_searching_demonstrations_look_in_the_learned_order_until_found_and_win(
     off, _ = sft_grpo_session.sft_examples(alfworld_data, alfworld_data / "sft.jsonl", "alfworld", tokenizer,
                                            100_000, search=False)  # fmt: skip
     assert len(off) == len(alone)
+    # RL's held-out games (A2RL_GRPO_HOLDOUT) are in neither: not their worked examples, not their demonstrations.
+    held = sft_grpo_session.held_out_games(list(goals), 0.25, seed=3)
+    assert len(held) == round(0.25 * len(goals)) and held == sft_grpo_session.held_out_games(list(goals)[::-1], 0.25, 3)
+    assert held != sft_grpo_session.held_out_games(list(goals), 0.25, seed=4)
+    kept, k = sft_grpo_session.sft_examples(alfworld_data, alfworld_data / "sft.jsonl", "alfworld", tokenizer,
+                                            100_000, search=True, exclude=held)  # fmt: skip
+    outside = [r for r in worked + rows if r["goal_id"] not in held]
+    assert k == len(outside) < m and len(kept) == len(outside)
+    with pytest.raises(ValueError, match="A2RL_GRPO_HOLDOUT"):
+        sft_grpo_session.held_out_games(list(goals), 1.0, seed=0)
 
 
 def test_a_round_gives_the_cached_gpu_memory_back_before_it_submits(monkeypatch, tmp_path):

@@ -293,10 +293,17 @@ def test_the_rl_only_bench_runs_on_the_cpu(tiny_model_dir, tmp_path, capsys):
     import bench_rl_only
 
     out = tmp_path / "rl.jsonl"
-    assert bench_rl_only.main([str(tiny_model_dir), "--smoke", "--sequential", "--arms", "gigpo", "none",
-                               "--seeds", "1", "--out", str(out), "--work", str(tmp_path / "work")]) == 0  # fmt: skip
+    arm = "gigpo@seen:A2RL_GRPO_GOAL_DRAW=learnability"  # on the games SFT saw, with its own knob
+    assert bench_rl_only.main([str(tiny_model_dir), "--smoke", "--sequential", "--arms", arm, "none",
+                               "--holdout", "0.25", "--seeds", "1", "--out", str(out),
+                               "--work", str(tmp_path / "work")]) == 0  # fmt: skip
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    runs = [(a, 1) for a in ("gigpo", "none")]  # a rollout seed per run (the GPU bench: 0 1 2)
+    runs = [(a, 1) for a in (arm, "none")]  # a rollout seed per run (the GPU bench: 0 1 2)
+    # --holdout: the frozen arm plays the held-out quarter of the 600 training games, the other arm the rest
+    assert {(r["arm"], r["goals"], r["goal_draw"]) for r in rows} == {(arm, 450, "learnability"),
+                                                                       ("none", 150, "uniform")}  # fmt: skip
+    with pytest.raises(SystemExit):
+        bench_rl_only.parse_args([str(tiny_model_dir), "--arms", "grpo@unseen"])
     assert [(r["arm"], r["seed"], r["update"]) for r in rows] == [(a, s, u) for a, s in runs for u in (0, 1, 2, 2)]
     assert all(r["val_n"] == 2 for r in rows if not r.get("final")) and rows[1]["optimizer_steps"] >= 0
     assert "clip_fraction" in rows[1] and "minibatches_used" in rows[1] and "max_memory_gib" in rows[1]
@@ -306,10 +313,11 @@ def test_the_rl_only_bench_runs_on_the_cpu(tiny_model_dir, tmp_path, capsys):
     assert all(len(r["test_games"]) == 2 and r["test_games"].count("1") == r["test_won"] for r in finals)
     assert all(len(r["val_games"]) == 2 for r in rows if "val_won" in r)
     printed = capsys.readouterr().out
-    assert "| gigpo | 1 | " in printed and "| none | 1 | " in printed and "0/2 @ 0" not in printed  # the table
-    gigpo_row = next(line for line in printed.splitlines() if line.startswith("| gigpo | 1 | "))
+    assert f"| {arm} | 1 | " in printed and "| none | 1 | " in printed and "0/2 @ 0" not in printed  # the table
+    gigpo_row = next(line for line in printed.splitlines() if line.startswith(f"| {arm} | 1 | "))
     assert gigpo_row.count("p=") == 2 and "(n=2)" in gigpo_row  # last validation and test against the frozen arm
     assert "searching demonstration steps" in printed  # the SFT checkpoint saw the agent's own search data
+    assert "150 training games held out of SFT for RL" in printed and '"held_out": 150' in printed
 
 
 # -- the loss reads the action tokens only -------------------------------------------------------------------
@@ -451,28 +459,51 @@ def test_three_rises_of_the_entropy_in_a_row_raise_the_alarm(tmp_path):
 
 
 
-def test_the_losses_goal_draw_sends_groups_to_the_goals_the_policy_still_loses():
-    """`A2RL_GRPO_GOAL_DRAW=losses` (issue 42, fifteenth pass): a goal lost half the time is drawn far more often than
-    goals always won, unplayed goals stay in the draw, episodes cut by the deadline say nothing; the default stays
-    the uniform draw it was (the same goals from the same seed)."""
+def _mixed_groups(how: str, seed: int, goals: int = 120, hard: int = 12, steps: int = 30) -> float:
+    """Share of groups (8 episodes of one goal) with both a win and a loss, over `steps` draws of 8 goals, when
+    `hard` goals are won half the time and the rest 97%: the groups that carry a win-only gradient."""
+    import random
+
+    pool = [{"id": f"g{i}"} for i in range(goals)]
+    chance = {id(g): 0.5 if i < hard else 0.97 for i, g in enumerate(pool)}
+    draw, env, mixed = grpo_env_torch.GoalDraw(pool, how, random.Random(seed)), random.Random(seed + 1), 0
+    for _ in range(steps):
+        played = [g for g in draw.draw(8) for _ in range(8)]
+        rollouts = [grpo_env_torch.Rollout(g["id"], won=env.random() < chance[id(g)]) for g in played]
+        draw.record(played, rollouts)
+        mixed += sum(0 < sum(r.won for r in rollouts[j : j + 8]) < 8 for j in range(0, 64, 8))
+    return mixed / (8 * steps)
+
+
+def test_the_learnability_goal_draw_sends_groups_to_the_goals_the_policy_wins_only_sometimes():
+    """`A2RL_GRPO_GOAL_DRAW=learnability` (issue 42): a goal lost half the time is drawn far more often than goals
+    always won; an unplayed goal weighs about the pooled loss rate, not 1/2 (or it would outweigh the half-lost
+    goal and, over 600 goals, RL would play unplayed goals for the whole run); episodes cut by the deadline say
+    nothing; the default stays the uniform draw it was (the same goals from the same seed)."""
     import random
 
     from a2rl_bench.agents.reference_sft_grpo.sft_grpo_session import Knobs
 
     goals = [{"id": f"g{i}"} for i in range(10)]
-    draw = grpo_env_torch.GoalDraw(goals, "losses", random.Random(0))
+    draw = grpo_env_torch.GoalDraw(goals, "learnability", random.Random(0))
+    assert draw.weight(0) == pytest.approx(0.25)  # nothing played: every goal alike
     played = [g for g in goals[:9] for _ in range(8)] + [goals[9]] * 8
     rollouts = [grpo_env_torch.Rollout(g["id"], won=True) for g in played[:72]]
     rollouts += [grpo_env_torch.Rollout("g9", won=j % 2 == 0) for j in range(8)]
     draw.record(played, rollouts)
     draw.record([goals[0]] * 4, [grpo_env_torch.Rollout("g0", cut=True) for _ in range(4)])  # cut: not counted
-    assert draw.episodes[0] == 8 and draw.losses[9] == 4 and draw.weight(9) == pytest.approx(0.5)
+    assert draw.episodes[0] == 8 and draw.losses[9] == 4 and draw.pooled_loss_rate() == pytest.approx(5 / 82)
+    assert draw.weight(9) > 4 * draw.weight(0) > 0
     picks = [g["id"] for _ in range(2000) for g in draw.draw(2)]
-    assert picks.count("g9") / 2000 > 0.45  # uniform: 0.2; weights 0.5 against 9 x 0.1: ~0.6
+    assert picks.count("g9") / 2000 > 0.45  # uniform: 0.2
     assert all(picks.count(f"g{i}") > 0 for i in range(9))  # a goal always won is still drawn now and then
-    fresh = grpo_env_torch.GoalDraw(goals + [{"id": "new"}], "losses", random.Random(1))
+    fresh = grpo_env_torch.GoalDraw(goals + [{"id": "new"}], "learnability", random.Random(1))
     fresh.record(played, rollouts)
-    assert [g["id"] for _ in range(2000) for g in fresh.draw(2)].count("new") / 2000 > 0.45  # unplayed weighs 1/2
+    assert fresh.weight(9) > 2 * fresh.weight(10) > 2 * fresh.weight(0)  # unplayed: between the two
+    # Over a run: RL's 120 held-out games, 12 of them won half the time, 30 steps. More groups carry a gradient.
+    learn = [_mixed_groups("learnability", s) for s in range(4)]
+    even = [_mixed_groups("uniform", s) for s in range(4)]
+    assert sum(learn) / 4 > sum(even) / 4 + 0.06, (learn, even)
 
     uniform = grpo_env_torch.GoalDraw(goals, "uniform", random.Random(7))
     uniform.record(played, rollouts)
@@ -480,7 +511,7 @@ def test_the_losses_goal_draw_sends_groups_to_the_goals_the_policy_still_loses()
     with pytest.raises(ValueError, match="goal draw"):
         grpo_env_torch.GoalDraw(goals, "hardest", random.Random(0))
     assert Knobs.from_env({}).goal_draw == "uniform"
-    assert Knobs.from_env({"A2RL_GRPO_GOAL_DRAW": "losses"}).goal_draw == "losses"
+    assert Knobs.from_env({"A2RL_GRPO_GOAL_DRAW": "learnability"}).goal_draw == "learnability"
 
 
 def test_a_step_records_each_episode_against_the_goal_it_played(tmp_path, one_torch_thread):
@@ -489,12 +520,19 @@ def test_a_step_records_each_episode_against_the_goal_it_played(tmp_path, one_to
     curve = tmp_path / "curve.jsonl"
     grpo = grpo_env_torch.GRPOEnv(model, tokenizer, envlib, "game", None, lr=1e-3, goals_per_step=2, group_size=4,
                                   max_episode_steps=None, temperature=1.0, loop_penalty=0.0, seed=0,
-                                  max_new_tokens=2, engine="engine", curve=curve, goal_draw="losses")  # fmt: skip
+                                  max_new_tokens=2, engine="engine", curve=curve, goal_draw="learnability",
+                                  goal_ids={"apple-0", "book-1", "card-0"})  # fmt: skip
     stats = grpo.grpo_step()
     draw = grpo.goal_draw
     assert sum(draw.episodes) == 8 and sorted(e for e in draw.episodes if e) == [4, 4]
     assert sum(draw.episodes) - sum(draw.losses) == stats.wins
-    assert json.loads(curve.read_text().splitlines()[-1])["goal_draw"] == "losses"
+    row = json.loads(curve.read_text().splitlines()[-1])
+    assert row["goal_draw"] == "learnability" and row["goals"] == 3  # only the goals it was given
+    assert {g["id"] for g in grpo.goals} == {"apple-0", "book-1", "card-0"}
+    with pytest.raises(ValueError, match="no training goals"):
+        grpo_env_torch.GRPOEnv(model, tokenizer, envlib, "game", None, lr=1e-3, goals_per_step=2, group_size=4,
+                               max_episode_steps=None, temperature=1.0, loop_penalty=0.0, seed=0, max_new_tokens=2,
+                               engine="engine", goal_ids={"nothing"})  # fmt: skip
 
 # -- the update's memory -----------------------------------------------------------------------------------------
 def test_the_update_scores_the_action_tokens_alone_in_chunks_that_bound_the_logits(one_torch_thread):

@@ -41,7 +41,7 @@ import random
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Collection, Hashable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -480,17 +480,22 @@ class StepStats:
     update: UpdateStats = field(default_factory=UpdateStats)
 
 
-GOAL_DRAWS = ("uniform", "losses")
+GOAL_DRAWS = ("uniform", "learnability")
+PRIOR_EPISODES = 2.0
+"""How many episodes' worth of the pooled loss rate a goal's own record starts from (`GoalDraw.weight`)."""
 
 
 class GoalDraw:
     """Which training goals a step's groups play.
 
-    `uniform` (the default): every goal alike. `losses`: goals weighted by the posterior mean of losing them over
-    the session's rollouts so far, (losses + 1) / (episodes + 2), so an unplayed goal weighs 1/2 and a goal won in
-    all of its n episodes 1 / (n + 2). Why: with win-only returns a group of one goal's episodes gives a gradient
-    only when its episodes differ, and a policy that already wins ~91% of its training episodes leaves about half
-    of uniformly drawn groups all won (0.91^8; BENCHMARKS.md "RL, fifteenth pass")."""
+    `uniform` (the default): every goal alike. `learnability`: goals weighted by m (1 - m), m a goal's estimated
+    chance of losing, (losses + 2 r) / (episodes + 2) with r the loss rate pooled over the session's rollouts so
+    far: a group of one goal's episodes gives a gradient only when its episodes differ, most often near m = 1/2.
+    Why: a policy that already wins ~91% of its training episodes leaves about half of uniformly drawn groups all
+    won (0.91^8; BENCHMARKS.md "RL, fifteenth pass"). Why the pooled prior: with a flat prior (losses + 1) /
+    (episodes + 2), the first version of this draw, an unplayed goal weighs 1/2, more than a goal lost in 2 of its
+    8 episodes (3/10), so over 600 training goals RL would play unplayed goals first for ~75 updates and the
+    weighting would do nothing within a run; with the pooled rate an unplayed goal weighs about r (1 - r)."""
 
     def __init__(self, goals: list[dict], how: str, rng: random.Random):
         if how not in GOAL_DRAWS:
@@ -500,15 +505,23 @@ class GoalDraw:
         self.losses = [0] * len(goals)
         self._index = {id(g): i for i, g in enumerate(goals)}
 
-    def weight(self, i: int) -> float:
-        return (self.losses[i] + 1) / (self.episodes[i] + 2)
+    def pooled_loss_rate(self) -> float:
+        """Losses over episodes so far, pulled toward 1/2 by one won and one lost pseudo-episode (never 0 or 1)."""
+        return (sum(self.losses) + 1) / (sum(self.episodes) + 2)
+
+    def weight(self, i: int, pooled: float | None = None) -> float:
+        r = self.pooled_loss_rate() if pooled is None else pooled
+        m = (self.losses[i] + PRIOR_EPISODES * r) / (self.episodes[i] + PRIOR_EPISODES)
+        return m * (1 - m)
 
     def draw(self, k: int) -> list[dict]:
         k = min(k, len(self.goals))
         if self.how == "uniform":
             return self.rng.sample(self.goals, k)
         # Weighted sampling without replacement (Efraimidis and Spirakis): the k largest u ** (1 / weight).
-        keys = sorted(((self.rng.random() ** (1 / self.weight(i)), i) for i in range(len(self.goals))), reverse=True)
+        r = self.pooled_loss_rate()
+        keys = sorted(((self.rng.random() ** (1 / self.weight(i, r)), i) for i in range(len(self.goals))),
+                      reverse=True)  # fmt: skip
         return [self.goals[i] for _, i in keys[:k]]
 
     def record(self, played: list[dict], rollouts: list[Rollout]) -> None:
@@ -530,7 +543,8 @@ class GRPOEnv:
                  step_weight: float = 1.0, micro_batch: int | None = None, micro_tokens: int | None = None,
                  max_new_tokens: int = 32, max_grad_norm: float = 1.0, engine: str = "auto",
                  curve: Path | None = None, max_samples: int = 1024, schedule: Schedule = Schedule(),
-                 chunk_rows: int = 512, checkpoint_layers: bool | None = None, goal_draw: str = "uniform"):  # fmt: skip
+                 chunk_rows: int = 512, checkpoint_layers: bool | None = None, goal_draw: str = "uniform",
+                 goal_ids: Collection[str] | None = None):  # fmt: skip
         import torch
 
         if algorithm not in ALGORITHMS:
@@ -569,7 +583,10 @@ class GRPOEnv:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
         self.peak_lr, self.schedule, self.optimizer_steps = lr, schedule, 0
-        self.goals = envlib.load_goals(data_dir)
+        self.goals = [g for g in envlib.load_goals(data_dir) if goal_ids is None or str(g.get("id")) in goal_ids]
+        """The training goals RL plays: all of them, or those in `goal_ids` (games held out of SFT for RL)."""
+        if not self.goals:
+            raise ValueError(f"no training goals to play: none of the {len(goal_ids or ())} held-out ids is a goal")
         self.rng = random.Random(seed)
         self.goal_draw = GoalDraw(self.goals, goal_draw, self.rng)
         self.seed = seed * 100_003
@@ -641,7 +658,7 @@ class GRPOEnv:
                 row = asdict(stats)
                 row.update(row.pop("update"))  # one flat row per update
                 f.write(json.dumps({"update": self.steps_done, "algorithm": self.algorithm,
-                                    "goal_draw": self.goal_draw.how, **row}) + "\n")
+                                    "goal_draw": self.goal_draw.how, "goals": len(self.goals), **row}) + "\n")
         return stats
 
     def update_samples(self, rollouts: list[Rollout]) -> list[tuple[list[int], list[int], float, int]]:
