@@ -14,8 +14,8 @@ batch-16 run's.
 
 `--drafting` runs the default run's three evaluations as a run makes them -- the baseline (16 validation + 32
 hidden-test items in one process), a grading (16 validation items), the final evaluation (32 hidden-test items) --
-with drafted tokens off (`A2RL_CPU_DRAFT=0`) and on, alternating; completions compared item by item with the
-first drafting-off run's.
+with drafted tokens off (`A2RL_CPU_DRAFT=0`) and on, alternating (`--draft-modes 0 1 99`: also drafting in every
+step, whatever its rows); completions compared item by item with the first mode's run.
 
     python bench/bench_default_gradings.py --drafting --repeats 2
 
@@ -49,11 +49,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="runs of each setting, alternating")
     parser.add_argument("--together", action="store_true", help="the baseline's two splits: two processes or one")
     parser.add_argument("--drafting", action="store_true", help="a run's three evaluations, drafting off and on")
+    parser.add_argument("--draft-modes", nargs="+", default=["0", "1"], metavar="A2RL_CPU_DRAFT",
+                        help="with --drafting: the values of A2RL_CPU_DRAFT to alternate (0 off, 1 the default, "
+                        "N > 1 drafting in steps of at most N rows; the first is the reference)")
     args = parser.parse_args()
     if args.together:
         return together(args.model, args.repeats)
     if args.drafting:
-        return drafting(args.model, args.repeats)
+        return drafting(args.model, args.repeats, args.draft_modes)
 
     from a2rl_bench.base_models.registry import resolve_base_model
     from a2rl_bench.benchmarks import get_task
@@ -110,7 +113,7 @@ def together(model: str, repeats: int) -> None:
           f"(n = {repeats} each): {medians['one process'] / medians['two processes']:.2f}x")
 
 
-def drafting(model: str, repeats: int) -> None:
+def drafting(model: str, repeats: int, modes: list[str]) -> None:
     from a2rl_bench.base_models.registry import resolve_base_model
     from a2rl_bench.benchmarks import get_task
     from a2rl_bench.inference.evaluation import EvalSpec, evaluate_in_subprocess, evaluate_splits_in_subprocess
@@ -123,8 +126,8 @@ def drafting(model: str, repeats: int) -> None:
                    "final 32": lambda: [evaluate_in_subprocess(model_dir, test)]}  # fmt: skip
     rows, reference = [], {}
     for repeat in range(repeats):
-        for mode in ("off", "on"):
-            os.environ[DRAFT_ENV] = "0" if mode == "off" else "1"
+        for mode in modes:
+            os.environ[DRAFT_ENV] = mode
             for name, evaluate in evaluations.items():
                 load, cpu, wall = os.getloadavg()[0], children_cpu_s(), time.perf_counter()
                 results = evaluate()
@@ -135,18 +138,18 @@ def drafting(model: str, repeats: int) -> None:
                              "tokens": sum(r.generated_tokens for r in results),
                              "same": sum(a == b for a, b in zip(completions, reference[name])), "n": len(completions)})
                 print(json.dumps(rows[-1]), flush=True)
-    print("\n| evaluation | drafting | run | CPU s | wall s | 1-min load at its start | tokens "
-          "| completions as the first drafting-off run's |")
+    print(f"\n| evaluation | {DRAFT_ENV} | run | CPU s | wall s | 1-min load at its start | tokens "
+          f"| completions as the first {DRAFT_ENV}={modes[0]} run's |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['evaluation']} | {r['drafting']} | {r['repeat']} | {r['cpu_s']:.1f} | {r['wall_s']:.1f} "
               f"| {r['load']:.1f} | {r['tokens']} | {r['same']}/{r['n']} |")
     for measure in ("cpu_s", "wall_s"):
         medians = {(e, m): statistics.median(r[measure] for r in rows if (r["evaluation"], r["drafting"]) == (e, m))
-                   for e in evaluations for m in ("off", "on")}  # fmt: skip
-        print(f"\nmedian {measure} (n = {repeats} each): " + "; ".join(
-            f"{e} off {medians[(e, 'off')]:.1f}, on {medians[(e, 'on')]:.1f} "
-            f"({medians[(e, 'on')] / medians[(e, 'off')]:.2f}x)" for e in evaluations))  # fmt: skip
+                   for e in evaluations for m in modes}  # fmt: skip
+        print(f"\nmedian {measure} (n = {repeats} each; x over {DRAFT_ENV}={modes[0]}): " + "; ".join(
+            f"{e} " + ", ".join(f"{m}: {medians[(e, m)]:.1f} ({medians[(e, m)] / medians[(e, modes[0])]:.2f}x)"
+                                for m in modes) for e in evaluations))  # fmt: skip
 
 
 def table(runs: list[dict]) -> None:

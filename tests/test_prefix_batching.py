@@ -33,7 +33,7 @@ class Spy:
     drafts were extended by (the first: its prompt and first token)."""
 
     def __init__(self, monkeypatch):
-        self.fed, self.kept, self.runs = 0, [], []
+        self.fed, self.kept, self.runs, self.rows = 0, [], [], []
         verify, accept, extend = PrefixBatcher._verify, prefix_batching.accepted, _Lookup.extend
 
         def extended(lookup, new):
@@ -42,6 +42,7 @@ class Spy:
 
         def counted_verify(batcher, f, fed, *args):
             self.fed += sum(len(x) - 1 for x in fed)
+            self.rows.append(len(fed))
             return verify(batcher, f, fed, *args)
 
         def kept(drafts, greedy):
@@ -127,6 +128,20 @@ def test_a_row_that_ends_inside_a_kept_draft_ends_at_the_same_token(tiny, rows, 
     on = _decode(tiny.model, (rows[0], [suffix]), draft=True, slots=1, **kwargs)
     off = _decode(tiny.model, (rows[0], [suffix]), draft=False, slots=1, **kwargs)
     assert on == off == [target]
+
+
+@pytest.mark.usefixtures("unigrams")
+def test_rows_draft_only_in_steps_of_few_rows(tiny, rows, monkeypatch) -> None:
+    """Past `DRAFT_MAX_ROWS` rows a step is one token a row (a draft's compute outweighs its share of the weights'
+    stream there); the step where the batch has shrunk to that many drafts again, with the same tokens."""
+    monkeypatch.setattr(prefix_batching, "DRAFT_MAX_ROWS", 4)
+    spy = Spy(monkeypatch)
+    gated = _decode(tiny.model, rows, draft=True, slots=8)  # 12 rows: 8 at first, the last 4 after them
+    assert spy.rows and max(spy.rows) <= 4 and spy.drafts_kept > 0
+    assert gated == _decode(tiny.model, rows, draft=False, slots=8)
+    monkeypatch.setattr(prefix_batching, "DRAFT_MAX_ROWS", 8)
+    wide = Spy(monkeypatch)
+    assert _decode(tiny.model, rows, draft=True, slots=8) == gated and max(wide.rows) > 4
 
 
 @pytest.mark.usefixtures("unigrams")

@@ -217,6 +217,20 @@ def test_mode_comes_from_the_instructions(tmp_path):
     assert read_mode(tmp_path) == "sft-only"
 
 
+def test_a_holdout_too_small_for_the_games_holds_none_out_and_rl_plays_them_all(alfworld_data):
+    """`A2RL_GRPO_HOLDOUT` of less than half a game: no empty set of RL goals (RL would have nothing to play)."""
+    from types import SimpleNamespace
+
+    session = sft_grpo_session.InteractiveSession.__new__(sft_grpo_session.InteractiveSession)
+    session.mode, session.s = "free", SimpleNamespace(data_path=alfworld_data, seed=0)
+    games = len(grpo_env_torch.import_envlib(alfworld_data).load_goals(alfworld_data))
+    session.k = Knobs.from_env({"A2RL_GRPO_HOLDOUT": str(0.4 / games)})
+    assert session.held_out() is None
+    session.k = Knobs.from_env({"A2RL_GRPO_HOLDOUT": "0.5"})
+    assert len(session.held_out()) == round(0.5 * games)
+    assert Knobs.from_env({}).rl_holdout == 0.0
+
+
 def test_knobs_default_to_the_gpu_recipe():
     k = Knobs.from_env({})
     assert (k.sft_lr, k.sft_batch_size, k.group_size, k.goals_per_step) == (1e-4, 32, 8, 8)

@@ -56,12 +56,27 @@ greedy tokens, 1.16x measured in the evaluation process, 0.9x on a grading's 16 
 DRAFT_NGRAM = 2
 """Tokens a row's end must match, earlier in its own tokens, to draft what followed there."""
 
+DRAFT_MAX_ROWS = 8
+"""Rows are drafted only in steps of at most this many rows. A draft saves its row a share of one stream of the
+weights, which shrinks as more rows share the stream, and costs its row's compute kept or not: measured per phase
+on the default grading's 16 items (BENCHMARKS.md "CPU grading, fifth pass"), drafting cut the decode's CPU seconds
+at 1-4 rows (10.0 -> 5.1) and 5-8 rows (4.4 -> 2.9) and raised them at 9-12 (2.5 -> 3.7) and 13-16 (7.3 -> 8.7);
+the 48-row baseline cost 1.16x with drafting in every step. A row's drafts never depend on its company, so the
+tokens stay those of one token a step."""
+
 DRAFT_ENV = "A2RL_CPU_DRAFT"
-"""`0` turns drafting off (one token per row and forward, as before issue 48's drafting)."""
+"""`0` turns drafting off (one token per row and forward, as before issue 48's drafting); a number N > 1 drafts in
+steps of at most N rows instead of `DRAFT_MAX_ROWS` (the bench's comparison)."""
 
 
 def drafting_enabled() -> bool:
     return os.environ.get(DRAFT_ENV, "1").strip() != "0"
+
+
+def draft_max_rows() -> int:
+    """Most rows a step may have for its rows to draft (`DRAFT_MAX_ROWS`, or `A2RL_CPU_DRAFT=N` for N > 1)."""
+    value = os.environ.get(DRAFT_ENV, "1").strip()
+    return int(value) if value.isdigit() and int(value) > 1 else DRAFT_MAX_ROWS
 
 
 class Unsupported(RuntimeError):
@@ -304,6 +319,7 @@ class PrefixBatcher:
         if n == 0:
             return []
         draft = drafting_enabled() if draft is None else draft
+        max_rows = draft_max_rows()
         p = len(prefix_ids)
         slots = max(1, min(slots, n))
         longest = max(len(s) for s in suffixes)
@@ -370,7 +386,8 @@ class PrefixBatcher:
                 starts = torch.tensor(lengths)
                 f = _Forward(pk, pv, keys, values, torch.arange(b), starts, True)
                 # at most what the row may still add, less the token its last draft's check adds
-                drafts = [k.draft(max_new_tokens - len(t) - 1) for k, t in zip(lookups, tokens)] if draft else []
+                drafts = ([k.draft(max_new_tokens - len(t) - 1) for k, t in zip(lookups, tokens)]
+                          if draft and b <= max_rows else [])  # fmt: skip
                 if any(drafts):
                     fed = [[t[-1], *d] for t, d in zip(tokens, drafts)]
                     for j, greedy in enumerate(self._verify(f, fed, p, lengths)):

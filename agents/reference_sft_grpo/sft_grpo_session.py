@@ -449,6 +449,9 @@ class InteractiveSession:
             return None
         ids = [str(g.get("id")) for g in search_demos.import_envlib(self.s.data_path).load_goals(self.s.data_path)]
         held = held_out_games(ids, self.k.rl_holdout, self.s.seed)
+        if not held:  # a share too small for this many games: nothing to hold out, RL plays them all
+            loop.log(f"A2RL_GRPO_HOLDOUT={self.k.rl_holdout} holds out no game of {len(set(ids))}: SFT and RL on all")
+            return None
         loop.log(f"{len(held)} of {len(set(ids))} training games held out of SFT for RL (A2RL_GRPO_HOLDOUT)")
         return held
 
