@@ -70,6 +70,29 @@ def test_a_later_attempt_takes_the_lease_and_the_earlier_one_stops_itself(api_ur
     assert run_lease.read_lease(api_url, flow_run_id) is None
 
 
+def test_an_earlier_attempt_that_wrote_over_the_takers_lease_still_stops_and_gives_it_back(api_url, monkeypatch):
+    """The lost update (a fresh checkout's `make test`, 2026-11-30): the earlier attempt's renewal read the lease just
+    before the later one took it, then wrote its own back over the taker's; with both renewing in step it read its
+    own lease every time and never stopped. Here the taker is frozen after its take and the earlier attempt's lease
+    is written over it by hand: the record only takers write still stops the earlier one, which puts the taker's
+    lease back."""
+    monkeypatch.setattr(run_lease, "RENEW_S", 0.2)
+    flow_run_id = str(uuid.uuid4())
+    stale = threading.Event()
+    first = AttemptLease(api_url, flow_run_id, 1, lambda why: stale.set(), host="gpu-host-1")
+    first.take()
+    second = AttemptLease(api_url, flow_run_id, 2, lambda why: pytest.fail(why), host="gpu-host-2")
+    second.take(wait=lambda s: None)
+    second._stop.set()  # the taker renews no more: nothing but the record says the run was taken
+    run_lease.write_lease(api_url, first._mine())  # the earlier attempt's write, landed after the take
+    assert stale.wait(30), "the earlier attempt never noticed"
+    assert run_lease.read_lease(api_url, flow_run_id).attempt == 2  # the taker's lease, given back
+    first.release()
+    assert run_lease.read_lease(api_url, flow_run_id).attempt == 2
+    second.release()
+    assert run_lease.read_lease(api_url, flow_run_id) is None and run_lease.read_taken(api_url, flow_run_id) is None
+
+
 def test_the_lease_goes_to_the_server_named_not_to_the_profiles_url(api_url):
     """Every ops call takes the server's URL (another port, another host's server): the client is built for it,
     whatever PREFECT_API_URL says in this process."""

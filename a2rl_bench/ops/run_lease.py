@@ -116,22 +116,40 @@ class RunLease:
             return None
 
 
+TAKEN_PREFIX = "a2rl-taken-"
+"""The latest attempt that took a run's lease, written by takers only (`taken_name`). The lease itself is read, then
+written, by every renewal: an earlier attempt whose renewal read the lease just before a later one took it writes
+its own lease back over the taker's, and with renewals in step (under load, with both queued at one server) it can
+read its own lease every time and never stop. Nothing but a taker writes this record, so it cannot be lost so."""
+
+
 def variable_name(flow_run_id: str) -> str:
     return f"{PREFIX}{flow_run_id}"
 
 
-def read_lease(api_url: str, flow_run_id: str) -> RunLease | None:
-    with prefect_api.client(api_url) as c:
-        variable = c.read_variable_by_name(variable_name(flow_run_id))
+def taken_name(flow_run_id: str) -> str:
+    return f"{TAKEN_PREFIX}{flow_run_id}"
+
+
+def _read(api_url: str, name: str, timeout_s: float = prefect_api.TIMEOUT_S) -> RunLease | None:
+    with prefect_api.client(api_url, timeout_s) as c:
+        variable = c.read_variable_by_name(name)
     return RunLease.from_value(variable.value) if variable is not None else None
 
 
-def write_lease(api_url: str, lease: RunLease, timeout_s: float = prefect_api.TIMEOUT_S) -> None:
-    """Raises httpx errors only (what the flow and the renewal thread catch: the server is away or refused)."""
+def read_lease(api_url: str, flow_run_id: str, timeout_s: float = prefect_api.TIMEOUT_S) -> RunLease | None:
+    return _read(api_url, variable_name(flow_run_id), timeout_s)
+
+
+def read_taken(api_url: str, flow_run_id: str, timeout_s: float = prefect_api.TIMEOUT_S) -> RunLease | None:
+    """The lease as the latest attempt to take it wrote it (`TAKEN_PREFIX`), or None."""
+    return _read(api_url, taken_name(flow_run_id), timeout_s)
+
+
+def _write(api_url: str, name: str, lease: RunLease, timeout_s: float) -> None:
     from prefect.client.schemas.actions import VariableCreate, VariableUpdate
     from prefect.exceptions import ObjectAlreadyExists
 
-    name = variable_name(lease.flow_run_id)
     with prefect_api.client(api_url, timeout_s) as c:
         try:
             c.update_variable(VariableUpdate(name=name, value=lease.to_value()))
@@ -144,14 +162,21 @@ def write_lease(api_url: str, lease: RunLease, timeout_s: float = prefect_api.TI
                 raise gone.http_exc from None
 
 
+def write_lease(api_url: str, lease: RunLease, timeout_s: float = prefect_api.TIMEOUT_S) -> None:
+    """Raises httpx errors only (what the flow and the renewal thread catch: the server is away or refused)."""
+    _write(api_url, variable_name(lease.flow_run_id), lease, timeout_s)
+
+
 def drop_lease(api_url: str, flow_run_id: str) -> None:
+    """The run's lease and its taker's record, both gone (a second drop finds none: not an error)."""
     from prefect.exceptions import ObjectNotFound
 
     with prefect_api.client(api_url) as c:
-        try:
-            c.delete_variable_by_name(variable_name(flow_run_id))
-        except ObjectNotFound:
-            pass
+        for name in (variable_name(flow_run_id), taken_name(flow_run_id)):
+            try:
+                c.delete_variable_by_name(name)
+            except ObjectNotFound:
+                pass
 
 
 def all_leases(api_url: str) -> list[RunLease]:
@@ -240,11 +265,14 @@ class AttemptLease:
         """Take the lease; returns the live earlier holder it was taken from (after waiting for it to stop), else
         None. StaleAttempt if a later attempt already holds it, or the flow run has moved past this attempt."""
         held = read_lease(self.api_url, self.flow_run_id)
-        if held is not None and held.attempt > self.attempt:
-            raise StaleAttempt(f"attempt {self.attempt} of flow run {self.flow_run_id} is over: {held.describe()}")
+        later = self._later()
+        if later is not None:
+            raise StaleAttempt(f"attempt {self.attempt} of flow run {self.flow_run_id} is over: {later.describe()}")
         if (why := flow_run_verdict(self.api_url, self.flow_run_id, self.attempt)) is not None:
             raise StaleAttempt(f"attempt {self.attempt} of flow run {self.flow_run_id} is over: {why}")
-        write_lease(self.api_url, self._mine())
+        mine = self._mine()
+        write_lease(self.api_url, mine)
+        _write(self.api_url, taken_name(self.flow_run_id), mine, prefect_api.TIMEOUT_S)  # a takeover cannot be lost
         self._thread = threading.Thread(target=self._renew, name="a2rl-run-lease", daemon=True)
         self._thread.start()
         if held is not None and held.attempt < self.attempt and held.live() and not self._gone_here(held):
@@ -256,10 +284,19 @@ class AttemptLease:
         """The holder ran on this host and its process is gone: nothing to wait for."""
         return held.host == self.host and not os.path.exists(f"/proc/{held.pid}")
 
+    def _later(self, timeout_s: float = prefect_api.TIMEOUT_S) -> RunLease | None:
+        """A later attempt's lease, from the lease or from the record only takers write (`TAKEN_PREFIX`). A renewal
+        reads the lease before it writes and the record after: a takeover between the two is seen either way."""
+        for read in (read_lease, read_taken):
+            held = read(self.api_url, self.flow_run_id, timeout_s)
+            if held is not None and held.attempt > self.attempt:
+                return held
+        return None
+
     def _renew(self) -> None:
         while not self._stop.wait(RENEW_S):
             try:
-                held = read_lease(self.api_url, self.flow_run_id)
+                held = read_lease(self.api_url, self.flow_run_id, TIMEOUT_S)
                 if held is not None and held.attempt > self.attempt:
                     self._go_stale(f"a later attempt took the run's lease: {held.describe()}")
                     return
@@ -267,6 +304,11 @@ class AttemptLease:
                     self._go_stale(why)
                     return
                 write_lease(self.api_url, self._mine(), TIMEOUT_S)
+                taker = read_taken(self.api_url, self.flow_run_id, TIMEOUT_S)
+                if taker is not None and taker.attempt > self.attempt:  # taken while this renewal ran: written over
+                    write_lease(self.api_url, taker, TIMEOUT_S)  # the taker's lease back, then stop
+                    self._go_stale(f"a later attempt took the run's lease: {taker.describe()}")
+                    return
             except httpx.HTTPError as e:  # the server is away: keep working; the server counts no silence it missed
                 log.warning("could not renew the run's lease: %s", e)
 
@@ -293,7 +335,8 @@ class AttemptLease:
             self._thread.join(timeout=15)
         try:
             held = read_lease(self.api_url, self.flow_run_id)
-            if held is not None and held.attempt == self.attempt and held.pid == os.getpid():
+            if (held is not None and held.attempt == self.attempt and held.pid == os.getpid()
+                    and self._later() is None):  # not a later attempt's lease that this one wrote over
                 drop_lease(self.api_url, self.flow_run_id)
         except httpx.HTTPError as e:
             log.warning("could not release the run's lease (it expires in %.0f s): %s", LEASE_S, e)
