@@ -265,8 +265,8 @@ class AttemptLease:
         """Take the lease; returns the live earlier holder it was taken from (after waiting for it to stop), else
         None. StaleAttempt if a later attempt already holds it, or the flow run has moved past this attempt."""
         held = read_lease(self.api_url, self.flow_run_id)
-        later = self._later()
-        if later is not None:
+        later = held if held is not None and held.attempt > self.attempt else read_taken(self.api_url, self.flow_run_id)
+        if later is not None and later.attempt > self.attempt:
             raise StaleAttempt(f"attempt {self.attempt} of flow run {self.flow_run_id} is over: {later.describe()}")
         if (why := flow_run_verdict(self.api_url, self.flow_run_id, self.attempt)) is not None:
             raise StaleAttempt(f"attempt {self.attempt} of flow run {self.flow_run_id} is over: {why}")
