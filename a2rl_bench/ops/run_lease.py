@@ -265,8 +265,8 @@ class AttemptLease:
         """Take the lease; returns the live earlier holder it was taken from (after waiting for it to stop), else
         None. StaleAttempt if a later attempt already holds it, or the flow run has moved past this attempt."""
         held = read_lease(self.api_url, self.flow_run_id)
-        later = held if held is not None and held.attempt > self.attempt else read_taken(self.api_url, self.flow_run_id)
-        if later is not None and later.attempt > self.attempt:
+        later = held if held is not None and held.attempt > self.attempt else self._taken_later()
+        if later is not None:
             raise StaleAttempt(f"attempt {self.attempt} of flow run {self.flow_run_id} is over: {later.describe()}")
         if (why := flow_run_verdict(self.api_url, self.flow_run_id, self.attempt)) is not None:
             raise StaleAttempt(f"attempt {self.attempt} of flow run {self.flow_run_id} is over: {why}")
@@ -284,14 +284,10 @@ class AttemptLease:
         """The holder ran on this host and its process is gone: nothing to wait for."""
         return held.host == self.host and not os.path.exists(f"/proc/{held.pid}")
 
-    def _later(self, timeout_s: float = prefect_api.TIMEOUT_S) -> RunLease | None:
-        """A later attempt's lease, from the lease or from the record only takers write (`TAKEN_PREFIX`). A renewal
-        reads the lease before it writes and the record after: a takeover between the two is seen either way."""
-        for read in (read_lease, read_taken):
-            held = read(self.api_url, self.flow_run_id, timeout_s)
-            if held is not None and held.attempt > self.attempt:
-                return held
-        return None
+    def _taken_later(self, timeout_s: float = prefect_api.TIMEOUT_S) -> RunLease | None:
+        """A later attempt's lease as it wrote it when it took the run (`TAKEN_PREFIX`), else None."""
+        taker = read_taken(self.api_url, self.flow_run_id, timeout_s)
+        return taker if taker is not None and taker.attempt > self.attempt else None
 
     def _renew(self) -> None:
         while not self._stop.wait(RENEW_S):
@@ -304,8 +300,7 @@ class AttemptLease:
                     self._go_stale(why)
                     return
                 write_lease(self.api_url, self._mine(), TIMEOUT_S)
-                taker = read_taken(self.api_url, self.flow_run_id, TIMEOUT_S)
-                if taker is not None and taker.attempt > self.attempt:  # taken while this renewal ran: written over
+                if (taker := self._taken_later(TIMEOUT_S)) is not None:  # taken while this renewal ran: written over
                     write_lease(self.api_url, taker, TIMEOUT_S)  # the taker's lease back, then stop
                     self._go_stale(f"a later attempt took the run's lease: {taker.describe()}")
                     return
@@ -336,7 +331,7 @@ class AttemptLease:
         try:
             held = read_lease(self.api_url, self.flow_run_id)
             if (held is not None and held.attempt == self.attempt and held.pid == os.getpid()
-                    and self._later() is None):  # not a later attempt's lease that this one wrote over
+                    and not self._taken_later()):  # not a later attempt's lease that this one wrote over
                 drop_lease(self.api_url, self.flow_run_id)
         except httpx.HTTPError as e:
             log.warning("could not release the run's lease (it expires in %.0f s): %s", LEASE_S, e)
