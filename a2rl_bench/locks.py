@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,6 +37,26 @@ def exclusive_lock(
         yield
     finally:
         os.close(fd)  # also releases the flock
+
+
+_HELD = threading.local()
+
+
+@contextmanager
+def reentrant_lock(lock_path: Path | str) -> Iterator[None]:
+    """`exclusive_lock`, which the thread holding it may take again inside its block (a second flock on a new
+    descriptor of one process would wait on itself forever). Other threads and processes wait their turn."""
+    held: set[str] = _HELD.__dict__.setdefault("paths", set())
+    key = os.path.realpath(lock_path)
+    if key in held:
+        yield
+        return
+    with exclusive_lock(lock_path):
+        held.add(key)
+        try:
+            yield
+        finally:
+            held.discard(key)
 
 
 def _poll(fd: int, deadline: float, timeout_error: Callable[[], Exception]) -> None:

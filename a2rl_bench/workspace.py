@@ -47,7 +47,8 @@ def build_workspace(
     safefs.replace_file(ws, "description.md", description.encode())
     safefs.replace_file(ws, "instructions.md", instructions.encode())
     for src in Path(public_data_dir).iterdir():
-        if src.is_file():
+        # Not a writer's temporary (`.<name>.<pid>.<tid>.tmp`, `envlib.zip.<pid>.tmp`): its rename may come first.
+        if src.is_file() and not src.name.startswith(".") and src.suffix != ".tmp":
             shutil.copy2(src, ws / "data" / src.name)
     _copy_model(Path(base_model_dir), ws / "models" / "base")
 

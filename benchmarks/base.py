@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
 from a2rl_bench.jsonl import read_jsonl, write_jsonl
+from a2rl_bench.locks import reentrant_lock
 from a2rl_bench.paths import task_data_dir
 from a2rl_bench.records import ItemResult, Split
 
@@ -267,7 +268,16 @@ class BenchmarkTask(abc.ABC):
         return (self.prepared_root(variant) / "manifest.json").is_file()
 
     def prepare(self, variant: str) -> PreparedData:
-        """Write the split to the data cache once; later calls reuse it (idempotent)."""
+        """Write the split to the data cache once; later calls reuse it (idempotent). Runs on one host share the
+        cache: they take turns on a lock, so none copies a workspace out of a preparation still being written."""
+        root = self.prepared_root(variant)
+        root.parent.mkdir(parents=True, exist_ok=True)
+        with reentrant_lock(root.parent / f".{root.name}.lock"):
+            return self.prepare_files(variant)
+
+    def prepare_files(self, variant: str) -> PreparedData:
+        """What `prepare` does under its lock: the split's files and manifest, written once. Tasks with more
+        files extend this, not `prepare`."""
         root = self.prepared_root(variant)
         public, private = root / "public", root / "private"
         manifest_path = root / "manifest.json"

@@ -109,9 +109,9 @@ class InteractiveTask(BenchmarkTask):
         """Extra agent-visible files an environment needs beside the train goals (a catalog, a corpus)."""
         return {}
 
-    def prepare(self, variant: str) -> PreparedData:
+    def prepare_files(self, variant: str) -> PreparedData:
         """The static preparation, plus the environment's public files and `envlib.zip` for online rollouts."""
-        prepared = super().prepare(variant)
+        prepared = super().prepare_files(variant)
         for name, rows in self.public_files(variant).items():
             if not (prepared.public_dir / name).exists():
                 write_jsonl(prepared.public_dir / name, rows)

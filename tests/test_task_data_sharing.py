@@ -1,0 +1,67 @@
+"""Runs of one host share the prepared task data (A2RL_HOME/task-data). A make-test failure of the outage test:
+two runs prepared gsm8k at once, and the second, done first, copied its workspace out of the public folder while
+the first was still writing there; the first's temporary vanished under the copy (FileNotFoundError) and failed the
+run. Preparation now takes turns on a lock, and the workspace copy leaves writers' temporaries alone."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from a2rl_bench.locks import exclusive_lock
+
+PREPARE = """
+import sys, time
+from a2rl_bench.benchmarks import get_task
+start = time.monotonic()
+prepared = get_task("gsm8k").prepare("offline")
+print(round(time.monotonic() - start, 2), sorted(p.name for p in prepared.public_dir.iterdir()))
+"""
+
+
+def test_a_run_waits_for_a_preparation_in_progress_and_finds_it_whole(tmp_path):
+    """Another process holds the preparation (its lock); this run's prepare waits for it, then sees only whole
+    files. Without the lock it would have written beside the other and copied half of its output."""
+    env = dict(os.environ, A2RL_HOME=str(tmp_path / "home"), PYTHONPATH=os.getcwd())
+    root = tmp_path / "home" / "task-data" / "gsm8k"
+    root.mkdir(parents=True)
+    from a2rl_bench.benchmarks import get_task
+
+    lock = root / f".{get_task('gsm8k').prepared_root('offline').name}.lock"
+    with exclusive_lock(lock):
+        waiter = subprocess.Popen([sys.executable, "-c", PREPARE], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)  # fmt: skip
+        time.sleep(3.0)  # long enough for an unlocked prepare to have started writing, on busy cores
+        assert waiter.poll() is None, "prepare did not wait for the preparation in progress"
+        assert not list(root.glob("*/public/*")), "prepare wrote while another held the preparation"
+    out, err = waiter.communicate(timeout=300)
+    assert waiter.returncode == 0, err
+    names = out.split(" ", 1)[1]
+    assert "train.jsonl" in names and ".tmp" not in names
+
+
+def test_two_processes_preparing_at_once_both_get_the_same_whole_data(tmp_path):
+    env = dict(os.environ, A2RL_HOME=str(tmp_path / "home"), PYTHONPATH=os.getcwd())
+    procs = [subprocess.Popen([sys.executable, "-c", PREPARE], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
+    assert outs[0][0].split(" ", 1)[1] == outs[1][0].split(" ", 1)[1]
+    public = tmp_path / "home" / "task-data" / "gsm8k" / "offline-v1" / "public"
+    assert not [p for p in public.iterdir() if p.suffix == ".tmp"]
+
+
+def test_a_workspace_is_not_given_a_writers_temporary(tmp_path, tiny_model_dir):
+    from a2rl_bench.workspace import RunPaths, build_workspace
+
+    public = tmp_path / "public"
+    public.mkdir()
+    (public / "train.jsonl").write_text('{"id": "a"}\n')
+    (public / ".train.jsonl.123.456.tmp").write_text('{"id": "half')  # another run's write, not yet renamed
+    (public / "envlib.zip.123.tmp").write_bytes(b"PK half")
+    paths = RunPaths.for_run(tmp_path / "runs", "r1")
+    build_workspace(paths, public, Path(tiny_model_dir), "desc", "instr")
+    assert sorted(p.name for p in (paths.workspace / "data").iterdir()) == ["train.jsonl"]
