@@ -51,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sft", type=Path, help="the SFT checkpoint to start from (default: made here)")
     p.add_argument("--sft-steps", type=int, default=300, help="SFT optimizer steps when no --sft is given")
     p.add_argument("--sft-s", type=float, default=3600, help="SFT seconds at most when no --sft is given")
+    p.add_argument("--sft-anneal-s", type=float, default=0.0, help="then SFT this many seconds more at half the rate "
+                   "(the agent's annealed rounds), for a stronger checkpoint")
     p.add_argument("--no-search-demos", action="store_true", help="SFT on the worked examples alone")
     p.add_argument("--updates", type=int, default=12)
     p.add_argument("--val-every", type=int, default=4, help="validation every this many updates (and at 0)")
@@ -135,7 +137,8 @@ def make_sft(args, public: Path, knobs) -> Path:
     search = not args.no_search_demos
     held = held_out(public, args)
     out = args.work / (f"sft-{args.sft_steps}-steps-seed-{args.seed}{'-search' if search else ''}"
-                       + (f"-holdout-{args.holdout:g}" if held else ""))  # fmt: skip
+                       + (f"-holdout-{args.holdout:g}" if held else "")
+                       + (f"-anneal-{args.sft_anneal_s:g}s" if args.sft_anneal_s else ""))  # fmt: skip
     if (out / "model.safetensors").is_file():
         return out
     model, tokenizer = load(args.model)
@@ -144,9 +147,15 @@ def make_sft(args, public: Path, knobs) -> Path:
     sft = sft_torch.SFTRounds(model, tokenizer, examples, lr=knobs.sft_lr, batch_size=knobs.sft_batch_size,
                               seed=args.seed)  # fmt: skip
     stats = sft.train(seconds=args.sft_s, max_steps=args.sft_steps)
+    annealed = None
+    if args.sft_anneal_s > 0:
+        sft.set_lr(sft.lr / 2)
+        annealed = sft.train(seconds=args.sft_anneal_s, max_steps=args.sft_steps)
     save_checkpoint(model, tokenizer, out)
     print(json.dumps({"sft": str(out), "steps": stats.steps, "examples": len(examples), "of": rows,
-                      "loss": round(stats.loss, 4), "train_s": round(stats.train_s, 1), "held_out": len(held)}),
+                      "loss": round(stats.loss, 4), "train_s": round(stats.train_s, 1), "held_out": len(held)}
+                     | ({"anneal_steps": annealed.steps, "anneal_loss": round(annealed.loss, 4),
+                         "anneal_s": round(annealed.train_s, 1)} if annealed else {})),
           flush=True)  # fmt: skip
     return out
 
