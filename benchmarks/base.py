@@ -271,9 +271,18 @@ class BenchmarkTask(abc.ABC):
         """Write the split to the data cache once; later calls reuse it (idempotent). Runs on one host share the
         cache: they take turns on a lock, so none copies a workspace out of a preparation still being written."""
         root = self.prepared_root(variant)
-        root.parent.mkdir(parents=True, exist_ok=True)
-        with reentrant_lock(root.parent / f".{root.name}.lock"):
+        lock = reentrant_lock(root.parent / f".{root.name}.lock")
+        try:
+            root.parent.mkdir(parents=True, exist_ok=True)
+            lock.__enter__()
+        except OSError:
+            if self.is_prepared(variant):  # a cache shared read-only, prepared already: nothing to write, no turn
+                return self.prepare_files(variant)
+            raise
+        try:
             return self.prepare_files(variant)
+        finally:
+            lock.__exit__(None, None, None)
 
     def prepare_files(self, variant: str) -> PreparedData:
         """What `prepare` does under its lock: the split's files and manifest, written once. Tasks with more

@@ -65,3 +65,32 @@ def test_a_workspace_is_not_given_a_writers_temporary(tmp_path, tiny_model_dir):
     paths = RunPaths.for_run(tmp_path / "runs", "r1")
     build_workspace(paths, public, Path(tiny_model_dir), "desc", "instr")
     assert sorted(p.name for p in (paths.workspace / "data").iterdir()) == ["train.jsonl"]
+
+
+
+def test_a_read_only_cache_prepared_already_is_read_without_its_lock(tmp_path, monkeypatch):
+    """A cache shared read-only (prepared once, mounted for many hosts) cannot take a lock file: prepare reads it;
+    where it is not prepared yet, the error says which file could not be made. (The tests run as root, which
+    writes through a mode of 0o555: the file system's refusal is made here, at the lock's open.)"""
+    import errno
+
+    import pytest
+
+    from a2rl_bench import locks
+    from a2rl_bench.benchmarks import get_task
+
+    monkeypatch.setenv("A2RL_HOME", str(tmp_path / "home"))
+    task = get_task("gsm8k")
+    prepared = task.prepare("offline")
+    real_open = os.open
+
+    def read_only(path, flags, *args):
+        if flags & os.O_CREAT:
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(locks.os, "open", read_only)
+    assert task.prepare("offline").manifest == prepared.manifest
+    monkeypatch.setattr(task, "data_version", "never-prepared")
+    with pytest.raises(OSError, match="Read-only"):
+        task.prepare("offline")
