@@ -48,10 +48,11 @@ class Ahead:
         failed (the baseline step then evaluates itself, and reports its own error)."""
         from a2rl_bench.isolation import procs
 
-        for started in self.started:  # a retry of this run ends it should the harness die first
-            procs.record_started(started)
-        since = time.time()
+        since, recorded = time.time(), 0
         while True:
+            for started in self.started[recorded:]:  # a retry of this run ends it should the harness die first
+                procs.record_started(started)
+                recorded += 1
             try:
                 out = self.done.result(timeout=poll_s)
                 break
