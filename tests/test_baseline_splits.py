@@ -189,3 +189,24 @@ def test_a_baseline_begun_ahead_of_the_run_is_recorded_as_the_runs_own(tmp_path,
         assert line.weights_hash == base_hash and line.cached is False and line.detail["eval_sha256"]
     assert heard[0] == {"baseline_done": 0, "baseline_total": VAL + TEST, "baseline_split": "validation+test"}
     assert baseline_ahead.take(ctx.config) is None  # taken once
+
+
+def test_a_baseline_begun_ahead_that_failed_is_evaluated_by_the_step(tmp_path, tiny_model_dir, own_cache, starts,
+                                                                     monkeypatch):  # fmt: skip
+    """The early evaluation failing (here: its process never starts) costs the run nothing but the try: the
+    baseline step evaluates both splits itself, in one process, as without it."""
+    from a2rl_bench.inference.evaluation import EvaluationFailed
+    from a2rl_bench.tasks import baseline_ahead
+
+    def fails(*args, **kwargs):
+        raise EvaluationFailed("the machine ran out of something")
+
+    monkeypatch.setattr(baseline_ahead, "evaluate_cached_splits", fails)
+    ctx = _run(tmp_path, base_model=str(tiny_model_dir))
+    ahead = baseline_ahead.start(ctx.config, tmp_path)
+    assert ahead is not None
+    scores = evaluate_baseline.fn(ctx, tiny_model_dir)
+    assert [_splits(c) for c in starts] == [["validation", "test"]]  # the step's own process
+    lines = [e for e in book_of(ctx).entries() if e.kind == "baseline"]
+    assert [(e.split, e.score, e.cached) for e in lines] == [("validation", scores["validation"], False),
+                                                             ("test", scores["test"], False)]  # fmt: skip
