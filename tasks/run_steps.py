@@ -14,6 +14,7 @@ from prefect.runtime import flow_run
 
 from a2rl_bench.inference.evaluation import EvalSpec, shares_one_process, splits_label
 from a2rl_bench.isolation import procs
+from a2rl_bench.tasks import baseline_ahead
 from a2rl_bench.grading.ledger import Ledger
 from a2rl_bench.grading.record import RunBook, evaluate_and_record, evaluate_and_record_splits
 from a2rl_bench.base_models.build import MARKER
@@ -190,15 +191,22 @@ def evaluate_baseline(
     report = progress or (lambda **_: None)
     # a resumed run keeps the baseline it already recorded
     todo = [EvalSpec.for_run(ctx.config, split, bench) for split in ("validation", "test") if split not in done]
-    # Both splits to do on a path whose answers ignore their company: one process, one model load, one batch.
-    if shares_one_process(base_hash, todo, interactive=getattr(bench, "plays_episodes", True)):
-        label = splits_label(todo)
+    # `a2rl run` may have begun this evaluation while Prefect started (baseline_ahead): its results, once done.
+    ahead = baseline_ahead.take(ctx.config)
+    label = splits_label(todo)
+    if ahead is not None and todo:
         report(baseline_done=0, baseline_total=sum(sizes.values()), baseline_split=label)
-        run_logger().info("base model: evaluating %s together (%s items)...", label,
-                          " + ".join(str(s.limit or "all") for s in todo))  # fmt: skip
+        run_logger().info("base model: evaluating %s together, begun while Prefect started...", label)
+    made = ahead.wait(base_model_dir, base_hash, todo, eval_progress_file(ctx)) if ahead is not None and todo else None
+    # Both splits to do on a path whose answers ignore their company: one process, one model load, one batch.
+    if made is not None or shares_one_process(base_hash, todo, interactive=getattr(bench, "plays_episodes", True)):
+        report(baseline_done=0, baseline_total=sum(sizes.values()), baseline_split=label)
+        if made is None:
+            run_logger().info("base model: evaluating %s together (%s items)...", label,
+                              " + ".join(str(s.limit or "all") for s in todo))  # fmt: skip
         for _, result in evaluate_and_record_splits(book, base_model_dir, base_hash, todo, "baseline",
                                                     progress_file=eval_progress_file(ctx),
-                                                    on_start=procs.record_started):  # fmt: skip
+                                                    on_start=procs.record_started, results=made):  # fmt: skip
             run_logger().info("base model: %s score %.2f (%.0f s of one process shared by items, %s prompts a batch)",
                               result.split, result.score, result.duration_s, result.batch_size)  # fmt: skip
             done[result.split] = result.score

@@ -150,3 +150,63 @@ def test_only_the_batch_invariant_path_shares_a_process(tmp_path, own_cache, mon
     assert not shares_one_process("w", both, interactive=False)
     assert get_task("alfworld").plays_episodes and not gsm8k.plays_episodes
     assert evaluation.splits_label(both) == "validation+test"
+
+
+def test_a_baseline_begun_ahead_of_the_run_is_recorded_as_the_runs_own(tmp_path, tiny_model_dir, own_cache,
+                                                                        monkeypatch):
+    """`a2rl run` begins the baseline while Prefect starts (`baseline_ahead`); the run's baseline step takes that
+    evaluation's results and records them as its own (same answers, lines, files and cache entries as evaluated in
+    the step), counting its items in the run's progress file, and starts no evaluation of its own."""
+    from a2rl_bench.grading import record
+    from a2rl_bench.tasks import baseline_ahead
+
+    ctx = _run(tmp_path, base_model=str(tiny_model_dir))
+    assert baseline_ahead.take(ctx.config) is None  # nothing begun: the step evaluates as always
+    monkeypatch.setattr(baseline_ahead, "_ahead", baseline_ahead.Ahead(ctx.config, tmp_path / "p.json"))
+    assert baseline_ahead.take(ctx.config.model_copy(update={"seed": 7})) is None  # begun for another run
+    ahead = baseline_ahead.start(ctx.config, tmp_path)
+    assert ahead is not None
+
+    def no_second(*args, **kwargs):
+        raise AssertionError("the step evaluated the baseline again")
+
+    monkeypatch.setattr(record, "evaluate_cached_splits", no_second)
+    monkeypatch.setattr(record, "evaluate_cached", no_second)
+    heard: list[dict] = []
+    scores = evaluate_baseline.fn(ctx, tiny_model_dir, progress=lambda **kw: heard.append(kw))
+
+    assert len(ahead.started) == 1  # one evaluation process in all, begun ahead
+    lines = [e for e in book_of(ctx).entries() if e.kind == "baseline"]
+    assert [e.split for e in lines] == ["validation", "test"]
+    base_hash = weights_hash(tiny_model_dir)
+    for line in lines:
+        alone = evaluate(tiny_model_dir, _spec(ctx, line.split))  # the per-split path, in this process
+        saved = EvalResult.model_validate_json(
+            (ctx.paths.harness_dir / "evaluations" / f"baseline-0-{line.split}.json").read_bytes())
+        for result in (EvalCache().lookup(base_hash, _spec(ctx, line.split)), saved):
+            assert result is not None and result.score == alone.score == line.score == scores[line.split]
+            assert [i.completion for i in result.items] == [i.completion for i in alone.items]
+        assert line.weights_hash == base_hash and line.cached is False and line.detail["eval_sha256"]
+    assert heard[0] == {"baseline_done": 0, "baseline_total": VAL + TEST, "baseline_split": "validation+test"}
+    assert baseline_ahead.take(ctx.config) is None  # taken once
+
+
+def test_a_baseline_begun_ahead_that_failed_is_evaluated_by_the_step(tmp_path, tiny_model_dir, own_cache, starts,
+                                                                     monkeypatch):  # fmt: skip
+    """The early evaluation failing (here: its process never starts) costs the run nothing but the try: the
+    baseline step evaluates both splits itself, in one process, as without it."""
+    from a2rl_bench.inference.evaluation import EvaluationFailed
+    from a2rl_bench.tasks import baseline_ahead
+
+    def fails(*args, **kwargs):
+        raise EvaluationFailed("the machine ran out of something")
+
+    monkeypatch.setattr(baseline_ahead, "evaluate_cached_splits", fails)
+    ctx = _run(tmp_path, base_model=str(tiny_model_dir))
+    ahead = baseline_ahead.start(ctx.config, tmp_path)
+    assert ahead is not None
+    scores = evaluate_baseline.fn(ctx, tiny_model_dir)
+    assert [_splits(c) for c in starts] == [["validation", "test"]]  # the step's own process
+    lines = [e for e in book_of(ctx).entries() if e.kind == "baseline"]
+    assert [(e.split, e.score, e.cached) for e in lines] == [("validation", scores["validation"], False),
+                                                             ("test", scores["test"], False)]  # fmt: skip

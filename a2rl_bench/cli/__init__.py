@@ -139,7 +139,7 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
 
     from a2rl_bench.cli.display import RunDisplay, set_prefect_console_level
     from a2rl_bench.cli.errors import interrupted_how, stops_deferred
-    from a2rl_bench.cli.starting import start_failure, start_prefect
+    from a2rl_bench.cli.starting import start_failure, start_prefect, starts_server
     from a2rl_bench.ops.progress import ANNOUNCE_ENV, read_announced
 
     announce = Path(tempfile.mkdtemp(prefix="a2rl-run-")) / "announce.json"
@@ -157,6 +157,10 @@ def _run_flow(args: argparse.Namespace, config, results: Path, runs_dir: Path | 
             from a2rl_bench.base_models.registry import convert_ahead
 
             convert_ahead(config.base_model)  # a first run's model conversion overlaps the server's start
+            if starts_server():  # and so does the baseline's evaluation (the run's step takes its results)
+                from a2rl_bench.tasks import baseline_ahead
+
+                baseline_ahead.start(config, announce.parent)
             start_prefect(display.waiting)
             display.waiting("opening the run (its row, its directories)")
             from a2rl_bench.ops import stopping

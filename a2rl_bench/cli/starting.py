@@ -24,13 +24,21 @@ def startup_timeout_s() -> float:
     return scaled_timeout(float(os.environ.get(STARTUP_TIMEOUT_ENV) or STARTUP_TIMEOUT_S))
 
 
+def starts_server() -> bool:
+    """Whether `start_prefect` starts a local server (none configured, ephemeral mode on): the run's longest wait."""
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    return not settings.api.url and settings.server.ephemeral.enabled
+
+
 def start_prefect(say: Callable[[str], None]) -> None:
     """Start the ephemeral server the flow would start (the same one: Prefect keeps it per process), saying so;
     nothing when a server is configured (PREFECT_API_URL) or ephemeral mode is off."""
     from prefect.settings import get_current_settings
 
     settings = get_current_settings()
-    if settings.api.url or not settings.server.ephemeral.enabled:
+    if not starts_server():
         say(f"connecting to the Prefect server at {settings.api.url}" if settings.api.url else "connecting to Prefect")
         return
     from prefect.server.api.server import SubprocessASGIServer

@@ -182,11 +182,14 @@ def evaluate_and_record(book: RunBook, checkpoint: Path, weights_hash: str, spec
 
 def evaluate_and_record_splits(book: RunBook, checkpoint: Path, weights_hash: str, specs: list[EvalSpec], kind: str,
                                progress_file: Path | None = None, on_start: Callable[[Any], None] | None = None,
+                               results: list[EvalResult] | None = None,
                                **fields: Any) -> list[tuple[LedgerEntry, EvalResult]]:  # fmt: skip
     """`evaluate_and_record` of several splits in one evaluation process (`evaluate_cached_splits`; the caller
     checked `shares_one_process`): each split's own cache entry, scored line, rows and file, in the specs' order,
-    as one call per split writes them."""
-    results = evaluate_cached_splits(checkpoint, weights_hash, specs, progress_file=progress_file, on_start=on_start)
+    as one call per split writes them. `results`: that evaluation's, made already (a2rl_bench.tasks.baseline_ahead)."""
+    if results is None:
+        results = evaluate_cached_splits(checkpoint, weights_hash, specs, progress_file=progress_file,
+                                         on_start=on_start)  # fmt: skip
     return [(book.record_scored(result, kind=kind, split=spec.split, resolved_path=str(checkpoint),
                                 weights_hash=weights_hash, **fields), result)
             for spec, result in zip(specs, results)]  # fmt: skip
