@@ -1,7 +1,8 @@
 """The one inter-process lock: an exclusive `flock` on a lock file, held for a `with` block.
 
 Used where processes (parallel runs, the CLI beside a flow) must take turns: building a base model once
-(`a2rl_bench.base_models.registry`) and opening the DuckDB results store (`a2rl_bench.store.results`). The lock goes with the file descriptor,
+(`a2rl_bench.base_models.registry`), opening the DuckDB results store (`a2rl_bench.store.results`) and preparing
+a task's data (`BenchmarkTask.prepare`, re-entrant). The lock goes with the file descriptor,
 so a process that dies releases it.
 """
 

@@ -7,6 +7,7 @@ validation and hidden-test items to `private/`, which only the grader reads.
 from __future__ import annotations
 
 import abc
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -271,18 +272,15 @@ class BenchmarkTask(abc.ABC):
         """Write the split to the data cache once; later calls reuse it (idempotent). Runs on one host share the
         cache: they take turns on a lock, so none copies a workspace out of a preparation still being written."""
         root = self.prepared_root(variant)
-        lock = reentrant_lock(root.parent / f".{root.name}.lock")
-        try:
-            root.parent.mkdir(parents=True, exist_ok=True)
-            lock.__enter__()
-        except OSError:
-            if self.is_prepared(variant):  # a cache shared read-only, prepared already: nothing to write, no turn
-                return self.prepare_files(variant)
-            raise
-        try:
+        with contextlib.ExitStack() as turn:
+            try:
+                root.parent.mkdir(parents=True, exist_ok=True)
+                turn.enter_context(reentrant_lock(root.parent / f".{root.name}.lock"))
+            except OSError:
+                if not self.is_prepared(variant):
+                    raise
+                # a cache shared read-only, prepared already: nothing to write, no turn to take
             return self.prepare_files(variant)
-        finally:
-            lock.__exit__(None, None, None)
 
     def prepare_files(self, variant: str) -> PreparedData:
         """What `prepare` does under its lock: the split's files and manifest, written once. Tasks with more
