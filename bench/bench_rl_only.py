@@ -7,6 +7,8 @@ on one card.
     python bench/bench_rl_only.py TINY_MODEL_DIR --smoke          # CPU check with the tests' tiny model
     python bench/bench_rl_only.py MODEL --holdout 0.2 --arms none grpo grpo@seen \
         grpo:A2RL_GRPO_GOAL_DRAW=learnability                     # RL on games SFT never saw, against seen ones
+    python bench/bench_rl_only.py MODEL --sft-s 300 --sft-anneal-s 120 --arms none grpo \
+        grpo:A2RL_GRPO_GOAL_DRAW=learnability,A2RL_GRPO_SWEEP=1   # from a converged SFT; each goal played once first
 
 MODEL is a Hugging Face checkpoint directory (on the GPU: the converted SmolLM2-135M). Without `--sft`, the
 agent's own SFT data (the offline alfworld worked examples plus its searching demonstrations built from the
@@ -205,6 +207,7 @@ def run_arm(args, arm: str, seed: int, sft: Path, public: Path) -> None:
         algorithm=algorithm if algorithm != "none" else "grpo", gamma=knobs.gamma, seed=seed,
         engine=knobs.rollout_engine, max_samples=knobs.max_samples, micro_tokens=knobs.micro_tokens,
         schedule=knobs.schedule(grpo_env_torch), goal_draw=knobs.goal_draw, goal_ids=goal_ids,
+        sweep=knobs.goal_sweep,
     )  # fmt: skip
     t0 = time.monotonic()
     with args.out.open("a", encoding="utf-8") as f:
@@ -221,6 +224,12 @@ def run_arm(args, arm: str, seed: int, sft: Path, public: Path) -> None:
                                             args.val_max_steps))  # fmt: skip
 
         emit({"update": 0, **val()})
+        if grpo.sweep_pending:  # A2RL_GRPO_SWEEP: every goal once, before the first update (its own row)
+            started = time.monotonic()
+            grpo.sweep_if_pending()
+            draw = grpo.goal_draw
+            emit({"update": 0, "sweep": sum(draw.episodes), "wins": sum(draw.episodes) - sum(draw.losses),
+                  "sweep_s": round(time.monotonic() - started, 2)})  # fmt: skip
         for update in range(1, args.updates + 1):
             if algorithm == "none":  # the frozen policy: rollouts only
                 started = time.monotonic()

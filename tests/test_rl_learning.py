@@ -534,6 +534,30 @@ def test_a_step_records_each_episode_against_the_goal_it_played(tmp_path, one_to
                                max_episode_steps=None, temperature=1.0, loop_penalty=0.0, seed=0, max_new_tokens=2,
                                engine="engine", goal_ids={"nothing"})  # fmt: skip
 
+def test_a_sweep_plays_every_goal_once_before_the_first_update_and_tells_the_draw(tmp_path, one_torch_thread):
+    """`A2RL_GRPO_SWEEP=1` (issue 42): before the first step's rollouts every training goal is played once, its
+    outcome recorded in the goal draw (so the learnability draw knows where the losses are from the start), and a
+    curve row says so; it happens once, and it is no step (the step's own rollouts are its goals x group)."""
+    from a2rl_bench.agents.reference_sft_grpo.sft_grpo_session import Knobs
+
+    envlib = game_envlib(False)
+    model, tokenizer = word_model()
+    curve = tmp_path / "curve.jsonl"
+    grpo = grpo_env_torch.GRPOEnv(model, tokenizer, envlib, "game", None, lr=1e-3, goals_per_step=2, group_size=2,
+                                  max_episode_steps=None, temperature=1.0, loop_penalty=0.0, seed=0,
+                                  max_new_tokens=2, engine="engine", curve=curve, goal_draw="learnability",
+                                  sweep=True)  # fmt: skip
+    goals = len(grpo.goals)
+    stats = grpo.grpo_step()
+    assert stats.episodes == 4
+    assert sum(grpo.goal_draw.episodes) == goals + 4 and min(grpo.goal_draw.episodes) >= 1  # each goal once, + 4
+    rows = [json.loads(line) for line in curve.read_text().splitlines()]
+    assert rows[0]["sweep"] == goals == rows[0]["of"] and "update" in rows[1]
+    grpo.grpo_step()
+    assert sum(grpo.goal_draw.episodes) == goals + 8  # once only
+    assert Knobs.from_env({}).goal_sweep is False and Knobs.from_env({"A2RL_GRPO_SWEEP": "1"}).goal_sweep is True
+
+
 # -- the update's memory -----------------------------------------------------------------------------------------
 def test_the_update_scores_the_action_tokens_alone_in_chunks_that_bound_the_logits(one_torch_thread):
     """Memory of an update (issue 42): the output layer runs on the action tokens alone, at most `chunk_rows` of

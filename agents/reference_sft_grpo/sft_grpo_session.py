@@ -255,6 +255,11 @@ class Knobs:
     sixteenth pass"): +9.3 hidden points over the frozen policy against uniform's +7.1, within noise: not the
     default."""
 
+    goal_sweep: bool = False
+    """`A2RL_GRPO_SWEEP=1`: before RL's first update, play every training goal once, so that the learnability draw
+    starts from each goal's outcome (`grpo_env_torch.GRPOEnv.sweep_goals`; ~9 updates' rollouts at 600 goals). Not
+    measured yet on a GPU: off by default."""
+
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Knobs:
         env = dict(os.environ if env is None else env)
@@ -303,6 +308,7 @@ class Knobs:
             decay_steps=int(env.get("A2RL_GRPO_DECAY_STEPS") or 200),
             goal_draw=env.get("A2RL_GRPO_GOAL_DRAW") or "uniform",
             rl_holdout=float(env.get("A2RL_GRPO_HOLDOUT") or 0.0),
+            goal_sweep=(env.get("A2RL_GRPO_SWEEP") or "0") not in ("0", "false", "no", ""),
         )
 
     def schedule(self, grpo_env_torch):
@@ -469,7 +475,7 @@ class InteractiveSession:
             temperature=k.temperature, loop_penalty=k.loop_penalty, invalid_penalty=k.invalid_penalty,
             algorithm=k.algorithm, gamma=k.gamma, seed=self.s.seed, engine=k.rollout_engine, max_samples=k.max_samples,
             micro_tokens=k.micro_tokens, checkpoint_layers=k.checkpoint_layers, goal_draw=k.goal_draw,
-            goal_ids=self.rl_goal_ids,
+            goal_ids=self.rl_goal_ids, sweep=k.goal_sweep,
             curve=self.s.workspace / "code" / "rl_curve.jsonl",
             schedule=k.schedule(grpo_env_torch),
         )  # fmt: skip
