@@ -40,6 +40,7 @@ class Ahead:
     """(base model dir, weights hash, specs, results), or None where the baseline step is better left to itself."""
     started: list[Any] = field(default_factory=list)
     """Its evaluation process (`procs.Started`), for the run's record of its processes."""
+    cancelled: threading.Event = field(default_factory=threading.Event)
 
     def wait(self, model_dir: Path, base_hash: str, specs: list[EvalSpec], mirror: Path,
              poll_s: float = 0.5) -> list[EvalResult] | None:  # fmt: skip
@@ -65,6 +66,19 @@ class Ahead:
         if out is None or (out[0], out[1], out[2]) != (Path(model_dir), base_hash, specs):
             return None
         return out[3]
+
+    def cancel(self) -> None:
+        """End its evaluation process, where no step will take its results: left running, it would share the CPU
+        with the agent's budgeted session."""
+        self.cancelled.set()
+        for started in list(self.started):
+            _end(started)
+
+    def on_start(self, started: Any) -> None:
+        """Its evaluation process began: recorded, or ended at once where it was cancelled meanwhile."""
+        self.started.append(started)
+        if self.cancelled.is_set():
+            _end(started)
 
 
 _ahead: Ahead | None = None
@@ -92,10 +106,14 @@ def start(config: RunConfig, scratch: Path) -> Ahead | None:
 
 
 def take(config: RunConfig) -> Ahead | None:
-    """The baseline begun ahead for `config` (once: a second call gets None)."""
+    """The baseline begun ahead for `config` (once: a second call gets None). One begun for another config is
+    ended: nothing will take it."""
     global _ahead
     ahead, _ahead = _ahead, None
-    return ahead if ahead is not None and ahead.config == config else None
+    if ahead is not None and ahead.config != config:
+        ahead.cancel()
+        return None
+    return ahead
 
 
 def _evaluate(ahead: Ahead) -> tuple[Path, str, list[EvalSpec], list[EvalResult]] | None:
@@ -106,11 +124,19 @@ def _evaluate(ahead: Ahead) -> tuple[Path, str, list[EvalSpec], list[EvalResult]
     model_dir = resolve_base_model(config.base_model)  # waits on a conversion under way (`convert_ahead`)
     base_hash = weights_hash(model_dir)
     specs = [EvalSpec.for_run(config, split, bench) for split in ("validation", "test")]
-    if not shares_one_process(base_hash, specs, interactive=getattr(bench, "plays_episodes", True)):
-        return None  # cached already, or split by split: the step's own path
+    if ahead.cancelled.is_set() or not shares_one_process(base_hash, specs,
+                                                         interactive=getattr(bench, "plays_episodes", True)):
+        return None  # not wanted, cached already, or split by split: the step's own path
     results = evaluate_cached_splits(model_dir, base_hash, specs, progress_file=ahead.progress_file,
-                                     on_start=ahead.started.append)  # fmt: skip
+                                     on_start=ahead.on_start)  # fmt: skip
     return model_dir, base_hash, specs, results
+
+
+def _end(started: Any) -> None:
+    from a2rl_bench.isolation import procs
+
+    if procs.alive(started.pid, started.start_ticks):
+        procs.kill_tree(started.pid)
 
 
 def _mirror(source: Path, target: Path, since: float) -> None:

@@ -197,6 +197,8 @@ def evaluate_baseline(
     if ahead is not None and todo:
         report(baseline_done=0, baseline_total=sum(sizes.values()), baseline_split=label)
         run_logger().info("base model: evaluating %s together, begun while Prefect started...", label)
+    if ahead is not None and not todo:
+        ahead.cancel()  # the baseline was recorded by an earlier attempt: its early evaluation is not needed
     made = ahead.wait(base_model_dir, base_hash, todo, eval_progress_file(ctx)) if ahead is not None and todo else None
     # Both splits to do on a path whose answers ignore their company: one process, one model load, one batch.
     if made is not None or shares_one_process(base_hash, todo, interactive=getattr(bench, "plays_episodes", True)):

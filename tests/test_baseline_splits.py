@@ -210,3 +210,36 @@ def test_a_baseline_begun_ahead_that_failed_is_evaluated_by_the_step(tmp_path, t
     lines = [e for e in book_of(ctx).entries() if e.kind == "baseline"]
     assert [(e.split, e.score, e.cached) for e in lines] == [("validation", scores["validation"], False),
                                                              ("test", scores["test"], False)]  # fmt: skip
+
+
+def test_a_baseline_begun_ahead_that_no_step_takes_is_ended(tmp_path, tiny_model_dir, own_cache, monkeypatch):
+    """Begun for another config (or not needed: the baseline recorded by an earlier attempt), the early evaluation
+    is ended when the step finds it, so that it never shares the CPU with the agent's budgeted session; one ended
+    before its process began ends that process as it begins."""
+    import sys
+    import time
+
+    from a2rl_bench.tasks import baseline_ahead
+
+    def long_evaluation(*args, on_start=None, **kwargs):  # stands for an evaluation process still decoding
+        proc = procs.start([sys.executable, "-c", "import time; time.sleep(120)"], on_start=on_start)
+        proc.wait()
+        raise RuntimeError(f"the evaluation process ended ({proc.returncode})")
+
+    monkeypatch.setattr(baseline_ahead, "evaluate_cached_splits", long_evaluation)
+    ctx = _run(tmp_path, base_model=str(tiny_model_dir))
+    ahead = baseline_ahead.start(ctx.config, tmp_path)
+    deadline = time.monotonic() + 120
+    while not ahead.started and time.monotonic() < deadline:
+        time.sleep(0.1)
+    (started,) = ahead.started
+    assert procs.alive(started.pid, started.start_ticks)
+    assert baseline_ahead.take(ctx.config.model_copy(update={"seed": 7})) is None  # another run's config
+    with pytest.raises(RuntimeError, match="ended"):
+        ahead.done.result(timeout=60)
+    assert not procs.alive(started.pid, started.start_ticks)
+
+    late = baseline_ahead.Ahead(ctx.config, tmp_path / "p.json")
+    late.cancel()
+    proc = procs.start([sys.executable, "-c", "import time; time.sleep(120)"], on_start=late.on_start)
+    assert proc.wait(timeout=60) != 0  # ended as it began
