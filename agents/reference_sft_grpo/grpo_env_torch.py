@@ -537,6 +537,9 @@ class GoalDraw:
 class GRPOEnv:
     """GRPO / GiGPO steps on one loaded model; its own optimizer across the session's RL rounds."""
 
+    sweep_pending = False
+    """Whether `sweep_goals` is still to run before the first rollouts (set from `sweep`)."""
+
     def __init__(self, model, tokenizer, envlib, task: str, data_dir: Path, *, lr: float, goals_per_step: int,
                  group_size: int, max_episode_steps: int | None, temperature: float, loop_penalty: float,
                  seed: int, invalid_penalty: float = 0.0, algorithm: str = "grpo", gamma: float = 0.95,
@@ -589,10 +592,10 @@ class GRPOEnv:
             raise ValueError(f"no training goals to play: none of the {len(goal_ids or ())} held-out ids is a goal")
         self.rng = random.Random(seed)
         self.goal_draw = GoalDraw(self.goals, goal_draw, self.rng)
+        # Before the first step's rollouts, play every goal once (`sweep_goals`): the goal draw then knows which
+        # goals the policy loses. Why: in 8 updates of 8 goals among 600 the learnability draw had no loss record to
+        # weigh by (BENCHMARKS.md "RL, seventeenth pass").
         self.sweep_pending = sweep
-        """Before the first step's rollouts, play every goal once (`sweep_goals`): the goal draw then knows which
-        goals the policy loses. Why: in 8 updates of 8 goals among 600 the learnability draw had no loss record to
-        weigh by (BENCHMARKS.md "RL, seventeenth pass")."""
         self.seed = seed * 100_003
         self.sample = make_sampler(model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
                                    stop=envlib.STOP, seed=seed, engine=engine)  # fmt: skip
