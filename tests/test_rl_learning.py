@@ -514,14 +514,17 @@ def test_the_learnability_goal_draw_sends_groups_to_the_goals_the_policy_wins_on
     assert Knobs.from_env({"A2RL_GRPO_GOAL_DRAW": "learnability"}).goal_draw == "learnability"
 
 
-def test_a_step_records_each_episode_against_the_goal_it_played(tmp_path, one_torch_thread):
-    envlib = game_envlib(False)
+def _learnability_game(curve: Path, **options) -> grpo_env_torch.GRPOEnv:
+    """GRPO with the learnability draw on the two-step game, a word model, its curve at `curve`."""
     model, tokenizer = word_model()
+    return grpo_env_torch.GRPOEnv(model, tokenizer, game_envlib(False), "game", None, lr=1e-3, goals_per_step=2,
+                                  max_episode_steps=None, temperature=1.0, loop_penalty=0.0, seed=0, max_new_tokens=2,
+                                  engine="engine", curve=curve, goal_draw="learnability", **options)  # fmt: skip
+
+
+def test_a_step_records_each_episode_against_the_goal_it_played(tmp_path, one_torch_thread):
     curve = tmp_path / "curve.jsonl"
-    grpo = grpo_env_torch.GRPOEnv(model, tokenizer, envlib, "game", None, lr=1e-3, goals_per_step=2, group_size=4,
-                                  max_episode_steps=None, temperature=1.0, loop_penalty=0.0, seed=0,
-                                  max_new_tokens=2, engine="engine", curve=curve, goal_draw="learnability",
-                                  goal_ids={"apple-0", "book-1", "card-0"})  # fmt: skip
+    grpo = _learnability_game(curve, group_size=4, goal_ids={"apple-0", "book-1", "card-0"})
     stats = grpo.grpo_step()
     draw = grpo.goal_draw
     assert sum(draw.episodes) == 8 and sorted(e for e in draw.episodes if e) == [4, 4]
@@ -530,9 +533,8 @@ def test_a_step_records_each_episode_against_the_goal_it_played(tmp_path, one_to
     assert row["goal_draw"] == "learnability" and row["goals"] == 3  # only the goals it was given
     assert {g["id"] for g in grpo.goals} == {"apple-0", "book-1", "card-0"}
     with pytest.raises(ValueError, match="no training goals"):
-        grpo_env_torch.GRPOEnv(model, tokenizer, envlib, "game", None, lr=1e-3, goals_per_step=2, group_size=4,
-                               max_episode_steps=None, temperature=1.0, loop_penalty=0.0, seed=0, max_new_tokens=2,
-                               engine="engine", goal_ids={"nothing"})  # fmt: skip
+        _learnability_game(curve, group_size=4, goal_ids={"nothing"})
+
 
 def test_a_sweep_plays_every_goal_once_before_the_first_update_and_tells_the_draw(tmp_path, one_torch_thread):
     """`A2RL_GRPO_SWEEP=1` (issue 42): before the first step's rollouts every training goal is played once, its
@@ -540,13 +542,8 @@ def test_a_sweep_plays_every_goal_once_before_the_first_update_and_tells_the_dra
     curve row says so; it happens once, and it is no step (the step's own rollouts are its goals x group)."""
     from a2rl_bench.agents.reference_sft_grpo.sft_grpo_session import Knobs
 
-    envlib = game_envlib(False)
-    model, tokenizer = word_model()
     curve = tmp_path / "curve.jsonl"
-    grpo = grpo_env_torch.GRPOEnv(model, tokenizer, envlib, "game", None, lr=1e-3, goals_per_step=2, group_size=2,
-                                  max_episode_steps=None, temperature=1.0, loop_penalty=0.0, seed=0,
-                                  max_new_tokens=2, engine="engine", curve=curve, goal_draw="learnability",
-                                  sweep=True)  # fmt: skip
+    grpo = _learnability_game(curve, group_size=2, sweep=True)
     goals = len(grpo.goals)
     stats = grpo.grpo_step()
     assert stats.episodes == 4
