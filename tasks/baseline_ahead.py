@@ -11,7 +11,6 @@ with it. Anything unexpected (another config, a failure) leaves the baseline ste
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from concurrent.futures import Future
@@ -23,7 +22,7 @@ from a2rl_bench.base_models.hashing import weights_hash
 from a2rl_bench.base_models.registry import REGISTRY, resolve_base_model
 from a2rl_bench.benchmarks import get_task
 from a2rl_bench.inference.evaluation import EvalSpec, _uses_gpu, evaluate_cached_splits, shares_one_process
-from a2rl_bench.ops.progress import EVAL_PROGRESS_FILE, ItemProgress
+from a2rl_bench.ops.progress import EVAL_PROGRESS_FILE, ItemProgress, write_atomic
 from a2rl_bench.records import EvalResult, RunConfig
 
 log = logging.getLogger(__name__)
@@ -148,6 +147,7 @@ def _mirror(source: Path, target: Path, since: float) -> None:
         return
     items.started_at = max(items.started_at, since)
     items.at = max(items.at, items.started_at)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(items.model_dump_json())
-    tmp.replace(target)
+    try:
+        write_atomic(target, items.model_dump_json())
+    except OSError:  # progress is a convenience: never the reason a baseline fails
+        pass

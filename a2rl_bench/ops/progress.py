@@ -97,7 +97,7 @@ class ProgressWriter:
         self._write()
         if announce := os.environ.get(ANNOUNCE_ENV):
             try:
-                _write_atomic(Path(announce), self.state.model_dump_json())
+                write_atomic(Path(announce), self.state.model_dump_json())
             except OSError:  # the launcher's display is a convenience, never the reason a run fails
                 pass
 
@@ -110,7 +110,7 @@ class ProgressWriter:
 
     def _write(self) -> None:
         try:
-            _write_atomic(self.path, self.state.model_dump_json())
+            write_atomic(self.path, self.state.model_dump_json())
         except OSError:  # progress is a convenience: never the reason a run fails
             pass
 
@@ -132,7 +132,7 @@ def note_step(harness_dir: Path, step: str | None) -> None:
 
 def _rewrite(path: Path, progress: RunProgress, update: dict) -> None:
     try:
-        _write_atomic(path, progress.model_copy(update=update).model_dump_json())
+        write_atomic(path, progress.model_copy(update=update).model_dump_json())
     except OSError:  # progress is a convenience: never the reason a run fails
         pass
 
@@ -201,13 +201,14 @@ class ItemProgressWriter:
         if self.path is None or (not force and time.monotonic() - self._written < self.every_s):
             return
         try:
-            _write_atomic(self.path, self.state.model_dump_json())
+            write_atomic(self.path, self.state.model_dump_json())
             self._written = time.monotonic()
         except OSError:  # progress is a convenience: never the reason an evaluation fails
             self.path = None
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """A progress file replaced whole (a temporary of this process, renamed): its readers never see half of it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
