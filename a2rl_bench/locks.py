@@ -44,7 +44,8 @@ _HELD = threading.local()
 
 
 @contextmanager
-def reentrant_lock(lock_path: Path | str) -> Iterator[None]:
+def reentrant_lock(lock_path: Path | str, deadline: float | None = None,
+                   timeout_error: Callable[[], Exception] | None = None) -> Iterator[None]:  # fmt: skip
     """`exclusive_lock`, which the thread holding it may take again inside its block (a second flock on a new
     descriptor of one process would wait on itself forever). Other threads and processes wait their turn."""
     held: set[str] = _HELD.__dict__.setdefault("paths", set())
@@ -52,7 +53,7 @@ def reentrant_lock(lock_path: Path | str) -> Iterator[None]:
     if key in held:
         yield
         return
-    with exclusive_lock(lock_path):
+    with exclusive_lock(lock_path, deadline, timeout_error):
         held.add(key)
         try:
             yield

@@ -14,6 +14,7 @@ import functools
 import importlib.metadata
 import inspect
 import json
+import time
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,13 +22,16 @@ from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
 from a2rl_bench.jsonl import read_jsonl, write_jsonl
-from a2rl_bench.locks import reentrant_lock
+from a2rl_bench.locks import LockTimeout, reentrant_lock
 from a2rl_bench.paths import task_data_dir
 from a2rl_bench.records import ItemResult, Split
 
 Item = dict[str, Any]
 Messages = list[dict[str, str]]
 
+PREPARE_WAIT_S = 900.0
+"""How long a run waits for another process's preparation of the same task data (seconds at most on a quiet
+machine: the offline splits, demonstrations and environment files) before it stops with an error naming the lock."""
 DEMONSTRATIONS_FILE = "sft.jsonl"
 """Agent-visible worked examples in the evaluator's prompt format (see `BenchmarkTask.demonstrations`)."""
 DEMONSTRATIONS_SECTION = """## Worked examples: `data/sft.jsonl`
@@ -275,7 +279,10 @@ class BenchmarkTask(abc.ABC):
         with contextlib.ExitStack() as turn:
             try:
                 root.parent.mkdir(parents=True, exist_ok=True)
-                turn.enter_context(reentrant_lock(root.parent / f".{root.name}.lock"))
+                lock = root.parent / f".{root.name}.lock"
+                turn.enter_context(reentrant_lock(lock, time.monotonic() + PREPARE_WAIT_S, lambda: LockTimeout(
+                    f"{self.id} ({variant}): another process has been preparing its data for {PREPARE_WAIT_S:.0f} s "
+                    f"(it holds {lock}); a stopped or hung preparation? End it, or remove {root} to prepare anew")))
             except OSError:
                 if not self.is_prepared(variant):
                     raise

@@ -94,3 +94,22 @@ def test_a_read_only_cache_prepared_already_is_read_without_its_lock(tmp_path, m
     monkeypatch.setattr(task, "data_version", "never-prepared")
     with pytest.raises(OSError, match="Read-only"):
         task.prepare("offline")
+
+
+def test_a_preparation_held_too_long_stops_the_waiting_run_with_the_lock_named(tmp_path, monkeypatch):
+    """A preparer stopped (SIGSTOP) or hung keeps its lock; a run waiting on it stops after PREPARE_WAIT_S with an
+    error that says which lock and what to do, instead of waiting for ever."""
+    import pytest
+
+    from a2rl_bench.benchmarks import base, get_task
+    from a2rl_bench.locks import LockTimeout
+
+    monkeypatch.setenv("A2RL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(base, "PREPARE_WAIT_S", 1.0)
+    task = get_task("gsm8k")
+    root = task.prepared_root("offline")
+    root.parent.mkdir(parents=True)
+    with exclusive_lock(root.parent / f".{root.name}.lock"):  # another preparer's turn, never given back
+        with pytest.raises(LockTimeout, match=r"preparing its data for 1 s .*\.offline-v1\.lock"):
+            task.prepare("offline")
+    assert task.prepare("offline").manifest["task"] == "gsm8k"  # given back: prepared at once
