@@ -286,7 +286,8 @@ class BenchmarkTask(abc.ABC):
             except OSError:
                 if not self.is_prepared(variant):
                     raise
-                # a cache shared read-only, prepared already: nothing to write, no turn to take
+                # prepared already, and no turn to be had (a cache shared read-only, or a preparer that never
+                # gave its turn back, LockTimeout being an OSError): read it
             return self.prepare_files(variant)
 
     def prepare_files(self, variant: str) -> PreparedData:

@@ -192,18 +192,18 @@ def evaluate_baseline(
     # a resumed run keeps the baseline it already recorded
     todo = [EvalSpec.for_run(ctx.config, split, bench) for split in ("validation", "test") if split not in done]
     # `a2rl run` may have begun this evaluation while Prefect started (baseline_ahead): its results, once done.
-    ahead = baseline_ahead.take(ctx.config)
+    ahead, made = baseline_ahead.take(ctx.config), None
     label = splits_label(todo)
-    if ahead is not None and todo:
-        report(baseline_done=0, baseline_total=sum(sizes.values()), baseline_split=label)
-        run_logger().info("base model: evaluating %s together, begun while Prefect started...", label)
     if ahead is not None and not todo:
         ahead.cancel()  # the baseline was recorded by an earlier attempt: its early evaluation is not needed
-    made = ahead.wait(base_model_dir, base_hash, todo, eval_progress_file(ctx)) if ahead is not None and todo else None
+    elif ahead is not None:
+        report(baseline_done=0, baseline_total=sum(sizes.values()), baseline_split=label)
+        run_logger().info("base model: evaluating %s together, begun while Prefect started...", label)
+        made = ahead.wait(base_model_dir, base_hash, todo, eval_progress_file(ctx))
     # Both splits to do on a path whose answers ignore their company: one process, one model load, one batch.
     if made is not None or shares_one_process(base_hash, todo, interactive=getattr(bench, "plays_episodes", True)):
-        report(baseline_done=0, baseline_total=sum(sizes.values()), baseline_split=label)
         if made is None:
+            report(baseline_done=0, baseline_total=sum(sizes.values()), baseline_split=label)
             run_logger().info("base model: evaluating %s together (%s items)...", label,
                               " + ".join(str(s.limit or "all") for s in todo))  # fmt: skip
         for _, result in evaluate_and_record_splits(book, base_model_dir, base_hash, todo, "baseline",
