@@ -282,7 +282,7 @@ def table(rows: list[dict]) -> str:
             mine = sorted((r for r in rows if r["arm"] == arm and r.get("seed", 0) == seed and not r.get("final")),
                           key=lambda r: r["update"])  # fmt: skip
             final = next((r for r in rows if r["arm"] == arm and r.get("seed", 0) == seed and r.get("final")), {})
-            trained = [r for r in mine if "wins" in r]
+            trained = [r for r in mine if "episodes" in r]  # updates (a sweep row has wins but is no update)
             wins = ", ".join(f"{r['wins']}" for r in trained)
             k = min(3, len(trained) // 2)  # first k against last k updates, never overlapping
             first, last = trained[:k], trained[len(trained) - k :]
@@ -302,6 +302,9 @@ def table(rows: list[dict]) -> str:
             paired = ["-", "-"] if parse_arm(arm)[0] == "none" else [
                 against_frozen(rows, last_val, "val") if last_val else "-",
                 against_frozen(rows, final, "test") if final else "-"]  # fmt: skip
+            sweep = next((r for r in mine if "sweep" in r), None)
+            if sweep:
+                wins = f"sweep {sweep['wins']}/{sweep['sweep']}; {wins}"
             lines.append(f"| {arm} | {seed} | {wins} (of {trained[0]['episodes'] if trained else '-'}) | {delta} | "
                          f"{per_update} | {'-' if peak is None else peak} | {val} | {test} | {paired[0]} | "
                          f"{paired[1]} |")  # fmt: skip

@@ -284,6 +284,23 @@ def test_the_rl_only_bench_spreads_its_runs_over_the_visible_cards():
     assert bench_rl_only.cards_for(2, "", 1) == [None, None] and bench_rl_only.cards_for(2, "3", 1) == [None, None]
 
 
+def test_the_rl_only_bench_table_reads_a_sweep_row_as_no_update():
+    """An arm with A2RL_GRPO_SWEEP writes a sweep row (wins, no episodes) before its first update: the table shows it
+    and takes its updates from the update rows (the seventeenth GPU pass's table failed on a KeyError there)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import bench_rl_only
+
+    arm = "grpo:A2RL_GRPO_SWEEP=1"
+    rows = [{"arm": arm, "seed": 0, "update": 0, "val_won": 1, "val_n": 2, "val_games": "10"},
+            {"arm": arm, "seed": 0, "update": 0, "sweep": 6, "wins": 5},
+            *({"arm": arm, "seed": 0, "update": u, "episodes": 4, "wins": w} for u, w in ((1, 1), (2, 3))),
+            {"arm": arm, "seed": 0, "update": 2, "final": True, "test_won": 1, "test_n": 2, "test_games": "01"}]
+    line = next(x for x in bench_rl_only.table(rows).splitlines() if x.startswith(f"| {arm} | 0 | "))
+    assert "sweep 5/6; 1, 3 (of 4)" in line and "25.0% -> 75.0%" in line and "| 1/2 |" in line
+
+
 def test_the_rl_only_bench_runs_on_the_cpu(tiny_model_dir, tmp_path, capsys):
     """`bench/bench_rl_only.py --smoke`: SFT checkpoint made, each arm's updates and validations recorded, the
     table printed (the path the GPU bench takes, at toy sizes)."""
