@@ -9,6 +9,8 @@ on one card.
         grpo:A2RL_GRPO_GOAL_DRAW=learnability                     # RL on games SFT never saw, against seen ones
     python bench/bench_rl_only.py MODEL --sft-s 300 --sft-anneal-s 120 --arms none grpo \
         grpo:A2RL_GRPO_GOAL_DRAW=learnability,A2RL_GRPO_SWEEP=1   # from a converged SFT; each goal played once first
+    python bench/bench_rl_only.py MODEL --sft-s 300 --sft-anneal-s 120 --arms none grpo \
+        grpo:A2RL_GRPO_REF_KL=0.05 --updates 24                    # a KL term anchoring RL to the SFT checkpoint
 
 MODEL is a Hugging Face checkpoint directory (on the GPU: the converted SmolLM2-135M). Without `--sft`, the
 agent's own SFT data (the offline alfworld worked examples plus its searching demonstrations built from the
@@ -244,6 +246,8 @@ def run_arm(args, arm: str, seed: int, sft: Path, public: Path) -> None:
                        "approx_kl": stats.update.approx_kl, "entropy": stats.update.entropy, "lr": stats.update.lr,
                        "minibatches_used": stats.update.minibatches_used, "kl_stopped": stats.update.kl_stopped,
                        "entropy_alarm": stats.entropy_alarm, "cut": stats.cut}  # fmt: skip
+                if stats.update.ref_kl is not None:  # A2RL_GRPO_REF_KL: how far from the SFT checkpoint
+                    row["ref_kl"] = stats.update.ref_kl
             row["max_memory_gib"] = peak_gib()
             if update % args.val_every == 0 or update == args.updates:
                 row |= val()

@@ -255,6 +255,10 @@ class Knobs:
     sixteenth pass"): +9.3 hidden points over the frozen policy against uniform's +7.1, within noise: not the
     default."""
 
+    ref_kl: float = 0.0
+    """`A2RL_GRPO_REF_KL`: weight of a KL term to the policy RL started from (`grpo_env_torch.Schedule.ref_kl`).
+    Not measured yet on a GPU: off by default."""
+
     goal_sweep: bool = False
     """`A2RL_GRPO_SWEEP=1`: before RL's first update, play every training goal once, so that the learnability draw
     starts from each goal's outcome (`grpo_env_torch.GRPOEnv.sweep_goals`; ~9 updates' rollouts at 600 goals). Not
@@ -309,13 +313,15 @@ class Knobs:
             goal_draw=env.get("A2RL_GRPO_GOAL_DRAW") or "uniform",
             rl_holdout=float(env.get("A2RL_GRPO_HOLDOUT") or 0.0),
             goal_sweep=(env.get("A2RL_GRPO_SWEEP") or "0") not in ("0", "false", "no", ""),
+            ref_kl=float(env.get("A2RL_GRPO_REF_KL") or 0.0),
         )
 
     def schedule(self, grpo_env_torch):
         """The update recipe as `grpo_env_torch.Schedule` (the module passed in: the workspace's copy or ours)."""
         return grpo_env_torch.Schedule(epochs=self.epochs, minibatches=self.minibatches, clip_low=self.clip_low,
                                        clip_high=self.clip_high, warmup_steps=self.warmup_steps,
-                                       decay_steps=self.decay_steps, kl_target=self.kl_target)  # fmt: skip
+                                       decay_steps=self.decay_steps, kl_target=self.kl_target,
+                                       ref_kl=self.ref_kl)  # fmt: skip
 
 
 def held_out_games(goal_ids: list[str], share: float, seed: int) -> frozenset[str]:
