@@ -378,7 +378,7 @@ def take_run_lease(stop: StaleStop) -> AttemptLease | None:
     logger = logging.getLogger(__name__)
     lease = AttemptLease(api_url, flow_run_id, prefect_flow_run.get_run_count(), stop)
     try:
-        if (earlier := lease.take()) is not None:
+        if (earlier := lease.take_until_answered()) is not None:
             logger.warning("took the run's lease from %s, which stops itself", earlier.describe())
     except StaleAttempt as e:
         stop(str(e))

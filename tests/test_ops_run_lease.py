@@ -70,6 +70,41 @@ def test_a_later_attempt_takes_the_lease_and_the_earlier_one_stops_itself(api_ur
     assert run_lease.read_lease(api_url, flow_run_id) is None
 
 
+def test_a_take_cut_by_an_outage_is_taken_again_and_its_lease_renewed(api_url, monkeypatch):
+    """The server goes away between the lease's write and its taker's record (an outage test met it twice in three
+    runs): the attempt takes the lease again once the server answers, and renews it, instead of leaving a lease
+    nobody renews (which the server marks Crashed while the run works). Past its time it gives up, saying why."""
+    import httpx
+
+    monkeypatch.setattr(run_lease, "RENEW_S", 0.2)
+    real_write, failures = run_lease._write, []
+
+    def write_cut_after_the_lease(api_url, name, lease, timeout_s):
+        if name.startswith(run_lease.TAKEN_PREFIX) and len(failures) < 2:
+            failures.append(name)
+            raise httpx.ConnectError("the server stopped answering")
+        real_write(api_url, name, lease, timeout_s)
+
+    monkeypatch.setattr(run_lease, "_write", write_cut_after_the_lease)
+    flow_run_id = str(uuid.uuid4())
+    lease = AttemptLease(api_url, flow_run_id, 1, lambda why: pytest.fail(why), host="gpu-host-1")
+    assert lease.take_until_answered() is None and len(failures) == 2
+    assert run_lease.read_taken(api_url, flow_run_id).attempt == 1  # the takeover record is written after all
+    first = run_lease.read_lease(api_url, flow_run_id).seq
+    deadline = time.monotonic() + 30
+    while run_lease.read_lease(api_url, flow_run_id).seq <= first and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert run_lease.read_lease(api_url, flow_run_id).seq > first, "the lease is not renewed"
+    lease.release()
+
+    failures.clear()
+    monkeypatch.setattr(run_lease, "_write", lambda *a: (_ for _ in ()).throw(httpx.ConnectError("still down")))
+    started = time.monotonic()
+    with pytest.raises(httpx.ConnectError, match="still down"):
+        AttemptLease(api_url, str(uuid.uuid4()), 1, lambda why: None).take_until_answered(within_s=1.0)
+    assert time.monotonic() - started < 10
+
+
 def test_an_earlier_attempt_that_wrote_over_the_takers_lease_still_stops_and_gives_it_back(api_url, monkeypatch):
     """The lost update (a fresh checkout's `make test`, 2026-11-30): the earlier attempt's renewal read the lease just
     before the later one took it, then wrote its own back over the taker's; with both renewing in step it read its

@@ -73,6 +73,8 @@ more than this late, hears nothing: the time since the last sweep does not count
 UNCLAIMED_S = _seconds("A2RL_LEASE_UNCLAIMED_S", 90.0)
 """A Running benchmark run whose attempt has not taken the lease after this much heard time is Crashed (its host
 died between the worker starting it and the flow taking the lease): within UNCLAIMED_S + SWEEP_S."""
+TAKE_WITHIN_S = _seconds("A2RL_LEASE_TAKE_WITHIN_S", 600.0)
+"""How long an attempt keeps trying to take its lease while the server cannot be asked (`take_until_answered`)."""
 BENCHMARK_FLOW = "benchmark-run"
 """The flow whose runs take leases (the sweep looks for unclaimed runs of it only)."""
 WORKING_STATES = frozenset({"RUNNING", "CANCELLING", "PAUSED"})
@@ -279,6 +281,23 @@ class AttemptLease:
             wait(TAKEOVER_WAIT_S)  # it renews every RENEW_S, finds the lease taken and stops itself
             return held
         return None
+
+    def take_until_answered(self, wait: Callable[[float], None] = time.sleep, within_s: float | None = None
+                            ) -> RunLease | None:  # fmt: skip
+        """`take`, tried again every RENEW_S while the server cannot be asked, for at most `within_s` (TAKE_WITHIN_S);
+        then the last httpx error. Why: a take cut by an outage between writing the lease and its taker's record
+        left a lease that nobody renewed, and once the server heard again it marked the working run Crashed
+        (BENCHMARKS.md "Suite wall time, fourteenth pass"). A take tried again finds its own earlier lease and writes
+        both again; the server counts none of an outage's time as silence."""
+        give_up = time.monotonic() + (TAKE_WITHIN_S if within_s is None else within_s)
+        while True:
+            try:
+                return self.take(wait)
+            except httpx.HTTPError as e:
+                if time.monotonic() + RENEW_S > give_up:
+                    raise
+                log.warning("could not take the run's lease (%s): trying again in %g s", e, RENEW_S)
+                time.sleep(RENEW_S)
 
     def _gone_here(self, held: RunLease) -> bool:
         """The holder ran on this host and its process is gone: nothing to wait for."""
