@@ -644,8 +644,10 @@ def run_matrix(live: LiveServer, tiny: Path, tmp: Path, kills: tuple[str, ...], 
 
 def test_every_kill_point_of_a_run_comes_back_with_one_retry(live, tiny_model_dir, tmp_path):
     """Eight kill points inside a run × six retries, 48 cells on three runs side by side (8 by default)."""
-    # Long enough rounds that a kill finds the agent training; SUBMISSION_CAP submissions end the session.
-    agent_env = {"A2RL_SFT_TRAIN_S": "6", "A2RL_SFT_MAX_STEPS": "100000"}
+    # Rounds end on time, not steps. The training kill points strike once the trainer's process appears (it loads
+    # for seconds before it steps), so its steps only lengthen the rounds the kills have passed; SUBMISSION_CAP
+    # submissions end the session.
+    agent_env = {"A2RL_SFT_TRAIN_S": "2", "A2RL_SFT_MAX_STEPS": "100000"}
     run_matrix(live, tiny_model_dir, tmp_path, RUN_KILLS, agent_env, budget_s=240, report=tmp_path / "cells.md")
 
 
