@@ -5,8 +5,7 @@ with one completed row, one Completed state (no Crashed in its history, one atte
 Scaled to the 2-core test machine: 4 runs of the reference agent on the tiny model, on 2 plain `prefect worker
 start` hosts taking 2 runs each (the issue's goal is 8 runs on 4 hosts); the lease settings are the defaults
 (30 s of heard silence), so each outage is longer than a lease. Each outage starts once every run reads Running
-and its lease was renewed (the stall's: since it was taken; the database's: since the stall); nothing else waits on
-the clock.
+and holds its lease (the database's, once each lease was renewed after the stall); nothing else waits on the clock.
 Slow (a PostgreSQL cluster, a server, two workers; a few minutes on busy cores). Deselect with
 `-m "not prefect_server"`.
 """
@@ -120,12 +119,12 @@ def _runs_in_flight(cluster: Cluster, tiny_model_dir: Path) -> list[str]:
         fr = run_deployment("benchmark-run/benchmark-run", parameters=nest_parameters(params),
                             job_variables={"env": SMALL_AGENT}, timeout=0)  # fmt: skip
         ids.append(str(fr.id))
-    wait_for(lambda: _all_leased(cluster, ids, "before the stall"), timeout_s=600,
-             what=f"{RUNS} runs Running with their leases")  # fmt: skip
     # A lease is written before its take ends (`AttemptLease.take` writes the `a2rl-taken-` record next, then starts
     # the renewals): an outage between the two leaves a lease nobody renews, and the run is marked crashed (a race of
-    # the product's, BENCHMARKS.md fourteenth pass). The outages here meet runs whose takes are over.
-    _renewed_again(cluster, ids, "before the stall")
+    # the product's, BENCHMARKS.md fourteenth pass). The stall meets runs whose takes are written.
+    wait_for(lambda: _all_leased(cluster, ids, "before the stall")
+             and all(run_lease.read_taken(cluster.url, i) is not None for i in ids), timeout_s=600,
+             what=f"{RUNS} runs Running with their leases taken")  # fmt: skip
     return ids
 
 
