@@ -86,8 +86,8 @@ def test_a_server_stalled_45_s_then_its_database_down_60_s_with_runs_in_flight_c
     cluster, tiny_model_dir
 ):
     """Both outages meet the same runs, one after the other: after the stall the runs still have their baseline,
-    session and final grading ahead of them (a minute and more); a second set of runs for the database's outage cost
-    the file ~40 CPU s and ~50 s (BENCHMARKS.md, fourteenth pass)."""
+    session and final grading ahead of them (a minute and more), and a second set of four runs for the database's
+    outage cost the file CPU seconds and a minute (BENCHMARKS.md, fourteenth pass)."""
     runs = _runs_in_flight(cluster, tiny_model_dir)
     stopped = [psutil.Process(cluster.server_pid), *psutil.Process(cluster.server_pid).children(recursive=True)]
     for p in stopped:
