@@ -58,6 +58,9 @@ CHAINS = 3
 CLOCK_TOLERANCE_S = 1.0
 DIES_WITH_S = 5.0
 """A harness SIGKILLed takes its agent and its evaluations with it within this long."""
+COMPLETED_POLL_S = 1.0
+"""How often a wait for a kill point asks the server whether the run completed on its own (a guard: the kill points
+themselves are watched in the run's files and /proc every 50 ms)."""
 ATTEMPT_ENV = "A2RL_RUN_ATTEMPT"
 """The tag every process of an attempt carries (a2rl_bench.isolation.procs.ATTEMPT_ENV). The checks here read only what
 any version of the harness leaves (its progress file, process records and ledger, /proc and Prefect), so that
@@ -196,6 +199,7 @@ class Run:
         self.index, self.ui_forces = 0, False
         self.pids: list[int] = []
         self.ended_at = 0.0  # epoch of its flow run's ending: which chain the matrix's time waits on
+        self._completed, self._completed_asked = False, -COMPLETED_POLL_S
 
     # -- what the run is doing ---------------------------------------------------------------------------
     @property
@@ -244,6 +248,14 @@ class Run:
     def state(self) -> dict:
         return flow_run(self.live.url, self.id)
 
+    def completed(self) -> bool:
+        """Whether the flow run reads Completed, asked of the server at most every COMPLETED_POLL_S: the waits for
+        a kill point poll 20 times a second, on three runs at once."""
+        if time.monotonic() - self._completed_asked >= COMPLETED_POLL_S:
+            self._completed_asked = time.monotonic()
+            self._completed = self.state()["state_type"] == "COMPLETED"
+        return self._completed
+
     # -- kill points ---------------------------------------------------------------------------------------
     def evaluations(self, pid: int) -> list[int]:
         """The evaluation processes below the harness `pid` (and their supervisors)."""
@@ -256,20 +268,25 @@ class Run:
     def reached(self, kill: str, started: float, pid: int) -> bool:
         """Whether the current attempt (started at `started`, harness `pid`) is where `kill` strikes."""
         phase = self.phase()
-        in_session = phase == "agent_session" and any(
-            e.kind == "event" and e.detail.get("event") in ("session-start", "session-resumed")
-            and e.at.timestamp() >= started for e in self.ledger()
-        )  # fmt: skip
+
+        def in_session() -> bool:
+            return phase == "agent_session" and any(
+                e.kind == "event" and e.detail.get("event") in ("session-start", "session-resumed")
+                and e.at.timestamp() >= started for e in self.ledger()
+            )  # fmt: skip
+
+        # Only the asked kill point's probe runs: each /proc scan or ledger read, 20 times a second on three
+        # runs, was the test process's busiest work.
         return {
-            "provision": phase == "provision",
-            "baseline": phase == "baseline" and self.evaluating(pid),
+            "provision": lambda: phase == "provision",
+            "baseline": lambda: phase == "baseline" and self.evaluating(pid),
             "session": in_session,
-            "mid_training": in_session and self.training(),
-            "frozen_harness": in_session and self.training(),
-            "grading_call": in_session and self.evaluating(pid),
-            "final_evaluation": phase == "final_grading" and self.evaluating(pid),
-            "summary": phase == "summary",
-        }[kill]
+            "mid_training": lambda: in_session() and self.training(),
+            "frozen_harness": lambda: in_session() and self.training(),
+            "grading_call": lambda: in_session() and self.evaluating(pid),
+            "final_evaluation": lambda: phase == "final_grading" and self.evaluating(pid),
+            "summary": lambda: phase == "summary",
+        }[kill]()
 
 
 def cmdline(pid: int) -> list[str]:
@@ -338,7 +355,7 @@ def arm(run: Run, kill: str) -> Armed:
     number, pid = until(run.attempt, 300, f"{run.name}: an attempt")
     started = started_at(pid) or time.time()
     check_resumed_clock(run)
-    until(lambda: run.reached(kill, started, pid) or run.state()["state_type"] == "COMPLETED", 600,
+    until(lambda: run.reached(kill, started, pid) or run.completed(), 600,
           f"{run.name}: kill point {kill} in attempt {number}")
     assert run.state()["state_type"] != "COMPLETED", f"{run.name} completed before kill point {kill}"
     check_resumed_clock(run)
@@ -387,7 +404,7 @@ def follow(run: Run, cell: Cell, armed: Armed) -> None:
                 f"{run.name}: the attempt after {armed.number}")  # fmt: skip
     cell.took_after_s = time.time() - cell.killed_at
     until(lambda: (run.phase() not in (None, "open", "preflight") and run.attempt()[1] == nxt[1])
-          or run.state()["state_type"] == "COMPLETED", 300, f"{run.name}: attempt {nxt[0]} past preflight")
+          or run.completed(), 300, f"{run.name}: attempt {nxt[0]} past preflight")
     if cell.kill not in ("frozen_harness", "server_kill") and (late := children_end() - cell.killed_at) > DIES_WITH_S:
         cell.problems.append(f"its agent or evaluations outlived the killed harness by {late:.0f} s")
     earlier = [armed.pid, *armed.agents, *armed.evaluations, *tagged(run.run_id, nxt[1])]
@@ -627,8 +644,10 @@ def run_matrix(live: LiveServer, tiny: Path, tmp: Path, kills: tuple[str, ...], 
 
 def test_every_kill_point_of_a_run_comes_back_with_one_retry(live, tiny_model_dir, tmp_path):
     """Eight kill points inside a run × six retries, 48 cells on three runs side by side (8 by default)."""
-    # Long enough rounds that a kill finds the agent training; SUBMISSION_CAP submissions end the session.
-    agent_env = {"A2RL_SFT_TRAIN_S": "6", "A2RL_SFT_MAX_STEPS": "100000"}
+    # Rounds end on time, not steps. The training kill points strike once the trainer's process appears (it loads
+    # for seconds before it steps), so its steps only lengthen the rounds the kills have passed; SUBMISSION_CAP
+    # submissions end the session.
+    agent_env = {"A2RL_SFT_TRAIN_S": "2", "A2RL_SFT_MAX_STEPS": "100000"}
     run_matrix(live, tiny_model_dir, tmp_path, RUN_KILLS, agent_env, budget_s=240, report=tmp_path / "cells.md")
 
 
