@@ -120,8 +120,9 @@ def _runs_in_flight(cluster: Cluster, tiny_model_dir: Path) -> list[str]:
                             job_variables={"env": SMALL_AGENT}, timeout=0)  # fmt: skip
         ids.append(str(fr.id))
     # A lease is written before its take ends (`AttemptLease.take` writes the `a2rl-taken-` record next, then starts
-    # the renewals): an outage between the two leaves a lease nobody renews, and the run is marked crashed (a race of
-    # the product's, BENCHMARKS.md fourteenth pass). The stall meets runs whose takes are written.
+    # the renewals): an outage between the two once left a lease nobody renewed (the take is now tried again,
+    # `take_until_answered`, tested in test_ops_run_lease.py). The stall meets runs whose takes are written, so that
+    # what this test sees is the outage of working runs.
     wait_for(lambda: _all_leased(cluster, ids, "before the stall")
              and all(run_lease.read_taken(cluster.url, i) is not None for i in ids), timeout_s=600,
              what=f"{RUNS} runs Running with their leases taken")  # fmt: skip
