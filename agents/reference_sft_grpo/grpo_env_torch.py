@@ -400,6 +400,11 @@ def k3(log_ratio):
     return torch.expm1(log_ratio) - log_ratio
 
 
+def token_mean(per_sample: list) -> float:
+    """The mean over every token of per-sample tensors (0 for none)."""
+    return float(sum(float(x.sum()) for x in per_sample) / max(1, sum(len(x) for x in per_sample)))
+
+
 def _state_key(env, observation: str) -> Hashable:
     """The environment's own state key where it has one, else the observation the action answers."""
     key = env.state_key() if hasattr(env, "state_key") else None
@@ -829,11 +834,10 @@ class GRPOEnv:
         weights = self.token_weights(samples)
         old = self.sampling_log_probs(samples)
         # The sampling policy's entropy, estimated over every action token of the batch (-log p of each).
-        stats.entropy = round(float(-sum(float(o.sum()) for o in old) / max(1, sum(len(o) for o in old))), 4)
+        stats.entropy = round(-token_mean(old), 4)
         ref = self.sampling_log_probs(samples, self.reference_model()) if k.ref_kl else None
         if ref is not None:  # the walk so far, measured where the update will act (the policy is the sampler's)
-            walked = [k3(r.to(o.device) - o) for r, o in zip(ref, old)]
-            stats.ref_kl = round(float(sum(float(x.sum()) for x in walked) / max(1, sum(len(x) for x in walked))), 6)
+            stats.ref_kl = round(token_mean([k3(r.to(o.device) - o) for r, o in zip(ref, old)]), 6)
         self.model.train()
         tokens = clipped = 0
         kl_sum = loss_sum = 0.0
