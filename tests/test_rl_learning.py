@@ -508,6 +508,41 @@ def test_a_kl_term_to_the_reference_keeps_rl_near_where_it_started(tmp_path, one
     assert Knobs.from_env({}).schedule(grpo_env_torch).ref_kl == 0.0  # off by default: not measured on a GPU yet
 
 
+def test_a_zero_negative_weight_leaves_the_lost_episodes_out_and_still_learns(tmp_path, one_torch_thread):
+    """`Schedule.negative_weight` (`A2RL_GRPO_NEGATIVE_WEIGHT`): the share of a negative advantage that reaches the
+    loss. On one rollout batch, 1 keeps every step as GRPO gives it, 0.5 halves the negative ones and leaves the
+    positive ones as they were, 0 keeps the won episodes' steps alone; and 20 updates at 0 still raise the sampled
+    wins (only what beat its group pushes). Why: from a 90% SFT end, the lost episodes' negative tokens push down
+    actions the won games take too (BENCHMARKS.md "RL, eighteenth pass")."""
+    from a2rl_bench.agents.reference_sft_grpo.sft_grpo_session import Knobs
+
+    envlib = game_envlib(False)
+    model, tokenizer = word_model()
+    curve = tmp_path / "curve.jsonl"
+    grpo = grpo_env_torch.GRPOEnv(model, tokenizer, envlib, "game", None, lr=3e-3, goals_per_step=8, group_size=16,
+                                  max_episode_steps=None, temperature=1.0, loop_penalty=0.0, seed=0,
+                                  max_new_tokens=2, engine="engine", curve=curve,
+                                  schedule=grpo_env_torch.Schedule(negative_weight=0.0))  # fmt: skip
+    rollouts = grpo.rollouts()
+    by_weight = {}
+    for weight in (1.0, 0.5, 0.0):
+        grpo.schedule = grpo_env_torch.Schedule(negative_weight=weight)
+        by_weight[weight] = grpo.update_samples(rollouts)
+    full, half, none = by_weight[1.0], by_weight[0.5], by_weight[0.0]
+    assert any(adv < 0 for *_, adv, _ in full) and any(adv > 0 for *_, adv, _ in full)  # mixed groups: both signs
+    assert [(p, a, adv / 2 if adv < 0 else adv, e) for p, a, adv, e in full] == half
+    assert none == [x for x in full if x[2] > 0] and all(rollouts[e].won for *_, e in none)
+    for _ in range(20):
+        grpo.grpo_step()
+    wins = [json.loads(line)["wins"] for line in curve.read_text().splitlines()]
+    print(f"negative weight 0: sampled wins per update {wins} of {len(rollouts)}")
+    assert sum(wins[-3:]) >= 2 * sum(wins[:3]), wins  # it learns from the wins alone
+    with pytest.raises(ValueError, match="negative_weight"):
+        grpo_env_torch.Schedule(negative_weight=1.5)
+    assert Knobs.from_env({"A2RL_GRPO_NEGATIVE_WEIGHT": "0"}).schedule(grpo_env_torch).negative_weight == 0.0
+    assert Knobs.from_env({}).schedule(grpo_env_torch).negative_weight == 1.0  # off by default: not measured yet
+
+
 def torch_equal(a, b) -> bool:
     import torch
 

@@ -434,10 +434,17 @@ class Schedule:
     k3 estimate of KL(policy || reference), episode-weighted as the loss is. Why: `kl_target` bounds each update's
     step, not the walk over many; from a 90% SFT end, 12 updates without an anchor lowered the hidden score in
     6 of 6 runs while the training wins held (BENCHMARKS.md "RL, eighteenth pass")."""
+    negative_weight: float = 1.0
+    """Share of a negative advantage that reaches the loss (1: all of it; 0: only steps that did better than their
+    group push, as in filtered behaviour cloning). Why: from a 90% SFT end the lost episodes run to the step limit
+    and are the most of an update's negative tokens, which push down actions that the won games take too; the
+    hidden games that RL lost were ones the SFT policy had won (BENCHMARKS.md "RL, eighteenth pass")."""
 
     def __post_init__(self) -> None:
         if self.ref_kl < 0:
             raise ValueError(f"ref_kl must be >= 0 (got {self.ref_kl})")
+        if not 0.0 <= self.negative_weight <= 1.0:
+            raise ValueError(f"negative_weight must be in [0, 1] (got {self.negative_weight})")
         if self.epochs < 1 or self.minibatches < 1:
             raise ValueError(f"epochs and minibatches must be >= 1 (got {self.epochs}, {self.minibatches})")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
@@ -744,8 +751,9 @@ class GRPOEnv:
         advantages = step_advantages(rollouts, self.group_size, algorithm=self.algorithm,
                                      loop_penalty=self.loop_penalty, invalid_penalty=self.invalid_penalty,
                                      gamma=self.gamma, step_weight=self.step_weight)  # fmt: skip
-        samples = [(p, a, adv, e) for e, (r, advs) in enumerate(zip(rollouts, advantages))
-                   for (p, a), adv in zip(r.steps, advs) if adv != 0.0 and a]  # fmt: skip
+        down = self.schedule.negative_weight
+        samples = [(p, a, adv if adv > 0 else adv * down, e) for e, (r, advs) in enumerate(zip(rollouts, advantages))
+                   for (p, a), adv in zip(r.steps, advs) if a and (adv > 0 or adv < 0 and down)]  # fmt: skip
         if len(samples) > self.max_samples:  # a uniform subset: the same expected loss, a bounded update time
             samples = self.rng.sample(samples, self.max_samples)
         return samples

@@ -259,6 +259,11 @@ class Knobs:
     """`A2RL_GRPO_REF_KL`: weight of a KL term to the policy RL started from (`grpo_env_torch.Schedule.ref_kl`).
     Not measured yet on a GPU: off by default."""
 
+    negative_weight: float = 1.0
+    """`A2RL_GRPO_NEGATIVE_WEIGHT`: share of a negative advantage that reaches the loss
+    (`grpo_env_torch.Schedule.negative_weight`; 0: only the steps that beat their group push). Not measured yet on
+    a GPU: 1 by default."""
+
     goal_sweep: bool = False
     """`A2RL_GRPO_SWEEP=1`: before RL's first update, play every training goal once, so that the learnability draw
     starts from each goal's outcome (`grpo_env_torch.GRPOEnv.sweep_goals`; ~9 updates' rollouts at 600 goals). Not
@@ -314,6 +319,7 @@ class Knobs:
             rl_holdout=float(env.get("A2RL_GRPO_HOLDOUT") or 0.0),
             goal_sweep=(env.get("A2RL_GRPO_SWEEP") or "0") not in ("0", "false", "no", ""),
             ref_kl=float(env.get("A2RL_GRPO_REF_KL") or 0.0),
+            negative_weight=float(env.get("A2RL_GRPO_NEGATIVE_WEIGHT") or 1.0),
         )
 
     def schedule(self, grpo_env_torch):
@@ -321,7 +327,7 @@ class Knobs:
         return grpo_env_torch.Schedule(epochs=self.epochs, minibatches=self.minibatches, clip_low=self.clip_low,
                                        clip_high=self.clip_high, warmup_steps=self.warmup_steps,
                                        decay_steps=self.decay_steps, kl_target=self.kl_target,
-                                       ref_kl=self.ref_kl)  # fmt: skip
+                                       ref_kl=self.ref_kl, negative_weight=self.negative_weight)  # fmt: skip
 
 
 def held_out_games(goal_ids: list[str], share: float, seed: int) -> frozenset[str]:
