@@ -258,7 +258,7 @@ class Knobs:
     ref_kl: float = 0.0
     """`A2RL_GRPO_REF_KL`: weight of a KL term to the policy RL started from (`grpo_env_torch.Schedule.ref_kl`).
     Measured at 0.1, 3 seeds, 12 updates from a 77% SFT end (BENCHMARKS.md "RL, nineteenth pass"): +2.5 hidden points
-    over the frozen policy [-1.7, +6.7], the walk held at KL ~0.05; the unanchored draw beside it (one seed) +2.2:
+    over the frozen policy [-1.7, +6.7], its KL to the start at most 0.1; the unanchored draw beside it (one seed) +2.2:
     no better shown, so off by default."""
 
     negative_weight: float = 1.0
