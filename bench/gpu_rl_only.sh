@@ -1,50 +1,63 @@
 #!/usr/bin/env bash
-# The RL-only bench on one lent GPU (issue 42), in two calls back to back; see bench/bench_rl_only.py.
+# The RL-only bench (bench/bench_rl_only.py, issue 42) on one lent GPU, detached so that it outlives the calls.
 #
-#   STASH=$HOME/rl-stash BASE=<checkout of the previous agent> bash bench/gpu_rl_only.sh a   # ~430 s
-#   STASH=$HOME/rl-stash bash bench/gpu_rl_only.sh b                                         # ~460 s
+# After the two staging calls of bench/gpu_alfworld_stage.sh's header (the model's GGUF parts and wheels in
+# $STASH), a third call carries .gpu-3 and starts everything; later calls, back to back while the machine stays
+# warm (~30 s after a call), wait on the runs and bring their rows back:
 #
-# The model's two GGUF parts and the wheels are in $STASH (copied there by earlier calls, as in
-# bench/gpu_alfworld_stage.sh). (a): peak GPU memory and seconds per update, the agent at $BASE against this
-# checkout, one after the other from this checkout's SFT checkpoint (made here: the agent's SFT data with its
-# searching demonstrations, 300 steps); GPU memory per process sampled by nvidia-smi for both,
-# torch.cuda.max_memory_allocated from this checkout's bench. (b): from that checkpoint, GRPO over rollout
-# seeds 0 1 2 and the frozen arm (one seed: its greedy scores do not depend on the rollout seed), four
-# processes on the card, in the foreground (a run detached from a call does not survive the next call: the
-# tool replaces the checkout under it).
+#   call 3, carry [".gpu-3"]:  S=$HOME/a2rl-stash; mkdir -p $S/whl3 && cp .gpu-3/whl/* $S/whl3/ && \
+#                              STASH=$S ARMS_A="grpo:A2RL_GRPO_REF_KL=0.1 grpo" bash bench/gpu_rl_only.sh detach
+#   calls 4-5:                 STASH=$HOME/a2rl-stash bash bench/gpu_rl_only.sh collect 540
+#   last call:                 STASH=$HOME/a2rl-stash bash bench/gpu_rl_only.sh collect 500 && \
+#                              tar -C $HOME/a2rl-stash -czf $OUT/rl.tgz out logs      # one file: fewer to copy back
+#
+# detach: copies this checkout outside the repository ($STASH/repo: the tool replaces the checkout under a detached
+# process at the next call), installs the wheels, starts the CUDA MPS control daemon (the processes sharing the
+# card run their kernels side by side, not in time slices), then starts, in the background, (a) SFT of the agent's
+# own data (SFT_S seconds, then ANNEAL_S at half the rate) and RL for each arm of ARMS_A over SEEDS, and (b) a
+# waiter that, once the checkpoint is saved, starts the frozen arm (`none`, one seed: its greedy scores do not
+# depend on the rollout seed) and ARMS_B (seed 0) from the same checkpoint. UPDATES updates each (default 12);
+# 8 processes at 135M fit one H200 (11-14 GiB each) and 12 updates take ~800 s beside each other.
+# collect [WAIT]: waits up to WAIT s for both benches' tables, then prints the time since the start, the logs'
+# tails, the card's memory and the processes still running. Recompute the table from the rows offline with
+# `bench_rl_only.table` (rows of out/a.arm*.jsonl and the JSON lines of logs/b.log).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-STASH=${STASH:?set STASH}
-OUT=${OUT:-$PWD/gpu-out}
-W=$STASH/work
-PARTS="$STASH/model.gguf.part00 $STASH/model.gguf.part01"
-export BENCH_SCRIPT=bench/bench_rl_only.py WHEELS="$STASH/whl" OUT
-mkdir -p "$W" "$OUT"
-UPDATES_B=${UPDATES_B:-6}
-t0=$(date +%s)
-
-if [ "$1" = a ]; then
-  BASE=${BASE:?set BASE}
-  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -l 1 > "$OUT/mem.csv" 2>/dev/null &
-  w=$!
-  bash bench/gpu_alfworld.sh $PARTS --arms grpo --seeds 0 --updates 3 --val-every 3 --val-limit 8 --test-limit 8 \
-    --work "$W" --out "$OUT/new.jsonl" > "$OUT/new.log" 2>&1
-  echo "new done at $(( $(date +%s) - t0 )) s" | tee -a "$OUT/mem.csv"
-  sft=$(ls -d "$W"/sft-*-search 2>/dev/null | head -1)
-  [ -n "$sft" ] || { echo "no SFT checkpoint made"; tail -20 "$OUT/new.log"; exit 3; }
-  (cd "$BASE" && bash bench/gpu_alfworld.sh $PARTS --sft "$sft" --arms grpo --updates 3 --val-every 3 \
-    --val-limit 8 --work "$W" --out "$OUT/old.jsonl" > "$OUT/old.log" 2>&1)
-  kill "$w"
-  echo "(a) done in $(( $(date +%s) - t0 )) s"
-else
-  bash bench/gpu_alfworld.sh --help > /dev/null 2>&1  # installs the wheels into $SITE once
-  export PYTHONPATH=${SITE:-/tmp/a2rl-site}:$PWD HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-  sft=$(ls -d "$W"/sft-*-search | head -1)
-  timeout 540 python3 bench/bench_rl_only.py $PARTS --sft "$sft" --arms grpo --seeds 0 1 2 --updates "$UPDATES_B" \
-    --val-every "$UPDATES_B" --work "$W" --out "$OUT/rl.jsonl" > "$OUT/rl.log" 2>&1 &
-  timeout 540 python3 bench/bench_rl_only.py $PARTS --sft "$sft" --arms none --seeds 0 --updates "$UPDATES_B" \
-    --val-every "$UPDATES_B" --work "$W" --out "$OUT/frozen.jsonl" > "$OUT/frozen.log" 2>&1 &
-  wait
-  tail -8 "$OUT/rl.log"
-  tail -5 "$OUT/frozen.log"
-fi
+STASH=${STASH:?set STASH (e.g. $HOME/a2rl-stash)}
+case "${1:-}" in
+detach)
+  R=$STASH/repo
+  rm -rf "$R" "$STASH/out" "$STASH/logs"; mkdir -p "$R" "$STASH/out" "$STASH/logs" "$STASH/mps-log"
+  cp -a . "$R/" && cd "$R"
+  WHEELS="$STASH/whl $STASH/whl3" SITE=$STASH/site OUT=$STASH/logs BENCH_SCRIPT=bench/bench_rl_only.py \
+    bash bench/gpu_alfworld.sh "$STASH/model.gguf.part00" --help > "$STASH/logs/install.log" 2>&1
+  grep -m1 "wheels installed\|failed\|missing" "$STASH/logs/install.log"
+  export PYTHONPATH=$STASH/site:$R HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false DO_NOT_TRACK=1
+  CUDA_MPS_LOG_DIRECTORY=$STASH/mps-log nvidia-cuda-mps-control -d && echo "MPS control daemon started"
+  parts="$STASH/model.gguf.part00 $STASH/model.gguf.part01"
+  W=$STASH/work
+  date +%s > "$STASH/logs/t0"
+  # shellcheck disable=SC2086  # the arms and parts are word lists
+  setsid nohup python3 bench/bench_rl_only.py $parts --sft-steps 100000 --sft-s "${SFT_S:-300}" \
+    --sft-anneal-s "${ANNEAL_S:-120}" --updates "${UPDATES:-12}" --val-every 4 --arms ${ARMS_A:?set ARMS_A} \
+    --seeds ${SEEDS:-0 1 2} --work "$W" --out "$STASH/out/a.jsonl" > "$STASH/logs/a.log" 2>&1 < /dev/null &
+  setsid nohup bash -c "while ! grep -q '^{\"sft\"' '$STASH/logs/a.log'; do sleep 5; done
+    ck=\$(ls -d '$W'/sft-*-steps-seed-0* | head -1); echo \"checkpoint \$ck at \$(date +%s)\"
+    python3 bench/bench_rl_only.py $parts --sft \"\$ck\" --updates ${UPDATES:-12} --val-every 4 \
+      --arms none ${ARMS_B:-} --seeds 0 --work '$W' --out '$STASH/out/b.jsonl'" > "$STASH/logs/b.log" 2>&1 < /dev/null &
+  sleep 20; tail -3 "$STASH/logs/a.log"
+  ;;
+collect)
+  wait_s=${2:-0}; t=$(date +%s)
+  ended() { grep -q "^| " "$STASH/logs/a.log" 2>/dev/null && grep -q "^| " "$STASH/logs/b.log" 2>/dev/null; }
+  while [ $(( $(date +%s) - t )) -lt "$wait_s" ] && ! ended; do sleep 10; done
+  echo "$(( $(date +%s) - $(cat "$STASH/logs/t0") )) s since the start"
+  for f in a b; do echo "== $f"; grep -v '^{"arm"' "$STASH/logs/$f.log" | tail -n 14
+    grep '^{"arm"' "$STASH/logs/$f.log" | tail -n 2 | cut -c1-400; done  # the last rows: how far the runs are
+  nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
+  echo "bench processes running: $(pgrep -fc 'python3 bench/bench_rl_only' || true)"
+  ;;
+*)
+  sed -n '2,24p' bench/gpu_rl_only.sh; exit 2
+  ;;
+esac
