@@ -14,7 +14,8 @@
 # detach: copies this checkout outside the repository ($STASH/repo: the tool replaces the checkout under a detached
 # process at the next call), installs the wheels, starts the CUDA MPS control daemon (the processes sharing the
 # card run their kernels side by side, not in time slices), then starts, in the background, (a) SFT of the agent's
-# own data (SFT_S seconds, then ANNEAL_S at half the rate) and RL for each arm of ARMS_A over SEEDS, and (b) a
+# own data (SFT_S seconds, then ANNEAL_S at half the rate; SFT_STEPS and ANNEAL_STEPS bound them by steps, so
+# that the checkpoint does not follow the card's speed) and RL for each arm of ARMS_A over SEEDS, and (b) a
 # waiter that, once the checkpoint is saved, starts the frozen arm (`none`, one seed: its greedy scores do not
 # depend on the rollout seed) and ARMS_B (seed 0) from the same checkpoint. UPDATES updates each (default 12);
 # 8 processes at 135M fit one H200 (11-14 GiB each) and 12 updates take ~800 s beside each other.
@@ -38,8 +39,8 @@ detach)
   W=$STASH/work
   date +%s > "$STASH/logs/t0"
   # shellcheck disable=SC2086  # the arms and parts are word lists
-  setsid nohup python3 bench/bench_rl_only.py $parts --sft-steps 100000 --sft-s "${SFT_S:-300}" \
-    --sft-anneal-s "${ANNEAL_S:-120}" --updates "${UPDATES:-12}" --val-every 4 --arms ${ARMS_A:?set ARMS_A} \
+  setsid nohup python3 bench/bench_rl_only.py $parts --sft-steps "${SFT_STEPS:-100000}" \
+    --sft-s "${SFT_S:-300}" --sft-anneal-s "${ANNEAL_S:-120}" --sft-anneal-steps "${ANNEAL_STEPS:-0}" --updates "${UPDATES:-12}" --val-every 4 --arms ${ARMS_A:?set ARMS_A} \
     --seeds ${SEEDS:-0 1 2} --work "$W" --out "$STASH/out/a.jsonl" > "$STASH/logs/a.log" 2>&1 < /dev/null &
   setsid nohup bash -c "while ! grep -q '^{\"sft\"' '$STASH/logs/a.log'; do sleep 5; done
     ck=\$(ls -d '$W'/sft-*-steps-seed-0* | head -1); echo \"checkpoint \$ck at \$(date +%s)\"
@@ -58,6 +59,6 @@ collect)
   echo "bench processes running: $(pgrep -fc 'python3 bench/bench_rl_only' || true)"
   ;;
 *)
-  sed -n '2,24p' bench/gpu_rl_only.sh; exit 2
+  sed -n '2,24p' bench/gpu_rl_only.sh  # the header; exit 2
   ;;
 esac

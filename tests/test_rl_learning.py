@@ -312,8 +312,8 @@ def test_the_rl_only_bench_runs_on_the_cpu(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "rl.jsonl"
     arm = "gigpo@seen:A2RL_GRPO_GOAL_DRAW=learnability"  # on the games SFT saw, with its own knob
     assert bench_rl_only.main([str(tiny_model_dir), "--smoke", "--sequential", "--arms", arm, "none",
-                               "--holdout", "0.25", "--seeds", "1", "--out", str(out),
-                               "--work", str(tmp_path / "work")]) == 0  # fmt: skip
+                               "--holdout", "0.25", "--seeds", "1", "--out", str(out), "--sft-anneal-s", "600",
+                               "--sft-anneal-steps", "1", "--work", str(tmp_path / "work")]) == 0  # fmt: skip
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     runs = [(a, 1) for a in (arm, "none")]  # a rollout seed per run (the GPU bench: 0 1 2)
     # --holdout: the frozen arm plays the held-out quarter of the 600 training games, the other arm the rest
@@ -335,6 +335,10 @@ def test_the_rl_only_bench_runs_on_the_cpu(tiny_model_dir, tmp_path, capsys):
     assert gigpo_row.count("p=") == 2 and "(n=2)" in gigpo_row  # last validation and test against the frozen arm
     assert "searching demonstration steps" in printed  # the SFT checkpoint saw the agent's own search data
     assert "150 training games held out of SFT for RL" in printed and '"held_out": 150' in printed
+    # the anneal bound by steps, not by the machine's speed, and named so
+    assert '"steps": 2' in printed and '"anneal_steps": 1,' in printed
+    made = [p.name for p in (tmp_path / "work").glob("sft-*")]
+    assert made == ["sft-2-steps-seed-0-search-holdout-0.25-anneal-600s-1-steps"], made
 
 
 # -- the loss reads the action tokens only -------------------------------------------------------------------
