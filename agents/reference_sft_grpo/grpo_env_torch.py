@@ -747,13 +747,14 @@ class GRPOEnv:
 
     def update_samples(self, rollouts: list[Rollout]) -> list[tuple[list[int], list[int], float, int]]:
         """The update's samples of a rollout batch: (prompt ids, action ids, advantage, episode) of every step with
-        a non-zero advantage, at most `max_samples` of them."""
+        a non-zero advantage (a negative one times `Schedule.negative_weight`), at most `max_samples` of them."""
         advantages = step_advantages(rollouts, self.group_size, algorithm=self.algorithm,
                                      loop_penalty=self.loop_penalty, invalid_penalty=self.invalid_penalty,
                                      gamma=self.gamma, step_weight=self.step_weight)  # fmt: skip
         down = self.schedule.negative_weight
-        samples = [(p, a, adv if adv > 0 else adv * down, e) for e, (r, advs) in enumerate(zip(rollouts, advantages))
-                   for (p, a), adv in zip(r.steps, advs) if a and (adv > 0 or adv < 0 and down)]  # fmt: skip
+        weighted = ((p, a, adv if adv > 0 else adv * down, e) for e, (r, advs) in enumerate(zip(rollouts, advantages))
+                    for (p, a), adv in zip(r.steps, advs))  # fmt: skip
+        samples = [x for x in weighted if x[2] != 0.0 and x[1]]
         if len(samples) > self.max_samples:  # a uniform subset: the same expected loss, a bounded update time
             samples = self.rng.sample(samples, self.max_samples)
         return samples

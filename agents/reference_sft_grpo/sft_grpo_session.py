@@ -265,7 +265,7 @@ class Knobs:
     """`A2RL_GRPO_NEGATIVE_WEIGHT`: share of a negative advantage that reaches the loss
     (`grpo_env_torch.Schedule.negative_weight`; 0: only the steps that beat their group push). Measured at 0, 3
     seeds, 12 updates from a 77% SFT end (BENCHMARKS.md "RL, nineteenth pass"): +0.0 hidden points over the frozen
-    policy [-4.7, +4.5], its training wins falling: 1 (every negative advantage) by default."""
+    policy [-4.7, +4.5], its training wins falling in one seed of three: 1 (every negative advantage) by default."""
 
     goal_sweep: bool = False
     """`A2RL_GRPO_SWEEP=1`: before RL's first update, play every training goal once, so that the learnability draw
