@@ -20,8 +20,9 @@
 # depend on the rollout seed) and ARMS_B (seed 0) from the same checkpoint. UPDATES updates each (default 12);
 # 8 processes at 135M fit one H200 (11-14 GiB each) and 12 updates take ~800 s beside each other.
 # collect [WAIT]: waits up to WAIT s for both benches' tables, then prints the time since the start, the logs'
-# tails, the card's memory and the processes still running. Recompute the table from the rows offline with
-# `bench_rl_only.table` (rows of out/a.arm*.jsonl and the JSON lines of logs/b.log).
+# tails, the card's memory and the processes still running. Each bench prints its own table; one table of both
+# (the arms beside the frozen one) is `bench_rl_only.table` of the rows of out/a.jsonl and out/b.jsonl (each merged
+# from its per-arm files when its runs end).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STASH=${STASH:?set STASH (e.g. $HOME/a2rl-stash)}
@@ -59,6 +60,6 @@ collect)
   echo "bench processes running: $(pgrep -fc 'python3 bench/bench_rl_only' || true)"
   ;;
 *)
-  sed -n '2,24p' bench/gpu_rl_only.sh  # the header; exit 2
+  sed -n '2,25p' bench/gpu_rl_only.sh; exit 2  # the header
   ;;
 esac
