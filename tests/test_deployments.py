@@ -243,7 +243,13 @@ def test_a2rl_deploy_auto_retry_retries_a_crashed_run_up_to_its_limit_and_is_off
         wait_for(kill_in_provision, timeout_s=300, what="attempt 2 (the automatic retry) in provision", poll_s=0.05)
         crashed = wait_for(lambda: (r := _flow_run(live.url, fr.id))["state_type"] == "CRASHED" and r, 120,
                            what="attempt 2 to be reported crashed")  # fmt: skip
-        time.sleep(15)  # no third attempt: the run has run twice, more than the limit allows
+        # No third attempt: the run has run twice, more than the limit allows. The automation answers a Crashed event
+        # with AwaitingRetry (counted below as soon as it is written, before any worker starts an attempt), and it
+        # answered the first crash (the same lease sweep's forced Crashed) that many seconds after it: 0.15 s on the
+        # 2-core machine, Prefect evaluates a reactive trigger as its event arrives. Twenty times that, never under
+        # 5 s, from the moment the crash was seen: a retry of this crash would be written by then, on a loaded
+        # machine too, whose slowness the measured reaction carries (was a fixed 15 s).
+        time.sleep(max(5.0, 20 * _auto_retry_reaction_s(live.url, fr.id)))
         after = _flow_run(live.url, fr.id)
         assert after["state_type"] == "CRASHED" and after["run_count"] == crashed["run_count"] == 2, after
         states = prefect_http.get(f"{live.url}/flow_run_states/", params={"flow_run_id": str(fr.id)}).json()
@@ -273,6 +279,19 @@ def _run_until_the_agent_trains(live: LiveServer, tiny_model_dir: Path, tmp_path
                        what="the agent session to start", run=(live.url, fr.id))  # fmt: skip
     time.sleep(3)  # the agent process is up and training
     return fr, params, ledger
+
+
+def _auto_retry_reaction_s(url: str, flow_run_id: Any) -> float:
+    """Seconds from the run's first Crashed state to the automation's AwaitingRetry that followed it."""
+    from a2rl_bench.ops import auto_retry
+
+    states = sorted(prefect_http.get(f"{url}/flow_run_states/", params={"flow_run_id": str(flow_run_id)}).json(),
+                    key=lambda s: s["timestamp"])  # fmt: skip
+    at = [datetime.fromisoformat(s["timestamp"]) for s in states]
+    first_crash = next(i for i, s in enumerate(states) if s["type"] == "CRASHED")
+    retry = next(i for i, s in enumerate(states) if (s["message"] or "").startswith(auto_retry.RETRY_MESSAGE))
+    assert retry > first_crash, states
+    return (at[retry] - at[first_crash]).total_seconds()
 
 
 def _scheduled_runs(url: str, deployment_id: Any) -> list[dict]:
