@@ -258,8 +258,9 @@ class Knobs:
     ref_kl: float = 0.0
     """`A2RL_GRPO_REF_KL`: weight of a KL term to the policy RL started from (`grpo_env_torch.Schedule.ref_kl`).
     Measured at 0.1, 3 seeds, 12 updates from a 77% SFT end (BENCHMARKS.md "RL, nineteenth pass"): +2.5 hidden points
-    over the frozen policy [-1.7, +6.7], its KL to the start at most 0.1; the unanchored draw beside it (one seed) +2.2:
-    no better shown, so off by default."""
+    over the frozen policy [-1.7, +6.7], its KL to the start at most 0.1; the unanchored draw beside it (one seed) +2.2.
+    From an 83% end, 3 seeds each ("RL, twentieth pass"): -0.7 [-4.5, +2.7] against the unanchored +1.0 [-3.7, +5.5].
+    No better shown, so off by default."""
 
     negative_weight: float = 1.0
     """`A2RL_GRPO_NEGATIVE_WEIGHT`: share of a negative advantage that reaches the loss
