@@ -24,6 +24,14 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ["A2RL_CPU_EVAL_DTYPE"] = "fp32"
 # Several torch processes share 2 cores in tests: busy-waiting OpenMP threads slow them several-fold.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Prefect 3.9 ends each flow run by joining its heartbeat thread, which sleeps in 1 s slices: every flow run in this
+# process waited up to a second for it (a trivial flow 1.26 -> 0.52 s; BENCHMARKS.md "Suite wall time, sixteenth
+# pass"). a2rl does not use Prefect's flow-run heartbeats (its own leases: docs/scale-out.md), so the flow runs of the
+# test process send none; the flow-run processes that workers start keep Prefect's default. (An environment variable
+# cannot turn them off: Prefect reads no null from one.)
+from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings  # noqa: E402
+
+temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}).__enter__()  # for the whole session
 
 
 @pytest.fixture(scope="session")
