@@ -115,11 +115,17 @@ def test_an_earlier_attempt_that_wrote_over_the_takers_lease_still_stops_and_giv
     flow_run_id = str(uuid.uuid4())
     stale = threading.Event()
     first = AttemptLease(api_url, flow_run_id, 1, lambda why: stale.set(), host="gpu-host-1")
+    # The earlier attempt renews only after the hand-written write below: a renewal of its own while the later one
+    # takes would find the take, give the lease back and stop, and the hand write would then land after it
+    # (CI, 2026-12-01, under load), which no real attempt does: all its writes come from its one renewal thread.
+    go = threading.Event()
+    first._renew = lambda: go.wait(30) and AttemptLease._renew(first)
     first.take()
     second = AttemptLease(api_url, flow_run_id, 2, lambda why: pytest.fail(why), host="gpu-host-2")
     second.take(wait=lambda s: None)
     second._stop.set()  # the taker renews no more: nothing but the record says the run was taken
     run_lease.write_lease(api_url, first._mine())  # the earlier attempt's write, landed after the take
+    go.set()
     assert stale.wait(30), "the earlier attempt never noticed"
     assert run_lease.read_lease(api_url, flow_run_id).attempt == 2  # the taker's lease, given back
     first.release()
