@@ -180,6 +180,60 @@ def test_a_busy_server_is_asked_again_briefly_and_its_lasting_answer_stands():
         httpd.shutdown()
 
 
+def test_the_ops_client_trusts_the_ca_file_and_skip_verify_prefect_is_configured_with(tmp_path):
+    """A Prefect server behind TLS with a private CA: PREFECT_API_SSL_CERT_FILE (or
+    PREFECT_API_TLS_INSECURE_SKIP_VERIFY) is what Prefect's own client trusts, and the ops client (lease renewals,
+    `a2rl status`, `a2rl retry`) must trust the same; without either it refuses the certificate. Its TLS context is
+    made once per setting, not per call (what each call cost, BENCHMARKS.md "Suite wall time, seventeenth pass")."""
+    import ssl
+
+    import httpx
+    from prefect.settings import PREFECT_API_SSL_CERT_FILE, PREFECT_API_TLS_INSECURE_SKIP_VERIFY, temporary_settings
+
+    from a2rl_bench.ops import prefect_api
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout", str(key),
+                    "-out", str(cert), "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)  # fmt: skip
+
+    class Version(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b'"3.9.1"'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Version)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"https://127.0.0.1:{httpd.server_address[1]}/api"
+    try:
+        with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            with prefect_api.client(url) as c:
+                c.api_version()
+        with temporary_settings(updates={PREFECT_API_SSL_CERT_FILE: str(cert)}):
+            for _ in range(2):
+                with prefect_api.client(url) as c:
+                    assert c.api_version() == "3.9.1"
+            assert len({id(prefect_api._tls_context()) for _ in range(3)}) == 1  # one context for the setting
+        with temporary_settings(updates={PREFECT_API_TLS_INSECURE_SKIP_VERIFY: True}):
+            with prefect_api.client(url) as c:
+                assert c.api_version() == "3.9.1"
+        with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):  # the settings' end ends it
+            with prefect_api.client(url) as c:
+                c.api_version()
+    finally:
+        httpd.shutdown()
+
+
 def test_a_server_that_accepts_but_never_answers_costs_one_timeout_not_prefects_retries():
     """`a2rl status` against a stuck server says so after its timeout: the ops client (a2rl_bench.ops.prefect_api)
     does not add Prefect's five backed-off retries (2 + 4 + 8 + 16 + 32 s) on top."""

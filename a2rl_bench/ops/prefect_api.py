@@ -13,6 +13,7 @@ pay for it.
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,8 +50,9 @@ class BusyRetries(httpx.HTTPTransport):
     BUSY_WAITS_S; anything else, a timeout included, is handed back at once. Connecting is retried as Prefect's
     own transport does (`connect_retries=3`), for a server that is restarting."""
 
-    def __init__(self, waits_s: tuple[float, ...] = BUSY_WAITS_S, connect_retries: int = 3) -> None:
-        super().__init__(retries=connect_retries)
+    def __init__(self, waits_s: tuple[float, ...] = BUSY_WAITS_S, connect_retries: int = 3,
+                 verify: ssl.SSLContext | bool = True) -> None:  # fmt: skip
+        super().__init__(retries=connect_retries, verify=verify)
         self.waits_s = waits_s
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -83,17 +85,65 @@ def client(api_url: str, timeout_s: float = TIMEOUT_S) -> Iterator[SyncPrefectCl
         yield open_one
         return
     from prefect.client.orchestration import SyncPrefectClient
-    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_KEY, PREFECT_CLIENT_MAX_RETRIES
-    from prefect.settings import temporary_settings
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_KEY
 
-    with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}):
+    with _without_client_retries():
+        tls = _tls_context()  # given to the client too, which then makes none of its own
         with SyncPrefectClient(api_url, api_key=PREFECT_API_KEY.value(), auth_string=PREFECT_API_AUTH_STRING.value(),
-                               httpx_settings={"timeout": timeout_s, "transport": BusyRetries()}) as c:  # fmt: skip
+                               httpx_settings={"timeout": timeout_s, "verify": tls,
+                                               "transport": BusyRetries(verify=tls)}) as c:  # fmt: skip
             token = _OPEN.set({**_OPEN.get(), key: c})
             try:
                 yield c
             finally:
                 _OPEN.reset(token)
+
+
+# Why the two caches below: a client made afresh cost ~155 ms of CPU on the 2-core machine (Prefect's settings copied
+# and validated ~60 ms, two TLS contexts loading certifi's bundle ~40 ms each) against ~4 ms for a read, and each lease
+# renewal made four (BENCHMARKS.md "Suite wall time, seventeenth pass").
+_DERIVED: dict[int, tuple[Any, Any]] = {}
+"""Per settings object in use (by id, the object kept so that its id is not reused): the same settings with the
+client's own retries off."""
+_TLS: dict[tuple[bool, str], ssl.SSLContext] = {}
+"""One TLS context per (skip verification, CA file), as Prefect's client makes it from its settings."""
+
+
+@contextmanager
+def _without_client_retries() -> Iterator[None]:
+    """`temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0})`, with the copy of the settings made once per settings
+    object rather than at every call (Prefect's client reads the setting at each request, so it must be in force
+    while the client is used)."""
+    from prefect.context import SettingsContext, get_settings_context
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
+
+    context = get_settings_context()
+    cached = _DERIVED.get(id(context.settings))
+    if cached is None or cached[0] is not context.settings:
+        if len(_DERIVED) >= 32:  # settings objects come and go with tests' temporary settings: keep a few
+            _DERIVED.clear()
+        cached = (context.settings, context.settings.copy_with_update(updates={PREFECT_CLIENT_MAX_RETRIES: 0}))
+        _DERIVED[id(context.settings)] = cached
+    with SettingsContext(profile=context.profile, settings=cached[1]):
+        yield
+
+
+def _tls_context() -> ssl.SSLContext:
+    """The TLS context Prefect's client would make from PREFECT_API_TLS_INSECURE_SKIP_VERIFY and
+    PREFECT_API_SSL_CERT_FILE (certifi's bundle by default), made once. The transport gets it too: a transport made
+    without it verified against certifi whatever the settings said, so a server behind a private CA could not be
+    reached by a2rl's ops calls."""
+    import certifi
+    from prefect.settings import PREFECT_API_SSL_CERT_FILE, PREFECT_API_TLS_INSECURE_SKIP_VERIFY
+
+    key = (bool(PREFECT_API_TLS_INSECURE_SKIP_VERIFY.value()), PREFECT_API_SSL_CERT_FILE.value() or certifi.where())
+    if (ctx := _TLS.get(key)) is None:
+        ctx = ssl.create_default_context() if key[0] else ssl.create_default_context(cafile=key[1])
+        if key[0]:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        ctx = _TLS.setdefault(key, ctx)
+    return ctx
 
 
 def flow_runs_json(runs: list[Any]) -> list[dict[str, Any]]:
