@@ -13,6 +13,7 @@ pay for it.
 
 from __future__ import annotations
 
+import os
 import ssl
 import time
 from collections.abc import Iterator
@@ -105,8 +106,9 @@ def client(api_url: str, timeout_s: float = TIMEOUT_S) -> Iterator[SyncPrefectCl
 _DERIVED: dict[int, tuple[Any, Any]] = {}
 """Per settings object in use (by id, the object kept so that its id is not reused): the same settings with the
 client's own retries off."""
-_TLS: dict[tuple[bool, str], ssl.SSLContext] = {}
-"""One TLS context per (skip verification, CA file), as Prefect's client makes it from its settings."""
+_TLS: dict[tuple[bool, str, int | None], ssl.SSLContext] = {}
+"""One TLS context per (skip verification, CA file, its modification time), as Prefect's client makes it from its
+settings."""
 
 
 @contextmanager
@@ -136,9 +138,14 @@ def _tls_context() -> ssl.SSLContext:
     import certifi
     from prefect.settings import PREFECT_API_SSL_CERT_FILE, PREFECT_API_TLS_INSECURE_SKIP_VERIFY
 
-    key = (bool(PREFECT_API_TLS_INSECURE_SKIP_VERIFY.value()), PREFECT_API_SSL_CERT_FILE.value() or certifi.where())
+    cafile = PREFECT_API_SSL_CERT_FILE.value() or certifi.where()
+    try:
+        stamp = os.stat(cafile).st_mtime_ns  # a CA file replaced while a long run works is read again
+    except OSError:
+        stamp = None  # no such file: made below, which raises as Prefect's client would
+    key = (bool(PREFECT_API_TLS_INSECURE_SKIP_VERIFY.value()), cafile, stamp)
     if (ctx := _TLS.get(key)) is None:
-        ctx = ssl.create_default_context() if key[0] else ssl.create_default_context(cafile=key[1])
+        ctx = ssl.create_default_context() if key[0] else ssl.create_default_context(cafile=cafile)
         if key[0]:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
