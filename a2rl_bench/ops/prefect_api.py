@@ -106,7 +106,7 @@ def client(api_url: str, timeout_s: float = TIMEOUT_S) -> Iterator[SyncPrefectCl
 _DERIVED: dict[int, tuple[Any, Any]] = {}
 """Per settings object in use (by id, the object kept so that its id is not reused): the same settings with the
 client's own retries off."""
-_TLS: dict[tuple[bool, str, int | None], ssl.SSLContext] = {}
+_TLS: dict[tuple[bool, str | None, int | None], ssl.SSLContext] = {}
 """One TLS context per (skip verification, CA file, its modification time), as Prefect's client makes it from its
 settings."""
 
@@ -131,24 +131,25 @@ def _without_client_retries() -> Iterator[None]:
 
 
 def _tls_context() -> ssl.SSLContext:
-    """The TLS context Prefect's client would make from PREFECT_API_TLS_INSECURE_SKIP_VERIFY and
-    PREFECT_API_SSL_CERT_FILE (certifi's bundle by default), made once. The transport gets it too: a transport made
-    without it verified against certifi whatever the settings said, so a server behind a private CA could not be
-    reached by a2rl's ops calls."""
-    import certifi
+    """The TLS context for PREFECT_API_TLS_INSECURE_SKIP_VERIFY and PREFECT_API_SSL_CERT_FILE, as Prefect's client
+    makes it from them (httpx's default, certifi's bundle, when neither is set), made once. The transport gets it
+    too: a transport made without it verified against the default whatever the settings said, so a server behind a
+    private CA could not be reached by a2rl's ops calls."""
     from prefect.settings import PREFECT_API_SSL_CERT_FILE, PREFECT_API_TLS_INSECURE_SKIP_VERIFY
 
-    cafile = PREFECT_API_SSL_CERT_FILE.value() or certifi.where()
+    cafile = PREFECT_API_SSL_CERT_FILE.value() or None
     try:
-        stamp = os.stat(cafile).st_mtime_ns  # a CA file replaced while a long run works is read again
+        stamp = os.stat(cafile).st_mtime_ns if cafile else None  # a CA file replaced while a long run works: read again
     except OSError:
         stamp = None  # no such file: made below, which raises as Prefect's client would
     key = (bool(PREFECT_API_TLS_INSECURE_SKIP_VERIFY.value()), cafile, stamp)
     if (ctx := _TLS.get(key)) is None:
-        ctx = ssl.create_default_context() if key[0] else ssl.create_default_context(cafile=cafile)
         if key[0]:
+            ctx = ssl.create_default_context()
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
+        else:
+            ctx = ssl.create_default_context(cafile=cafile) if cafile else httpx.create_ssl_context()
         ctx = _TLS.setdefault(key, ctx)
     return ctx
 
