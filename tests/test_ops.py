@@ -129,6 +129,15 @@ def test_server_status_without_a_server_says_how_to_start_one(tmp_path, monkeypa
     assert "a2rl server start" in capsys.readouterr().out
 
 
+def answer_json(handler: http.server.BaseHTTPRequestHandler, status: int, body: bytes) -> None:
+    """A loopback test server's JSON answer, as Prefect's server sends one."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 def test_a_busy_server_is_asked_again_briefly_and_its_lasting_answer_stands():
     """Prefect's server answers 503 while its SQLite database is locked by other writers (a sweep, a loaded
     machine): the ops client asks again within about two seconds, so `a2rl retry` or `a2rl status` does not fail on
@@ -150,11 +159,7 @@ def test_a_busy_server_is_asked_again_briefly_and_its_lasting_answer_stands():
                 seen.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode())
                 busy = len(seen) <= busy_answers
                 body = b'{"exception_message": "Service Unavailable"}' if busy else b"7"
-                self.send_response(503 if busy else 200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                answer_json(self, 503 if busy else 200, body)
 
             def log_message(self, *args):
                 pass
@@ -199,12 +204,7 @@ def test_the_ops_client_trusts_the_ca_file_and_skip_verify_prefect_is_configured
 
     class Version(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            body = b'"3.9.1"'
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            answer_json(self, 200, b'"3.9.1"')
 
         def log_message(self, *args):
             pass
