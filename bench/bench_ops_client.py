@@ -13,7 +13,6 @@ import argparse
 import os
 import socket
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -23,6 +22,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class OnePass:
+    """The renewal loop's stop event, letting exactly one pass of `AttemptLease._renew` through."""
+
+    def __init__(self) -> None:
+        self._waits = iter((False, True))
+
+    def wait(self, timeout_s: float) -> bool:
+        return next(self._waits)
+
+    def set(self) -> None:  # the loop stops itself on a stale verdict: nothing more to do here
+        pass
 
 
 def thread_cpu_ms(fn, n: int) -> float:
@@ -54,13 +66,9 @@ def main() -> None:
         lease.take()
         lease._stop.set()  # its own thread stops; the cycles below are run here, one at a time
         lease._thread.join()
-        one = threading.Event()
 
-        def cycle() -> None:  # one pass of the renewal loop: _renew with a stop event that lets one pass through
-            lease._stop = one
-            one.clear()
-            waits = iter((False, True))
-            lease._stop.wait = lambda s: next(waits)  # type: ignore[method-assign]
+        def cycle() -> None:
+            lease._stop = OnePass()
             lease._renew()
 
         cycle_ms = thread_cpu_ms(cycle, args.cycles)
