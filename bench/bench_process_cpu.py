@@ -55,11 +55,11 @@ def read_proc(pid: str) -> tuple[tuple[int, int], str, float] | None:
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
-    except OSError:
+        comm, rest = stat[stat.index("(") + 1 :].rsplit(")", 1)
+        fields = rest.split()
+        return (int(pid), int(fields[19])), comm, (int(fields[11]) + int(fields[12])) / TICK
+    except (OSError, ValueError, IndexError):  # gone, or caught half-way out: the next sweep has no more of it
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-    return (int(pid), int(fields[19])), comm, (int(fields[11]) + int(fields[12])) / TICK
 
 
 def record(out: str, command: list[str], period_s: float) -> int:
