@@ -7,10 +7,12 @@ does. Nothing here is a stand-in: server and worker are a2rl's (Prefect's, with 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +45,46 @@ class LiveServer:
         return prefect_local.start_worker(self.url, home=self.home, queues=("default",), env=FAST_POLLING)
 
     def start_server(self) -> prefect_local.ManagedProcess:
-        return prefect_local.start_server(port=self.port, home=self.home, env=SERVER_ENV)
+        return start_sqlite_server(self.home, port=self.port, env=SERVER_ENV)
+
+
+def start_sqlite_server(home: Path, **kwargs: Any) -> prefect_local.ManagedProcess:
+    """`prefect_local.start_server` on `home`'s own SQLite database, a fresh home's given the one this test process's
+    first such server migrated (`seed_migrated_db`, `keep_migrated_db`)."""
+    seed_migrated_db(home)
+    server = prefect_local.start_server(home=home, **kwargs)
+    keep_migrated_db(home)
+    return server
+
+
+def migrated_db_template() -> Path:
+    """Where this test process keeps a Prefect database as its first local server had it when it answered: in the
+    session's folder (A2RL_HOME's parent, tests/conftest.py), never a user's."""
+    return Path(os.environ["A2RL_HOME"]).parent / "prefect-db-template.sqlite"
+
+
+def seed_migrated_db(home: Path) -> None:
+    """A fresh PREFECT_HOME gets a copy of the migrated database, so that its server skips Alembic's migrations of
+    an empty one (every migration since 2022, the same schema each time: ~7 CPU s and ~8 s of a module's set-up;
+    BENCHMARKS.md "Suite wall time, nineteenth pass"). A home with a database keeps it. The server's start from an
+    empty database stays covered: the test harness's server, `a2rl run`'s own ephemeral one (test_benchmark_run,
+    test_cli_first_hour), test_servers, and the first server here."""
+    template, db = migrated_db_template(), home / "prefect.db"
+    if template.exists() and not db.exists():
+        home.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(template, db)
+
+
+def keep_migrated_db(home: Path) -> None:
+    """After a server on `home` answered and before anything was deployed: its database becomes the template if
+    there is none yet (SQLite's online backup, a consistent copy while the server writes)."""
+    template, db = migrated_db_template(), home / "prefect.db"
+    if template.exists() or not db.exists():
+        return
+    part = template.with_name(f"{template.name}.{os.getpid()}.part")
+    with closing(sqlite3.connect(db)) as source, closing(sqlite3.connect(part)) as copy:
+        source.backup(copy)
+    part.replace(template)
 
 
 @contextmanager

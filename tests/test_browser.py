@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from live_server import free_port
+from live_server import free_port, keep_migrated_db, seed_migrated_db
 import prefect_http
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,8 +53,10 @@ def served_run(tmp_path_factory, tiny_model_dir):
             "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
             "A2RL_SFT_TRAIN_S": "4", "A2RL_SFT_MAX_STEPS": "4", "A2RL_SFT_BATCH_SIZE": "4",
             "A2RL_SFT_MAX_LENGTH": "512"}  # fmt: skip
+    seed_migrated_db(tmp / "prefect")
     up = a2rl_bench(["server", "start", "--port", str(port), "--no-worker"], env, timeout=300)
     assert up.returncode == 0, up.stdout + up.stderr
+    keep_migrated_db(tmp / "prefect")
     try:
         env["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
         results = tmp / "a.duckdb"

@@ -380,13 +380,15 @@ def test_server_start_on_another_port_serves_a_ui_that_talks_to_its_own_api(tmp_
     """Issue #36: on --port 4277 the UI's settings named port 4200 and the UI could not reach its API."""
     import httpx
 
-    from live_server import free_port
+    from live_server import free_port, keep_migrated_db, seed_migrated_db
 
     port = free_port()
     env = cli_env(tmp_path)
     try:
+        seed_migrated_db(Path(env["PREFECT_HOME"]))
         proc = a2rl_cli(["server", "start", "--port", str(port), "--no-worker"], env, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
+        keep_migrated_db(Path(env["PREFECT_HOME"]))
         settings = httpx.get(f"http://127.0.0.1:{port}/ui-settings", timeout=10).json()
         assert settings["api_url"] == f"http://127.0.0.1:{port}/api"
         assert httpx.get(f"{settings['api_url']}/health", timeout=10).status_code == 200

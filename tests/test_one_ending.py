@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from a2rl_bench.ops import prefect_local, run_lease
-from tests.live_server import SERVER_ENV, family, free_port
+from tests.live_server import SERVER_ENV, family, free_port, start_sqlite_server
 from tests.live_server import flow_run as _flow_run
 from tests.live_server import set_state as _set_state
 from tests.live_server import wait_for as _wait_for
@@ -49,7 +49,7 @@ class Server:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory) -> Iterator[Server]:
     home = tmp_path_factory.mktemp("one-ending") / "prefect"
-    proc = prefect_local.start_server(port=free_port(), home=home, env={**SERVER_ENV, **LEASE}, timeout_s=300)
+    proc = start_sqlite_server(home, port=free_port(), env={**SERVER_ENV, **LEASE}, timeout_s=300)
     try:
         yield Server(proc.url, proc.pid)
     finally:
