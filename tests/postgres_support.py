@@ -74,6 +74,16 @@ class LocalPostgres:
         self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", self.USER, name, timeout_s=60)
         return self.url(name)
 
+    def dump(self, database: str) -> str:
+        """The database's schema and rows as SQL (`pg_dump`, plain format, no owners or grants): what `load` takes."""
+        return self._run("pg_dump", "-h", "127.0.0.1", "-p", str(self.port), "-U", self.USER, "--no-owner",
+                         "--no-privileges", database, timeout_s=120)  # fmt: skip
+
+    def load(self, database: str, sql: str) -> None:
+        """Run `sql` (a `dump`) into `database` with psql, stopping at the first error."""
+        self._run("psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", self.USER, "-d", database, "-q",
+                  "-v", "ON_ERROR_STOP=1", "-f", "-", timeout_s=120, stdin=sql)  # fmt: skip
+
     def url(self, database: str, driver: str = "postgresql+asyncpg") -> str:
         return f"{driver}://{self.USER}@127.0.0.1:{self.port}/{database}"
 
@@ -104,11 +114,12 @@ class LocalPostgres:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _run(self, program: str, *args: str, timeout_s: float) -> str:
+    def _run(self, program: str, *args: str, timeout_s: float, stdin: str | None = None) -> str:
         cmd = [str(self.bin / program), *args]
         owner = self._owner
+        # Text over pipes, not files: under root the programs run as `postgres`, which cannot read the caller's folders.
         out = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout_s, cwd=self.root, start_new_session=True,
+            cmd, capture_output=True, text=True, timeout=timeout_s, cwd=self.root, start_new_session=True, input=stdin,
             user=owner.pw_uid if owner else None, group=owner.pw_gid if owner else None,
             extra_groups=[] if owner else None, env={**os.environ, "PGTZ": "UTC", "LC_ALL": "C"},
         )  # fmt: skip
