@@ -3,10 +3,11 @@ PREFECT_HOME against one whose SQLite database is a copy of one a server had alr
 servers now start (`tests/live_server.py`: `seed_migrated_db`). Wall seconds until /api/health answers and the
 server's CPU seconds (its process tree, user + system) at that moment; the two cases alternate.
 
-With --postgres, the same on a throwaway PostgreSQL cluster (tests/postgres_support.py): a new database `prefect`
-that the server migrates, against one given the SQL dump of a migrated one first (`tests/live_server.py`:
-`start_postgres_server`). There the wall includes `createdb` and the dump's load, and the CPU seconds add
-PostgreSQL's (the postmaster and its backends) and psql's to the server's.
+With --postgres, the same on a throwaway PostgreSQL cluster (tests/postgres_support.py): a new database that the
+server migrates, against one given a SQL dump of a migrated one first (measured, not used by the suite: BENCHMARKS.md
+"Suite wall time, nineteenth pass"). There the wall includes `createdb` and the dump's load, and the CPU seconds add
+PostgreSQL's (the postmaster and the backends it reaped) to the server's; the clients' (createdb, psql) are left out:
+this process's reaped-children count would also take in the Prefect servers that an earlier start left to reap.
 
     python bench/bench_server_start.py --repeats 3
     python bench/bench_server_start.py --repeats 3 --postgres
@@ -15,7 +16,6 @@ PostgreSQL's (the postmaster and its backends) and psql's to the server's.
 from __future__ import annotations
 
 import argparse
-import resource
 import shutil
 import socket
 import statistics
@@ -51,13 +51,9 @@ def _tree_cpu(pid: int) -> float:
 
 
 def _postgres_cpu(pg: LocalPostgres) -> float:
-    """The cluster's CPU s so far: the postmaster, its live children and the backends it reaped; and this process's
-    reaped children (createdb, psql)."""
+    """The cluster's CPU s so far: the postmaster, its live children and the backends it reaped."""
     postmaster = psutil.Process(int((pg.data / "postmaster.pid").read_text().split()[0]))
-    own = postmaster.cpu_times()
-    ours = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (sum(own[:4]) + sum(_cpu(p) for p in postmaster.children(recursive=True))
-            + ours.ru_utime + ours.ru_stime)  # fmt: skip
+    return sum(postmaster.cpu_times()[:4]) + sum(_cpu(p) for p in postmaster.children(recursive=True))
 
 
 def start_once(home: Path, pg: LocalPostgres | None = None, dump: str | None = None) -> tuple[float, float]:
