@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,9 @@ _cpu_by_test: dict[str, float] = {}
 """Machine CPU seconds per test (setup, call and teardown): `make test` prints the largest at its end, since the
 suite's time on a 2-core machine is bounded by its CPU seconds whatever runs in parallel (BENCHMARKS.md, suite
 passes)."""
+_wall_by_test: dict[str, float] = {}
+"""Wall seconds per test (setup, call and teardown): beside its CPU seconds, the time it left the machine's cores
+idle (waits, polls, timeouts), which a shorter wait takes off the suite's wall without a CPU second less."""
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -140,7 +144,7 @@ def pytest_runtest_protocol(item, nextitem):
     takes the machine's CPU seconds over the test (`_cpu_by_test`)."""
     import traceback
 
-    before = _machine_cpu_s()
+    before, started = _machine_cpu_s(), time.monotonic()
     try:
         return (yield)
     except BaseException as e:
@@ -149,6 +153,7 @@ def pytest_runtest_protocol(item, nextitem):
         raise
     finally:
         after = _machine_cpu_s()
+        _wall_by_test[item.nodeid] = time.monotonic() - started
         if before is not None and after is not None:
             _cpu_by_test[item.nodeid] = after - before
 
@@ -170,6 +175,12 @@ def pytest_terminal_summary(terminalreporter):
     write("largest tests:")
     for nodeid, seconds in sorted(_cpu_by_test.items(), key=lambda kv: -kv[1])[:25]:
         write(f"{seconds:9.1f}s cpu  {nodeid}")
+    cores = os.cpu_count() or 1
+    idle = {nodeid: cores * _wall_by_test[nodeid] - cpu
+            for nodeid, cpu in _cpu_by_test.items() if nodeid in _wall_by_test}
+    write(f"most core-seconds left idle (cores x wall - machine CPU, {cores} cores; waits rather than work):")
+    for nodeid, seconds in sorted(idle.items(), key=lambda kv: -kv[1])[:15]:
+        write(f"{seconds:9.1f}s idle  {_wall_by_test[nodeid]:7.1f}s wall  {_cpu_by_test[nodeid]:7.1f}s cpu  {nodeid}")
 
 
 def pytest_sessionfinish(session, exitstatus):
