@@ -26,7 +26,7 @@ from typing import Any
 import duckdb
 import pytest
 
-from a2rl_bench.ops import auto_retry, prefect_local, run_lease
+from a2rl_bench.ops import auto_retry, gpu_slots, prefect_local, run_lease
 from tests.postgres_support import LocalPostgres, free_port
 from tests.live_server import FAST_POLLING, SERVER_ENV, SMALL_AGENT, plain_host, postgres_or_skip
 from tests.live_server import family as _family
@@ -233,6 +233,15 @@ def test_a_nightly_sweep_over_three_plain_hosts_survives_a_dead_host_and_a_kille
     # The server's state is in PostgreSQL, and `a2rl status` reads it: every run of the last sweep.
     assert int(cluster.pg.psql("prefect", "SELECT count(*) FROM flow_run")) >= 6
     monkeypatch.setenv("PREFECT_HOME", str(cluster.server_home))
+    # The dead host's slot (and the killed run's) is freed once its lease, last renewed before the kill, expires
+    # and the server's repossessor next looks: on a fast machine the sweep, the merge and the second sweep are over
+    # sooner than that (~55 s after the kill on 2026-12-02, where `a2rl status` still rightly showed a slot held).
+    from prefect.settings import get_current_settings
+
+    repossessor_s = get_current_settings().server.services.repossessor.loop_seconds  # the server's too (15 s)
+    free_by = t_dead + gpu_slots.LEASE_S + repossessor_s + 45.0
+    _wait_for(lambda: (limit := gpu_slots.read_limit(cluster.url)) is not None and limit.active_slots == 0,
+              timeout_s=max(1.0, free_by - time.monotonic()), what="the dead runs' GPU slots to be freed")
     assert main(["status", "--results", str(central)]) == 0
     status = capsys.readouterr().out
     assert f"server {cluster.url}: up, its database answers" in status and dead_run in status
