@@ -13,7 +13,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,11 @@ SMALL_AGENT = {"A2RL_SFT_MAX_STEPS": "4", "A2RL_SFT_BATCH_SIZE": "4", "A2RL_SFT_
                "A2RL_SFT_TRAIN_S": "5", "A2RL_SFT_LR": "5e-3"}  # fmt: skip
 # A run waiting for a GPU slot asks again after at most this many seconds (default 30).
 SERVER_ENV = {"PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS": "2"}
+# Lease times an operator may set (docs/scale-out.md §4), shortened for the modules whose tests are not about the
+# default lease: an attempt that stopped renewing is Crashed ~11 s after its last renewal instead of ~32-35 s (two
+# such waits were 65 of the auto-retry test's 105 s). The attempts keep their defaults (a renewal every 5 s).
+# test_multihost, test_outages and the kill matrix keep the defaults: their waits are what they test.
+SHORT_LEASE = {"A2RL_LEASE_S": "10", "A2RL_LEASE_SWEEP_S": "1"}
 FINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
 
 
@@ -39,13 +44,14 @@ class LiveServer:
     url: str
     home: Path
     port: int
+    server_env: dict[str, str] = field(default_factory=lambda: dict(SERVER_ENV))
 
     def start_worker(self) -> prefect_local.ManagedProcess:
         # Only the `default` queue: the nightly sweep (queue `sweeps`) must not start if the tests run at 2 am.
         return prefect_local.start_worker(self.url, home=self.home, queues=("default",), env=FAST_POLLING)
 
     def start_server(self) -> prefect_local.ManagedProcess:
-        return start_sqlite_server(self.home, port=self.port, env=SERVER_ENV)
+        return start_sqlite_server(self.home, port=self.port, env=self.server_env)
 
 
 def start_sqlite_server(home: Path, **kwargs: Any) -> prefect_local.ManagedProcess:
@@ -88,13 +94,13 @@ def keep_migrated_db(home: Path) -> None:
 
 
 @contextmanager
-def live_server(home: Path) -> Iterator[LiveServer]:
-    """The server (own PREFECT_HOME), the deployments of prefect.yaml, one process worker; on exit both are
-    stopped and nothing they started may be left."""
+def live_server(home: Path, server_env: dict[str, str] = SERVER_ENV) -> Iterator[LiveServer]:
+    """The server (own PREFECT_HOME, `server_env` in its environment), the deployments of prefect.yaml, one process
+    worker; on exit both are stopped and nothing they started may be left."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     port = free_port()
-    live = LiveServer(prefect_local.api_url_of("127.0.0.1", port), home, port)
+    live = LiveServer(prefect_local.api_url_of("127.0.0.1", port), home, port, dict(server_env))
     pids = [live.start_server().pid]
     try:
         prefect_local.deploy(live.url)

@@ -23,7 +23,8 @@ import pytest
 from a2rl_bench.ops import prefect_local
 from a2rl_bench.grading.ledger import read_ledger
 from a2rl_bench.run_options import nest_parameters
-from live_server import SMALL_AGENT, LiveServer, kill_worker_host, ledger_with, live_server, wait_for
+from live_server import SERVER_ENV, SHORT_LEASE, SMALL_AGENT, LiveServer, kill_worker_host, ledger_with, live_server
+from live_server import wait_for
 from live_server import final_run as _final_run
 from live_server import flow_run as _flow_run
 from live_server import set_state as _set_state
@@ -34,8 +35,9 @@ pytestmark = pytest.mark.prefect_server
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory) -> Iterator[LiveServer]:
-    """One Prefect server (own PREFECT_HOME), the deployments of prefect.yaml, one process worker."""
-    with live_server(tmp_path_factory.mktemp("prefect-server")) as server:
+    """One Prefect server (own PREFECT_HOME), the deployments of prefect.yaml, one process worker; the server's
+    lease times shortened (`SHORT_LEASE`): the crashes here are found by the lease, its length is not under test."""
+    with live_server(tmp_path_factory.mktemp("prefect-server"), {**SERVER_ENV, **SHORT_LEASE}) as server:
         yield server
 
 

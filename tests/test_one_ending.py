@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from a2rl_bench.ops import prefect_local, run_lease
-from tests.live_server import SERVER_ENV, family, free_port, start_sqlite_server
+from tests.live_server import SERVER_ENV, SHORT_LEASE, family, free_port, start_sqlite_server
 from tests.live_server import flow_run as _flow_run
 from tests.live_server import set_state as _set_state
 from tests.live_server import wait_for as _wait_for
@@ -34,7 +34,7 @@ import prefect_http
 
 pytestmark = pytest.mark.prefect_server
 
-LEASE = {"A2RL_LEASE_S": "10", "A2RL_LEASE_SWEEP_S": "1", "A2RL_LEASE_UNCLAIMED_S": "5"}
+LEASE = {**SHORT_LEASE, "A2RL_LEASE_UNCLAIMED_S": "5"}
 """The server's lease times for these tests: dead after 10 s of heard silence, unclaimed after 5 s."""
 STALL_S = 35.0
 """How long the server is stopped: more than three lease lengths."""
