@@ -32,10 +32,13 @@ SMALL_AGENT = {"A2RL_SFT_MAX_STEPS": "4", "A2RL_SFT_BATCH_SIZE": "4", "A2RL_SFT_
 # A run waiting for a GPU slot asks again after at most this many seconds (default 30).
 SERVER_ENV = {"PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS": "2"}
 # Lease times an operator may set (docs/scale-out.md §4), shortened for the modules whose tests are not about the
-# default lease: an attempt that stopped renewing is Crashed ~11 s after its last renewal instead of ~32-35 s (two
-# such waits were 65 of the auto-retry test's 105 s). The attempts keep their defaults (a renewal every 5 s).
-# test_multihost, test_outages and the kill matrix keep the defaults: their waits are what they test.
+# default lease: the server finds an attempt that stopped renewing ~11 s after its last renewal instead of ~32-35 s
+# (two such waits were 65 of the auto-retry test's 105 s). test_multihost, test_outages and the kill matrix keep the
+# defaults: their waits are what they test.
 SHORT_LEASE = {"A2RL_LEASE_S": "10", "A2RL_LEASE_SWEEP_S": "1"}
+# The runs' side of it (their job variables' env): a renewal every 2 s, so that a short lease still spans five
+# renewals, as the default 30 s spans six of 5 s, and one late renewal on a loaded machine is not a death.
+SHORT_LEASE_RUNS = {"A2RL_LEASE_RENEW_S": "2"}
 FINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
 
 

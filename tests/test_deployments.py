@@ -23,7 +23,8 @@ import pytest
 from a2rl_bench.ops import prefect_local
 from a2rl_bench.grading.ledger import read_ledger
 from a2rl_bench.run_options import nest_parameters
-from live_server import SERVER_ENV, SHORT_LEASE, SMALL_AGENT, LiveServer, kill_worker_host, ledger_with, live_server
+from live_server import SERVER_ENV, SHORT_LEASE, SHORT_LEASE_RUNS, SMALL_AGENT, LiveServer, kill_worker_host
+from live_server import ledger_with, live_server
 from live_server import wait_for
 from live_server import final_run as _final_run
 from live_server import flow_run as _flow_run
@@ -31,6 +32,9 @@ from live_server import set_state as _set_state
 import prefect_http
 
 pytestmark = pytest.mark.prefect_server
+
+RUN_ENV = {**SMALL_AGENT, **SHORT_LEASE_RUNS}
+"""The runs' environment: a small agent, and lease renewals as often as the server's shortened lease needs."""
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +184,7 @@ def test_a_sweep_runs_one_agent_session_at_a_time_with_one_gpu_slot(live, tiny_m
         run=RunConfig(budget_s=20, base_model=str(tiny_model_dir), val_limit=2, test_limit=2),
         matrix=SweepMatrix(seeds=[0, 1]),
         options=RunOptions(results=tmp_path / "results.duckdb", runs_dir=tmp_path / "runs", grace_s=5),
-        gpu_slots=1, job_variables={"env": SMALL_AGENT}, poll_s=2, watch_timeout_s=420,
+        gpu_slots=1, job_variables={"env": RUN_ENV}, poll_s=2, watch_timeout_s=420,
     )  # fmt: skip
     items = sweep(config)
     assert [i.status for i in items] == ["completed", "completed"], [(i.label, i.state, i.detail) for i in items]
@@ -228,7 +232,7 @@ def test_a2rl_deploy_auto_retry_retries_a_crashed_run_up_to_its_limit_and_is_off
                       runs_dir=str(tmp_path / "runs"), val_limit=2, test_limit=2, grace_s=5,
                       max_submissions=1)  # fmt: skip
         fr = run_deployment("benchmark-run/benchmark-run", parameters=nest_parameters(params),
-                            job_variables={"env": SMALL_AGENT}, timeout=0)  # fmt: skip
+                            job_variables={"env": RUN_ENV}, timeout=0)  # fmt: skip
         killed: list[int] = []
 
         def kill_in_provision() -> bool:
@@ -276,7 +280,7 @@ def _run_until_the_agent_trains(live: LiveServer, tiny_model_dir: Path, tmp_path
     params = dict(base_model=str(tiny_model_dir), budget_s=30, results=str(tmp_path / "results.duckdb"),
                   runs_dir=str(tmp_path / "runs"), val_limit=2, test_limit=2, grace_s=5)  # fmt: skip
     fr = run_deployment("benchmark-run/benchmark-run", parameters=nest_parameters(params),
-                        job_variables={"env": SMALL_AGENT}, timeout=0)  # fmt: skip
+                        job_variables={"env": RUN_ENV}, timeout=0)  # fmt: skip
     ledger = wait_for(lambda: ledger_with(tmp_path / "runs", fr.id.hex[:8], '"session-start"'), timeout_s=240,
                        what="the agent session to start", run=(live.url, fr.id))  # fmt: skip
     time.sleep(3)  # the agent process is up and training
