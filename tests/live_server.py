@@ -13,7 +13,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,8 @@ class LiveServer:
     url: str
     home: Path
     port: int
-    server_env: dict[str, str] = field(default_factory=lambda: dict(SERVER_ENV))
+    server_env: dict[str, str]
+    """The server's environment beside this process's (`SERVER_ENV`, with `SHORT_LEASE` where a module asks)."""
 
     def start_worker(self) -> prefect_local.ManagedProcess:
         # Only the `default` queue: the nightly sweep (queue `sweeps`) must not start if the tests run at 2 am.

@@ -24,8 +24,7 @@ from a2rl_bench.ops import prefect_local
 from a2rl_bench.grading.ledger import read_ledger
 from a2rl_bench.run_options import nest_parameters
 from live_server import SERVER_ENV, SHORT_LEASE, SHORT_LEASE_RUNS, SMALL_AGENT, LiveServer, kill_worker_host
-from live_server import ledger_with, live_server
-from live_server import wait_for
+from live_server import ledger_with, live_server, wait_for
 from live_server import final_run as _final_run
 from live_server import flow_run as _flow_run
 from live_server import set_state as _set_state
