@@ -314,9 +314,11 @@ def test_progress_display_and_mode_breaches_on_a_terminal(prefect_harness, tiny_
     for shown in ("evaluating the base model", "agent session", "graded: #1",
                   "1 submission(s) broke the mode", f"mode rl-only: {n} of {n} submissions BROKE THE MODE"):
         assert shown in screen, shown
-    # The baseline's item count on screen: its two items can finish, and the session begin, between two frames (on
-    # the fast machine of 2026-12-02 the screen went from 0/2 to the session), so any count of the two will do.
+    # The baseline's item count on screen, and once done, its row stays through the session (its two items can
+    # finish, and the session begin, between two frames: on the fast machine of 2026-12-02 the screen went from
+    # 0/2 to the session).
     assert re.search(r"\b[0-2]/2 items \(validation\+test\)", screen), "the baseline's item count"
+    assert "2/2 items, done: validation" in screen, "the finished baseline's row"
     assert f"| mode breaches (mode rl-only) | **{n}** of {n} submissions |" in (Path(harness) / "report.md").read_text()
     table = a2rl_cli(["status", "--results", str(results)], env).stdout
     assert "mode_breaches" in table and f"│ rl-only │ {n} " in table
@@ -665,6 +667,39 @@ def test_the_live_display_fits_80_columns_with_its_labels_whole(tmp_path):
     labels = [line[:12].strip() for line in lines]
     assert {"run", "phase", "elapsed", "baseline", "agent"} <= set(labels), labels
     assert "4/48 items (validation)" in out.getvalue()
+
+
+def test_the_finished_baseline_stays_on_the_display_with_its_validation_score_only(tmp_path):
+    """After its phase the baseline's count vanished, often before a frame showed it complete; it now stays, with
+    the score the agent's submissions must beat. The test split's score is not on screen before the report."""
+    import io
+    import json
+
+    from rich.console import Console
+
+    from a2rl_bench.cli.display import RunDisplay
+    from a2rl_bench.ops.progress import ProgressWriter, read_snapshot
+
+    harness = tmp_path / "harness"
+    harness.mkdir()
+    writer = ProgressWriter("gsm8k-reference-sft-0d4720-7c9ed3c8", harness, budget_s=120)
+    writer.update(phase="baseline", baseline_total=48, baseline_done=0, baseline_split="validation+test")
+
+    def screen() -> str:
+        out = io.StringIO()
+        Console(file=out, width=80).print(RunDisplay(tmp_path / "none")._render(read_snapshot(harness / "progress.json")))
+        return out.getvalue()
+
+    assert "items, done" not in screen()  # still counting
+    with (harness / "ledger.jsonl").open("w") as f:
+        for seq, (split, score) in enumerate([("validation", 12.5), ("test", 71.875)]):
+            f.write(json.dumps({"seq": seq, "kind": "baseline", "run_id": "r", "split": split, "score": score}) + "\n")
+    writer.update(phase="agent_session", baseline_done=48, baseline_split=None)
+    shown = screen()
+    assert "48/48 items, done: validation 12.5" in shown, shown
+    assert "71.9" not in shown and "71.8" not in shown
+    writer.update(phase="final_grading")
+    assert "48/48 items, done: validation 12.5" in screen()
 
 
 def test_building_a_model_draws_no_progress_bars_over_the_display(tmp_path, capfd):

@@ -109,6 +109,12 @@ class RunDisplay:
         step = f": {p.step}" if p.step else ""
         grid.add_row("phase", Text(f"{PHASE_LABELS.get(p.phase, p.phase)}{step} ({in_phase:.0f} s)", style="cyan"))
         grid.add_row("elapsed", self._elapsed())
+        if p.phase != "baseline" and p.baseline_total and p.baseline_done >= p.baseline_total:
+            # The finished baseline stays on screen with the score to beat: its last items can finish between two
+            # frames, and the count would otherwise vanish with its phase before it read complete.
+            score = f": validation {snap.baseline_val:.1f}" if snap.baseline_val is not None else ""
+            total = p.baseline_total
+            grid.add_row("baseline", f"{_bar(total, total)} {total}/{total} items, done{score}")
         for c in self._counts.counts(snap):
             split = f" ({p.baseline_split})" if c.label == "baseline" and p.baseline_split else ""
             grid.add_row(c.label, f"{_bar(c.done, c.total)} {c.done}/{c.total} items{split}, {c.left}")

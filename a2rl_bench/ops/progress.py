@@ -284,6 +284,9 @@ class Snapshot:
     llm: LLMTally | None = None
     grading_id: int | None = None
     """The submission the grader works on (the oldest queued one)."""
+    baseline_val: float | None = None
+    """The base model's validation score, once recorded: the bar the agent's submissions are graded against (the
+    agent hears it too). Its test score is not read here: the display has no use for it before the report."""
 
 
 def read_snapshot(progress_path: Path) -> Snapshot | None:
@@ -341,6 +344,9 @@ def _read_submissions(ledger: Path, snap: Snapshot) -> None:
             entry = json.loads(line)
         except ValueError:
             continue  # a line being written
+        if entry.get("kind") == "baseline" and entry.get("split") == "validation":
+            score = entry.get("score")
+            snap.baseline_val = float(score) if isinstance(score, (int, float)) else snap.baseline_val
         if entry.get("kind") == "submission" and entry.get("submission_id") is not None:
             latest[entry["submission_id"]] = entry
             if breaks_mode(entry.get("detail")):
