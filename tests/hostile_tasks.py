@@ -1,4 +1,5 @@
-"""Tasks whose evaluation misbehaves, for tests of the evaluation process's supervision and memory limit.
+"""Tasks whose evaluation misbehaves, for tests of the evaluation process's supervision and memory limit (and one
+that only reports how its process was set up).
 
 The evaluation process rebuilds a task from its class (`module:Class`), so these live in an importable module.
 Their episodes never load the model: they sleep (and start a child that sleeps), or allocate memory.
@@ -61,3 +62,15 @@ class HoggingTask(_Misbehaving):
     def run_episodes(self, model_dir: Path, items, batch_size: int, on_done=None):
         held = [bytearray(64 << 20) for _ in range(64)]
         return [self.score_item(item, str(len(held))) for item in items]
+
+
+@dataclass
+class ThreadsTask(_Misbehaving):
+    """Scores nothing; each item's completion is the evaluation process's torch thread count."""
+
+    id: str = "threads"
+
+    def run_episodes(self, model_dir: Path, items, batch_size: int, on_done=None):
+        import torch
+
+        return [self.score_item(item, str(torch.get_num_threads())) for item in items]

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from a2rl_bench.inference.evaluation import EvalSpec, EvaluationFailed, evaluate_in_subprocess
+from a2rl_bench.inference.evaluation import EvalSpec, EvaluationFailed, eval_env, evaluate_in_subprocess
 from a2rl_bench.isolation import procs
-from tests.hostile_tasks import HoggingTask
+from tests.hostile_tasks import HoggingTask, ThreadsTask
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,6 +98,27 @@ def test_the_caller_learns_the_evaluation_process_and_its_limit(tiny_model_dir, 
     assert len(started) == 1 and started[0].start_ticks > 0
     assert "1.5 GiB via" in started[0].memory_limit
     assert not procs.alive(started[0].pid, started[0].start_ticks)
+
+
+def test_a_small_models_evaluation_runs_one_thread_and_a_real_models_the_default(tiny_model_dir, tmp_path,
+                                                                                  monkeypatch):  # fmt: skip
+    """A ~100k-parameter model's ops are too small to split: its evaluation process runs one OpenMP thread (two
+    only added a wake-up per op: ~0.45 s of a 2 s evaluation), unless the operator set OMP_NUM_THREADS; a model
+    of SmolLM2-135M's size, or one on a GPU, keeps torch's default."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    result = evaluate_in_subprocess(tiny_model_dir, EvalSpec.of(ThreadsTask(), "offline", "validation"), timeout_s=300)
+    assert {item.completion for item in result.items} == {"1"}
+    assert eval_env(tiny_model_dir)["OMP_NUM_THREADS"] == "1"
+    smollm2 = tmp_path / "smollm2-135m"
+    smollm2.mkdir()
+    (smollm2 / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+        "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152, "tie_word_embeddings": True}))
+    assert "OMP_NUM_THREADS" not in eval_env(smollm2)
+    assert "OMP_NUM_THREADS" not in eval_env(tiny_model_dir, device="0")  # a GPU evaluation
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert eval_env(tiny_model_dir)["OMP_NUM_THREADS"] == "3"
 
 
 def test_start_tells_the_caller_each_process_it_began():

@@ -341,12 +341,33 @@ def eval_memory_bytes(model_dir: Path) -> int:
     return int(min(need + EVAL_HEADROOM_BYTES, 0.9 * total))
 
 
+ONE_THREAD_BELOW_PARAMS = 10_000_000
+"""A CPU evaluation of a model with fewer parameters runs one OpenMP thread (unless OMP_NUM_THREADS is set): its
+products are too small to split, and a second thread only adds a wake-up per op (a ~100k-parameter model's 3-item
+evaluation: 1.74-1.83 s of process wall on one thread, 2.15-2.34 s on two with OMP_WAIT_POLICY=PASSIVE; BENCHMARKS
+twenty-first pass). From SmolLM2-135M up, two threads are the faster (the default)."""
+
+
 def _uses_gpu(device: str | None) -> bool:
     """The evaluation will initialise CUDA: a GPU was granted, or one is visible to a default-device process."""
     if device is not None:
         return True
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     return Path("/dev/nvidiactl").exists() and (visible is None or visible.strip() not in ("", "-1"))
+
+
+def eval_env(model_dir: Path, device: str | None = None) -> dict[str, str]:
+    """The environment of an evaluation process: the harness's, with passive OpenMP waits (it may share the CPU
+    with other runs), one thread for a small model on the CPU (`ONE_THREAD_BELOW_PARAMS`) and `device` pinned
+    through CUDA_VISIBLE_DEVICES. What the operator set for OpenMP is kept."""
+    env = dict(os.environ)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    params = None if _uses_gpu(device) else architecture_parameters(model_dir)
+    if params is not None and params < ONE_THREAD_BELOW_PARAMS:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    if device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = device
+    return env
 
 
 def evaluate_in_subprocess(
@@ -386,10 +407,7 @@ def evaluate_splits_in_subprocess(
         cmd += ["--split", s.split] + (["--limit", str(s.limit or 0)] if len(specs) > 1 or s.limit else [])
     if spec.batch_size is not None:  # else the evaluation picks it by its numeric path
         cmd += ["--batch-size", str(spec.batch_size)]
-    env = dict(os.environ)
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # it shares the CPU with the agent's training
-    if device is not None:
-        env["CUDA_VISIBLE_DEVICES"] = device
+    env = eval_env(model_dir, device)
     if progress_file is not None:
         from a2rl_bench.ops.progress import EVAL_PROGRESS_ENV
 
