@@ -21,11 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests.tiny_model
-
-SMALL_AGENT = {"A2RL_SFT_MAX_STEPS": "4", "A2RL_SFT_BATCH_SIZE": "4", "A2RL_SFT_MAX_LENGTH": "512",
-               "A2RL_SFT_TRAIN_S": "5", "A2RL_SFT_LR": "5e-3"}  # fmt: skip
-"""The end-to-end test's `small_agent` knobs (tests/test_benchmark_run.py)."""
+CHECKOUT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(CHECKOUT), str(CHECKOUT / "tests")]  # tests.tiny_model; live_server imports its siblings plainly
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +33,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     home = Path(tempfile.mkdtemp(prefix="a2rl-run-profile-"))
-    os.environ.update(SMALL_AGENT)
     # Its own caches: the baseline is evaluated, not taken from an earlier run's evaluation cache.
     os.environ.update({"PREFECT_HOME": str(home / "prefect"), "A2RL_HOME": str(home / "a2rl-home"),
                        "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})  # fmt: skip
@@ -44,8 +40,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from a2rl_bench.records import RunConfig
     from a2rl_bench.run_options import RunOptions
+    from live_server import SMALL_AGENT  # the reference agent's few-step knobs, as the tests' runs use them
     from tests.tiny_model import build_tiny_model
 
+    os.environ.update(SMALL_AGENT)
     tiny = build_tiny_model(home / "tiny")
     with prefect_test_harness(server_startup_timeout=180):
         from a2rl_bench.flows.benchmark_run import benchmark_run

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from a2rl_bench.inference.evaluation import EvalSpec, EvaluationFailed, eval_env, evaluate_in_subprocess
+from a2rl_bench.inference.config_check import architecture_parameters
+from a2rl_bench.inference.evaluation import (ONE_THREAD_BELOW_PARAMS, EvalSpec, EvaluationFailed, eval_env,
+                                             evaluate_in_subprocess)
 from a2rl_bench.isolation import procs
 from tests.hostile_tasks import HoggingTask, ThreadsTask
 
@@ -115,6 +117,7 @@ def test_a_small_models_evaluation_runs_one_thread_and_a_real_models_the_default
     (smollm2 / "config.json").write_text(json.dumps({
         "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
         "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152, "tie_word_embeddings": True}))
+    assert architecture_parameters(smollm2) > ONE_THREAD_BELOW_PARAMS  # the config is read, not skipped
     assert "OMP_NUM_THREADS" not in eval_env(smollm2)
     assert "OMP_NUM_THREADS" not in eval_env(tiny_model_dir, device="0")  # a GPU evaluation
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
