@@ -377,7 +377,12 @@ def started_at(pid: int) -> float | None:
 
 
 def kill_run(kill: str, pid: int) -> float:
+    """SIGSTOP or SIGKILL the run's process; a SIGKILL counts from when it has landed (the process a zombie or
+    gone: on a loaded machine the kernel may take a moment to end it, which no operator's press could beat)."""
     os.kill(pid, signal.SIGSTOP if kill == "frozen_harness" else signal.SIGKILL)
+    deadline = time.monotonic() + DIES_WITH_S
+    while kill != "frozen_harness" and procs.proc_stat(pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.005)
     return time.time()
 
 

@@ -127,3 +127,32 @@ def test_the_final_phase_does_not_count_the_baselines_items_as_its_own(tmp_path)
     snap = read_snapshot(tmp_path / "progress.json")
     (count,) = view.counts(snap, now=5041.0)
     assert (count.label, count.done, count.total) == ("final test", 30, 32)
+
+
+def test_a_killed_run_process_its_worker_has_not_reaped_yet_reads_gone(tmp_path):
+    """A SIGKILLed flow run is a zombie until its worker reaps it; `a2rl retry` and `a2rl status` must see it
+    gone at once (a retry pressed meanwhile was refused as 'still Running': the CI run of 34a0e21)."""
+    import signal
+    import socket
+    import subprocess
+    import time
+
+    from a2rl_bench.isolation import procs
+    from a2rl_bench.ops.progress import PROGRESS_FILE, RunProgress
+    from a2rl_bench.ops.status import run_process
+
+    child = subprocess.Popen(["sleep", "60"])  # its parent (this test) reaps it only at wait(), as a busy worker
+    try:
+        run = RunProgress(run_id="r", harness_dir=tmp_path, pid=child.pid, host=socket.gethostname())
+        (tmp_path / PROGRESS_FILE).write_text(run.model_dump_json())
+        assert run_process(tmp_path) == (child.pid, "alive")
+        child.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while procs.proc_stat(child.pid) is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert Path(f"/proc/{child.pid}").exists(), "the child is a zombie, not yet reaped"
+        assert run_process(tmp_path) == (child.pid, "gone")
+    finally:
+        child.kill()
+        child.wait()
+    assert run_process(tmp_path) == (child.pid, "gone")

@@ -321,6 +321,18 @@ def proc_stat(pid: int) -> ProcStat | None:
     return ProcStat(pid, int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]))
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` is alive on this machine. A zombie is not: a SIGKILLed child stays one until its
+    parent reaps it (a busy Prefect worker can take a while), and a retry or a clean-up must see it gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: alive (its /proc entry may be hidden from us)
+    return proc_stat(pid) is not None or not os.path.isdir("/proc")
+
+
 def all_procs(with_uid: bool = False) -> list[ProcStat]:
     out = []
     for entry in os.scandir("/proc") if os.path.isdir("/proc") else []:

@@ -9,12 +9,12 @@ the cache have pid namespaces of their own, so a pid alone does not prove its wr
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import time
 from pathlib import Path
 
+from a2rl_bench.isolation import procs
 from a2rl_bench.locks import LockTimeout, exclusive_lock
 from a2rl_bench.paths import eval_cache_dir, models_dir
 
@@ -30,7 +30,7 @@ def clean_stale_temp(models: Path | None = None, eval_cache: Path | None = None)
     removed = [p for p in _stale_builds(models or models_dir()) if _remove(p)]
     for path in (eval_cache or eval_cache_dir()).iterdir():
         match = EVAL_OUT.match(path.name) or CACHE_TMP.match(path.name)
-        if match and path.is_file() and _old(path) and not _pid_alive(int(match["pid"])) and _remove(path):
+        if match and path.is_file() and _old(path) and not procs.pid_alive(int(match["pid"])) and _remove(path):
             removed.append(path)
     return removed
 
@@ -59,16 +59,6 @@ def _old(path: Path) -> bool:
         return time.time() - path.stat().st_mtime > STALE_AFTER_S
     except OSError:
         return False
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _remove(path: Path) -> bool:

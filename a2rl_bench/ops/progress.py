@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from a2rl_bench.isolation import procs
 from a2rl_bench.protocol.breaches import breaks_mode
 
 ANNOUNCE_ENV = "A2RL_RUN_ANNOUNCE"
@@ -67,16 +68,11 @@ class RunProgress(BaseModel):
     host: str = ""
 
     def process_alive(self) -> bool | None:
-        """Whether the run's process is alive; None when it ran on another host (cannot tell from here)."""
+        """Whether the run's process is alive (a zombie is not, see procs.pid_alive); None when it ran on another
+        host (cannot tell from here)."""
         if self.host != socket.gethostname():
             return None
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return procs.pid_alive(self.pid)
 
     @property
     def report(self) -> Path:
